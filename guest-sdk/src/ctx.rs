@@ -1,0 +1,119 @@
+//! The step's handle to its recorded imports.
+
+use crate::EffectError;
+use crate::bindings::stephost::step::{clock, effects, random, types::CallError};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use std::time::{Duration, SystemTime};
+
+/// The step's access to the host: effects, the clock and randomness.
+///
+/// Each method is one import call that the host records in the run's ledger
+/// and numbers in the order the step makes it. On replay the host returns
+/// the recorded result instead of calling out again, so the step must make
+/// the same calls, with the same requests, in the same order.
+///
+/// A `Ctx` is handed to the function exported with
+/// [`export_step!`](crate::export_step); it cannot be created otherwise.
+#[derive(Debug)]
+pub struct Ctx {
+    _private: (),
+}
+
+impl Ctx {
+    pub(crate) fn new() -> Self {
+        Ctx { _private: () }
+    }
+
+    /// Calls the effect `name` with `request` encoded as JSON and decodes its
+    /// JSON response into `Resp` (use [`serde_json::Value`] to take any).
+    ///
+    /// A `write` effect gets an operation id derived from the run and this
+    /// call's sequence number; use [`Ctx::effect_with_key`] when the
+    /// operation has a business identity that should survive code changes.
+    ///
+    /// # Errors
+    /// The host's refusal or failure as an [`EffectError`] (retryable
+    /// failures have already been retried), or [`EffectError::Encode`] /
+    /// [`EffectError::Decode`] when the request or response is not the JSON
+    /// the types describe.
+    pub fn effect<Req, Resp>(&mut self, name: &str, request: &Req) -> Result<Resp, EffectError>
+    where
+        Req: Serialize + ?Sized,
+        Resp: DeserializeOwned,
+    {
+        self.call(name, None, request)
+    }
+
+    /// Like [`Ctx::effect`], with a business `key` (for example
+    /// `"order:WIDGET-7:10"`): the operation id is derived from the run, the
+    /// effect name and the key instead of the call's sequence number, so the
+    /// same business operation keeps its identity at the receiver even if the
+    /// step's code changes around it.
+    ///
+    /// # Errors
+    /// As for [`Ctx::effect`].
+    pub fn effect_with_key<Req, Resp>(
+        &mut self,
+        name: &str,
+        key: &str,
+        request: &Req,
+    ) -> Result<Resp, EffectError>
+    where
+        Req: Serialize + ?Sized,
+        Resp: DeserializeOwned,
+    {
+        self.call(name, Some(key), request)
+    }
+
+    fn call<Req, Resp>(
+        &mut self,
+        name: &str,
+        key: Option<&str>,
+        request: &Req,
+    ) -> Result<Resp, EffectError>
+    where
+        Req: Serialize + ?Sized,
+        Resp: DeserializeOwned,
+    {
+        let request = serde_json::to_string(request).map_err(|e| EffectError::Encode {
+            effect: name.to_owned(),
+            message: e.to_string(),
+        })?;
+        let response = effects::call(name, &request, key).map_err(|e| {
+            let effect = name.to_owned();
+            match e {
+                CallError::Rejected(message) => EffectError::Rejected { effect, message },
+                CallError::Denied(message) => EffectError::Denied { effect, message },
+                CallError::Exhausted(message) => EffectError::Exhausted { effect, message },
+                CallError::Invalid(message) => EffectError::Invalid { effect, message },
+            }
+        })?;
+        serde_json::from_str(&response).map_err(|e| EffectError::Decode {
+            effect: name.to_owned(),
+            message: e.to_string(),
+        })
+    }
+
+    /// The current wall-clock time, as recorded by the host.
+    pub fn now(&mut self) -> SystemTime {
+        SystemTime::UNIX_EPOCH + Duration::from_nanos(self.now_nanos())
+    }
+
+    /// The current wall-clock time in nanoseconds since the Unix epoch, as
+    /// recorded by the host.
+    pub fn now_nanos(&mut self) -> u64 {
+        clock::now()
+    }
+
+    /// A random 64-bit number, as recorded by the host.
+    pub fn random_u64(&mut self) -> u64 {
+        random::get_u64()
+    }
+
+    /// `len` random bytes, as recorded by the host (which limits `len` to its
+    /// payload limit).
+    pub fn random_bytes(&mut self, len: u32) -> Vec<u8> {
+        random::get_bytes(len)
+    }
+}

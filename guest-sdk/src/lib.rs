@@ -1,0 +1,140 @@
+//! Write stephost steps in Rust.
+//!
+//! A step is a function from a JSON input to a JSON output that reaches the
+//! world only through the host: effects (the single gate for side effects), a
+//! clock, randomness and a log. The host records every one of these calls in
+//! its ledger, so a run can be resumed or replayed: on replay the recorded
+//! results come back instead of new ones, and no completed effect is performed
+//! twice. Write the step as straight-line code; the host takes care of the rest.
+//!
+//! This crate hides the WebAssembly bindings: a step crate depends on
+//! `stephost-guest` (plus `serde` for its own types), is built as a `cdylib`
+//! for `wasm32-wasip2`, and exports its run function with [`export_step!`].
+//!
+//! ```no_run
+//! use serde::{Deserialize, Serialize};
+//! use stephost_guest::{Ctx, Error, log};
+//!
+//! #[derive(Deserialize)]
+//! struct Input { sku: String }
+//!
+//! #[derive(Deserialize)]
+//! struct Stock { on_hand: i64 }
+//!
+//! #[derive(Serialize)]
+//! struct Output { sku: String, on_hand: i64 }
+//!
+//! fn run(ctx: &mut Ctx, input: Input) -> Result<Output, Error> {
+//!     let stock: Stock = ctx.effect("inventory.read", &serde_json::json!({ "sku": input.sku }))?;
+//!     log::info(format_args!("{} on hand: {}", input.sku, stock.on_hand));
+//!     Ok(Output { sku: input.sku, on_hand: stock.on_hand })
+//! }
+//!
+//! stephost_guest::export_step!(run);
+//! # fn main() {}
+//! ```
+//!
+//! Determinism: everything the step observes must come through [`Ctx`] (or be
+//! recorded by the host, as WASI clocks and random seeds are). Replay checks
+//! that the step makes the same calls with the same requests in the same order
+//! and stops with a divergence report otherwise.
+
+mod ctx;
+mod error;
+pub mod log;
+
+pub use ctx::Ctx;
+pub use error::{EffectError, Error};
+
+/// The generated bindings for the `stephost:step` world. Not part of the API:
+/// use [`Ctx`], [`log`] and [`export_step!`] instead.
+#[doc(hidden)]
+#[allow(unsafe_code)] // generated code: the canonical ABI glue is unsafe by nature
+pub mod bindings {
+    wit_bindgen::generate!({
+        world: "step",
+        path: "../wit",
+        pub_export_macro: true,
+        export_macro_name: "__export_step_world",
+        default_bindings_module: "stephost_guest::bindings",
+    });
+}
+
+/// Exports a function as the step's `run`.
+///
+/// The function has the shape
+/// `fn(&mut Ctx, In) -> Result<Out, E>` where `In: serde::de::DeserializeOwned`,
+/// `Out: serde::Serialize` and `E: std::fmt::Display` (usually [`Error`]).
+/// The run's JSON input is decoded into `In`; input that does not decode
+/// ends the run with the error `invalid input: ...`. `Ok(out)` is encoded as the
+/// run's JSON output and `Err(e)` becomes the run's error message.
+///
+/// Use it once per crate, at module level:
+///
+/// ```no_run
+/// # use stephost_guest::{Ctx, Error};
+/// fn double(_ctx: &mut Ctx, n: u64) -> Result<u64, Error> {
+///     Ok(n * 2)
+/// }
+/// stephost_guest::export_step!(double);
+/// # fn main() {}
+/// ```
+#[macro_export]
+macro_rules! export_step {
+    ($run:expr $(,)?) => {
+        #[doc(hidden)]
+        struct __StephostStep;
+
+        impl $crate::__private::Guest for __StephostStep {
+            fn run(input: ::std::string::String) -> ::core::result::Result<::std::string::String, ::std::string::String> {
+                $crate::__private::run_json(&input, $run)
+            }
+        }
+
+        $crate::bindings::__export_step_world!(__StephostStep with_types_in $crate::bindings);
+    };
+}
+
+/// Returns early from a step with an [`Error`] built from a format string,
+/// like `anyhow::bail!`.
+///
+/// ```
+/// # fn check(quantity: i64) -> Result<(), stephost_guest::Error> {
+/// if quantity <= 0 {
+///     stephost_guest::bail!("quantity must be positive, got {quantity}");
+/// }
+/// # Ok(())
+/// # }
+/// # assert_eq!(check(0).unwrap_err().to_string(), "quantity must be positive, got 0");
+/// ```
+#[macro_export]
+macro_rules! bail {
+    ($($arg:tt)+) => {
+        return ::core::result::Result::Err(
+            ::core::convert::From::from($crate::Error::msg(::std::format!($($arg)+))),
+        )
+    };
+}
+
+/// Support for [`export_step!`]; not part of the API.
+#[doc(hidden)]
+pub mod __private {
+    pub use crate::bindings::Guest;
+    use crate::Ctx;
+    use serde::Serialize;
+    use serde::de::DeserializeOwned;
+    use std::fmt::Display;
+
+    /// Decodes the input, runs the step and encodes its output.
+    pub fn run_json<In, Out, E, F>(input: &str, run: F) -> Result<String, String>
+    where
+        In: DeserializeOwned,
+        Out: Serialize,
+        E: Display,
+        F: FnOnce(&mut Ctx, In) -> Result<Out, E>,
+    {
+        let input: In = serde_json::from_str(input).map_err(|e| format!("invalid input: {e}"))?;
+        let output = run(&mut Ctx::new(), input).map_err(|e| e.to_string())?;
+        serde_json::to_string(&output).map_err(|e| format!("invalid output: {e}"))
+    }
+}

@@ -1,0 +1,1 @@
+pub fn main() -> i32 { 0 }

@@ -1,0 +1,210 @@
+//! `stephost.toml`: the effects granted to steps and the run limits.
+//!
+//! ```toml
+//! [limits]
+//! fuel_max = 1_000_000_000
+//!
+//! [effects."supplier.order"]
+//! kind = "file"        # echo | static | file | reject
+//! class = "write"      # read | write (default write)
+//! path = "orders.jsonl"
+//! retry = { max_attempts = 5, initial_backoff_ms = 50 }
+//! ```
+//! Unknown fields are refused with their line named. Deny by default: a step
+//! may call only the effects named here.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+
+use crate::effects::builtin::{Echo, FileReceiver, Reject, Static};
+use crate::effects::{Effect, Effects, Handler, RetryPolicy};
+use crate::ledger::CallClass;
+use crate::limits::Limits;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read configuration {path}: {source}")]
+    Read {
+        path: String,
+        source: std::io::Error,
+    },
+    #[error("configuration {path} is invalid: {message}")]
+    Invalid { path: String, message: String },
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    #[serde(default)]
+    pub limits: Limits,
+    #[serde(default)]
+    pub effects: BTreeMap<String, EffectConfig>,
+    /// The folder relative paths are resolved against (the file's folder).
+    #[serde(skip)]
+    pub base_dir: PathBuf,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ClassName {
+    Read,
+    #[default]
+    Write,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(tag = "kind", rename_all = "kebab-case", deny_unknown_fields)]
+pub enum EffectConfig {
+    /// Answers with the request.
+    Echo {
+        #[serde(default)]
+        class: ClassName,
+        #[serde(default)]
+        retry: RetryPolicy,
+    },
+    /// Answers with `response`, a JSON document.
+    Static {
+        #[serde(default)]
+        class: ClassName,
+        response: String,
+        #[serde(default)]
+        retry: RetryPolicy,
+    },
+    /// Appends to the file at `path`, deduplicating by operation id.
+    File {
+        #[serde(default)]
+        class: ClassName,
+        path: PathBuf,
+        #[serde(default)]
+        retry: RetryPolicy,
+    },
+    /// Refuses every request with `message`.
+    Reject {
+        #[serde(default)]
+        class: ClassName,
+        message: String,
+    },
+}
+
+impl Config {
+    /// Reads and checks a configuration file.
+    pub fn load(path: &Path) -> Result<Self, ConfigError> {
+        let shown = path.display().to_string();
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: shown.clone(),
+            source,
+        })?;
+        let mut config = Self::parse(&text).map_err(|message| ConfigError::Invalid {
+            path: shown,
+            message,
+        })?;
+        config.base_dir = path
+            .parent()
+            .map(Path::to_path_buf)
+            .unwrap_or_default();
+        Ok(config)
+    }
+
+    /// Parses configuration text; the error names the line.
+    pub fn parse(text: &str) -> Result<Self, String> {
+        let config: Config = toml::from_str(text).map_err(|e| describe(text, &e))?;
+        for (name, effect) in &config.effects {
+            if let EffectConfig::Static { response, .. } = effect
+                && let Err(e) = serde_json::from_str::<serde_json::Value>(response)
+            {
+                return Err(format!("effects.\"{name}\".response is not JSON: {e}"));
+            }
+        }
+        Ok(config)
+    }
+
+    /// Builds the granted effects.
+    pub fn effects(&self) -> Effects {
+        let granted = self
+            .effects
+            .iter()
+            .map(|(name, config)| (name.clone(), self.build(config)))
+            .collect();
+        Effects::new(granted)
+    }
+
+    fn build(&self, config: &EffectConfig) -> Effect {
+        let (class, retry, handler): (ClassName, RetryPolicy, Box<dyn Handler>) = match config {
+            EffectConfig::Echo { class, retry } => (*class, retry.clone(), Box::new(Echo)),
+            EffectConfig::Static {
+                class,
+                response,
+                retry,
+            } => (
+                *class,
+                retry.clone(),
+                Box::new(Static {
+                    response: response.clone(),
+                }),
+            ),
+            EffectConfig::File { class, path, retry } => (
+                *class,
+                retry.clone(),
+                Box::new(FileReceiver::new(self.base_dir.join(path))),
+            ),
+            EffectConfig::Reject { class, message } => (
+                *class,
+                RetryPolicy::default(),
+                Box::new(Reject {
+                    message: message.clone(),
+                }),
+            ),
+        };
+        Effect {
+            class: match class {
+                ClassName::Read => CallClass::Read,
+                ClassName::Write => CallClass::Write,
+            },
+            retry,
+            handler,
+        }
+    }
+}
+
+fn describe(text: &str, e: &toml::de::Error) -> String {
+    let message = e.message().to_string();
+    match e.span() {
+        Some(span) => {
+            let line = text[..span.start.min(text.len())].matches('\n').count() + 1;
+            format!("line {line}: {message}")
+        }
+        None => message,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_unknown_field_is_refused_with_its_line() {
+        let err = Config::parse(
+            "[effects.orders]\nkind = \"echo\"\nclass = \"write\"\nretries = 3\n",
+        )
+        .unwrap_err();
+        assert!(err.contains("line 4"), "{err}");
+        assert!(err.contains("retries"), "{err}");
+    }
+
+    #[test]
+    fn a_static_response_must_be_json() {
+        let err = Config::parse("[effects.x]\nkind = \"static\"\nresponse = \"{oops\"\n").unwrap_err();
+        assert!(err.contains("not JSON"), "{err}");
+    }
+
+    #[test]
+    fn effects_default_to_the_write_class_and_limits_to_their_defaults() {
+        let config = Config::parse("[effects.orders]\nkind = \"echo\"\n").unwrap();
+        let effects = config.effects();
+        assert_eq!(effects.get("orders").unwrap().class, CallClass::Write);
+        assert!(effects.get("other").is_none());
+        assert_eq!(config.limits, Limits::default());
+    }
+}

@@ -1,0 +1,191 @@
+//! Built-in handlers: `echo`, `static`, `reject` and the `file` receiver.
+
+use std::fs::{File, OpenOptions};
+use std::io::{BufRead, BufReader, Write};
+use std::path::PathBuf;
+use std::sync::Mutex;
+
+use serde::{Deserialize, Serialize};
+
+use super::{Failure, Handler, Lookup, Request};
+
+/// Answers every request with the request itself.
+pub struct Echo;
+
+impl Handler for Echo {
+    fn perform(&self, request: &Request<'_>) -> Result<String, Failure> {
+        Ok(request.body.to_string())
+    }
+
+    fn idempotent(&self) -> bool {
+        true
+    }
+}
+
+/// Answers every request with a fixed JSON document.
+pub struct Static {
+    pub response: String,
+}
+
+impl Handler for Static {
+    fn perform(&self, _request: &Request<'_>) -> Result<String, Failure> {
+        Ok(self.response.clone())
+    }
+
+    fn idempotent(&self) -> bool {
+        true
+    }
+}
+
+/// Refuses every request.
+pub struct Reject {
+    pub message: String,
+}
+
+impl Handler for Reject {
+    fn perform(&self, _request: &Request<'_>) -> Result<String, Failure> {
+        Err(Failure::Rejected(self.message.clone()))
+    }
+}
+
+/// A receiver that appends one JSON line per operation to a file, fsync'd,
+/// and deduplicates by operation id: a resend of a recorded operation gets
+/// the original receipt and adds nothing. It answers lookups by operation id.
+pub struct FileReceiver {
+    path: PathBuf,
+    lock: Mutex<()>,
+}
+
+/// One line of the receiver's file.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct FileEntry {
+    pub operation_id: String,
+    pub run_id: String,
+    pub effect: String,
+    pub fence: i64,
+    pub request: serde_json::Value,
+    pub receipt: String,
+}
+
+impl FileReceiver {
+    pub fn new(path: PathBuf) -> Self {
+        FileReceiver {
+            path,
+            lock: Mutex::new(()),
+        }
+    }
+
+    fn find(&self, operation_id: &str) -> Result<Option<FileEntry>, Failure> {
+        let file = match File::open(&self.path) {
+            Ok(f) => f,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(self.io_failure(e)),
+        };
+        for line in BufReader::new(file).lines() {
+            let line = line.map_err(|e| self.io_failure(e))?;
+            // A torn last line (the receiver crashed mid-append) is not an entry.
+            if let Ok(entry) = serde_json::from_str::<FileEntry>(&line)
+                && entry.operation_id == operation_id
+            {
+                return Ok(Some(entry));
+            }
+        }
+        Ok(None)
+    }
+
+    fn io_failure(&self, e: std::io::Error) -> Failure {
+        Failure::Retryable(format!("receiver file {}: {e}", self.path.display()))
+    }
+
+    fn receipt(entry: &FileEntry) -> String {
+        serde_json::json!({
+            "receipt": entry.receipt,
+            "operation_id": entry.operation_id,
+        })
+        .to_string()
+    }
+}
+
+impl Handler for FileReceiver {
+    fn perform(&self, request: &Request<'_>) -> Result<String, Failure> {
+        let body: serde_json::Value = serde_json::from_str(request.body)
+            .map_err(|e| Failure::Invalid(format!("request is not JSON: {e}")))?;
+        let _guard = self.lock.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(existing) = self.find(request.operation_id)? {
+            return Ok(Self::receipt(&existing));
+        }
+        let entry = FileEntry {
+            operation_id: request.operation_id.to_string(),
+            run_id: request.run_id.to_string(),
+            effect: request.effect.to_string(),
+            fence: request.fence,
+            request: body,
+            receipt: format!("R-{}", &request.operation_id[..12.min(request.operation_id.len())]),
+        };
+        let mut line = serde_json::to_string(&entry).map_err(|e| Failure::Invalid(e.to_string()))?;
+        line.push('\n');
+        let mut file = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.path)
+            .map_err(|e| self.io_failure(e))?;
+        file.write_all(line.as_bytes())
+            .and_then(|()| file.sync_data())
+            .map_err(|e| self.io_failure(e))?;
+        Ok(Self::receipt(&entry))
+    }
+
+    fn lookup(&self, request: &Request<'_>) -> Result<Lookup, Failure> {
+        let _guard = self.lock.lock().unwrap_or_else(|p| p.into_inner());
+        Ok(match self.find(request.operation_id)? {
+            Some(entry) => Lookup::Found(Self::receipt(&entry)),
+            None => Lookup::NotFound,
+        })
+    }
+
+    fn idempotent(&self) -> bool {
+        true
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn request<'a>(op: &'a str, body: &'a str) -> Request<'a> {
+        Request {
+            run_id: "r",
+            effect: "orders",
+            operation_id: op,
+            fence: 1,
+            body,
+        }
+    }
+
+    #[test]
+    fn the_file_receiver_records_an_operation_once_and_answers_lookups() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("orders.jsonl");
+        let receiver = FileReceiver::new(path.clone());
+        let op = "a".repeat(64);
+        assert_eq!(receiver.lookup(&request(&op, "{}")).unwrap(), Lookup::NotFound);
+        let first = receiver.perform(&request(&op, r#"{"n":1}"#)).unwrap();
+        let again = receiver.perform(&request(&op, r#"{"n":1}"#)).unwrap();
+        assert_eq!(first, again);
+        assert_eq!(std::fs::read_to_string(&path).unwrap().lines().count(), 1);
+        assert_eq!(
+            receiver.lookup(&request(&op, "{}")).unwrap(),
+            Lookup::Found(first)
+        );
+        receiver.perform(&request(&"b".repeat(64), "{}")).unwrap();
+        assert_eq!(std::fs::read_to_string(&path).unwrap().lines().count(), 2);
+    }
+
+    #[test]
+    fn the_file_receiver_refuses_a_request_that_is_not_json() {
+        let dir = tempfile::tempdir().unwrap();
+        let receiver = FileReceiver::new(dir.path().join("o.jsonl"));
+        let err = receiver.perform(&request("op", "not json")).unwrap_err();
+        assert!(matches!(err, Failure::Invalid(_)));
+    }
+}

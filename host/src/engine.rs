@@ -1,0 +1,157 @@
+//! The wasmtime engine, the linker with every import, and a cache of
+//! compiled, pre-instantiated step components keyed by module digest.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use wasmtime::component::{Component, HasSelf, Linker};
+use wasmtime::{Config, Engine};
+
+use crate::bindings::{Step, StepPre};
+use crate::imports::StepState;
+
+/// What `stephost` says a step must look like.
+pub const WORLD: &str = "stephost:step/step@0.1.0";
+
+#[derive(Debug, thiserror::Error)]
+pub enum ModuleError {
+    #[error("{what} is not a WebAssembly module ({detail}); pass a .wasm component built for {WORLD}")]
+    NotWasm { what: String, detail: String },
+    #[error(
+        "{what} is a core WebAssembly module, not a component; build it for wasm32-wasip2 or \
+         turn it into a component with `wasm-tools component new`"
+    )]
+    CoreModule { what: String },
+    #[error("{what} is not a valid component: {detail}")]
+    Malformed { what: String, detail: String },
+    #[error(
+        "{what} is a component for another world: {detail}. A step must target {WORLD}: \
+         export `run: func(input: string) -> result<string, string>` and import only \
+         stephost:step and WASI interfaces"
+    )]
+    WrongWorld { what: String, detail: String },
+    #[error("engine setup failed: {0}")]
+    Engine(String),
+}
+
+/// A step component ready to instantiate.
+pub struct Loaded {
+    pub digest: String,
+    pub pre: StepPre<StepState>,
+}
+
+pub struct StepEngine {
+    engine: Engine,
+    linker: Linker<StepState>,
+    cache: Mutex<HashMap<String, Arc<Loaded>>>,
+}
+
+impl StepEngine {
+    pub fn new() -> Result<Self, ModuleError> {
+        let mut config = Config::new();
+        config.consume_fuel(true);
+        config.wasm_component_model(true);
+        let engine = Engine::new(&config).map_err(|e| ModuleError::Engine(format!("{e:#}")))?;
+        let mut linker = Linker::new(&engine);
+        wasmtime_wasi::p2::add_to_linker_sync(&mut linker)
+            .map_err(|e| ModuleError::Engine(format!("{e:#}")))?;
+        Step::add_to_linker::<StepState, HasSelf<StepState>>(&mut linker, |s| s)
+            .map_err(|e| ModuleError::Engine(format!("{e:#}")))?;
+        Ok(StepEngine {
+            engine,
+            linker,
+            cache: Mutex::new(HashMap::new()),
+        })
+    }
+
+    pub fn engine(&self) -> &Engine {
+        &self.engine
+    }
+
+    /// Compiles and checks a step module, or returns it from the cache.
+    /// `what` names the module in errors (a path, or a digest).
+    pub fn load(&self, bytes: &[u8], what: &str) -> Result<Arc<Loaded>, ModuleError> {
+        let digest = crate::ids::module_digest(bytes);
+        if let Some(hit) = self.cache_lock().get(&digest) {
+            return Ok(hit.clone());
+        }
+        let what = what.to_string();
+        check_header(bytes, &what)?;
+        let component = Component::new(&self.engine, bytes).map_err(|e| ModuleError::Malformed {
+            what: what.clone(),
+            detail: format!("{e:#}"),
+        })?;
+        self.check_world(&component, &what)?;
+        let instance_pre =
+            self.linker
+                .instantiate_pre(&component)
+                .map_err(|e| ModuleError::WrongWorld {
+                    what: what.clone(),
+                    detail: format!("{e:#}"),
+                })?;
+        let pre = StepPre::new(instance_pre).map_err(|e| ModuleError::WrongWorld {
+            what: what.clone(),
+            detail: format!("{e:#}"),
+        })?;
+        let loaded = Arc::new(Loaded {
+            digest: digest.clone(),
+            pre,
+        });
+        self.cache_lock().insert(digest, loaded.clone());
+        Ok(loaded)
+    }
+
+    fn cache_lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<Loaded>>> {
+        self.cache.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Names what is missing or foreign, before the linker's own messages.
+    fn check_world(&self, component: &Component, what: &str) -> Result<(), ModuleError> {
+        let ty = component.component_type();
+        let foreign: Vec<&str> = ty
+            .imports(&self.engine)
+            .map(|(name, _)| name)
+            .filter(|name| !name.starts_with("wasi:") && !name.starts_with("stephost:step/"))
+            .collect();
+        if !foreign.is_empty() {
+            return Err(ModuleError::WrongWorld {
+                what: what.to_string(),
+                detail: format!("it imports {}, which stephost does not provide", foreign.join(", ")),
+            });
+        }
+        if ty.get_export(&self.engine, "run").is_none() {
+            let exports: Vec<&str> = ty.exports(&self.engine).map(|(name, _)| name).collect();
+            let found = if exports.is_empty() {
+                "nothing".to_string()
+            } else {
+                exports.join(", ")
+            };
+            return Err(ModuleError::WrongWorld {
+                what: what.to_string(),
+                detail: format!("it does not export `run` (it exports {found})"),
+            });
+        }
+        Ok(())
+    }
+}
+
+fn check_header(bytes: &[u8], what: &str) -> Result<(), ModuleError> {
+    if bytes.len() < 8 || &bytes[..4] != b"\0asm" {
+        let detail = if bytes.is_empty() {
+            "the file is empty".to_string()
+        } else {
+            "it does not start with the \\0asm magic number".to_string()
+        };
+        return Err(ModuleError::NotWasm {
+            what: what.to_string(),
+            detail,
+        });
+    }
+    // A core module is version 1 with layer 0; a component has layer 1.
+    if bytes[4..8] == [1, 0, 0, 0] {
+        return Err(ModuleError::CoreModule {
+            what: what.to_string(),
+        });
+    }
+    Ok(())
+}

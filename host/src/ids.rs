@@ -1,0 +1,99 @@
+//! Identities derived by hashing: module digests, operation ids, request
+//! hashes and run ids. Every field is length-prefixed so that no two
+//! different inputs hash alike.
+
+use sha2::{Digest, Sha256};
+
+fn hash_fields(domain: &str, fields: &[&[u8]]) -> String {
+    let mut h = Sha256::new();
+    h.update(domain.as_bytes());
+    for field in fields {
+        h.update((field.len() as u64).to_le_bytes());
+        h.update(field);
+    }
+    hex::encode(h.finalize())
+}
+
+/// The content address of a module: hex sha256 of its bytes.
+pub fn module_digest(bytes: &[u8]) -> String {
+    hex::encode(Sha256::digest(bytes))
+}
+
+/// The stable identity of a write: derived from the business key when the
+/// guest names one, else from the call's sequence number.
+pub fn operation_id(run_id: &str, effect: &str, seq: u64, key: Option<&str>) -> String {
+    match key {
+        Some(key) => hash_fields(
+            "stephost/op/key/v1",
+            &[run_id.as_bytes(), effect.as_bytes(), key.as_bytes()],
+        ),
+        None => hash_fields("stephost/op/seq/v1", &[run_id.as_bytes(), &seq.to_le_bytes()]),
+    }
+}
+
+/// What divergence detection compares: the call's interface, function and request.
+pub fn request_hash(interface: &str, function: &str, request: &str) -> String {
+    hash_fields(
+        "stephost/request/v1",
+        &[interface.as_bytes(), function.as_bytes(), request.as_bytes()],
+    )
+}
+
+/// A fresh run id: `run-` and 20 hex digits from the clock, the process id
+/// and a process-wide counter.
+pub fn new_run_id() -> String {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or_default();
+    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+    let h = hash_fields(
+        "stephost/run-id/v1",
+        &[
+            &nanos.to_le_bytes(),
+            &std::process::id().to_le_bytes(),
+            &n.to_le_bytes(),
+        ],
+    );
+    format!("run-{}", &h[..20])
+}
+
+/// A seed for the guest's `wasi:random/insecure-seed`, fixed per run so that
+/// replay sees the same value (Rust's `HashMap` seeds itself from it).
+pub fn insecure_seed(run_id: &str) -> u128 {
+    let h = Sha256::digest(format!("stephost/insecure-seed/v1/{run_id}").as_bytes());
+    let mut bytes = [0u8; 16];
+    bytes.copy_from_slice(&h[..16]);
+    u128::from_le_bytes(bytes)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn operation_ids_are_stable_and_keyed_ids_ignore_the_sequence_number() {
+        assert_eq!(operation_id("r", "e", 1, None), operation_id("r", "e", 1, None));
+        assert_ne!(operation_id("r", "e", 1, None), operation_id("r", "e", 2, None));
+        assert_ne!(operation_id("r1", "e", 1, None), operation_id("r2", "e", 1, None));
+        assert_eq!(operation_id("r", "e", 1, Some("k")), operation_id("r", "e", 9, Some("k")));
+        assert_ne!(operation_id("r", "e", 1, Some("k")), operation_id("r", "f", 1, Some("k")));
+        assert_eq!(operation_id("r", "e", 1, None).len(), 64);
+    }
+
+    #[test]
+    fn fields_are_length_prefixed_so_boundaries_cannot_be_shifted() {
+        assert_ne!(request_hash("ab", "c", "d"), request_hash("a", "bc", "d"));
+        assert_ne!(
+            operation_id("r", "ab", 0, Some("c")),
+            operation_id("r", "a", 0, Some("bc"))
+        );
+    }
+
+    #[test]
+    fn run_ids_differ_within_one_process() {
+        assert_ne!(new_run_id(), new_run_id());
+    }
+}

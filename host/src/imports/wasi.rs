@@ -1,0 +1,99 @@
+//! WASI clocks and randomness, routed through the ledger so that
+//! `SystemTime::now()`, `Instant::now()` and `getrandom` inside a guest are
+//! recorded and replay exactly. These WASI functions cannot trap, so a stop
+//! (ledger failure, divergence) is kept in the journal, a neutral value is
+//! returned, and the run ends with the stop at its next import or its end.
+
+use std::convert::Infallible;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use crate::imports::random::{os_bytes, recorded_bytes};
+use crate::imports::{as_u64, lock, observe};
+use crate::journal::{Journal, Stop};
+
+fn keep<T>(journal: &Mutex<Journal>, result: Result<T, Stop>, neutral: T) -> T {
+    result.unwrap_or_else(|stop| {
+        lock(journal).set_stop(stop);
+        neutral
+    })
+}
+
+/// `wasi:clocks/wall-clock`, recorded.
+pub struct RecordedWallClock(pub Arc<Mutex<Journal>>);
+
+impl wasmtime_wasi::HostWallClock for RecordedWallClock {
+    fn resolution(&self) -> Duration {
+        Duration::from_nanos(1)
+    }
+
+    fn now(&self) -> Duration {
+        let nanos = observe(&self.0, "wasi:clocks/wall-clock", "now", "", || {
+            crate::clock::now_ns().into()
+        })
+        .and_then(|v| as_u64(&v, "wall-clock.now"));
+        Duration::from_nanos(keep(&self.0, nanos, 0))
+    }
+}
+
+/// `wasi:clocks/monotonic-clock`, recorded.
+pub struct RecordedMonotonicClock {
+    pub journal: Arc<Mutex<Journal>>,
+    pub origin: std::time::Instant,
+    /// The last reading recorded before this execution, so that live
+    /// readings continue from it instead of going backwards.
+    pub base: u64,
+}
+
+impl wasmtime_wasi::HostMonotonicClock for RecordedMonotonicClock {
+    fn resolution(&self) -> u64 {
+        1
+    }
+
+    fn now(&self) -> u64 {
+        let (origin, base) = (self.origin, self.base);
+        let nanos = observe(&self.journal, "wasi:clocks/monotonic-clock", "now", "", || {
+            (base + origin.elapsed().as_nanos() as u64).into()
+        })
+        .and_then(|v| as_u64(&v, "monotonic-clock.now"));
+        keep(&self.journal, nanos, 0)
+    }
+}
+
+/// `wasi:random/random` or `wasi:random/insecure`, recorded.
+pub struct RecordedRng {
+    pub journal: Arc<Mutex<Journal>>,
+    pub interface: &'static str,
+}
+
+impl RecordedRng {
+    fn bytes(&self, len: usize) -> Vec<u8> {
+        let result = observe(&self.journal, self.interface, "get-bytes", &len.to_string(), || {
+            hex::encode(os_bytes(len)).into()
+        })
+        .and_then(|v| recorded_bytes(&v, len));
+        keep(&self.journal, result, vec![0; len])
+    }
+}
+
+impl rand_core::TryRng for RecordedRng {
+    type Error = Infallible;
+
+    fn try_next_u32(&mut self) -> Result<u32, Infallible> {
+        let b = self.bytes(4);
+        Ok(u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+    }
+
+    fn try_next_u64(&mut self) -> Result<u64, Infallible> {
+        let b = self.bytes(8);
+        let mut a = [0u8; 8];
+        a.copy_from_slice(&b);
+        Ok(u64::from_le_bytes(a))
+    }
+
+    fn try_fill_bytes(&mut self, dst: &mut [u8]) -> Result<(), Infallible> {
+        let b = self.bytes(dst.len());
+        dst.copy_from_slice(&b);
+        Ok(())
+    }
+}

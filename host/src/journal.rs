@@ -1,0 +1,612 @@
+//! The one durable wrapper every import call passes through.
+//!
+//! ```text
+//! seq += 1
+//! recorded = history[seq]
+//! if recorded:                      # replay
+//!     check interface, function, request hash   -> divergence
+//!     if recorded.outcome: return it
+//!     reconcile(recorded)                       # started, no outcome
+//! else:                             # live
+//!     record started (durable)  -> perform (attempts recorded) -> record outcome
+//! ```
+//! Live I/O happens only inside [`LiveCall::perform`] and
+//! [`LiveCall::reconcile`], which only this module calls.
+
+use std::collections::HashMap;
+
+use serde::{Deserialize, Serialize};
+
+use crate::crash;
+use crate::ids;
+use crate::ledger::{
+    AttemptRecord, CallClass, CallRecord, CallState, Claim, Ledger, LedgerError, LogRecord,
+};
+use crate::limits::Limits;
+
+/// The kinds of `call-error` the guest can tell apart.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CallErrorKind {
+    Rejected,
+    Denied,
+    Exhausted,
+    Invalid,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CallErrorRecord {
+    pub kind: CallErrorKind,
+    pub message: String,
+}
+
+/// The guest-visible result of a call, as the ledger stores it
+/// (`{"ok": value}` or `{"err": {"kind": ..., "message": ...}}`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Outcome {
+    Ok(serde_json::Value),
+    Err(CallErrorRecord),
+}
+
+impl Outcome {
+    pub fn error(kind: CallErrorKind, message: impl Into<String>) -> Self {
+        Outcome::Err(CallErrorRecord {
+            kind,
+            message: message.into(),
+        })
+    }
+
+    fn state(&self) -> CallState {
+        match self {
+            Outcome::Ok(_) => CallState::Succeeded,
+            Outcome::Err(_) => CallState::Failed,
+        }
+    }
+
+    fn to_json(&self) -> String {
+        serde_json::to_string(self).unwrap_or_else(|_| "null".to_string())
+    }
+}
+
+/// What the wrapper needs to know about a call.
+#[derive(Debug, Clone, Copy)]
+pub struct CallSpec<'a> {
+    pub class: CallClass,
+    pub interface: &'a str,
+    pub function: &'a str,
+    /// The request as recorded and hashed (JSON text).
+    pub request: &'a str,
+    /// The guest's business key, for the operation id.
+    pub key: Option<&'a str>,
+}
+
+/// The identity of the operation being performed, handed to live I/O.
+#[derive(Debug, Clone)]
+pub struct OpContext {
+    pub run_id: String,
+    pub seq: u64,
+    pub operation_id: String,
+    pub fence: i64,
+}
+
+/// The answer of reconciliation for a call found started without an outcome.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Reconciled {
+    /// The receiver knows the outcome: record it.
+    Outcome(Outcome),
+    /// Performing again cannot act twice (a read, or a deduplicating receiver).
+    PerformAgain,
+    /// Nobody can say; a person must resolve the call.
+    Unknown(String),
+}
+
+/// Live I/O for one call.
+pub trait LiveCall {
+    fn perform(&mut self, op: &OpContext, attempts: &mut Attempts<'_>) -> Outcome;
+
+    fn reconcile(&mut self, _op: &OpContext, _attempts: &mut Attempts<'_>) -> Reconciled {
+        Reconciled::PerformAgain
+    }
+}
+
+/// A call whose value is computed in-process (clock, random, denials).
+pub struct Compute<F: FnMut() -> Outcome>(pub F);
+
+impl<F: FnMut() -> Outcome> LiveCall for Compute<F> {
+    fn perform(&mut self, _op: &OpContext, _attempts: &mut Attempts<'_>) -> Outcome {
+        (self.0)()
+    }
+}
+
+/// Records each attempt of a call as it happens.
+pub struct Attempts<'a> {
+    sink: Option<(&'a mut dyn Ledger, &'a Claim)>,
+    seq: u64,
+    next: u32,
+    error: Option<LedgerError>,
+}
+
+impl Attempts<'_> {
+    pub fn record(&mut self, kind: &str, started_at_ms: i64, result: &str, detail: Option<&str>) {
+        let number = self.next;
+        self.next += 1;
+        if let Some((ledger, claim)) = self.sink.as_mut()
+            && self.error.is_none()
+        {
+            let attempt = AttemptRecord {
+                seq: self.seq,
+                attempt: number,
+                kind: kind.to_string(),
+                started_at_ms,
+                finished_at_ms: crate::clock::now_ms(),
+                result: result.to_string(),
+                detail: detail.map(str::to_string),
+            };
+            if let Err(e) = ledger.record_attempt(claim, &attempt) {
+                self.error = Some(e);
+            }
+        }
+    }
+}
+
+/// One side of a divergence report.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct CallSummary {
+    pub interface: String,
+    pub function: String,
+    pub request: String,
+}
+
+/// The first call where a replay differs from the recording.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Divergence {
+    pub seq: u64,
+    /// `None` when the new module makes a call the recording does not have.
+    pub recorded: Option<CallSummary>,
+    /// `None` when the new module ends before a recorded call.
+    pub new: Option<CallSummary>,
+}
+
+impl std::fmt::Display for Divergence {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "call #{} diverged", self.seq)?;
+        let side = |s: &Option<CallSummary>| match s {
+            Some(c) => format!("{} {} {}", c.interface, c.function, c.request),
+            None => "(no call)".to_string(),
+        };
+        write!(
+            f,
+            "\n  recorded: {}\n  new:      {}",
+            side(&self.recorded),
+            side(&self.new)
+        )
+    }
+}
+
+/// Why a run cannot go on; the first one sticks.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Stop {
+    #[error("ledger write failed: {0}")]
+    Ledger(String),
+    #[error("{0}")]
+    Fenced(String),
+    #[error("{0}")]
+    Diverged(Divergence),
+    #[error("call #{seq} ({name}) has an unknown outcome: {reason}")]
+    Parked {
+        seq: u64,
+        name: String,
+        reason: String,
+    },
+    #[error("replay stopped at call #{seq}: {reason}")]
+    ReplayEnd { seq: u64, reason: String },
+    #[error("{0}")]
+    Limit(String),
+}
+
+impl From<LedgerError> for Stop {
+    fn from(e: LedgerError) -> Self {
+        match e {
+            LedgerError::Fenced { .. } => Stop::Fenced(e.to_string()),
+            other => Stop::Ledger(other.to_string()),
+        }
+    }
+}
+
+/// Live runs write to the ledger under a claim; replays write nothing.
+pub enum Mode {
+    Live {
+        ledger: Box<dyn Ledger>,
+        claim: Claim,
+    },
+    Replay,
+}
+
+/// Counts for the run report.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct Stats {
+    /// Calls answered from the recording.
+    pub replayed: u64,
+    /// Calls performed (or reconciled) in this execution.
+    pub live: u64,
+}
+
+pub type LogSink = Box<dyn FnMut(&LogRecord, bool) + Send>;
+
+/// The per-run state of the durable wrapper.
+pub struct Journal {
+    run_id: String,
+    mode: Mode,
+    history: Vec<CallRecord>,
+    next_seq: u64,
+    limits: Limits,
+    stop: Option<Stop>,
+    logs_recorded: HashMap<u64, usize>,
+    next_attempt: HashMap<u64, u32>,
+    log_sink: Option<LogSink>,
+    /// In a replay: whether the recording is of a finished run, so that a
+    /// call past its end is a divergence rather than the end of the record.
+    recording_complete: bool,
+    pub stats: Stats,
+}
+
+impl Journal {
+    /// A journal over `history` (the run's recorded calls, in order).
+    /// `logs` and `attempts` already in the ledger keep replayed log lines
+    /// from being written twice and attempt numbers unique.
+    pub fn new(
+        run_id: &str,
+        mode: Mode,
+        history: Vec<CallRecord>,
+        logs: &[LogRecord],
+        attempts: &[AttemptRecord],
+        limits: Limits,
+    ) -> Self {
+        let mut logs_recorded = HashMap::new();
+        for log in logs {
+            *logs_recorded.entry(log.after_seq).or_insert(0) += 1;
+        }
+        let mut next_attempt = HashMap::new();
+        for a in attempts {
+            let n = next_attempt.entry(a.seq).or_insert(1);
+            *n = (*n).max(a.attempt + 1);
+        }
+        Journal {
+            run_id: run_id.to_string(),
+            mode,
+            history,
+            next_seq: 1,
+            limits,
+            stop: None,
+            logs_recorded,
+            next_attempt,
+            log_sink: None,
+            recording_complete: false,
+            stats: Stats::default(),
+        }
+    }
+
+    pub fn set_recording_complete(&mut self, complete: bool) {
+        self.recording_complete = complete;
+    }
+
+    pub fn set_log_sink(&mut self, sink: LogSink) {
+        self.log_sink = Some(sink);
+    }
+
+    pub fn run_id(&self) -> &str {
+        &self.run_id
+    }
+
+    pub fn limits(&self) -> &Limits {
+        &self.limits
+    }
+
+    /// The first condition that stopped the run, if any.
+    pub fn stop(&self) -> Option<&Stop> {
+        self.stop.as_ref()
+    }
+
+    /// Records a stop found outside a call (for instance by a WASI adapter
+    /// that cannot trap), so that the run ends with it.
+    pub fn set_stop(&mut self, stop: Stop) {
+        if self.stop.is_none() {
+            self.stop = Some(stop);
+        }
+    }
+
+    /// Calls made so far in this execution.
+    pub fn calls_made(&self) -> u64 {
+        self.next_seq - 1
+    }
+
+    pub fn history_len(&self) -> u64 {
+        self.history.len() as u64
+    }
+
+    /// The first recorded call this execution has not reached, if any.
+    pub fn unreached(&self) -> Option<Divergence> {
+        let next = self.history.get(self.next_seq as usize - 1)?;
+        Some(Divergence {
+            seq: next.seq,
+            recorded: Some(summary(next)),
+            new: None,
+        })
+    }
+
+    pub fn mode_mut(&mut self) -> &mut Mode {
+        &mut self.mode
+    }
+
+    pub fn into_mode(self) -> Mode {
+        self.mode
+    }
+
+    /// Passes one import call through the ledger. See the module docs.
+    pub fn call(&mut self, spec: &CallSpec<'_>, live: &mut dyn LiveCall) -> Result<Outcome, Stop> {
+        if let Some(stop) = &self.stop {
+            return Err(stop.clone());
+        }
+        let result = self.call_inner(spec, live);
+        if let Err(stop) = &result {
+            self.stop = Some(stop.clone());
+        }
+        result
+    }
+
+    fn call_inner(&mut self, spec: &CallSpec<'_>, live: &mut dyn LiveCall) -> Result<Outcome, Stop> {
+        let seq = self.next_seq;
+        if seq > self.limits.calls_max {
+            return Err(Stop::Limit(format!(
+                "the run made more than calls_max = {} import calls",
+                self.limits.calls_max
+            )));
+        }
+        let request_hash = ids::request_hash(spec.interface, spec.function, spec.request);
+        if let Some(recorded) = self.history.get(seq as usize - 1) {
+            if recorded.interface != spec.interface
+                || recorded.function != spec.function
+                || recorded.request_hash != request_hash
+            {
+                return Err(Stop::Diverged(Divergence {
+                    seq,
+                    recorded: Some(summary(recorded)),
+                    new: Some(CallSummary {
+                        interface: spec.interface.to_string(),
+                        function: spec.function.to_string(),
+                        request: spec.request.to_string(),
+                    }),
+                }));
+            }
+            self.next_seq += 1;
+            return match recorded.state {
+                CallState::Succeeded | CallState::Failed => {
+                    self.stats.replayed += 1;
+                    parse_outcome(recorded)
+                }
+                CallState::Unknown => Err(Stop::Parked {
+                    seq,
+                    name: spec.function.to_string(),
+                    reason: "it was parked as unknown and has not been resolved".to_string(),
+                }),
+                CallState::Started => {
+                    let recorded = recorded.clone();
+                    self.reconcile(&recorded, live)
+                }
+            };
+        }
+        let run_id = self.run_id.clone();
+        let Mode::Live { ledger, claim } = &mut self.mode else {
+            if self.recording_complete {
+                return Err(Stop::Diverged(Divergence {
+                    seq,
+                    recorded: None,
+                    new: Some(CallSummary {
+                        interface: spec.interface.to_string(),
+                        function: spec.function.to_string(),
+                        request: spec.request.to_string(),
+                    }),
+                }));
+            }
+            return Err(Stop::ReplayEnd {
+                seq,
+                reason: format!(
+                    "the recording has {} call(s) and the module makes another: {} {} {}",
+                    self.history.len(),
+                    spec.interface,
+                    spec.function,
+                    spec.request
+                ),
+            });
+        };
+        self.next_seq += 1;
+        let operation_id = ids::operation_id(&run_id, spec.function, seq, spec.key);
+        let op = OpContext {
+            run_id,
+            seq,
+            operation_id,
+            fence: claim.fence,
+        };
+        let mut record = CallRecord {
+            seq,
+            class: spec.class,
+            interface: spec.interface.to_string(),
+            function: spec.function.to_string(),
+            operation_id: op.operation_id.clone(),
+            request: spec.request.to_string(),
+            request_hash,
+            state: CallState::Started,
+            outcome: None,
+            started_at_ms: crate::clock::now_ms(),
+            finished_at_ms: None,
+        };
+        let outcome = match spec.class {
+            CallClass::Observe => {
+                let mut attempts = Attempts {
+                    sink: None,
+                    seq,
+                    next: 1,
+                    error: None,
+                };
+                let outcome = live.perform(&op, &mut attempts);
+                record.state = outcome.state();
+                record.outcome = Some(outcome.to_json());
+                record.finished_at_ms = Some(record.started_at_ms);
+                ledger.record_observed(claim, &record)?;
+                outcome
+            }
+            CallClass::Read | CallClass::Write => {
+                ledger.record_started(claim, &record)?;
+                crash::point("after-started", seq);
+                let mut attempts = Attempts {
+                    sink: Some((ledger.as_mut(), claim)),
+                    seq,
+                    next: 1,
+                    error: None,
+                };
+                let outcome = live.perform(&op, &mut attempts);
+                if let Some(e) = attempts.error {
+                    return Err(e.into());
+                }
+                crash::point("after-send", seq);
+                ledger.record_outcome(
+                    claim,
+                    seq,
+                    outcome.state(),
+                    Some(&outcome.to_json()),
+                    crate::clock::now_ms(),
+                )?;
+                crash::point("after-outcome", seq);
+                outcome
+            }
+        };
+        self.stats.live += 1;
+        Ok(outcome)
+    }
+
+    /// A call recorded as started with no outcome: the previous execution
+    /// died between recording it and recording its outcome (invariant 4).
+    fn reconcile(&mut self, recorded: &CallRecord, live: &mut dyn LiveCall) -> Result<Outcome, Stop> {
+        let seq = recorded.seq;
+        let Mode::Live { ledger, claim } = &mut self.mode else {
+            return Err(Stop::ReplayEnd {
+                seq,
+                reason: "the recording ends with this call in flight (started, no outcome)"
+                    .to_string(),
+            });
+        };
+        let op = OpContext {
+            run_id: self.run_id.clone(),
+            seq,
+            operation_id: recorded.operation_id.clone(),
+            fence: claim.fence,
+        };
+        let first_attempt = self.next_attempt.get(&seq).copied().unwrap_or(1);
+        let mut attempts = Attempts {
+            sink: Some((ledger.as_mut(), claim)),
+            seq,
+            next: first_attempt,
+            error: None,
+        };
+        let outcome = match live.reconcile(&op, &mut attempts) {
+            Reconciled::Outcome(outcome) => outcome,
+            Reconciled::PerformAgain => {
+                let outcome = live.perform(&op, &mut attempts);
+                crash::point("after-send", seq);
+                outcome
+            }
+            Reconciled::Unknown(reason) => {
+                if let Some(e) = attempts.error {
+                    return Err(e.into());
+                }
+                ledger.record_outcome(claim, seq, CallState::Unknown, None, crate::clock::now_ms())?;
+                return Err(Stop::Parked {
+                    seq,
+                    name: recorded.function.clone(),
+                    reason,
+                });
+            }
+        };
+        if let Some(e) = attempts.error {
+            return Err(e.into());
+        }
+        ledger.record_outcome(
+            claim,
+            seq,
+            outcome.state(),
+            Some(&outcome.to_json()),
+            crate::clock::now_ms(),
+        )?;
+        crash::point("after-outcome", seq);
+        self.stats.live += 1;
+        Ok(outcome)
+    }
+
+    /// A line from the step's log. Not a ledger call: lines already in the
+    /// ledger (from an earlier execution of the same prefix) are not written
+    /// again, and are passed to the sink marked as replayed.
+    pub fn log(&mut self, level: &str, message: &str) -> Result<(), Stop> {
+        if let Some(stop) = &self.stop {
+            return Err(stop.clone());
+        }
+        let after_seq = self.next_seq - 1;
+        let max = self.limits.payload_bytes_max as usize;
+        let message = truncate(message, max);
+        let record = LogRecord {
+            after_seq,
+            level: level.to_string(),
+            message: message.to_string(),
+            at_ms: crate::clock::now_ms(),
+        };
+        let replayed = match self.logs_recorded.get_mut(&after_seq) {
+            Some(n) if *n > 0 => {
+                *n -= 1;
+                true
+            }
+            _ => false,
+        };
+        if !replayed && let Mode::Live { ledger, claim } = &mut self.mode {
+            if let Err(e) = ledger.append_log(claim, &record) {
+                let stop = Stop::from(e);
+                self.stop = Some(stop.clone());
+                return Err(stop);
+            }
+        }
+        let replayed = replayed || matches!(self.mode, Mode::Replay);
+        if let Some(sink) = self.log_sink.as_mut() {
+            sink(&record, replayed);
+        }
+        Ok(())
+    }
+}
+
+fn summary(call: &CallRecord) -> CallSummary {
+    CallSummary {
+        interface: call.interface.clone(),
+        function: call.function.clone(),
+        request: call.request.clone(),
+    }
+}
+
+fn parse_outcome(call: &CallRecord) -> Result<Outcome, Stop> {
+    let text = call.outcome.as_deref().unwrap_or("null");
+    serde_json::from_str(text).map_err(|e| {
+        Stop::Ledger(format!(
+            "call #{} has an unreadable outcome ({e}); the ledger is damaged",
+            call.seq
+        ))
+    })
+}
+
+/// Cuts `s` to at most `max` bytes on a character boundary.
+pub fn truncate(s: &str, max: usize) -> &str {
+    if s.len() <= max {
+        return s;
+    }
+    let mut end = max;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    &s[..end]
+}

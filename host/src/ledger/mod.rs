@@ -1,0 +1,324 @@
+//! The ledger: runs, their calls, every attempt, and the module bytes they are
+//! pinned to. Storage sits behind the [`Ledger`] trait; [`sqlite`] is the
+//! embedded default.
+//!
+//! Durability contract of every implementation:
+//! - [`Ledger::record_started`] and [`Ledger::finish_run`] are durable when
+//!   they return (one fsync): nothing leaves the host before them.
+//! - [`Ledger::record_observed`], [`Ledger::record_outcome`],
+//!   [`Ledger::record_attempt`] and [`Ledger::append_log`] are ordered before
+//!   the next durable write but need not be durable on their own: nothing
+//!   outside the process has seen their effect until a later durable write.
+//! - Every write for a run names the writer's fencing token and fails with
+//!   [`LedgerError::Fenced`] without writing anything if a newer claim exists.
+
+pub mod schema;
+pub mod sqlite;
+
+use serde::{Deserialize, Serialize};
+
+pub use sqlite::SqliteLedger;
+
+/// The class of a call decides how it is recorded and how it is resumed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CallClass {
+    /// Clock, random, host values: recorded in one write, no external effect.
+    Observe,
+    /// External reads: safe to perform again if interrupted.
+    Read,
+    /// External side effects: `started` durably before the request leaves.
+    Write,
+}
+
+impl CallClass {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CallClass::Observe => "observe",
+            CallClass::Read => "read",
+            CallClass::Write => "write",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "observe" => Some(CallClass::Observe),
+            "read" => Some(CallClass::Read),
+            "write" => Some(CallClass::Write),
+            _ => None,
+        }
+    }
+}
+
+/// Where a call stands in the ledger.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CallState {
+    /// Recorded before the request left; no outcome yet.
+    Started,
+    /// The guest saw a successful result.
+    Succeeded,
+    /// The guest saw an error result (`call-error`).
+    Failed,
+    /// The outcome could not be established; a person must resolve it.
+    Unknown,
+}
+
+impl CallState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CallState::Started => "started",
+            CallState::Succeeded => "succeeded",
+            CallState::Failed => "failed",
+            CallState::Unknown => "unknown",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "started" => Some(CallState::Started),
+            "succeeded" => Some(CallState::Succeeded),
+            "failed" => Some(CallState::Failed),
+            "unknown" => Some(CallState::Unknown),
+            _ => None,
+        }
+    }
+
+    pub fn has_outcome(self) -> bool {
+        matches!(self, CallState::Succeeded | CallState::Failed)
+    }
+}
+
+/// One import call as the ledger holds it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CallRecord {
+    pub seq: u64,
+    pub class: CallClass,
+    /// WIT interface, e.g. `stephost:step/effects` or `wasi:clocks/wall-clock`.
+    pub interface: String,
+    /// Function within the interface; for effects, the effect name.
+    pub function: String,
+    /// The stable operation id (hex sha256); also the Idempotency-Key.
+    pub operation_id: String,
+    /// The request as the guest made it (JSON text).
+    pub request: String,
+    /// sha256 over interface, function and request.
+    pub request_hash: String,
+    pub state: CallState,
+    /// The guest-visible result as JSON text (see `journal::Outcome`), once known.
+    pub outcome: Option<String>,
+    pub started_at_ms: i64,
+    pub finished_at_ms: Option<i64>,
+}
+
+/// The lifecycle of a run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RunStatus {
+    /// Claimed and executing, or interrupted (its owner died) and resumable.
+    Running,
+    /// The step returned output.
+    Completed,
+    /// The step returned an error, trapped, or hit a limit.
+    Failed,
+    /// A call's outcome is unknown; a person must resolve it.
+    Parked,
+    /// Resuming found the step making different calls than recorded.
+    Diverged,
+}
+
+impl RunStatus {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RunStatus::Running => "running",
+            RunStatus::Completed => "completed",
+            RunStatus::Failed => "failed",
+            RunStatus::Parked => "parked",
+            RunStatus::Diverged => "diverged",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "running" => Some(RunStatus::Running),
+            "completed" => Some(RunStatus::Completed),
+            "failed" => Some(RunStatus::Failed),
+            "parked" => Some(RunStatus::Parked),
+            "diverged" => Some(RunStatus::Diverged),
+            _ => None,
+        }
+    }
+
+    /// Whether the run has reached a state no resume will change.
+    pub fn is_final(self) -> bool {
+        matches!(self, RunStatus::Completed | RunStatus::Failed)
+    }
+}
+
+/// A run as the ledger holds it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RunRecord {
+    pub run_id: String,
+    pub module_digest: String,
+    pub input: String,
+    pub status: RunStatus,
+    pub output: Option<String>,
+    /// For failed, parked and diverged runs: what happened (`kind: message`).
+    pub error: Option<String>,
+    pub created_at_ms: i64,
+    pub updated_at_ms: i64,
+    /// Compare-and-set version, bumped by every claim.
+    pub version: i64,
+    pub owner: Option<String>,
+    pub lease_until_ms: Option<i64>,
+    /// The newest fencing token; only its holder may write.
+    pub fence: i64,
+}
+
+/// The right to write a run's rows, as granted by [`Ledger::claim`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Claim {
+    pub run_id: String,
+    pub owner: String,
+    pub fence: i64,
+    /// Every write under the claim extends the lease to now + `lease_ms`.
+    pub lease_ms: i64,
+    pub lease_until_ms: i64,
+}
+
+/// One attempt at performing a call (retries and reconciliation lookups).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AttemptRecord {
+    pub seq: u64,
+    pub attempt: u32,
+    /// `send` or `lookup`.
+    pub kind: String,
+    pub started_at_ms: i64,
+    pub finished_at_ms: i64,
+    /// `ok`, `rejected`, `retryable`, `invalid`, `found`, `not_found`.
+    pub result: String,
+    pub detail: Option<String>,
+}
+
+/// A line the step logged.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LogRecord {
+    /// The number of calls the run had made when it logged.
+    pub after_seq: u64,
+    pub level: String,
+    pub message: String,
+    pub at_ms: i64,
+}
+
+/// How a run ended, for [`Ledger::finish_run`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RunEnd {
+    Completed { output: String },
+    Failed { error: String },
+    Parked { error: String },
+    Diverged { error: String },
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum LedgerError {
+    #[error("{path} is not a stephost ledger ({detail}); point --db at a stephost ledger or at a new file")]
+    NotALedger { path: String, detail: String },
+    #[error(
+        "ledger {path} has schema version {found}, newer than this stephost understands ({supported}); upgrade stephost"
+    )]
+    TooNew {
+        path: String,
+        found: i64,
+        supported: i64,
+    },
+    #[error("no run {0} in the ledger (list runs with `stephost runs`)")]
+    UnknownRun(String),
+    #[error("run {run_id} already exists with another module or input; choose another --run-id")]
+    RunExists { run_id: String },
+    #[error("run {run_id} is claimed by {owner} until {lease_until_ms} (ms since epoch)")]
+    ClaimedElsewhere {
+        run_id: String,
+        owner: String,
+        lease_until_ms: i64,
+    },
+    #[error(
+        "run {run_id}: fencing token {held} is stale (newest is {newest}); another worker owns the run, this one stops"
+    )]
+    Fenced {
+        run_id: String,
+        held: i64,
+        newest: i64,
+    },
+    #[error("run {run_id} changed while claiming it (version {expected} expected, {found} found)")]
+    VersionConflict {
+        run_id: String,
+        expected: i64,
+        found: i64,
+    },
+    #[error("module {0} is not stored in the ledger")]
+    UnknownModule(String),
+    #[error("ledger data is corrupt: {0}")]
+    Corrupt(String),
+    #[error("ledger I/O failed: {0}")]
+    Sqlite(#[from] rusqlite::Error),
+}
+
+/// A new run to insert.
+#[derive(Debug, Clone)]
+pub struct NewRun<'a> {
+    pub run_id: &'a str,
+    pub module_digest: &'a str,
+    pub input: &'a str,
+    pub now_ms: i64,
+}
+
+/// The storage interface of the ledger. One implementation per database.
+pub trait Ledger: Send {
+    /// Stores module bytes under their digest (idempotent).
+    fn put_module(&mut self, digest: &str, bytes: &[u8]) -> Result<(), LedgerError>;
+    fn module(&self, digest: &str) -> Result<Vec<u8>, LedgerError>;
+
+    /// Inserts a run with status `running` and no owner. Inserting the same
+    /// run id with the same module and input again returns the existing run.
+    fn create_run(&mut self, run: NewRun<'_>) -> Result<RunRecord, LedgerError>;
+    fn run(&self, run_id: &str) -> Result<RunRecord, LedgerError>;
+    fn runs(&self, status: Option<RunStatus>) -> Result<Vec<RunRecord>, LedgerError>;
+
+    /// Claims a run by compare-and-set on its version: succeeds when the run
+    /// has no live owner (`owner_alive` decides about an unexpired lease held
+    /// by another owner), bumping version and fencing token.
+    fn claim(
+        &mut self,
+        run_id: &str,
+        owner: &str,
+        lease_ms: i64,
+        now_ms: i64,
+        owner_alive: &dyn Fn(&str) -> bool,
+    ) -> Result<Claim, LedgerError>;
+    /// Gives a claim up (owner and lease cleared) if it is still the newest.
+    fn release(&mut self, claim: &Claim) -> Result<(), LedgerError>;
+
+    fn calls(&self, run_id: &str) -> Result<Vec<CallRecord>, LedgerError>;
+    fn attempts(&self, run_id: &str) -> Result<Vec<AttemptRecord>, LedgerError>;
+    fn logs(&self, run_id: &str) -> Result<Vec<LogRecord>, LedgerError>;
+
+    /// An observe call and its value, in one write (not fsync'd on its own).
+    fn record_observed(&mut self, claim: &Claim, call: &CallRecord) -> Result<(), LedgerError>;
+    /// A read or write call as started: durable before it returns.
+    fn record_started(&mut self, claim: &Claim, call: &CallRecord) -> Result<(), LedgerError>;
+    /// The outcome of a started call (state succeeded, failed or unknown).
+    fn record_outcome(
+        &mut self,
+        claim: &Claim,
+        seq: u64,
+        state: CallState,
+        outcome: Option<&str>,
+        now_ms: i64,
+    ) -> Result<(), LedgerError>;
+    fn record_attempt(&mut self, claim: &Claim, attempt: &AttemptRecord)
+    -> Result<(), LedgerError>;
+    fn append_log(&mut self, claim: &Claim, log: &LogRecord) -> Result<(), LedgerError>;
+
+    /// Ends (or parks) the run and releases the claim: durable before it returns.
+    fn finish_run(&mut self, claim: &Claim, end: &RunEnd, now_ms: i64) -> Result<(), LedgerError>;
+}

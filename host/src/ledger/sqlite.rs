@@ -1,0 +1,667 @@
+//! The embedded SQLite ledger (WAL mode).
+//!
+//! Durable writes (`started`, run end) commit with `synchronous=FULL`: one
+//! fsync of the WAL. Other writes commit with `synchronous=NORMAL`: they are
+//! in the WAL, in order, and become durable with the next FULL commit, which
+//! is all the ordering invariant 2 needs.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use rusqlite::{Connection, OpenFlags, OptionalExtension, Row, Transaction, TransactionBehavior, params};
+
+use super::schema::{self, APPLICATION_ID};
+use super::{
+    AttemptRecord, CallClass, CallRecord, CallState, Claim, Ledger, LedgerError, LogRecord,
+    NewRun, RunEnd, RunRecord, RunStatus,
+};
+
+/// How long a writer waits for another process's transaction.
+pub const BUSY_TIMEOUT_MS: u64 = 10_000;
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Sync {
+    Normal,
+    Full,
+}
+
+pub struct SqliteLedger {
+    conn: Connection,
+    path: PathBuf,
+    sync: Sync,
+}
+
+impl SqliteLedger {
+    /// Opens (creating if absent) the ledger at `path` and migrates it.
+    /// A file that is not a stephost ledger is refused and left untouched.
+    pub fn open(path: &Path) -> Result<Self, LedgerError> {
+        let shown = path.display().to_string();
+        let conn = Connection::open_with_flags(
+            path,
+            OpenFlags::SQLITE_OPEN_READ_WRITE
+                | OpenFlags::SQLITE_OPEN_CREATE
+                | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+        )
+        .map_err(|e| not_a_ledger(&shown, e))?;
+        conn.busy_timeout(Duration::from_millis(BUSY_TIMEOUT_MS))?;
+        // Reading the header is the first thing that fails on a non-database file.
+        let app_id: i64 = conn
+            .query_row("PRAGMA application_id", [], |r| r.get(0))
+            .map_err(|e| not_a_ledger(&shown, e))?;
+        let version: i64 = conn.query_row("PRAGMA user_version", [], |r| r.get(0))?;
+        let tables: i64 = conn.query_row(
+            "SELECT count(*) FROM sqlite_schema WHERE type = 'table'",
+            [],
+            |r| r.get(0),
+        )?;
+        if app_id != APPLICATION_ID && !(app_id == 0 && version == 0 && tables == 0) {
+            return Err(LedgerError::NotALedger {
+                path: shown,
+                detail: format!("application_id is {app_id:#x}, not {APPLICATION_ID:#x}"),
+            });
+        }
+        if version > schema::current_version() {
+            return Err(LedgerError::TooNew {
+                path: shown,
+                found: version,
+                supported: schema::current_version(),
+            });
+        }
+        conn.pragma_update(None, "journal_mode", "WAL")?;
+        conn.pragma_update(None, "foreign_keys", "ON")?;
+        conn.pragma_update(None, "synchronous", "FULL")?;
+        let mut ledger = SqliteLedger {
+            conn,
+            path: path.to_path_buf(),
+            sync: Sync::Full,
+        };
+        ledger.migrate(version)?;
+        Ok(ledger)
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    fn migrate(&mut self, from: i64) -> Result<(), LedgerError> {
+        for (index, sql) in schema::MIGRATIONS.iter().enumerate().skip(from as usize) {
+            let tx = self
+                .conn
+                .transaction_with_behavior(TransactionBehavior::Exclusive)?;
+            // Another process may have migrated while we waited for the lock.
+            let now: i64 = tx.query_row("PRAGMA user_version", [], |r| r.get(0))?;
+            if now > index as i64 {
+                tx.commit()?;
+                continue;
+            }
+            tx.execute_batch(sql)?;
+            tx.pragma_update(None, "application_id", APPLICATION_ID)?;
+            tx.pragma_update(None, "user_version", index as i64 + 1)?;
+            tx.commit()?;
+        }
+        Ok(())
+    }
+
+    fn set_sync(&mut self, sync: Sync) -> Result<(), LedgerError> {
+        if self.sync != sync {
+            let value = match sync {
+                Sync::Normal => "NORMAL",
+                Sync::Full => "FULL",
+            };
+            self.conn.pragma_update(None, "synchronous", value)?;
+            self.sync = sync;
+        }
+        Ok(())
+    }
+
+    /// Runs `f` in an immediate transaction after checking the claim's fence.
+    fn write<T>(
+        &mut self,
+        sync: Sync,
+        claim: &Claim,
+        f: impl FnOnce(&Transaction<'_>) -> Result<T, LedgerError>,
+    ) -> Result<T, LedgerError> {
+        self.set_sync(sync)?;
+        let tx = self
+            .conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)?;
+        check_fence(&tx, claim)?;
+        let value = f(&tx)?;
+        tx.commit()?;
+        Ok(value)
+    }
+}
+
+fn not_a_ledger(path: &str, e: rusqlite::Error) -> LedgerError {
+    match e.sqlite_error_code() {
+        Some(rusqlite::ErrorCode::NotADatabase) => LedgerError::NotALedger {
+            path: path.to_string(),
+            detail: "the file is not an SQLite database".to_string(),
+        },
+        _ => LedgerError::Sqlite(e),
+    }
+}
+
+fn check_fence(tx: &Transaction<'_>, claim: &Claim) -> Result<(), LedgerError> {
+    // One statement both checks the token and renews the lease.
+    let lease_until = crate::clock::now_ms() + claim.lease_ms;
+    let changed = tx
+        .prepare_cached("UPDATE runs SET lease_until = ?3 WHERE run_id = ?1 AND fence = ?2")?
+        .execute(params![claim.run_id, claim.fence, lease_until])?;
+    if changed == 1 {
+        return Ok(());
+    }
+    let newest: Option<i64> = tx
+        .query_row(
+            "SELECT fence FROM runs WHERE run_id = ?1",
+            [&claim.run_id],
+            |r| r.get(0),
+        )
+        .optional()?;
+    match newest {
+        None => Err(LedgerError::UnknownRun(claim.run_id.clone())),
+        Some(newest) => Err(LedgerError::Fenced {
+            run_id: claim.run_id.clone(),
+            held: claim.fence,
+            newest,
+        }),
+    }
+}
+
+const RUN_COLUMNS: &str = "run_id, module_digest, input, status, output, error, created_at, \
+     updated_at, version, owner, lease_until, fence";
+
+fn run_from_row(r: &Row<'_>) -> rusqlite::Result<RunRecord> {
+    let status: String = r.get(3)?;
+    Ok(RunRecord {
+        run_id: r.get(0)?,
+        module_digest: r.get(1)?,
+        input: r.get(2)?,
+        status: RunStatus::parse(&status).ok_or_else(|| bad_value(3, &status))?,
+        output: r.get(4)?,
+        error: r.get(5)?,
+        created_at_ms: r.get(6)?,
+        updated_at_ms: r.get(7)?,
+        version: r.get(8)?,
+        owner: r.get(9)?,
+        lease_until_ms: r.get(10)?,
+        fence: r.get(11)?,
+    })
+}
+
+const CALL_COLUMNS: &str = "seq, class, interface, function, operation_id, request, \
+     request_hash, state, outcome, started_at, finished_at";
+
+fn call_from_row(r: &Row<'_>) -> rusqlite::Result<CallRecord> {
+    let class: String = r.get(1)?;
+    let state: String = r.get(7)?;
+    Ok(CallRecord {
+        seq: r.get::<_, i64>(0)? as u64,
+        class: CallClass::parse(&class).ok_or_else(|| bad_value(1, &class))?,
+        interface: r.get(2)?,
+        function: r.get(3)?,
+        operation_id: r.get(4)?,
+        request: r.get(5)?,
+        request_hash: r.get(6)?,
+        state: CallState::parse(&state).ok_or_else(|| bad_value(7, &state))?,
+        outcome: r.get(8)?,
+        started_at_ms: r.get(9)?,
+        finished_at_ms: r.get(10)?,
+    })
+}
+
+fn bad_value(column: usize, value: &str) -> rusqlite::Error {
+    rusqlite::Error::FromSqlConversionFailure(
+        column,
+        rusqlite::types::Type::Text,
+        format!("unexpected value {value:?}").into(),
+    )
+}
+
+fn insert_call(tx: &Transaction<'_>, claim: &Claim, call: &CallRecord) -> Result<(), LedgerError> {
+    tx.prepare_cached(
+        "INSERT INTO calls (run_id, seq, class, interface, function, operation_id, request, \
+         request_hash, state, outcome, started_at, finished_at, fence) \
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13)",
+    )?
+    .execute(params![
+        claim.run_id,
+        call.seq as i64,
+        call.class.as_str(),
+        call.interface,
+        call.function,
+        call.operation_id,
+        call.request,
+        call.request_hash,
+        call.state.as_str(),
+        call.outcome,
+        call.started_at_ms,
+        call.finished_at_ms,
+        claim.fence,
+    ])?;
+    Ok(())
+}
+
+impl Ledger for SqliteLedger {
+    fn put_module(&mut self, digest: &str, bytes: &[u8]) -> Result<(), LedgerError> {
+        self.set_sync(Sync::Normal)?;
+        self.conn.execute(
+            "INSERT INTO modules (digest, bytes, size, created_at) VALUES (?1, ?2, ?3, ?4) \
+             ON CONFLICT (digest) DO NOTHING",
+            params![digest, bytes, bytes.len() as i64, crate::clock::now_ms()],
+        )?;
+        Ok(())
+    }
+
+    fn module(&self, digest: &str) -> Result<Vec<u8>, LedgerError> {
+        self.conn
+            .query_row(
+                "SELECT bytes FROM modules WHERE digest = ?1",
+                [digest],
+                |r| r.get(0),
+            )
+            .optional()?
+            .ok_or_else(|| LedgerError::UnknownModule(digest.to_string()))
+    }
+
+    fn create_run(&mut self, run: NewRun<'_>) -> Result<RunRecord, LedgerError> {
+        self.set_sync(Sync::Normal)?;
+        let tx = self
+            .conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)?;
+        let existing = tx
+            .query_row(
+                &format!("SELECT {RUN_COLUMNS} FROM runs WHERE run_id = ?1"),
+                [run.run_id],
+                run_from_row,
+            )
+            .optional()?;
+        let record = match existing {
+            Some(found) => {
+                if found.module_digest != run.module_digest || found.input != run.input {
+                    return Err(LedgerError::RunExists {
+                        run_id: run.run_id.to_string(),
+                    });
+                }
+                found
+            }
+            None => {
+                tx.execute(
+                    "INSERT INTO runs (run_id, module_digest, input, status, created_at, \
+                     updated_at, version, fence) VALUES (?1, ?2, ?3, 'running', ?4, ?4, 0, 0)",
+                    params![run.run_id, run.module_digest, run.input, run.now_ms],
+                )?;
+                tx.query_row(
+                    &format!("SELECT {RUN_COLUMNS} FROM runs WHERE run_id = ?1"),
+                    [run.run_id],
+                    run_from_row,
+                )?
+            }
+        };
+        tx.commit()?;
+        Ok(record)
+    }
+
+    fn run(&self, run_id: &str) -> Result<RunRecord, LedgerError> {
+        self.conn
+            .query_row(
+                &format!("SELECT {RUN_COLUMNS} FROM runs WHERE run_id = ?1"),
+                [run_id],
+                run_from_row,
+            )
+            .optional()?
+            .ok_or_else(|| LedgerError::UnknownRun(run_id.to_string()))
+    }
+
+    fn runs(&self, status: Option<RunStatus>) -> Result<Vec<RunRecord>, LedgerError> {
+        let mut stmt = self.conn.prepare(&format!(
+            "SELECT {RUN_COLUMNS} FROM runs WHERE ?1 IS NULL OR status = ?1 \
+             ORDER BY created_at, run_id"
+        ))?;
+        let rows = stmt.query_map([status.map(RunStatus::as_str)], run_from_row)?;
+        Ok(rows.collect::<Result<_, _>>()?)
+    }
+
+    fn claim(
+        &mut self,
+        run_id: &str,
+        owner: &str,
+        lease_ms: i64,
+        now_ms: i64,
+        owner_alive: &dyn Fn(&str) -> bool,
+    ) -> Result<Claim, LedgerError> {
+        let current = self.run(run_id)?;
+        if let (Some(holder), Some(until)) = (&current.owner, current.lease_until_ms)
+            && until > now_ms
+            && holder != owner
+            && owner_alive(holder)
+        {
+            return Err(LedgerError::ClaimedElsewhere {
+                run_id: run_id.to_string(),
+                owner: holder.clone(),
+                lease_until_ms: until,
+            });
+        }
+        // Compare-and-set on the version read above: a concurrent claimant
+        // that got there first makes this update match no row.
+        self.set_sync(Sync::Full)?;
+        let lease_until_ms = now_ms + lease_ms;
+        let changed = self.conn.execute(
+            "UPDATE runs SET owner = ?1, lease_until = ?2, fence = fence + 1, \
+             version = version + 1, updated_at = ?3 WHERE run_id = ?4 AND version = ?5",
+            params![owner, lease_until_ms, now_ms, run_id, current.version],
+        )?;
+        if changed == 0 {
+            let found = self.run(run_id)?;
+            return Err(LedgerError::VersionConflict {
+                run_id: run_id.to_string(),
+                expected: current.version,
+                found: found.version,
+            });
+        }
+        Ok(Claim {
+            run_id: run_id.to_string(),
+            owner: owner.to_string(),
+            fence: current.fence + 1,
+            lease_ms,
+            lease_until_ms,
+        })
+    }
+
+    fn release(&mut self, claim: &Claim) -> Result<(), LedgerError> {
+        self.set_sync(Sync::Normal)?;
+        self.conn.execute(
+            "UPDATE runs SET owner = NULL, lease_until = NULL WHERE run_id = ?1 AND fence = ?2",
+            params![claim.run_id, claim.fence],
+        )?;
+        Ok(())
+    }
+
+    fn calls(&self, run_id: &str) -> Result<Vec<CallRecord>, LedgerError> {
+        let mut stmt = self.conn.prepare_cached(&format!(
+            "SELECT {CALL_COLUMNS} FROM calls WHERE run_id = ?1 ORDER BY seq"
+        ))?;
+        let rows = stmt.query_map([run_id], call_from_row)?;
+        let calls: Vec<CallRecord> = rows.collect::<Result<_, _>>()?;
+        // Sequence numbers must be 1..=n without gaps; anything else is damage.
+        for (index, call) in calls.iter().enumerate() {
+            if call.seq != index as u64 + 1 {
+                return Err(LedgerError::Corrupt(format!(
+                    "run {run_id}: call #{} found where #{} was expected",
+                    call.seq,
+                    index + 1
+                )));
+            }
+        }
+        Ok(calls)
+    }
+
+    fn attempts(&self, run_id: &str) -> Result<Vec<AttemptRecord>, LedgerError> {
+        let mut stmt = self.conn.prepare(
+            "SELECT seq, attempt, kind, started_at, finished_at, result, detail FROM attempts \
+             WHERE run_id = ?1 ORDER BY seq, attempt",
+        )?;
+        let rows = stmt.query_map([run_id], |r| {
+            Ok(AttemptRecord {
+                seq: r.get::<_, i64>(0)? as u64,
+                attempt: r.get::<_, i64>(1)? as u32,
+                kind: r.get(2)?,
+                started_at_ms: r.get(3)?,
+                finished_at_ms: r.get(4)?,
+                result: r.get(5)?,
+                detail: r.get(6)?,
+            })
+        })?;
+        Ok(rows.collect::<Result<_, _>>()?)
+    }
+
+    fn logs(&self, run_id: &str) -> Result<Vec<LogRecord>, LedgerError> {
+        let mut stmt = self.conn.prepare(
+            "SELECT after_seq, level, message, at FROM logs WHERE run_id = ?1 ORDER BY id",
+        )?;
+        let rows = stmt.query_map([run_id], |r| {
+            Ok(LogRecord {
+                after_seq: r.get::<_, i64>(0)? as u64,
+                level: r.get(1)?,
+                message: r.get(2)?,
+                at_ms: r.get(3)?,
+            })
+        })?;
+        Ok(rows.collect::<Result<_, _>>()?)
+    }
+
+    fn record_observed(&mut self, claim: &Claim, call: &CallRecord) -> Result<(), LedgerError> {
+        self.write(Sync::Normal, claim, |tx| insert_call(tx, claim, call))
+    }
+
+    fn record_started(&mut self, claim: &Claim, call: &CallRecord) -> Result<(), LedgerError> {
+        self.write(Sync::Full, claim, |tx| insert_call(tx, claim, call))
+    }
+
+    fn record_outcome(
+        &mut self,
+        claim: &Claim,
+        seq: u64,
+        state: CallState,
+        outcome: Option<&str>,
+        now_ms: i64,
+    ) -> Result<(), LedgerError> {
+        self.write(Sync::Normal, claim, |tx| {
+            let changed = tx
+                .prepare_cached(
+                    "UPDATE calls SET state = ?1, outcome = ?2, finished_at = ?3, fence = ?4 \
+                     WHERE run_id = ?5 AND seq = ?6 AND state IN ('started', 'unknown')",
+                )?
+                .execute(params![
+                    state.as_str(),
+                    outcome,
+                    now_ms,
+                    claim.fence,
+                    claim.run_id,
+                    seq as i64
+                ])?;
+            if changed != 1 {
+                return Err(LedgerError::Corrupt(format!(
+                    "run {}: call #{seq} is not awaiting an outcome",
+                    claim.run_id
+                )));
+            }
+            Ok(())
+        })
+    }
+
+    fn record_attempt(
+        &mut self,
+        claim: &Claim,
+        attempt: &AttemptRecord,
+    ) -> Result<(), LedgerError> {
+        self.write(Sync::Normal, claim, |tx| {
+            tx.prepare_cached(
+                "INSERT INTO attempts (run_id, seq, attempt, kind, started_at, finished_at, \
+                 result, detail, fence) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
+            )?
+            .execute(params![
+                claim.run_id,
+                attempt.seq as i64,
+                attempt.attempt as i64,
+                attempt.kind,
+                attempt.started_at_ms,
+                attempt.finished_at_ms,
+                attempt.result,
+                attempt.detail,
+                claim.fence
+            ])?;
+            Ok(())
+        })
+    }
+
+    fn append_log(&mut self, claim: &Claim, log: &LogRecord) -> Result<(), LedgerError> {
+        self.write(Sync::Normal, claim, |tx| {
+            tx.prepare_cached(
+                "INSERT INTO logs (run_id, after_seq, level, message, at) VALUES (?1, ?2, ?3, ?4, ?5)",
+            )?
+            .execute(params![
+                claim.run_id,
+                log.after_seq as i64,
+                log.level,
+                log.message,
+                log.at_ms
+            ])?;
+            Ok(())
+        })
+    }
+
+    fn finish_run(&mut self, claim: &Claim, end: &RunEnd, now_ms: i64) -> Result<(), LedgerError> {
+        let (status, output, error) = match end {
+            RunEnd::Completed { output } => (RunStatus::Completed, Some(output.as_str()), None),
+            RunEnd::Failed { error } => (RunStatus::Failed, None, Some(error.as_str())),
+            RunEnd::Parked { error } => (RunStatus::Parked, None, Some(error.as_str())),
+            RunEnd::Diverged { error } => (RunStatus::Diverged, None, Some(error.as_str())),
+        };
+        self.write(Sync::Full, claim, |tx| {
+            tx.execute(
+                "UPDATE runs SET status = ?1, output = ?2, error = ?3, updated_at = ?4, \
+                 owner = NULL, lease_until = NULL WHERE run_id = ?5",
+                params![status.as_str(), output, error, now_ms, claim.run_id],
+            )?;
+            Ok(())
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn claim_fresh(ledger: &mut SqliteLedger, run_id: &str, owner: &str) -> Claim {
+        ledger
+            .claim(run_id, owner, 30_000, 1_000, &|_| true)
+            .expect("claim")
+    }
+
+    fn new_ledger() -> (tempfile::TempDir, SqliteLedger) {
+        let dir = tempfile::tempdir().unwrap();
+        let ledger = SqliteLedger::open(&dir.path().join("l.db")).unwrap();
+        (dir, ledger)
+    }
+
+    fn seed(ledger: &mut SqliteLedger) {
+        ledger.put_module("d1", b"\0asm").unwrap();
+        ledger
+            .create_run(NewRun {
+                run_id: "r1",
+                module_digest: "d1",
+                input: "{}",
+                now_ms: 1,
+            })
+            .unwrap();
+    }
+
+    #[test]
+    fn a_file_that_is_not_sqlite_is_refused_and_left_untouched() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("notes.txt");
+        let text = "these are my notes, not a database\n".repeat(200);
+        std::fs::write(&path, &text).unwrap();
+        let err = SqliteLedger::open(&path).err().expect("must be refused");
+        assert!(matches!(err, LedgerError::NotALedger { .. }), "{err}");
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), text);
+    }
+
+    #[test]
+    fn another_applications_database_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("other.db");
+        let conn = Connection::open(&path).unwrap();
+        conn.execute_batch("CREATE TABLE customers (id INTEGER PRIMARY KEY);")
+            .unwrap();
+        drop(conn);
+        let err = SqliteLedger::open(&path).err().expect("must be refused");
+        assert!(matches!(err, LedgerError::NotALedger { .. }), "{err}");
+    }
+
+    #[test]
+    fn reopening_a_ledger_keeps_its_rows_and_schema_version() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("l.db");
+        {
+            let mut ledger = SqliteLedger::open(&path).unwrap();
+            seed(&mut ledger);
+        }
+        let ledger = SqliteLedger::open(&path).unwrap();
+        assert_eq!(ledger.run("r1").unwrap().input, "{}");
+        let version: i64 = ledger
+            .conn
+            .query_row("PRAGMA user_version", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(version, schema::current_version());
+    }
+
+    #[test]
+    fn creating_the_same_run_twice_returns_it_and_a_different_one_is_refused() {
+        let (_dir, mut ledger) = new_ledger();
+        seed(&mut ledger);
+        let again = ledger
+            .create_run(NewRun {
+                run_id: "r1",
+                module_digest: "d1",
+                input: "{}",
+                now_ms: 5,
+            })
+            .unwrap();
+        assert_eq!(again.created_at_ms, 1);
+        let err = ledger
+            .create_run(NewRun {
+                run_id: "r1",
+                module_digest: "d1",
+                input: "{\"x\":1}",
+                now_ms: 5,
+            })
+            .unwrap_err();
+        assert!(matches!(err, LedgerError::RunExists { .. }));
+    }
+
+    #[test]
+    fn a_stale_fencing_token_writes_nothing() {
+        let (_dir, mut ledger) = new_ledger();
+        seed(&mut ledger);
+        let old = claim_fresh(&mut ledger, "r1", "a");
+        // The first owner is considered dead, so b takes over.
+        let new = ledger
+            .claim("r1", "b", 30_000, 2_000, &|_| false)
+            .unwrap();
+        assert_eq!(new.fence, old.fence + 1);
+        let call = CallRecord {
+            seq: 1,
+            class: CallClass::Write,
+            interface: "i".into(),
+            function: "f".into(),
+            operation_id: "op".into(),
+            request: "{}".into(),
+            request_hash: "h".into(),
+            state: CallState::Started,
+            outcome: None,
+            started_at_ms: 3,
+            finished_at_ms: None,
+        };
+        let err = ledger.record_started(&old, &call).unwrap_err();
+        assert!(matches!(err, LedgerError::Fenced { held: 1, newest: 2, .. }), "{err}");
+        assert!(ledger.calls("r1").unwrap().is_empty());
+        ledger.record_started(&new, &call).unwrap();
+        assert_eq!(ledger.calls("r1").unwrap(), vec![call]);
+    }
+
+    #[test]
+    fn a_live_lease_of_another_owner_refuses_the_claim() {
+        let (_dir, mut ledger) = new_ledger();
+        seed(&mut ledger);
+        claim_fresh(&mut ledger, "r1", "a");
+        let err = ledger
+            .claim("r1", "b", 30_000, 2_000, &|_| true)
+            .unwrap_err();
+        assert!(matches!(err, LedgerError::ClaimedElsewhere { .. }), "{err}");
+        // Once the lease has expired the claim succeeds.
+        let claim = ledger.claim("r1", "b", 30_000, 40_000, &|_| true).unwrap();
+        assert_eq!(claim.fence, 2);
+    }
+}

@@ -1,0 +1,505 @@
+//! Runs, resumes and replays steps: the library behind the CLI.
+
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use serde::Serialize;
+use wasmtime::component::ResourceTable;
+use wasmtime::{Store, StoreLimitsBuilder, Trap};
+use wasmtime_wasi::WasiCtxBuilder;
+
+use crate::crash;
+use crate::effects::Effects;
+use crate::engine::{Loaded, StepEngine};
+use crate::error::HostError;
+use crate::ids;
+use crate::imports::wasi::{RecordedMonotonicClock, RecordedRng, RecordedWallClock};
+use crate::imports::{StepState, lock};
+use crate::journal::{Journal, Mode, Stats, Stop};
+use crate::ledger::{
+    CallRecord, Claim, Ledger, NewRun, RunEnd, RunRecord, RunStatus, SqliteLedger,
+};
+use crate::limits::Limits;
+use crate::replay::{Fixture, ReplayReport, ReplayVerdict};
+
+/// How a host runs steps.
+pub struct HostOptions {
+    pub limits: Limits,
+    pub effects: Effects,
+    /// How long a claim lasts without a ledger write renewing it.
+    pub lease_ms: i64,
+    /// Who claims runs (see [`crate::owner`]).
+    pub owner: String,
+    /// Where the step's log lines go besides the ledger.
+    pub log_sink: Option<Arc<dyn Fn(&str, &crate::ledger::LogRecord, bool) + Send + Sync>>,
+}
+
+impl Default for HostOptions {
+    fn default() -> Self {
+        HostOptions {
+            limits: Limits::default(),
+            effects: Effects::default(),
+            lease_ms: 60_000,
+            owner: crate::owner::this_process(),
+            log_sink: None,
+        }
+    }
+}
+
+/// What became of a run.
+#[derive(Debug, Clone, Serialize)]
+pub struct RunReport {
+    pub run_id: String,
+    pub status: RunStatus,
+    pub output: Option<String>,
+    pub error: Option<String>,
+    pub stats: Stats,
+}
+
+impl RunReport {
+    fn from_record(run: &RunRecord, stats: Stats) -> Self {
+        RunReport {
+            run_id: run.run_id.clone(),
+            status: run.status,
+            output: run.output.clone(),
+            error: run.error.clone(),
+            stats,
+        }
+    }
+}
+
+/// A host over one ledger.
+pub struct Host {
+    engine: Arc<StepEngine>,
+    ledger: Option<Box<dyn Ledger>>,
+    options: HostOptions,
+}
+
+impl Host {
+    /// Opens the SQLite ledger at `db`, creating it if absent.
+    pub fn open(db: &Path, options: HostOptions) -> Result<Self, HostError> {
+        let ledger = SqliteLedger::open(db)?;
+        Ok(Host {
+            engine: Arc::new(StepEngine::new()?),
+            ledger: Some(Box::new(ledger)),
+            options,
+        })
+    }
+
+    pub fn ledger(&self) -> &dyn Ledger {
+        self.ledger.as_deref().expect("the ledger is back after every run")
+    }
+
+    fn ledger_mut(&mut self) -> &mut dyn Ledger {
+        self.ledger.as_deref_mut().expect("the ledger is back after every run")
+    }
+
+    pub fn engine(&self) -> &Arc<StepEngine> {
+        &self.engine
+    }
+
+    /// Starts a new run of `module` (or continues the run `run_id` if it
+    /// exists with the same module and input).
+    pub fn run(
+        &mut self,
+        module: &[u8],
+        what: &str,
+        input: &str,
+        run_id: Option<&str>,
+    ) -> Result<RunReport, HostError> {
+        check_json(input, "input", &self.options.limits)?;
+        let loaded = self.engine.load(module, what)?;
+        let run_id = run_id.map(str::to_string).unwrap_or_else(ids::new_run_id);
+        let now = crate::clock::now_ms();
+        let ledger = self.ledger_mut();
+        ledger.put_module(&loaded.digest, module)?;
+        let run = ledger.create_run(NewRun {
+            run_id: &run_id,
+            module_digest: &loaded.digest,
+            input,
+            now_ms: now,
+        })?;
+        if run.status.is_final() {
+            return Ok(RunReport::from_record(&run, Stats::default()));
+        }
+        self.claim_and_execute(run, loaded)
+    }
+
+    /// Continues an interrupted run: replays its recorded calls, reconciles
+    /// one left in flight, then goes live.
+    pub fn resume(&mut self, run_id: &str) -> Result<RunReport, HostError> {
+        let run = self.ledger().run(run_id)?;
+        match run.status {
+            RunStatus::Completed | RunStatus::Failed => {
+                return Ok(RunReport::from_record(&run, Stats::default()));
+            }
+            RunStatus::Diverged => {
+                return Err(HostError::BadInput(format!(
+                    "run {run_id} diverged from its recording and cannot resume: {}",
+                    run.error.as_deref().unwrap_or("")
+                )));
+            }
+            RunStatus::Running | RunStatus::Parked => {}
+        }
+        let module = self.ledger().module(&run.module_digest)?;
+        let loaded = self.engine.load(&module, &run.module_digest)?;
+        self.claim_and_execute(run, loaded)
+    }
+
+    fn claim_and_execute(
+        &mut self,
+        run: RunRecord,
+        loaded: Arc<Loaded>,
+    ) -> Result<RunReport, HostError> {
+        let owner = self.options.owner.clone();
+        let lease_ms = self.options.lease_ms;
+        let claim = self.ledger_mut().claim(
+            &run.run_id,
+            &owner,
+            lease_ms,
+            crate::clock::now_ms(),
+            &crate::owner::is_alive,
+        )?;
+        crash::point("after-claim", 0);
+        let ledger = self.ledger.take().expect("ledger present");
+        let result = self.execute(&run, claim, ledger, &loaded);
+        match result {
+            Ok((ledger, report)) => {
+                self.ledger = Some(ledger);
+                report
+            }
+            Err(ledger) => {
+                self.ledger = Some(ledger);
+                Err(HostError::Internal("the run's journal was still shared".into()))
+            }
+        }
+    }
+
+    #[allow(clippy::type_complexity)]
+    fn execute(
+        &self,
+        run: &RunRecord,
+        claim: Claim,
+        ledger: Box<dyn Ledger>,
+        loaded: &Loaded,
+    ) -> Result<(Box<dyn Ledger>, Result<RunReport, HostError>), Box<dyn Ledger>> {
+        let loaded_history = ledger
+            .calls(&run.run_id)
+            .and_then(|calls| Ok((calls, ledger.logs(&run.run_id)?, ledger.attempts(&run.run_id)?)));
+        let (history, logs, attempts) = match loaded_history {
+            Ok(v) => v,
+            Err(e) => return Ok((ledger, Err(e.into()))),
+        };
+        let mono_base = monotonic_base(&history);
+        let mut journal = Journal::new(
+            &run.run_id,
+            Mode::Live { ledger, claim },
+            history,
+            &logs,
+            &attempts,
+            self.options.limits.clone(),
+        );
+        if let Some(sink) = &self.options.log_sink {
+            let sink = sink.clone();
+            let run_id = run.run_id.clone();
+            journal.set_log_sink(Box::new(move |rec, replayed| sink(&run_id, rec, replayed)));
+        }
+        let journal = Arc::new(Mutex::new(journal));
+        let guest = invoke(
+            &self.engine,
+            loaded,
+            &journal,
+            &run.input,
+            &self.options,
+            mono_base,
+            false,
+        );
+        let journal = match Arc::try_unwrap(journal) {
+            Ok(m) => m.into_inner().unwrap_or_else(|p| p.into_inner()),
+            Err(_) => unreachable_shared(),
+        };
+        let stats = journal.stats;
+        let stop = journal.stop().cloned();
+        let limits = journal.limits().clone();
+        let Mode::Live { mut ledger, claim } = journal.into_mode() else {
+            unreachable_shared()
+        };
+        let end = match stop {
+            Some(Stop::Fenced(m)) => return Ok((ledger, Err(HostError::Fenced(m)))),
+            Some(Stop::Ledger(m)) => return Ok((ledger, Err(HostError::LedgerWrite(m)))),
+            Some(Stop::ReplayEnd { reason, .. }) => {
+                return Ok((ledger, Err(HostError::Internal(reason))));
+            }
+            Some(Stop::Diverged(d)) => RunEnd::Diverged {
+                error: format!("diverged: {d}"),
+            },
+            Some(Stop::Parked { seq, name, reason }) => RunEnd::Parked {
+                error: format!("unknown_outcome: call #{seq} ({name}): {reason}"),
+            },
+            Some(Stop::Limit(m)) => RunEnd::Failed {
+                error: format!("limit: {m}"),
+            },
+            None => match guest {
+                Ok(Ok(output)) => match check_json(&output, "output", &limits) {
+                    Ok(()) => {
+                        crash::point("before-complete", stats.replayed + stats.live);
+                        RunEnd::Completed { output }
+                    }
+                    Err(e) => RunEnd::Failed {
+                        error: format!("invalid_output: {e}"),
+                    },
+                },
+                Ok(Err(message)) => RunEnd::Failed {
+                    error: format!("step_error: {message}"),
+                },
+                Err(trap) => RunEnd::Failed {
+                    error: classify_trap(&trap, &limits),
+                },
+            },
+        };
+        let finished = ledger
+            .finish_run(&claim, &end, crate::clock::now_ms())
+            .map_err(HostError::from)
+            .and_then(|()| Ok(ledger.run(&run.run_id)?));
+        let report = finished.map(|record| RunReport::from_record(&record, stats));
+        Ok((ledger, report))
+    }
+
+    /// Replays a recorded run offline: no I/O, no ledger writes. With
+    /// `module`, against a new build of the step.
+    pub fn replay(&self, run_id: &str, module: Option<(&[u8], &str)>) -> Result<ReplayReport, HostError> {
+        let fixture = self.export(run_id)?;
+        let stored;
+        let (bytes, what) = match module {
+            Some(m) => m,
+            None => {
+                stored = self.ledger().module(&fixture.module_digest)?;
+                (stored.as_slice(), fixture.module_digest.as_str())
+            }
+        };
+        replay_fixture(&self.engine, &fixture, bytes, what, &self.options)
+    }
+
+    /// A portable copy of a run: module digest, input, calls, output.
+    pub fn export(&self, run_id: &str) -> Result<Fixture, HostError> {
+        let run = self.ledger().run(run_id)?;
+        let calls = self.ledger().calls(run_id)?;
+        Ok(Fixture::new(&run, calls))
+    }
+}
+
+fn unreachable_shared() -> ! {
+    // The store, and with it every clone of the journal, is dropped when
+    // `invoke` returns.
+    panic!("journal still shared after the store was dropped")
+}
+
+/// Replays `fixture` against `module` with no I/O.
+pub fn replay_fixture(
+    engine: &StepEngine,
+    fixture: &Fixture,
+    module: &[u8],
+    what: &str,
+    options: &HostOptions,
+) -> Result<ReplayReport, HostError> {
+    let loaded = engine.load(module, what)?;
+    let complete = fixture.status.is_final();
+    let history: Vec<CallRecord> = fixture.calls.clone();
+    let mono_base = monotonic_base(&history);
+    let mut journal = Journal::new(
+        &fixture.run_id,
+        Mode::Replay,
+        history,
+        &[],
+        &[],
+        options.limits.clone(),
+    );
+    journal.set_recording_complete(complete);
+    let journal = Arc::new(Mutex::new(journal));
+    let guest = invoke(engine, &loaded, &journal, &fixture.input, options, mono_base, true);
+    let journal = lock(&journal);
+    let calls = journal.calls_made();
+    let verdict = match (journal.stop().cloned(), guest) {
+        (Some(Stop::Diverged(d)), _) => ReplayVerdict::Diverged { divergence: d },
+        (Some(Stop::ReplayEnd { seq, reason }), _) => ReplayVerdict::Incomplete {
+            calls: seq - 1,
+            reason,
+        },
+        (Some(other), _) => ReplayVerdict::StepFailed {
+            error: other.to_string(),
+        },
+        (None, guest) => match journal.unreached() {
+            Some(divergence) => ReplayVerdict::Diverged { divergence },
+            None => verdict_for_end(fixture, guest, calls, &options.limits),
+        },
+    };
+    Ok(ReplayReport {
+        run_id: fixture.run_id.clone(),
+        recorded_status: fixture.status,
+        module_digest: loaded.digest.clone(),
+        verdict,
+    })
+}
+
+fn verdict_for_end(
+    fixture: &Fixture,
+    guest: Result<Result<String, String>, wasmtime::Error>,
+    calls: u64,
+    limits: &Limits,
+) -> ReplayVerdict {
+    let new_end = match guest {
+        Ok(Ok(output)) => Ok(output),
+        Ok(Err(message)) => Err(format!("step_error: {message}")),
+        Err(trap) => Err(classify_trap(&trap, limits)),
+    };
+    match (fixture.status, new_end) {
+        (RunStatus::Completed, Ok(new)) => {
+            let recorded = fixture.output.clone().unwrap_or_default();
+            if same_json(&recorded, &new) {
+                ReplayVerdict::Consistent {
+                    calls,
+                    output: Some(new),
+                }
+            } else {
+                ReplayVerdict::OutputDiffers { recorded, new }
+            }
+        }
+        (RunStatus::Failed, Err(new)) if fixture.error.as_deref() == Some(new.as_str()) => {
+            ReplayVerdict::Consistent {
+                calls,
+                output: None,
+            }
+        }
+        (RunStatus::Completed | RunStatus::Failed, new) => ReplayVerdict::EndDiffers {
+            recorded: fixture
+                .output
+                .clone()
+                .or_else(|| fixture.error.clone())
+                .unwrap_or_default(),
+            new: new.unwrap_or_else(|e| e),
+        },
+        // The recording stops before the end (interrupted or parked run):
+        // every recorded call matched.
+        (_, Ok(output)) => ReplayVerdict::Consistent {
+            calls,
+            output: Some(output),
+        },
+        (_, Err(error)) => ReplayVerdict::StepFailed { error },
+    }
+}
+
+fn same_json(a: &str, b: &str) -> bool {
+    match (
+        serde_json::from_str::<serde_json::Value>(a),
+        serde_json::from_str::<serde_json::Value>(b),
+    ) {
+        (Ok(x), Ok(y)) => x == y,
+        _ => a == b,
+    }
+}
+
+/// The last recorded monotonic reading, so that a resumed guest's
+/// monotonic clock never goes backwards.
+fn monotonic_base(history: &[CallRecord]) -> u64 {
+    history
+        .iter()
+        .rev()
+        .find(|c| c.interface == "wasi:clocks/monotonic-clock")
+        .and_then(|c| c.outcome.as_deref())
+        .and_then(|o| serde_json::from_str::<serde_json::Value>(o).ok())
+        .and_then(|v| v.get("ok").and_then(serde_json::Value::as_u64))
+        .unwrap_or(0)
+}
+
+/// Instantiates the step in a fresh store and calls `run`.
+fn invoke(
+    engine: &StepEngine,
+    loaded: &Loaded,
+    journal: &Arc<Mutex<Journal>>,
+    input: &str,
+    options: &HostOptions,
+    mono_base: u64,
+    replay: bool,
+) -> Result<Result<String, String>, wasmtime::Error> {
+    let run_id = lock(journal).run_id().to_string();
+    let limits = &options.limits;
+    let mut wasi = WasiCtxBuilder::new();
+    if !replay {
+        wasi.stdout(std::io::stderr()).stderr(std::io::stderr());
+    }
+    wasi.wall_clock(RecordedWallClock(journal.clone()))
+        .monotonic_clock(RecordedMonotonicClock {
+            journal: journal.clone(),
+            origin: Instant::now(),
+            base: mono_base,
+        })
+        .secure_random(RecordedRng {
+            journal: journal.clone(),
+            interface: "wasi:random/random",
+        })
+        .insecure_random(RecordedRng {
+            journal: journal.clone(),
+            interface: "wasi:random/insecure",
+        })
+        .insecure_random_seed(ids::insecure_seed(&run_id))
+        .max_random_size(limits.payload_bytes_max)
+        .allow_tcp(false)
+        .allow_udp(false)
+        .allow_ip_name_lookup(false);
+    let state = StepState {
+        journal: journal.clone(),
+        effects: options.effects.clone(),
+        wasi: wasi.build(),
+        table: ResourceTable::new(),
+        limits: StoreLimitsBuilder::new()
+            .memory_size(usize::try_from(limits.memory_bytes_max).unwrap_or(usize::MAX))
+            .trap_on_grow_failure(true)
+            .build(),
+        sleep: std::thread::sleep,
+    };
+    let mut store = Store::new(engine.engine(), state);
+    store.limiter(|s| &mut s.limits);
+    store.set_fuel(limits.fuel_max)?;
+    let step = loaded.pre.instantiate(&mut store)?;
+    step.call_run(&mut store, input)
+}
+
+/// A typed description of a trap: `kind: message`.
+fn classify_trap(err: &wasmtime::Error, limits: &Limits) -> String {
+    if let Some(trap) = err.downcast_ref::<Trap>() {
+        return match trap {
+            Trap::OutOfFuel => format!(
+                "fuel_exhausted: the step executed more than fuel_max = {} instructions; \
+                 raise [limits] fuel_max if it is meant to compute this long",
+                limits.fuel_max
+            ),
+            Trap::UnreachableCodeReached => "trap: the guest executed `unreachable` \
+                (a Rust step panicked or aborted; its message is on stderr)"
+                .to_string(),
+            other => format!("trap: {other}"),
+        };
+    }
+    let text = format!("{err:#}");
+    if text.contains("forcing trap when growing memory") {
+        return format!(
+            "memory_limit: the step tried to grow its memory past memory_bytes_max = {} bytes",
+            limits.memory_bytes_max
+        );
+    }
+    format!("trap: {text}")
+}
+
+/// Checks that `text` is JSON within the payload limit.
+fn check_json(text: &str, what: &str, limits: &Limits) -> Result<(), HostError> {
+    if text.len() as u64 > limits.payload_bytes_max {
+        return Err(HostError::BadInput(format!(
+            "{what} is {} bytes; payload_bytes_max is {}",
+            text.len(),
+            limits.payload_bytes_max
+        )));
+    }
+    serde_json::from_str::<serde::de::IgnoredAny>(text)
+        .map(|_| ())
+        .map_err(|e| HostError::BadInput(format!("{what} is not valid JSON: {e}")))
+}
