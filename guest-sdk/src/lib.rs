@@ -119,8 +119,8 @@ macro_rules! bail {
 /// Support for [`export_step!`]; not part of the API.
 #[doc(hidden)]
 pub mod __private {
-    pub use crate::bindings::Guest;
     use crate::Ctx;
+    pub use crate::bindings::Guest;
     use serde::Serialize;
     use serde::de::DeserializeOwned;
     use std::fmt::Display;
@@ -136,5 +136,48 @@ pub mod __private {
         let input: In = serde_json::from_str(input).map_err(|e| format!("invalid input: {e}"))?;
         let output = run(&mut Ctx::new(), input).map_err(|e| e.to_string())?;
         serde_json::to_string(&output).map_err(|e| format!("invalid output: {e}"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::__private::run_json;
+    use super::{Ctx, EffectError, Error};
+
+    fn double(_ctx: &mut Ctx, n: u64) -> Result<u64, Error> {
+        if n == 0 {
+            bail!("zero is not allowed");
+        }
+        Ok(n * 2)
+    }
+
+    #[test]
+    fn run_json_decodes_runs_and_encodes() {
+        assert_eq!(run_json("21", double), Ok("42".to_owned()));
+    }
+
+    #[test]
+    fn bad_input_is_the_steps_error() {
+        let err = run_json("\"twenty\"", double).unwrap_err();
+        assert!(err.starts_with("invalid input: "), "{err}");
+    }
+
+    #[test]
+    fn step_error_is_its_message() {
+        assert_eq!(run_json("0", double), Err("zero is not allowed".to_owned()));
+    }
+
+    #[test]
+    fn effect_error_converts_with_its_effect_name() {
+        let e = EffectError::Rejected {
+            effect: "supplier.order".to_owned(),
+            message: "out of stock".to_owned(),
+        };
+        assert_eq!(e.effect(), "supplier.order");
+        assert_eq!(e.message(), "out of stock");
+        assert_eq!(
+            Error::from(e).to_string(),
+            "effect `supplier.order` rejected the request: out of stock"
+        );
     }
 }

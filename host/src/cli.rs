@@ -1,1 +1,477 @@
-pub fn main() -> i32 { 0 }
+//! The `stephost` command line. Thin: parses arguments, loads configuration,
+//! calls the library, prints, and maps the result to an exit code
+//! (see [`crate::error::exit`]).
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use clap::{Parser, Subcommand};
+use serde::Serialize;
+
+use crate::config::Config;
+use crate::error::{HostError, exit};
+use crate::ledger::{AttemptRecord, CallRecord, LogRecord, RunRecord, RunStatus};
+use crate::replay::{Fixture, ReplayReport, ReplayVerdict};
+use crate::runner::{Host, HostOptions, RunReport, replay_fixture};
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "stephost",
+    version,
+    about = "Runs agent steps as sandboxed WebAssembly components and makes them durable",
+    after_help = "Exit codes: 0 ok, 1 internal error, 2 usage or bad input, 3 step failed, \
+                  4 divergence, 5 run parked (needs a person), 6 run claimed elsewhere"
+)]
+pub struct Cli {
+    /// The ledger (SQLite file); created if absent.
+    #[arg(long, global = true, env = "STEPHOST_DB", default_value = "stephost.db")]
+    pub db: PathBuf,
+    /// Effects and limits; `./stephost.toml` is used when present.
+    #[arg(long, global = true, env = "STEPHOST_CONFIG")]
+    pub config: Option<PathBuf>,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Run a step module on an input; prints the output JSON.
+    Run {
+        /// The step: a WebAssembly component for stephost:step/step.
+        module: PathBuf,
+        /// The input JSON.
+        #[arg(long, conflicts_with = "input_file")]
+        input: Option<String>,
+        /// Read the input JSON from a file (`-` for stdin).
+        #[arg(long)]
+        input_file: Option<PathBuf>,
+        /// Use this run id (re-running an existing id continues that run).
+        #[arg(long)]
+        run_id: Option<String>,
+        /// Print the run report as JSON instead of the bare output.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Continue an interrupted run: replay its recorded calls, then go live.
+    Resume {
+        run_id: String,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Replay a recorded run offline (no I/O) and report the first divergence.
+    Replay {
+        /// The run to replay (from the ledger).
+        #[arg(required_unless_present = "fixture", conflicts_with = "fixture")]
+        run_id: Option<String>,
+        /// Replay against this module instead of the recorded one.
+        #[arg(long)]
+        module: Option<PathBuf>,
+        /// Replay an exported run file (needs --module); no ledger is opened.
+        #[arg(long, requires = "module")]
+        fixture: Option<PathBuf>,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Show a run and its call timeline.
+    Show {
+        run_id: String,
+        #[arg(long)]
+        json: bool,
+    },
+    /// List runs.
+    Runs {
+        /// Only runs with this status (running, completed, failed, parked, diverged).
+        #[arg(long)]
+        status: Option<String>,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Write a run as a portable JSON fixture to stdout.
+    Export { run_id: String },
+}
+
+/// Parses the process arguments, runs the command, returns the exit code.
+pub fn main() -> i32 {
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => {
+            let _ = e.print();
+            return match e.kind() {
+                clap::error::ErrorKind::DisplayHelp | clap::error::ErrorKind::DisplayVersion => {
+                    exit::OK
+                }
+                _ => exit::BAD_INPUT,
+            };
+        }
+    };
+    match execute(cli) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("stephost: {e}");
+            e.exit_code()
+        }
+    }
+}
+
+fn load_config(path: Option<&Path>) -> Result<Config, HostError> {
+    match path {
+        Some(p) => Ok(Config::load(p)?),
+        None if Path::new("stephost.toml").exists() => Ok(Config::load(Path::new("stephost.toml"))?),
+        None => Ok(Config::default()),
+    }
+}
+
+fn options(config: &Config) -> HostOptions {
+    HostOptions {
+        limits: config.limits.clone(),
+        effects: config.effects(),
+        log_sink: Some(Arc::new(|run_id: &str, rec: &LogRecord, replayed: bool| {
+            if !replayed {
+                eprintln!("[{run_id}] {}: {}", rec.level, rec.message);
+            }
+        })),
+        ..HostOptions::default()
+    }
+}
+
+fn read_file(path: &Path) -> Result<Vec<u8>, HostError> {
+    if path == Path::new("-") {
+        let mut buf = Vec::new();
+        std::io::Read::read_to_end(&mut std::io::stdin(), &mut buf).map_err(|source| {
+            HostError::Read {
+                path: "stdin".into(),
+                source,
+            }
+        })?;
+        return Ok(buf);
+    }
+    std::fs::read(path).map_err(|source| HostError::Read {
+        path: path.display().to_string(),
+        source,
+    })
+}
+
+fn execute(cli: Cli) -> Result<i32, HostError> {
+    let config = load_config(cli.config.as_deref())?;
+    match cli.command {
+        Command::Run {
+            module,
+            input,
+            input_file,
+            run_id,
+            json,
+        } => {
+            let input = match (input, input_file) {
+                (Some(text), _) => text,
+                (None, Some(file)) => String::from_utf8(read_file(&file)?)
+                    .map_err(|_| HostError::BadInput("the input file is not UTF-8".into()))?,
+                (None, None) => "null".to_string(),
+            };
+            let bytes = read_file(&module)?;
+            let mut host = Host::open(&cli.db, options(&config))?;
+            let report = host.run(&bytes, &module.display().to_string(), &input, run_id.as_deref())?;
+            Ok(print_run(&report, json))
+        }
+        Command::Resume { run_id, json } => {
+            let mut host = Host::open(&cli.db, options(&config))?;
+            let report = host.resume(&run_id)?;
+            Ok(print_run(&report, json))
+        }
+        Command::Replay {
+            run_id,
+            module,
+            fixture,
+            json,
+        } => {
+            let opts = options(&config);
+            let new_module = match &module {
+                Some(path) => Some((read_file(path)?, path.display().to_string())),
+                None => None,
+            };
+            let report = match (fixture, run_id) {
+                (Some(file), _) => {
+                    let text = String::from_utf8(read_file(&file)?).map_err(|_| {
+                        HostError::BadInput(format!("{} is not UTF-8", file.display()))
+                    })?;
+                    let fixture = Fixture::parse(&text)
+                        .map_err(|e| HostError::BadInput(format!("{}: {e}", file.display())))?;
+                    let (bytes, what) = new_module.expect("clap requires --module with --fixture");
+                    let engine = crate::engine::StepEngine::new()?;
+                    replay_fixture(&engine, &fixture, &bytes, &what, &opts)?
+                }
+                (None, Some(run_id)) => {
+                    let host = Host::open(&cli.db, opts)?;
+                    let module = new_module.as_ref().map(|(b, w)| (b.as_slice(), w.as_str()));
+                    host.replay(&run_id, module)?
+                }
+                (None, None) => unreachable!("clap requires a run id or --fixture"),
+            };
+            print_replay(&report, json);
+            Ok(report.exit_code())
+        }
+        Command::Show { run_id, json } => {
+            let host = Host::open(&cli.db, options(&config))?;
+            let ledger = host.ledger();
+            let run = ledger.run(&run_id)?;
+            let calls = ledger.calls(&run_id)?;
+            let attempts = ledger.attempts(&run_id)?;
+            let logs = ledger.logs(&run_id)?;
+            if json {
+                print_json(&RunDetail {
+                    run: &run,
+                    calls: &calls,
+                    attempts: &attempts,
+                    logs: &logs,
+                });
+            } else {
+                print_show(&run, &calls, &attempts, &logs);
+            }
+            Ok(exit::OK)
+        }
+        Command::Runs { status, json } => {
+            let status = match status.as_deref() {
+                None => None,
+                Some(s) => Some(RunStatus::parse(s).ok_or_else(|| {
+                    HostError::BadInput(format!(
+                        "unknown status {s:?}; use running, completed, failed, parked or diverged"
+                    ))
+                })?),
+            };
+            let host = Host::open(&cli.db, options(&config))?;
+            let runs = host.ledger().runs(status)?;
+            if json {
+                print_json(&runs);
+            } else {
+                print_runs(&runs);
+            }
+            Ok(exit::OK)
+        }
+        Command::Export { run_id } => {
+            let host = Host::open(&cli.db, options(&config))?;
+            print_json(&host.export(&run_id)?);
+            Ok(exit::OK)
+        }
+    }
+}
+
+#[derive(Serialize)]
+struct RunDetail<'a> {
+    run: &'a RunRecord,
+    calls: &'a [CallRecord],
+    attempts: &'a [AttemptRecord],
+    logs: &'a [LogRecord],
+}
+
+fn print_json<T: Serialize>(value: &T) {
+    let text = serde_json::to_string_pretty(value).unwrap_or_else(|e| format!("{{\"error\":\"{e}\"}}"));
+    let mut out = std::io::stdout().lock();
+    let _ = writeln!(out, "{text}");
+}
+
+/// The exit code for how a run ended.
+pub fn run_exit_code(status: RunStatus) -> i32 {
+    match status {
+        RunStatus::Completed => exit::OK,
+        RunStatus::Failed => exit::STEP_FAILED,
+        RunStatus::Parked => exit::PARKED,
+        RunStatus::Diverged => exit::DIVERGED,
+        // A run left running was abandoned by this process (fenced).
+        RunStatus::Running => exit::CLAIMED,
+    }
+}
+
+fn print_run(report: &RunReport, json: bool) -> i32 {
+    if json {
+        print_json(report);
+    } else if let Some(output) = &report.output {
+        let mut out = std::io::stdout().lock();
+        let _ = writeln!(out, "{output}");
+    }
+    let s = &report.stats;
+    match report.status {
+        RunStatus::Completed => eprintln!(
+            "stephost: run {} completed ({} calls performed, {} replayed)",
+            report.run_id, s.live, s.replayed
+        ),
+        RunStatus::Parked => eprintln!(
+            "stephost: run {} is parked and needs a person: {}\n  \
+             inspect it with `stephost show {}`",
+            report.run_id,
+            report.error.as_deref().unwrap_or(""),
+            report.run_id
+        ),
+        status => eprintln!(
+            "stephost: run {} {}: {}",
+            report.run_id,
+            status.as_str(),
+            report.error.as_deref().unwrap_or("")
+        ),
+    }
+    run_exit_code(report.status)
+}
+
+fn print_replay(report: &ReplayReport, json: bool) {
+    if json {
+        print_json(report);
+        return;
+    }
+    let mut out = std::io::stdout().lock();
+    let _ = match &report.verdict {
+        ReplayVerdict::Consistent { calls, output } => {
+            let _ = writeln!(
+                out,
+                "consistent: run {} replayed {calls} call(s) with no divergence",
+                report.run_id
+            );
+            match output {
+                Some(o) => writeln!(out, "output: {o}"),
+                None => Ok(()),
+            }
+        }
+        ReplayVerdict::Incomplete { calls, reason } => writeln!(
+            out,
+            "consistent so far: run {} is unfinished; {calls} recorded call(s) matched; {reason}",
+            report.run_id
+        ),
+        ReplayVerdict::Diverged { divergence } => {
+            writeln!(out, "divergence in run {}: {divergence}", report.run_id)
+        }
+        ReplayVerdict::OutputDiffers { recorded, new } => writeln!(
+            out,
+            "divergence in run {}: same calls, different output\n  recorded: {recorded}\n  new:      {new}",
+            report.run_id
+        ),
+        ReplayVerdict::EndDiffers { recorded, new } => writeln!(
+            out,
+            "divergence in run {}: same calls, different end\n  recorded: {recorded}\n  new:      {new}",
+            report.run_id
+        ),
+        ReplayVerdict::StepFailed { error } => {
+            writeln!(out, "replay of run {} failed: {error}", report.run_id)
+        }
+    };
+}
+
+fn print_runs(runs: &[RunRecord]) {
+    let mut out = std::io::stdout().lock();
+    let _ = writeln!(
+        out,
+        "{:<26} {:<10} {:<14} {:<20} {:<6} OWNER",
+        "RUN", "STATUS", "MODULE", "UPDATED", "FENCE"
+    );
+    for run in runs {
+        let _ = writeln!(
+            out,
+            "{:<26} {:<10} {:<14} {:<20} {:<6} {}",
+            run.run_id,
+            run.status.as_str(),
+            &run.module_digest[..12.min(run.module_digest.len())],
+            format_time(run.updated_at_ms),
+            run.fence,
+            run.owner.as_deref().unwrap_or("-")
+        );
+    }
+}
+
+/// A call's display name: the effect name, or `interface function`.
+fn call_name(call: &CallRecord) -> String {
+    if call.interface == crate::imports::effects::INTERFACE {
+        call.function.clone()
+    } else {
+        let short = call.interface.trim_start_matches("stephost:step/");
+        format!("{short}.{}", call.function)
+    }
+}
+
+fn print_show(run: &RunRecord, calls: &[CallRecord], attempts: &[AttemptRecord], logs: &[LogRecord]) {
+    let mut out = std::io::stdout().lock();
+    let _ = writeln!(out, "run      {}", run.run_id);
+    let _ = writeln!(out, "status   {}", run.status.as_str());
+    let _ = writeln!(out, "module   {}", run.module_digest);
+    let _ = writeln!(out, "created  {}", format_time(run.created_at_ms));
+    let _ = writeln!(out, "updated  {}", format_time(run.updated_at_ms));
+    let _ = writeln!(
+        out,
+        "owner    {} (fence {})",
+        run.owner.as_deref().unwrap_or("-"),
+        run.fence
+    );
+    let _ = writeln!(out, "input    {}", run.input);
+    if let Some(o) = &run.output {
+        let _ = writeln!(out, "output   {o}");
+    }
+    if let Some(e) = &run.error {
+        let _ = writeln!(out, "error    {e}");
+    }
+    let _ = writeln!(out);
+    let _ = writeln!(
+        out,
+        "{:>5}  {:<8} {:<32} {:<10} {:<14} {:>8} {:>4}",
+        "SEQ", "CLASS", "CALL", "STATE", "OPERATION", "MS", "TRY"
+    );
+    for call in calls {
+        let tries = attempts.iter().filter(|a| a.seq == call.seq).count();
+        let ms = call
+            .finished_at_ms
+            .map(|f| (f - call.started_at_ms).to_string())
+            .unwrap_or_else(|| "-".into());
+        let _ = writeln!(
+            out,
+            "{:>5}  {:<8} {:<32} {:<10} {:<14} {:>8} {:>4}",
+            call.seq,
+            call.class.as_str(),
+            call_name(call),
+            call.state.as_str(),
+            &call.operation_id[..12.min(call.operation_id.len())],
+            ms,
+            tries
+        );
+    }
+    if !logs.is_empty() {
+        let _ = writeln!(out, "\nlog");
+        for log in logs {
+            let _ = writeln!(
+                out,
+                "  after #{:<4} {:<5} {}",
+                log.after_seq, log.level, log.message
+            );
+        }
+    }
+}
+
+/// `YYYY-MM-DDTHH:MM:SS.mmmZ` from milliseconds since the epoch.
+pub fn format_time(ms: i64) -> String {
+    let secs = ms.div_euclid(1000);
+    let millis = ms.rem_euclid(1000);
+    let days = secs.div_euclid(86_400);
+    let rem = secs.rem_euclid(86_400);
+    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{millis:03}Z",
+        rem / 3600,
+        (rem % 3600) / 60,
+        rem % 60
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn times_are_printed_in_utc() {
+        assert_eq!(format_time(0), "1970-01-01T00:00:00.000Z");
+        assert_eq!(format_time(1_795_941_296_789), "2026-11-29T08:34:56.789Z");
+        assert_eq!(format_time(951_782_400_000), "2000-02-29T00:00:00.000Z");
+    }
+}

@@ -76,7 +76,10 @@ fn run(ctx: &mut Ctx, input: Input) -> Result<Output, Error> {
             request_nonce: hex(&ctx.random_bytes(8)),
         };
         let key = format!("order:{}:{}", input.sku, input.quantity);
-        log::info(format_args!("ordering {shortage} of {} (key {key})", input.sku));
+        log::info(format_args!(
+            "ordering {shortage} of {} (key {key})",
+            input.sku
+        ));
         let receipt: Value = ctx.effect_with_key("supplier.order", &key, &request)?;
         log::info(format_args!("supplier accepted the order: {receipt}"));
         Some(receipt)

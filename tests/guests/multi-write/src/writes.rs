@@ -46,7 +46,9 @@ pub fn run(ctx: &mut Ctx, input: Input, diverge_at: Option<u32>) -> Result<Value
         receipts.push(receipt);
         sum = sum.wrapping_add(at).wrapping_add(nonce);
     }
-    sum = sum.wrapping_add(ctx.now_nanos()).wrapping_add(ctx.random_u64());
+    sum = sum
+        .wrapping_add(ctx.now_nanos())
+        .wrapping_add(ctx.random_u64());
 
     let wasi_now_ms = SystemTime::now()
         .duration_since(UNIX_EPOCH)
