@@ -25,7 +25,12 @@ use crate::runner::{Host, HostOptions, RunReport, replay_fixture};
 )]
 pub struct Cli {
     /// The ledger (SQLite file); created if absent.
-    #[arg(long, global = true, env = "STEPHOST_DB", default_value = "stephost.db")]
+    #[arg(
+        long,
+        global = true,
+        env = "STEPHOST_DB",
+        default_value = "stephost.db"
+    )]
     pub db: PathBuf,
     /// Effects and limits; `./stephost.toml` is used when present.
     #[arg(long, global = true, env = "STEPHOST_CONFIG")]
@@ -117,7 +122,9 @@ pub fn main() -> i32 {
 fn load_config(path: Option<&Path>) -> Result<Config, HostError> {
     match path {
         Some(p) => Ok(Config::load(p)?),
-        None if Path::new("stephost.toml").exists() => Ok(Config::load(Path::new("stephost.toml"))?),
+        None if Path::new("stephost.toml").exists() => {
+            Ok(Config::load(Path::new("stephost.toml"))?)
+        }
         None => Ok(Config::default()),
     }
 }
@@ -170,7 +177,12 @@ fn execute(cli: Cli) -> Result<i32, HostError> {
             };
             let bytes = read_file(&module)?;
             let mut host = Host::open(&cli.db, options(&config))?;
-            let report = host.run(&bytes, &module.display().to_string(), &input, run_id.as_deref())?;
+            let report = host.run(
+                &bytes,
+                &module.display().to_string(),
+                &input,
+                run_id.as_deref(),
+            )?;
             Ok(print_run(&report, json))
         }
         Command::Resume { run_id, json } => {
@@ -264,7 +276,8 @@ struct RunDetail<'a> {
 }
 
 fn print_json<T: Serialize>(value: &T) {
-    let text = serde_json::to_string_pretty(value).unwrap_or_else(|e| format!("{{\"error\":\"{e}\"}}"));
+    let text =
+        serde_json::to_string_pretty(value).unwrap_or_else(|e| format!("{{\"error\":\"{e}\"}}"));
     let mut out = std::io::stdout().lock();
     let _ = writeln!(out, "{text}");
 }
@@ -384,7 +397,12 @@ fn call_name(call: &CallRecord) -> String {
     }
 }
 
-fn print_show(run: &RunRecord, calls: &[CallRecord], attempts: &[AttemptRecord], logs: &[LogRecord]) {
+fn print_show(
+    run: &RunRecord,
+    calls: &[CallRecord],
+    attempts: &[AttemptRecord],
+    logs: &[LogRecord],
+) {
     let mut out = std::io::stdout().lock();
     let _ = writeln!(out, "run      {}", run.run_id);
     let _ = writeln!(out, "status   {}", run.status.as_str());

@@ -77,6 +77,9 @@ pub enum EffectConfig {
         #[serde(default)]
         class: ClassName,
         path: PathBuf,
+        /// Wait this long after committing before replying (a slow receiver).
+        #[serde(default)]
+        reply_delay_ms: u64,
         #[serde(default)]
         retry: RetryPolicy,
     },
@@ -100,10 +103,7 @@ impl Config {
             path: shown,
             message,
         })?;
-        config.base_dir = path
-            .parent()
-            .map(Path::to_path_buf)
-            .unwrap_or_default();
+        config.base_dir = path.parent().map(Path::to_path_buf).unwrap_or_default();
         Ok(config)
     }
 
@@ -144,10 +144,18 @@ impl Config {
                     response: response.clone(),
                 }),
             ),
-            EffectConfig::File { class, path, retry } => (
+            EffectConfig::File {
+                class,
+                path,
+                reply_delay_ms,
+                retry,
+            } => (
                 *class,
                 retry.clone(),
-                Box::new(FileReceiver::new(self.base_dir.join(path))),
+                Box::new(
+                    FileReceiver::new(self.base_dir.join(path))
+                        .with_reply_delay(std::time::Duration::from_millis(*reply_delay_ms)),
+                ),
             ),
             EffectConfig::Reject { class, message } => (
                 *class,
@@ -170,13 +178,31 @@ impl Config {
 
 fn describe(text: &str, e: &toml::de::Error) -> String {
     let message = e.message().to_string();
-    match e.span() {
-        Some(span) => {
-            let line = text[..span.start.min(text.len())].matches('\n').count() + 1;
-            format!("line {line}: {message}")
+    let Some(span) = e.span() else {
+        return message;
+    };
+    let start = span.start.min(text.len());
+    let mut line = text[..start].matches('\n').count() + 1;
+    // For a table the span points at the table; name the offending key's
+    // own line (up to the next table header) when the message names one.
+    if let Some(field) = message
+        .strip_prefix("unknown field `")
+        .and_then(|rest| rest.split('`').next())
+    {
+        let mut table = text[start..]
+            .lines()
+            .enumerate()
+            .take_while(|(i, l)| *i == 0 || !l.trim_start().starts_with('['));
+        if let Some((offset, _)) = table.find(|(_, l)| {
+            let l = l.trim_start().trim_start_matches('"');
+            l.strip_prefix(field).is_some_and(|after| {
+                after.trim_start().starts_with(['=', '"', ' ']) || after.is_empty()
+            })
+        }) {
+            line += offset;
         }
-        None => message,
     }
+    format!("line {line}: {message}")
 }
 
 #[cfg(test)]
@@ -185,17 +211,17 @@ mod tests {
 
     #[test]
     fn an_unknown_field_is_refused_with_its_line() {
-        let err = Config::parse(
-            "[effects.orders]\nkind = \"echo\"\nclass = \"write\"\nretries = 3\n",
-        )
-        .unwrap_err();
+        let err =
+            Config::parse("[effects.orders]\nkind = \"echo\"\nclass = \"write\"\nretries = 3\n")
+                .unwrap_err();
         assert!(err.contains("line 4"), "{err}");
         assert!(err.contains("retries"), "{err}");
     }
 
     #[test]
     fn a_static_response_must_be_json() {
-        let err = Config::parse("[effects.x]\nkind = \"static\"\nresponse = \"{oops\"\n").unwrap_err();
+        let err =
+            Config::parse("[effects.x]\nkind = \"static\"\nresponse = \"{oops\"\n").unwrap_err();
         assert!(err.contains("not JSON"), "{err}");
     }
 

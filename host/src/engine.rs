@@ -15,7 +15,9 @@ pub const WORLD: &str = "stephost:step/step@0.1.0";
 
 #[derive(Debug, thiserror::Error)]
 pub enum ModuleError {
-    #[error("{what} is not a WebAssembly module ({detail}); pass a .wasm component built for {WORLD}")]
+    #[error(
+        "{what} is not a WebAssembly module ({detail}); pass a .wasm component built for {WORLD}"
+    )]
     NotWasm { what: String, detail: String },
     #[error(
         "{what} is a core WebAssembly module, not a component; build it for wasm32-wasip2 or \
@@ -77,10 +79,11 @@ impl StepEngine {
         }
         let what = what.to_string();
         check_header(bytes, &what)?;
-        let component = Component::new(&self.engine, bytes).map_err(|e| ModuleError::Malformed {
-            what: what.clone(),
-            detail: format!("{e:#}"),
-        })?;
+        let component =
+            Component::new(&self.engine, bytes).map_err(|e| ModuleError::Malformed {
+                what: what.clone(),
+                detail: format!("{e:#}"),
+            })?;
         self.check_world(&component, &what)?;
         let instance_pre =
             self.linker
@@ -116,7 +119,10 @@ impl StepEngine {
         if !foreign.is_empty() {
             return Err(ModuleError::WrongWorld {
                 what: what.to_string(),
-                detail: format!("it imports {}, which stephost does not provide", foreign.join(", ")),
+                detail: format!(
+                    "it imports {}, which stephost does not provide",
+                    foreign.join(", ")
+                ),
             });
         }
         if ty.get_export(&self.engine, "run").is_none() {

@@ -38,7 +38,9 @@ pub enum HostError {
         path: String,
         source: std::io::Error,
     },
-    #[error("ledger write failed during the run: {0}; the run is left resumable, retry with `stephost resume`")]
+    #[error(
+        "ledger write failed during the run: {0}; the run is left resumable, retry with `stephost resume`"
+    )]
     LedgerWrite(String),
     #[error("{0}")]
     Fenced(String),

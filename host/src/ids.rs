@@ -27,7 +27,10 @@ pub fn operation_id(run_id: &str, effect: &str, seq: u64, key: Option<&str>) -> 
             "stephost/op/key/v1",
             &[run_id.as_bytes(), effect.as_bytes(), key.as_bytes()],
         ),
-        None => hash_fields("stephost/op/seq/v1", &[run_id.as_bytes(), &seq.to_le_bytes()]),
+        None => hash_fields(
+            "stephost/op/seq/v1",
+            &[run_id.as_bytes(), &seq.to_le_bytes()],
+        ),
     }
 }
 
@@ -35,7 +38,11 @@ pub fn operation_id(run_id: &str, effect: &str, seq: u64, key: Option<&str>) -> 
 pub fn request_hash(interface: &str, function: &str, request: &str) -> String {
     hash_fields(
         "stephost/request/v1",
-        &[interface.as_bytes(), function.as_bytes(), request.as_bytes()],
+        &[
+            interface.as_bytes(),
+            function.as_bytes(),
+            request.as_bytes(),
+        ],
     )
 }
 
@@ -75,11 +82,26 @@ mod tests {
 
     #[test]
     fn operation_ids_are_stable_and_keyed_ids_ignore_the_sequence_number() {
-        assert_eq!(operation_id("r", "e", 1, None), operation_id("r", "e", 1, None));
-        assert_ne!(operation_id("r", "e", 1, None), operation_id("r", "e", 2, None));
-        assert_ne!(operation_id("r1", "e", 1, None), operation_id("r2", "e", 1, None));
-        assert_eq!(operation_id("r", "e", 1, Some("k")), operation_id("r", "e", 9, Some("k")));
-        assert_ne!(operation_id("r", "e", 1, Some("k")), operation_id("r", "f", 1, Some("k")));
+        assert_eq!(
+            operation_id("r", "e", 1, None),
+            operation_id("r", "e", 1, None)
+        );
+        assert_ne!(
+            operation_id("r", "e", 1, None),
+            operation_id("r", "e", 2, None)
+        );
+        assert_ne!(
+            operation_id("r1", "e", 1, None),
+            operation_id("r2", "e", 1, None)
+        );
+        assert_eq!(
+            operation_id("r", "e", 1, Some("k")),
+            operation_id("r", "e", 9, Some("k"))
+        );
+        assert_ne!(
+            operation_id("r", "e", 1, Some("k")),
+            operation_id("r", "f", 1, Some("k"))
+        );
         assert_eq!(operation_id("r", "e", 1, None).len(), 64);
     }
 

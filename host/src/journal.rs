@@ -192,7 +192,7 @@ pub enum Stop {
     #[error("{0}")]
     Fenced(String),
     #[error("{0}")]
-    Diverged(Divergence),
+    Diverged(Box<Divergence>),
     #[error("call #{seq} ({name}) has an unknown outcome: {reason}")]
     Parked {
         seq: u64,
@@ -355,7 +355,11 @@ impl Journal {
         result
     }
 
-    fn call_inner(&mut self, spec: &CallSpec<'_>, live: &mut dyn LiveCall) -> Result<Outcome, Stop> {
+    fn call_inner(
+        &mut self,
+        spec: &CallSpec<'_>,
+        live: &mut dyn LiveCall,
+    ) -> Result<Outcome, Stop> {
         let seq = self.next_seq;
         if seq > self.limits.calls_max {
             return Err(Stop::Limit(format!(
@@ -369,7 +373,7 @@ impl Journal {
                 || recorded.function != spec.function
                 || recorded.request_hash != request_hash
             {
-                return Err(Stop::Diverged(Divergence {
+                return Err(Stop::Diverged(Box::new(Divergence {
                     seq,
                     recorded: Some(summary(recorded)),
                     new: Some(CallSummary {
@@ -377,7 +381,7 @@ impl Journal {
                         function: spec.function.to_string(),
                         request: spec.request.to_string(),
                     }),
-                }));
+                })));
             }
             self.next_seq += 1;
             return match recorded.state {
@@ -399,7 +403,7 @@ impl Journal {
         let run_id = self.run_id.clone();
         let Mode::Live { ledger, claim } = &mut self.mode else {
             if self.recording_complete {
-                return Err(Stop::Diverged(Divergence {
+                return Err(Stop::Diverged(Box::new(Divergence {
                     seq,
                     recorded: None,
                     new: Some(CallSummary {
@@ -407,7 +411,7 @@ impl Journal {
                         function: spec.function.to_string(),
                         request: spec.request.to_string(),
                     }),
-                }));
+                })));
             }
             return Err(Stop::ReplayEnd {
                 seq,
@@ -487,7 +491,11 @@ impl Journal {
 
     /// A call recorded as started with no outcome: the previous execution
     /// died between recording it and recording its outcome (invariant 4).
-    fn reconcile(&mut self, recorded: &CallRecord, live: &mut dyn LiveCall) -> Result<Outcome, Stop> {
+    fn reconcile(
+        &mut self,
+        recorded: &CallRecord,
+        live: &mut dyn LiveCall,
+    ) -> Result<Outcome, Stop> {
         let seq = recorded.seq;
         let Mode::Live { ledger, claim } = &mut self.mode else {
             return Err(Stop::ReplayEnd {
@@ -520,7 +528,13 @@ impl Journal {
                 if let Some(e) = attempts.error {
                     return Err(e.into());
                 }
-                ledger.record_outcome(claim, seq, CallState::Unknown, None, crate::clock::now_ms())?;
+                ledger.record_outcome(
+                    claim,
+                    seq,
+                    CallState::Unknown,
+                    None,
+                    crate::clock::now_ms(),
+                )?;
                 return Err(Stop::Parked {
                     seq,
                     name: recorded.function.clone(),
@@ -566,12 +580,13 @@ impl Journal {
             }
             _ => false,
         };
-        if !replayed && let Mode::Live { ledger, claim } = &mut self.mode {
-            if let Err(e) = ledger.append_log(claim, &record) {
-                let stop = Stop::from(e);
-                self.stop = Some(stop.clone());
-                return Err(stop);
-            }
+        if !replayed
+            && let Mode::Live { ledger, claim } = &mut self.mode
+            && let Err(e) = ledger.append_log(claim, &record)
+        {
+            let stop = Stop::from(e);
+            self.stop = Some(stop.clone());
+            return Err(stop);
         }
         let replayed = replayed || matches!(self.mode, Mode::Replay);
         if let Some(sink) = self.log_sink.as_mut() {

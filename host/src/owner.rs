@@ -6,7 +6,11 @@
 /// This process's owner name.
 pub fn this_process() -> String {
     let pid = std::process::id();
-    format!("{}/{pid}/{}", hostname(), start_time(pid).unwrap_or_default())
+    format!(
+        "{}/{pid}/{}",
+        hostname(),
+        start_time(pid).unwrap_or_default()
+    )
 }
 
 /// Whether the owner named by `owner` may still be running.

@@ -23,6 +23,10 @@ use crate::ledger::{
 use crate::limits::Limits;
 use crate::replay::{Fixture, ReplayReport, ReplayVerdict};
 
+/// Receives each log line of a run: run id, line, whether it is a replay
+/// of a line already written.
+pub type RunLogSink = Arc<dyn Fn(&str, &crate::ledger::LogRecord, bool) + Send + Sync>;
+
 /// How a host runs steps.
 pub struct HostOptions {
     pub limits: Limits,
@@ -32,7 +36,7 @@ pub struct HostOptions {
     /// Who claims runs (see [`crate::owner`]).
     pub owner: String,
     /// Where the step's log lines go besides the ledger.
-    pub log_sink: Option<Arc<dyn Fn(&str, &crate::ledger::LogRecord, bool) + Send + Sync>>,
+    pub log_sink: Option<RunLogSink>,
 }
 
 impl Default for HostOptions {
@@ -88,11 +92,15 @@ impl Host {
     }
 
     pub fn ledger(&self) -> &dyn Ledger {
-        self.ledger.as_deref().expect("the ledger is back after every run")
+        self.ledger
+            .as_deref()
+            .expect("the ledger is back after every run")
     }
 
     fn ledger_mut(&mut self) -> &mut dyn Ledger {
-        self.ledger.as_deref_mut().expect("the ledger is back after every run")
+        self.ledger
+            .as_deref_mut()
+            .expect("the ledger is back after every run")
     }
 
     pub fn engine(&self) -> &Arc<StepEngine> {
@@ -171,7 +179,9 @@ impl Host {
             }
             Err(ledger) => {
                 self.ledger = Some(ledger);
-                Err(HostError::Internal("the run's journal was still shared".into()))
+                Err(HostError::Internal(
+                    "the run's journal was still shared".into(),
+                ))
             }
         }
     }
@@ -184,9 +194,13 @@ impl Host {
         ledger: Box<dyn Ledger>,
         loaded: &Loaded,
     ) -> Result<(Box<dyn Ledger>, Result<RunReport, HostError>), Box<dyn Ledger>> {
-        let loaded_history = ledger
-            .calls(&run.run_id)
-            .and_then(|calls| Ok((calls, ledger.logs(&run.run_id)?, ledger.attempts(&run.run_id)?)));
+        let loaded_history = ledger.calls(&run.run_id).and_then(|calls| {
+            Ok((
+                calls,
+                ledger.logs(&run.run_id)?,
+                ledger.attempts(&run.run_id)?,
+            ))
+        });
         let (history, logs, attempts) = match loaded_history {
             Ok(v) => v,
             Err(e) => return Ok((ledger, Err(e.into()))),
@@ -268,7 +282,11 @@ impl Host {
 
     /// Replays a recorded run offline: no I/O, no ledger writes. With
     /// `module`, against a new build of the step.
-    pub fn replay(&self, run_id: &str, module: Option<(&[u8], &str)>) -> Result<ReplayReport, HostError> {
+    pub fn replay(
+        &self,
+        run_id: &str,
+        module: Option<(&[u8], &str)>,
+    ) -> Result<ReplayReport, HostError> {
         let fixture = self.export(run_id)?;
         let stored;
         let (bytes, what) = match module {
@@ -317,11 +335,19 @@ pub fn replay_fixture(
     );
     journal.set_recording_complete(complete);
     let journal = Arc::new(Mutex::new(journal));
-    let guest = invoke(engine, &loaded, &journal, &fixture.input, options, mono_base, true);
+    let guest = invoke(
+        engine,
+        &loaded,
+        &journal,
+        &fixture.input,
+        options,
+        mono_base,
+        true,
+    );
     let journal = lock(&journal);
     let calls = journal.calls_made();
     let verdict = match (journal.stop().cloned(), guest) {
-        (Some(Stop::Diverged(d)), _) => ReplayVerdict::Diverged { divergence: d },
+        (Some(Stop::Diverged(d)), _) => ReplayVerdict::Diverged { divergence: *d },
         (Some(Stop::ReplayEnd { seq, reason }), _) => ReplayVerdict::Incomplete {
             calls: seq - 1,
             reason,

@@ -54,6 +54,7 @@ impl Handler for Reject {
 pub struct FileReceiver {
     path: PathBuf,
     lock: Mutex<()>,
+    reply_delay: std::time::Duration,
 }
 
 /// One line of the receiver's file.
@@ -72,7 +73,14 @@ impl FileReceiver {
         FileReceiver {
             path,
             lock: Mutex::new(()),
+            reply_delay: std::time::Duration::ZERO,
         }
+    }
+
+    /// Waits `delay` after committing each new operation before replying.
+    pub fn with_reply_delay(mut self, delay: std::time::Duration) -> Self {
+        self.reply_delay = delay;
+        self
     }
 
     fn find(&self, operation_id: &str) -> Result<Option<FileEntry>, Failure> {
@@ -120,9 +128,13 @@ impl Handler for FileReceiver {
             effect: request.effect.to_string(),
             fence: request.fence,
             request: body,
-            receipt: format!("R-{}", &request.operation_id[..12.min(request.operation_id.len())]),
+            receipt: format!(
+                "R-{}",
+                &request.operation_id[..12.min(request.operation_id.len())]
+            ),
         };
-        let mut line = serde_json::to_string(&entry).map_err(|e| Failure::Invalid(e.to_string()))?;
+        let mut line =
+            serde_json::to_string(&entry).map_err(|e| Failure::Invalid(e.to_string()))?;
         line.push('\n');
         let mut file = OpenOptions::new()
             .create(true)
@@ -132,6 +144,7 @@ impl Handler for FileReceiver {
         file.write_all(line.as_bytes())
             .and_then(|()| file.sync_data())
             .map_err(|e| self.io_failure(e))?;
+        std::thread::sleep(self.reply_delay);
         Ok(Self::receipt(&entry))
     }
 
@@ -168,7 +181,10 @@ mod tests {
         let path = dir.path().join("orders.jsonl");
         let receiver = FileReceiver::new(path.clone());
         let op = "a".repeat(64);
-        assert_eq!(receiver.lookup(&request(&op, "{}")).unwrap(), Lookup::NotFound);
+        assert_eq!(
+            receiver.lookup(&request(&op, "{}")).unwrap(),
+            Lookup::NotFound
+        );
         let first = receiver.perform(&request(&op, r#"{"n":1}"#)).unwrap();
         let again = receiver.perform(&request(&op, r#"{"n":1}"#)).unwrap();
         assert_eq!(first, again);

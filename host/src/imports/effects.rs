@@ -55,7 +55,10 @@ impl Host for StepState {
         let outcome = match (refusal, self.effects.get(&name)) {
             (refusal, None) | (refusal @ Some(_), Some(_)) => {
                 let outcome = refusal.unwrap_or_else(|| {
-                    Outcome::error(CallErrorKind::Denied, format!("effect `{name}` is not granted"))
+                    Outcome::error(
+                        CallErrorKind::Denied,
+                        format!("effect `{name}` is not granted"),
+                    )
                 });
                 // Too-large requests are recorded by size only.
                 let recorded = if request.len() > max {

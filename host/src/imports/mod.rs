@@ -11,8 +11,8 @@ pub mod wasi;
 
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use wasmtime::component::ResourceTable;
 use wasmtime::StoreLimits;
+use wasmtime::component::ResourceTable;
 use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 
 use crate::effects::Effects;

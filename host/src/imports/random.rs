@@ -34,9 +34,13 @@ impl Host for StepState {
             ))));
         }
         let len = len as usize;
-        let value = observe(&self.journal, INTERFACE, "get-bytes", &len.to_string(), || {
-            hex::encode(os_bytes(len)).into()
-        })
+        let value = observe(
+            &self.journal,
+            INTERFACE,
+            "get-bytes",
+            &len.to_string(),
+            || hex::encode(os_bytes(len)).into(),
+        )
         .map_err(trap)?;
         recorded_bytes(&value, len).map_err(trap)
     }

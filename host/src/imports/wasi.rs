@@ -52,9 +52,13 @@ impl wasmtime_wasi::HostMonotonicClock for RecordedMonotonicClock {
 
     fn now(&self) -> u64 {
         let (origin, base) = (self.origin, self.base);
-        let nanos = observe(&self.journal, "wasi:clocks/monotonic-clock", "now", "", || {
-            (base + origin.elapsed().as_nanos() as u64).into()
-        })
+        let nanos = observe(
+            &self.journal,
+            "wasi:clocks/monotonic-clock",
+            "now",
+            "",
+            || (base + origin.elapsed().as_nanos() as u64).into(),
+        )
         .and_then(|v| as_u64(&v, "monotonic-clock.now"));
         keep(&self.journal, nanos, 0)
     }
@@ -68,9 +72,13 @@ pub struct RecordedRng {
 
 impl RecordedRng {
     fn bytes(&self, len: usize) -> Vec<u8> {
-        let result = observe(&self.journal, self.interface, "get-bytes", &len.to_string(), || {
-            hex::encode(os_bytes(len)).into()
-        })
+        let result = observe(
+            &self.journal,
+            self.interface,
+            "get-bytes",
+            &len.to_string(),
+            || hex::encode(os_bytes(len)).into(),
+        )
         .and_then(|v| recorded_bytes(&v, len));
         keep(&self.journal, result, vec![0; len])
     }

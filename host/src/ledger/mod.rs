@@ -221,7 +221,9 @@ pub enum RunEnd {
 
 #[derive(Debug, thiserror::Error)]
 pub enum LedgerError {
-    #[error("{path} is not a stephost ledger ({detail}); point --db at a stephost ledger or at a new file")]
+    #[error(
+        "{path} is not a stephost ledger ({detail}); point --db at a stephost ledger or at a new file"
+    )]
     NotALedger { path: String, detail: String },
     #[error(
         "ledger {path} has schema version {found}, newer than this stephost understands ({supported}); upgrade stephost"

@@ -8,12 +8,14 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use rusqlite::{Connection, OpenFlags, OptionalExtension, Row, Transaction, TransactionBehavior, params};
+use rusqlite::{
+    Connection, OpenFlags, OptionalExtension, Row, Transaction, TransactionBehavior, params,
+};
 
 use super::schema::{self, APPLICATION_ID};
 use super::{
-    AttemptRecord, CallClass, CallRecord, CallState, Claim, Ledger, LedgerError, LogRecord,
-    NewRun, RunEnd, RunRecord, RunStatus,
+    AttemptRecord, CallClass, CallRecord, CallState, Claim, Ledger, LedgerError, LogRecord, NewRun,
+    RunEnd, RunRecord, RunStatus,
 };
 
 /// How long a writer waits for another process's transaction.
@@ -627,9 +629,7 @@ mod tests {
         seed(&mut ledger);
         let old = claim_fresh(&mut ledger, "r1", "a");
         // The first owner is considered dead, so b takes over.
-        let new = ledger
-            .claim("r1", "b", 30_000, 2_000, &|_| false)
-            .unwrap();
+        let new = ledger.claim("r1", "b", 30_000, 2_000, &|_| false).unwrap();
         assert_eq!(new.fence, old.fence + 1);
         let call = CallRecord {
             seq: 1,
@@ -645,7 +645,17 @@ mod tests {
             finished_at_ms: None,
         };
         let err = ledger.record_started(&old, &call).unwrap_err();
-        assert!(matches!(err, LedgerError::Fenced { held: 1, newest: 2, .. }), "{err}");
+        assert!(
+            matches!(
+                err,
+                LedgerError::Fenced {
+                    held: 1,
+                    newest: 2,
+                    ..
+                }
+            ),
+            "{err}"
+        );
         assert!(ledger.calls("r1").unwrap().is_empty());
         ledger.record_started(&new, &call).unwrap();
         assert_eq!(ledger.calls("r1").unwrap(), vec![call]);

@@ -1,6 +1,7 @@
 //! Test guest: reaches for ambient authority through std alone — the WASI
 //! clock, a randomly seeded `HashMap`, the environment, the file system and
-//! the network — and reports what it got:
+//! the network (a TCP connection to 127.0.0.1 at the input's `port`) — and
+//! reports what it got:
 //! `{"env_count": n, "fs_error": "...", "net_error": "...", "wasi_now_ms": t}`.
 //! `fs_error` / `net_error` are `null` if the access unexpectedly succeeded.
 
@@ -18,7 +19,9 @@ struct Output {
     wasi_now_ms: u128,
 }
 
-fn run(_ctx: &mut Ctx, _input: Value) -> Result<Output, Error> {
+fn run(_ctx: &mut Ctx, input: Value) -> Result<Output, Error> {
+    // The test listens on this port: a connection would reach a real socket.
+    let port = input.get("port").and_then(Value::as_u64).unwrap_or(1);
     let wasi_now_ms = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_err(Error::msg)?
@@ -28,7 +31,7 @@ fn run(_ctx: &mut Ctx, _input: Value) -> Result<Output, Error> {
 
     let env_count = std::env::vars().count();
     let fs_error = std::fs::read_dir("/").err().map(|e| e.to_string());
-    let net_error = std::net::TcpStream::connect("127.0.0.1:1")
+    let net_error = std::net::TcpStream::connect(("127.0.0.1", port as u16))
         .err()
         .map(|e| e.to_string());
     Ok(Output {

@@ -1,0 +1,201 @@
+//! Harness for the end-to-end tests: each test gets a sandbox folder with its
+//! own ledger, configuration and receiver file, and drives the real binary
+//! as a child process.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use serde_json::Value;
+
+/// The test guests and examples, built from source by `build.rs`.
+pub mod guests {
+    pub const SUPPLIER_ORDER: &str = env!("SUPPLIER_ORDER");
+    pub const MULTI_WRITE: &str = env!("GUEST_MULTI_WRITE");
+    pub const DIVERGENT: &str = env!("GUEST_DIVERGENT");
+    pub const LOOPER: &str = env!("GUEST_LOOPER");
+    pub const MEMORY_BOMB: &str = env!("GUEST_MEMORY_BOMB");
+    pub const PANICKER: &str = env!("GUEST_PANICKER");
+    pub const HUGE_PAYLOAD: &str = env!("GUEST_HUGE_PAYLOAD");
+    pub const WRONG_WORLD: &str = env!("GUEST_WRONG_WORLD");
+    pub const WASI_ONLY: &str = env!("GUEST_WASI_ONLY");
+}
+
+/// A configuration granting `orders` (a deduplicating file receiver) and
+/// `echo`, with small limits for fast failures.
+pub const BASE_CONFIG: &str = r#"
+[effects.orders]
+kind = "file"
+class = "write"
+path = "orders.jsonl"
+
+[effects.echo]
+kind = "echo"
+class = "read"
+"#;
+
+/// The result of one `stephost` invocation.
+#[derive(Debug)]
+pub struct Ran {
+    pub code: Option<i32>,
+    pub signal: Option<i32>,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+impl Ran {
+    fn from(output: Output) -> Self {
+        use std::os::unix::process::ExitStatusExt;
+        Ran {
+            code: output.status.code(),
+            signal: output.status.signal(),
+            stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
+            stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
+        }
+    }
+
+    /// The stdout parsed as JSON.
+    pub fn json(&self) -> Value {
+        serde_json::from_str(&self.stdout).unwrap_or_else(|e| {
+            panic!(
+                "stdout is not JSON ({e}):\n{}\nstderr:\n{}",
+                self.stdout, self.stderr
+            )
+        })
+    }
+
+    /// Panics with both streams unless the exit code is `code`.
+    #[track_caller]
+    pub fn expect_code(&self, code: i32) -> &Self {
+        assert_eq!(
+            self.code,
+            Some(code),
+            "expected exit code {code}\nstdout:\n{}\nstderr:\n{}",
+            self.stdout,
+            self.stderr
+        );
+        self
+    }
+}
+
+/// A folder with a ledger and a configuration, and the binary to drive.
+pub struct Sandbox {
+    pub dir: tempfile::TempDir,
+    pub bin: PathBuf,
+}
+
+impl Sandbox {
+    /// `bin` is `env!("CARGO_BIN_EXE_stephost-crash")` from the test.
+    pub fn new(bin: &str) -> Self {
+        Self::with_config(bin, BASE_CONFIG)
+    }
+
+    pub fn with_config(bin: &str, config: &str) -> Self {
+        let dir = tempfile::tempdir().expect("temp dir");
+        std::fs::write(dir.path().join("stephost.toml"), config).expect("write config");
+        Sandbox {
+            dir,
+            bin: PathBuf::from(bin),
+        }
+    }
+
+    pub fn path(&self, name: &str) -> PathBuf {
+        self.dir.path().join(name)
+    }
+
+    pub fn db(&self) -> PathBuf {
+        self.path("ledger.db")
+    }
+
+    /// Replaces the configuration.
+    pub fn set_config(&self, config: &str) {
+        std::fs::write(self.path("stephost.toml"), config).expect("write config");
+    }
+
+    /// A command for `stephost ARGS` against this sandbox's ledger and config.
+    pub fn command(&self, args: &[&str]) -> Command {
+        let mut cmd = Command::new(&self.bin);
+        cmd.current_dir(self.dir.path())
+            .env("STEPHOST_DB", self.db())
+            .env("STEPHOST_CONFIG", self.path("stephost.toml"))
+            .env_remove("STEPHOST_CRASH_AT")
+            .args(args);
+        cmd
+    }
+
+    pub fn stephost(&self, args: &[&str]) -> Ran {
+        Ran::from(self.command(args).output().expect("start stephost"))
+    }
+
+    /// `stephost` with a crash point armed.
+    pub fn stephost_crashing_at(&self, point: &str, args: &[&str]) -> Ran {
+        let mut cmd = self.command(args);
+        cmd.env("STEPHOST_CRASH_AT", point);
+        Ran::from(cmd.output().expect("start stephost"))
+    }
+
+    /// `stephost run GUEST --input INPUT --run-id ID`.
+    pub fn run(&self, guest: &str, input: &str, run_id: &str) -> Ran {
+        self.stephost(&["run", guest, "--input", input, "--run-id", run_id])
+    }
+
+    /// `stephost show RUN --json`.
+    pub fn show(&self, run_id: &str) -> Value {
+        self.stephost(&["show", run_id, "--json"])
+            .expect_code(0)
+            .json()
+    }
+
+    /// The lines of a file receiver's file, parsed.
+    pub fn received(&self, file: &str) -> Vec<Value> {
+        match std::fs::read_to_string(self.path(file)) {
+            Ok(text) => text
+                .lines()
+                .map(|l| serde_json::from_str(l).expect("receiver line is JSON"))
+                .collect(),
+            Err(_) => Vec::new(),
+        }
+    }
+}
+
+/// The calls of a `show --json` document.
+pub fn calls(show: &Value) -> &Vec<Value> {
+    show["calls"].as_array().expect("calls array")
+}
+
+/// The attempts recorded for call `seq`.
+pub fn attempts_for(show: &Value, seq: u64) -> Vec<&Value> {
+    show["attempts"]
+        .as_array()
+        .expect("attempts array")
+        .iter()
+        .filter(|a| a["seq"].as_u64() == Some(seq))
+        .collect()
+}
+
+/// Asserts every operation id at the receiver is distinct and returns them.
+#[track_caller]
+pub fn distinct_operations(lines: &[Value]) -> Vec<String> {
+    let ids: Vec<String> = lines
+        .iter()
+        .map(|l| {
+            l["operation_id"]
+                .as_str()
+                .expect("operation_id")
+                .to_string()
+        })
+        .collect();
+    let mut sorted = ids.clone();
+    sorted.sort();
+    sorted.dedup();
+    assert_eq!(
+        sorted.len(),
+        ids.len(),
+        "duplicate business effects: {lines:#?}"
+    );
+    ids
+}
+
+/// Reads a file's bytes, or none if absent.
+pub fn bytes_of(path: &Path) -> Option<Vec<u8>> {
+    std::fs::read(path).ok()
+}

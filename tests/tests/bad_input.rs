@@ -1,0 +1,281 @@
+//! Bad input and hostile guests: each ends with a clear message, a stable
+//! exit code, a recorded typed state, and a ledger that still works.
+
+use serde_json::{Value, json};
+use stephost_tests::{Sandbox, calls, guests};
+
+const BIN: &str = env!("CARGO_BIN_EXE_stephost-crash");
+
+const SMALL_LIMITS: &str = r#"
+[limits]
+fuel_max = 200_000_000
+memory_bytes_max = 67_108_864
+payload_bytes_max = 65_536
+
+[effects.echo]
+kind = "echo"
+class = "read"
+"#;
+
+/// The ledger still answers and holds exactly the runs named.
+#[track_caller]
+fn ledger_holds(sb: &Sandbox, expected: &[(&str, &str)]) {
+    let runs = sb.stephost(&["runs", "--json"]);
+    runs.expect_code(0);
+    let found: Vec<(String, String)> = runs
+        .json()
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| {
+            (
+                r["run_id"].as_str().unwrap().to_string(),
+                r["status"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect();
+    let expected: Vec<(String, String)> = expected
+        .iter()
+        .map(|(a, b)| (a.to_string(), b.to_string()))
+        .collect();
+    assert_eq!(found, expected);
+}
+
+#[test]
+fn a_file_that_is_not_wasm_is_refused_and_no_run_is_created() {
+    let sb = Sandbox::new(BIN);
+    std::fs::write(sb.path("step.wasm"), "definitely not wasm").unwrap();
+    let ran = sb.run("step.wasm", "{}", "r");
+    ran.expect_code(2);
+    assert!(
+        ran.stderr.contains("not a WebAssembly module"),
+        "{}",
+        ran.stderr
+    );
+    ledger_holds(&sb, &[]);
+}
+
+#[test]
+fn a_core_module_is_refused_with_how_to_make_a_component() {
+    let sb = Sandbox::new(BIN);
+    // The smallest core module: magic and version 1.
+    std::fs::write(sb.path("core.wasm"), b"\0asm\x01\0\0\0").unwrap();
+    let ran = sb.run("core.wasm", "{}", "r");
+    ran.expect_code(2);
+    assert!(
+        ran.stderr.contains("core WebAssembly module"),
+        "{}",
+        ran.stderr
+    );
+    assert!(ran.stderr.contains("component"));
+}
+
+#[test]
+fn a_truncated_component_is_refused_as_invalid() {
+    let sb = Sandbox::new(BIN);
+    let bytes = std::fs::read(guests::MULTI_WRITE).unwrap();
+    std::fs::write(sb.path("cut.wasm"), &bytes[..bytes.len() / 2]).unwrap();
+    let ran = sb.run("cut.wasm", "{}", "r");
+    ran.expect_code(2);
+    assert!(
+        ran.stderr.contains("not a valid component"),
+        "{}",
+        ran.stderr
+    );
+    ledger_holds(&sb, &[]);
+}
+
+#[test]
+fn a_component_for_another_world_names_what_is_missing() {
+    let sb = Sandbox::new(BIN);
+    let ran = sb.run(guests::WRONG_WORLD, "{}", "r");
+    ran.expect_code(2);
+    assert!(ran.stderr.contains("another world"), "{}", ran.stderr);
+    assert!(
+        ran.stderr.contains("does not export `run`"),
+        "{}",
+        ran.stderr
+    );
+    assert!(ran.stderr.contains("process"), "{}", ran.stderr);
+    ledger_holds(&sb, &[]);
+}
+
+#[test]
+fn input_that_is_not_json_is_refused_before_anything_runs() {
+    let sb = Sandbox::new(BIN);
+    let ran = sb.run(guests::MULTI_WRITE, "{count: 1", "r");
+    ran.expect_code(2);
+    assert!(
+        ran.stderr.contains("input is not valid JSON"),
+        "{}",
+        ran.stderr
+    );
+    ledger_holds(&sb, &[]);
+    assert!(sb.received("orders.jsonl").is_empty());
+}
+
+#[test]
+fn an_unknown_run_id_is_reported_for_every_command() {
+    let sb = Sandbox::new(BIN);
+    for args in [
+        vec!["resume", "nope"],
+        vec!["replay", "nope"],
+        vec!["show", "nope"],
+        vec!["export", "nope"],
+    ] {
+        let ran = sb.stephost(&args);
+        ran.expect_code(2);
+        assert!(
+            ran.stderr.contains("no run nope"),
+            "{args:?}: {}",
+            ran.stderr
+        );
+    }
+}
+
+#[test]
+fn a_ledger_that_is_not_a_stephost_database_is_refused_and_left_alone() {
+    let sb = Sandbox::new(BIN);
+    let text = "name,qty\nwidget,3\n".repeat(500);
+    std::fs::write(sb.db(), &text).unwrap();
+    let ran = sb.run(guests::MULTI_WRITE, r#"{"count":1}"#, "r");
+    ran.expect_code(2);
+    assert!(
+        ran.stderr.contains("is not a stephost ledger"),
+        "{}",
+        ran.stderr
+    );
+    assert_eq!(std::fs::read_to_string(sb.db()).unwrap(), text);
+}
+
+#[test]
+fn a_guest_that_loops_forever_is_stopped_by_its_fuel_limit() {
+    let sb = Sandbox::with_config(BIN, SMALL_LIMITS);
+    let ran = sb.run(guests::LOOPER, "{}", "loop");
+    ran.expect_code(3);
+    assert!(ran.stderr.contains("fuel_exhausted"), "{}", ran.stderr);
+    let show = sb.show("loop");
+    assert_eq!(show["run"]["status"], "failed");
+    assert!(
+        show["run"]["error"]
+            .as_str()
+            .unwrap()
+            .starts_with("fuel_exhausted:")
+    );
+    // What the guest did before the limit is recorded.
+    assert!(!calls(&show).is_empty());
+    ledger_holds(&sb, &[("loop", "failed")]);
+}
+
+#[test]
+fn a_guest_that_grows_memory_without_bound_is_stopped_by_its_memory_limit() {
+    let sb = Sandbox::with_config(BIN, SMALL_LIMITS);
+    let ran = sb.run(guests::MEMORY_BOMB, "{}", "bomb");
+    ran.expect_code(3);
+    let show = sb.show("bomb");
+    assert_eq!(show["run"]["status"], "failed");
+    let error = show["run"]["error"].as_str().unwrap();
+    assert!(error.starts_with("memory_limit:"), "{error}");
+    assert!(error.contains("67108864"), "{error}");
+}
+
+#[test]
+fn a_guest_that_panics_ends_as_a_failed_run() {
+    let sb = Sandbox::new(BIN);
+    let ran = sb.run(guests::PANICKER, "{}", "p");
+    ran.expect_code(3);
+    assert!(
+        ran.stderr.contains("step panicked on purpose"),
+        "{}",
+        ran.stderr
+    );
+    let show = sb.show("p");
+    assert_eq!(show["run"]["status"], "failed");
+    assert!(show["run"]["error"].as_str().unwrap().starts_with("trap:"));
+    // A failed run is final: resuming reports the same failure.
+    let again = sb.stephost(&["resume", "p"]);
+    again.expect_code(3);
+}
+
+#[test]
+fn a_request_larger_than_the_payload_limit_is_refused_as_invalid_and_recorded_by_size() {
+    let sb = Sandbox::with_config(BIN, SMALL_LIMITS);
+    let ran = sb.run(
+        guests::HUGE_PAYLOAD,
+        &json!({"bytes": 200_000}).to_string(),
+        "big",
+    );
+    ran.expect_code(3);
+    assert!(ran.stderr.contains("payload_bytes_max"), "{}", ran.stderr);
+    let show = sb.show("big");
+    let call = &calls(&show)[0];
+    assert_eq!(call["state"], "failed");
+    let outcome: Value = serde_json::from_str(call["outcome"].as_str().unwrap()).unwrap();
+    assert_eq!(outcome["err"]["kind"], "invalid");
+    // The ledger keeps the size, not the 200 kB.
+    assert!(call["request"].as_str().unwrap().len() < 100);
+    // Within the limit the same guest succeeds.
+    let ok = sb.run(
+        guests::HUGE_PAYLOAD,
+        &json!({"bytes": 1000}).to_string(),
+        "small",
+    );
+    ok.expect_code(0);
+    assert_eq!(ok.json()["received"], 1000);
+}
+
+#[test]
+fn a_step_has_no_environment_files_or_sockets() {
+    let sb = Sandbox::new(BIN);
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    listener.set_nonblocking(true).unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let ran = sb
+        .command(&[
+            "run",
+            guests::WASI_ONLY,
+            "--input",
+            &json!({"port": port}).to_string(),
+        ])
+        .env("SECRET_TOKEN", "hunter2")
+        .output()
+        .unwrap();
+    assert_eq!(
+        ran.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&ran.stderr)
+    );
+    let out: Value = serde_json::from_slice(&ran.stdout).unwrap();
+    assert_eq!(out["env_count"], 0);
+    assert!(
+        out["fs_error"].is_string(),
+        "the guest read the file system: {out}"
+    );
+    assert!(
+        out["net_error"].is_string(),
+        "the guest opened a socket: {out}"
+    );
+    assert!(
+        listener.accept().is_err(),
+        "a connection reached the listener"
+    );
+}
+
+#[test]
+fn usage_errors_exit_with_the_usage_code() {
+    let sb = Sandbox::new(BIN);
+    sb.stephost(&["frobnicate"]).expect_code(2);
+    sb.stephost(&["run"]).expect_code(2);
+    sb.stephost(&["runs", "--status", "sleeping"])
+        .expect_code(2);
+    sb.stephost(&["--help"]).expect_code(0);
+}
+
+#[test]
+fn a_configuration_with_an_unknown_field_is_refused_with_its_line() {
+    let sb = Sandbox::with_config(BIN, "[effects.orders]\nkind = \"echo\"\nretries = 3\n");
+    let ran = sb.run(guests::MULTI_WRITE, r#"{"count":1}"#, "r");
+    ran.expect_code(2);
+    assert!(ran.stderr.contains("line 3"), "{}", ran.stderr);
+}

@@ -1,0 +1,260 @@
+//! Crash-resume, end to end: the real binary aborts at each named crash
+//! point (or is killed with SIGKILL from outside), a new process resumes the
+//! run from the bytes on disk, and the result is the same as an uncrashed
+//! run's with exactly one business effect per write.
+
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+use stephost_tests::{Sandbox, attempts_for, calls, distinct_operations, guests};
+
+const BIN: &str = env!("CARGO_BIN_EXE_stephost-crash");
+
+const SUPPLIER_CONFIG: &str = r#"
+[effects."inventory.read"]
+kind = "static"
+class = "read"
+response = '{"sku": "WIDGET-7", "on_hand": 3}'
+
+[effects."supplier.order"]
+kind = "file"
+class = "write"
+path = "supplier-orders.jsonl"
+"#;
+
+const INPUT: &str = r#"{"sku":"WIDGET-7","quantity":10}"#;
+/// The supplier step's calls: 1 inventory.read, 2 clock, 3 random, 4 supplier.order.
+const ORDER_SEQ: u64 = 4;
+
+fn reference_output() -> Value {
+    let sb = Sandbox::with_config(BIN, SUPPLIER_CONFIG);
+    let ran = sb.run(guests::SUPPLIER_ORDER, INPUT, "order-1");
+    ran.expect_code(0);
+    ran.json()
+}
+
+fn sends(show: &Value, seq: u64) -> usize {
+    attempts_for(show, seq)
+        .iter()
+        .filter(|a| a["kind"] == "send")
+        .count()
+}
+
+/// Crashes the supplier run at `point`, checks what the ledger and the
+/// receiver hold at that moment with `at_crash`, resumes, and checks the end.
+fn crash_and_resume(point: &str, at_crash: impl Fn(&Sandbox, &Value)) {
+    let sb = Sandbox::with_config(BIN, SUPPLIER_CONFIG);
+    let crashed = sb.stephost_crashing_at(
+        point,
+        &[
+            "run",
+            guests::SUPPLIER_ORDER,
+            "--input",
+            INPUT,
+            "--run-id",
+            "order-1",
+        ],
+    );
+    let name = point.split('@').next().unwrap();
+    assert_eq!(
+        crashed.signal,
+        Some(libc::SIGABRT),
+        "the process did not abort at {point}: {crashed:?}"
+    );
+    assert!(
+        crashed.stderr.contains(&format!("crash point {name}@")),
+        "crash point {point} did not fire: {}",
+        crashed.stderr
+    );
+    assert!(
+        crashed.stdout.is_empty(),
+        "output escaped before completion"
+    );
+    let before = sb.show("order-1");
+    assert_eq!(before["run"]["status"], "running");
+    at_crash(&sb, &before);
+
+    let resumed = sb.stephost(&["resume", "order-1"]);
+    resumed.expect_code(0);
+    assert_eq!(resumed.json(), reference_output(), "crash at {point}");
+
+    let orders = sb.received("supplier-orders.jsonl");
+    assert_eq!(orders.len(), 1, "crash at {point}: {orders:#?}");
+    let after = sb.show("order-1");
+    assert_eq!(after["run"]["status"], "completed");
+    // The order left the host once, whatever the crash point.
+    assert!(
+        sends(&after, ORDER_SEQ) <= 1,
+        "crash at {point}: sent twice"
+    );
+    assert_eq!(
+        after["calls"][ORDER_SEQ as usize - 1]["operation_id"],
+        orders[0]["operation_id"]
+    );
+    // Calls completed before the crash were not performed again: their
+    // recorded outcomes are unchanged.
+    for (old, new) in calls(&before).iter().zip(calls(&after)) {
+        if old["state"] == "succeeded" {
+            assert_eq!(old, new, "crash at {point}: a recorded call changed");
+        }
+    }
+}
+
+#[test]
+fn crash_after_claim_resumes_to_the_same_result() {
+    crash_and_resume("after-claim", |sb, show| {
+        assert!(calls(show).is_empty());
+        assert!(sb.received("supplier-orders.jsonl").is_empty());
+    });
+}
+
+#[test]
+fn crash_after_a_read_is_started_performs_the_read_again() {
+    crash_and_resume("after-started@1", |_, show| {
+        assert_eq!(calls(show)[0]["state"], "started");
+    });
+}
+
+#[test]
+fn crash_after_started_before_send_sends_the_order_once() {
+    crash_and_resume(&format!("after-started@{ORDER_SEQ}"), |sb, show| {
+        assert_eq!(calls(show)[ORDER_SEQ as usize - 1]["state"], "started");
+        assert!(sb.received("supplier-orders.jsonl").is_empty());
+    });
+}
+
+#[test]
+fn crash_after_the_receiver_committed_reconciles_the_receipt() {
+    crash_and_resume(&format!("after-send@{ORDER_SEQ}"), |sb, show| {
+        assert_eq!(calls(show)[ORDER_SEQ as usize - 1]["state"], "started");
+        assert_eq!(sb.received("supplier-orders.jsonl").len(), 1);
+    });
+}
+
+#[test]
+fn crash_after_the_outcome_is_recorded_replays_it() {
+    crash_and_resume(&format!("after-outcome@{ORDER_SEQ}"), |sb, show| {
+        assert_eq!(calls(show)[ORDER_SEQ as usize - 1]["state"], "succeeded");
+        assert_eq!(sb.received("supplier-orders.jsonl").len(), 1);
+    });
+}
+
+#[test]
+fn crash_before_complete_finishes_without_new_calls() {
+    crash_and_resume("before-complete", |_, show| {
+        assert!(calls(show).iter().all(|c| c["state"] == "succeeded"));
+    });
+}
+
+#[test]
+fn a_crash_in_the_middle_of_many_writes_leaves_one_effect_per_write() {
+    // multi-write: write i is call 3i+3; crash while sending the second.
+    for point in ["after-started@6", "after-send@6", "after-outcome@6"] {
+        let sb = Sandbox::new(BIN);
+        let crashed = sb.stephost_crashing_at(
+            point,
+            &[
+                "run",
+                guests::MULTI_WRITE,
+                "--input",
+                r#"{"count":4}"#,
+                "--run-id",
+                "m",
+            ],
+        );
+        assert_eq!(crashed.signal, Some(libc::SIGABRT), "{crashed:?}");
+        let before = sb.show("m");
+        let resumed = sb.stephost(&["resume", "m"]);
+        resumed.expect_code(0);
+        let out = resumed.json();
+        assert_eq!(out["receipts"].as_array().unwrap().len(), 4);
+        let lines = sb.received("orders.jsonl");
+        assert_eq!(lines.len(), 4, "{point}: {lines:#?}");
+        let ids = distinct_operations(&lines);
+        let after = sb.show("m");
+        for seq in [3u64, 6, 9, 12] {
+            let call = &after["calls"][seq as usize - 1];
+            assert_eq!(call["state"], "succeeded");
+            assert!(ids.contains(&call["operation_id"].as_str().unwrap().to_string()));
+            assert!(sends(&after, seq) <= 1, "{point}: call #{seq} sent twice");
+        }
+        for (old, new) in calls(&before).iter().zip(calls(&after)) {
+            if old["state"] == "succeeded" {
+                assert_eq!(old, new, "{point}: a recorded call changed");
+            }
+        }
+        // A replay of the finished run agrees with it.
+        sb.stephost(&["replay", "m"]).expect_code(0);
+    }
+}
+
+#[test]
+fn sigkill_while_a_write_is_in_flight_resumes_with_one_effect_per_write() {
+    // The receiver commits each order, then takes 30 s to reply: the
+    // process is killed while the second write waits for its reply.
+    let slow = r#"
+[effects.orders]
+kind = "file"
+class = "write"
+path = "orders.jsonl"
+reply_delay_ms = 30000
+"#;
+    let sb = Sandbox::with_config(BIN, slow);
+    let mut child = sb
+        .command(&[
+            "run",
+            guests::MULTI_WRITE,
+            "--input",
+            r#"{"count":3}"#,
+            "--run-id",
+            "k",
+        ])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while sb.received("orders.jsonl").is_empty() {
+        assert!(
+            Instant::now() < deadline,
+            "the first write never reached the receiver"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let rc = kill_hard(child.id());
+    assert_eq!(rc, 0);
+    let status = child.wait().unwrap();
+    use std::os::unix::process::ExitStatusExt;
+    assert_eq!(status.signal(), Some(libc::SIGKILL));
+
+    let before = sb.show("k");
+    assert_eq!(calls(&before).last().unwrap()["state"], "started");
+    assert_eq!(sb.received("orders.jsonl").len(), 1);
+
+    sb.set_config(stephost_tests::BASE_CONFIG);
+    let resumed = sb.stephost(&["resume", "k"]);
+    resumed.expect_code(0);
+    let lines = sb.received("orders.jsonl");
+    assert_eq!(lines.len(), 3, "{lines:#?}");
+    distinct_operations(&lines);
+    let after = sb.show("k");
+    // The in-flight write was found at the receiver, not sent again.
+    let first_write = attempts_for(&after, 3);
+    assert_eq!(
+        first_write
+            .iter()
+            .map(|a| a["kind"].as_str().unwrap())
+            .collect::<Vec<_>>(),
+        vec!["lookup"],
+        "{after:#}"
+    );
+    assert_eq!(first_write[0]["result"], "found");
+}
+
+fn kill_hard(pid: u32) -> i32 {
+    std::process::Command::new("kill")
+        .args(["-KILL", &pid.to_string()])
+        .status()
+        .map(|s| if s.success() { 0 } else { 1 })
+        .unwrap_or(1)
+}
