@@ -40,9 +40,6 @@ fn main() {
     for (package, _) in GUESTS {
         cmd.args(["-p", package]);
     }
-    // Guests need no debug info; it only makes them slower to compile.
-    cmd.env("CARGO_PROFILE_RELEASE_DEBUG", "false")
-        .env("CARGO_PROFILE_RELEASE_STRIP", "debuginfo");
     for var in [
         "CARGO_ENCODED_RUSTFLAGS",
         "RUSTFLAGS",

@@ -370,18 +370,19 @@ fn print_runs(runs: &[RunRecord]) {
     let mut out = std::io::stdout().lock();
     let _ = writeln!(
         out,
-        "{:<26} {:<10} {:<14} {:<20} {:<6} OWNER",
-        "RUN", "STATUS", "MODULE", "UPDATED", "FENCE"
+        "{:<26} {:<10} {:<14} {:<24} {:<6} {:<24} OWNER",
+        "RUN", "STATUS", "MODULE", "UPDATED", "FENCE", "LEASE UNTIL"
     );
     for run in runs {
         let _ = writeln!(
             out,
-            "{:<26} {:<10} {:<14} {:<20} {:<6} {}",
+            "{:<26} {:<10} {:<14} {:<24} {:<6} {:<24} {}",
             run.run_id,
             run.status.as_str(),
             &run.module_digest[..12.min(run.module_digest.len())],
             format_time(run.updated_at_ms),
             run.fence,
+            run.lease_until_ms.map(format_time).unwrap_or_else(|| "-".into()),
             run.owner.as_deref().unwrap_or("-")
         );
     }

@@ -15,8 +15,6 @@ pub struct Limits {
     pub payload_bytes_max: u64,
     /// Most import calls one run may make.
     pub calls_max: u64,
-    /// Largest guest stdout+stderr kept for the run's report, in bytes.
-    pub guest_output_bytes_max: u64,
 }
 
 impl Default for Limits {
@@ -26,7 +24,6 @@ impl Default for Limits {
             fuel_max: 10_000_000_000,
             payload_bytes_max: 1024 * 1024,
             calls_max: 100_000,
-            guest_output_bytes_max: 64 * 1024,
         }
     }
 }
