@@ -13,7 +13,7 @@ use crate::config::Config;
 use crate::error::{HostError, exit};
 use crate::ledger::{AttemptRecord, CallRecord, LogRecord, RunRecord, RunStatus};
 use crate::replay::{Fixture, ReplayReport, ReplayVerdict};
-use crate::runner::{Host, HostOptions, RunReport, replay_fixture};
+use crate::runner::{Host, HostOptions, Resolution, RunReport, replay_fixture};
 
 #[derive(Parser, Debug)]
 #[command(
@@ -91,6 +91,21 @@ pub enum Command {
         status: Option<String>,
         #[arg(long)]
         json: bool,
+    },
+    /// Decide the outcome of a call parked as unknown, after checking with the
+    /// receiver by hand; then `stephost resume` continues the run.
+    Resolve {
+        run_id: String,
+        seq: u64,
+        /// The operation happened; this JSON is the response the step sees.
+        #[arg(long, conflicts_with = "failed", required_unless_present = "failed")]
+        succeeded: Option<String>,
+        /// The operation did not happen; the step sees `rejected` with this message.
+        #[arg(long)]
+        failed: Option<String>,
+        /// Who decided (kept in the ledger with the time).
+        #[arg(long)]
+        by: String,
     },
     /// Write a run as a portable JSON fixture to stdout.
     Export { run_id: String },
@@ -259,6 +274,26 @@ fn execute(cli: Cli) -> Result<i32, HostError> {
             }
             Ok(exit::OK)
         }
+        Command::Resolve {
+            run_id,
+            seq,
+            succeeded,
+            failed,
+            by,
+        } => {
+            let resolution = match (succeeded, failed) {
+                (Some(response), _) => Resolution::Succeeded(response),
+                (None, Some(message)) => Resolution::Failed(message),
+                (None, None) => unreachable!("clap requires --succeeded or --failed"),
+            };
+            let mut host = Host::open(&cli.db, options(&config))?;
+            host.resolve(&run_id, seq, resolution, &by)?;
+            eprintln!(
+                "stephost: call #{seq} of run {run_id} resolved by {by}; continue it with \
+                 `stephost resume {run_id}`"
+            );
+            Ok(exit::OK)
+        }
         Command::Export { run_id } => {
             let host = Host::open(&cli.db, options(&config))?;
             print_json(&host.export(&run_id)?);
@@ -309,9 +344,11 @@ fn print_run(report: &RunReport, json: bool) -> i32 {
         ),
         RunStatus::Parked => eprintln!(
             "stephost: run {} is parked and needs a person: {}\n  \
-             inspect it with `stephost show {}`",
+             check the receiver by hand, then `stephost resolve {} SEQ --succeeded JSON | \
+             --failed MESSAGE --by NAME` and `stephost resume {}`",
             report.run_id,
             report.error.as_deref().unwrap_or(""),
+            report.run_id,
             report.run_id
         ),
         status => eprintln!(
@@ -382,7 +419,9 @@ fn print_runs(runs: &[RunRecord]) {
             &run.module_digest[..12.min(run.module_digest.len())],
             format_time(run.updated_at_ms),
             run.fence,
-            run.lease_until_ms.map(format_time).unwrap_or_else(|| "-".into()),
+            run.lease_until_ms
+                .map(format_time)
+                .unwrap_or_else(|| "-".into()),
             run.owner.as_deref().unwrap_or("-")
         );
     }

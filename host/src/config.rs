@@ -80,6 +80,13 @@ pub enum EffectConfig {
         /// Wait this long after committing before replying (a slow receiver).
         #[serde(default)]
         reply_delay_ms: u64,
+        /// Whether the receiver ignores an operation id it has seen (default
+        /// true). A receiver that does not cannot be resent to safely.
+        #[serde(default = "yes")]
+        deduplicate: bool,
+        /// Whether the receiver answers lookups by operation id (default true).
+        #[serde(default = "yes")]
+        lookup: bool,
         #[serde(default)]
         retry: RetryPolicy,
     },
@@ -148,13 +155,17 @@ impl Config {
                 class,
                 path,
                 reply_delay_ms,
+                deduplicate,
+                lookup,
                 retry,
             } => (
                 *class,
                 retry.clone(),
                 Box::new(
                     FileReceiver::new(self.base_dir.join(path))
-                        .with_reply_delay(std::time::Duration::from_millis(*reply_delay_ms)),
+                        .with_reply_delay(std::time::Duration::from_millis(*reply_delay_ms))
+                        .with_deduplication(*deduplicate)
+                        .with_lookup(*lookup),
                 ),
             ),
             EffectConfig::Reject { class, message } => (
@@ -174,6 +185,10 @@ impl Config {
             handler,
         }
     }
+}
+
+fn yes() -> bool {
+    true
 }
 
 fn describe(text: &str, e: &toml::de::Error) -> String {

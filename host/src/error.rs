@@ -59,6 +59,7 @@ impl HostError {
                 LedgerError::NotALedger { .. }
                 | LedgerError::TooNew { .. }
                 | LedgerError::UnknownRun(_)
+                | LedgerError::NotUnknown { .. }
                 | LedgerError::RunExists { .. },
             ) => exit::BAD_INPUT,
             HostError::Ledger(_) | HostError::LedgerWrite(_) | HostError::Internal(_) => {

@@ -64,7 +64,7 @@ impl Outcome {
         }
     }
 
-    fn to_json(&self) -> String {
+    pub fn to_json(&self) -> String {
         serde_json::to_string(self).unwrap_or_else(|_| "null".to_string())
     }
 }
@@ -444,6 +444,7 @@ impl Journal {
             outcome: None,
             started_at_ms: crate::clock::now_ms(),
             finished_at_ms: None,
+            resolved_by: None,
         };
         let outcome = match spec.class {
             CallClass::Observe => {

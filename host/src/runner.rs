@@ -16,7 +16,7 @@ use crate::error::HostError;
 use crate::ids;
 use crate::imports::wasi::{RecordedMonotonicClock, RecordedRng, RecordedWallClock};
 use crate::imports::{StepState, lock};
-use crate::journal::{Journal, Mode, Stats, Stop};
+use crate::journal::{CallErrorKind, Journal, Mode, Outcome, Stats, Stop};
 use crate::ledger::{
     CallRecord, Claim, Ledger, NewRun, RunEnd, RunRecord, RunStatus, SqliteLedger,
 };
@@ -49,6 +49,15 @@ impl Default for HostOptions {
             log_sink: None,
         }
     }
+}
+
+/// A person's decision on a call whose outcome is unknown.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Resolution {
+    /// The operation happened; the guest sees this response (JSON).
+    Succeeded(String),
+    /// The operation did not happen; the guest sees `rejected` with this message.
+    Failed(String),
 }
 
 /// What became of a run.
@@ -297,6 +306,45 @@ impl Host {
             }
         };
         replay_fixture(&self.engine, &fixture, bytes, what, &self.options)
+    }
+
+    /// Records a person's decision on a call parked as `unknown`; the run
+    /// can then be resumed and the guest sees the decided outcome.
+    pub fn resolve(
+        &mut self,
+        run_id: &str,
+        seq: u64,
+        resolution: Resolution,
+        by: &str,
+    ) -> Result<(), HostError> {
+        if by.trim().is_empty() {
+            return Err(HostError::BadInput("--by must name who decided".into()));
+        }
+        let (state, outcome) = match resolution {
+            Resolution::Succeeded(response) => {
+                check_json(&response, "the resolved response", &self.options.limits)?;
+                (
+                    crate::ledger::CallState::Succeeded,
+                    Outcome::Ok(serde_json::Value::String(response)),
+                )
+            }
+            Resolution::Failed(message) => (
+                crate::ledger::CallState::Failed,
+                Outcome::error(
+                    CallErrorKind::Rejected,
+                    format!("resolved as failed by {by}: {message}"),
+                ),
+            ),
+        };
+        self.ledger_mut().resolve_call(
+            run_id,
+            seq,
+            state,
+            &outcome.to_json(),
+            by,
+            crate::clock::now_ms(),
+        )?;
+        Ok(())
     }
 
     /// A portable copy of a run: module digest, input, calls, output.

@@ -55,6 +55,8 @@ pub struct FileReceiver {
     path: PathBuf,
     lock: Mutex<()>,
     reply_delay: std::time::Duration,
+    deduplicate: bool,
+    lookup: bool,
 }
 
 /// One line of the receiver's file.
@@ -74,7 +76,22 @@ impl FileReceiver {
             path,
             lock: Mutex::new(()),
             reply_delay: std::time::Duration::ZERO,
+            deduplicate: true,
+            lookup: true,
         }
+    }
+
+    /// With `false`, every request is appended, even a resend: the receiver
+    /// then cannot be resent to safely.
+    pub fn with_deduplication(mut self, deduplicate: bool) -> Self {
+        self.deduplicate = deduplicate;
+        self
+    }
+
+    /// With `false`, the receiver answers no lookups.
+    pub fn with_lookup(mut self, lookup: bool) -> Self {
+        self.lookup = lookup;
+        self
     }
 
     /// Waits `delay` after committing each new operation before replying.
@@ -119,7 +136,9 @@ impl Handler for FileReceiver {
         let body: serde_json::Value = serde_json::from_str(request.body)
             .map_err(|e| Failure::Invalid(format!("request is not JSON: {e}")))?;
         let _guard = self.lock.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(existing) = self.find(request.operation_id)? {
+        if self.deduplicate
+            && let Some(existing) = self.find(request.operation_id)?
+        {
             return Ok(Self::receipt(&existing));
         }
         let entry = FileEntry {
@@ -149,6 +168,9 @@ impl Handler for FileReceiver {
     }
 
     fn lookup(&self, request: &Request<'_>) -> Result<Lookup, Failure> {
+        if !self.lookup {
+            return Ok(Lookup::Unsupported);
+        }
         let _guard = self.lock.lock().unwrap_or_else(|p| p.into_inner());
         Ok(match self.find(request.operation_id)? {
             Some(entry) => Lookup::Found(Self::receipt(&entry)),
@@ -157,7 +179,7 @@ impl Handler for FileReceiver {
     }
 
     fn idempotent(&self) -> bool {
-        true
+        self.deduplicate
     }
 }
 

@@ -109,6 +109,9 @@ pub struct CallRecord {
     pub outcome: Option<String>,
     pub started_at_ms: i64,
     pub finished_at_ms: Option<i64>,
+    /// Who decided the outcome of a call that was `unknown`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resolved_by: Option<String>,
 }
 
 /// The lifecycle of a run.
@@ -257,6 +260,14 @@ pub enum LedgerError {
         expected: i64,
         found: i64,
     },
+    #[error(
+        "call #{seq} of run {run_id} is {state}, not unknown; only an unknown call can be resolved"
+    )]
+    NotUnknown {
+        run_id: String,
+        seq: u64,
+        state: String,
+    },
     #[error("module {0} is not stored in the ledger")]
     UnknownModule(String),
     #[error("ledger data is corrupt: {0}")]
@@ -320,6 +331,18 @@ pub trait Ledger: Send {
     fn record_attempt(&mut self, claim: &Claim, attempt: &AttemptRecord)
     -> Result<(), LedgerError>;
     fn append_log(&mut self, claim: &Claim, log: &LogRecord) -> Result<(), LedgerError>;
+
+    /// A person's decision on an `unknown` call: records the outcome with who
+    /// decided, and makes the parked run resumable. Durable before it returns.
+    fn resolve_call(
+        &mut self,
+        run_id: &str,
+        seq: u64,
+        state: CallState,
+        outcome: &str,
+        by: &str,
+        now_ms: i64,
+    ) -> Result<(), LedgerError>;
 
     /// Ends (or parks) the run and releases the claim: durable before it returns.
     fn finish_run(&mut self, claim: &Claim, end: &RunEnd, now_ms: i64) -> Result<(), LedgerError>;

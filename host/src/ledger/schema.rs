@@ -49,6 +49,8 @@ CREATE TABLE calls (
     started_at    INTEGER NOT NULL,
     finished_at   INTEGER,
     fence         INTEGER NOT NULL,
+    resolved_by   TEXT,
+    resolved_at   INTEGER,
     PRIMARY KEY (run_id, seq)
 ) STRICT, WITHOUT ROWID;
 CREATE INDEX calls_by_operation ON calls(operation_id);

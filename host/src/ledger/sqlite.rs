@@ -192,7 +192,7 @@ fn run_from_row(r: &Row<'_>) -> rusqlite::Result<RunRecord> {
 }
 
 const CALL_COLUMNS: &str = "seq, class, interface, function, operation_id, request, \
-     request_hash, state, outcome, started_at, finished_at";
+     request_hash, state, outcome, started_at, finished_at, resolved_by";
 
 fn call_from_row(r: &Row<'_>) -> rusqlite::Result<CallRecord> {
     let class: String = r.get(1)?;
@@ -209,6 +209,7 @@ fn call_from_row(r: &Row<'_>) -> rusqlite::Result<CallRecord> {
         outcome: r.get(8)?,
         started_at_ms: r.get(9)?,
         finished_at_ms: r.get(10)?,
+        resolved_by: r.get(11)?,
     })
 }
 
@@ -513,6 +514,61 @@ impl Ledger for SqliteLedger {
         })
     }
 
+    fn resolve_call(
+        &mut self,
+        run_id: &str,
+        seq: u64,
+        state: CallState,
+        outcome: &str,
+        by: &str,
+        now_ms: i64,
+    ) -> Result<(), LedgerError> {
+        self.set_sync(Sync::Full)?;
+        let tx = self
+            .conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)?;
+        let found: Option<String> = tx
+            .query_row(
+                "SELECT state FROM calls WHERE run_id = ?1 AND seq = ?2",
+                params![run_id, seq as i64],
+                |r| r.get(0),
+            )
+            .optional()?;
+        match found {
+            None => {
+                // Tell an unknown run from an unknown call.
+                tx.query_row("SELECT 1 FROM runs WHERE run_id = ?1", [run_id], |_| Ok(()))
+                    .optional()?
+                    .ok_or_else(|| LedgerError::UnknownRun(run_id.to_string()))?;
+                return Err(LedgerError::NotUnknown {
+                    run_id: run_id.to_string(),
+                    seq,
+                    state: "not recorded".to_string(),
+                });
+            }
+            Some(s) if s != "unknown" => {
+                return Err(LedgerError::NotUnknown {
+                    run_id: run_id.to_string(),
+                    seq,
+                    state: s,
+                });
+            }
+            Some(_) => {}
+        }
+        tx.execute(
+            "UPDATE calls SET state = ?1, outcome = ?2, finished_at = ?3, resolved_by = ?4, \
+             resolved_at = ?3 WHERE run_id = ?5 AND seq = ?6",
+            params![state.as_str(), outcome, now_ms, by, run_id, seq as i64],
+        )?;
+        tx.execute(
+            "UPDATE runs SET status = 'running', error = NULL, updated_at = ?1 \
+             WHERE run_id = ?2 AND status = 'parked'",
+            params![now_ms, run_id],
+        )?;
+        tx.commit()?;
+        Ok(())
+    }
+
     fn finish_run(&mut self, claim: &Claim, end: &RunEnd, now_ms: i64) -> Result<(), LedgerError> {
         let (status, output, error) = match end {
             RunEnd::Completed { output } => (RunStatus::Completed, Some(output.as_str()), None),
@@ -643,6 +699,7 @@ mod tests {
             outcome: None,
             started_at_ms: 3,
             finished_at_ms: None,
+            resolved_by: None,
         };
         let err = ledger.record_started(&old, &call).unwrap_err();
         assert!(
