@@ -1,7 +1,7 @@
 //! The step's handle to its recorded imports.
 
 use crate::EffectError;
-use crate::bindings::stephost::step::{clock, effects, random, types::CallError};
+use crate::bindings::stephost::step::{clock, effects, llm, random, types::CallError};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use std::time::{Duration, SystemTime};
@@ -66,6 +66,22 @@ impl Ctx {
         self.call(name, Some(key), request)
     }
 
+    /// Asks the configured model for a chat completion. `request` is an
+    /// OpenAI-style body without `model`, e.g.
+    /// `{"messages": [{"role": "user", "content": "..."}]}`; the response is
+    /// the provider's JSON (`choices`, `usage`, ...). The completion is
+    /// recorded: a resumed or replayed run gets it back without new tokens.
+    ///
+    /// # Errors
+    /// As for [`Ctx::effect`]; the effect name in errors is `llm`.
+    pub fn llm<Req, Resp>(&mut self, request: &Req) -> Result<Resp, EffectError>
+    where
+        Req: Serialize + ?Sized,
+        Resp: DeserializeOwned,
+    {
+        self.invoke("llm", request, |body| llm::complete(body))
+    }
+
     fn call<Req, Resp>(
         &mut self,
         name: &str,
@@ -76,11 +92,24 @@ impl Ctx {
         Req: Serialize + ?Sized,
         Resp: DeserializeOwned,
     {
+        self.invoke(name, request, |body| effects::call(name, body, key))
+    }
+
+    fn invoke<Req, Resp>(
+        &mut self,
+        name: &str,
+        request: &Req,
+        import: impl FnOnce(&str) -> Result<String, CallError>,
+    ) -> Result<Resp, EffectError>
+    where
+        Req: Serialize + ?Sized,
+        Resp: DeserializeOwned,
+    {
         let request = serde_json::to_string(request).map_err(|e| EffectError::Encode {
             effect: name.to_owned(),
             message: e.to_string(),
         })?;
-        let response = effects::call(name, &request, key).map_err(|e| {
+        let response = import(&request).map_err(|e| {
             let effect = name.to_owned();
             match e {
                 CallError::Rejected(message) => EffectError::Rejected { effect, message },

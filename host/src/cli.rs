@@ -107,6 +107,8 @@ pub enum Command {
         #[arg(long)]
         by: String,
     },
+    /// Print metrics in the Prometheus text format.
+    Metrics,
     /// Write a run as a portable JSON fixture to stdout.
     Export { run_id: String },
 }
@@ -144,15 +146,23 @@ fn load_config(path: Option<&Path>) -> Result<Config, HostError> {
     }
 }
 
-fn options(config: &Config) -> HostOptions {
-    HostOptions {
+fn options(config: &Config) -> Result<HostOptions, HostError> {
+    Ok(HostOptions {
         limits: config.limits.clone(),
-        effects: config.effects(),
+        effects: config.effects()?,
         log_sink: Some(Arc::new(|run_id: &str, rec: &LogRecord, replayed: bool| {
             if !replayed {
                 eprintln!("[{run_id}] {}: {}", rec.level, rec.message);
             }
         })),
+        ..HostOptions::default()
+    })
+}
+
+/// For commands that run no step: no effects (and so no secrets) needed.
+fn quiet_options(config: &Config) -> HostOptions {
+    HostOptions {
+        limits: config.limits.clone(),
         ..HostOptions::default()
     }
 }
@@ -191,7 +201,7 @@ fn execute(cli: Cli) -> Result<i32, HostError> {
                 (None, None) => "null".to_string(),
             };
             let bytes = read_file(&module)?;
-            let mut host = Host::open(&cli.db, options(&config))?;
+            let mut host = Host::open(&cli.db, options(&config)?)?;
             let report = host.run(
                 &bytes,
                 &module.display().to_string(),
@@ -201,7 +211,7 @@ fn execute(cli: Cli) -> Result<i32, HostError> {
             Ok(print_run(&report, json))
         }
         Command::Resume { run_id, json } => {
-            let mut host = Host::open(&cli.db, options(&config))?;
+            let mut host = Host::open(&cli.db, options(&config)?)?;
             let report = host.resume(&run_id)?;
             Ok(print_run(&report, json))
         }
@@ -211,7 +221,7 @@ fn execute(cli: Cli) -> Result<i32, HostError> {
             fixture,
             json,
         } => {
-            let opts = options(&config);
+            let opts = options(&config)?;
             let new_module = match &module {
                 Some(path) => Some((read_file(path)?, path.display().to_string())),
                 None => None,
@@ -238,7 +248,7 @@ fn execute(cli: Cli) -> Result<i32, HostError> {
             Ok(report.exit_code())
         }
         Command::Show { run_id, json } => {
-            let host = Host::open(&cli.db, options(&config))?;
+            let host = Host::open(&cli.db, quiet_options(&config))?;
             let ledger = host.ledger();
             let run = ledger.run(&run_id)?;
             let calls = ledger.calls(&run_id)?;
@@ -247,6 +257,7 @@ fn execute(cli: Cli) -> Result<i32, HostError> {
             if json {
                 print_json(&RunDetail {
                     run: &run,
+                    tokens_total: tokens_total(&calls),
                     calls: &calls,
                     attempts: &attempts,
                     logs: &logs,
@@ -265,7 +276,7 @@ fn execute(cli: Cli) -> Result<i32, HostError> {
                     ))
                 })?),
             };
-            let host = Host::open(&cli.db, options(&config))?;
+            let host = Host::open(&cli.db, quiet_options(&config))?;
             let runs = host.ledger().runs(status)?;
             if json {
                 print_json(&runs);
@@ -286,7 +297,7 @@ fn execute(cli: Cli) -> Result<i32, HostError> {
                 (None, Some(message)) => Resolution::Failed(message),
                 (None, None) => unreachable!("clap requires --succeeded or --failed"),
             };
-            let mut host = Host::open(&cli.db, options(&config))?;
+            let mut host = Host::open(&cli.db, quiet_options(&config))?;
             host.resolve(&run_id, seq, resolution, &by)?;
             eprintln!(
                 "stephost: call #{seq} of run {run_id} resolved by {by}; continue it with \
@@ -294,8 +305,14 @@ fn execute(cli: Cli) -> Result<i32, HostError> {
             );
             Ok(exit::OK)
         }
+        Command::Metrics => {
+            let host = Host::open(&cli.db, quiet_options(&config))?;
+            let text = crate::metrics::render(host.ledger())?;
+            let _ = std::io::stdout().lock().write_all(text.as_bytes());
+            Ok(exit::OK)
+        }
         Command::Export { run_id } => {
-            let host = Host::open(&cli.db, options(&config))?;
+            let host = Host::open(&cli.db, quiet_options(&config))?;
             print_json(&host.export(&run_id)?);
             Ok(exit::OK)
         }
@@ -305,6 +322,7 @@ fn execute(cli: Cli) -> Result<i32, HostError> {
 #[derive(Serialize)]
 struct RunDetail<'a> {
     run: &'a RunRecord,
+    tokens_total: u64,
     calls: &'a [CallRecord],
     attempts: &'a [AttemptRecord],
     logs: &'a [LogRecord],
@@ -427,6 +445,21 @@ fn print_runs(runs: &[RunRecord]) {
     }
 }
 
+/// Model tokens spent by a run's recorded completions.
+fn tokens_total(calls: &[CallRecord]) -> u64 {
+    calls
+        .iter()
+        .filter(|c| c.interface == crate::imports::llm::INTERFACE)
+        .filter_map(|c| c.outcome.as_deref())
+        .filter_map(|o| serde_json::from_str::<serde_json::Value>(o).ok())
+        .filter_map(|o| {
+            o.get("ok")
+                .and_then(|v| v.as_str())
+                .and_then(crate::effects::llm::total_tokens)
+        })
+        .sum()
+}
+
 /// A call's display name: the effect name, or `interface function`.
 fn call_name(call: &CallRecord) -> String {
     if call.interface == crate::imports::effects::INTERFACE {
@@ -461,6 +494,13 @@ fn print_show(
     }
     if let Some(e) = &run.error {
         let _ = writeln!(out, "error    {e}");
+    }
+    let tokens = tokens_total(calls);
+    if tokens > 0 {
+        let _ = writeln!(
+            out,
+            "tokens   {tokens} (model completions; a replay spends none)"
+        );
     }
     let _ = writeln!(out);
     let _ = writeln!(

@@ -18,7 +18,12 @@ use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
+use std::time::Duration;
+
 use crate::effects::builtin::{Echo, FileReceiver, Reject, Static};
+use crate::effects::command::CommandEffect;
+use crate::effects::http::HttpEffect;
+use crate::effects::llm::Llm;
 use crate::effects::{Effect, Effects, Handler, RetryPolicy};
 use crate::ledger::CallClass;
 use crate::limits::Limits;
@@ -41,9 +46,15 @@ pub struct Config {
     pub limits: Limits,
     #[serde(default)]
     pub effects: BTreeMap<String, EffectConfig>,
+    /// The model endpoint behind the `llm` import; without it `llm.complete`
+    /// is denied.
+    pub llm: Option<LlmConfig>,
     /// The folder relative paths are resolved against (the file's folder).
     #[serde(skip)]
     pub base_dir: PathBuf,
+    /// The file this came from, for messages.
+    #[serde(skip)]
+    pub path: PathBuf,
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
@@ -90,12 +101,97 @@ pub enum EffectConfig {
         #[serde(default)]
         retry: RetryPolicy,
     },
+    /// An HTTP request per attempt; `{field}` in `url` and `lookup` comes
+    /// from the request JSON, `{operation_id}` and `{run_id}` from the call.
+    Http {
+        #[serde(default)]
+        class: ClassName,
+        #[serde(default = "default_method")]
+        method: String,
+        url: String,
+        /// Header values may name environment variables as `${NAME}`; they
+        /// are read when the configuration is loaded and never recorded.
+        #[serde(default)]
+        headers: BTreeMap<String, String>,
+        #[serde(default = "default_timeout_ms")]
+        timeout_ms: u64,
+        /// The receiver deduplicates by `Idempotency-Key`.
+        #[serde(default)]
+        idempotent: bool,
+        /// URL answering 200 + receipt (done) or 404 (not found) for an operation.
+        lookup: Option<String>,
+        #[serde(default)]
+        retry: RetryPolicy,
+    },
+    /// A program: request JSON on stdin, result JSON on stdout.
+    Command {
+        #[serde(default)]
+        class: ClassName,
+        argv: Vec<String>,
+        #[serde(default = "default_timeout_ms")]
+        timeout_ms: u64,
+        #[serde(default)]
+        idempotent: bool,
+        /// A program answering exit 0 + receipt (done) or exit 3 (not found).
+        lookup: Option<Vec<String>>,
+        #[serde(default)]
+        retry: RetryPolicy,
+    },
     /// Refuses every request with `message`.
     Reject {
         #[serde(default)]
         class: ClassName,
         message: String,
     },
+}
+
+/// An OpenAI-compatible chat-completions endpoint.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LlmConfig {
+    /// e.g. `https://api.openai.com/v1/chat/completions`
+    pub url: String,
+    /// Put into every request as `model`.
+    pub model: String,
+    /// The environment variable holding the API key (sent as a bearer token).
+    pub api_key_env: Option<String>,
+    #[serde(default = "default_llm_timeout_ms")]
+    pub timeout_ms: u64,
+    #[serde(default)]
+    pub retry: RetryPolicy,
+}
+
+fn default_method() -> String {
+    "POST".to_string()
+}
+
+fn default_timeout_ms() -> u64 {
+    30_000
+}
+
+fn default_llm_timeout_ms() -> u64 {
+    120_000
+}
+
+/// Replaces each `${NAME}` with the environment variable NAME.
+fn resolve_env(value: &str, what: &str) -> Result<String, String> {
+    let mut out = String::new();
+    let mut rest = value;
+    while let Some(start) = rest.find("${") {
+        out.push_str(&rest[..start]);
+        let after = &rest[start + 2..];
+        let end = after
+            .find('}')
+            .ok_or_else(|| format!("{what}: unclosed ${{ in {value:?}"))?;
+        let name = &after[..end];
+        let found = std::env::var(name).map_err(|_| {
+            format!("{what} needs the environment variable {name}, which is not set")
+        })?;
+        out.push_str(&found);
+        rest = &after[end + 1..];
+    }
+    out.push_str(rest);
+    Ok(out)
 }
 
 impl Config {
@@ -127,17 +223,33 @@ impl Config {
         Ok(config)
     }
 
-    /// Builds the granted effects.
-    pub fn effects(&self) -> Effects {
-        let granted = self
-            .effects
-            .iter()
-            .map(|(name, config)| (name.clone(), self.build(config)))
-            .collect();
-        Effects::new(granted)
+    /// Builds the granted effects, reading secrets from the environment.
+    pub fn effects(&self) -> Result<Effects, ConfigError> {
+        let mut granted = BTreeMap::new();
+        for (name, config) in &self.effects {
+            let effect = self
+                .build(name, config)
+                .map_err(|message| ConfigError::Invalid {
+                    path: self.shown(),
+                    message,
+                })?;
+            granted.insert(name.clone(), effect);
+        }
+        let llm = match &self.llm {
+            Some(llm) => Some(build_llm(llm).map_err(|message| ConfigError::Invalid {
+                path: self.shown(),
+                message,
+            })?),
+            None => None,
+        };
+        Ok(Effects::new(granted, llm))
     }
 
-    fn build(&self, config: &EffectConfig) -> Effect {
+    fn shown(&self) -> String {
+        self.path.display().to_string()
+    }
+
+    fn build(&self, name: &str, config: &EffectConfig) -> Result<Effect, String> {
         let (class, retry, handler): (ClassName, RetryPolicy, Box<dyn Handler>) = match config {
             EffectConfig::Echo { class, retry } => (*class, retry.clone(), Box::new(Echo)),
             EffectConfig::Static {
@@ -168,6 +280,51 @@ impl Config {
                         .with_lookup(*lookup),
                 ),
             ),
+            EffectConfig::Http {
+                class,
+                method,
+                url,
+                headers,
+                timeout_ms,
+                idempotent,
+                lookup,
+                retry,
+            } => {
+                let what = format!("effects.\"{name}\"");
+                let headers = headers
+                    .iter()
+                    .map(|(k, v)| Ok((k.clone(), resolve_env(v, &what)?)))
+                    .collect::<Result<Vec<_>, String>>()?;
+                let handler = HttpEffect::new(
+                    method,
+                    url.clone(),
+                    headers,
+                    lookup.clone(),
+                    *idempotent,
+                    Duration::from_millis(*timeout_ms),
+                )
+                .map_err(|e| format!("{what}: {e}"))?;
+                (*class, retry.clone(), Box::new(handler))
+            }
+            EffectConfig::Command {
+                class,
+                argv,
+                timeout_ms,
+                idempotent,
+                lookup,
+                retry,
+            } => {
+                if argv.is_empty() {
+                    return Err(format!("effects.\"{name}\".argv is empty"));
+                }
+                let handler = CommandEffect::new(
+                    argv.clone(),
+                    lookup.clone(),
+                    *idempotent,
+                    Duration::from_millis(*timeout_ms),
+                );
+                (*class, retry.clone(), Box::new(handler))
+            }
             EffectConfig::Reject { class, message } => (
                 *class,
                 RetryPolicy::default(),
@@ -176,15 +333,40 @@ impl Config {
                 }),
             ),
         };
-        Effect {
+        Ok(Effect {
             class: match class {
                 ClassName::Read => CallClass::Read,
                 ClassName::Write => CallClass::Write,
             },
             retry,
             handler,
-        }
+        })
     }
+}
+
+fn build_llm(llm: &LlmConfig) -> Result<Effect, String> {
+    let mut headers = Vec::new();
+    if let Some(var) = &llm.api_key_env {
+        let key = std::env::var(var)
+            .map_err(|_| format!("llm.api_key_env names {var}, which is not set"))?;
+        headers.push(("Authorization".to_string(), format!("Bearer {key}")));
+    }
+    let http = HttpEffect::new(
+        "POST",
+        llm.url.clone(),
+        headers,
+        None,
+        true,
+        Duration::from_millis(llm.timeout_ms),
+    )?;
+    Ok(Effect {
+        class: CallClass::Read,
+        retry: llm.retry.clone(),
+        handler: Box::new(Llm {
+            http,
+            model: llm.model.clone(),
+        }),
+    })
 }
 
 fn yes() -> bool {
@@ -243,7 +425,7 @@ mod tests {
     #[test]
     fn effects_default_to_the_write_class_and_limits_to_their_defaults() {
         let config = Config::parse("[effects.orders]\nkind = \"echo\"\n").unwrap();
-        let effects = config.effects();
+        let effects = config.effects().unwrap();
         assert_eq!(effects.get("orders").unwrap().class, CallClass::Write);
         assert!(effects.get("other").is_none());
         assert_eq!(config.limits, Limits::default());

@@ -119,15 +119,26 @@ impl<F: FnMut() -> Outcome> LiveCall for Compute<F> {
     }
 }
 
-/// Records each attempt of a call as it happens.
+/// Records each attempt of a call as it happens, and counts events for the
+/// metrics.
 pub struct Attempts<'a> {
     sink: Option<(&'a mut dyn Ledger, &'a Claim)>,
     seq: u64,
     next: u32,
     error: Option<LedgerError>,
+    counters: &'a mut Counters,
 }
 
+/// Metric counters accumulated during an execution, added to the ledger's
+/// when it ends.
+pub type Counters = std::collections::BTreeMap<&'static str, i64>;
+
 impl Attempts<'_> {
+    /// Adds one to the counter `name`.
+    pub fn count(&mut self, name: &'static str) {
+        *self.counters.entry(name).or_insert(0) += 1;
+    }
+
     pub fn record(&mut self, kind: &str, started_at_ms: i64, result: &str, detail: Option<&str>) {
         let number = self.next;
         self.next += 1;
@@ -248,6 +259,7 @@ pub struct Journal {
     /// In a replay: whether the recording is of a finished run, so that a
     /// call past its end is a divergence rather than the end of the record.
     recording_complete: bool,
+    counters: Counters,
     pub stats: Stats,
 }
 
@@ -283,6 +295,7 @@ impl Journal {
             next_attempt,
             log_sink: None,
             recording_complete: false,
+            counters: Counters::new(),
             stats: Stats::default(),
         }
     }
@@ -333,6 +346,11 @@ impl Journal {
             recorded: Some(summary(next)),
             new: None,
         })
+    }
+
+    /// The counters this execution accumulated.
+    pub fn counters(&self) -> &Counters {
+        &self.counters
     }
 
     pub fn mode_mut(&mut self) -> &mut Mode {
@@ -387,6 +405,13 @@ impl Journal {
             return match recorded.state {
                 CallState::Succeeded | CallState::Failed => {
                     self.stats.replayed += 1;
+                    if recorded.class == CallClass::Write && matches!(self.mode, Mode::Live { .. })
+                    {
+                        *self
+                            .counters
+                            .entry("side_effect_duplicate_prevented_total")
+                            .or_insert(0) += 1;
+                    }
                     parse_outcome(recorded)
                 }
                 CallState::Unknown => Err(Stop::Parked {
@@ -453,6 +478,7 @@ impl Journal {
                     seq,
                     next: 1,
                     error: None,
+                    counters: &mut self.counters,
                 };
                 let outcome = live.perform(&op, &mut attempts);
                 record.state = outcome.state();
@@ -469,6 +495,7 @@ impl Journal {
                     seq,
                     next: 1,
                     error: None,
+                    counters: &mut self.counters,
                 };
                 let outcome = live.perform(&op, &mut attempts);
                 if let Some(e) = attempts.error {
@@ -517,6 +544,7 @@ impl Journal {
             seq,
             next: first_attempt,
             error: None,
+            counters: &mut self.counters,
         };
         let outcome = match live.reconcile(&op, &mut attempts) {
             Reconciled::Outcome(outcome) => outcome,

@@ -28,6 +28,7 @@ pub mod imports;
 pub mod journal;
 pub mod ledger;
 pub mod limits;
+pub mod metrics;
 pub mod owner;
 pub mod replay;
 pub mod runner;

@@ -245,9 +245,15 @@ impl Host {
         let stats = journal.stats;
         let stop = journal.stop().cloned();
         let limits = journal.limits().clone();
+        let mut counters = journal.counters().clone();
+        if stats.replayed > 0 {
+            counters.insert("replayed_step_total", 1);
+        }
         let Mode::Live { mut ledger, claim } = journal.into_mode() else {
             unreachable_shared()
         };
+        // Metrics are best effort: a failure to count never fails a run.
+        let _ = ledger.add_counters(&counters);
         let end = match stop {
             Some(Stop::Fenced(m)) => return Ok((ledger, Err(HostError::Fenced(m)))),
             Some(Stop::Ledger(m)) => return Ok((ledger, Err(HostError::LedgerWrite(m)))),

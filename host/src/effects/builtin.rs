@@ -7,14 +7,14 @@ use std::sync::Mutex;
 
 use serde::{Deserialize, Serialize};
 
-use super::{Failure, Handler, Lookup, Request};
+use super::{Failure, Handler, Lookup, Reply, Request};
 
 /// Answers every request with the request itself.
 pub struct Echo;
 
 impl Handler for Echo {
-    fn perform(&self, request: &Request<'_>) -> Result<String, Failure> {
-        Ok(request.body.to_string())
+    fn perform(&self, request: &Request<'_>) -> Result<Reply, Failure> {
+        Ok(Reply::new(request.body))
     }
 
     fn idempotent(&self) -> bool {
@@ -28,8 +28,8 @@ pub struct Static {
 }
 
 impl Handler for Static {
-    fn perform(&self, _request: &Request<'_>) -> Result<String, Failure> {
-        Ok(self.response.clone())
+    fn perform(&self, _request: &Request<'_>) -> Result<Reply, Failure> {
+        Ok(Reply::new(self.response.clone()))
     }
 
     fn idempotent(&self) -> bool {
@@ -43,7 +43,7 @@ pub struct Reject {
 }
 
 impl Handler for Reject {
-    fn perform(&self, _request: &Request<'_>) -> Result<String, Failure> {
+    fn perform(&self, _request: &Request<'_>) -> Result<Reply, Failure> {
         Err(Failure::Rejected(self.message.clone()))
     }
 }
@@ -119,7 +119,7 @@ impl FileReceiver {
     }
 
     fn io_failure(&self, e: std::io::Error) -> Failure {
-        Failure::Retryable(format!("receiver file {}: {e}", self.path.display()))
+        Failure::retryable(format!("receiver file {}: {e}", self.path.display()))
     }
 
     fn receipt(entry: &FileEntry) -> String {
@@ -132,14 +132,17 @@ impl FileReceiver {
 }
 
 impl Handler for FileReceiver {
-    fn perform(&self, request: &Request<'_>) -> Result<String, Failure> {
+    fn perform(&self, request: &Request<'_>) -> Result<Reply, Failure> {
         let body: serde_json::Value = serde_json::from_str(request.body)
             .map_err(|e| Failure::Invalid(format!("request is not JSON: {e}")))?;
         let _guard = self.lock.lock().unwrap_or_else(|p| p.into_inner());
         if self.deduplicate
             && let Some(existing) = self.find(request.operation_id)?
         {
-            return Ok(Self::receipt(&existing));
+            return Ok(Reply {
+                body: Self::receipt(&existing),
+                duplicate: true,
+            });
         }
         let entry = FileEntry {
             operation_id: request.operation_id.to_string(),
@@ -164,7 +167,7 @@ impl Handler for FileReceiver {
             .and_then(|()| file.sync_data())
             .map_err(|e| self.io_failure(e))?;
         std::thread::sleep(self.reply_delay);
-        Ok(Self::receipt(&entry))
+        Ok(Reply::new(Self::receipt(&entry)))
     }
 
     fn lookup(&self, request: &Request<'_>) -> Result<Lookup, Failure> {
@@ -191,6 +194,7 @@ mod tests {
         Request {
             run_id: "r",
             effect: "orders",
+            class: crate::ledger::CallClass::Write,
             operation_id: op,
             fence: 1,
             body,
@@ -209,11 +213,12 @@ mod tests {
         );
         let first = receiver.perform(&request(&op, r#"{"n":1}"#)).unwrap();
         let again = receiver.perform(&request(&op, r#"{"n":1}"#)).unwrap();
-        assert_eq!(first, again);
+        assert_eq!(first.body, again.body);
+        assert!(again.duplicate && !first.duplicate);
         assert_eq!(std::fs::read_to_string(&path).unwrap().lines().count(), 1);
         assert_eq!(
             receiver.lookup(&request(&op, "{}")).unwrap(),
-            Lookup::Found(first)
+            Lookup::Found(first.body)
         );
         receiver.perform(&request(&"b".repeat(64), "{}")).unwrap();
         assert_eq!(std::fs::read_to_string(&path).unwrap().lines().count(), 2);

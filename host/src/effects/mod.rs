@@ -5,6 +5,9 @@
 //! one durable wrapper; nothing else reaches a handler.
 
 pub mod builtin;
+pub mod command;
+pub mod http;
+pub mod llm;
 pub mod retry;
 
 use std::collections::BTreeMap;
@@ -20,10 +23,56 @@ pub use retry::RetryPolicy;
 pub enum Failure {
     /// The receiver refused; retrying the same request will not help.
     Rejected(String),
-    /// Timeouts, connection errors, overload: worth another attempt.
-    Retryable(String),
+    /// Timeouts, connection errors, overload: worth another attempt, no
+    /// sooner than `retry_after` when the receiver said so.
+    Retryable {
+        message: String,
+        retry_after: Option<std::time::Duration>,
+    },
     /// The request is not what the effect accepts.
     Invalid(String),
+}
+
+impl Failure {
+    pub fn retryable(message: impl Into<String>) -> Self {
+        Failure::Retryable {
+            message: message.into(),
+            retry_after: None,
+        }
+    }
+
+    pub fn message(&self) -> &str {
+        match self {
+            Failure::Rejected(m) | Failure::Invalid(m) => m,
+            Failure::Retryable { message, .. } => message,
+        }
+    }
+
+    fn label(&self) -> &'static str {
+        match self {
+            Failure::Rejected(_) => "rejected",
+            Failure::Retryable { .. } => "retryable",
+            Failure::Invalid(_) => "invalid",
+        }
+    }
+}
+
+/// A receiver's answer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Reply {
+    /// The response, JSON text.
+    pub body: String,
+    /// The receiver said it had already seen this operation id.
+    pub duplicate: bool,
+}
+
+impl Reply {
+    pub fn new(body: impl Into<String>) -> Self {
+        Reply {
+            body: body.into(),
+            duplicate: false,
+        }
+    }
 }
 
 /// What a receiver says about an operation id.
@@ -41,6 +90,7 @@ pub enum Lookup {
 pub struct Request<'a> {
     pub run_id: &'a str,
     pub effect: &'a str,
+    pub class: CallClass,
     pub operation_id: &'a str,
     pub fence: i64,
     /// The guest's request, JSON text.
@@ -49,7 +99,7 @@ pub struct Request<'a> {
 
 /// A receiver of effect requests.
 pub trait Handler: Send + Sync {
-    fn perform(&self, request: &Request<'_>) -> Result<String, Failure>;
+    fn perform(&self, request: &Request<'_>) -> Result<Reply, Failure>;
 
     /// Asks the receiver whether the operation already happened.
     fn lookup(&self, _request: &Request<'_>) -> Result<Lookup, Failure> {
@@ -63,6 +113,38 @@ pub trait Handler: Send + Sync {
     }
 }
 
+/// The hex sha256 of a request body, sent as `Stephost-Payload-Sha256` and
+/// checked against a receipt's `payload_sha256`.
+pub fn payload_sha256(body: &str) -> String {
+    use sha2::Digest;
+    hex::encode(sha2::Sha256::digest(body.as_bytes()))
+}
+
+/// Checks that a receipt found by lookup is for this operation and payload,
+/// when the receipt names them. A receipt for anything else is never
+/// recorded as this call's success.
+pub fn check_receipt(receipt: &str, operation_id: &str, body: &str) -> Result<(), String> {
+    let Ok(value) = serde_json::from_str::<serde_json::Value>(receipt) else {
+        return Ok(());
+    };
+    if let Some(found) = value.get("operation_id").and_then(|v| v.as_str())
+        && found != operation_id
+    {
+        return Err(format!(
+            "the receiver's receipt names operation {found}, not {operation_id}"
+        ));
+    }
+    if let Some(found) = value.get("payload_sha256").and_then(|v| v.as_str()) {
+        let ours = payload_sha256(body);
+        if found != ours {
+            return Err(format!(
+                "the receiver's receipt is for payload {found}, not this request's {ours}"
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// A configured effect.
 pub struct Effect {
     pub class: CallClass,
@@ -74,13 +156,20 @@ pub struct Effect {
 #[derive(Default, Clone)]
 pub struct Effects {
     granted: Arc<BTreeMap<String, Effect>>,
+    llm: Option<Arc<Effect>>,
 }
 
 impl Effects {
-    pub fn new(granted: BTreeMap<String, Effect>) -> Self {
+    pub fn new(granted: BTreeMap<String, Effect>, llm: Option<Effect>) -> Self {
         Effects {
             granted: Arc::new(granted),
+            llm: llm.map(Arc::new),
         }
+    }
+
+    /// The model endpoint, when configured.
+    pub fn llm(&self) -> Option<&Effect> {
+        self.llm.as_deref()
     }
 
     pub fn get(&self, name: &str) -> Option<&Effect> {
@@ -108,6 +197,7 @@ impl EffectCall<'_> {
         Request {
             run_id: &op.run_id,
             effect: self.name,
+            class: self.effect.class,
             operation_id: &op.operation_id,
             fence: op.fence,
             body: self.body,
@@ -124,45 +214,64 @@ impl LiveCall for EffectCall<'_> {
         loop {
             let started = crate::clock::now_ms();
             let result = self.effect.handler.perform(&self.request(op));
-            let (label, detail) = match &result {
-                Ok(_) => ("ok", None),
-                Err(Failure::Rejected(m)) => ("rejected", Some(m.as_str())),
-                Err(Failure::Retryable(m)) => ("retryable", Some(m.as_str())),
-                Err(Failure::Invalid(m)) => ("invalid", Some(m.as_str())),
-            };
-            attempts.record("send", started, label, detail);
+            match &result {
+                Ok(_) => attempts.record("send", started, "ok", None),
+                Err(f) => attempts.record("send", started, f.label(), Some(f.message())),
+            }
             match result {
-                Ok(response) if response.len() > self.payload_bytes_max => {
+                Ok(reply) if reply.body.len() > self.payload_bytes_max => {
                     return Outcome::error(
                         CallErrorKind::Invalid,
                         format!(
                             "the receiver performed the request but its response is {} bytes; \
                              payload_bytes_max is {}",
-                            response.len(),
+                            reply.body.len(),
                             self.payload_bytes_max
                         ),
                     );
                 }
-                Ok(response) => return Outcome::Ok(serde_json::Value::String(response)),
-                Err(Failure::Rejected(m)) => return Outcome::error(CallErrorKind::Rejected, m),
-                Err(Failure::Invalid(m)) => return Outcome::error(CallErrorKind::Invalid, m),
-                Err(Failure::Retryable(m)) => {
-                    let elapsed = first.elapsed().as_millis() as u64;
-                    if n >= max_attempts || elapsed >= policy.deadline_ms {
+                Ok(reply) => {
+                    if reply.duplicate {
+                        attempts.count("idempotency_key_hit_total");
+                    }
+                    return Outcome::Ok(serde_json::Value::String(reply.body));
+                }
+                Err(Failure::Rejected(m)) => {
+                    attempts.count("non_retryable_failure_total");
+                    return Outcome::error(CallErrorKind::Rejected, m);
+                }
+                Err(Failure::Invalid(m)) => {
+                    attempts.count("non_retryable_failure_total");
+                    return Outcome::error(CallErrorKind::Invalid, m);
+                }
+                Err(Failure::Retryable {
+                    message,
+                    retry_after,
+                }) => {
+                    let mut pause =
+                        policy.backoff(n + 1, (crate::clock::now_ns() % 1000) as f64 / 1000.0);
+                    if let Some(hint) = retry_after {
+                        pause = pause.max(hint);
+                    }
+                    let elapsed = first.elapsed();
+                    let deadline = std::time::Duration::from_millis(policy.deadline_ms);
+                    if n >= max_attempts || elapsed + pause > deadline {
+                        attempts.count("retry_exhausted_total");
                         return Outcome::error(
                             CallErrorKind::Exhausted,
-                            format!("{n} attempt(s) failed; last: {m}"),
+                            format!("{n} attempt(s) failed; last: {message}"),
                         );
                     }
                     n += 1;
-                    let entropy = (crate::clock::now_ns() % 1000) as f64 / 1000.0;
-                    (self.sleep)(policy.backoff(n, entropy));
+                    attempts.count("activity_retry_total");
+                    (self.sleep)(pause);
                 }
             }
         }
     }
 
     fn reconcile(&mut self, op: &OpContext, attempts: &mut Attempts<'_>) -> Reconciled {
+        attempts.count("reconciliation_total");
         if self.effect.class != CallClass::Write {
             return Reconciled::PerformAgain;
         }
@@ -170,6 +279,10 @@ impl LiveCall for EffectCall<'_> {
         let started = crate::clock::now_ms();
         match self.effect.handler.lookup(&self.request(op)) {
             Ok(Lookup::Found(receipt)) => {
+                if let Err(reason) = check_receipt(&receipt, &op.operation_id, self.body) {
+                    attempts.record("lookup", started, "foreign_receipt", Some(&reason));
+                    return Reconciled::Unknown(reason);
+                }
                 attempts.record("lookup", started, "found", None);
                 Reconciled::Outcome(Outcome::Ok(serde_json::Value::String(receipt)))
             }
@@ -190,14 +303,11 @@ impl LiveCall for EffectCall<'_> {
                 "the receiver offers no lookup and does not deduplicate".to_string(),
             ),
             Err(failure) => {
-                let message = match failure {
-                    Failure::Rejected(m) | Failure::Retryable(m) | Failure::Invalid(m) => m,
-                };
-                attempts.record("lookup", started, "error", Some(&message));
+                attempts.record("lookup", started, "error", Some(failure.message()));
                 if idempotent {
                     Reconciled::PerformAgain
                 } else {
-                    Reconciled::Unknown(format!("the lookup failed: {message}"))
+                    Reconciled::Unknown(format!("the lookup failed: {}", failure.message()))
                 }
             }
         }

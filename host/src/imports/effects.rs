@@ -2,7 +2,7 @@
 
 use crate::bindings::CallError;
 use crate::bindings::stephost::step::effects::Host;
-use crate::effects::EffectCall;
+use crate::effects::{Effect, EffectCall};
 use crate::imports::{StepState, lock, trap};
 use crate::journal::{CallErrorKind, CallSpec, Compute, Outcome};
 use crate::ledger::CallClass;
@@ -19,83 +19,102 @@ impl Host for StepState {
         request: String,
         key: Option<String>,
     ) -> wasmtime::Result<Result<String, CallError>> {
-        let mut journal = lock(&self.journal);
-        let max = journal.limits().payload_bytes_max as usize;
-        // A request that is refused before it is sent is still a recorded
-        // call: the guest saw the refusal and replay must show it again.
-        let refusal = if request.len() > max {
-            Some(Outcome::error(
-                CallErrorKind::Invalid,
-                format!(
-                    "request is {} bytes; payload_bytes_max is {max}",
-                    request.len()
-                ),
-            ))
-        } else if let Err(e) = serde_json::from_str::<serde::de::IgnoredAny>(&request) {
-            Some(Outcome::error(
-                CallErrorKind::Invalid,
-                format!("request is not JSON: {e}"),
-            ))
-        } else if key.as_ref().is_some_and(|k| k.len() > KEY_BYTES_MAX) {
-            Some(Outcome::error(
-                CallErrorKind::Invalid,
-                format!("business key is longer than {KEY_BYTES_MAX} bytes"),
-            ))
-        } else if self.effects.get(&name).is_none() {
-            Some(Outcome::error(
-                CallErrorKind::Denied,
+        let effects = self.effects.clone();
+        gated_call(
+            self,
+            INTERFACE,
+            &name,
+            effects.get(&name),
+            &request,
+            key.as_deref(),
+            || {
                 format!(
                     "effect `{name}` is not granted to this step; grant it with \
                      [effects.\"{name}\"] in stephost.toml"
-                ),
-            ))
-        } else {
-            None
-        };
-        let outcome = match (refusal, self.effects.get(&name)) {
-            (refusal, None) | (refusal @ Some(_), Some(_)) => {
-                let outcome = refusal.unwrap_or_else(|| {
-                    Outcome::error(
-                        CallErrorKind::Denied,
-                        format!("effect `{name}` is not granted"),
-                    )
-                });
-                // Too-large requests are recorded by size only.
-                let recorded = if request.len() > max {
-                    format!("{{\"stephost_request_bytes\":{}}}", request.len())
-                } else {
-                    request.clone()
-                };
-                let spec = CallSpec {
-                    class: CallClass::Observe,
-                    interface: INTERFACE,
-                    function: &name,
-                    request: &recorded,
-                    key: key.as_deref(),
-                };
-                journal.call(&spec, &mut Compute(|| outcome.clone()))
-            }
-            (None, Some(effect)) => {
-                let spec = CallSpec {
-                    class: effect.class,
-                    interface: INTERFACE,
-                    function: &name,
-                    request: &request,
-                    key: key.as_deref(),
-                };
-                let mut call = EffectCall {
-                    effect,
-                    name: &name,
-                    body: &request,
-                    payload_bytes_max: max,
-                    sleep: &self.sleep,
-                };
-                journal.call(&spec, &mut call)
-            }
-        }
-        .map_err(trap)?;
-        Ok(to_guest(outcome))
+                )
+            },
+        )
     }
+}
+
+/// One call through a configured effect (or its refusal), recorded by the
+/// journal. Shared by `effects.call` and `llm.complete`.
+pub fn gated_call(
+    state: &mut StepState,
+    interface: &str,
+    function: &str,
+    effect: Option<&Effect>,
+    request: &str,
+    key: Option<&str>,
+    denied: impl FnOnce() -> String,
+) -> wasmtime::Result<Result<String, CallError>> {
+    let mut journal = lock(&state.journal);
+    let max = journal.limits().payload_bytes_max as usize;
+    // A request refused before it is sent is still a recorded call: the
+    // guest saw the refusal and replay must show it again.
+    let refusal = if request.len() > max {
+        Some(Outcome::error(
+            CallErrorKind::Invalid,
+            format!(
+                "request is {} bytes; payload_bytes_max is {max}",
+                request.len()
+            ),
+        ))
+    } else if let Err(e) = serde_json::from_str::<serde::de::IgnoredAny>(request) {
+        Some(Outcome::error(
+            CallErrorKind::Invalid,
+            format!("request is not JSON: {e}"),
+        ))
+    } else if key.is_some_and(|k| k.len() > KEY_BYTES_MAX) {
+        Some(Outcome::error(
+            CallErrorKind::Invalid,
+            format!("business key is longer than {KEY_BYTES_MAX} bytes"),
+        ))
+    } else if effect.is_none() {
+        Some(Outcome::error(CallErrorKind::Denied, denied()))
+    } else {
+        None
+    };
+    let outcome = match (refusal, effect) {
+        (None, Some(effect)) => {
+            let spec = CallSpec {
+                class: effect.class,
+                interface,
+                function,
+                request,
+                key,
+            };
+            let mut call = EffectCall {
+                effect,
+                name: function,
+                body: request,
+                payload_bytes_max: max,
+                sleep: &state.sleep,
+            };
+            journal.call(&spec, &mut call)
+        }
+        (refusal, _) => {
+            let outcome = refusal.unwrap_or_else(|| {
+                Outcome::error(CallErrorKind::Denied, format!("{function} is not granted"))
+            });
+            // Too-large requests are recorded by size only.
+            let recorded = if request.len() > max {
+                format!("{{\"stephost_request_bytes\":{}}}", request.len())
+            } else {
+                request.to_string()
+            };
+            let spec = CallSpec {
+                class: CallClass::Observe,
+                interface,
+                function,
+                request: &recorded,
+                key,
+            };
+            journal.call(&spec, &mut Compute(|| outcome.clone()))
+        }
+    }
+    .map_err(trap)?;
+    Ok(to_guest(outcome))
 }
 
 /// The guest's view of a recorded outcome.

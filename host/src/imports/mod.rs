@@ -4,6 +4,7 @@
 
 pub mod clock;
 pub mod effects;
+pub mod llm;
 pub mod log;
 pub mod random;
 pub mod types;

@@ -344,6 +344,10 @@ pub trait Ledger: Send {
         now_ms: i64,
     ) -> Result<(), LedgerError>;
 
+    /// Adds to the metric counters (kept in the ledger across restarts).
+    fn add_counters(&mut self, counters: &crate::journal::Counters) -> Result<(), LedgerError>;
+    fn counters(&self) -> Result<Vec<(String, i64)>, LedgerError>;
+
     /// Ends (or parks) the run and releases the claim: durable before it returns.
     fn finish_run(&mut self, claim: &Claim, end: &RunEnd, now_ms: i64) -> Result<(), LedgerError>;
 }

@@ -78,6 +78,11 @@ CREATE TABLE logs (
     at         INTEGER NOT NULL
 ) STRICT;
 CREATE INDEX logs_by_run ON logs(run_id, id);
+
+CREATE TABLE counters (
+    name   TEXT PRIMARY KEY,
+    value  INTEGER NOT NULL
+) STRICT;
 "#,
 ];
 

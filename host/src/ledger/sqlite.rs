@@ -569,6 +569,33 @@ impl Ledger for SqliteLedger {
         Ok(())
     }
 
+    fn add_counters(&mut self, counters: &crate::journal::Counters) -> Result<(), LedgerError> {
+        if counters.is_empty() {
+            return Ok(());
+        }
+        self.set_sync(Sync::Normal)?;
+        let tx = self
+            .conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)?;
+        for (name, by) in counters {
+            tx.prepare_cached(
+                "INSERT INTO counters (name, value) VALUES (?1, ?2) \
+                 ON CONFLICT (name) DO UPDATE SET value = value + excluded.value",
+            )?
+            .execute(params![name, by])?;
+        }
+        tx.commit()?;
+        Ok(())
+    }
+
+    fn counters(&self) -> Result<Vec<(String, i64)>, LedgerError> {
+        let mut stmt = self
+            .conn
+            .prepare("SELECT name, value FROM counters ORDER BY name")?;
+        let rows = stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?;
+        Ok(rows.collect::<Result<_, _>>()?)
+    }
+
     fn finish_run(&mut self, claim: &Claim, end: &RunEnd, now_ms: i64) -> Result<(), LedgerError> {
         let (status, output, error) = match end {
             RunEnd::Completed { output } => (RunStatus::Completed, Some(output.as_str()), None),

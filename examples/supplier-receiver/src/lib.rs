@@ -1,0 +1,698 @@
+//! A small, real HTTP/1.1 server that plays a supplier's order API for stephost's
+//! end-to-end tests and README demo.
+//!
+//! - `GET /inventory/{sku}` → `200 {"sku", "on_hand"}` from a stock table.
+//! - `POST /orders` with `Idempotency-Key` → `201` and a receipt for a new key, `200` with
+//!   the same receipt and `Idempotent-Replayed: true` for a repeat with the same body,
+//!   `422` for a repeat with another body, `409` for a stale `Stephost-Fence`.
+//! - `GET /orders/{operation_id}` → `200` and the receipt, or `404`.
+//!
+//! Tests start it on `127.0.0.1:0` with [`Receiver::start`], queue one-shot [`Fault`]s
+//! for the next `POST /orders` requests, and read its counters. Dropping the
+//! [`Receiver`] stops it.
+
+mod http;
+
+use std::collections::{HashMap, VecDeque};
+use std::fs::{File, OpenOptions};
+use std::io::{self, BufRead, BufReader, Write};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+use sha2::{Digest, Sha256};
+
+use http::{ReadError, Request, Response};
+
+/// `on_hand` for a sku that is not in the stock table, unless configured otherwise.
+pub const DEFAULT_ON_HAND: i64 = 3;
+/// Largest request body accepted (larger ones get `413`).
+pub const MAX_BODY_BYTES: usize = 1 << 20;
+/// An idle keep-alive connection is closed after this long.
+const IDLE_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// How to start a [`Receiver`].
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// Address to listen on; port 0 picks a free one.
+    pub listen: String,
+    /// `on_hand` per sku for `GET /inventory/{sku}`.
+    pub stock: HashMap<String, i64>,
+    /// `on_hand` for any sku not in `stock`.
+    pub default_on_hand: i64,
+    /// Persist created orders as JSON lines (fsync'd) and reload them on start.
+    /// `None` keeps state in memory only.
+    pub state_file: Option<PathBuf>,
+    /// Print every request and its outcome on stderr.
+    pub log: bool,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            listen: "127.0.0.1:0".into(),
+            stock: HashMap::new(),
+            default_on_hand: DEFAULT_ON_HAND,
+            state_file: None,
+            log: false,
+        }
+    }
+}
+
+/// A one-shot misbehaviour for the next `POST /orders` request. Queued faults apply to
+/// consecutive `POST /orders` requests in order; after the queue is empty the receiver
+/// behaves normally. Other endpoints never consume a fault.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Fault {
+    /// Answer with this status (and a `Retry-After` header when given) and an error
+    /// body; no business effect, no idempotency or fence bookkeeping.
+    Status {
+        status: u16,
+        retry_after_s: Option<u64>,
+    },
+    /// Process the request normally (creating the order if the key is new), then close
+    /// the connection without writing any response: the client loses the reply.
+    CommitThenDrop,
+    /// Close the connection without processing the request or writing a response:
+    /// the request is lost before it takes effect.
+    DropBeforeCommit,
+    /// Process the request normally, then wait this long before replying.
+    Delay(Duration),
+}
+
+impl Fault {
+    /// `Fault::Status` without `Retry-After`.
+    pub fn status(status: u16) -> Fault {
+        Fault::Status {
+            status,
+            retry_after_s: None,
+        }
+    }
+
+    /// `Fault::Status` with `Retry-After: secs`.
+    pub fn retry_after(status: u16, secs: u64) -> Fault {
+        Fault::Status {
+            status,
+            retry_after_s: Some(secs),
+        }
+    }
+}
+
+/// An order the receiver created (one business effect). This is also the line format
+/// of the state file.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Order {
+    /// `ORD-<n>`, n counting from 1.
+    pub order_id: String,
+    /// The `Idempotency-Key` it was created with.
+    pub operation_id: String,
+    /// sha256 (hex) of the request body bytes.
+    pub payload_sha256: String,
+    /// The request body as received.
+    pub body: String,
+    /// `sku` from the body (`null` when absent).
+    pub sku: Value,
+    /// `quantity` from the body (`null` when absent).
+    pub quantity: Value,
+    /// `Stephost-Run-Id` of the creating request, if any.
+    pub run_id: Option<String>,
+    /// `Stephost-Fence` of the creating request, if any.
+    pub fence: Option<u64>,
+}
+
+impl Order {
+    /// The receipt returned by `POST /orders` and `GET /orders/{operation_id}`.
+    pub fn receipt(&self) -> Value {
+        json!({
+            "order_id": self.order_id,
+            "operation_id": self.operation_id,
+            "payload_sha256": self.payload_sha256,
+            "quantity": self.quantity,
+            "sku": self.sku,
+        })
+    }
+
+    /// The body parsed as JSON (it was valid JSON when the order was created).
+    pub fn body_json(&self) -> Value {
+        serde_json::from_str(&self.body).unwrap_or(Value::Null)
+    }
+}
+
+/// One request as the receiver saw it (every endpoint, including faulted ones).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SeenRequest {
+    pub method: String,
+    /// The request target as sent (path and query).
+    pub path: String,
+    /// Header names lowercased, values trimmed, in arrival order.
+    pub headers: Vec<(String, String)>,
+    pub body: Vec<u8>,
+    /// The status answered; `None` while in progress or when the connection was
+    /// dropped without a response.
+    pub status: Option<u16>,
+}
+
+impl SeenRequest {
+    /// The first value of header `name` (case-insensitive).
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(n, _)| n.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
+    }
+
+    /// The body as text (lossy).
+    pub fn body_str(&self) -> String {
+        String::from_utf8_lossy(&self.body).into_owned()
+    }
+}
+
+#[derive(Default)]
+struct State {
+    stock: HashMap<String, i64>,
+    default_on_hand: i64,
+    orders: Vec<Order>,
+    by_key: HashMap<String, usize>,
+    /// Highest `Stephost-Fence` seen per `Stephost-Run-Id`.
+    fences: HashMap<String, u64>,
+    faults: VecDeque<Fault>,
+    requests: Vec<SeenRequest>,
+    requests_received: usize,
+    lookups: usize,
+    idempotent_replays: usize,
+    inventory_reads: usize,
+    state_file: Option<File>,
+}
+
+struct Shared {
+    state: Mutex<State>,
+    stopping: AtomicBool,
+    log: bool,
+    next_conn: AtomicU64,
+    /// Clones of open connections, so that stopping can shut them down.
+    conns: Mutex<HashMap<u64, TcpStream>>,
+    workers: Mutex<Vec<JoinHandle<()>>>,
+}
+
+/// What to do with the connection after handling a request.
+enum Outcome {
+    Reply(Response),
+    Drop,
+}
+
+/// A running receiver. Dropping it (or calling [`Receiver::stop`]) stops accepting,
+/// closes open connections and joins its threads.
+pub struct Receiver {
+    shared: Arc<Shared>,
+    addr: SocketAddr,
+    accept: Option<JoinHandle<()>>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // A panicking handler thread must not take the test's view of the state with it.
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl Receiver {
+    /// Starts on `127.0.0.1:0` with the default stock (every sku has 3).
+    pub fn start() -> io::Result<Receiver> {
+        Receiver::start_with(Config::default())
+    }
+
+    /// Starts on `addr` with this stock table (skus not in it have 3).
+    pub fn start_on(addr: &str, stock: HashMap<String, i64>) -> io::Result<Receiver> {
+        Receiver::start_with(Config {
+            listen: addr.into(),
+            stock,
+            ..Config::default()
+        })
+    }
+
+    /// Starts with a full configuration.
+    pub fn start_with(config: Config) -> io::Result<Receiver> {
+        let mut state = State {
+            stock: config.stock,
+            default_on_hand: config.default_on_hand,
+            ..State::default()
+        };
+        if let Some(path) = &config.state_file {
+            load_state(&mut state, path)?;
+            state.state_file = Some(OpenOptions::new().create(true).append(true).open(path)?);
+        }
+        let listener = TcpListener::bind(&config.listen)?;
+        let addr = listener.local_addr()?;
+        let shared = Arc::new(Shared {
+            state: Mutex::new(state),
+            stopping: AtomicBool::new(false),
+            log: config.log,
+            next_conn: AtomicU64::new(0),
+            conns: Mutex::new(HashMap::new()),
+            workers: Mutex::new(Vec::new()),
+        });
+        let accept = {
+            let shared = shared.clone();
+            std::thread::Builder::new()
+                .name("supplier-receiver-accept".into())
+                .spawn(move || accept_loop(listener, shared))?
+        };
+        Ok(Receiver {
+            shared,
+            addr,
+            accept: Some(accept),
+        })
+    }
+
+    /// The bound address.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// The bound port.
+    pub fn port(&self) -> u16 {
+        self.addr.port()
+    }
+
+    /// `http://HOST:PORT` (a wildcard listen address becomes loopback).
+    pub fn url(&self) -> String {
+        format!("http://{}", connect_addr(self.addr))
+    }
+
+    /// Queues a fault for the next `POST /orders` request not yet claimed by an
+    /// earlier fault.
+    pub fn push_fault(&self, fault: Fault) {
+        lock(&self.shared.state).faults.push_back(fault);
+    }
+
+    /// Faults queued and not yet applied.
+    pub fn pending_faults(&self) -> usize {
+        lock(&self.shared.state).faults.len()
+    }
+
+    /// Sets the `on_hand` of one sku.
+    pub fn set_stock(&self, sku: &str, on_hand: i64) {
+        lock(&self.shared.state)
+            .stock
+            .insert(sku.to_string(), on_hand);
+    }
+
+    /// Every `POST /orders` request received: faulted, rejected and duplicate ones too.
+    pub fn requests_received(&self) -> usize {
+        lock(&self.shared.state).requests_received
+    }
+
+    /// Orders actually created.
+    pub fn business_effects(&self) -> usize {
+        lock(&self.shared.state).orders.len()
+    }
+
+    /// The created orders, oldest first.
+    pub fn orders(&self) -> Vec<Order> {
+        lock(&self.shared.state).orders.clone()
+    }
+
+    /// The order created with this operation id (`Idempotency-Key`), if any.
+    pub fn order(&self, operation_id: &str) -> Option<Order> {
+        let state = lock(&self.shared.state);
+        state
+            .by_key
+            .get(operation_id)
+            .map(|&i| state.orders[i].clone())
+    }
+
+    /// `GET /orders/{operation_id}` requests received (found or not).
+    pub fn lookups(&self) -> usize {
+        lock(&self.shared.state).lookups
+    }
+
+    /// `POST /orders` requests answered `200` with `Idempotent-Replayed: true`.
+    pub fn idempotent_replays(&self) -> usize {
+        lock(&self.shared.state).idempotent_replays
+    }
+
+    /// `GET /inventory/{sku}` requests received.
+    pub fn inventory_reads(&self) -> usize {
+        lock(&self.shared.state).inventory_reads
+    }
+
+    /// Every request received, on every endpoint, oldest first.
+    pub fn requests(&self) -> Vec<SeenRequest> {
+        lock(&self.shared.state).requests.clone()
+    }
+
+    /// The most recent `POST /orders` request.
+    pub fn last_order_request(&self) -> Option<SeenRequest> {
+        lock(&self.shared.state)
+            .requests
+            .iter()
+            .rev()
+            .find(|r| r.method == "POST" && path_of(&r.path) == "/orders")
+            .cloned()
+    }
+
+    /// Stops the server: no new connections, open ones are shut down, threads joined.
+    /// A request being delayed by [`Fault::Delay`] finishes its sleep first.
+    pub fn stop(mut self) {
+        self.shutdown();
+    }
+
+    fn shutdown(&mut self) {
+        let Some(accept) = self.accept.take() else {
+            return;
+        };
+        self.shared.stopping.store(true, Ordering::SeqCst);
+        // Wake the blocking accept(); it sees `stopping` and returns.
+        let _ = TcpStream::connect_timeout(&connect_addr(self.addr), Duration::from_secs(1));
+        let _ = accept.join();
+        for conn in lock(&self.shared.conns).values() {
+            let _ = conn.shutdown(Shutdown::Both);
+        }
+        let workers = std::mem::take(&mut *lock(&self.shared.workers));
+        for worker in workers {
+            let _ = worker.join();
+        }
+    }
+}
+
+impl Drop for Receiver {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}
+
+fn connect_addr(addr: SocketAddr) -> SocketAddr {
+    match addr.ip() {
+        IpAddr::V4(ip) if ip.is_unspecified() => (Ipv4Addr::LOCALHOST, addr.port()).into(),
+        IpAddr::V6(ip) if ip.is_unspecified() => (Ipv6Addr::LOCALHOST, addr.port()).into(),
+        _ => addr,
+    }
+}
+
+fn load_state(state: &mut State, path: &PathBuf) -> io::Result<()> {
+    let file = match File::open(path) {
+        Ok(f) => f,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(e),
+    };
+    for (i, line) in BufReader::new(file).lines().enumerate() {
+        let line = line?;
+        if line.trim().is_empty() {
+            continue;
+        }
+        let order: Order = serde_json::from_str(&line).map_err(|e| {
+            io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("{}:{}: not an order: {e}", path.display(), i + 1),
+            )
+        })?;
+        if let (Some(run), Some(fence)) = (&order.run_id, order.fence) {
+            let max = state.fences.entry(run.clone()).or_insert(fence);
+            *max = (*max).max(fence);
+        }
+        state
+            .by_key
+            .insert(order.operation_id.clone(), state.orders.len());
+        state.orders.push(order);
+    }
+    Ok(())
+}
+
+fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
+    loop {
+        let stream = listener.accept();
+        if shared.stopping.load(Ordering::SeqCst) {
+            return;
+        }
+        let stream = match stream {
+            Ok((s, _)) => s,
+            Err(_) => {
+                // e.g. out of file descriptors: back off instead of spinning.
+                std::thread::sleep(Duration::from_millis(10));
+                continue;
+            }
+        };
+        let id = shared.next_conn.fetch_add(1, Ordering::SeqCst);
+        let Ok(clone) = stream.try_clone() else {
+            continue;
+        };
+        lock(&shared.conns).insert(id, clone);
+        let worker_shared = shared.clone();
+        let spawned = std::thread::Builder::new()
+            .name(format!("supplier-receiver-conn-{id}"))
+            .spawn(move || {
+                serve_connection(&worker_shared, stream);
+                lock(&worker_shared.conns).remove(&id);
+            });
+        let mut workers = lock(&shared.workers);
+        workers.retain(|w| !w.is_finished());
+        match spawned {
+            Ok(handle) => workers.push(handle),
+            Err(_) => {
+                lock(&shared.conns).remove(&id);
+            }
+        }
+    }
+}
+
+fn serve_connection(shared: &Shared, stream: TcpStream) {
+    let _ = stream.set_nodelay(true);
+    let _ = stream.set_read_timeout(Some(IDLE_TIMEOUT));
+    let Ok(read_half) = stream.try_clone() else {
+        return;
+    };
+    let mut reader = BufReader::new(read_half);
+    let mut writer = stream;
+    loop {
+        match http::read_request(&mut reader, &mut writer, MAX_BODY_BYTES) {
+            Ok(req) => {
+                let keep_alive = req.keep_alive();
+                match shared.handle(req) {
+                    Outcome::Reply(resp) => {
+                        let keep_alive = keep_alive && !shared.stopping.load(Ordering::SeqCst);
+                        if http::write_response(&mut writer, &resp, keep_alive).is_err()
+                            || !keep_alive
+                        {
+                            break;
+                        }
+                    }
+                    Outcome::Drop => break,
+                }
+            }
+            Err(ReadError::Reject(status, message)) => {
+                shared.log_line(format_args!("malformed request -> {status} {message}"));
+                let _ = http::write_response(&mut writer, &Response::error(status, message), false);
+                break;
+            }
+            Err(ReadError::Io(e)) => {
+                shared.log_line(format_args!("connection failed mid-request: {e}"));
+                break;
+            }
+            Err(ReadError::Closed) => break,
+        }
+    }
+    let _ = writer.shutdown(Shutdown::Both);
+}
+
+/// The path part of a request target (no query, no fragment).
+fn path_of(target: &str) -> &str {
+    target.split(['?', '#']).next().unwrap_or("")
+}
+
+fn sha256_hex(bytes: &[u8]) -> String {
+    hex::encode(Sha256::digest(bytes))
+}
+
+impl Shared {
+    fn log_line(&self, args: std::fmt::Arguments<'_>) {
+        if self.log {
+            eprintln!("supplier-receiver: {args}");
+        }
+    }
+
+    fn handle(&self, req: Request) -> Outcome {
+        let seen = SeenRequest {
+            method: req.method.clone(),
+            path: req.target.clone(),
+            headers: req.headers.clone(),
+            body: req.body.clone(),
+            status: None,
+        };
+        let path = path_of(&req.target).to_string();
+        let segments: Vec<&str> = path.trim_start_matches('/').split('/').collect();
+        let post_order = matches!(segments.as_slice(), ["orders"]) && req.method == "POST";
+
+        let (index, fault) = {
+            let mut state = lock(&self.state);
+            state.requests.push(seen);
+            let index = state.requests.len() - 1;
+            let fault = if post_order {
+                state.requests_received += 1;
+                state.faults.pop_front()
+            } else {
+                None
+            };
+            (index, fault)
+        };
+
+        let outcome = match (segments.as_slice(), req.method.as_str()) {
+            (["inventory", sku], "GET") => Outcome::Reply(self.inventory(sku)),
+            (["orders", id], "GET") => Outcome::Reply(self.lookup(id)),
+            (["orders"], "POST") => self.post_order(&req, fault),
+            (["inventory", _] | ["orders", _], _) => Outcome::Reply(
+                Response::error(405, "method not allowed").with_header("Allow", "GET"),
+            ),
+            (["orders"], _) => Outcome::Reply(
+                Response::error(405, "method not allowed").with_header("Allow", "POST"),
+            ),
+            _ => Outcome::Reply(Response::error(404, "no such endpoint")),
+        };
+
+        let status = match &outcome {
+            Outcome::Reply(resp) => Some(resp.status),
+            Outcome::Drop => None,
+        };
+        if let Some(seen) = lock(&self.state).requests.get_mut(index) {
+            seen.status = status;
+        }
+        let summary = match &outcome {
+            Outcome::Reply(resp) => {
+                format!("{} {}", resp.status, String::from_utf8_lossy(&resp.body))
+            }
+            Outcome::Drop => "connection dropped without a response".into(),
+        };
+        if post_order {
+            let h = |name: &str| req.header(name).unwrap_or("-").to_string();
+            self.log_line(format_args!(
+                "POST /orders Idempotency-Key={} Stephost-Run-Id={} Stephost-Fence={} Stephost-Payload-Sha256={} body={} -> {summary}",
+                h("idempotency-key"),
+                h("stephost-run-id"),
+                h("stephost-fence"),
+                h("stephost-payload-sha256"),
+                String::from_utf8_lossy(&req.body),
+            ));
+        } else {
+            self.log_line(format_args!("{} {} -> {summary}", req.method, req.target));
+        }
+        outcome
+    }
+
+    fn inventory(&self, sku: &str) -> Response {
+        let Some(sku) = http::percent_decode(sku).filter(|s| !s.is_empty()) else {
+            return Response::error(404, "no such sku");
+        };
+        let mut state = lock(&self.state);
+        state.inventory_reads += 1;
+        let on_hand = state
+            .stock
+            .get(&sku)
+            .copied()
+            .unwrap_or(state.default_on_hand);
+        Response::json(200, &json!({ "sku": sku, "on_hand": on_hand }))
+    }
+
+    fn lookup(&self, id: &str) -> Response {
+        let mut state = lock(&self.state);
+        state.lookups += 1;
+        let found = http::percent_decode(id)
+            .and_then(|id| state.by_key.get(&id).copied())
+            .map(|i| state.orders[i].receipt());
+        match found {
+            Some(receipt) => Response::json(200, &receipt),
+            None => Response::error(404, "no order with this operation id"),
+        }
+    }
+
+    fn post_order(&self, req: &Request, fault: Option<Fault>) -> Outcome {
+        match fault {
+            Some(Fault::Status {
+                status,
+                retry_after_s,
+            }) => {
+                let mut resp = Response::error(status, "injected fault");
+                if let Some(secs) = retry_after_s {
+                    resp = resp.with_header("Retry-After", secs.to_string());
+                }
+                Outcome::Reply(resp)
+            }
+            Some(Fault::DropBeforeCommit) => Outcome::Drop,
+            Some(Fault::CommitThenDrop) => {
+                let _ = self.place_order(req);
+                Outcome::Drop
+            }
+            Some(Fault::Delay(delay)) => {
+                let resp = self.place_order(req);
+                std::thread::sleep(delay);
+                Outcome::Reply(resp)
+            }
+            None => Outcome::Reply(self.place_order(req)),
+        }
+    }
+
+    /// The business logic of `POST /orders`, atomic under the state lock.
+    fn place_order(&self, req: &Request) -> Response {
+        let Some(key) = req.header("idempotency-key").filter(|k| !k.is_empty()) else {
+            return Response::error(400, "missing Idempotency-Key header");
+        };
+        let body: Value = match serde_json::from_slice(&req.body) {
+            Ok(v) => v,
+            Err(e) => return Response::error(400, &format!("body is not JSON: {e}")),
+        };
+        let run_id = req.header("stephost-run-id").map(str::to_string);
+        let fence = match req.header("stephost-fence").map(str::parse::<u64>) {
+            None => None,
+            Some(Ok(f)) => Some(f),
+            Some(Err(_)) => {
+                return Response::error(400, "Stephost-Fence is not an unsigned integer");
+            }
+        };
+        let payload_sha256 = sha256_hex(&req.body);
+
+        let mut state = lock(&self.state);
+        if let (Some(run), Some(fence)) = (&run_id, fence) {
+            let highest = state.fences.entry(run.clone()).or_insert(fence);
+            if fence < *highest {
+                return Response::error(409, "stale fencing token");
+            }
+            *highest = fence;
+        }
+        if let Some(&i) = state.by_key.get(key) {
+            let order = &state.orders[i];
+            if order.payload_sha256 != payload_sha256 {
+                return Response::error(422, "idempotency key reused with a different payload");
+            }
+            let receipt = order.receipt();
+            state.idempotent_replays += 1;
+            return Response::json(200, &receipt).with_header("Idempotent-Replayed", "true");
+        }
+
+        let order = Order {
+            order_id: format!("ORD-{}", state.orders.len() + 1),
+            operation_id: key.to_string(),
+            payload_sha256,
+            body: String::from_utf8_lossy(&req.body).into_owned(),
+            sku: body.get("sku").cloned().unwrap_or(Value::Null),
+            quantity: body.get("quantity").cloned().unwrap_or(Value::Null),
+            run_id,
+            fence,
+        };
+        if let Some(file) = &mut state.state_file {
+            let mut line = serde_json::to_string(&order).unwrap_or_default();
+            line.push('\n');
+            if let Err(e) = file
+                .write_all(line.as_bytes())
+                .and_then(|()| file.sync_data())
+            {
+                return Response::error(500, &format!("could not persist the order: {e}"));
+            }
+        }
+        let receipt = order.receipt();
+        let index = state.orders.len();
+        state.by_key.insert(order.operation_id.clone(), index);
+        state.orders.push(order);
+        Response::json(201, &receipt)
+    }
+}
