@@ -12,4 +12,4 @@ wasmtime::component::bindgen!({
     imports: { default: trappable },
 });
 
-pub use stephost::step::types::CallError;
+pub use self::stephost::step::types::CallError;
