@@ -17,6 +17,7 @@ const GUESTS: &[(&str, &str)] = &[
     ("guest-huge-payload", "GUEST_HUGE_PAYLOAD"),
     ("guest-wrong-world", "GUEST_WRONG_WORLD"),
     ("guest-wasi-only", "GUEST_WASI_ONLY"),
+    ("guest-llm-step", "GUEST_LLM_STEP"),
 ];
 
 fn main() {

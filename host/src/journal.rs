@@ -564,6 +564,10 @@ impl Journal {
                     None,
                     crate::clock::now_ms(),
                 )?;
+                *self
+                    .counters
+                    .entry("side_effect_unknown_total")
+                    .or_insert(0) += 1;
                 return Err(Stop::Parked {
                     seq,
                     name: recorded.function.clone(),

@@ -7,6 +7,8 @@ use std::process::{Command, Output};
 
 use serde_json::Value;
 
+pub mod model_stub;
+
 /// The test guests and examples, built from source by `build.rs`.
 pub mod guests {
     pub const SUPPLIER_ORDER: &str = env!("SUPPLIER_ORDER");
@@ -18,6 +20,7 @@ pub mod guests {
     pub const HUGE_PAYLOAD: &str = env!("GUEST_HUGE_PAYLOAD");
     pub const WRONG_WORLD: &str = env!("GUEST_WRONG_WORLD");
     pub const WASI_ONLY: &str = env!("GUEST_WASI_ONLY");
+    pub const LLM_STEP: &str = env!("GUEST_LLM_STEP");
 }
 
 /// A configuration granting `orders` (a deduplicating file receiver) and

@@ -1,0 +1,470 @@
+//! Effects against real receiving systems on 127.0.0.1: the supplier's HTTP
+//! order API (deduplicating by Idempotency-Key, serving lookups, and told to
+//! fail, delay or drop replies), a command, and a model endpoint.
+
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+use stephost_tests::model_stub::ModelStub;
+use stephost_tests::{Sandbox, attempts_for, calls, guests};
+use supplier_receiver::{Fault, Receiver};
+
+const BIN: &str = env!("CARGO_BIN_EXE_stephost-crash");
+const INPUT: &str = r#"{"sku":"WIDGET-7","quantity":10}"#;
+/// The supplier step's calls: 1 inventory.read, 2 clock, 3 random, 4 supplier.order.
+const ORDER_SEQ: u64 = 4;
+
+/// The supplier configuration against `receiver`, with the write's
+/// idempotency and lookup as given.
+fn config(receiver: &Receiver, idempotent: bool, lookup: bool) -> String {
+    let lookup = if lookup {
+        "lookup = \"URL/orders/{operation_id}\"\n"
+    } else {
+        ""
+    };
+    format!(
+        r#"
+[effects."inventory.read"]
+kind = "http"
+class = "read"
+method = "GET"
+url = "URL/inventory/{{sku}}"
+
+[effects."supplier.order"]
+kind = "http"
+class = "write"
+method = "POST"
+url = "URL/orders"
+idempotent = {idempotent}
+{lookup}retry = {{ max_attempts = 4, initial_backoff_ms = 10, max_backoff_ms = 50 }}
+"#
+    )
+    .replace("URL", &receiver.url())
+}
+
+fn sandbox(receiver: &Receiver, idempotent: bool, lookup: bool) -> Sandbox {
+    Sandbox::with_config(BIN, &config(receiver, idempotent, lookup))
+}
+
+fn run(sb: &Sandbox) -> stephost_tests::Ran {
+    sb.run(guests::SUPPLIER_ORDER, INPUT, "order-1")
+}
+
+fn crash(sb: &Sandbox, point: &str) {
+    let crashed = sb.stephost_crashing_at(
+        point,
+        &[
+            "run",
+            guests::SUPPLIER_ORDER,
+            "--input",
+            INPUT,
+            "--run-id",
+            "order-1",
+        ],
+    );
+    assert_eq!(crashed.signal, Some(libc::SIGABRT), "{crashed:?}");
+    assert!(crashed.stderr.contains("crash point"), "{}", crashed.stderr);
+}
+
+fn metric(sb: &Sandbox, name: &str) -> i64 {
+    let text = sb.stephost(&["metrics"]);
+    text.expect_code(0);
+    text.stdout
+        .lines()
+        .find_map(|l| l.strip_prefix(&format!("{name} ")))
+        .unwrap_or_else(|| panic!("no metric {name} in\n{}", text.stdout))
+        .parse()
+        .unwrap()
+}
+
+fn attempt_results(show: &Value, seq: u64) -> Vec<String> {
+    attempts_for(show, seq)
+        .iter()
+        .map(|a| {
+            format!(
+                "{}:{}",
+                a["kind"].as_str().unwrap(),
+                a["result"].as_str().unwrap()
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn an_order_over_http_carries_its_operation_id_run_and_fence() {
+    let receiver = Receiver::start().unwrap();
+    let sb = sandbox(&receiver, true, true);
+    let ran = run(&sb);
+    ran.expect_code(0);
+    assert_eq!(ran.json()["on_hand"], 3);
+    assert_eq!(receiver.business_effects(), 1);
+    assert_eq!(receiver.inventory_reads(), 1);
+    let seen = receiver.last_order_request().unwrap();
+    let show = sb.show("order-1");
+    let call = &calls(&show)[ORDER_SEQ as usize - 1];
+    assert_eq!(
+        seen.header("idempotency-key"),
+        call["operation_id"].as_str()
+    );
+    assert_eq!(seen.header("stephost-run-id"), Some("order-1"));
+    assert_eq!(seen.header("stephost-fence"), Some("1"));
+    assert!(seen.header("stephost-payload-sha256").is_some());
+    assert_eq!(receiver.orders()[0].body_json()["quantity"], 7);
+}
+
+#[test]
+fn retryable_failures_are_retried_by_the_host_and_each_attempt_is_recorded() {
+    let receiver = Receiver::start().unwrap();
+    receiver.push_fault(Fault::status(503));
+    receiver.push_fault(Fault::retry_after(429, 1));
+    let sb = sandbox(&receiver, true, true);
+    let started = Instant::now();
+    run(&sb).expect_code(0);
+    // Retry-After: 1 was honoured (a bound on behaviour, not a benchmark).
+    assert!(started.elapsed() >= Duration::from_secs(1));
+    assert_eq!(receiver.requests_received(), 3);
+    assert_eq!(receiver.business_effects(), 1);
+    let show = sb.show("order-1");
+    assert_eq!(
+        attempt_results(&show, ORDER_SEQ),
+        vec!["send:retryable", "send:retryable", "send:ok"]
+    );
+    // The business outcome is recorded once.
+    assert_eq!(calls(&show)[ORDER_SEQ as usize - 1]["state"], "succeeded");
+    assert_eq!(metric(&sb, "activity_retry_total"), 2);
+}
+
+#[test]
+fn a_rejection_goes_to_the_step_at_once() {
+    let receiver = Receiver::start().unwrap();
+    receiver.push_fault(Fault::status(400));
+    let sb = sandbox(&receiver, true, true);
+    let ran = run(&sb);
+    ran.expect_code(3);
+    assert!(ran.stderr.contains("400"), "{}", ran.stderr);
+    assert_eq!(receiver.requests_received(), 1);
+    let show = sb.show("order-1");
+    assert_eq!(attempt_results(&show, ORDER_SEQ), vec!["send:rejected"]);
+    let outcome: Value = serde_json::from_str(
+        calls(&show)[ORDER_SEQ as usize - 1]["outcome"]
+            .as_str()
+            .unwrap(),
+    )
+    .unwrap();
+    assert_eq!(outcome["err"]["kind"], "rejected");
+    assert_eq!(metric(&sb, "non_retryable_failure_total"), 1);
+}
+
+#[test]
+fn retries_that_run_out_reach_the_step_as_exhausted() {
+    let receiver = Receiver::start().unwrap();
+    for _ in 0..6 {
+        receiver.push_fault(Fault::status(503));
+    }
+    let sb = sandbox(&receiver, true, true);
+    let ran = run(&sb);
+    ran.expect_code(3);
+    assert_eq!(receiver.requests_received(), 4);
+    assert_eq!(receiver.business_effects(), 0);
+    let outcome: Value = serde_json::from_str(
+        calls(&sb.show("order-1"))[ORDER_SEQ as usize - 1]["outcome"]
+            .as_str()
+            .unwrap(),
+    )
+    .unwrap();
+    assert_eq!(outcome["err"]["kind"], "exhausted");
+    assert_eq!(metric(&sb, "retry_exhausted_total"), 1);
+}
+
+#[test]
+fn a_lost_reply_is_retried_with_the_same_key_and_acts_once() {
+    let receiver = Receiver::start().unwrap();
+    receiver.push_fault(Fault::CommitThenDrop);
+    let sb = sandbox(&receiver, true, true);
+    run(&sb).expect_code(0);
+    assert_eq!(receiver.requests_received(), 2);
+    assert_eq!(receiver.business_effects(), 1);
+    assert_eq!(receiver.idempotent_replays(), 1);
+    assert_eq!(metric(&sb, "idempotency_key_hit_total"), 1);
+}
+
+#[test]
+fn crash_after_the_supplier_committed_is_reconciled_by_lookup() {
+    let receiver = Receiver::start().unwrap();
+    let sb = sandbox(&receiver, true, true);
+    crash(&sb, &format!("after-send@{ORDER_SEQ}"));
+    assert_eq!(receiver.business_effects(), 1);
+    let resumed = sb.stephost(&["resume", "order-1"]);
+    resumed.expect_code(0);
+    assert_eq!(resumed.json()["receipt"]["order_id"], "ORD-1");
+    assert_eq!(receiver.requests_received(), 1, "the order was sent again");
+    assert_eq!(receiver.lookups(), 1);
+    assert_eq!(
+        attempt_results(&sb.show("order-1"), ORDER_SEQ),
+        vec!["send:ok", "lookup:found"]
+    );
+    assert_eq!(metric(&sb, "reconciliation_total"), 1);
+}
+
+#[test]
+fn a_write_not_found_at_an_idempotent_receiver_is_resent_with_the_same_key() {
+    let receiver = Receiver::start().unwrap();
+    let sb = sandbox(&receiver, true, true);
+    crash(&sb, &format!("after-started@{ORDER_SEQ}"));
+    assert_eq!(receiver.requests_received(), 0);
+    sb.stephost(&["resume", "order-1"]).expect_code(0);
+    assert_eq!(receiver.lookups(), 1);
+    assert_eq!(receiver.business_effects(), 1);
+    let op = calls(&sb.show("order-1"))[ORDER_SEQ as usize - 1]["operation_id"].clone();
+    assert_eq!(
+        receiver.orders()[0].operation_id.as_str(),
+        op.as_str().unwrap()
+    );
+}
+
+#[test]
+fn a_write_not_found_at_a_receiver_that_does_not_deduplicate_is_unknown_and_not_sent() {
+    let receiver = Receiver::start().unwrap();
+    let sb = sandbox(&receiver, false, true);
+    crash(&sb, &format!("after-started@{ORDER_SEQ}"));
+    let resumed = sb.stephost(&["resume", "order-1"]);
+    resumed.expect_code(5);
+    assert_eq!(receiver.lookups(), 1);
+    assert_eq!(receiver.requests_received(), 0, "an unknown write was sent");
+    assert_eq!(
+        calls(&sb.show("order-1"))[ORDER_SEQ as usize - 1]["state"],
+        "unknown"
+    );
+    assert_eq!(metric(&sb, "side_effect_unknown_total"), 1);
+}
+
+#[test]
+fn an_idempotent_receiver_without_lookup_gets_a_resend_with_the_same_key() {
+    let receiver = Receiver::start().unwrap();
+    let sb = sandbox(&receiver, true, false);
+    crash(&sb, &format!("after-send@{ORDER_SEQ}"));
+    sb.stephost(&["resume", "order-1"]).expect_code(0);
+    assert_eq!(receiver.requests_received(), 2);
+    assert_eq!(receiver.business_effects(), 1);
+    assert_eq!(receiver.idempotent_replays(), 1);
+}
+
+#[test]
+fn a_receiver_with_neither_is_unknown_then_resolved_by_a_person() {
+    let receiver = Receiver::start().unwrap();
+    let sb = sandbox(&receiver, false, false);
+    crash(&sb, &format!("after-send@{ORDER_SEQ}"));
+    sb.stephost(&["resume", "order-1"]).expect_code(5);
+    assert_eq!(receiver.requests_received(), 1);
+    // A person checks with the supplier and records what they found.
+    let receipt = receiver.orders()[0].receipt().to_string();
+    sb.stephost(&[
+        "resolve",
+        "order-1",
+        "4",
+        "--succeeded",
+        &receipt,
+        "--by",
+        "ops@example",
+    ])
+    .expect_code(0);
+    let resumed = sb.stephost(&["resume", "order-1"]);
+    resumed.expect_code(0);
+    assert_eq!(resumed.json()["receipt"]["order_id"], "ORD-1");
+    assert_eq!(receiver.requests_received(), 1);
+    assert_eq!(receiver.business_effects(), 1);
+    // The decided write was served from the ledger, not sent.
+    assert_eq!(metric(&sb, "side_effect_duplicate_prevented_total"), 1);
+}
+
+#[test]
+fn a_read_interrupted_in_flight_is_performed_again() {
+    let receiver = Receiver::start().unwrap();
+    let sb = sandbox(&receiver, true, true);
+    crash(&sb, "after-started@1");
+    assert_eq!(receiver.inventory_reads(), 0);
+    sb.stephost(&["resume", "order-1"]).expect_code(0);
+    assert_eq!(receiver.inventory_reads(), 1);
+    assert_eq!(receiver.business_effects(), 1);
+}
+
+#[test]
+fn a_receipt_for_another_operation_is_refused_not_recorded_as_success() {
+    let receiver = Receiver::start().unwrap();
+    // Another run's order exists at the supplier.
+    let other = sandbox(&receiver, true, true);
+    other
+        .run(guests::SUPPLIER_ORDER, INPUT, "other")
+        .expect_code(0);
+    let foreign = receiver.orders()[0].operation_id.clone();
+    // This run's lookup is (mis)configured to find that order.
+    let cfg = config(&receiver, false, true).replace("{operation_id}", &foreign);
+    let sb = Sandbox::with_config(BIN, &cfg);
+    crash(&sb, &format!("after-started@{ORDER_SEQ}"));
+    let resumed = sb.stephost(&["resume", "order-1"]);
+    resumed.expect_code(5);
+    assert!(
+        resumed.stderr.contains("names operation"),
+        "{}",
+        resumed.stderr
+    );
+    let show = sb.show("order-1");
+    assert_eq!(calls(&show)[ORDER_SEQ as usize - 1]["state"], "unknown");
+    assert_eq!(
+        attempt_results(&show, ORDER_SEQ),
+        vec!["lookup:foreign_receipt"]
+    );
+    assert_eq!(receiver.business_effects(), 1);
+}
+
+#[test]
+fn sigkill_during_a_slow_http_write_is_reconciled_with_one_order() {
+    let receiver = Receiver::start().unwrap();
+    receiver.push_fault(Fault::Delay(Duration::from_secs(30)));
+    let sb = sandbox(&receiver, true, true);
+    let mut child = sb
+        .command(&[
+            "run",
+            guests::SUPPLIER_ORDER,
+            "--input",
+            INPUT,
+            "--run-id",
+            "order-1",
+        ])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while receiver.business_effects() == 0 {
+        assert!(
+            Instant::now() < deadline,
+            "the order never reached the supplier"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    child.kill().unwrap();
+    child.wait().unwrap();
+    sb.stephost(&["resume", "order-1"]).expect_code(0);
+    assert_eq!(receiver.business_effects(), 1);
+    assert_eq!(receiver.requests_received(), 1);
+    assert_eq!(receiver.lookups(), 1);
+}
+
+#[test]
+fn a_command_effect_is_retried_by_exit_status_and_not_run_on_replay() {
+    let sb = Sandbox::with_config(BIN, "");
+    let script = sb.path("order.sh");
+    // Fails with 75 (retry) the first time, then records the order.
+    std::fs::write(
+        &script,
+        "#!/bin/sh\nset -e\ncd \"$(dirname \"$0\")\"\necho run >> invocations\n\
+         if [ ! -e tried ]; then touch tried; exit 75; fi\n\
+         cat > \"order-$STEPHOST_OPERATION_ID.json\"\n\
+         printf '{\"receipt\":\"cmd-%s\",\"fence\":%s}' \"$(echo $STEPHOST_OPERATION_ID | cut -c1-8)\" \"$STEPHOST_FENCE\"\n",
+    )
+    .unwrap();
+    sb.set_config(&format!(
+        r#"
+[effects.orders]
+kind = "command"
+class = "write"
+argv = ["sh", "{}"]
+retry = {{ max_attempts = 3, initial_backoff_ms = 10 }}
+"#,
+        script.display()
+    ));
+    let ran = sb.run(guests::MULTI_WRITE, r#"{"count":1}"#, "c");
+    ran.expect_code(0);
+    let out = ran.json();
+    assert!(
+        out["receipts"][0]["receipt"]
+            .as_str()
+            .unwrap()
+            .starts_with("cmd-")
+    );
+    assert_eq!(out["receipts"][0]["fence"], 1);
+    let invocations = || {
+        std::fs::read_to_string(sb.path("invocations"))
+            .unwrap()
+            .lines()
+            .count()
+    };
+    assert_eq!(invocations(), 2);
+    assert_eq!(
+        attempt_results(&sb.show("c"), 3),
+        vec!["send:retryable", "send:ok"]
+    );
+    sb.stephost(&["replay", "c"]).expect_code(0);
+    assert_eq!(invocations(), 2, "replay ran the command");
+}
+
+#[test]
+fn an_llm_completion_is_recorded_with_its_tokens_and_replayed_without_the_endpoint() {
+    let stub = ModelStub::start("Order 7 more widgets.", 42);
+    let sb = Sandbox::with_config(
+        BIN,
+        &format!(
+            "[llm]\nurl = \"{}\"\nmodel = \"stub-model\"\napi_key_env = \"STEPHOST_TEST_KEY\"\n",
+            stub.url()
+        ),
+    );
+    let ran = sb
+        .command(&[
+            "run",
+            guests::LLM_STEP,
+            "--input",
+            r#"{"question":"how many?"}"#,
+            "--run-id",
+            "l",
+        ])
+        .env("STEPHOST_TEST_KEY", "sk-test")
+        .output()
+        .unwrap();
+    assert_eq!(
+        ran.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&ran.stderr)
+    );
+    let out: Value = serde_json::from_slice(&ran.stdout).unwrap();
+    assert_eq!(out["answer"], "Order 7 more widgets.");
+    let seen = stub.requests();
+    assert_eq!(seen.len(), 1);
+    assert_eq!(seen[0].body["model"], "stub-model");
+    assert_eq!(seen[0].body["messages"][0]["content"], "how many?");
+    assert_eq!(seen[0].authorization.as_deref(), Some("Bearer sk-test"));
+    let show = sb.show("l");
+    assert_eq!(show["tokens_total"], 42);
+    assert_eq!(calls(&show)[0]["class"], "read");
+    // The key is not in the ledger.
+    assert!(
+        !std::fs::read(sb.db())
+            .unwrap()
+            .windows(7)
+            .any(|w| w == b"sk-test")
+    );
+    // Replay needs neither the endpoint nor the key.
+    sb.set_config("");
+    sb.stephost(&["replay", "l"]).expect_code(0);
+    assert_eq!(stub.requests().len(), 1, "replay called the model");
+}
+
+#[test]
+fn metrics_are_printed_in_prometheus_text_format() {
+    let sb = Sandbox::new(BIN);
+    sb.run(guests::MULTI_WRITE, r#"{"count":1}"#, "m")
+        .expect_code(0);
+    let text = sb.stephost(&["metrics"]);
+    text.expect_code(0);
+    assert!(
+        text.stdout
+            .contains("# TYPE side_effect_unknown_total counter")
+    );
+    assert!(
+        text.stdout
+            .contains("stephost_runs{status=\"completed\"} 1"),
+        "{}",
+        text.stdout
+    );
+}
