@@ -416,6 +416,29 @@ mod tests {
     }
 
     #[test]
+    fn the_example_configurations_load() {
+        for text in [
+            include_str!("../../examples/supplier-order/stephost.toml"),
+            include_str!("../../examples/supplier-order/stephost-http.toml"),
+        ] {
+            let config = Config::parse(text).unwrap();
+            let effects = config.effects().unwrap();
+            assert_eq!(effects.get("inventory.read").unwrap().class, CallClass::Read);
+            assert_eq!(effects.get("supplier.order").unwrap().class, CallClass::Write);
+        }
+    }
+
+    #[test]
+    fn a_header_naming_a_missing_environment_variable_is_refused() {
+        let config = Config::parse(
+            "[effects.x]\nkind = \"http\"\nurl = \"http://h/\"\nheaders = { Authorization = \"Bearer ${STEPHOST_TEST_UNSET_VAR}\" }\n",
+        )
+        .unwrap();
+        let err = config.effects().err().expect("refused");
+        assert!(err.to_string().contains("STEPHOST_TEST_UNSET_VAR"), "{err}");
+    }
+
+    #[test]
     fn a_static_response_must_be_json() {
         let err =
             Config::parse("[effects.x]\nkind = \"static\"\nresponse = \"{oops\"\n").unwrap_err();
