@@ -423,8 +423,14 @@ mod tests {
         ] {
             let config = Config::parse(text).unwrap();
             let effects = config.effects().unwrap();
-            assert_eq!(effects.get("inventory.read").unwrap().class, CallClass::Read);
-            assert_eq!(effects.get("supplier.order").unwrap().class, CallClass::Write);
+            assert_eq!(
+                effects.get("inventory.read").unwrap().class,
+                CallClass::Read
+            );
+            assert_eq!(
+                effects.get("supplier.order").unwrap().class,
+                CallClass::Write
+            );
         }
     }
 
