@@ -79,7 +79,7 @@ impl Ctx {
         Req: Serialize + ?Sized,
         Resp: DeserializeOwned,
     {
-        self.invoke("llm", request, |body| llm::complete(body))
+        self.invoke("llm", request, llm::complete)
     }
 
     fn call<Req, Resp>(

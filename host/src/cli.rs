@@ -58,6 +58,32 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Record a run for a worker to execute; prints its run id.
+    Submit {
+        module: PathBuf,
+        #[arg(long, conflicts_with = "input_file")]
+        input: Option<String>,
+        #[arg(long)]
+        input_file: Option<PathBuf>,
+        #[arg(long)]
+        run_id: Option<String>,
+    },
+    /// Claim runnable runs and execute them until stopped (SIGINT/SIGTERM:
+    /// stop claiming, let active runs reach their next call, release them).
+    Worker {
+        /// Runs executed at once.
+        #[arg(long, default_value_t = 4)]
+        concurrency: usize,
+        /// Lease of each claim, renewed in the background.
+        #[arg(long, default_value_t = 30_000)]
+        lease_ms: i64,
+        /// Owner name in claims (default: host/pid/start-time).
+        #[arg(long)]
+        worker_id: Option<String>,
+        /// Exit once nothing is runnable and nothing is active.
+        #[arg(long)]
+        exit_when_idle: bool,
+    },
     /// Continue an interrupted run: replay its recorded calls, then go live.
     Resume {
         run_id: String,
@@ -167,6 +193,15 @@ fn quiet_options(config: &Config) -> HostOptions {
     }
 }
 
+fn read_input(input: Option<String>, file: Option<PathBuf>) -> Result<String, HostError> {
+    Ok(match (input, file) {
+        (Some(text), _) => text,
+        (None, Some(file)) => String::from_utf8(read_file(&file)?)
+            .map_err(|_| HostError::BadInput("the input file is not UTF-8".into()))?,
+        (None, None) => "null".to_string(),
+    })
+}
+
 fn read_file(path: &Path) -> Result<Vec<u8>, HostError> {
     if path == Path::new("-") {
         let mut buf = Vec::new();
@@ -194,12 +229,7 @@ fn execute(cli: Cli) -> Result<i32, HostError> {
             run_id,
             json,
         } => {
-            let input = match (input, input_file) {
-                (Some(text), _) => text,
-                (None, Some(file)) => String::from_utf8(read_file(&file)?)
-                    .map_err(|_| HostError::BadInput("the input file is not UTF-8".into()))?,
-                (None, None) => "null".to_string(),
-            };
+            let input = read_input(input, input_file)?;
             let bytes = read_file(&module)?;
             let mut host = Host::open(&cli.db, options(&config)?)?;
             let report = host.run(
@@ -209,6 +239,63 @@ fn execute(cli: Cli) -> Result<i32, HostError> {
                 run_id.as_deref(),
             )?;
             Ok(print_run(&report, json))
+        }
+        Command::Submit {
+            module,
+            input,
+            input_file,
+            run_id,
+        } => {
+            let input = read_input(input, input_file)?;
+            let bytes = read_file(&module)?;
+            let mut host = Host::open(&cli.db, options(&config)?)?;
+            let run = host.submit(
+                &bytes,
+                &module.display().to_string(),
+                &input,
+                run_id.as_deref(),
+            )?;
+            let _ = writeln!(std::io::stdout().lock(), "{}", run.run_id);
+            Ok(exit::OK)
+        }
+        Command::Worker {
+            concurrency,
+            lease_ms,
+            worker_id,
+            exit_when_idle,
+        } => {
+            options(&config)?; // refuse a bad configuration before claiming anything
+            let shutdown = Arc::new(std::sync::atomic::AtomicBool::new(false));
+            for signal in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+                signal_hook::flag::register(signal, shutdown.clone())
+                    .map_err(|e| HostError::Internal(format!("cannot handle signals: {e}")))?;
+            }
+            let worker_options = crate::worker::WorkerOptions {
+                concurrency: concurrency.max(1),
+                lease_ms: lease_ms.max(100),
+                worker_id: worker_id.unwrap_or_else(crate::owner::this_process),
+                exit_when_idle,
+                ..crate::worker::WorkerOptions::default()
+            };
+            let make = || {
+                let mut o = options(&config).unwrap_or_default();
+                o.owner = worker_options.worker_id.clone();
+                o.lease_ms = worker_options.lease_ms;
+                o
+            };
+            let report = crate::worker::run(&cli.db, &make, &worker_options, &shutdown)?;
+            eprintln!(
+                "stephost worker: {} completed, {} failed, {} parked, {} released, {} abandoned, \
+                 {} claim conflicts, {} lease losses",
+                report.completed,
+                report.failed,
+                report.parked,
+                report.released,
+                report.abandoned,
+                report.claim_conflicts,
+                report.lease_losses
+            );
+            Ok(exit::OK)
         }
         Command::Resume { run_id, json } => {
             let mut host = Host::open(&cli.db, options(&config)?)?;
@@ -342,8 +429,8 @@ pub fn run_exit_code(status: RunStatus) -> i32 {
         RunStatus::Failed => exit::STEP_FAILED,
         RunStatus::Parked => exit::PARKED,
         RunStatus::Diverged => exit::DIVERGED,
-        // A run left running was abandoned by this process (fenced).
-        RunStatus::Running => exit::CLAIMED,
+        // A run left running was released or abandoned by this process.
+        RunStatus::Pending | RunStatus::Running => exit::CLAIMED,
     }
 }
 
@@ -538,29 +625,7 @@ fn print_show(
     }
 }
 
-/// `YYYY-MM-DDTHH:MM:SS.mmmZ` from milliseconds since the epoch.
-pub fn format_time(ms: i64) -> String {
-    let secs = ms.div_euclid(1000);
-    let millis = ms.rem_euclid(1000);
-    let days = secs.div_euclid(86_400);
-    let rem = secs.rem_euclid(86_400);
-    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    format!(
-        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{millis:03}Z",
-        rem / 3600,
-        (rem % 3600) / 60,
-        rem % 60
-    )
-}
+use crate::clock::format_time;
 
 #[cfg(test)]
 mod tests {

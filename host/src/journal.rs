@@ -214,6 +214,21 @@ pub enum Stop {
     ReplayEnd { seq: u64, reason: String },
     #[error("{0}")]
     Limit(String),
+    /// The worker is shutting down: the run stops at this call boundary and
+    /// its claim is released for another worker.
+    #[error("released at call #{seq}: the worker is shutting down")]
+    Released { seq: u64 },
+}
+
+/// Signals from a worker to a run it executes, checked at every call
+/// boundary before any live I/O.
+#[derive(Debug, Default)]
+pub struct RunControl {
+    /// The claim's lease could not be renewed: another worker may own the
+    /// run now, so this one must not act.
+    pub lost: std::sync::atomic::AtomicBool,
+    /// Stop at the next call boundary and release the claim.
+    pub drain: std::sync::atomic::AtomicBool,
 }
 
 impl From<LedgerError> for Stop {
@@ -260,6 +275,7 @@ pub struct Journal {
     /// call past its end is a divergence rather than the end of the record.
     recording_complete: bool,
     counters: Counters,
+    control: Option<std::sync::Arc<RunControl>>,
     pub stats: Stats,
 }
 
@@ -296,8 +312,31 @@ impl Journal {
             log_sink: None,
             recording_complete: false,
             counters: Counters::new(),
+            control: None,
             stats: Stats::default(),
         }
+    }
+
+    pub fn set_control(&mut self, control: std::sync::Arc<RunControl>) {
+        self.control = Some(control);
+    }
+
+    /// Before live I/O: may this execution still act?
+    fn check_control(&self, seq: u64) -> Result<(), Stop> {
+        use std::sync::atomic::Ordering;
+        if let Some(control) = &self.control {
+            if control.lost.load(Ordering::SeqCst) {
+                return Err(Stop::Fenced(format!(
+                    "run {}: the claim's lease was lost before call #{seq}; another worker may \
+                     own the run, this one stops",
+                    self.run_id
+                )));
+            }
+            if control.drain.load(Ordering::SeqCst) {
+                return Err(Stop::Released { seq });
+            }
+        }
+        Ok(())
     }
 
     pub fn set_recording_complete(&mut self, complete: bool) {
@@ -421,9 +460,13 @@ impl Journal {
                 }),
                 CallState::Started => {
                     let recorded = recorded.clone();
+                    self.check_control(seq)?;
                     self.reconcile(&recorded, live)
                 }
             };
+        }
+        if matches!(self.mode, Mode::Live { .. }) {
+            self.check_control(seq)?;
         }
         let run_id = self.run_id.clone();
         let Mode::Live { ledger, claim } = &mut self.mode else {

@@ -32,6 +32,7 @@ pub mod metrics;
 pub mod owner;
 pub mod replay;
 pub mod runner;
+pub mod worker;
 
 pub use error::{HostError, exit};
 pub use runner::{Host, HostOptions, RunReport};

@@ -34,7 +34,19 @@ pub const COUNTERS: &[(&str, &str)] = &[
     ),
     (
         "replayed_step_total",
-        "Executions that replayed a recorded prefix (resumes).",
+        "Executions that replayed a recorded prefix.",
+    ),
+    (
+        "workflow_resume_total",
+        "Executions of a run that already had recorded calls (resumes).",
+    ),
+    (
+        "claim_conflict_total",
+        "Claims lost to another claimant (compare-and-set conflicts).",
+    ),
+    (
+        "lease_loss_total",
+        "Claims whose lease could not be renewed (the run was stopped).",
     ),
 ];
 
@@ -59,6 +71,7 @@ pub fn render(ledger: &dyn Ledger) -> Result<String, LedgerError> {
         "# HELP stephost_runs Runs in the ledger by status.\n# TYPE stephost_runs gauge"
     );
     for status in [
+        RunStatus::Pending,
         RunStatus::Running,
         RunStatus::Completed,
         RunStatus::Failed,
@@ -68,5 +81,28 @@ pub fn render(ledger: &dyn Ledger) -> Result<String, LedgerError> {
         let n = runs.iter().filter(|r| r.status == status).count();
         let _ = writeln!(out, "stephost_runs{{status=\"{}\"}} {n}", status.as_str());
     }
+    let now = crate::clock::now_ms();
+    let active = runs
+        .iter()
+        .filter(|r| r.status == RunStatus::Running && r.lease_until_ms.is_some_and(|t| t > now))
+        .count();
+    let oldest = runs
+        .iter()
+        .filter(|r| {
+            r.status == RunStatus::Pending
+                || (r.status == RunStatus::Running && r.lease_until_ms.is_none_or(|t| t <= now))
+        })
+        .map(|r| r.created_at_ms)
+        .min()
+        .map(|t| (now - t).max(0) as f64 / 1000.0)
+        .unwrap_or(0.0);
+    let _ = writeln!(
+        out,
+        "# HELP stephost_active_runs Runs held under a live lease.\n# TYPE stephost_active_runs gauge\nstephost_active_runs {active}"
+    );
+    let _ = writeln!(
+        out,
+        "# HELP stephost_oldest_runnable_age_seconds Age of the oldest run waiting for a worker.\n# TYPE stephost_oldest_runnable_age_seconds gauge\nstephost_oldest_runnable_age_seconds {oldest:.3}"
+    );
     Ok(out)
 }

@@ -16,7 +16,7 @@ use crate::error::HostError;
 use crate::ids;
 use crate::imports::wasi::{RecordedMonotonicClock, RecordedRng, RecordedWallClock};
 use crate::imports::{StepState, lock};
-use crate::journal::{CallErrorKind, Journal, Mode, Outcome, Stats, Stop};
+use crate::journal::{CallErrorKind, Journal, Mode, Outcome, RunControl, Stats, Stop};
 use crate::ledger::{
     CallRecord, Claim, Ledger, NewRun, RunEnd, RunRecord, RunStatus, SqliteLedger,
 };
@@ -100,6 +100,19 @@ impl Host {
         })
     }
 
+    /// A host over an open ledger, sharing a compiled-component cache.
+    pub fn with_engine(
+        engine: Arc<StepEngine>,
+        ledger: Box<dyn Ledger>,
+        options: HostOptions,
+    ) -> Self {
+        Host {
+            engine,
+            ledger: Some(ledger),
+            options,
+        }
+    }
+
     pub fn ledger(&self) -> &dyn Ledger {
         self.ledger
             .as_deref()
@@ -116,6 +129,30 @@ impl Host {
         &self.engine
     }
 
+    /// Records a run of `module` on `input` without executing it: a worker
+    /// will claim it. Submitting the same run id with the same module and
+    /// input returns the existing run; with another it is refused.
+    pub fn submit(
+        &mut self,
+        module: &[u8],
+        what: &str,
+        input: &str,
+        run_id: Option<&str>,
+    ) -> Result<RunRecord, HostError> {
+        check_json(input, "input", &self.options.limits)?;
+        let loaded = self.engine.load(module, what)?;
+        let run_id = run_id.map(str::to_string).unwrap_or_else(ids::new_run_id);
+        let now = crate::clock::now_ms();
+        let ledger = self.ledger_mut();
+        ledger.put_module(&loaded.digest, module)?;
+        Ok(ledger.create_run(NewRun {
+            run_id: &run_id,
+            module_digest: &loaded.digest,
+            input,
+            now_ms: now,
+        })?)
+    }
+
     /// Starts a new run of `module` (or continues the run `run_id` if it
     /// exists with the same module and input).
     pub fn run(
@@ -125,21 +162,11 @@ impl Host {
         input: &str,
         run_id: Option<&str>,
     ) -> Result<RunReport, HostError> {
-        check_json(input, "input", &self.options.limits)?;
-        let loaded = self.engine.load(module, what)?;
-        let run_id = run_id.map(str::to_string).unwrap_or_else(ids::new_run_id);
-        let now = crate::clock::now_ms();
-        let ledger = self.ledger_mut();
-        ledger.put_module(&loaded.digest, module)?;
-        let run = ledger.create_run(NewRun {
-            run_id: &run_id,
-            module_digest: &loaded.digest,
-            input,
-            now_ms: now,
-        })?;
+        let run = self.submit(module, what, input, run_id)?;
         if run.status.is_final() {
             return Ok(RunReport::from_record(&run, Stats::default()));
         }
+        let loaded = self.engine.load(module, what)?;
         self.claim_and_execute(run, loaded)
     }
 
@@ -157,7 +184,7 @@ impl Host {
                     run.error.as_deref().unwrap_or("")
                 )));
             }
-            RunStatus::Running | RunStatus::Parked => {}
+            RunStatus::Pending | RunStatus::Running | RunStatus::Parked => {}
         }
         let module = self.ledger().module(&run.module_digest)?;
         let loaded = self.engine.load(&module, &run.module_digest)?;
@@ -179,8 +206,32 @@ impl Host {
             &crate::owner::is_alive,
         )?;
         crash::point("after-claim", 0);
+        self.execute_with(&run, claim, &loaded, None)
+    }
+
+    /// Executes a run under a claim taken elsewhere (by a worker's claim
+    /// loop); `control` lets the worker stop it at a call boundary.
+    pub fn execute_claimed(
+        &mut self,
+        run_id: &str,
+        claim: Claim,
+        control: Arc<RunControl>,
+    ) -> Result<RunReport, HostError> {
+        let run = self.ledger().run(run_id)?;
+        let module = self.ledger().module(&run.module_digest)?;
+        let loaded = self.engine.load(&module, &run.module_digest)?;
+        self.execute_with(&run, claim, &loaded, Some(control))
+    }
+
+    fn execute_with(
+        &mut self,
+        run: &RunRecord,
+        claim: Claim,
+        loaded: &Loaded,
+        control: Option<Arc<RunControl>>,
+    ) -> Result<RunReport, HostError> {
         let ledger = self.ledger.take().expect("ledger present");
-        let result = self.execute(&run, claim, ledger, &loaded);
+        let result = self.execute(run, claim, ledger, loaded, control);
         match result {
             Ok((ledger, report)) => {
                 self.ledger = Some(ledger);
@@ -202,6 +253,7 @@ impl Host {
         claim: Claim,
         ledger: Box<dyn Ledger>,
         loaded: &Loaded,
+        control: Option<Arc<RunControl>>,
     ) -> Result<(Box<dyn Ledger>, Result<RunReport, HostError>), Box<dyn Ledger>> {
         let loaded_history = ledger.calls(&run.run_id).and_then(|calls| {
             Ok((
@@ -215,6 +267,7 @@ impl Host {
             Err(e) => return Ok((ledger, Err(e.into()))),
         };
         let mono_base = monotonic_base(&history);
+        let resumed = !history.is_empty();
         let mut journal = Journal::new(
             &run.run_id,
             Mode::Live { ledger, claim },
@@ -223,6 +276,9 @@ impl Host {
             &attempts,
             self.options.limits.clone(),
         );
+        if let Some(control) = control {
+            journal.set_control(control);
+        }
         if let Some(sink) = &self.options.log_sink {
             let sink = sink.clone();
             let run_id = run.run_id.clone();
@@ -249,6 +305,9 @@ impl Host {
         if stats.replayed > 0 {
             counters.insert("replayed_step_total", 1);
         }
+        if resumed {
+            counters.insert("workflow_resume_total", 1);
+        }
         let Mode::Live { mut ledger, claim } = journal.into_mode() else {
             unreachable_shared()
         };
@@ -256,6 +315,14 @@ impl Host {
         let _ = ledger.add_counters(&counters);
         let end = match stop {
             Some(Stop::Fenced(m)) => return Ok((ledger, Err(HostError::Fenced(m)))),
+            Some(Stop::Released { .. }) => {
+                let released = ledger
+                    .release(&claim)
+                    .map_err(HostError::from)
+                    .and_then(|()| Ok(ledger.run(&run.run_id)?))
+                    .map(|record| RunReport::from_record(&record, stats));
+                return Ok((ledger, released));
+            }
             Some(Stop::Ledger(m)) => return Ok((ledger, Err(HostError::LedgerWrite(m)))),
             Some(Stop::ReplayEnd { reason, .. }) => {
                 return Ok((ledger, Err(HostError::Internal(reason))));

@@ -50,7 +50,10 @@ impl Handler for Reject {
 
 /// A receiver that appends one JSON line per operation to a file, fsync'd,
 /// and deduplicates by operation id: a resend of a recorded operation gets
-/// the original receipt and adds nothing. It answers lookups by operation id.
+/// the original receipt and adds nothing. It answers lookups by operation id
+/// and refuses a writer whose fencing token is older than one it has seen
+/// for the same run. Several processes may share the file: each request
+/// holds an exclusive lock on `<file>.lock`.
 pub struct FileReceiver {
     path: PathBuf,
     lock: Mutex<()>,
@@ -100,22 +103,43 @@ impl FileReceiver {
         self
     }
 
-    fn find(&self, operation_id: &str) -> Result<Option<FileEntry>, Failure> {
+    /// The entry for `operation_id`, and the newest fence seen for `run_id`.
+    fn find(&self, operation_id: &str, run_id: &str) -> Result<(Option<FileEntry>, i64), Failure> {
         let file = match File::open(&self.path) {
             Ok(f) => f,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok((None, 0)),
             Err(e) => return Err(self.io_failure(e)),
         };
+        let mut found = None;
+        let mut fence = 0;
         for line in BufReader::new(file).lines() {
             let line = line.map_err(|e| self.io_failure(e))?;
             // A torn last line (the receiver crashed mid-append) is not an entry.
-            if let Ok(entry) = serde_json::from_str::<FileEntry>(&line)
-                && entry.operation_id == operation_id
-            {
-                return Ok(Some(entry));
+            let Ok(entry) = serde_json::from_str::<FileEntry>(&line) else {
+                continue;
+            };
+            if entry.run_id == run_id {
+                fence = fence.max(entry.fence);
+            }
+            if entry.operation_id == operation_id && found.is_none() {
+                found = Some(entry);
             }
         }
-        Ok(None)
+        Ok((found, fence))
+    }
+
+    /// Holds the cross-process lock for one request.
+    fn lock_file(&self) -> Result<File, Failure> {
+        let mut name = self.path.clone().into_os_string();
+        name.push(".lock");
+        let file = OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&name)
+            .map_err(|e| self.io_failure(e))?;
+        file.lock().map_err(|e| self.io_failure(e))?;
+        Ok(file)
     }
 
     fn io_failure(&self, e: std::io::Error) -> Failure {
@@ -136,8 +160,16 @@ impl Handler for FileReceiver {
         let body: serde_json::Value = serde_json::from_str(request.body)
             .map_err(|e| Failure::Invalid(format!("request is not JSON: {e}")))?;
         let _guard = self.lock.lock().unwrap_or_else(|p| p.into_inner());
+        let _file_lock = self.lock_file()?;
+        let (existing, newest_fence) = self.find(request.operation_id, request.run_id)?;
+        if request.fence < newest_fence {
+            return Err(Failure::Rejected(format!(
+                "stale fencing token {} for run {} (newest seen: {newest_fence})",
+                request.fence, request.run_id
+            )));
+        }
         if self.deduplicate
-            && let Some(existing) = self.find(request.operation_id)?
+            && let Some(existing) = existing
         {
             return Ok(Reply {
                 body: Self::receipt(&existing),
@@ -175,7 +207,8 @@ impl Handler for FileReceiver {
             return Ok(Lookup::Unsupported);
         }
         let _guard = self.lock.lock().unwrap_or_else(|p| p.into_inner());
-        Ok(match self.find(request.operation_id)? {
+        let _file_lock = self.lock_file()?;
+        Ok(match self.find(request.operation_id, request.run_id)?.0 {
             Some(entry) => Lookup::Found(Self::receipt(&entry)),
             None => Lookup::NotFound,
         })
@@ -222,6 +255,20 @@ mod tests {
         );
         receiver.perform(&request(&"b".repeat(64), "{}")).unwrap();
         assert_eq!(std::fs::read_to_string(&path).unwrap().lines().count(), 2);
+    }
+
+    #[test]
+    fn the_file_receiver_refuses_a_stale_fencing_token() {
+        let dir = tempfile::tempdir().unwrap();
+        let receiver = FileReceiver::new(dir.path().join("o.jsonl"));
+        let mut newer = request("op-2", "{}");
+        newer.fence = 2;
+        receiver.perform(&newer).unwrap();
+        let err = receiver.perform(&request("op-3", "{}")).unwrap_err();
+        assert!(
+            matches!(err, Failure::Rejected(ref m) if m.contains("stale fencing token")),
+            "{err:?}"
+        );
     }
 
     #[test]

@@ -118,6 +118,8 @@ pub struct CallRecord {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum RunStatus {
+    /// Submitted, never claimed yet.
+    Pending,
     /// Claimed and executing, or interrupted (its owner died) and resumable.
     Running,
     /// The step returned output.
@@ -133,6 +135,7 @@ pub enum RunStatus {
 impl RunStatus {
     pub fn as_str(self) -> &'static str {
         match self {
+            RunStatus::Pending => "pending",
             RunStatus::Running => "running",
             RunStatus::Completed => "completed",
             RunStatus::Failed => "failed",
@@ -143,6 +146,7 @@ impl RunStatus {
 
     pub fn parse(s: &str) -> Option<Self> {
         match s {
+            "pending" => Some(RunStatus::Pending),
             "running" => Some(RunStatus::Running),
             "completed" => Some(RunStatus::Completed),
             "failed" => Some(RunStatus::Failed),
@@ -240,7 +244,10 @@ pub enum LedgerError {
     UnknownRun(String),
     #[error("run {run_id} already exists with another module or input; choose another --run-id")]
     RunExists { run_id: String },
-    #[error("run {run_id} is claimed by {owner} until {lease_until_ms} (ms since epoch)")]
+    #[error(
+        "run {run_id} is claimed by {owner} until {}; wait for that worker, or for its lease to run out",
+        crate::clock::format_time(*lease_until_ms)
+    )]
     ClaimedElsewhere {
         run_id: String,
         owner: String,
@@ -291,7 +298,7 @@ pub trait Ledger: Send {
     fn put_module(&mut self, digest: &str, bytes: &[u8]) -> Result<(), LedgerError>;
     fn module(&self, digest: &str) -> Result<Vec<u8>, LedgerError>;
 
-    /// Inserts a run with status `running` and no owner. Inserting the same
+    /// Inserts a run with status `pending` and no owner. Inserting the same
     /// run id with the same module and input again returns the existing run.
     fn create_run(&mut self, run: NewRun<'_>) -> Result<RunRecord, LedgerError>;
     fn run(&self, run_id: &str) -> Result<RunRecord, LedgerError>;
@@ -310,6 +317,12 @@ pub trait Ledger: Send {
     ) -> Result<Claim, LedgerError>;
     /// Gives a claim up (owner and lease cleared) if it is still the newest.
     fn release(&mut self, claim: &Claim) -> Result<(), LedgerError>;
+    /// Extends a claim's lease; fails with `Fenced` if the claim was lost.
+    fn renew(&mut self, claim: &Claim, now_ms: i64) -> Result<(), LedgerError>;
+    /// Runs a worker may claim: pending, or running with no owner or an
+    /// expired lease, oldest first. (Owners that died before their lease
+    /// ran out are the caller's to filter with `owner_alive`.)
+    fn runnable(&self, now_ms: i64, limit: usize) -> Result<Vec<RunRecord>, LedgerError>;
 
     fn calls(&self, run_id: &str) -> Result<Vec<CallRecord>, LedgerError>;
     fn attempts(&self, run_id: &str) -> Result<Vec<AttemptRecord>, LedgerError>;

@@ -23,7 +23,7 @@ CREATE TABLE runs (
     run_id        TEXT PRIMARY KEY,
     module_digest TEXT NOT NULL REFERENCES modules(digest),
     input         TEXT NOT NULL,
-    status        TEXT NOT NULL CHECK (status IN ('running','completed','failed','parked','diverged')),
+    status        TEXT NOT NULL CHECK (status IN ('pending','running','completed','failed','parked','diverged')),
     output        TEXT,
     error         TEXT,
     created_at    INTEGER NOT NULL,

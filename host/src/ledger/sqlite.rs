@@ -291,7 +291,7 @@ impl Ledger for SqliteLedger {
             None => {
                 tx.execute(
                     "INSERT INTO runs (run_id, module_digest, input, status, created_at, \
-                     updated_at, version, fence) VALUES (?1, ?2, ?3, 'running', ?4, ?4, 0, 0)",
+                     updated_at, version, fence) VALUES (?1, ?2, ?3, 'pending', ?4, ?4, 0, 0)",
                     params![run.run_id, run.module_digest, run.input, run.now_ms],
                 )?;
                 tx.query_row(
@@ -351,7 +351,9 @@ impl Ledger for SqliteLedger {
         let lease_until_ms = now_ms + lease_ms;
         let changed = self.conn.execute(
             "UPDATE runs SET owner = ?1, lease_until = ?2, fence = fence + 1, \
-             version = version + 1, updated_at = ?3 WHERE run_id = ?4 AND version = ?5",
+             version = version + 1, updated_at = ?3, \
+             status = CASE status WHEN 'pending' THEN 'running' ELSE status END \
+             WHERE run_id = ?4 AND version = ?5",
             params![owner, lease_until_ms, now_ms, run_id, current.version],
         )?;
         if changed == 0 {
@@ -378,6 +380,49 @@ impl Ledger for SqliteLedger {
             params![claim.run_id, claim.fence],
         )?;
         Ok(())
+    }
+
+    fn renew(&mut self, claim: &Claim, now_ms: i64) -> Result<(), LedgerError> {
+        self.set_sync(Sync::Normal)?;
+        let tx = self
+            .conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)?;
+        let changed = tx
+            .prepare_cached(
+                "UPDATE runs SET lease_until = ?3 WHERE run_id = ?1 AND fence = ?2 AND owner = ?4",
+            )?
+            .execute(params![
+                claim.run_id,
+                claim.fence,
+                now_ms + claim.lease_ms,
+                claim.owner
+            ])?;
+        if changed == 0 {
+            let newest: i64 = tx
+                .query_row(
+                    "SELECT fence FROM runs WHERE run_id = ?1",
+                    [&claim.run_id],
+                    |r| r.get(0),
+                )
+                .optional()?
+                .ok_or_else(|| LedgerError::UnknownRun(claim.run_id.clone()))?;
+            return Err(LedgerError::Fenced {
+                run_id: claim.run_id.clone(),
+                held: claim.fence,
+                newest,
+            });
+        }
+        tx.commit()?;
+        Ok(())
+    }
+
+    fn runnable(&self, now_ms: i64, limit: usize) -> Result<Vec<RunRecord>, LedgerError> {
+        let mut stmt = self.conn.prepare_cached(&format!(
+            "SELECT {RUN_COLUMNS} FROM runs WHERE status IN ('pending', 'running') \
+             ORDER BY (owner IS NOT NULL AND lease_until >= ?1), created_at, run_id LIMIT ?2"
+        ))?;
+        let rows = stmt.query_map(params![now_ms, limit as i64], run_from_row)?;
+        Ok(rows.collect::<Result<_, _>>()?)
     }
 
     fn calls(&self, run_id: &str) -> Result<Vec<CallRecord>, LedgerError> {

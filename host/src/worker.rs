@@ -1,0 +1,247 @@
+//! A worker: claims runnable runs by compare-and-set and executes up to
+//! `concurrency` of them at once, each on a thread with its own ledger
+//! connection, renewing their leases in the background. A run whose lease
+//! cannot be renewed is stopped before its next external call; on shutdown
+//! the worker stops claiming, lets active runs reach their next call
+//! boundary, releases their claims and returns.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use crate::engine::StepEngine;
+use crate::error::HostError;
+use crate::journal::RunControl;
+use crate::ledger::{Claim, Ledger, LedgerError, RunStatus, SqliteLedger};
+use crate::runner::{Host, HostOptions, RunReport};
+
+#[derive(Debug, Clone)]
+pub struct WorkerOptions {
+    /// Runs executed at once.
+    pub concurrency: usize,
+    /// How long a claim lasts unless renewed.
+    pub lease_ms: i64,
+    /// This worker's owner name in claims.
+    pub worker_id: String,
+    /// Pause between looks for runnable runs when there is nothing to do.
+    pub poll_ms: u64,
+    /// Stop once no run is runnable and none is active (for scripts and tests).
+    pub exit_when_idle: bool,
+}
+
+impl Default for WorkerOptions {
+    fn default() -> Self {
+        WorkerOptions {
+            concurrency: 4,
+            lease_ms: 30_000,
+            worker_id: crate::owner::this_process(),
+            poll_ms: 200,
+            exit_when_idle: false,
+        }
+    }
+}
+
+/// What a worker did, for its exit report.
+#[derive(Debug, Default, Clone)]
+pub struct WorkerReport {
+    pub completed: usize,
+    pub failed: usize,
+    pub parked: usize,
+    pub released: usize,
+    pub abandoned: usize,
+    pub claim_conflicts: usize,
+    pub lease_losses: usize,
+}
+
+struct Active {
+    claim: Claim,
+    control: Arc<RunControl>,
+}
+
+type Finished = (String, Result<RunReport, HostError>);
+
+/// Runs a worker until `shutdown` is set (or, with `exit_when_idle`, until
+/// there is nothing left to do).
+pub fn run(
+    db: &Path,
+    make_options: &(dyn Fn() -> HostOptions + Sync),
+    options: &WorkerOptions,
+    shutdown: &AtomicBool,
+) -> Result<WorkerReport, HostError> {
+    let engine = Arc::new(StepEngine::new()?);
+    let mut ledger = SqliteLedger::open(db)?;
+    let active: Arc<Mutex<HashMap<String, Active>>> = Arc::default();
+    let (done_tx, done_rx) = mpsc::channel::<Finished>();
+    let mut report = WorkerReport::default();
+    let mut last_renewal = Instant::now();
+    let renew_every = Duration::from_millis((options.lease_ms / 3).max(10) as u64);
+
+    std::thread::scope(|scope| -> Result<(), HostError> {
+        loop {
+            // Collect finished runs.
+            while let Ok((run_id, result)) = done_rx.try_recv() {
+                active_lock(&active).remove(&run_id);
+                tally(&mut report, &run_id, result);
+            }
+            if last_renewal.elapsed() >= renew_every {
+                renew_all(&mut ledger, &active, &mut report);
+                last_renewal = Instant::now();
+            }
+            let draining = shutdown.load(Ordering::SeqCst);
+            if draining {
+                for a in active_lock(&active).values() {
+                    a.control.drain.store(true, Ordering::SeqCst);
+                }
+                if active_lock(&active).is_empty() {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(10));
+                continue;
+            }
+            let free = options
+                .concurrency
+                .saturating_sub(active_lock(&active).len());
+            let mut claimed = 0;
+            if free > 0 {
+                let now = crate::clock::now_ms();
+                for run in ledger.runnable(now, free * 4 + 8)? {
+                    if claimed == free {
+                        break;
+                    }
+                    if active_lock(&active).contains_key(&run.run_id) {
+                        continue;
+                    }
+                    let claimable = match (&run.owner, run.lease_until_ms) {
+                        (Some(owner), Some(until)) => {
+                            until <= now || !crate::owner::is_alive(owner)
+                        }
+                        _ => true,
+                    };
+                    if !claimable {
+                        continue;
+                    }
+                    let claim = match ledger.claim(
+                        &run.run_id,
+                        &options.worker_id,
+                        options.lease_ms,
+                        now,
+                        &crate::owner::is_alive,
+                    ) {
+                        Ok(claim) => claim,
+                        Err(
+                            LedgerError::VersionConflict { .. }
+                            | LedgerError::ClaimedElsewhere { .. },
+                        ) => {
+                            report.claim_conflicts += 1;
+                            continue;
+                        }
+                        Err(e) => return Err(e.into()),
+                    };
+                    crate::crash::point("after-claim", 0);
+                    claimed += 1;
+                    let control = Arc::new(RunControl::default());
+                    active_lock(&active).insert(
+                        run.run_id.clone(),
+                        Active {
+                            claim: claim.clone(),
+                            control: control.clone(),
+                        },
+                    );
+                    let tx = done_tx.clone();
+                    let engine = engine.clone();
+                    let db: PathBuf = db.to_path_buf();
+                    let host_options = make_options();
+                    scope.spawn(move || {
+                        let run_id = run.run_id.clone();
+                        let result =
+                            SqliteLedger::open(&db)
+                                .map_err(HostError::from)
+                                .and_then(|ledger| {
+                                    let mut host =
+                                        Host::with_engine(engine, Box::new(ledger), host_options);
+                                    host.execute_claimed(&run_id, claim, control)
+                                });
+                        let _ = tx.send((run_id, result));
+                    });
+                }
+            }
+            if claimed == 0 {
+                if options.exit_when_idle && active_lock(&active).is_empty() {
+                    let now = crate::clock::now_ms();
+                    let waiting = ledger.runnable(now, 1)?;
+                    if waiting.is_empty() {
+                        break;
+                    }
+                }
+                std::thread::sleep(Duration::from_millis(options.poll_ms));
+            }
+        }
+        Ok(())
+    })?;
+    while let Ok((run_id, result)) = done_rx.try_recv() {
+        tally(&mut report, &run_id, result);
+    }
+    let _ = ledger.add_counters(&counters(&report));
+    Ok(report)
+}
+
+fn active_lock(
+    active: &Mutex<HashMap<String, Active>>,
+) -> std::sync::MutexGuard<'_, HashMap<String, Active>> {
+    active.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Extends every active claim's lease; a claim that cannot be renewed is
+/// marked lost so that its run stops before its next external call.
+fn renew_all(
+    ledger: &mut SqliteLedger,
+    active: &Mutex<HashMap<String, Active>>,
+    report: &mut WorkerReport,
+) {
+    let now = crate::clock::now_ms();
+    for a in active_lock(active).values() {
+        match ledger.renew(&a.claim, now) {
+            Ok(()) => {}
+            Err(LedgerError::Fenced { .. }) => {
+                if !a.control.lost.swap(true, Ordering::SeqCst) {
+                    report.lease_losses += 1;
+                    eprintln!(
+                        "stephost worker: lost the claim on run {}; it stops before its next call",
+                        a.claim.run_id
+                    );
+                }
+            }
+            // A busy or failing ledger: try again next round; the lease
+            // still has two thirds of its time.
+            Err(e) => eprintln!("stephost worker: renewing {}: {e}", a.claim.run_id),
+        }
+    }
+}
+
+fn tally(report: &mut WorkerReport, run_id: &str, result: Result<RunReport, HostError>) {
+    match result {
+        Ok(r) => {
+            match r.status {
+                RunStatus::Completed => report.completed += 1,
+                RunStatus::Failed | RunStatus::Diverged => report.failed += 1,
+                RunStatus::Parked => report.parked += 1,
+                RunStatus::Pending | RunStatus::Running => report.released += 1,
+            }
+            eprintln!("stephost worker: run {run_id} {}", r.status.as_str());
+        }
+        Err(e) => {
+            report.abandoned += 1;
+            eprintln!("stephost worker: run {run_id} abandoned: {e}");
+        }
+    }
+}
+
+fn counters(report: &WorkerReport) -> crate::journal::Counters {
+    let mut c = crate::journal::Counters::new();
+    c.insert("claim_conflict_total", report.claim_conflicts as i64);
+    c.insert("lease_loss_total", report.lease_losses as i64);
+    c
+}
