@@ -159,8 +159,8 @@ impl Handler for FileReceiver {
     fn perform(&self, request: &Request<'_>) -> Result<Reply, Failure> {
         let body: serde_json::Value = serde_json::from_str(request.body)
             .map_err(|e| Failure::Invalid(format!("request is not JSON: {e}")))?;
-        let _guard = self.lock.lock().unwrap_or_else(|p| p.into_inner());
-        let _file_lock = self.lock_file()?;
+        let guard = self.lock.lock().unwrap_or_else(|p| p.into_inner());
+        let file_lock = self.lock_file()?;
         let (existing, newest_fence) = self.find(request.operation_id, request.run_id)?;
         if request.fence < newest_fence {
             return Err(Failure::Rejected(format!(
@@ -198,6 +198,9 @@ impl Handler for FileReceiver {
         file.write_all(line.as_bytes())
             .and_then(|()| file.sync_data())
             .map_err(|e| self.io_failure(e))?;
+        // Committed: let other requests in while the reply is slow.
+        drop(file_lock);
+        drop(guard);
         std::thread::sleep(self.reply_delay);
         Ok(Reply::new(Self::receipt(&entry)))
     }

@@ -1,0 +1,247 @@
+//! Workers as real processes sharing one ledger: submit, claim, execute many
+//! runs at once, shut down gracefully, survive SIGKILL, and a frozen worker
+//! that wakes after losing its lease writes and sends nothing.
+
+use std::process::{Child, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+use stephost_tests::{Sandbox, calls, distinct_operations, guests};
+
+const BIN: &str = env!("CARGO_BIN_EXE_stephost-crash");
+
+fn slow_config(reply_delay_ms: u64) -> String {
+    format!(
+        r#"
+[effects.orders]
+kind = "file"
+class = "write"
+path = "orders.jsonl"
+reply_delay_ms = {reply_delay_ms}
+"#
+    )
+}
+
+fn signal(child: &Child, name: &str) {
+    let ok = std::process::Command::new("kill")
+        .args([&format!("-{name}"), &child.id().to_string()])
+        .status()
+        .unwrap()
+        .success();
+    assert!(ok, "kill -{name} failed");
+}
+
+fn worker(sb: &Sandbox, args: &[&str]) -> Child {
+    let mut all = vec!["worker"];
+    all.extend_from_slice(args);
+    sb.command(&all)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap()
+}
+
+fn wait_until(what: &str, limit: Duration, mut done: impl FnMut() -> bool) {
+    let deadline = Instant::now() + limit;
+    while !done() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn submit(sb: &Sandbox, count: u32, run_id: &str) {
+    let out = sb.stephost(&[
+        "submit",
+        guests::MULTI_WRITE,
+        "--input",
+        &format!("{{\"count\":{count}}}"),
+        "--run-id",
+        run_id,
+    ]);
+    out.expect_code(0);
+    assert_eq!(out.stdout.trim(), run_id);
+}
+
+fn statuses(sb: &Sandbox) -> Vec<(String, String, Value)> {
+    sb.stephost(&["runs", "--json"])
+        .json()
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| {
+            (
+                r["run_id"].as_str().unwrap().to_string(),
+                r["status"].as_str().unwrap().to_string(),
+                r["owner"].clone(),
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn a_worker_executes_submitted_runs_several_at_once() {
+    let sb = Sandbox::new(BIN);
+    for i in 0..8 {
+        submit(&sb, 3, &format!("r{i}"));
+    }
+    // Submitting the same run again returns it; with another input it is refused.
+    submit(&sb, 3, "r0");
+    sb.stephost(&[
+        "submit",
+        guests::MULTI_WRITE,
+        "--input",
+        r#"{"count":9}"#,
+        "--run-id",
+        "r0",
+    ])
+    .expect_code(2);
+    assert!(statuses(&sb).iter().all(|(_, s, _)| s == "pending"));
+    sb.stephost(&["worker", "--concurrency", "4", "--exit-when-idle"])
+        .expect_code(0);
+    let runs = statuses(&sb);
+    assert_eq!(runs.len(), 8);
+    assert!(
+        runs.iter().all(|(_, s, o)| s == "completed" && o.is_null()),
+        "{runs:?}"
+    );
+    let lines = sb.received("orders.jsonl");
+    assert_eq!(lines.len(), 24);
+    distinct_operations(&lines);
+}
+
+#[test]
+fn resume_refuses_a_run_another_live_worker_holds() {
+    let sb = Sandbox::with_config(BIN, &slow_config(400));
+    submit(&sb, 5, "held");
+    let mut w = worker(&sb, &["--concurrency", "1"]);
+    wait_until("the worker's first write", Duration::from_secs(60), || {
+        !sb.received("orders.jsonl").is_empty()
+    });
+    let resumed = sb.stephost(&["resume", "held"]);
+    resumed.expect_code(6);
+    assert!(resumed.stderr.contains("claimed by"), "{}", resumed.stderr);
+    signal(&w, "TERM");
+    w.wait().unwrap();
+}
+
+#[test]
+fn graceful_shutdown_releases_claims_and_another_worker_finishes() {
+    let sb = Sandbox::with_config(BIN, &slow_config(300));
+    for i in 0..3 {
+        submit(&sb, 4, &format!("g{i}"));
+    }
+    let mut w = worker(&sb, &["--concurrency", "2"]);
+    wait_until("a first write", Duration::from_secs(60), || {
+        !sb.received("orders.jsonl").is_empty()
+    });
+    signal(&w, "TERM");
+    let status = w.wait().unwrap();
+    assert_eq!(status.code(), Some(0), "the worker did not exit cleanly");
+    let runs = statuses(&sb);
+    assert!(
+        runs.iter().any(|(_, s, _)| s != "completed"),
+        "the shutdown came too late to test anything: {runs:?}"
+    );
+    // No claim is left behind.
+    assert!(runs.iter().all(|(_, _, owner)| owner.is_null()), "{runs:?}");
+    sb.stephost(&["worker", "--exit-when-idle"]).expect_code(0);
+    assert!(statuses(&sb).iter().all(|(_, s, _)| s == "completed"));
+    let lines = sb.received("orders.jsonl");
+    assert_eq!(lines.len(), 12);
+    distinct_operations(&lines);
+}
+
+#[test]
+fn a_frozen_worker_that_wakes_after_losing_its_lease_writes_and_sends_nothing() {
+    let sb = Sandbox::with_config(BIN, &slow_config(400));
+    submit(&sb, 6, "z");
+    let mut zombie = worker(
+        &sb,
+        &[
+            "--concurrency",
+            "1",
+            "--lease-ms",
+            "1000",
+            "--exit-when-idle",
+        ],
+    );
+    wait_until("the zombie's first write", Duration::from_secs(60), || {
+        !sb.received("orders.jsonl").is_empty()
+    });
+    signal(&zombie, "STOP");
+    std::thread::sleep(Duration::from_millis(1500));
+    // The successor claims once the lease has run out and finishes the run.
+    sb.stephost(&["worker", "--lease-ms", "1000", "--exit-when-idle"])
+        .expect_code(0);
+    let done = sb.show("z");
+    assert_eq!(done["run"]["status"], "completed");
+    assert_eq!(done["run"]["fence"], 2);
+    let lines = sb.received("orders.jsonl");
+    assert_eq!(lines.len(), 6);
+    distinct_operations(&lines);
+
+    signal(&zombie, "CONT");
+    let status = zombie.wait().unwrap();
+    assert_eq!(status.code(), Some(0));
+    // The zombie wrote no ledger row and sent no request once it woke.
+    assert_eq!(sb.show("z"), done);
+    assert_eq!(sb.received("orders.jsonl"), lines);
+    assert!(
+        lines
+            .iter()
+            .all(|l| l["fence"].as_i64() == Some(1) || l["fence"].as_i64() == Some(2))
+    );
+}
+
+#[test]
+fn runs_survive_workers_killed_at_random_with_one_effect_per_write() {
+    let sb = Sandbox::with_config(BIN, &slow_config(20));
+    let runs = 24;
+    for i in 0..runs {
+        submit(&sb, 3, &format!("s{i:02}"));
+    }
+    let mut workers: Vec<Child> = (0..3)
+        .map(|_| worker(&sb, &["--concurrency", "4", "--lease-ms", "2000"]))
+        .collect();
+    let deadline = Instant::now() + Duration::from_secs(180);
+    let mut kills = 0;
+    let mut tick = 0u64;
+    loop {
+        let done = statuses(&sb)
+            .iter()
+            .filter(|(_, s, _)| s == "completed")
+            .count();
+        if done == runs {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "only {done} of {runs} runs completed"
+        );
+        std::thread::sleep(Duration::from_millis(150));
+        tick += 1;
+        // Kill one worker every few ticks (a fixed pseudo-random pick) and
+        // start a replacement.
+        if tick % 3 == 0 && kills < 8 {
+            let victim = (tick as usize * 7) % workers.len();
+            workers[victim].kill().unwrap();
+            workers[victim].wait().unwrap();
+            workers[victim] = worker(&sb, &["--concurrency", "4", "--lease-ms", "2000"]);
+            kills += 1;
+        }
+    }
+    for w in &workers {
+        signal(w, "TERM");
+    }
+    for w in &mut workers {
+        w.wait().unwrap();
+    }
+    assert!(kills >= 3, "too few kills to mean anything: {kills}");
+    let lines = sb.received("orders.jsonl");
+    assert_eq!(lines.len(), runs * 3, "one business effect per write");
+    distinct_operations(&lines);
+    for i in 0..runs {
+        let show = sb.show(&format!("s{i:02}"));
+        assert!(calls(&show).iter().all(|c| c["state"] == "succeeded"));
+    }
+}
