@@ -222,7 +222,7 @@ fn runs_survive_workers_killed_at_random_with_one_effect_per_write() {
         tick += 1;
         // Kill one worker every few ticks (a fixed pseudo-random pick) and
         // start a replacement.
-        if tick % 3 == 0 && kills < 8 {
+        if tick.is_multiple_of(3) && kills < 8 {
             let victim = (tick as usize * 7) % workers.len();
             workers[victim].kill().unwrap();
             workers[victim].wait().unwrap();
