@@ -15,7 +15,9 @@ use std::time::{Duration, Instant};
 use crate::engine::StepEngine;
 use crate::error::HostError;
 use crate::journal::RunControl;
-use crate::ledger::{Claim, Ledger, LedgerError, RunStatus, SqliteLedger};
+use crate::ledger::{
+    Claim, GroupCommitter, GroupLedger, Ledger, LedgerError, RunStatus, SqliteLedger,
+};
 use crate::runner::{Host, HostOptions, RunReport};
 
 #[derive(Debug, Clone)]
@@ -73,6 +75,12 @@ pub fn run(
 ) -> Result<WorkerReport, HostError> {
     let engine = Arc::new(StepEngine::new()?);
     let mut ledger = SqliteLedger::open(db)?;
+    // With several runs at once, their writes share transactions and fsyncs.
+    let committer = if options.concurrency > 1 {
+        Some(GroupCommitter::start(db)?)
+    } else {
+        None
+    };
     let active: Arc<Mutex<HashMap<String, Active>>> = Arc::default();
     let (done_tx, done_rx) = mpsc::channel::<Finished>();
     let mut report = WorkerReport::default();
@@ -154,14 +162,20 @@ pub fn run(
                     let engine = engine.clone();
                     let db: PathBuf = db.to_path_buf();
                     let host_options = make_options();
+                    let commits = committer.as_ref().map(GroupCommitter::handle);
                     scope.spawn(move || {
                         let run_id = run.run_id.clone();
                         let result =
                             SqliteLedger::open(&db)
                                 .map_err(HostError::from)
-                                .and_then(|ledger| {
-                                    let mut host =
-                                        Host::with_engine(engine, Box::new(ledger), host_options);
+                                .and_then(|direct| {
+                                    let ledger: Box<dyn Ledger> = match commits {
+                                        Some(commits) => {
+                                            Box::new(GroupLedger::new(direct, commits))
+                                        }
+                                        None => Box::new(direct),
+                                    };
+                                    let mut host = Host::with_engine(engine, ledger, host_options);
                                     host.execute_claimed(&run_id, claim, control)
                                 });
                         let _ = tx.send((run_id, result));

@@ -12,12 +12,14 @@
 //! - Every write for a run names the writer's fencing token and fails with
 //!   [`LedgerError::Fenced`] without writing anything if a newer claim exists.
 
+pub mod group;
 pub mod schema;
 pub mod sqlite;
 
 use serde::{Deserialize, Serialize};
 
-pub use sqlite::SqliteLedger;
+pub use group::{GroupCommitter, GroupLedger};
+pub use sqlite::{SqliteLedger, WriteOp};
 
 /// The class of a call decides how it is recorded and how it is resumed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -277,6 +279,8 @@ pub enum LedgerError {
     },
     #[error("module {0} is not stored in the ledger")]
     UnknownModule(String),
+    #[error("group commit failed: {0}")]
+    Batch(String),
     #[error("ledger data is corrupt: {0}")]
     Corrupt(String),
     #[error("ledger I/O failed: {0}")]

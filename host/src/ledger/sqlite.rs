@@ -8,9 +8,7 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use rusqlite::{
-    Connection, OpenFlags, OptionalExtension, Row, Transaction, TransactionBehavior, params,
-};
+use rusqlite::{Connection, OpenFlags, OptionalExtension, Row, TransactionBehavior, params};
 
 use super::schema::{self, APPLICATION_ID};
 use super::{
@@ -116,21 +114,177 @@ impl SqliteLedger {
         Ok(())
     }
 
-    /// Runs `f` in an immediate transaction after checking the claim's fence.
-    fn write<T>(
-        &mut self,
-        sync: Sync,
-        claim: &Claim,
-        f: impl FnOnce(&Transaction<'_>) -> Result<T, LedgerError>,
-    ) -> Result<T, LedgerError> {
-        self.set_sync(sync)?;
+    /// Applies one write in its own transaction.
+    fn apply(&mut self, claim: &Claim, op: &WriteOp) -> Result<(), LedgerError> {
+        self.set_sync(if op.durable() {
+            Sync::Full
+        } else {
+            Sync::Normal
+        })?;
         let tx = self
             .conn
             .transaction_with_behavior(TransactionBehavior::Immediate)?;
-        check_fence(&tx, claim)?;
-        let value = f(&tx)?;
+        op.apply(&tx, claim)?;
         tx.commit()?;
-        Ok(value)
+        Ok(())
+    }
+
+    /// Group commit: applies many writes (of any runs) in one transaction
+    /// and one fsync when any of them must be durable. Each write is checked
+    /// and applied in its own savepoint, so one stale or failing writer
+    /// affects only its own result.
+    pub fn apply_batch(&mut self, batch: &[(&Claim, &WriteOp)]) -> Vec<Result<(), LedgerError>> {
+        let durable = batch.iter().any(|(_, op)| op.durable());
+        let begin = self
+            .set_sync(if durable { Sync::Full } else { Sync::Normal })
+            .and_then(|()| {
+                Ok(self
+                    .conn
+                    .transaction_with_behavior(TransactionBehavior::Immediate)?)
+            });
+        let mut tx = match begin {
+            Ok(tx) => tx,
+            Err(e) => {
+                let message = e.to_string();
+                return batch
+                    .iter()
+                    .map(|_| Err(LedgerError::Batch(message.clone())))
+                    .collect();
+            }
+        };
+        let mut results = Vec::with_capacity(batch.len());
+        for (claim, op) in batch {
+            let result = tx.savepoint().map_err(LedgerError::from).and_then(|sp| {
+                op.apply(&sp, claim)?;
+                sp.commit()?;
+                Ok(())
+            });
+            results.push(result);
+        }
+        if let Err(e) = tx.commit() {
+            let message = e.to_string();
+            return batch
+                .iter()
+                .map(|_| Err(LedgerError::Batch(message.clone())))
+                .collect();
+        }
+        results
+    }
+}
+
+/// A write under a claim: one unit of (group) commit.
+#[derive(Debug, Clone)]
+pub enum WriteOp {
+    /// An observe call with its value.
+    Observed(CallRecord),
+    /// A read or write call, before it leaves the host: durable.
+    Started(CallRecord),
+    Outcome {
+        seq: u64,
+        state: CallState,
+        outcome: Option<String>,
+        now_ms: i64,
+    },
+    Attempt(AttemptRecord),
+    Log(LogRecord),
+    /// The run's end: durable.
+    Finish(RunEnd, i64),
+}
+
+impl WriteOp {
+    /// Whether the write must be on disk before the writer goes on.
+    pub fn durable(&self) -> bool {
+        matches!(self, WriteOp::Started(_) | WriteOp::Finish(..))
+    }
+
+    /// Checks the claim's fence and applies the write, inside the caller's
+    /// transaction or savepoint.
+    fn apply(&self, conn: &Connection, claim: &Claim) -> Result<(), LedgerError> {
+        check_fence(conn, claim)?;
+        match self {
+            WriteOp::Observed(call) | WriteOp::Started(call) => insert_call(conn, claim, call),
+            WriteOp::Outcome {
+                seq,
+                state,
+                outcome,
+                now_ms,
+            } => {
+                let changed = conn
+                    .prepare_cached(
+                        "UPDATE calls SET state = ?1, outcome = ?2, finished_at = ?3, fence = ?4 \
+                         WHERE run_id = ?5 AND seq = ?6 AND state IN ('started', 'unknown')",
+                    )?
+                    .execute(params![
+                        state.as_str(),
+                        outcome,
+                        now_ms,
+                        claim.fence,
+                        claim.run_id,
+                        *seq as i64
+                    ])?;
+                if changed != 1 {
+                    return Err(LedgerError::Corrupt(format!(
+                        "run {}: call #{seq} is not awaiting an outcome",
+                        claim.run_id
+                    )));
+                }
+                Ok(())
+            }
+            WriteOp::Attempt(attempt) => {
+                conn.prepare_cached(
+                    "INSERT INTO attempts (run_id, seq, attempt, kind, started_at, finished_at, \
+                     result, detail, fence) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
+                )?
+                .execute(params![
+                    claim.run_id,
+                    attempt.seq as i64,
+                    attempt.attempt as i64,
+                    attempt.kind,
+                    attempt.started_at_ms,
+                    attempt.finished_at_ms,
+                    attempt.result,
+                    attempt.detail,
+                    claim.fence
+                ])?;
+                Ok(())
+            }
+            WriteOp::Log(log) => {
+                conn.prepare_cached(
+                    "INSERT INTO logs (run_id, after_seq, level, message, at) \
+                     VALUES (?1, ?2, ?3, ?4, ?5)",
+                )?
+                .execute(params![
+                    claim.run_id,
+                    log.after_seq as i64,
+                    log.level,
+                    log.message,
+                    log.at_ms
+                ])?;
+                Ok(())
+            }
+            WriteOp::Finish(end, now_ms) => {
+                let (status, output, error) = match end {
+                    RunEnd::Completed { output } => {
+                        (RunStatus::Completed, Some(output.as_str()), None)
+                    }
+                    RunEnd::Failed { error } => (RunStatus::Failed, None, Some(error.as_str())),
+                    RunEnd::Parked { error } => (RunStatus::Parked, None, Some(error.as_str())),
+                    RunEnd::Diverged { error } => (RunStatus::Diverged, None, Some(error.as_str())),
+                };
+                conn.prepare_cached(
+                    "UPDATE runs SET status = ?1, output = ?2, error = ?3, updated_at = ?4, \
+                     owner = NULL, lease_until = NULL WHERE run_id = ?5",
+                )?
+                .execute(params![
+                    status.as_str(),
+                    output,
+                    error,
+                    now_ms,
+                    claim.run_id
+                ])?;
+                Ok(())
+            }
+        }
     }
 }
 
@@ -144,7 +298,7 @@ fn not_a_ledger(path: &str, e: rusqlite::Error) -> LedgerError {
     }
 }
 
-fn check_fence(tx: &Transaction<'_>, claim: &Claim) -> Result<(), LedgerError> {
+fn check_fence(tx: &Connection, claim: &Claim) -> Result<(), LedgerError> {
     // One statement both checks the token and renews the lease.
     let lease_until = crate::clock::now_ms() + claim.lease_ms;
     let changed = tx
@@ -221,7 +375,7 @@ fn bad_value(column: usize, value: &str) -> rusqlite::Error {
     )
 }
 
-fn insert_call(tx: &Transaction<'_>, claim: &Claim, call: &CallRecord) -> Result<(), LedgerError> {
+fn insert_call(tx: &Connection, claim: &Claim, call: &CallRecord) -> Result<(), LedgerError> {
     tx.prepare_cached(
         "INSERT INTO calls (run_id, seq, class, interface, function, operation_id, request, \
          request_hash, state, outcome, started_at, finished_at, fence) \
@@ -479,11 +633,11 @@ impl Ledger for SqliteLedger {
     }
 
     fn record_observed(&mut self, claim: &Claim, call: &CallRecord) -> Result<(), LedgerError> {
-        self.write(Sync::Normal, claim, |tx| insert_call(tx, claim, call))
+        self.apply(claim, &WriteOp::Observed(call.clone()))
     }
 
     fn record_started(&mut self, claim: &Claim, call: &CallRecord) -> Result<(), LedgerError> {
-        self.write(Sync::Full, claim, |tx| insert_call(tx, claim, call))
+        self.apply(claim, &WriteOp::Started(call.clone()))
     }
 
     fn record_outcome(
@@ -494,28 +648,15 @@ impl Ledger for SqliteLedger {
         outcome: Option<&str>,
         now_ms: i64,
     ) -> Result<(), LedgerError> {
-        self.write(Sync::Normal, claim, |tx| {
-            let changed = tx
-                .prepare_cached(
-                    "UPDATE calls SET state = ?1, outcome = ?2, finished_at = ?3, fence = ?4 \
-                     WHERE run_id = ?5 AND seq = ?6 AND state IN ('started', 'unknown')",
-                )?
-                .execute(params![
-                    state.as_str(),
-                    outcome,
-                    now_ms,
-                    claim.fence,
-                    claim.run_id,
-                    seq as i64
-                ])?;
-            if changed != 1 {
-                return Err(LedgerError::Corrupt(format!(
-                    "run {}: call #{seq} is not awaiting an outcome",
-                    claim.run_id
-                )));
-            }
-            Ok(())
-        })
+        self.apply(
+            claim,
+            &WriteOp::Outcome {
+                seq,
+                state,
+                outcome: outcome.map(str::to_string),
+                now_ms,
+            },
+        )
     }
 
     fn record_attempt(
@@ -523,40 +664,11 @@ impl Ledger for SqliteLedger {
         claim: &Claim,
         attempt: &AttemptRecord,
     ) -> Result<(), LedgerError> {
-        self.write(Sync::Normal, claim, |tx| {
-            tx.prepare_cached(
-                "INSERT INTO attempts (run_id, seq, attempt, kind, started_at, finished_at, \
-                 result, detail, fence) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
-            )?
-            .execute(params![
-                claim.run_id,
-                attempt.seq as i64,
-                attempt.attempt as i64,
-                attempt.kind,
-                attempt.started_at_ms,
-                attempt.finished_at_ms,
-                attempt.result,
-                attempt.detail,
-                claim.fence
-            ])?;
-            Ok(())
-        })
+        self.apply(claim, &WriteOp::Attempt(attempt.clone()))
     }
 
     fn append_log(&mut self, claim: &Claim, log: &LogRecord) -> Result<(), LedgerError> {
-        self.write(Sync::Normal, claim, |tx| {
-            tx.prepare_cached(
-                "INSERT INTO logs (run_id, after_seq, level, message, at) VALUES (?1, ?2, ?3, ?4, ?5)",
-            )?
-            .execute(params![
-                claim.run_id,
-                log.after_seq as i64,
-                log.level,
-                log.message,
-                log.at_ms
-            ])?;
-            Ok(())
-        })
+        self.apply(claim, &WriteOp::Log(log.clone()))
     }
 
     fn resolve_call(
@@ -642,20 +754,7 @@ impl Ledger for SqliteLedger {
     }
 
     fn finish_run(&mut self, claim: &Claim, end: &RunEnd, now_ms: i64) -> Result<(), LedgerError> {
-        let (status, output, error) = match end {
-            RunEnd::Completed { output } => (RunStatus::Completed, Some(output.as_str()), None),
-            RunEnd::Failed { error } => (RunStatus::Failed, None, Some(error.as_str())),
-            RunEnd::Parked { error } => (RunStatus::Parked, None, Some(error.as_str())),
-            RunEnd::Diverged { error } => (RunStatus::Diverged, None, Some(error.as_str())),
-        };
-        self.write(Sync::Full, claim, |tx| {
-            tx.execute(
-                "UPDATE runs SET status = ?1, output = ?2, error = ?3, updated_at = ?4, \
-                 owner = NULL, lease_until = NULL WHERE run_id = ?5",
-                params![status.as_str(), output, error, now_ms, claim.run_id],
-            )?;
-            Ok(())
-        })
+        self.apply(claim, &WriteOp::Finish(end.clone(), now_ms))
     }
 }
 

@@ -1,0 +1,302 @@
+//! Group commit for many runs in one process.
+//!
+//! Every run thread hands its writes to one committer thread, which applies
+//! whatever has queued up in one transaction with one fsync (when any write
+//! in the batch must be durable) and answers each writer with its own
+//! result. A `started` row is still on disk before its writer is answered,
+//! so before its request leaves: invariant 2 holds, and N concurrent writes
+//! share one fsync instead of paying N.
+
+use std::path::Path;
+use std::sync::mpsc;
+use std::thread::JoinHandle;
+
+use super::{
+    AttemptRecord, CallRecord, CallState, Claim, Ledger, LedgerError, LogRecord, NewRun, RunEnd,
+    RunRecord, RunStatus, SqliteLedger, WriteOp,
+};
+
+/// Most writes applied in one transaction.
+pub const BATCH_WRITES_MAX: usize = 512;
+
+struct Job {
+    claim: Claim,
+    op: WriteOp,
+    reply: mpsc::SyncSender<Result<(), LedgerError>>,
+}
+
+/// The committer thread and the queue into it.
+pub struct GroupCommitter {
+    queue: Option<mpsc::Sender<Job>>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl GroupCommitter {
+    /// Starts a committer with its own connection to the ledger at `db`.
+    pub fn start(db: &Path) -> Result<Self, LedgerError> {
+        let mut ledger = SqliteLedger::open(db)?;
+        let (queue, jobs) = mpsc::channel::<Job>();
+        let thread = std::thread::Builder::new()
+            .name("stephost-commit".into())
+            .spawn(move || {
+                while let Ok(first) = jobs.recv() {
+                    let mut batch = vec![first];
+                    while batch.len() < BATCH_WRITES_MAX {
+                        match jobs.try_recv() {
+                            Ok(job) => batch.push(job),
+                            Err(_) => break,
+                        }
+                    }
+                    let ops: Vec<(&Claim, &WriteOp)> =
+                        batch.iter().map(|j| (&j.claim, &j.op)).collect();
+                    let results = ledger.apply_batch(&ops);
+                    for (job, result) in batch.iter().zip(results) {
+                        let _ = job.reply.send(result);
+                    }
+                }
+            })
+            .map_err(|e| LedgerError::Batch(format!("cannot start the committer: {e}")))?;
+        Ok(GroupCommitter {
+            queue: Some(queue),
+            thread: Some(thread),
+        })
+    }
+
+    /// A handle for one run thread.
+    pub fn handle(&self) -> CommitHandle {
+        CommitHandle {
+            queue: self.queue.clone().expect("queue present until drop"),
+        }
+    }
+}
+
+impl Drop for GroupCommitter {
+    fn drop(&mut self) {
+        self.queue.take();
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+/// Sends writes to the committer and waits for their result.
+#[derive(Clone)]
+pub struct CommitHandle {
+    queue: mpsc::Sender<Job>,
+}
+
+impl CommitHandle {
+    fn commit(&self, claim: &Claim, op: WriteOp) -> Result<(), LedgerError> {
+        let (reply, result) = mpsc::sync_channel(1);
+        self.queue
+            .send(Job {
+                claim: claim.clone(),
+                op,
+                reply,
+            })
+            .map_err(|_| LedgerError::Batch("the committer has stopped".into()))?;
+        result
+            .recv()
+            .map_err(|_| LedgerError::Batch("the committer has stopped".into()))?
+    }
+}
+
+/// A ledger whose run writes go through group commit; reads and the rare
+/// other writes use its own connection.
+pub struct GroupLedger {
+    direct: SqliteLedger,
+    commits: CommitHandle,
+}
+
+impl GroupLedger {
+    pub fn new(direct: SqliteLedger, commits: CommitHandle) -> Self {
+        GroupLedger { direct, commits }
+    }
+}
+
+impl Ledger for GroupLedger {
+    fn put_module(&mut self, digest: &str, bytes: &[u8]) -> Result<(), LedgerError> {
+        self.direct.put_module(digest, bytes)
+    }
+
+    fn module(&self, digest: &str) -> Result<Vec<u8>, LedgerError> {
+        self.direct.module(digest)
+    }
+
+    fn create_run(&mut self, run: NewRun<'_>) -> Result<RunRecord, LedgerError> {
+        self.direct.create_run(run)
+    }
+
+    fn run(&self, run_id: &str) -> Result<RunRecord, LedgerError> {
+        self.direct.run(run_id)
+    }
+
+    fn runs(&self, status: Option<RunStatus>) -> Result<Vec<RunRecord>, LedgerError> {
+        self.direct.runs(status)
+    }
+
+    fn claim(
+        &mut self,
+        run_id: &str,
+        owner: &str,
+        lease_ms: i64,
+        now_ms: i64,
+        owner_alive: &dyn Fn(&str) -> bool,
+    ) -> Result<Claim, LedgerError> {
+        self.direct
+            .claim(run_id, owner, lease_ms, now_ms, owner_alive)
+    }
+
+    fn release(&mut self, claim: &Claim) -> Result<(), LedgerError> {
+        self.direct.release(claim)
+    }
+
+    fn renew(&mut self, claim: &Claim, now_ms: i64) -> Result<(), LedgerError> {
+        self.direct.renew(claim, now_ms)
+    }
+
+    fn runnable(&self, now_ms: i64, limit: usize) -> Result<Vec<RunRecord>, LedgerError> {
+        self.direct.runnable(now_ms, limit)
+    }
+
+    fn calls(&self, run_id: &str) -> Result<Vec<CallRecord>, LedgerError> {
+        self.direct.calls(run_id)
+    }
+
+    fn attempts(&self, run_id: &str) -> Result<Vec<AttemptRecord>, LedgerError> {
+        self.direct.attempts(run_id)
+    }
+
+    fn logs(&self, run_id: &str) -> Result<Vec<LogRecord>, LedgerError> {
+        self.direct.logs(run_id)
+    }
+
+    fn record_observed(&mut self, claim: &Claim, call: &CallRecord) -> Result<(), LedgerError> {
+        self.commits.commit(claim, WriteOp::Observed(call.clone()))
+    }
+
+    fn record_started(&mut self, claim: &Claim, call: &CallRecord) -> Result<(), LedgerError> {
+        self.commits.commit(claim, WriteOp::Started(call.clone()))
+    }
+
+    fn record_outcome(
+        &mut self,
+        claim: &Claim,
+        seq: u64,
+        state: CallState,
+        outcome: Option<&str>,
+        now_ms: i64,
+    ) -> Result<(), LedgerError> {
+        self.commits.commit(
+            claim,
+            WriteOp::Outcome {
+                seq,
+                state,
+                outcome: outcome.map(str::to_string),
+                now_ms,
+            },
+        )
+    }
+
+    fn record_attempt(
+        &mut self,
+        claim: &Claim,
+        attempt: &AttemptRecord,
+    ) -> Result<(), LedgerError> {
+        self.commits
+            .commit(claim, WriteOp::Attempt(attempt.clone()))
+    }
+
+    fn append_log(&mut self, claim: &Claim, log: &LogRecord) -> Result<(), LedgerError> {
+        self.commits.commit(claim, WriteOp::Log(log.clone()))
+    }
+
+    fn resolve_call(
+        &mut self,
+        run_id: &str,
+        seq: u64,
+        state: CallState,
+        outcome: &str,
+        by: &str,
+        now_ms: i64,
+    ) -> Result<(), LedgerError> {
+        self.direct
+            .resolve_call(run_id, seq, state, outcome, by, now_ms)
+    }
+
+    fn add_counters(&mut self, counters: &crate::journal::Counters) -> Result<(), LedgerError> {
+        self.direct.add_counters(counters)
+    }
+
+    fn counters(&self) -> Result<Vec<(String, i64)>, LedgerError> {
+        self.direct.counters()
+    }
+
+    fn finish_run(&mut self, claim: &Claim, end: &RunEnd, now_ms: i64) -> Result<(), LedgerError> {
+        self.commits
+            .commit(claim, WriteOp::Finish(end.clone(), now_ms))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn concurrent_writers_share_batches_and_a_stale_one_fails_alone() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = dir.path().join("l.db");
+        let mut setup = SqliteLedger::open(&db).unwrap();
+        setup.put_module("d", b"\0asm").unwrap();
+        let mut claims = Vec::new();
+        for i in 0..8 {
+            let id = format!("r{i}");
+            setup
+                .create_run(NewRun {
+                    run_id: &id,
+                    module_digest: "d",
+                    input: "{}",
+                    now_ms: 1,
+                })
+                .unwrap();
+            claims.push(setup.claim(&id, "w", 60_000, 2, &|_| true).unwrap());
+        }
+        // Run 0's claim goes stale: a newer claimant takes it over.
+        let stale = claims[0].clone();
+        claims[0] = setup
+            .claim("r0", "other", 60_000, 100_000, &|_| true)
+            .unwrap();
+        let committer = GroupCommitter::start(&db).unwrap();
+        let call = |seq| CallRecord {
+            seq,
+            class: super::super::CallClass::Write,
+            interface: "i".into(),
+            function: "f".into(),
+            operation_id: format!("op{seq}"),
+            request: "{}".into(),
+            request_hash: "h".into(),
+            state: CallState::Started,
+            outcome: None,
+            started_at_ms: 1,
+            finished_at_ms: None,
+            resolved_by: None,
+        };
+        std::thread::scope(|s| {
+            for claim in &claims {
+                let mut ledger =
+                    GroupLedger::new(SqliteLedger::open(&db).unwrap(), committer.handle());
+                s.spawn(move || {
+                    for seq in 1..=20 {
+                        ledger.record_started(claim, &call(seq)).unwrap();
+                    }
+                });
+            }
+            let mut zombie = GroupLedger::new(SqliteLedger::open(&db).unwrap(), committer.handle());
+            let err = zombie.record_started(&stale, &call(1)).unwrap_err();
+            assert!(matches!(err, LedgerError::Fenced { .. }), "{err}");
+        });
+        for claim in &claims {
+            assert_eq!(setup.calls(&claim.run_id).unwrap().len(), 20);
+        }
+    }
+}
