@@ -276,6 +276,9 @@ pub struct Journal {
     recording_complete: bool,
     counters: Counters,
     control: Option<std::sync::Arc<RunControl>>,
+    started: std::time::Instant,
+    /// Time from the start of this execution to its first live call.
+    pub first_live_after: Option<std::time::Duration>,
     pub stats: Stats,
 }
 
@@ -313,6 +316,8 @@ impl Journal {
             recording_complete: false,
             counters: Counters::new(),
             control: None,
+            started: std::time::Instant::now(),
+            first_live_after: None,
             stats: Stats::default(),
         }
     }
@@ -461,12 +466,16 @@ impl Journal {
                 CallState::Started => {
                     let recorded = recorded.clone();
                     self.check_control(seq)?;
+                    self.first_live_after
+                        .get_or_insert_with(|| self.started.elapsed());
                     self.reconcile(&recorded, live)
                 }
             };
         }
         if matches!(self.mode, Mode::Live { .. }) {
             self.check_control(seq)?;
+            self.first_live_after
+                .get_or_insert_with(|| self.started.elapsed());
         }
         let run_id = self.run_id.clone();
         let Mode::Live { ledger, claim } = &mut self.mode else {

@@ -50,6 +50,26 @@ pub const COUNTERS: &[(&str, &str)] = &[
     ),
 ];
 
+/// Upper bounds (seconds) of the resume-latency histogram buckets.
+pub const RESUME_BUCKETS: &[(f64, &str)] = &[
+    (0.005, "resume_latency_le_5ms"),
+    (0.025, "resume_latency_le_25ms"),
+    (0.1, "resume_latency_le_100ms"),
+    (0.5, "resume_latency_le_500ms"),
+    (2.5, "resume_latency_le_2500ms"),
+    (f64::INFINITY, "resume_latency_le_inf"),
+];
+
+/// The counters to add for one resume that reached its first live call
+/// after `latency`.
+pub fn resume_latency(latency: std::time::Duration, counters: &mut crate::journal::Counters) {
+    let secs = latency.as_secs_f64();
+    if let Some((_, name)) = RESUME_BUCKETS.iter().find(|(le, _)| secs <= *le) {
+        *counters.entry(name).or_insert(0) += 1;
+    }
+    *counters.entry("resume_latency_sum_us").or_insert(0) += latency.as_micros() as i64;
+}
+
 /// Renders all metrics.
 pub fn render(ledger: &dyn Ledger) -> Result<String, LedgerError> {
     let stored = ledger.counters()?;
@@ -65,6 +85,35 @@ pub fn render(ledger: &dyn Ledger) -> Result<String, LedgerError> {
             "# HELP {name} {help}\n# TYPE {name} counter\n{name} {value}"
         );
     }
+    let _ = writeln!(
+        out,
+        "# HELP workflow_resume_latency_seconds Time from the start of a resume to its first live call.\n# TYPE workflow_resume_latency_seconds histogram"
+    );
+    let stored_value = |name: &str| {
+        stored
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| *v)
+            .unwrap_or(0)
+    };
+    let mut cumulative = 0;
+    for (le, name) in RESUME_BUCKETS {
+        cumulative += stored_value(name);
+        let le = if le.is_infinite() {
+            "+Inf".to_string()
+        } else {
+            le.to_string()
+        };
+        let _ = writeln!(
+            out,
+            "workflow_resume_latency_seconds_bucket{{le=\"{le}\"}} {cumulative}"
+        );
+    }
+    let _ = writeln!(
+        out,
+        "workflow_resume_latency_seconds_sum {:.6}\nworkflow_resume_latency_seconds_count {cumulative}",
+        stored_value("resume_latency_sum_us") as f64 / 1e6
+    );
     let runs = ledger.runs(None)?;
     let _ = writeln!(
         out,

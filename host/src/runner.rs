@@ -302,11 +302,15 @@ impl Host {
         let stop = journal.stop().cloned();
         let limits = journal.limits().clone();
         let mut counters = journal.counters().clone();
+        let first_live_after = journal.first_live_after;
         if stats.replayed > 0 {
             counters.insert("replayed_step_total", 1);
         }
         if resumed {
             counters.insert("workflow_resume_total", 1);
+            if let Some(latency) = first_live_after {
+                crate::metrics::resume_latency(latency, &mut counters);
+            }
         }
         let Mode::Live { mut ledger, claim } = journal.into_mode() else {
             unreachable_shared()

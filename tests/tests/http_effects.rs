@@ -204,6 +204,8 @@ fn crash_after_the_supplier_committed_is_reconciled_by_lookup() {
         vec!["send:ok", "lookup:found"]
     );
     assert_eq!(metric(&sb, "reconciliation_total"), 1);
+    assert_eq!(metric(&sb, "workflow_resume_total"), 1);
+    assert_eq!(metric(&sb, "workflow_resume_latency_seconds_count"), 1);
 }
 
 #[test]

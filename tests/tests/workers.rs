@@ -110,6 +110,40 @@ fn a_worker_executes_submitted_runs_several_at_once() {
 }
 
 #[test]
+fn a_worker_killed_after_the_receiver_committed_is_reconciled_by_the_next() {
+    let sb = Sandbox::new(BIN);
+    submit(&sb, 3, "w");
+    // multi-write's second write is call #6.
+    let crashed = sb
+        .command(&["worker", "--concurrency", "2", "--exit-when-idle"])
+        .env("STEPHOST_CRASH_AT", "after-send@6")
+        .output()
+        .unwrap();
+    use std::os::unix::process::ExitStatusExt;
+    assert_eq!(crashed.status.signal(), Some(libc::SIGABRT));
+    assert!(String::from_utf8_lossy(&crashed.stderr).contains("crash point after-send@6 fired"));
+    assert_eq!(sb.received("orders.jsonl").len(), 2);
+    sb.stephost(&["worker", "--exit-when-idle"]).expect_code(0);
+    let show = sb.show("w");
+    assert_eq!(show["run"]["status"], "completed");
+    assert_eq!(show["run"]["fence"], 2);
+    let lines = sb.received("orders.jsonl");
+    assert_eq!(lines.len(), 3);
+    distinct_operations(&lines);
+    let kinds: Vec<String> = stephost_tests::attempts_for(&show, 6)
+        .iter()
+        .map(|a| {
+            format!(
+                "{}:{}",
+                a["kind"].as_str().unwrap(),
+                a["result"].as_str().unwrap()
+            )
+        })
+        .collect();
+    assert_eq!(kinds, vec!["send:ok", "lookup:found"]);
+}
+
+#[test]
 fn resume_refuses_a_run_another_live_worker_holds() {
     let sb = Sandbox::with_config(BIN, &slow_config(400));
     submit(&sb, 5, "held");
@@ -195,8 +229,8 @@ fn a_frozen_worker_that_wakes_after_losing_its_lease_writes_and_sends_nothing() 
 
 #[test]
 fn runs_survive_workers_killed_at_random_with_one_effect_per_write() {
-    let sb = Sandbox::with_config(BIN, &slow_config(20));
-    let runs = 24;
+    let sb = Sandbox::with_config(BIN, &slow_config(5));
+    let runs = 200;
     for i in 0..runs {
         submit(&sb, 3, &format!("s{i:02}"));
     }
@@ -243,5 +277,16 @@ fn runs_survive_workers_killed_at_random_with_one_effect_per_write() {
     for i in 0..runs {
         let show = sb.show(&format!("s{i:02}"));
         assert!(calls(&show).iter().all(|c| c["state"] == "succeeded"));
+        // Every write is accounted for by its attempts: sent once, or found
+        // at the receiver after a crash; never sent twice.
+        for seq in [3u64, 6, 9] {
+            let attempts = stephost_tests::attempts_for(&show, seq);
+            let sends = attempts.iter().filter(|a| a["kind"] == "send").count();
+            let found = attempts.iter().any(|a| a["result"] == "found");
+            assert!(
+                sends <= 1 && (sends == 1 || found),
+                "s{i:02} #{seq}: {attempts:?}"
+            );
+        }
     }
 }
