@@ -20,8 +20,11 @@ use serde::{Deserialize, Serialize};
 use crate::crash;
 use crate::ids;
 use crate::ledger::{
-    AttemptRecord, CallClass, CallRecord, CallState, Claim, Ledger, LedgerError, LogRecord,
+    AttemptRecord, CallClass, CallRecord, CallState, Claim, Ledger, LedgerError, LogRecord, WriteOp,
 };
+
+/// Most buffered writes before they are committed anyway.
+pub const PENDING_WRITES_MAX: usize = 1024;
 use crate::limits::Limits;
 
 /// The kinds of `call-error` the guest can tell apart.
@@ -122,10 +125,11 @@ impl<F: FnMut() -> Outcome> LiveCall for Compute<F> {
 /// Records each attempt of a call as it happens, and counts events for the
 /// metrics.
 pub struct Attempts<'a> {
-    sink: Option<(&'a mut dyn Ledger, &'a Claim)>,
+    /// Where attempt rows go (the journal's write buffer); none for
+    /// in-process calls.
+    sink: Option<&'a mut Vec<WriteOp>>,
     seq: u64,
     next: u32,
-    error: Option<LedgerError>,
     counters: &'a mut Counters,
 }
 
@@ -142,10 +146,8 @@ impl Attempts<'_> {
     pub fn record(&mut self, kind: &str, started_at_ms: i64, result: &str, detail: Option<&str>) {
         let number = self.next;
         self.next += 1;
-        if let Some((ledger, claim)) = self.sink.as_mut()
-            && self.error.is_none()
-        {
-            let attempt = AttemptRecord {
+        if let Some(sink) = self.sink.as_mut() {
+            sink.push(WriteOp::Attempt(AttemptRecord {
                 seq: self.seq,
                 attempt: number,
                 kind: kind.to_string(),
@@ -153,10 +155,7 @@ impl Attempts<'_> {
                 finished_at_ms: crate::clock::now_ms(),
                 result: result.to_string(),
                 detail: detail.map(str::to_string),
-            };
-            if let Err(e) = ledger.record_attempt(claim, &attempt) {
-                self.error = Some(e);
-            }
+            }));
         }
     }
 }
@@ -275,6 +274,8 @@ pub struct Journal {
     /// call past its end is a divergence rather than the end of the record.
     recording_complete: bool,
     counters: Counters,
+    /// Writes not yet committed: they ride on the next commit.
+    pending: Vec<WriteOp>,
     control: Option<std::sync::Arc<RunControl>>,
     started: std::time::Instant,
     /// Time from the start of this execution to its first live call.
@@ -315,6 +316,7 @@ impl Journal {
             log_sink: None,
             recording_complete: false,
             counters: Counters::new(),
+            pending: Vec::new(),
             control: None,
             started: std::time::Instant::now(),
             first_live_after: None,
@@ -429,11 +431,15 @@ impl Journal {
                 self.limits.calls_max
             )));
         }
-        let request_hash = ids::request_hash(spec.interface, spec.function, spec.request);
         if let Some(recorded) = self.history.get(seq as usize - 1) {
+            // The same request text has the same hash; only a difference
+            // needs the hash to decide (a fixture may carry hashes only).
+            let same_request = recorded.request == spec.request
+                || recorded.request_hash
+                    == ids::request_hash(spec.interface, spec.function, spec.request);
             if recorded.interface != spec.interface
                 || recorded.function != spec.function
-                || recorded.request_hash != request_hash
+                || !same_request
             {
                 return Err(Stop::Diverged(Box::new(Divergence {
                     seq,
@@ -502,6 +508,7 @@ impl Journal {
             });
         };
         self.next_seq += 1;
+        let request_hash = ids::request_hash(spec.interface, spec.function, spec.request);
         let operation_id = ids::operation_id(&run_id, spec.function, seq, spec.key);
         let op = OpContext {
             run_id,
@@ -524,49 +531,103 @@ impl Journal {
             resolved_by: None,
         };
         let outcome = match spec.class {
+            // Observe calls: one buffered row, durable with the next durable commit.
             CallClass::Observe => {
                 let mut attempts = Attempts {
                     sink: None,
                     seq,
                     next: 1,
-                    error: None,
                     counters: &mut self.counters,
                 };
                 let outcome = live.perform(&op, &mut attempts);
                 record.state = outcome.state();
                 record.outcome = Some(outcome.to_json());
                 record.finished_at_ms = Some(record.started_at_ms);
-                ledger.record_observed(claim, &record)?;
+                self.pending.push(WriteOp::Call(record));
                 outcome
             }
-            CallClass::Read | CallClass::Write => {
-                ledger.record_started(claim, &record)?;
+            // Reads: buffered too; if the process dies first, the read is
+            // simply performed again.
+            CallClass::Read => {
+                self.pending.push(WriteOp::Call(record));
                 crash::point("after-started", seq);
                 let mut attempts = Attempts {
-                    sink: Some((ledger.as_mut(), claim)),
+                    sink: Some(&mut self.pending),
                     seq,
                     next: 1,
-                    error: None,
                     counters: &mut self.counters,
                 };
                 let outcome = live.perform(&op, &mut attempts);
-                if let Some(e) = attempts.error {
-                    return Err(e.into());
-                }
                 crash::point("after-send", seq);
-                ledger.record_outcome(
-                    claim,
+                self.pending.push(WriteOp::Outcome {
                     seq,
-                    outcome.state(),
-                    Some(&outcome.to_json()),
-                    crate::clock::now_ms(),
-                )?;
+                    state: outcome.state(),
+                    outcome: Some(outcome.to_json()),
+                    now_ms: crate::clock::now_ms(),
+                });
+                crash::point("after-outcome", seq);
+                outcome
+            }
+            // Writes: `started` is durable (one fsync, carrying everything
+            // buffered before it) before the request leaves; the outcome is
+            // committed without an fsync of its own, so it survives the
+            // process and becomes durable with the next durable commit.
+            CallClass::Write => {
+                self.pending.push(WriteOp::Started(record));
+                Self::flush_into(ledger.as_mut(), claim, &mut self.pending)?;
+                crash::point("after-started", seq);
+                let mut attempts = Attempts {
+                    sink: Some(&mut self.pending),
+                    seq,
+                    next: 1,
+                    counters: &mut self.counters,
+                };
+                let outcome = live.perform(&op, &mut attempts);
+                crash::point("after-send", seq);
+                self.pending.push(WriteOp::Outcome {
+                    seq,
+                    state: outcome.state(),
+                    outcome: Some(outcome.to_json()),
+                    now_ms: crate::clock::now_ms(),
+                });
+                Self::flush_into(ledger.as_mut(), claim, &mut self.pending)?;
                 crash::point("after-outcome", seq);
                 outcome
             }
         };
+        if self.pending.len() >= PENDING_WRITES_MAX {
+            self.flush()?;
+        }
         self.stats.live += 1;
         Ok(outcome)
+    }
+
+    fn flush_into(
+        ledger: &mut dyn Ledger,
+        claim: &Claim,
+        pending: &mut Vec<WriteOp>,
+    ) -> Result<(), Stop> {
+        if pending.is_empty() {
+            return Ok(());
+        }
+        ledger.commit(claim, pending)?;
+        pending.clear();
+        Ok(())
+    }
+
+    /// Commits the buffered writes (no fsync unless one of them is durable).
+    pub fn flush(&mut self) -> Result<(), Stop> {
+        match &mut self.mode {
+            Mode::Live { ledger, claim } => {
+                Self::flush_into(ledger.as_mut(), claim, &mut self.pending)
+            }
+            Mode::Replay => Ok(()),
+        }
+    }
+
+    /// The buffered writes, for the runner to commit with the run's end.
+    pub fn take_pending(&mut self) -> Vec<WriteOp> {
+        std::mem::take(&mut self.pending)
     }
 
     /// A call recorded as started with no outcome: the previous execution
@@ -592,54 +653,45 @@ impl Journal {
         };
         let first_attempt = self.next_attempt.get(&seq).copied().unwrap_or(1);
         let mut attempts = Attempts {
-            sink: Some((ledger.as_mut(), claim)),
+            sink: Some(&mut self.pending),
             seq,
             next: first_attempt,
-            error: None,
             counters: &mut self.counters,
         };
-        let outcome = match live.reconcile(&op, &mut attempts) {
-            Reconciled::Outcome(outcome) => outcome,
+        let (state, outcome) = match live.reconcile(&op, &mut attempts) {
+            Reconciled::Outcome(outcome) => (outcome.state(), Ok(outcome)),
             Reconciled::PerformAgain => {
                 let outcome = live.perform(&op, &mut attempts);
                 crash::point("after-send", seq);
-                outcome
+                (outcome.state(), Ok(outcome))
             }
-            Reconciled::Unknown(reason) => {
-                if let Some(e) = attempts.error {
-                    return Err(e.into());
-                }
-                ledger.record_outcome(
-                    claim,
-                    seq,
-                    CallState::Unknown,
-                    None,
-                    crate::clock::now_ms(),
-                )?;
+            Reconciled::Unknown(reason) => (CallState::Unknown, Err(reason)),
+        };
+        self.pending.push(WriteOp::Outcome {
+            seq,
+            state,
+            outcome: outcome.as_ref().ok().map(Outcome::to_json),
+            now_ms: crate::clock::now_ms(),
+        });
+        Self::flush_into(ledger.as_mut(), claim, &mut self.pending)?;
+        match outcome {
+            Ok(outcome) => {
+                crash::point("after-outcome", seq);
+                self.stats.live += 1;
+                Ok(outcome)
+            }
+            Err(reason) => {
                 *self
                     .counters
                     .entry("side_effect_unknown_total")
                     .or_insert(0) += 1;
-                return Err(Stop::Parked {
+                Err(Stop::Parked {
                     seq,
                     name: recorded.function.clone(),
                     reason,
-                });
+                })
             }
-        };
-        if let Some(e) = attempts.error {
-            return Err(e.into());
         }
-        ledger.record_outcome(
-            claim,
-            seq,
-            outcome.state(),
-            Some(&outcome.to_json()),
-            crate::clock::now_ms(),
-        )?;
-        crash::point("after-outcome", seq);
-        self.stats.live += 1;
-        Ok(outcome)
     }
 
     /// A line from the step's log. Not a ledger call: lines already in the
@@ -665,13 +717,8 @@ impl Journal {
             }
             _ => false,
         };
-        if !replayed
-            && let Mode::Live { ledger, claim } = &mut self.mode
-            && let Err(e) = ledger.append_log(claim, &record)
-        {
-            let stop = Stop::from(e);
-            self.stop = Some(stop.clone());
-            return Err(stop);
+        if !replayed && matches!(self.mode, Mode::Live { .. }) {
+            self.pending.push(WriteOp::Log(record.clone()));
         }
         let replayed = replayed || matches!(self.mode, Mode::Replay);
         if let Some(sink) = self.log_sink.as_mut() {

@@ -18,7 +18,7 @@ use crate::imports::wasi::{RecordedMonotonicClock, RecordedRng, RecordedWallCloc
 use crate::imports::{StepState, lock};
 use crate::journal::{CallErrorKind, Journal, Mode, Outcome, RunControl, Stats, Stop};
 use crate::ledger::{
-    CallRecord, Claim, Ledger, NewRun, RunEnd, RunRecord, RunStatus, SqliteLedger,
+    CallRecord, Claim, Ledger, NewRun, RunEnd, RunRecord, RunStatus, SqliteLedger, WriteOp,
 };
 use crate::limits::Limits;
 use crate::replay::{Fixture, ReplayReport, ReplayVerdict};
@@ -312,6 +312,8 @@ impl Host {
                 crate::metrics::resume_latency(latency, &mut counters);
             }
         }
+        let mut journal = journal;
+        let mut pending = journal.take_pending();
         let Mode::Live { mut ledger, claim } = journal.into_mode() else {
             unreachable_shared()
         };
@@ -321,7 +323,8 @@ impl Host {
             Some(Stop::Fenced(m)) => return Ok((ledger, Err(HostError::Fenced(m)))),
             Some(Stop::Released { .. }) => {
                 let released = ledger
-                    .release(&claim)
+                    .commit(&claim, &pending)
+                    .and_then(|()| ledger.release(&claim))
                     .map_err(HostError::from)
                     .and_then(|()| Ok(ledger.run(&run.run_id)?))
                     .map(|record| RunReport::from_record(&record, stats));
@@ -358,8 +361,10 @@ impl Host {
                 },
             },
         };
+        // The end rides with every buffered write in one durable commit.
+        pending.push(WriteOp::Finish(end, crate::clock::now_ms()));
         let finished = ledger
-            .finish_run(&claim, &end, crate::clock::now_ms())
+            .commit(&claim, &pending)
             .map_err(HostError::from)
             .and_then(|()| Ok(ledger.run(&run.run_id)?));
         let report = finished.map(|record| RunReport::from_record(&record, stats));

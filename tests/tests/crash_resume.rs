@@ -110,8 +110,10 @@ fn crash_after_claim_resumes_to_the_same_result() {
 
 #[test]
 fn crash_after_a_read_is_started_performs_the_read_again() {
+    // A read is not made durable before it is sent (it is safe to perform
+    // again), so the crash leaves no trace of it and the resume reads anew.
     crash_and_resume("after-started@1", |_, show| {
-        assert_eq!(calls(show)[0]["state"], "started");
+        assert!(calls(show).is_empty(), "{show:#}");
     });
 }
 

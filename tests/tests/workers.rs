@@ -110,37 +110,48 @@ fn a_worker_executes_submitted_runs_several_at_once() {
 }
 
 #[test]
-fn a_worker_killed_after_the_receiver_committed_is_reconciled_by_the_next() {
-    let sb = Sandbox::new(BIN);
-    submit(&sb, 3, "w");
-    // multi-write's second write is call #6.
-    let crashed = sb
-        .command(&["worker", "--concurrency", "2", "--exit-when-idle"])
-        .env("STEPHOST_CRASH_AT", "after-send@6")
-        .output()
-        .unwrap();
-    use std::os::unix::process::ExitStatusExt;
-    assert_eq!(crashed.status.signal(), Some(libc::SIGABRT));
-    assert!(String::from_utf8_lossy(&crashed.stderr).contains("crash point after-send@6 fired"));
-    assert_eq!(sb.received("orders.jsonl").len(), 2);
-    sb.stephost(&["worker", "--exit-when-idle"]).expect_code(0);
-    let show = sb.show("w");
-    assert_eq!(show["run"]["status"], "completed");
-    assert_eq!(show["run"]["fence"], 2);
-    let lines = sb.received("orders.jsonl");
-    assert_eq!(lines.len(), 3);
-    distinct_operations(&lines);
-    let kinds: Vec<String> = stephost_tests::attempts_for(&show, 6)
-        .iter()
-        .map(|a| {
-            format!(
-                "{}:{}",
-                a["kind"].as_str().unwrap(),
-                a["result"].as_str().unwrap()
-            )
-        })
-        .collect();
-    assert_eq!(kinds, vec!["send:ok", "lookup:found"]);
+fn a_worker_killed_around_a_batched_write_is_reconciled_by_the_next() {
+    // Concurrency 2 puts the worker's writes through group commit.
+    for (point, expected) in [
+        ("after-started@6", vec!["lookup:not_found", "send:ok"]),
+        ("after-send@6", vec!["lookup:found"]),
+    ] {
+        let sb = Sandbox::new(BIN);
+        submit(&sb, 3, "w");
+        let crashed = sb
+            .command(&["worker", "--concurrency", "2", "--exit-when-idle"])
+            .env("STEPHOST_CRASH_AT", point)
+            .output()
+            .unwrap();
+        use std::os::unix::process::ExitStatusExt;
+        assert_eq!(crashed.status.signal(), Some(libc::SIGABRT), "{point}");
+        assert!(
+            String::from_utf8_lossy(&crashed.stderr)
+                .contains(&format!("crash point {point} fired"))
+        );
+        // Everything before the write was made durable with its `started`.
+        let at_crash = sb.show("w");
+        assert_eq!(calls(&at_crash).len(), 6, "{point}: {at_crash:#}");
+        assert_eq!(calls(&at_crash)[5]["state"], "started");
+        sb.stephost(&["worker", "--exit-when-idle"]).expect_code(0);
+        let show = sb.show("w");
+        assert_eq!(show["run"]["status"], "completed");
+        assert_eq!(show["run"]["fence"], 2);
+        let lines = sb.received("orders.jsonl");
+        assert_eq!(lines.len(), 3, "{point}");
+        distinct_operations(&lines);
+        let kinds: Vec<String> = stephost_tests::attempts_for(&show, 6)
+            .iter()
+            .map(|a| {
+                format!(
+                    "{}:{}",
+                    a["kind"].as_str().unwrap(),
+                    a["result"].as_str().unwrap()
+                )
+            })
+            .collect();
+        assert_eq!(kinds, expected, "{point}");
+    }
 }
 
 #[test]

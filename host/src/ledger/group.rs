@@ -12,8 +12,8 @@ use std::sync::mpsc;
 use std::thread::JoinHandle;
 
 use super::{
-    AttemptRecord, CallRecord, CallState, Claim, Ledger, LedgerError, LogRecord, NewRun, RunEnd,
-    RunRecord, RunStatus, SqliteLedger, WriteOp,
+    AttemptRecord, CallRecord, CallState, Claim, Ledger, LedgerError, LogRecord, NewRun, RunRecord,
+    RunStatus, SqliteLedger, WriteOp,
 };
 
 /// Most writes applied in one transaction.
@@ -21,7 +21,7 @@ pub const BATCH_WRITES_MAX: usize = 512;
 
 struct Job {
     claim: Claim,
-    op: WriteOp,
+    ops: Vec<WriteOp>,
     reply: mpsc::SyncSender<Result<(), LedgerError>>,
 }
 
@@ -47,8 +47,8 @@ impl GroupCommitter {
                             Err(_) => break,
                         }
                     }
-                    let ops: Vec<(&Claim, &WriteOp)> =
-                        batch.iter().map(|j| (&j.claim, &j.op)).collect();
+                    let ops: Vec<(&Claim, &[WriteOp])> =
+                        batch.iter().map(|j| (&j.claim, j.ops.as_slice())).collect();
                     let results = ledger.apply_batch(&ops);
                     for (job, result) in batch.iter().zip(results) {
                         let _ = job.reply.send(result);
@@ -86,12 +86,15 @@ pub struct CommitHandle {
 }
 
 impl CommitHandle {
-    fn commit(&self, claim: &Claim, op: WriteOp) -> Result<(), LedgerError> {
+    fn commit(&self, claim: &Claim, ops: &[WriteOp]) -> Result<(), LedgerError> {
+        if ops.is_empty() {
+            return Ok(());
+        }
         let (reply, result) = mpsc::sync_channel(1);
         self.queue
             .send(Job {
                 claim: claim.clone(),
-                op,
+                ops: ops.to_vec(),
                 reply,
             })
             .map_err(|_| LedgerError::Batch("the committer has stopped".into()))?;
@@ -171,44 +174,8 @@ impl Ledger for GroupLedger {
         self.direct.logs(run_id)
     }
 
-    fn record_observed(&mut self, claim: &Claim, call: &CallRecord) -> Result<(), LedgerError> {
-        self.commits.commit(claim, WriteOp::Observed(call.clone()))
-    }
-
-    fn record_started(&mut self, claim: &Claim, call: &CallRecord) -> Result<(), LedgerError> {
-        self.commits.commit(claim, WriteOp::Started(call.clone()))
-    }
-
-    fn record_outcome(
-        &mut self,
-        claim: &Claim,
-        seq: u64,
-        state: CallState,
-        outcome: Option<&str>,
-        now_ms: i64,
-    ) -> Result<(), LedgerError> {
-        self.commits.commit(
-            claim,
-            WriteOp::Outcome {
-                seq,
-                state,
-                outcome: outcome.map(str::to_string),
-                now_ms,
-            },
-        )
-    }
-
-    fn record_attempt(
-        &mut self,
-        claim: &Claim,
-        attempt: &AttemptRecord,
-    ) -> Result<(), LedgerError> {
-        self.commits
-            .commit(claim, WriteOp::Attempt(attempt.clone()))
-    }
-
-    fn append_log(&mut self, claim: &Claim, log: &LogRecord) -> Result<(), LedgerError> {
-        self.commits.commit(claim, WriteOp::Log(log.clone()))
+    fn commit(&mut self, claim: &Claim, ops: &[WriteOp]) -> Result<(), LedgerError> {
+        self.commits.commit(claim, ops)
     }
 
     fn resolve_call(
@@ -230,11 +197,6 @@ impl Ledger for GroupLedger {
 
     fn counters(&self) -> Result<Vec<(String, i64)>, LedgerError> {
         self.direct.counters()
-    }
-
-    fn finish_run(&mut self, claim: &Claim, end: &RunEnd, now_ms: i64) -> Result<(), LedgerError> {
-        self.commits
-            .commit(claim, WriteOp::Finish(end.clone(), now_ms))
     }
 }
 

@@ -19,7 +19,7 @@ pub mod sqlite;
 use serde::{Deserialize, Serialize};
 
 pub use group::{GroupCommitter, GroupLedger};
-pub use sqlite::{SqliteLedger, WriteOp};
+pub use sqlite::SqliteLedger;
 
 /// The class of a call decides how it is recorded and how it is resumed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -296,6 +296,26 @@ pub struct NewRun<'a> {
     pub now_ms: i64,
 }
 
+/// A write under a claim: one unit of (group) commit.
+#[derive(Debug, Clone)]
+pub enum WriteOp {
+    /// A call row: an observe call with its value, or a read as started; not
+    /// durable on its own.
+    Call(CallRecord),
+    /// A read or write call, before it leaves the host: durable.
+    Started(CallRecord),
+    Outcome {
+        seq: u64,
+        state: CallState,
+        outcome: Option<String>,
+        now_ms: i64,
+    },
+    Attempt(AttemptRecord),
+    Log(LogRecord),
+    /// The run's end: durable.
+    Finish(RunEnd, i64),
+}
+
 /// The storage interface of the ledger. One implementation per database.
 pub trait Ledger: Send {
     /// Stores module bytes under their digest (idempotent).
@@ -332,10 +352,19 @@ pub trait Ledger: Send {
     fn attempts(&self, run_id: &str) -> Result<Vec<AttemptRecord>, LedgerError>;
     fn logs(&self, run_id: &str) -> Result<Vec<LogRecord>, LedgerError>;
 
-    /// An observe call and its value, in one write (not fsync'd on its own).
-    fn record_observed(&mut self, claim: &Claim, call: &CallRecord) -> Result<(), LedgerError>;
+    /// Applies `ops` for the claim's run in one transaction: durable (one
+    /// fsync) when any op is durable, otherwise ordered before the next
+    /// durable commit. Fails without writing anything if the claim is stale.
+    fn commit(&mut self, claim: &Claim, ops: &[WriteOp]) -> Result<(), LedgerError>;
+
+    /// An observe call and its value (not fsync'd on its own).
+    fn record_observed(&mut self, claim: &Claim, call: &CallRecord) -> Result<(), LedgerError> {
+        self.commit(claim, &[WriteOp::Call(call.clone())])
+    }
     /// A read or write call as started: durable before it returns.
-    fn record_started(&mut self, claim: &Claim, call: &CallRecord) -> Result<(), LedgerError>;
+    fn record_started(&mut self, claim: &Claim, call: &CallRecord) -> Result<(), LedgerError> {
+        self.commit(claim, &[WriteOp::Started(call.clone())])
+    }
     /// The outcome of a started call (state succeeded, failed or unknown).
     fn record_outcome(
         &mut self,
@@ -344,10 +373,27 @@ pub trait Ledger: Send {
         state: CallState,
         outcome: Option<&str>,
         now_ms: i64,
-    ) -> Result<(), LedgerError>;
-    fn record_attempt(&mut self, claim: &Claim, attempt: &AttemptRecord)
-    -> Result<(), LedgerError>;
-    fn append_log(&mut self, claim: &Claim, log: &LogRecord) -> Result<(), LedgerError>;
+    ) -> Result<(), LedgerError> {
+        self.commit(
+            claim,
+            &[WriteOp::Outcome {
+                seq,
+                state,
+                outcome: outcome.map(str::to_string),
+                now_ms,
+            }],
+        )
+    }
+    fn record_attempt(
+        &mut self,
+        claim: &Claim,
+        attempt: &AttemptRecord,
+    ) -> Result<(), LedgerError> {
+        self.commit(claim, &[WriteOp::Attempt(attempt.clone())])
+    }
+    fn append_log(&mut self, claim: &Claim, log: &LogRecord) -> Result<(), LedgerError> {
+        self.commit(claim, &[WriteOp::Log(log.clone())])
+    }
 
     /// A person's decision on an `unknown` call: records the outcome with who
     /// decided, and makes the parked run resumable. Durable before it returns.
@@ -366,5 +412,7 @@ pub trait Ledger: Send {
     fn counters(&self) -> Result<Vec<(String, i64)>, LedgerError>;
 
     /// Ends (or parks) the run and releases the claim: durable before it returns.
-    fn finish_run(&mut self, claim: &Claim, end: &RunEnd, now_ms: i64) -> Result<(), LedgerError>;
+    fn finish_run(&mut self, claim: &Claim, end: &RunEnd, now_ms: i64) -> Result<(), LedgerError> {
+        self.commit(claim, &[WriteOp::Finish(end.clone(), now_ms)])
+    }
 }

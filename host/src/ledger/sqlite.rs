@@ -13,7 +13,7 @@ use rusqlite::{Connection, OpenFlags, OptionalExtension, Row, TransactionBehavio
 use super::schema::{self, APPLICATION_ID};
 use super::{
     AttemptRecord, CallClass, CallRecord, CallState, Claim, Ledger, LedgerError, LogRecord, NewRun,
-    RunEnd, RunRecord, RunStatus,
+    RunEnd, RunRecord, RunStatus, WriteOp,
 };
 
 /// How long a writer waits for another process's transaction.
@@ -114,27 +114,14 @@ impl SqliteLedger {
         Ok(())
     }
 
-    /// Applies one write in its own transaction.
-    fn apply(&mut self, claim: &Claim, op: &WriteOp) -> Result<(), LedgerError> {
-        self.set_sync(if op.durable() {
-            Sync::Full
-        } else {
-            Sync::Normal
-        })?;
-        let tx = self
-            .conn
-            .transaction_with_behavior(TransactionBehavior::Immediate)?;
-        op.apply(&tx, claim)?;
-        tx.commit()?;
-        Ok(())
-    }
-
     /// Group commit: applies many writes (of any runs) in one transaction
     /// and one fsync when any of them must be durable. Each write is checked
     /// and applied in its own savepoint, so one stale or failing writer
     /// affects only its own result.
-    pub fn apply_batch(&mut self, batch: &[(&Claim, &WriteOp)]) -> Vec<Result<(), LedgerError>> {
-        let durable = batch.iter().any(|(_, op)| op.durable());
+    pub fn apply_batch(&mut self, batch: &[(&Claim, &[WriteOp])]) -> Vec<Result<(), LedgerError>> {
+        let durable = batch
+            .iter()
+            .any(|(_, ops)| ops.iter().any(WriteOp::durable));
         let begin = self
             .set_sync(if durable { Sync::Full } else { Sync::Normal })
             .and_then(|()| {
@@ -153,9 +140,12 @@ impl SqliteLedger {
             }
         };
         let mut results = Vec::with_capacity(batch.len());
-        for (claim, op) in batch {
+        for (claim, ops) in batch {
             let result = tx.savepoint().map_err(LedgerError::from).and_then(|sp| {
-                op.apply(&sp, claim)?;
+                check_fence(&sp, claim)?;
+                for op in *ops {
+                    op.apply(&sp, claim)?;
+                }
                 sp.commit()?;
                 Ok(())
             });
@@ -172,37 +162,17 @@ impl SqliteLedger {
     }
 }
 
-/// A write under a claim: one unit of (group) commit.
-#[derive(Debug, Clone)]
-pub enum WriteOp {
-    /// An observe call with its value.
-    Observed(CallRecord),
-    /// A read or write call, before it leaves the host: durable.
-    Started(CallRecord),
-    Outcome {
-        seq: u64,
-        state: CallState,
-        outcome: Option<String>,
-        now_ms: i64,
-    },
-    Attempt(AttemptRecord),
-    Log(LogRecord),
-    /// The run's end: durable.
-    Finish(RunEnd, i64),
-}
-
 impl WriteOp {
     /// Whether the write must be on disk before the writer goes on.
     pub fn durable(&self) -> bool {
         matches!(self, WriteOp::Started(_) | WriteOp::Finish(..))
     }
 
-    /// Checks the claim's fence and applies the write, inside the caller's
-    /// transaction or savepoint.
+    /// Applies the write inside the caller's transaction or savepoint, which
+    /// has checked the claim's fence.
     fn apply(&self, conn: &Connection, claim: &Claim) -> Result<(), LedgerError> {
-        check_fence(conn, claim)?;
         match self {
-            WriteOp::Observed(call) | WriteOp::Started(call) => insert_call(conn, claim, call),
+            WriteOp::Call(call) | WriteOp::Started(call) => insert_call(conn, claim, call),
             WriteOp::Outcome {
                 seq,
                 state,
@@ -632,43 +602,24 @@ impl Ledger for SqliteLedger {
         Ok(rows.collect::<Result<_, _>>()?)
     }
 
-    fn record_observed(&mut self, claim: &Claim, call: &CallRecord) -> Result<(), LedgerError> {
-        self.apply(claim, &WriteOp::Observed(call.clone()))
-    }
-
-    fn record_started(&mut self, claim: &Claim, call: &CallRecord) -> Result<(), LedgerError> {
-        self.apply(claim, &WriteOp::Started(call.clone()))
-    }
-
-    fn record_outcome(
-        &mut self,
-        claim: &Claim,
-        seq: u64,
-        state: CallState,
-        outcome: Option<&str>,
-        now_ms: i64,
-    ) -> Result<(), LedgerError> {
-        self.apply(
-            claim,
-            &WriteOp::Outcome {
-                seq,
-                state,
-                outcome: outcome.map(str::to_string),
-                now_ms,
-            },
-        )
-    }
-
-    fn record_attempt(
-        &mut self,
-        claim: &Claim,
-        attempt: &AttemptRecord,
-    ) -> Result<(), LedgerError> {
-        self.apply(claim, &WriteOp::Attempt(attempt.clone()))
-    }
-
-    fn append_log(&mut self, claim: &Claim, log: &LogRecord) -> Result<(), LedgerError> {
-        self.apply(claim, &WriteOp::Log(log.clone()))
+    fn commit(&mut self, claim: &Claim, ops: &[WriteOp]) -> Result<(), LedgerError> {
+        if ops.is_empty() {
+            return Ok(());
+        }
+        self.set_sync(if ops.iter().any(WriteOp::durable) {
+            Sync::Full
+        } else {
+            Sync::Normal
+        })?;
+        let tx = self
+            .conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)?;
+        check_fence(&tx, claim)?;
+        for op in ops {
+            op.apply(&tx, claim)?;
+        }
+        tx.commit()?;
+        Ok(())
     }
 
     fn resolve_call(
@@ -751,10 +702,6 @@ impl Ledger for SqliteLedger {
             .prepare("SELECT name, value FROM counters ORDER BY name")?;
         let rows = stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?;
         Ok(rows.collect::<Result<_, _>>()?)
-    }
-
-    fn finish_run(&mut self, claim: &Claim, end: &RunEnd, now_ms: i64) -> Result<(), LedgerError> {
-        self.apply(claim, &WriteOp::Finish(end.clone(), now_ms))
     }
 }
 
