@@ -18,6 +18,8 @@ const GUESTS: &[(&str, &str)] = &[
     ("guest-wrong-world", "GUEST_WRONG_WORLD"),
     ("guest-wasi-only", "GUEST_WASI_ONLY"),
     ("guest-llm-step", "GUEST_LLM_STEP"),
+    ("guest-approval-step", "GUEST_APPROVAL_STEP"),
+    ("guest-sleeper", "GUEST_SLEEPER"),
 ];
 
 fn main() {

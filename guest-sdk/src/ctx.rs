@@ -1,7 +1,9 @@
 //! The step's handle to its recorded imports.
 
 use crate::EffectError;
-use crate::bindings::stephost::step::{clock, effects, llm, random, types::CallError};
+use crate::bindings::stephost::step::{
+    approvals, clock, effects, llm, random, timers, types::CallError,
+};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use std::time::{Duration, SystemTime};
@@ -144,5 +146,84 @@ impl Ctx {
     /// payload limit).
     pub fn random_bytes(&mut self, len: u32) -> Vec<u8> {
         random::get_bytes(len)
+    }
+
+    /// Sleeps durably: the wake time is recorded, so a crash or restart
+    /// neither loses nor repeats the wake-up, and a replay returns at once.
+    /// A long sleep takes the run out of memory until it is due.
+    pub fn sleep(&mut self, duration: Duration) {
+        timers::sleep(u64::try_from(duration.as_millis()).unwrap_or(u64::MAX));
+    }
+
+    /// Asks a person to approve `subject`; `details` is the object approved
+    /// (the approval is tied to its hash). The run waits, out of memory, until
+    /// someone runs `stephost approve` / `stephost reject`, or until `ttl`
+    /// passes (verdict [`Verdict::Expired`]).
+    ///
+    /// An approval is not a licence forever: re-check the business
+    /// precondition after it before acting.
+    ///
+    /// # Errors
+    /// [`EffectError::Invalid`] when `details` cannot be encoded or the
+    /// request is refused by the host.
+    pub fn approval<D>(
+        &mut self,
+        subject: &str,
+        details: &D,
+        ttl: Duration,
+    ) -> Result<Decision, EffectError>
+    where
+        D: Serialize + ?Sized,
+    {
+        let details = serde_json::to_string(details).map_err(|e| EffectError::Encode {
+            effect: "approvals".to_owned(),
+            message: e.to_string(),
+        })?;
+        let decision =
+            approvals::request(subject, &details, ttl.as_secs().max(1)).map_err(|e| {
+                let effect = "approvals".to_owned();
+                match e {
+                    CallError::Rejected(message) => EffectError::Rejected { effect, message },
+                    CallError::Denied(message) => EffectError::Denied { effect, message },
+                    CallError::Exhausted(message) => EffectError::Exhausted { effect, message },
+                    CallError::Invalid(message) => EffectError::Invalid { effect, message },
+                }
+            })?;
+        Ok(Decision {
+            verdict: match decision.verdict {
+                approvals::Verdict::Approved => Verdict::Approved,
+                approvals::Verdict::Rejected => Verdict::Rejected,
+                approvals::Verdict::Expired => Verdict::Expired,
+            },
+            by: decision.by,
+            note: decision.note,
+            at: SystemTime::UNIX_EPOCH + Duration::from_millis(decision.at_ms),
+        })
+    }
+}
+
+/// What a person decided about an approval.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Verdict {
+    Approved,
+    Rejected,
+    /// Nobody decided before the approval's time to live ran out.
+    Expired,
+}
+
+/// A decision on an approval: the verdict, who, an optional note, and when.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Decision {
+    pub verdict: Verdict,
+    /// Empty when the approval expired.
+    pub by: String,
+    pub note: Option<String>,
+    pub at: SystemTime,
+}
+
+impl Decision {
+    pub fn approved(&self) -> bool {
+        self.verdict == Verdict::Approved
     }
 }

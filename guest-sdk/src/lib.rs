@@ -43,7 +43,7 @@ mod ctx;
 mod error;
 pub mod log;
 
-pub use ctx::Ctx;
+pub use ctx::{Ctx, Decision, Verdict};
 pub use error::{EffectError, Error};
 
 /// The generated bindings for the `stephost:step` world. Not part of the API:

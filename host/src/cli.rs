@@ -133,6 +133,30 @@ pub enum Command {
         #[arg(long)]
         by: String,
     },
+    /// List approvals waiting for a decision.
+    Approvals {
+        #[arg(long)]
+        json: bool,
+    },
+    /// Approve a waiting approval call; a worker (or `stephost resume`) then
+    /// continues the run.
+    Approve {
+        run_id: String,
+        seq: u64,
+        #[arg(long)]
+        by: String,
+        #[arg(long)]
+        note: Option<String>,
+    },
+    /// Reject a waiting approval call.
+    Reject {
+        run_id: String,
+        seq: u64,
+        #[arg(long)]
+        by: String,
+        #[arg(long)]
+        note: Option<String>,
+    },
     /// Print metrics in the Prometheus text format.
     Metrics,
     /// Write a run as a portable JSON fixture to stdout.
@@ -392,6 +416,78 @@ fn execute(cli: Cli) -> Result<i32, HostError> {
             );
             Ok(exit::OK)
         }
+        Command::Approvals { json } => {
+            let host = Host::open(&cli.db, quiet_options(&config))?;
+            let pending = host.ledger().pending_approvals()?;
+            let rows: Vec<serde_json::Value> = pending
+                .iter()
+                .map(|(run, call)| {
+                    let request: serde_json::Value =
+                        serde_json::from_str(&call.request).unwrap_or_default();
+                    serde_json::json!({
+                        "run_id": run.run_id,
+                        "seq": call.seq,
+                        "subject": request["subject"],
+                        "details": request["details"],
+                        "details_sha256": request["details_sha256"],
+                        "module_digest": run.module_digest,
+                        "asked_at_ms": call.started_at_ms,
+                        "expires_at_ms": crate::imports::approvals::expires_at_ms(call),
+                    })
+                })
+                .collect();
+            if json {
+                print_json(&rows);
+            } else {
+                let mut out = std::io::stdout().lock();
+                let _ = writeln!(
+                    out,
+                    "{:<26} {:>5}  {:<24} {:<24} {:<14} SUBJECT",
+                    "RUN", "SEQ", "ASKED", "EXPIRES", "DETAILS"
+                );
+                for r in &rows {
+                    let _ = writeln!(
+                        out,
+                        "{:<26} {:>5}  {:<24} {:<24} {:<14} {}",
+                        r["run_id"].as_str().unwrap_or(""),
+                        r["seq"],
+                        format_time(r["asked_at_ms"].as_i64().unwrap_or(0)),
+                        format_time(r["expires_at_ms"].as_i64().unwrap_or(0)),
+                        &r["details_sha256"].as_str().unwrap_or("")[..12],
+                        r["subject"].as_str().unwrap_or("")
+                    );
+                }
+            }
+            Ok(exit::OK)
+        }
+        Command::Approve {
+            run_id,
+            seq,
+            by,
+            note,
+        } => decide(
+            &cli.db,
+            &config,
+            &run_id,
+            seq,
+            "approved",
+            &by,
+            note.as_deref(),
+        ),
+        Command::Reject {
+            run_id,
+            seq,
+            by,
+            note,
+        } => decide(
+            &cli.db,
+            &config,
+            &run_id,
+            seq,
+            "rejected",
+            &by,
+            note.as_deref(),
+        ),
         Command::Metrics => {
             let host = Host::open(&cli.db, quiet_options(&config))?;
             let text = crate::metrics::render(host.ledger())?;
@@ -404,6 +500,31 @@ fn execute(cli: Cli) -> Result<i32, HostError> {
             Ok(exit::OK)
         }
     }
+}
+
+fn decide(
+    db: &Path,
+    config: &Config,
+    run_id: &str,
+    seq: u64,
+    verdict: &str,
+    by: &str,
+    note: Option<&str>,
+) -> Result<i32, HostError> {
+    if by.trim().is_empty() {
+        return Err(HostError::BadInput("--by must name who decided".into()));
+    }
+    let mut host = Host::open(db, quiet_options(config))?;
+    let now = crate::clock::now_ms();
+    let decision = crate::imports::approvals::decision_json(verdict, by, note, now);
+    let outcome = crate::journal::Outcome::Ok(serde_json::Value::String(decision.to_string()));
+    host.ledger_mut()
+        .decide_approval(run_id, seq, &outcome.to_json(), by, now)?;
+    eprintln!(
+        "stephost: call #{seq} of run {run_id} {verdict} by {by}; a worker or \
+         `stephost resume {run_id}` continues the run"
+    );
+    Ok(exit::OK)
 }
 
 #[derive(Serialize)]
@@ -430,6 +551,7 @@ pub fn run_exit_code(status: RunStatus) -> i32 {
         RunStatus::Parked => exit::PARKED,
         RunStatus::Diverged => exit::DIVERGED,
         // A run left running was released or abandoned by this process.
+        RunStatus::Waiting => exit::WAITING,
         RunStatus::Pending | RunStatus::Running => exit::CLAIMED,
     }
 }
@@ -446,6 +568,16 @@ fn print_run(report: &RunReport, json: bool) -> i32 {
         RunStatus::Completed => eprintln!(
             "stephost: run {} completed ({} calls performed, {} replayed)",
             report.run_id, s.live, s.replayed
+        ),
+        RunStatus::Waiting => eprintln!(
+            "stephost: run {} is waiting{}; a worker or `stephost resume {}` continues it when \
+             due or decided (`stephost approvals` lists pending approvals)",
+            report.run_id,
+            report
+                .wake_at_ms
+                .map(|t| format!(" until {}", format_time(t)))
+                .unwrap_or_default(),
+            report.run_id
         ),
         RunStatus::Parked => eprintln!(
             "stephost: run {} is parked and needs a person: {}\n  \

@@ -21,6 +21,9 @@ pub mod exit {
     pub const PARKED: i32 = 5;
     /// Another live process holds the run's claim, or took it over (fenced).
     pub const CLAIMED: i32 = 6;
+    /// The run waits for a timer or a person's approval; a worker (or
+    /// `stephost resume`) continues it once due or decided.
+    pub const WAITING: i32 = 7;
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -60,6 +63,7 @@ impl HostError {
                 | LedgerError::TooNew { .. }
                 | LedgerError::UnknownRun(_)
                 | LedgerError::NotUnknown { .. }
+                | LedgerError::NotDecidable { .. }
                 | LedgerError::RunExists { .. },
             ) => exit::BAD_INPUT,
             HostError::Ledger(_) | HostError::LedgerWrite(_) | HostError::Internal(_) => {

@@ -104,9 +104,31 @@ pub enum Reconciled {
     Unknown(String),
 }
 
+/// What a suspending call (timer, approval) says when asked whether it
+/// can complete now.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Wait {
+    Ready(Outcome),
+    /// Not yet: the run leaves memory; a worker looks again at `wake_at_ms`
+    /// (or when a person decides).
+    Until {
+        wake_at_ms: Option<i64>,
+        reason: String,
+    },
+}
+
 /// Live I/O for one call.
 pub trait LiveCall {
     fn perform(&mut self, op: &OpContext, attempts: &mut Attempts<'_>) -> Outcome;
+
+    /// For `suspend` calls: may the call complete now? `started_at_ms` is
+    /// when it was first recorded.
+    fn wait(&mut self, _op: &OpContext, _started_at_ms: i64) -> Wait {
+        Wait::Ready(Outcome::error(
+            CallErrorKind::Invalid,
+            "this call cannot suspend",
+        ))
+    }
 
     fn reconcile(&mut self, _op: &OpContext, _attempts: &mut Attempts<'_>) -> Reconciled {
         Reconciled::PerformAgain
@@ -213,6 +235,13 @@ pub enum Stop {
     ReplayEnd { seq: u64, reason: String },
     #[error("{0}")]
     Limit(String),
+    /// The run waits for a timer or a person; it leaves memory.
+    #[error("waiting at call #{seq}: {reason}")]
+    Suspended {
+        seq: u64,
+        wake_at_ms: Option<i64>,
+        reason: String,
+    },
     /// The worker is shutting down: the run stops at this call boundary and
     /// its claim is released for another worker.
     #[error("released at call #{seq}: the worker is shutting down")]
@@ -471,9 +500,19 @@ impl Journal {
                 }),
                 CallState::Started => {
                     let recorded = recorded.clone();
+                    if !matches!(self.mode, Mode::Live { .. }) {
+                        return Err(Stop::ReplayEnd {
+                            seq,
+                            reason: "the recording ends with this call in flight or waiting"
+                                .to_string(),
+                        });
+                    }
                     self.check_control(seq)?;
                     self.first_live_after
                         .get_or_insert_with(|| self.started.elapsed());
+                    if recorded.class == CallClass::Suspend {
+                        return self.wait_for(&recorded, live);
+                    }
                     self.reconcile(&recorded, live)
                 }
             };
@@ -568,6 +607,15 @@ impl Journal {
                 crash::point("after-outcome", seq);
                 outcome
             }
+            // Suspensions: recorded durably, then asked whether they can
+            // complete now; if not, the run leaves memory.
+            CallClass::Suspend => {
+                let started = record.clone();
+                self.pending.push(WriteOp::Started(record));
+                Self::flush_into(ledger.as_mut(), claim, &mut self.pending)?;
+                crash::point("after-started", seq);
+                return self.wait_for(&started, live);
+            }
             // Writes: `started` is durable (one fsync, carrying everything
             // buffered before it) before the request leaves; the outcome is
             // committed without an fsync of its own, so it survives the
@@ -600,6 +648,51 @@ impl Journal {
         }
         self.stats.live += 1;
         Ok(outcome)
+    }
+
+    /// Asks a suspend call whether it can complete; records the outcome if
+    /// so, or stops the run until it can.
+    fn wait_for(
+        &mut self,
+        recorded: &CallRecord,
+        live: &mut dyn LiveCall,
+    ) -> Result<Outcome, Stop> {
+        let seq = recorded.seq;
+        let Mode::Live { ledger, claim } = &mut self.mode else {
+            return Err(Stop::ReplayEnd {
+                seq,
+                reason: "the recording ends with this call waiting".to_string(),
+            });
+        };
+        let op = OpContext {
+            run_id: self.run_id.clone(),
+            seq,
+            operation_id: recorded.operation_id.clone(),
+            fence: claim.fence,
+        };
+        match live.wait(&op, recorded.started_at_ms) {
+            Wait::Ready(outcome) => {
+                self.pending.push(WriteOp::Outcome {
+                    seq,
+                    state: outcome.state(),
+                    outcome: Some(outcome.to_json()),
+                    now_ms: crate::clock::now_ms(),
+                });
+                Self::flush_into(ledger.as_mut(), claim, &mut self.pending)?;
+                self.stats.live += 1;
+                Ok(outcome)
+            }
+            Wait::Until { wake_at_ms, reason } => Err(Stop::Suspended {
+                seq,
+                wake_at_ms,
+                reason,
+            }),
+        }
+    }
+
+    /// Adds one to a metric counter.
+    pub fn count(&mut self, name: &'static str) {
+        *self.counters.entry(name).or_insert(0) += 1;
     }
 
     fn flush_into(

@@ -45,6 +45,14 @@ pub const COUNTERS: &[(&str, &str)] = &[
         "Claims lost to another claimant (compare-and-set conflicts).",
     ),
     (
+        "approvals_decided_total",
+        "Approvals decided by a person (approved or rejected).",
+    ),
+    (
+        "approvals_expired_total",
+        "Approvals that expired before anyone decided.",
+    ),
+    (
         "lease_loss_total",
         "Claims whose lease could not be renewed (the run was stopped).",
     ),
@@ -122,6 +130,7 @@ pub fn render(ledger: &dyn Ledger) -> Result<String, LedgerError> {
     for status in [
         RunStatus::Pending,
         RunStatus::Running,
+        RunStatus::Waiting,
         RunStatus::Completed,
         RunStatus::Failed,
         RunStatus::Parked,
@@ -145,6 +154,17 @@ pub fn render(ledger: &dyn Ledger) -> Result<String, LedgerError> {
         .min()
         .map(|t| (now - t).max(0) as f64 / 1000.0)
         .unwrap_or(0.0);
+    let oldest_waiting = runs
+        .iter()
+        .filter(|r| r.status == RunStatus::Waiting)
+        .map(|r| r.updated_at_ms)
+        .min()
+        .map(|t| (now - t).max(0) as f64 / 1000.0)
+        .unwrap_or(0.0);
+    let _ = writeln!(
+        out,
+        "# HELP stephost_oldest_waiting_age_seconds How long the longest-waiting run has waited.\n# TYPE stephost_oldest_waiting_age_seconds gauge\nstephost_oldest_waiting_age_seconds {oldest_waiting:.3}"
+    );
     let _ = writeln!(
         out,
         "# HELP stephost_active_runs Runs held under a live lease.\n# TYPE stephost_active_runs gauge\nstephost_active_runs {active}"

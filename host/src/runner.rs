@@ -67,6 +67,8 @@ pub struct RunReport {
     pub status: RunStatus,
     pub output: Option<String>,
     pub error: Option<String>,
+    /// For a waiting run: when a worker looks at it again.
+    pub wake_at_ms: Option<i64>,
     pub stats: Stats,
 }
 
@@ -77,6 +79,7 @@ impl RunReport {
             status: run.status,
             output: run.output.clone(),
             error: run.error.clone(),
+            wake_at_ms: run.wake_at_ms,
             stats,
         }
     }
@@ -119,7 +122,7 @@ impl Host {
             .expect("the ledger is back after every run")
     }
 
-    fn ledger_mut(&mut self) -> &mut dyn Ledger {
+    pub fn ledger_mut(&mut self) -> &mut dyn Ledger {
         self.ledger
             .as_deref_mut()
             .expect("the ledger is back after every run")
@@ -184,7 +187,7 @@ impl Host {
                     run.error.as_deref().unwrap_or("")
                 )));
             }
-            RunStatus::Pending | RunStatus::Running | RunStatus::Parked => {}
+            RunStatus::Pending | RunStatus::Running | RunStatus::Waiting | RunStatus::Parked => {}
         }
         let module = self.ledger().module(&run.module_digest)?;
         let loaded = self.engine.load(&module, &run.module_digest)?;
@@ -329,6 +332,18 @@ impl Host {
                     .and_then(|()| Ok(ledger.run(&run.run_id)?))
                     .map(|record| RunReport::from_record(&record, stats));
                 return Ok((ledger, released));
+            }
+            Some(Stop::Suspended { wake_at_ms, .. }) => {
+                pending.push(WriteOp::Suspend {
+                    wake_at_ms,
+                    now_ms: crate::clock::now_ms(),
+                });
+                let suspended = ledger
+                    .commit(&claim, &pending)
+                    .map_err(HostError::from)
+                    .and_then(|()| Ok(ledger.run(&run.run_id)?))
+                    .map(|record| RunReport::from_record(&record, stats));
+                return Ok((ledger, suspended));
             }
             Some(Stop::Ledger(m)) => return Ok((ledger, Err(HostError::LedgerWrite(m)))),
             Some(Stop::ReplayEnd { reason, .. }) => {

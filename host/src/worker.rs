@@ -53,6 +53,7 @@ pub struct WorkerReport {
     pub failed: usize,
     pub parked: usize,
     pub released: usize,
+    pub waiting: usize,
     pub abandoned: usize,
     pub claim_conflicts: usize,
     pub lease_losses: usize,
@@ -242,6 +243,7 @@ fn tally(report: &mut WorkerReport, run_id: &str, result: Result<RunReport, Host
                 RunStatus::Completed => report.completed += 1,
                 RunStatus::Failed | RunStatus::Diverged => report.failed += 1,
                 RunStatus::Parked => report.parked += 1,
+                RunStatus::Waiting => report.waiting += 1,
                 RunStatus::Pending | RunStatus::Running => report.released += 1,
             }
             eprintln!("stephost worker: run {run_id} {}", r.status.as_str());

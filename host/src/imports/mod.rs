@@ -2,11 +2,13 @@
 //! adapters that route the guest's clocks and randomness through the ledger.
 //! Every function here goes through [`crate::journal::Journal::call`].
 
+pub mod approvals;
 pub mod clock;
 pub mod effects;
 pub mod llm;
 pub mod log;
 pub mod random;
+pub mod timers;
 pub mod types;
 pub mod wasi;
 

@@ -178,6 +178,22 @@ impl Ledger for GroupLedger {
         self.commits.commit(claim, ops)
     }
 
+    fn decide_approval(
+        &mut self,
+        run_id: &str,
+        seq: u64,
+        outcome: &str,
+        by: &str,
+        now_ms: i64,
+    ) -> Result<(), LedgerError> {
+        self.direct
+            .decide_approval(run_id, seq, outcome, by, now_ms)
+    }
+
+    fn pending_approvals(&self) -> Result<Vec<(RunRecord, CallRecord)>, LedgerError> {
+        self.direct.pending_approvals()
+    }
+
     fn resolve_call(
         &mut self,
         run_id: &str,

@@ -31,6 +31,9 @@ pub enum CallClass {
     Read,
     /// External side effects: `started` durably before the request leaves.
     Write,
+    /// Approvals and durable timers: the run may leave memory until they
+    /// resolve. Recorded as `started` durably, like a write.
+    Suspend,
 }
 
 impl CallClass {
@@ -39,6 +42,7 @@ impl CallClass {
             CallClass::Observe => "observe",
             CallClass::Read => "read",
             CallClass::Write => "write",
+            CallClass::Suspend => "suspend",
         }
     }
 
@@ -47,6 +51,7 @@ impl CallClass {
             "observe" => Some(CallClass::Observe),
             "read" => Some(CallClass::Read),
             "write" => Some(CallClass::Write),
+            "suspend" => Some(CallClass::Suspend),
             _ => None,
         }
     }
@@ -124,6 +129,8 @@ pub enum RunStatus {
     Pending,
     /// Claimed and executing, or interrupted (its owner died) and resumable.
     Running,
+    /// Out of memory until a timer is due or a person decides an approval.
+    Waiting,
     /// The step returned output.
     Completed,
     /// The step returned an error, trapped, or hit a limit.
@@ -139,6 +146,7 @@ impl RunStatus {
         match self {
             RunStatus::Pending => "pending",
             RunStatus::Running => "running",
+            RunStatus::Waiting => "waiting",
             RunStatus::Completed => "completed",
             RunStatus::Failed => "failed",
             RunStatus::Parked => "parked",
@@ -150,6 +158,7 @@ impl RunStatus {
         match s {
             "pending" => Some(RunStatus::Pending),
             "running" => Some(RunStatus::Running),
+            "waiting" => Some(RunStatus::Waiting),
             "completed" => Some(RunStatus::Completed),
             "failed" => Some(RunStatus::Failed),
             "parked" => Some(RunStatus::Parked),
@@ -182,6 +191,8 @@ pub struct RunRecord {
     pub lease_until_ms: Option<i64>,
     /// The newest fencing token; only its holder may write.
     pub fence: i64,
+    /// For a waiting run: when a worker should look at it again.
+    pub wake_at_ms: Option<i64>,
 }
 
 /// The right to write a run's rows, as granted by [`Ledger::claim`].
@@ -277,6 +288,12 @@ pub enum LedgerError {
         seq: u64,
         state: String,
     },
+    #[error("call #{seq} of run {run_id} cannot be decided: {reason}")]
+    NotDecidable {
+        run_id: String,
+        seq: u64,
+        reason: String,
+    },
     #[error("module {0} is not stored in the ledger")]
     UnknownModule(String),
     #[error("group commit failed: {0}")]
@@ -314,6 +331,11 @@ pub enum WriteOp {
     Log(LogRecord),
     /// The run's end: durable.
     Finish(RunEnd, i64),
+    /// The run leaves memory until `wake_at_ms` (or a decision): durable.
+    Suspend {
+        wake_at_ms: Option<i64>,
+        now_ms: i64,
+    },
 }
 
 /// The storage interface of the ledger. One implementation per database.
@@ -394,6 +416,21 @@ pub trait Ledger: Send {
     fn append_log(&mut self, claim: &Claim, log: &LogRecord) -> Result<(), LedgerError> {
         self.commit(claim, &[WriteOp::Log(log.clone())])
     }
+
+    /// A person's decision on an approval call that is still `started` and
+    /// not expired: records the outcome with who decided and makes the
+    /// waiting run runnable. Durable before it returns.
+    fn decide_approval(
+        &mut self,
+        run_id: &str,
+        seq: u64,
+        outcome: &str,
+        by: &str,
+        now_ms: i64,
+    ) -> Result<(), LedgerError>;
+
+    /// Approval calls still waiting for a decision, with their runs.
+    fn pending_approvals(&self) -> Result<Vec<(RunRecord, CallRecord)>, LedgerError>;
 
     /// A person's decision on an `unknown` call: records the outcome with who
     /// decided, and makes the parked run resumable. Durable before it returns.

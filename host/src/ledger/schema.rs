@@ -23,7 +23,7 @@ CREATE TABLE runs (
     run_id        TEXT PRIMARY KEY,
     module_digest TEXT NOT NULL REFERENCES modules(digest),
     input         TEXT NOT NULL,
-    status        TEXT NOT NULL CHECK (status IN ('pending','running','completed','failed','parked','diverged')),
+    status        TEXT NOT NULL CHECK (status IN ('pending','running','waiting','completed','failed','parked','diverged')),
     output        TEXT,
     error         TEXT,
     created_at    INTEGER NOT NULL,
@@ -31,14 +31,15 @@ CREATE TABLE runs (
     version       INTEGER NOT NULL,
     owner         TEXT,
     lease_until   INTEGER,
-    fence         INTEGER NOT NULL
+    fence         INTEGER NOT NULL,
+    wake_at       INTEGER
 ) STRICT;
 CREATE INDEX runs_by_status ON runs(status, created_at);
 
 CREATE TABLE calls (
     run_id        TEXT NOT NULL REFERENCES runs(run_id),
     seq           INTEGER NOT NULL,
-    class         TEXT NOT NULL CHECK (class IN ('observe','read','write')),
+    class         TEXT NOT NULL CHECK (class IN ('observe','read','write','suspend')),
     interface     TEXT NOT NULL,
     function      TEXT NOT NULL,
     operation_id  TEXT NOT NULL,

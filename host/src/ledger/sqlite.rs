@@ -165,7 +165,10 @@ impl SqliteLedger {
 impl WriteOp {
     /// Whether the write must be on disk before the writer goes on.
     pub fn durable(&self) -> bool {
-        matches!(self, WriteOp::Started(_) | WriteOp::Finish(..))
+        matches!(
+            self,
+            WriteOp::Started(_) | WriteOp::Finish(..) | WriteOp::Suspend { .. }
+        )
     }
 
     /// Applies the write inside the caller's transaction or savepoint, which
@@ -254,6 +257,14 @@ impl WriteOp {
                 ])?;
                 Ok(())
             }
+            WriteOp::Suspend { wake_at_ms, now_ms } => {
+                conn.prepare_cached(
+                    "UPDATE runs SET status = 'waiting', wake_at = ?1, updated_at = ?2, \
+                     owner = NULL, lease_until = NULL WHERE run_id = ?3",
+                )?
+                .execute(params![wake_at_ms, now_ms, claim.run_id])?;
+                Ok(())
+            }
         }
     }
 }
@@ -295,7 +306,7 @@ fn check_fence(tx: &Connection, claim: &Claim) -> Result<(), LedgerError> {
 }
 
 const RUN_COLUMNS: &str = "run_id, module_digest, input, status, output, error, created_at, \
-     updated_at, version, owner, lease_until, fence";
+     updated_at, version, owner, lease_until, fence, wake_at";
 
 fn run_from_row(r: &Row<'_>) -> rusqlite::Result<RunRecord> {
     let status: String = r.get(3)?;
@@ -312,6 +323,7 @@ fn run_from_row(r: &Row<'_>) -> rusqlite::Result<RunRecord> {
         owner: r.get(9)?,
         lease_until_ms: r.get(10)?,
         fence: r.get(11)?,
+        wake_at_ms: r.get(12)?,
     })
 }
 
@@ -476,7 +488,8 @@ impl Ledger for SqliteLedger {
         let changed = self.conn.execute(
             "UPDATE runs SET owner = ?1, lease_until = ?2, fence = fence + 1, \
              version = version + 1, updated_at = ?3, \
-             status = CASE status WHEN 'pending' THEN 'running' ELSE status END \
+             status = CASE WHEN status IN ('pending', 'waiting') THEN 'running' ELSE status END, \
+             wake_at = NULL \
              WHERE run_id = ?4 AND version = ?5",
             params![owner, lease_until_ms, now_ms, run_id, current.version],
         )?;
@@ -543,6 +556,7 @@ impl Ledger for SqliteLedger {
     fn runnable(&self, now_ms: i64, limit: usize) -> Result<Vec<RunRecord>, LedgerError> {
         let mut stmt = self.conn.prepare_cached(&format!(
             "SELECT {RUN_COLUMNS} FROM runs WHERE status IN ('pending', 'running') \
+             OR (status = 'waiting' AND wake_at IS NOT NULL AND wake_at <= ?1) \
              ORDER BY (owner IS NOT NULL AND lease_until >= ?1), created_at, run_id LIMIT ?2"
         ))?;
         let rows = stmt.query_map(params![now_ms, limit as i64], run_from_row)?;
@@ -620,6 +634,104 @@ impl Ledger for SqliteLedger {
         }
         tx.commit()?;
         Ok(())
+    }
+
+    fn decide_approval(
+        &mut self,
+        run_id: &str,
+        seq: u64,
+        outcome: &str,
+        by: &str,
+        now_ms: i64,
+    ) -> Result<(), LedgerError> {
+        self.set_sync(Sync::Full)?;
+        let tx = self
+            .conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)?;
+        let found = tx
+            .query_row(
+                &format!("SELECT {CALL_COLUMNS} FROM calls WHERE run_id = ?1 AND seq = ?2"),
+                params![run_id, seq as i64],
+                call_from_row,
+            )
+            .optional()?;
+        let refuse = |reason: String| LedgerError::NotDecidable {
+            run_id: run_id.to_string(),
+            seq,
+            reason,
+        };
+        let call = match found {
+            Some(call) => call,
+            None => {
+                tx.query_row("SELECT 1 FROM runs WHERE run_id = ?1", [run_id], |_| Ok(()))
+                    .optional()?
+                    .ok_or_else(|| LedgerError::UnknownRun(run_id.to_string()))?;
+                return Err(refuse("the run has no such call".into()));
+            }
+        };
+        if call.interface != crate::imports::approvals::INTERFACE {
+            return Err(refuse(format!(
+                "it is a {} {} call, not an approval",
+                call.interface, call.function
+            )));
+        }
+        if call.state != CallState::Started {
+            return Err(refuse(format!(
+                "it was already decided ({})",
+                call.resolved_by
+                    .as_deref()
+                    .map(|b| format!("by {b}"))
+                    .unwrap_or_else(|| "expired".to_string())
+            )));
+        }
+        let expires = crate::imports::approvals::expires_at_ms(&call);
+        if now_ms >= expires {
+            return Err(refuse(format!(
+                "it expired at {}",
+                crate::clock::format_time(expires)
+            )));
+        }
+        tx.execute(
+            "UPDATE calls SET state = 'succeeded', outcome = ?1, finished_at = ?2, \
+             resolved_by = ?3, resolved_at = ?2 WHERE run_id = ?4 AND seq = ?5",
+            params![outcome, now_ms, by, run_id, seq as i64],
+        )?;
+        tx.execute(
+            "UPDATE runs SET status = 'running', wake_at = NULL, updated_at = ?1 \
+             WHERE run_id = ?2 AND status = 'waiting'",
+            params![now_ms, run_id],
+        )?;
+        tx.execute(
+            "INSERT INTO counters (name, value) VALUES ('approvals_decided_total', 1) \
+             ON CONFLICT (name) DO UPDATE SET value = value + 1",
+            [],
+        )?;
+        tx.commit()?;
+        Ok(())
+    }
+
+    fn pending_approvals(&self) -> Result<Vec<(RunRecord, CallRecord)>, LedgerError> {
+        let mut stmt = self.conn.prepare(
+            "SELECT c.run_id, c.seq FROM calls c JOIN runs r ON r.run_id = c.run_id \
+             WHERE c.interface = ?1 AND c.state = 'started' \
+             AND r.status NOT IN ('completed', 'failed') ORDER BY c.started_at, c.run_id",
+        )?;
+        let keys: Vec<(String, i64)> = stmt
+            .query_map([crate::imports::approvals::INTERFACE], |r| {
+                Ok((r.get(0)?, r.get(1)?))
+            })?
+            .collect::<Result<_, _>>()?;
+        let mut out = Vec::new();
+        for (run_id, seq) in keys {
+            let run = self.run(&run_id)?;
+            let call = self.conn.query_row(
+                &format!("SELECT {CALL_COLUMNS} FROM calls WHERE run_id = ?1 AND seq = ?2"),
+                params![run_id, seq],
+                call_from_row,
+            )?;
+            out.push((run, call));
+        }
+        Ok(out)
     }
 
     fn resolve_call(

@@ -1,0 +1,1096 @@
+//! `stephost-bench`: the cost of durability, measured against the physical
+//! floor (one fsync'd SQLite commit) on the same disk, in one run.
+//!
+//! It builds nothing: it expects the benchmark guest at
+//! `target/guest-wasm/wasm32-wasip2/release/bench_guest.wasm` (or `--guest`)
+//! and, for the CLI cold start, the `stephost` binary next to its own
+//! executable (or `--cli`). See `bench/README.md`.
+
+use std::error::Error;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use serde_json::{Value, json};
+use stephost::config::Config;
+use stephost::ledger::RunStatus;
+use stephost::replay::ReplayVerdict;
+use stephost::runner::{Host, HostOptions, RunReport};
+use stephost::worker::{self, WorkerOptions};
+
+type Res<T> = Result<T, Box<dyn Error>>;
+
+/// Name of the guest in error messages.
+const WHAT: &str = "bench_guest.wasm";
+
+// The counts. The whole suite must finish in well under 5 minutes on 2 cores.
+const FLOOR_WARMUP: usize = 50;
+const FLOOR_COMMITS: usize = 500;
+const WRITES: u64 = 2_000;
+const OBSERVES: u64 = 20_000;
+const READS: u64 = 20_000;
+/// Reads if one read turns out to cost an fsync (then 20,000 would take minutes).
+const READS_IF_SLOW: u64 = 2_000;
+const REPLAY_CALLS: u64 = 100_000;
+const STARTS: usize = 200;
+const CLI_STARTS: usize = 5;
+const GROUP_RUNS: usize = 64;
+const GROUP_WRITES: u64 = 50;
+const RESUME_CALLS: u64 = 10_000;
+const PENDING_RUNS: usize = 10_000;
+
+fn main() {
+    match main_inner() {
+        Ok(()) => {}
+        Err(e) => {
+            eprintln!("stephost-bench: {e}");
+            std::process::exit(1);
+        }
+    }
+}
+
+struct Args {
+    guest: PathBuf,
+    cli: Option<PathBuf>,
+    out: PathBuf,
+    /// Figures to run (1 to 7); all when empty.
+    only: Vec<u32>,
+}
+
+impl Args {
+    fn wants(&self, figure: u32) -> bool {
+        self.only.is_empty() || self.only.contains(&figure)
+    }
+}
+
+fn workspace_root() -> PathBuf {
+    let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
+    manifest.parent().unwrap_or(manifest).to_path_buf()
+}
+
+fn parse_args() -> Res<Args> {
+    let root = workspace_root();
+    let mut args = Args {
+        guest: root.join("target/guest-wasm/wasm32-wasip2/release/bench_guest.wasm"),
+        cli: None,
+        out: root.join("target/bench/results.json"),
+        only: Vec::new(),
+    };
+    let mut it = std::env::args().skip(1);
+    while let Some(arg) = it.next() {
+        let mut value = |name: &str| {
+            it.next()
+                .map(PathBuf::from)
+                .ok_or_else(|| format!("{name} needs a path"))
+        };
+        match arg.as_str() {
+            "--guest" => args.guest = value("--guest")?,
+            "--cli" => args.cli = Some(value("--cli")?),
+            "--out" => args.out = value("--out")?,
+            "--only" => {
+                let list = it
+                    .next()
+                    .ok_or("--only needs a list of figures, e.g. 1,5")?;
+                for n in list.split(',') {
+                    let n: u32 = n
+                        .trim()
+                        .parse()
+                        .map_err(|_| format!("--only: bad figure {n:?}"))?;
+                    args.only.push(n);
+                }
+            }
+            "-h" | "--help" => {
+                println!(
+                    "usage: stephost-bench [--guest bench_guest.wasm] [--cli path/to/stephost] \
+                     [--out results.json] [--only 1,5]\nSee bench/README.md."
+                );
+                std::process::exit(0);
+            }
+            other => return Err(format!("unknown argument {other:?} (try --help)").into()),
+        }
+    }
+    Ok(args)
+}
+
+fn main_inner() -> Res<()> {
+    let args = parse_args()?;
+    let module = std::fs::read(&args.guest).map_err(|e| {
+        format!(
+            "cannot read the guest {}: {e}\nbuild it first: cargo build --release \
+             --target wasm32-wasip2 --target-dir target/guest-wasm -p bench-guest",
+            args.guest.display()
+        )
+    })?;
+    let root = workspace_root();
+    let scratch = root.join("target");
+    std::fs::create_dir_all(&scratch)?;
+    // The ledgers live on the same disk as the repository (not /tmp, which
+    // may be a tmpfs where fsync costs nothing).
+    let dir = tempfile::Builder::new()
+        .prefix("bench-")
+        .tempdir_in(&scratch)?;
+    let started = Instant::now();
+    let mut bench = Bench::new(dir.path(), module)?;
+    bench.run_all(&args)?;
+    let elapsed = started.elapsed();
+
+    bench.print_table();
+    let machine = machine_info(&root);
+    let results = json!({
+        "suite": "stephost-bench",
+        "machine": machine,
+        "elapsed_s": elapsed.as_secs_f64(),
+        "counts": {
+            "floor_commits": FLOOR_COMMITS,
+            "writes": WRITES,
+            "observes": OBSERVES,
+            "reads": bench.reads,
+            "replay_calls": REPLAY_CALLS,
+            "starts": STARTS,
+            "cli_starts": CLI_STARTS,
+            "group_runs": GROUP_RUNS,
+            "group_writes_per_run": GROUP_WRITES,
+            "resume_calls": RESUME_CALLS,
+            "pending_runs": PENDING_RUNS,
+        },
+        "figures": bench.rows.iter().map(Row::to_json).collect::<Vec<_>>(),
+        "notes": bench.notes,
+    });
+    if let Some(parent) = args.out.parent() {
+        std::fs::create_dir_all(parent)?;
+    }
+    std::fs::write(&args.out, serde_json::to_string_pretty(&results)? + "\n")?;
+    println!();
+    println!(
+        "machine: {} cores, kernel {}, {}; suite took {:.0} s",
+        machine["nproc"],
+        machine["kernel"].as_str().unwrap_or("?"),
+        machine["date"].as_str().unwrap_or("?"),
+        elapsed.as_secs_f64()
+    );
+    println!("written to {}", args.out.display());
+    Ok(())
+}
+
+/// One line of the table.
+struct Row {
+    figure: String,
+    value: f64,
+    unit: &'static str,
+    /// The fsync floor (µs) measured nearest to this figure.
+    floor_us: Option<f64>,
+    ratio: Option<f64>,
+    target: Option<String>,
+    met: Option<bool>,
+}
+
+impl Row {
+    fn new(figure: &str, value: f64, unit: &'static str) -> Self {
+        Row {
+            figure: figure.to_string(),
+            value,
+            unit,
+            floor_us: None,
+            ratio: None,
+            target: None,
+            met: None,
+        }
+    }
+
+    /// Sets the floor and the ratio value / floor.
+    fn over_floor(mut self, floor_us: f64) -> Self {
+        self.floor_us = Some(floor_us);
+        self.ratio = Some(self.value / floor_us);
+        self
+    }
+
+    fn target(mut self, text: &str, met: bool) -> Self {
+        self.target = Some(text.to_string());
+        self.met = Some(met);
+        self
+    }
+
+    fn to_json(&self) -> Value {
+        json!({
+            "figure": self.figure,
+            "value": self.value,
+            "unit": self.unit,
+            "floor_us": self.floor_us,
+            "ratio": self.ratio,
+            "target": self.target,
+            "met": self.met,
+        })
+    }
+}
+
+fn fmt(v: f64) -> String {
+    if !v.is_finite() {
+        return v.to_string();
+    }
+    let a = v.abs();
+    if a >= 1000.0 {
+        format!("{v:.0}")
+    } else if a >= 10.0 {
+        format!("{v:.1}")
+    } else if a >= 0.1 {
+        format!("{v:.2}")
+    } else {
+        format!("{v:.3}")
+    }
+}
+
+struct Bench {
+    dir: PathBuf,
+    module: Vec<u8>,
+    /// The gate's directory (see [`Gate`]).
+    gate: PathBuf,
+    config: Config,
+    rows: Vec<Row>,
+    notes: Vec<String>,
+    /// How many reads figure 2 made.
+    reads: u64,
+    /// Figure 1, µs per write, for figure 5's comparison.
+    single_write_us: Option<f64>,
+}
+
+/// The effects the guest uses. `gate.read` is a command that blocks on a
+/// shared `flock` of `<gate>/gate.lock` while the bench holds it exclusively
+/// (see [`Gate`]); it first leaves an `arrived.*` file so the bench can
+/// count the runs waiting.
+fn config_text(gate: &Path) -> String {
+    let script = "mktemp \"$0/arrived.XXXXXX\" >/dev/null && flock -s \"$0/gate.lock\" true \
+                  && echo '{}'";
+    format!(
+        r#"
+[limits]
+calls_max = 1000000
+
+[effects."noop.write"]
+kind = "echo"
+class = "write"
+
+[effects."noop.read"]
+kind = "echo"
+class = "read"
+
+[effects."gate.read"]
+kind = "command"
+class = "read"
+argv = ["sh", "-c", {script}, {gate}]
+timeout_ms = 120000
+"#,
+        script = Value::String(script.to_string()),
+        gate = Value::String(gate.display().to_string()),
+    )
+}
+
+fn host_options(config: &Config) -> HostOptions {
+    HostOptions {
+        limits: config.limits.clone(),
+        effects: config
+            .effects()
+            .expect("the bench configuration was checked at start"),
+        log_sink: None,
+        ..HostOptions::default()
+    }
+}
+
+fn progress(what: &str) {
+    eprintln!("[bench] {what}");
+}
+
+impl Bench {
+    fn new(dir: &Path, module: Vec<u8>) -> Res<Self> {
+        let gate = dir.join("gate");
+        std::fs::create_dir_all(&gate)?;
+        let config = Config::parse(&config_text(&gate))?;
+        config.effects()?;
+        Ok(Bench {
+            dir: dir.to_path_buf(),
+            module,
+            gate,
+            config,
+            rows: Vec::new(),
+            notes: Vec::new(),
+            reads: READS,
+            single_write_us: None,
+        })
+    }
+
+    fn options(&self) -> HostOptions {
+        host_options(&self.config)
+    }
+
+    fn host(&self, db: &str) -> Res<Host> {
+        Ok(Host::open(&self.dir.join(db), self.options())?)
+    }
+
+    fn note(&mut self, text: String) {
+        self.notes.push(text);
+    }
+
+    fn floor(&mut self, tag: &str) -> Res<f64> {
+        let floor = floor_us(&self.dir, tag)?;
+        progress(&format!("floor ({tag}): {floor:.0} µs per fsync'd commit"));
+        self.rows
+            .push(Row::new(&format!("floor ({tag})"), floor, "µs/commit"));
+        Ok(floor)
+    }
+
+    fn run_all(&mut self, args: &Args) -> Res<()> {
+        let floor = self.floor("start")?;
+        let mut host = self.host("runs.db")?;
+        // Warm: compile the component once, prepare the ledger's statements.
+        self.run(&mut host, json!({"mode": "none"}))?;
+        self.run(&mut host, json!({"mode": "write", "count": 50}))?;
+        let none_us = mean_us(&self.repeat(&mut host, json!({"mode": "none"}), 20)?);
+
+        if args.wants(1) || args.wants(5) {
+            self.write_effect(&mut host, none_us)?;
+        }
+        if args.wants(2) {
+            self.observe_and_read(&mut host, none_us, floor)?;
+        }
+        if args.wants(3) {
+            self.replay(&mut host)?;
+        }
+        if args.wants(4) {
+            self.start_of_run(&mut host, floor, args)?;
+        }
+        drop(host);
+        if args.wants(5) {
+            self.group_commit()?;
+        }
+        if args.wants(6) {
+            self.resume()?;
+        }
+        if args.wants(7) {
+            self.memory()?;
+        }
+        Ok(())
+    }
+
+    /// Runs the guest to completion; its wall time and output.
+    fn run(&self, host: &mut Host, input: Value) -> Res<(Duration, Value, RunReport)> {
+        let text = input.to_string();
+        let t = Instant::now();
+        let report = host.run(&self.module, WHAT, &text, None)?;
+        let took = t.elapsed();
+        let output = completed(&report)?;
+        Ok((took, output, report))
+    }
+
+    fn repeat(&self, host: &mut Host, input: Value, n: usize) -> Res<Vec<Duration>> {
+        (0..n)
+            .map(|_| Ok(self.run(host, input.clone())?.0))
+            .collect()
+    }
+
+    /// Figure 1: sequential durable writes to an in-process no-op.
+    fn write_effect(&mut self, host: &mut Host, none_us: f64) -> Res<()> {
+        let before = floor_us(&self.dir, "before 1")?;
+        progress(&format!("1 write effect: a run of {WRITES} writes"));
+        let (took, _, _) = self.run(host, json!({"mode": "write", "count": WRITES}))?;
+        let after = floor_us(&self.dir, "after 1")?;
+        self.push_floor("around 1", before, after);
+        let floor = (before + after) / 2.0;
+        let per_write = (us(took) - none_us) / WRITES as f64;
+        self.single_write_us = Some(per_write);
+        let row = Row::new("1 write effect", per_write, "µs/write").over_floor(floor);
+        let met = row.ratio.is_some_and(|r| r <= 1.1);
+        self.rows.push(row.target("≤ 1.1× floor", met));
+        self.note(format!(
+            "1: (wall time of a run of {WRITES} writes - mean of a `none` run, {none_us:.0} µs) / \
+             {WRITES}; the `none` run holds the run's own start and end commits; the floor is the \
+             mean of the floors just before and after"
+        ));
+        Ok(())
+    }
+
+    /// Figure 2: observe (clock) and no-op read calls.
+    fn observe_and_read(&mut self, host: &mut Host, none_us: f64, floor: f64) -> Res<()> {
+        progress(&format!("2 observe: 3 runs of {OBSERVES} clock calls"));
+        let observe =
+            median_us(&self.repeat(host, json!({"mode": "observe", "count": OBSERVES}), 3)?);
+        let per_observe = (observe - none_us) / OBSERVES as f64;
+        let row = Row::new("2 observe call", per_observe, "µs/call").over_floor(floor);
+        self.rows.push(row.target("≤ 5 µs", per_observe <= 5.0));
+
+        // A probe first: if a read costs an fsync, 20,000 of them take minutes.
+        let (probe, _, _) = self.run(host, json!({"mode": "read", "count": 200}))?;
+        if (us(probe) - none_us) / 200.0 > 100.0 {
+            self.reads = READS_IF_SLOW;
+            self.note(format!(
+                "2: a read costs more than 100 µs (it is fsync'd on its own), so figure 2 makes \
+                 {READS_IF_SLOW} reads instead of {READS}"
+            ));
+        }
+        let reads = self.reads;
+        progress(&format!("2 read: 3 runs of {reads} no-op reads"));
+        let read = median_us(&self.repeat(host, json!({"mode": "read", "count": reads}), 3)?);
+        let per_read = (read - none_us) / reads as f64;
+        let row = Row::new("2 read call (no-op)", per_read, "µs/call").over_floor(floor);
+        self.rows.push(row.target("≤ 5 µs", per_read <= 5.0));
+        self.note(
+            "2: (median wall time of 3 runs of N calls - mean `none` run) / N; this includes \
+             writing the calls' ledger rows, whenever the host commits them"
+                .to_string(),
+        );
+        Ok(())
+    }
+
+    /// Figure 3: replay of a recorded run of 100,000 calls.
+    fn replay(&mut self, host: &mut Host) -> Res<()> {
+        progress(&format!(
+            "3 replay: recording a run of {REPLAY_CALLS} clock calls"
+        ));
+        let (record, _, report) =
+            self.run(host, json!({"mode": "observe", "count": REPLAY_CALLS}))?;
+        progress("3 replay: 3 replays");
+        let mut times = Vec::new();
+        for _ in 0..3 {
+            let t = Instant::now();
+            let replayed = host.replay(&report.run_id, None)?;
+            times.push(t.elapsed());
+            match replayed.verdict {
+                ReplayVerdict::Consistent { calls, .. } if calls == REPLAY_CALLS => {}
+                other => return Err(format!("replay of the 100,000-call run: {other:?}").into()),
+            }
+        }
+        let secs = median_us(&times) / 1e6;
+        let rate = REPLAY_CALLS as f64 / secs;
+        self.rows
+            .push(Row::new("3 replay", rate, "calls/s").target("≥ 1,000,000 calls/s", rate >= 1e6));
+        self.note(format!(
+            "3: median of 3 `Host::replay` calls of a recorded run of {REPLAY_CALLS} clock calls \
+             ({:.0} ms), including reading the run and its calls out of the ledger; recording it \
+             took {:.0} ms",
+            secs * 1e3,
+            record.as_secs_f64() * 1e3
+        ));
+        Ok(())
+    }
+
+    /// Figure 4: the start of a run, in process and from the command line.
+    fn start_of_run(&mut self, host: &mut Host, floor: f64, args: &Args) -> Res<()> {
+        progress(&format!("4 start: {STARTS} `none` runs on one warm host"));
+        let whole = mean_us(&self.repeat(host, json!({"mode": "none"}), STARTS)?);
+        let row = Row::new("4 run of a no-op step, whole", whole, "µs/run").over_floor(floor);
+        self.rows.push(row.target("≤ 100 µs", whole <= 100.0));
+
+        progress(&format!("4 start: {STARTS} runs to the guest's first call"));
+        let mut to_first = Vec::new();
+        for _ in 0..STARTS {
+            let t0 = now_ns();
+            let (_, output, _) = self.run(host, json!({"mode": "stamp"}))?;
+            let first = output["first_ns"]
+                .as_u64()
+                .ok_or("the stamp run returned no first_ns")?;
+            to_first.push(first.saturating_sub(t0) as f64 / 1e3);
+        }
+        let first = to_first.iter().sum::<f64>() / to_first.len() as f64;
+        let row = Row::new("4 start to guest's first call", first, "µs").over_floor(floor);
+        self.rows.push(row.target("≤ 100 µs", first <= 100.0));
+
+        progress(&format!("4 start: {STARTS} replays of a `none` run"));
+        let (_, _, none) = self.run(host, json!({"mode": "none"}))?;
+        let mut replays = Vec::new();
+        for _ in 0..STARTS {
+            let t = Instant::now();
+            host.replay(&none.run_id, None)?;
+            replays.push(t.elapsed());
+        }
+        let replay = mean_us(&replays);
+        self.rows.push(Row::new(
+            "4 replay of a no-op run (no ledger writes)",
+            replay,
+            "µs/run",
+        ));
+        self.note(format!(
+            "4: `whole` is `Host::run` of a step that returns at once (submit, claim, \
+             instantiate, call, finish: its ledger commits included), mean of {STARTS}; \
+             `start to guest's first call` is from before `Host::run` to the host's clock value \
+             read by the guest's first call (the guest's first instruction is just before), \
+             mean of {STARTS}; the replay row is `Host::replay` of a finished no-op run (reads \
+             it from the ledger, instantiates, calls; writes nothing), mean of {STARTS}"
+        ));
+
+        let cli = args.cli.clone().or_else(|| {
+            std::env::current_exe()
+                .ok()
+                .and_then(|exe| exe.parent().map(|dir| dir.join("stephost")))
+        });
+        match cli.filter(|path| path.is_file()) {
+            Some(cli) => {
+                progress(&format!(
+                    "4 CLI: {CLI_STARTS} cold `stephost run` processes ({})",
+                    cli.display()
+                ));
+                let cold = self.cli_cold_start(&cli, &args.guest)?;
+                self.rows
+                    .push(Row::new("4 CLI cold `stephost run`", cold, "ms"));
+                self.note(format!(
+                    "4: CLI cold start: median of {CLI_STARTS} child processes `{} run \
+                     bench_guest.wasm --input '{{\"mode\":\"none\",\"count\":0}}'` on one ledger \
+                     (after one untimed run); stephost has no compiled-component cache on disk, \
+                     so every process compiles the component",
+                    cli.display()
+                ));
+            }
+            None => self.note(
+                "4: CLI cold start skipped: no `stephost` binary next to stephost-bench \
+                 (build it with `cargo build -p stephost`, or pass --cli PATH)"
+                    .to_string(),
+            ),
+        }
+        Ok(())
+    }
+
+    fn cli_cold_start(&self, cli: &Path, guest: &Path) -> Res<f64> {
+        let db = self.dir.join("cli.db");
+        let once = || -> Res<Duration> {
+            let t = Instant::now();
+            let out = Command::new(cli)
+                .current_dir(&self.dir)
+                .env_remove("STEPHOST_DB")
+                .env_remove("STEPHOST_CONFIG")
+                .arg("--db")
+                .arg(&db)
+                .arg("run")
+                .arg(guest)
+                .args(["--input", r#"{"mode":"none","count":0}"#])
+                .stdout(Stdio::null())
+                .stderr(Stdio::piped())
+                .output()?;
+            let took = t.elapsed();
+            if !out.status.success() {
+                return Err(format!(
+                    "{} run failed ({}): {}",
+                    cli.display(),
+                    out.status,
+                    String::from_utf8_lossy(&out.stderr)
+                )
+                .into());
+            }
+            Ok(took)
+        };
+        once()?;
+        let times = (0..CLI_STARTS).map(|_| once()).collect::<Res<Vec<_>>>()?;
+        Ok(median_us(&times) / 1e3)
+    }
+
+    /// Figure 5: 64 concurrent runs in one worker, sharing fsyncs.
+    fn group_commit(&mut self) -> Res<()> {
+        let db = self.dir.join("group.db");
+        let floor_before = floor_us(&self.dir, "before 5")?;
+        progress(&format!(
+            "5 group commit: {GROUP_RUNS} runs of {GROUP_WRITES} writes, one warm worker"
+        ));
+        let input = json!({"mode": "write", "count": GROUP_WRITES, "stamps": true, "gate": true})
+            .to_string();
+        let (ids, cpu, wall) = self.with_warm_worker(&db, "bench-group", |host| {
+            let gate = Gate::close(&self.gate)?;
+            let ids = (0..GROUP_RUNS)
+                .map(|_| Ok(host.submit(&self.module, WHAT, &input, None)?.run_id))
+                .collect::<Res<Vec<_>>>()?;
+            gate.wait_arrived(GROUP_RUNS)?;
+            let cpu = cpu_seconds()?;
+            let t = Instant::now();
+            gate.open()?;
+            wait_completed(host, &ids)?;
+            Ok((ids, cpu_seconds()? - cpu, t.elapsed()))
+        })?;
+        let floor_after = floor_us(&self.dir, "after 5")?;
+        let floor = (floor_before + floor_after) / 2.0;
+        self.push_floor("around 5", floor_before, floor_after);
+
+        // From the first run's first clock call to the last run's end.
+        let host = Host::open(&db, self.options())?;
+        let mut first_ns = u64::MAX;
+        let mut last_ms = 0i64;
+        for id in &ids {
+            let run = host.ledger().run(id)?;
+            let output: Value = serde_json::from_str(run.output.as_deref().unwrap_or("null"))?;
+            let f = output["first_ns"]
+                .as_u64()
+                .ok_or("a group-commit run returned no first_ns")?;
+            first_ns = first_ns.min(f);
+            last_ms = last_ms.max(run.updated_at_ms);
+        }
+        let window_s = ((last_ms as f64) * 1e6 - first_ns as f64).max(1e6) / 1e9;
+        let writes = (GROUP_RUNS as u64 * GROUP_WRITES) as f64;
+        let rate = writes / window_s;
+        let single = self.single_write_us.map(|us| 1e6 / us);
+        let mut row = Row::new("5 group commit", rate, "writes/s");
+        row.floor_us = Some(floor);
+        if let Some(single) = single {
+            row.ratio = Some(rate / single);
+            let met = rate / single >= 20.0;
+            row = row.target("≥ 20× single run", met);
+        }
+        self.rows.push(row);
+        self.note(format!(
+            "5: a worker (`worker::run`, concurrency {GROUP_RUNS}) first runs one no-op run so \
+             its component cache is warm; then {GROUP_RUNS} runs of {GROUP_WRITES} writes each \
+             are submitted, claimed, and held at a gate until all have started; writes/s over \
+             the window from the first run's first clock call after the gate to the last run's \
+             end ({:.0} ms, ms resolution); ratio = that rate / figure 1's single-run rate ({}); \
+             the floor is the mean of the floors just before and after. From the gate's opening \
+             to the last run's end the process used {cpu:.2} s of CPU in {:.2} s ({:.1} of {} \
+             cores busy)",
+            window_s * 1e3,
+            single.map_or("n/a".to_string(), |s| format!("{s:.0} writes/s")),
+            wall.as_secs_f64(),
+            cpu / wall.as_secs_f64(),
+            std::thread::available_parallelism().map_or(0, |n| n.get()),
+        ));
+        Ok(())
+    }
+
+    fn push_floor(&mut self, tag: &str, before: f64, after: f64) {
+        progress(&format!(
+            "floor {tag}: {before:.0} µs before, {after:.0} µs after"
+        ));
+        self.rows.push(Row::new(
+            &format!("floor ({tag}: mean of before, after)"),
+            (before + after) / 2.0,
+            "µs/commit",
+        ));
+    }
+
+    /// Runs `body` beside a worker on `db` whose compiled-component cache is
+    /// warm (it has completed one no-op run); then shuts the worker down.
+    fn with_warm_worker<T>(
+        &self,
+        db: &Path,
+        id: &str,
+        body: impl FnOnce(&mut Host) -> Res<T>,
+    ) -> Res<T> {
+        let mut host = Host::open(db, self.options())?;
+        let warm = host
+            .submit(&self.module, WHAT, r#"{"mode":"none"}"#, None)?
+            .run_id;
+        let shutdown = AtomicBool::new(false);
+        let mut options = self.worker_options(GROUP_RUNS, id);
+        options.exit_when_idle = false;
+        std::thread::scope(|scope| -> Res<T> {
+            let worker = scope
+                .spawn(|| worker::run(db, &|| host_options(&self.config), &options, &shutdown));
+            let result =
+                wait_completed(&host, std::slice::from_ref(&warm)).and_then(|()| body(&mut host));
+            shutdown.store(true, Ordering::SeqCst);
+            let report = worker.join().map_err(|_| "the worker panicked")??;
+            if report.failed + report.abandoned + report.parked > 0 {
+                return Err(format!("worker {id}: {report:?}").into());
+            }
+            result
+        })
+    }
+
+    fn worker_options(&self, concurrency: usize, id: &str) -> WorkerOptions {
+        WorkerOptions {
+            concurrency,
+            exit_when_idle: true,
+            poll_ms: 1,
+            worker_id: id.to_string(),
+            ..WorkerOptions::default()
+        }
+    }
+
+    /// Figure 6: resuming a run with 10,000 recorded calls.
+    fn resume(&mut self) -> Res<()> {
+        let db = self.dir.join("resume.db");
+        let mut host = Host::open(&db, self.options())?;
+        let input = json!({"mode": "resume", "count": RESUME_CALLS}).to_string();
+        let run_id = host.submit(&self.module, WHAT, &input, None)?.run_id;
+        progress(&format!(
+            "6 resume: recording {RESUME_CALLS} calls, stopping the worker at the gate after them"
+        ));
+        // A worker executes the run. While it waits at the gate after its
+        // 10,000 clock calls, the worker is told to shut down; the gate
+        // opens, and the run stops before its next call (a write) and is
+        // released, with 10,001 calls recorded.
+        let shutdown = AtomicBool::new(false);
+        let mut options = self.worker_options(1, "bench-resume");
+        options.exit_when_idle = false;
+        let gate = Gate::close(&self.gate)?;
+        let report = std::thread::scope(|scope| -> Res<_> {
+            let worker = scope
+                .spawn(|| worker::run(&db, &|| host_options(&self.config), &options, &shutdown));
+            let arrived = gate.wait_arrived(1);
+            shutdown.store(true, Ordering::SeqCst);
+            // Let the worker see the shutdown and tell the run to drain.
+            std::thread::sleep(Duration::from_millis(100));
+            let opened = gate.open();
+            let report = worker.join().map_err(|_| "the worker panicked")?;
+            arrived?;
+            opened?;
+            Ok(report?)
+        })?;
+        if report.released != 1 {
+            return Err(format!("resume: the worker did not release the run: {report:?}").into());
+        }
+        // Warm the compiled-component cache of this host, as a worker's is.
+        self.run(&mut host, json!({"mode": "none"}))?;
+        let before = counter(&host, "resume_latency_sum_us")?;
+        progress("6 resume: resuming");
+        let t = Instant::now();
+        let resumed = host.resume(&run_id)?;
+        let whole = t.elapsed();
+        completed(&resumed)?;
+        let to_first_live = counter(&host, "resume_latency_sum_us")? - before;
+        if resumed.stats.replayed != RESUME_CALLS + 1 || resumed.stats.live != 1 {
+            return Err(format!("resume: unexpected stats {:?}", resumed.stats).into());
+        }
+        self.rows.push(Row::new(
+            "6 resume to first live call (host metric)",
+            to_first_live as f64 / 1e3,
+            "ms",
+        ));
+        self.rows
+            .push(Row::new("6 resume, whole call", us(whole) / 1e3, "ms"));
+        self.note(format!(
+            "6: a run recorded {RESUME_CALLS} clock calls and one write, then was stopped by a \
+             worker shutdown before its last write and released; `Host::resume` (warm component \
+             cache) replayed {} calls and made {} live write. `to first live call` is the host's \
+             own resume-latency metric (from the start of the execution, after the run and its \
+             calls are read from the ledger, to the first live call); `whole call` is the \
+             wall time of `Host::resume`: claim, reading the history, replay, the live write \
+             and finishing the run",
+            resumed.stats.replayed, resumed.stats.live
+        ));
+        Ok(())
+    }
+
+    /// Figure 7: resident memory per active run and per pending run.
+    fn memory(&mut self) -> Res<()> {
+        progress(&format!(
+            "7 memory: RSS of a warm worker, idle and with {GROUP_RUNS} runs in flight"
+        ));
+        let db = self.dir.join("memory.db");
+        let input = json!({"mode": "none", "gate": true}).to_string();
+        let (idle, busy) = self.with_warm_worker(&db, "bench-memory", |host| {
+            let idle = rss_bytes()?;
+            let gate = Gate::close(&self.gate)?;
+            let ids = (0..GROUP_RUNS)
+                .map(|_| Ok(host.submit(&self.module, WHAT, &input, None)?.run_id))
+                .collect::<Res<Vec<_>>>()?;
+            gate.wait_arrived(GROUP_RUNS)?;
+            let busy = rss_bytes()?;
+            gate.open()?;
+            wait_completed(host, &ids)?;
+            Ok((idle, busy))
+        })?;
+        let per_active = (busy as f64 - idle as f64) / GROUP_RUNS as f64;
+        self.rows
+            .push(Row::new("7 RSS per active run", per_active / 1024.0, "KiB"));
+
+        progress(&format!(
+            "7 memory: RSS over 2 × {PENDING_RUNS} pending runs"
+        ));
+        let mut host = self.host("pending.db")?;
+        let input = json!({"mode": "none"}).to_string();
+        let mut submit_many = || -> Res<(f64, Duration)> {
+            let before = rss_bytes()?;
+            let t = Instant::now();
+            for _ in 0..PENDING_RUNS {
+                host.submit(&self.module, WHAT, &input, None)?;
+            }
+            let took = t.elapsed();
+            Ok((rss_bytes()? as f64 - before as f64, took))
+        };
+        let (first, first_took) = submit_many()?;
+        let (second, second_took) = submit_many()?;
+        let per_pending = second / PENDING_RUNS as f64;
+        self.rows.push(
+            Row::new("7 RSS per pending run", per_pending, "bytes")
+                .target("≈ 0 (< 32)", per_pending < 32.0),
+        );
+        self.note(format!(
+            "7: per active run = (RSS while {GROUP_RUNS} runs wait at the gate in a warm \
+             worker - RSS of the idle warm worker) / {GROUP_RUNS}: the store, the guest's \
+             memory, the run's thread and its own SQLite connection. Per pending run = RSS \
+             growth over {PENDING_RUNS} `Host::submit` calls made after {PENDING_RUNS} others \
+             ({:.0} KiB in all, {:.1} s); the first {PENDING_RUNS} grew RSS by {:.0} KiB \
+             ({:.1} s): SQLite's page cache (bounded, 2 MiB per connection by default) filling \
+             up. Pending runs exist only as ledger rows; pending stands in for suspended, since \
+             neither holds an instance",
+            second / 1024.0,
+            second_took.as_secs_f64(),
+            first / 1024.0,
+            first_took.as_secs_f64(),
+        ));
+        Ok(())
+    }
+
+    fn print_table(&self) {
+        let header = [
+            "figure",
+            "value",
+            "unit",
+            "floor µs",
+            "ratio",
+            "target",
+            "met",
+        ];
+        let cells: Vec<[String; 7]> = self
+            .rows
+            .iter()
+            .map(|r| {
+                [
+                    r.figure.clone(),
+                    fmt(r.value),
+                    r.unit.to_string(),
+                    r.floor_us.map_or("-".into(), fmt),
+                    r.ratio.map_or("-".into(), fmt),
+                    r.target.clone().unwrap_or_else(|| "-".into()),
+                    r.met
+                        .map_or("-", |m| if m { "yes" } else { "no" })
+                        .to_string(),
+                ]
+            })
+            .collect();
+        let mut widths = header.map(|h| h.chars().count());
+        for row in &cells {
+            for (w, c) in widths.iter_mut().zip(row) {
+                *w = (*w).max(c.chars().count());
+            }
+        }
+        let line = |row: &[String]| {
+            let mut out = String::new();
+            for (i, (c, w)) in row.iter().zip(widths).enumerate() {
+                let pad = w - c.chars().count();
+                // Text left, numbers right.
+                if matches!(i, 1 | 3 | 4) {
+                    out.push_str(&" ".repeat(pad));
+                    out.push_str(c);
+                } else {
+                    out.push_str(c);
+                    out.push_str(&" ".repeat(pad));
+                }
+                out.push_str("  ");
+            }
+            println!("{}", out.trim_end());
+        };
+        line(&header.map(String::from));
+        line(&widths.map(|w| "-".repeat(w)));
+        for row in &cells {
+            line(row);
+        }
+        println!();
+        for note in &self.notes {
+            println!("- {note}");
+        }
+    }
+}
+
+fn completed(report: &RunReport) -> Res<Value> {
+    if report.status != RunStatus::Completed {
+        return Err(format!(
+            "run {} ended {}: {}",
+            report.run_id,
+            report.status.as_str(),
+            report.error.as_deref().unwrap_or("")
+        )
+        .into());
+    }
+    Ok(serde_json::from_str(
+        report.output.as_deref().unwrap_or("null"),
+    )?)
+}
+
+/// Waits until every run in `ids` has completed (two minutes at most).
+fn wait_completed(host: &Host, ids: &[String]) -> Res<()> {
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let mut left: Vec<&String> = ids.iter().collect();
+    while !left.is_empty() {
+        let mut still = Vec::new();
+        for id in left {
+            match host.ledger().run(id)?.status {
+                RunStatus::Completed => {}
+                RunStatus::Pending | RunStatus::Running => still.push(id),
+                other => return Err(format!("run {id} ended {}", other.as_str()).into()),
+            }
+        }
+        left = still;
+        if Instant::now() > deadline {
+            return Err(format!("{} runs did not complete in two minutes", left.len()).into());
+        }
+        if !left.is_empty() {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+    Ok(())
+}
+
+/// Starts many runs together: while the bench holds `gate.lock`
+/// exclusively, every `gate.read` call waits; opening the gate lets them all
+/// go at once.
+struct Gate {
+    dir: PathBuf,
+    lock: std::fs::File,
+}
+
+impl Gate {
+    fn close(dir: &Path) -> Res<Gate> {
+        for entry in std::fs::read_dir(dir)? {
+            let entry = entry?;
+            if entry.file_name().to_string_lossy().starts_with("arrived.") {
+                std::fs::remove_file(entry.path())?;
+            }
+        }
+        let lock = std::fs::File::create(dir.join("gate.lock"))?;
+        lock.lock()?;
+        Ok(Gate {
+            dir: dir.to_path_buf(),
+            lock,
+        })
+    }
+
+    /// Waits until `n` calls wait at the gate (two minutes at most).
+    fn wait_arrived(&self, n: usize) -> Res<()> {
+        let deadline = Instant::now() + Duration::from_secs(120);
+        loop {
+            let arrived = std::fs::read_dir(&self.dir)?
+                .filter_map(Result::ok)
+                .filter(|e| e.file_name().to_string_lossy().starts_with("arrived."))
+                .count();
+            if arrived >= n {
+                // Each has left its mark; give it time to reach `flock`.
+                std::thread::sleep(Duration::from_millis(50));
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                return Err(format!("only {arrived} of {n} runs reached the gate").into());
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    fn open(self) -> Res<()> {
+        self.lock.unlock()?;
+        Ok(())
+    }
+}
+
+fn counter(host: &Host, name: &str) -> Res<i64> {
+    Ok(host
+        .ledger()
+        .counters()?
+        .into_iter()
+        .find(|(n, _)| n == name)
+        .map_or(0, |(_, v)| v))
+}
+
+/// The floor: one small INSERT per transaction, WAL, synchronous=FULL, in a
+/// fresh database in `dir`; mean µs per commit after a warm-up.
+fn floor_us(dir: &Path, tag: &str) -> Res<f64> {
+    let path = dir.join(format!("floor-{}.db", tag.replace(' ', "-")));
+    let conn = rusqlite::Connection::open(&path)?;
+    conn.pragma_update(None, "journal_mode", "WAL")?;
+    conn.pragma_update(None, "synchronous", "FULL")?;
+    conn.execute_batch("CREATE TABLE t (id INTEGER PRIMARY KEY, v TEXT NOT NULL)")?;
+    let commit = |i: usize| -> rusqlite::Result<()> {
+        conn.execute_batch("BEGIN IMMEDIATE")?;
+        conn.execute("INSERT INTO t (v) VALUES (?1)", [format!("row {i}")])?;
+        conn.execute_batch("COMMIT")
+    };
+    for i in 0..FLOOR_WARMUP {
+        commit(i)?;
+    }
+    let t = Instant::now();
+    for i in 0..FLOOR_COMMITS {
+        commit(i)?;
+    }
+    Ok(us(t.elapsed()) / FLOOR_COMMITS as f64)
+}
+
+fn us(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e6
+}
+
+fn mean_us(times: &[Duration]) -> f64 {
+    times.iter().map(|d| us(*d)).sum::<f64>() / times.len().max(1) as f64
+}
+
+fn median_us(times: &[Duration]) -> f64 {
+    let mut v: Vec<f64> = times.iter().map(|d| us(*d)).collect();
+    v.sort_by(f64::total_cmp);
+    match v.len() {
+        0 => f64::NAN,
+        n if n % 2 == 1 => v[n / 2],
+        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
+    }
+}
+
+fn now_ns() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64)
+}
+
+/// CPU time (user + system) of this process so far, from /proc/self/stat
+/// (in USER_HZ ticks, which Linux fixes at 100 per second).
+fn cpu_seconds() -> Res<f64> {
+    let stat = std::fs::read_to_string("/proc/self/stat")?;
+    // The fields after the command name, which is in parentheses.
+    let rest = stat.rsplit_once(')').ok_or("bad /proc/self/stat")?.1;
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    // utime and stime are fields 14 and 15 of the line, 12 and 13 after `)`.
+    let ticks = |i: usize| -> Res<f64> {
+        Ok(fields
+            .get(i)
+            .ok_or("short /proc/self/stat")?
+            .parse::<f64>()?)
+    };
+    Ok((ticks(11)? + ticks(12)?) / 100.0)
+}
+
+/// Resident memory of this process (`VmRSS` in /proc/self/status).
+fn rss_bytes() -> Res<u64> {
+    let status = std::fs::read_to_string("/proc/self/status")?;
+    let kib = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .ok_or("no VmRSS in /proc/self/status")?;
+    Ok(kib * 1024)
+}
+
+fn machine_info(root: &Path) -> Value {
+    let read = |p: &str| std::fs::read_to_string(p).ok();
+    let cpu = read("/proc/cpuinfo").and_then(|c| {
+        c.lines()
+            .find_map(|l| l.strip_prefix("model name"))
+            .map(|v| v.trim_start_matches([' ', '\t', ':']).to_string())
+    });
+    let mem_kib = read("/proc/meminfo").and_then(|m| {
+        m.lines()
+            .find_map(|l| l.strip_prefix("MemTotal:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+    });
+    let git = |args: &[&str]| {
+        Command::new("git")
+            .arg("-C")
+            .arg(root)
+            .args(args)
+            .stderr(Stdio::null())
+            .output()
+            .ok()
+            .filter(|o| o.status.success())
+            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+    };
+    let ms = (now_ns() / 1_000_000) as i64;
+    json!({
+        "nproc": std::thread::available_parallelism().map_or(0, |n| n.get()),
+        "kernel": read("/proc/sys/kernel/osrelease").map(|k| k.trim().to_string()),
+        "cpu": cpu,
+        "mem_total_kib": mem_kib,
+        "date": stephost::clock::format_time(ms),
+        "commit": git(&["rev-parse", "--short", "HEAD"]),
+        "dirty": git(&["status", "--porcelain"]).map(|s| !s.is_empty()),
+        "ledger_dir": root.join("target").display().to_string(),
+        "profile": if cfg!(debug_assertions) { "dev (opt-level 2)" } else { "release" },
+    })
+}

@@ -1,0 +1,271 @@
+//! Approvals and durable timers: a waiting run costs no process, comes back
+//! through a worker or `resume`, and a decision stays tied to what was
+//! approved.
+
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use stephost_tests::{Sandbox, calls, guests};
+
+const BIN: &str = env!("CARGO_BIN_EXE_stephost-crash");
+
+const CONFIG: &str = r#"
+[effects."inventory.read"]
+kind = "static"
+class = "read"
+response = '{"sku": "WIDGET-7", "on_hand": 3}'
+
+[effects.orders]
+kind = "file"
+class = "write"
+path = "orders.jsonl"
+"#;
+
+/// The approval step's call numbers: #1 the approval, then the stock read
+/// and the order.
+const APPROVAL_SEQ: &str = "1";
+
+fn ask(sb: &Sandbox, run_id: &str, ttl_seconds: u64) {
+    let ran = sb.run(
+        guests::APPROVAL_STEP,
+        &json!({"sku": "WIDGET-7", "quantity": 10, "ttl_seconds": ttl_seconds}).to_string(),
+        run_id,
+    );
+    ran.expect_code(7);
+    assert!(ran.stderr.contains("is waiting"), "{}", ran.stderr);
+    let show = sb.show(run_id);
+    assert_eq!(show["run"]["status"], "waiting");
+    assert!(
+        show["run"]["owner"].is_null(),
+        "a waiting run holds no claim"
+    );
+    assert_eq!(calls(&show)[0]["class"], "suspend");
+    assert_eq!(calls(&show)[0]["state"], "started");
+}
+
+fn pending(sb: &Sandbox) -> Vec<Value> {
+    let listed = sb.stephost(&["approvals", "--json"]);
+    listed.expect_code(0);
+    listed.json().as_array().unwrap().clone()
+}
+
+#[test]
+fn an_approved_run_rechecks_the_stock_and_orders_once() {
+    let sb = Sandbox::with_config(BIN, CONFIG);
+    ask(&sb, "a", 3600);
+    let listed = pending(&sb);
+    assert_eq!(listed.len(), 1);
+    assert_eq!(listed[0]["subject"], "order 10 of WIDGET-7");
+    assert_eq!(listed[0]["details"]["quantity"], 10);
+    assert_eq!(listed[0]["details_sha256"].as_str().unwrap().len(), 64);
+    assert!(
+        sb.received("orders.jsonl").is_empty(),
+        "ordered before approval"
+    );
+
+    sb.stephost(&[
+        "approve",
+        "a",
+        APPROVAL_SEQ,
+        "--by",
+        "alice",
+        "--note",
+        "ok for Q4",
+    ])
+    .expect_code(0);
+    assert!(pending(&sb).is_empty());
+    // Deciding twice is refused.
+    let twice = sb.stephost(&["reject", "a", APPROVAL_SEQ, "--by", "bob"]);
+    twice.expect_code(2);
+    assert!(twice.stderr.contains("already decided"), "{}", twice.stderr);
+
+    // A worker picks the decided run up.
+    sb.stephost(&["worker", "--exit-when-idle"]).expect_code(0);
+    let show = sb.show("a");
+    assert_eq!(show["run"]["status"], "completed");
+    let out: Value = serde_json::from_str(show["run"]["output"].as_str().unwrap()).unwrap();
+    assert_eq!(out["verdict"], "approved");
+    assert_eq!(out["by"], "alice");
+    assert_eq!(out["note"], "ok for Q4");
+    assert_eq!(out["on_hand"], 3);
+    let orders = sb.received("orders.jsonl");
+    assert_eq!(orders.len(), 1);
+    assert_eq!(orders[0]["request"]["quantity"], 7);
+    assert_eq!(calls(&show)[0]["resolved_by"], "alice");
+    // The replay of the finished run needs nobody and sends nothing.
+    sb.stephost(&["replay", "a"]).expect_code(0);
+    assert_eq!(sb.received("orders.jsonl").len(), 1);
+}
+
+#[test]
+fn a_rejected_run_orders_nothing() {
+    let sb = Sandbox::with_config(BIN, CONFIG);
+    ask(&sb, "r", 3600);
+    sb.stephost(&[
+        "reject",
+        "r",
+        APPROVAL_SEQ,
+        "--by",
+        "bob",
+        "--note",
+        "too many",
+    ])
+    .expect_code(0);
+    let resumed = sb.stephost(&["resume", "r"]);
+    resumed.expect_code(0);
+    let out = resumed.json();
+    assert_eq!(out["verdict"], "rejected");
+    assert_eq!(out["by"], "bob");
+    assert_eq!(out["ordered"], false);
+    assert!(sb.received("orders.jsonl").is_empty());
+}
+
+#[test]
+fn an_approval_expires_and_a_late_decision_is_refused() {
+    let sb = Sandbox::with_config(BIN, CONFIG);
+    ask(&sb, "e", 1);
+    std::thread::sleep(Duration::from_millis(1300));
+    let late = sb.stephost(&["approve", "e", APPROVAL_SEQ, "--by", "alice"]);
+    late.expect_code(2);
+    assert!(late.stderr.contains("expired"), "{}", late.stderr);
+    // A worker wakes the run when the approval expires; the step sees it.
+    sb.stephost(&["worker", "--exit-when-idle"]).expect_code(0);
+    let show = sb.show("e");
+    assert_eq!(show["run"]["status"], "completed");
+    let out: Value = serde_json::from_str(show["run"]["output"].as_str().unwrap()).unwrap();
+    assert_eq!(out["verdict"], "expired");
+    assert!(sb.received("orders.jsonl").is_empty());
+    let metrics = sb.stephost(&["metrics"]).stdout;
+    assert!(metrics.contains("approvals_expired_total 1"), "{metrics}");
+}
+
+#[test]
+fn deciding_an_unknown_call_or_a_non_approval_is_refused() {
+    let sb = Sandbox::with_config(BIN, CONFIG);
+    ask(&sb, "u", 3600);
+    let missing = sb.stephost(&["approve", "u", "9", "--by", "alice"]);
+    missing.expect_code(2);
+    assert!(
+        missing.stderr.contains("no such call"),
+        "{}",
+        missing.stderr
+    );
+    sb.stephost(&["approve", "nope", "1", "--by", "alice"])
+        .expect_code(2);
+    sb.stephost(&["approve", "u", APPROVAL_SEQ, "--by", "alice"])
+        .expect_code(0);
+    sb.stephost(&["resume", "u"]).expect_code(0);
+    // Call #2 is the stock read, not an approval.
+    let wrong = sb.stephost(&["approve", "u", "2", "--by", "alice"]);
+    wrong.expect_code(2);
+    assert!(wrong.stderr.contains("not an approval"), "{}", wrong.stderr);
+}
+
+#[test]
+fn a_waiting_run_survives_a_worker_restart() {
+    let sb = Sandbox::with_config(BIN, CONFIG);
+    sb.stephost(&[
+        "submit",
+        guests::APPROVAL_STEP,
+        "--input",
+        r#"{"sku":"WIDGET-7","quantity":10}"#,
+        "--run-id",
+        "w",
+    ])
+    .expect_code(0);
+    // The first worker runs the step up to the approval and lets go of it.
+    sb.stephost(&["worker", "--exit-when-idle"]).expect_code(0);
+    assert_eq!(sb.show("w")["run"]["status"], "waiting");
+    // A worker started now has nothing to do until someone decides.
+    sb.stephost(&["worker", "--exit-when-idle"]).expect_code(0);
+    assert_eq!(sb.show("w")["run"]["status"], "waiting");
+    sb.stephost(&["approve", "w", APPROVAL_SEQ, "--by", "carol"])
+        .expect_code(0);
+    sb.stephost(&["worker", "--exit-when-idle"]).expect_code(0);
+    assert_eq!(sb.show("w")["run"]["status"], "completed");
+    assert_eq!(sb.received("orders.jsonl").len(), 1);
+}
+
+#[test]
+fn a_short_sleep_is_slept_in_place_and_replays_at_once() {
+    let sb = Sandbox::new(BIN);
+    let ran = sb.run(guests::SLEEPER, r#"{"ms": 300}"#, "s");
+    ran.expect_code(0);
+    let out = ran.json();
+    assert!(
+        out["after"].as_u64().unwrap() - out["before"].as_u64().unwrap() >= 299_000_000,
+        "{out}"
+    );
+    sb.stephost(&["replay", "s"]).expect_code(0);
+    let show = sb.show("s");
+    let sleep = calls(&show)
+        .iter()
+        .find(|c| c["interface"] == "stephost:step/timers")
+        .unwrap();
+    assert_eq!(sleep["state"], "succeeded");
+}
+
+#[test]
+fn a_long_sleep_survives_a_crash_releases_the_run_and_wakes_once() {
+    let sb = Sandbox::new(BIN);
+    // sleeper's calls: #1 write, #2 clock, #3 the sleep, #4 clock, #5 write.
+    // Crash right after the sleep is recorded: its wake time is on disk.
+    let crashed = sb.stephost_crashing_at(
+        "after-started@3",
+        &[
+            "run",
+            guests::SLEEPER,
+            "--input",
+            r#"{"ms": 4000}"#,
+            "--run-id",
+            "long",
+        ],
+    );
+    assert_eq!(crashed.signal, Some(libc::SIGABRT), "{crashed:?}");
+    let resumed = sb.stephost(&["resume", "long"]);
+    resumed.expect_code(7);
+    let show = sb.show("long");
+    assert_eq!(show["run"]["status"], "waiting");
+    assert!(show["run"]["owner"].is_null());
+    let sleep = calls(&show)[2].clone();
+    assert_eq!(sleep["interface"], "stephost:step/timers");
+    // The wake time is the recorded start plus the sleep, not restarted by
+    // the crash or the resume.
+    assert_eq!(
+        show["run"]["wake_at_ms"].as_i64().unwrap(),
+        sleep["started_at_ms"].as_i64().unwrap() + 4000
+    );
+    // Not due yet: a worker has nothing to do.
+    sb.stephost(&["worker", "--exit-when-idle"]).expect_code(0);
+    assert_eq!(sb.show("long")["run"]["status"], "waiting");
+    wait_until_past(show["run"]["wake_at_ms"].as_i64().unwrap());
+    sb.stephost(&["worker", "--exit-when-idle"]).expect_code(0);
+    let show = sb.show("long");
+    assert_eq!(show["run"]["status"], "completed");
+    assert_eq!(sb.received("orders.jsonl").len(), 2);
+    let out: Value = serde_json::from_str(show["run"]["output"].as_str().unwrap()).unwrap();
+    assert!(
+        out["after"].as_u64().unwrap() - out["before"].as_u64().unwrap() >= 3_999_000_000,
+        "{out}"
+    );
+    let sleeps = calls(&show)
+        .iter()
+        .filter(|c| c["interface"] == "stephost:step/timers")
+        .count();
+    assert_eq!(sleeps, 1, "the sleep was recorded once");
+}
+
+fn wait_until_past(at_ms: i64) {
+    loop {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_millis() as i64;
+        if now > at_ms + 50 {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(
+            (at_ms + 60 - now).clamp(10, 500) as u64
+        ));
+    }
+}
