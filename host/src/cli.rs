@@ -93,14 +93,33 @@ pub enum Command {
     /// Replay a recorded run offline (no I/O) and report the first divergence.
     Replay {
         /// The run to replay (from the ledger).
-        #[arg(required_unless_present = "fixture", conflicts_with = "fixture")]
+        #[arg(required_unless_present_any = ["fixture", "fixtures"], conflicts_with = "fixture")]
         run_id: Option<String>,
         /// Replay against this module instead of the recorded one.
         #[arg(long)]
         module: Option<PathBuf>,
         /// Replay an exported run file (needs --module); no ledger is opened.
-        #[arg(long, requires = "module")]
+        #[arg(long, requires = "module", conflicts_with = "fixtures")]
         fixture: Option<PathBuf>,
+        /// Replay every exported run (`*.json`) in a folder against --module:
+        /// a corpus check for CI; exits 4 if any run diverges.
+        #[arg(long, requires = "module", conflicts_with = "run_id")]
+        fixtures: Option<PathBuf>,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Move unfinished runs to a new build of their step: replays each run's
+    /// history against it with no I/O and repins only runs that match.
+    Upgrade {
+        /// The run to upgrade.
+        #[arg(required_unless_present = "from", conflicts_with = "from")]
+        run_id: Option<String>,
+        /// Upgrade every unfinished run pinned to this module digest.
+        #[arg(long)]
+        from: Option<String>,
+        /// The new build.
+        #[arg(long)]
+        module: PathBuf,
         #[arg(long)]
         json: bool,
     },
@@ -330,9 +349,14 @@ fn execute(cli: Cli) -> Result<i32, HostError> {
             run_id,
             module,
             fixture,
+            fixtures,
             json,
         } => {
             let opts = options(&config)?;
+            if let Some(dir) = fixtures {
+                let module = module.expect("clap requires --module with --fixtures");
+                return replay_corpus(&dir, &module, &opts, json);
+            }
             let new_module = match &module {
                 Some(path) => Some((read_file(path)?, path.display().to_string())),
                 None => None,
@@ -357,6 +381,62 @@ fn execute(cli: Cli) -> Result<i32, HostError> {
             };
             print_replay(&report, json);
             Ok(report.exit_code())
+        }
+        Command::Upgrade {
+            run_id,
+            from,
+            module,
+            json,
+        } => {
+            let bytes = read_file(&module)?;
+            let what = module.display().to_string();
+            let mut host = Host::open(&cli.db, options(&config)?)?;
+            let targets: Vec<String> = match (run_id, from) {
+                (Some(id), _) => vec![id],
+                (None, Some(digest)) => host
+                    .ledger()
+                    .runs(None)?
+                    .into_iter()
+                    .filter(|r| r.module_digest == digest && !r.status.is_final())
+                    .map(|r| r.run_id)
+                    .collect(),
+                (None, None) => unreachable!("clap requires a run id or --from"),
+            };
+            let mut outcomes = Vec::new();
+            for id in &targets {
+                outcomes.push(host.upgrade(id, &bytes, &what)?);
+            }
+            if json {
+                print_json(&outcomes);
+            } else {
+                let mut out = std::io::stdout().lock();
+                for o in &outcomes {
+                    let _ = if o.moved {
+                        writeln!(
+                            out,
+                            "moved      {}  {} -> {}",
+                            o.run_id,
+                            &o.from[..12],
+                            &o.to[..12]
+                        )
+                    } else {
+                        writeln!(out, "not moved  {}  (stays on {})", o.run_id, &o.from[..12])
+                    };
+                    if !o.moved {
+                        drop(out);
+                        print_replay(&o.report, false);
+                        out = std::io::stdout().lock();
+                    }
+                }
+                if outcomes.is_empty() {
+                    let _ = writeln!(out, "no unfinished runs to upgrade");
+                }
+            }
+            Ok(if outcomes.iter().all(|o| o.moved) {
+                exit::OK
+            } else {
+                exit::DIVERGED
+            })
         }
         Command::Show { run_id, json } => {
             let host = Host::open(&cli.db, quiet_options(&config))?;
@@ -500,6 +580,71 @@ fn execute(cli: Cli) -> Result<i32, HostError> {
             Ok(exit::OK)
         }
     }
+}
+
+/// Replays every fixture in `dir` against `module` and reports per run.
+fn replay_corpus(
+    dir: &Path,
+    module: &Path,
+    opts: &HostOptions,
+    json: bool,
+) -> Result<i32, HostError> {
+    let bytes = read_file(module)?;
+    let what = module.display().to_string();
+    let engine = crate::engine::StepEngine::new()?;
+    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
+        .map_err(|source| HostError::Read {
+            path: dir.display().to_string(),
+            source,
+        })?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "json"))
+        .collect();
+    files.sort();
+    if files.is_empty() {
+        return Err(HostError::BadInput(format!(
+            "{} holds no exported runs (*.json); write them with `stephost export RUN_ID > FILE.json`",
+            dir.display()
+        )));
+    }
+    let mut code = exit::OK;
+    let mut reports = Vec::new();
+    for file in &files {
+        let text = String::from_utf8(read_file(file)?)
+            .map_err(|_| HostError::BadInput(format!("{} is not UTF-8", file.display())))?;
+        let fixture = Fixture::parse(&text)
+            .map_err(|e| HostError::BadInput(format!("{}: {e}", file.display())))?;
+        let report = replay_fixture(&engine, &fixture, &bytes, &what, opts)?;
+        let this = report.exit_code();
+        if this == exit::DIVERGED || (this != exit::OK && code == exit::OK) {
+            code = this;
+        }
+        if !json {
+            let mut out = std::io::stdout().lock();
+            let _ = write!(out, "{}: ", file.display());
+            drop(out);
+            print_replay(&report, false);
+        }
+        reports.push(serde_json::json!({ "file": file.display().to_string(), "report": report }));
+    }
+    if json {
+        print_json(&reports);
+    } else {
+        let diverged = reports
+            .iter()
+            .filter(|r| {
+                matches!(
+                    r["report"]["result"].as_str(),
+                    Some("diverged" | "output_differs" | "end_differs")
+                )
+            })
+            .count();
+        eprintln!(
+            "stephost: {} run(s) replayed, {diverged} diverged",
+            reports.len()
+        );
+    }
+    Ok(code)
 }
 
 fn decide(

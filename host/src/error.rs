@@ -57,6 +57,7 @@ impl HostError {
             HostError::Ledger(LedgerError::ClaimedElsewhere { .. })
             | HostError::Ledger(LedgerError::Fenced { .. })
             | HostError::Ledger(LedgerError::VersionConflict { .. })
+            | HostError::Ledger(LedgerError::RepinConflict { .. })
             | HostError::Fenced(_) => exit::CLAIMED,
             HostError::Ledger(
                 LedgerError::NotALedger { .. }
@@ -64,6 +65,7 @@ impl HostError {
                 | LedgerError::UnknownRun(_)
                 | LedgerError::NotUnknown { .. }
                 | LedgerError::NotDecidable { .. }
+                | LedgerError::NotClaimable { .. }
                 | LedgerError::RunExists { .. },
             ) => exit::BAD_INPUT,
             HostError::Ledger(_) | HostError::LedgerWrite(_) | HostError::Internal(_) => {

@@ -89,6 +89,8 @@ pub struct CallSpec<'a> {
 pub struct OpContext {
     pub run_id: String,
     pub seq: u64,
+    /// The call's class as recorded (on reconciliation) or as configured.
+    pub class: CallClass,
     pub operation_id: String,
     pub fence: i64,
 }
@@ -132,6 +134,17 @@ pub trait LiveCall {
 
     fn reconcile(&mut self, _op: &OpContext, _attempts: &mut Attempts<'_>) -> Reconciled {
         Reconciled::PerformAgain
+    }
+
+    /// After `perform`: the reason, if the outcome could not be established.
+    fn take_unknown(&mut self) -> Option<String> {
+        None
+    }
+
+    /// Whether this call can settle a recorded write left in flight (only
+    /// a configured effect can ask its receiver).
+    fn reconciles_writes(&self) -> bool {
+        false
     }
 }
 
@@ -307,6 +320,8 @@ pub struct Journal {
     pending: Vec<WriteOp>,
     control: Option<std::sync::Arc<RunControl>>,
     started: std::time::Instant,
+    /// When the lease was last renewed by this execution.
+    lease_checked: std::time::Instant,
     /// Time from the start of this execution to its first live call.
     pub first_live_after: Option<std::time::Duration>,
     pub stats: Stats,
@@ -348,6 +363,7 @@ impl Journal {
             pending: Vec::new(),
             control: None,
             started: std::time::Instant::now(),
+            lease_checked: std::time::Instant::now(),
             first_live_after: None,
             stats: Stats::default(),
         }
@@ -508,6 +524,7 @@ impl Journal {
                         });
                     }
                     self.check_control(seq)?;
+                    self.keep_lease()?;
                     self.first_live_after
                         .get_or_insert_with(|| self.started.elapsed());
                     if recorded.class == CallClass::Suspend {
@@ -519,6 +536,7 @@ impl Journal {
         }
         if matches!(self.mode, Mode::Live { .. }) {
             self.check_control(seq)?;
+            self.keep_lease()?;
             self.first_live_after
                 .get_or_insert_with(|| self.started.elapsed());
         }
@@ -552,6 +570,7 @@ impl Journal {
         let op = OpContext {
             run_id,
             seq,
+            class: spec.class,
             operation_id,
             fence: claim.fence,
         };
@@ -632,6 +651,24 @@ impl Journal {
                 };
                 let outcome = live.perform(&op, &mut attempts);
                 crash::point("after-send", seq);
+                if let Some(reason) = live.take_unknown() {
+                    self.pending.push(WriteOp::Outcome {
+                        seq,
+                        state: CallState::Unknown,
+                        outcome: None,
+                        now_ms: crate::clock::now_ms(),
+                    });
+                    Self::flush_into(ledger.as_mut(), claim, &mut self.pending)?;
+                    *self
+                        .counters
+                        .entry("side_effect_unknown_total")
+                        .or_insert(0) += 1;
+                    return Err(Stop::Parked {
+                        seq,
+                        name: spec.function.to_string(),
+                        reason,
+                    });
+                }
                 self.pending.push(WriteOp::Outcome {
                     seq,
                     state: outcome.state(),
@@ -648,6 +685,25 @@ impl Journal {
         }
         self.stats.live += 1;
         Ok(outcome)
+    }
+
+    /// Renews the claim's lease (and checks its fence) once half of it has
+    /// passed since the last renewal, so a long stretch of buffered reads and
+    /// observes does not let the lease lapse unnoticed.
+    fn keep_lease(&mut self) -> Result<(), Stop> {
+        let Mode::Live { ledger, claim } = &mut self.mode else {
+            return Ok(());
+        };
+        if (self.lease_checked.elapsed().as_millis() as i64).saturating_mul(2) < claim.lease_ms {
+            return Ok(());
+        }
+        if self.pending.is_empty() {
+            ledger.renew(claim, crate::clock::now_ms())?;
+        } else {
+            Self::flush_into(ledger.as_mut(), claim, &mut self.pending)?;
+        }
+        self.lease_checked = std::time::Instant::now();
+        Ok(())
     }
 
     /// Asks a suspend call whether it can complete; records the outcome if
@@ -667,6 +723,7 @@ impl Journal {
         let op = OpContext {
             run_id: self.run_id.clone(),
             seq,
+            class: recorded.class,
             operation_id: recorded.operation_id.clone(),
             fence: claim.fence,
         };
@@ -741,6 +798,7 @@ impl Journal {
         let op = OpContext {
             run_id: self.run_id.clone(),
             seq,
+            class: recorded.class,
             operation_id: recorded.operation_id.clone(),
             fence: claim.fence,
         };
@@ -751,12 +809,24 @@ impl Journal {
             next: first_attempt,
             counters: &mut self.counters,
         };
-        let (state, outcome) = match live.reconcile(&op, &mut attempts) {
+        let reconciled = if recorded.class == CallClass::Write && !live.reconciles_writes() {
+            Reconciled::Unknown(format!(
+                "the write's effect `{}` is not configured now, so its receiver cannot be \
+                 asked; grant it again and resume, or resolve the call",
+                recorded.function
+            ))
+        } else {
+            live.reconcile(&op, &mut attempts)
+        };
+        let (state, outcome) = match reconciled {
             Reconciled::Outcome(outcome) => (outcome.state(), Ok(outcome)),
             Reconciled::PerformAgain => {
                 let outcome = live.perform(&op, &mut attempts);
                 crash::point("after-send", seq);
-                (outcome.state(), Ok(outcome))
+                match live.take_unknown() {
+                    Some(reason) => (CallState::Unknown, Err(reason)),
+                    None => (outcome.state(), Ok(outcome)),
+                }
             }
             Reconciled::Unknown(reason) => (CallState::Unknown, Err(reason)),
         };

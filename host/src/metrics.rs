@@ -45,6 +45,10 @@ pub const COUNTERS: &[(&str, &str)] = &[
         "Claims lost to another claimant (compare-and-set conflicts).",
     ),
     (
+        "workflow_version_mismatch_total",
+        "Upgrades refused because the new module diverged from a run's history.",
+    ),
+    (
         "approvals_decided_total",
         "Approvals decided by a person (approved or rejected).",
     ),

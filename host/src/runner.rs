@@ -60,6 +60,18 @@ pub enum Resolution {
     Failed(String),
 }
 
+/// What `upgrade` did with one run.
+#[derive(Debug, Clone, Serialize)]
+pub struct UpgradeOutcome {
+    pub run_id: String,
+    pub from: String,
+    pub to: String,
+    /// Whether the run is now pinned to the new module.
+    pub moved: bool,
+    /// The replay that decided it.
+    pub report: ReplayReport,
+}
+
 /// What became of a run.
 #[derive(Debug, Clone, Serialize)]
 pub struct RunReport {
@@ -316,6 +328,7 @@ impl Host {
             }
         }
         let mut journal = journal;
+        let unreached = journal.unreached();
         let mut pending = journal.take_pending();
         let Mode::Live { mut ledger, claim } = journal.into_mode() else {
             unreachable_shared()
@@ -357,6 +370,11 @@ impl Host {
             },
             Some(Stop::Limit(m)) => RunEnd::Failed {
                 error: format!("limit: {m}"),
+            },
+            // A resumed step that ends before reaching every recorded call
+            // is not the run that was recorded.
+            None if guest.is_ok() && unreached.is_some() => RunEnd::Diverged {
+                error: format!("diverged: {}", unreached.expect("checked just above")),
             },
             None => match guest {
                 Ok(Ok(output)) => match check_json(&output, "output", &limits) {
@@ -442,6 +460,58 @@ impl Host {
             crate::clock::now_ms(),
         )?;
         Ok(())
+    }
+
+    /// Replays an unfinished run's history against `module` with no I/O; if
+    /// every recorded call matches, pins the run to it; if not, changes
+    /// nothing and reports the first divergent call.
+    pub fn upgrade(
+        &mut self,
+        run_id: &str,
+        module: &[u8],
+        what: &str,
+    ) -> Result<UpgradeOutcome, HostError> {
+        let run = self.ledger().run(run_id)?;
+        if run.status.is_final() {
+            return Err(HostError::BadInput(format!(
+                "run {run_id} is {}; only unfinished runs are upgraded",
+                run.status.as_str()
+            )));
+        }
+        let fixture = self.export(run_id)?;
+        let report = replay_fixture(&self.engine, &fixture, module, what, &self.options)?;
+        let compatible = matches!(
+            report.verdict,
+            ReplayVerdict::Consistent { .. } | ReplayVerdict::Incomplete { .. }
+        );
+        if !compatible {
+            let mut counters = crate::journal::Counters::new();
+            counters.insert("workflow_version_mismatch_total", 1);
+            let _ = self.ledger_mut().add_counters(&counters);
+            return Ok(UpgradeOutcome {
+                run_id: run_id.to_string(),
+                from: run.module_digest,
+                to: report.module_digest.clone(),
+                moved: false,
+                report,
+            });
+        }
+        let ledger = self.ledger_mut();
+        ledger.put_module(&report.module_digest, module)?;
+        ledger.repin(
+            run_id,
+            &run.module_digest,
+            &report.module_digest,
+            crate::clock::now_ms(),
+            &crate::owner::is_alive,
+        )?;
+        Ok(UpgradeOutcome {
+            run_id: run_id.to_string(),
+            from: run.module_digest,
+            to: report.module_digest.clone(),
+            moved: true,
+            report,
+        })
     }
 
     /// A portable copy of a run: module digest, input, calls, output.
@@ -583,6 +653,15 @@ fn monotonic_base(history: &[CallRecord]) -> u64 {
         .unwrap_or(0)
 }
 
+/// Most linear memories one run's component may create.
+const MEMORIES_MAX: usize = 8;
+/// Most tables one run's component may create.
+const TABLES_MAX: usize = 64;
+/// Most core instances one run's component may create.
+const INSTANCES_MAX: usize = 64;
+/// Most elements a table may grow to.
+const TABLE_ELEMENTS_MAX: usize = 1_000_000;
+
 /// Instantiates the step in a fresh store and calls `run`.
 fn invoke(
     engine: &StepEngine,
@@ -625,6 +704,12 @@ fn invoke(
         table: ResourceTable::new(),
         limits: StoreLimitsBuilder::new()
             .memory_size(usize::try_from(limits.memory_bytes_max).unwrap_or(usize::MAX))
+            // A component may hold several memories and tables: bound their
+            // number too, or a hostile guest multiplies the memory limit.
+            .memories(MEMORIES_MAX)
+            .tables(TABLES_MAX)
+            .instances(INSTANCES_MAX)
+            .table_elements(TABLE_ELEMENTS_MAX)
             .trap_on_grow_failure(true)
             .build(),
         sleep: std::thread::sleep,

@@ -116,7 +116,15 @@ pub fn run(
             let mut claimed = 0;
             if free > 0 {
                 let now = crate::clock::now_ms();
-                for run in ledger.runnable(now, free * 4 + 8)? {
+                let candidates = match ledger.runnable(now, free * 4 + 8) {
+                    Ok(c) => c,
+                    // A busy ledger: look again on the next round.
+                    Err(e) => {
+                        eprintln!("stephost worker: listing runnable runs: {e}");
+                        Vec::new()
+                    }
+                };
+                for run in candidates {
                     if claimed == free {
                         break;
                     }
@@ -142,12 +150,17 @@ pub fn run(
                         Ok(claim) => claim,
                         Err(
                             LedgerError::VersionConflict { .. }
-                            | LedgerError::ClaimedElsewhere { .. },
+                            | LedgerError::ClaimedElsewhere { .. }
+                            | LedgerError::NotClaimable { .. },
                         ) => {
                             report.claim_conflicts += 1;
                             continue;
                         }
-                        Err(e) => return Err(e.into()),
+                        // A busy ledger: try again on the next round.
+                        Err(e) => {
+                            eprintln!("stephost worker: claiming {}: {e}", run.run_id);
+                            continue;
+                        }
                     };
                     crate::crash::point("after-claim", 0);
                     claimed += 1;
@@ -177,7 +190,17 @@ pub fn run(
                                         None => Box::new(direct),
                                     };
                                     let mut host = Host::with_engine(engine, ledger, host_options);
-                                    host.execute_claimed(&run_id, claim, control)
+                                    // A panic must not leave the run looking
+                                    // active (renewed forever, never taken over).
+                                    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                                        host.execute_claimed(&run_id, claim, control)
+                                    }))
+                                    .unwrap_or_else(|_| {
+                                        Err(HostError::Internal(format!(
+                                            "executing run {run_id} panicked; its claim lapses \
+                                             and another worker resumes it"
+                                        )))
+                                    })
                                 });
                         let _ = tx.send((run_id, result));
                     });
@@ -186,8 +209,7 @@ pub fn run(
             if claimed == 0 {
                 if options.exit_when_idle && active_lock(&active).is_empty() {
                     let now = crate::clock::now_ms();
-                    let waiting = ledger.runnable(now, 1)?;
-                    if waiting.is_empty() {
+                    if ledger.runnable(now, 1).is_ok_and(|w| w.is_empty()) {
                         break;
                     }
                 }

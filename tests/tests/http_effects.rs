@@ -472,3 +472,58 @@ fn metrics_are_printed_in_prometheus_text_format() {
         text.stdout
     );
 }
+
+#[test]
+fn a_lost_reply_from_a_receiver_that_does_not_deduplicate_is_looked_up_not_resent() {
+    let receiver = Receiver::start().unwrap();
+    receiver.push_fault(Fault::CommitThenDrop);
+    let sb = sandbox(&receiver, false, true);
+    let ran = run(&sb);
+    ran.expect_code(0);
+    assert_eq!(ran.json()["receipt"]["order_id"], "ORD-1");
+    assert_eq!(
+        receiver.requests_received(),
+        1,
+        "resent to a receiver that does not deduplicate"
+    );
+    assert_eq!(receiver.business_effects(), 1);
+    assert_eq!(receiver.lookups(), 1);
+}
+
+#[test]
+fn a_lost_reply_with_no_way_to_ask_parks_the_run_instead_of_guessing() {
+    let receiver = Receiver::start().unwrap();
+    receiver.push_fault(Fault::CommitThenDrop);
+    let sb = sandbox(&receiver, false, false);
+    let ran = run(&sb);
+    ran.expect_code(5);
+    assert_eq!(receiver.requests_received(), 1);
+    let show = sb.show("order-1");
+    assert_eq!(show["run"]["status"], "parked");
+    assert_eq!(calls(&show)[ORDER_SEQ as usize - 1]["state"], "unknown");
+}
+
+#[test]
+fn an_in_flight_write_whose_effect_is_no_longer_configured_is_parked_not_failed() {
+    let receiver = Receiver::start().unwrap();
+    let sb = sandbox(&receiver, true, true);
+    crash(&sb, &format!("after-send@{ORDER_SEQ}"));
+    sb.set_config(
+        &config(&receiver, true, true)
+            .replace("[effects.\"supplier.order\"]", "[effects.\"other\"]"),
+    );
+    let resumed = sb.stephost(&["resume", "order-1"]);
+    resumed.expect_code(5);
+    assert!(
+        resumed.stderr.contains("not configured now"),
+        "{}",
+        resumed.stderr
+    );
+    assert_eq!(
+        calls(&sb.show("order-1"))[ORDER_SEQ as usize - 1]["state"],
+        "unknown"
+    );
+    // With the effect granted again, a person can still settle it; the
+    // supplier has exactly the one order.
+    assert_eq!(receiver.business_effects(), 1);
+}

@@ -148,7 +148,8 @@ impl Handler for CommandEffect {
                 })?;
                 Ok(Reply::new(out))
             }
-            Some(EXIT_RETRY) => Err(Failure::retryable(format!(
+            // By contract, exit 75 means the command did not act.
+            Some(EXIT_RETRY) => Err(Failure::not_received(format!(
                 "{program} asked for a retry: {}",
                 tail(&done.stderr)
             ))),

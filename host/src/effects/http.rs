@@ -124,12 +124,23 @@ fn excerpt(text: &str) -> &str {
 }
 
 fn classify_error(url: &str, e: ureq::Error) -> Failure {
-    match e {
+    match &e {
         ureq::Error::BadUri(m) => Failure::Invalid(format!("bad URL {url}: {m}")),
         ureq::Error::Http(m) => Failure::Invalid(format!("bad request for {url}: {m}")),
-        ureq::Error::RequireHttpsOnly(m) => Failure::Invalid(m),
+        ureq::Error::RequireHttpsOnly(m) => Failure::Invalid(m.clone()),
+        // The receiver answered (and so may have acted); its answer is lost.
         ureq::Error::BodyExceedsLimit(n) => {
-            Failure::Rejected(format!("{url}: response larger than {n} bytes"))
+            Failure::retryable(format!("{url}: response larger than {n} bytes"))
+        }
+        // The request never reached the receiver.
+        ureq::Error::HostNotFound | ureq::Error::ConnectionFailed => {
+            Failure::not_received(format!("{url}: {e}"))
+        }
+        ureq::Error::Timeout(ureq::Timeout::Resolve | ureq::Timeout::Connect) => {
+            Failure::not_received(format!("{url}: {e}"))
+        }
+        ureq::Error::Io(io) if io.kind() == std::io::ErrorKind::ConnectionRefused => {
+            Failure::not_received(format!("{url}: {e}"))
         }
         other => Failure::retryable(format!("{url}: {other}")),
     }
@@ -199,6 +210,9 @@ impl Handler for HttpEffect {
             408 | 429 | 500..=599 => Err(Failure::Retryable {
                 message: format!("{url} answered {status}: {}", excerpt(&text)),
                 retry_after,
+                // 429 and 503 say the request was turned away; a 500, 502 or
+                // 504 may come after the receiver acted.
+                maybe_received: !matches!(status, 429 | 503),
             }),
             _ => Err(Failure::Rejected(format!(
                 "{url} answered {status}: {}",

@@ -28,16 +28,30 @@ pub enum Failure {
     Retryable {
         message: String,
         retry_after: Option<std::time::Duration>,
+        /// Whether the receiver may have acted (a timeout or a lost reply)
+        /// rather than certainly not (connection refused, 429, 503).
+        maybe_received: bool,
     },
     /// The request is not what the effect accepts.
     Invalid(String),
 }
 
 impl Failure {
+    /// A retryable failure after which the receiver may have acted.
     pub fn retryable(message: impl Into<String>) -> Self {
         Failure::Retryable {
             message: message.into(),
             retry_after: None,
+            maybe_received: true,
+        }
+    }
+
+    /// A retryable failure where the request certainly did not take effect.
+    pub fn not_received(message: impl Into<String>) -> Self {
+        Failure::Retryable {
+            message: message.into(),
+            retry_after: None,
+            maybe_received: false,
         }
     }
 
@@ -190,14 +204,33 @@ pub struct EffectCall<'a> {
     pub payload_bytes_max: usize,
     /// Wait between attempts; tests pass a no-op.
     pub sleep: &'a dyn Fn(std::time::Duration),
+    /// Set when the outcome could not be established (see `take_unknown`).
+    pub unknown: Option<String>,
 }
 
 impl EffectCall<'_> {
+    /// After a write failed in a way that leaves its effect in doubt: asks
+    /// the receiver; a receipt settles it, anything else is `unknown` (the
+    /// journal parks the run) rather than a guess.
+    fn settle(&mut self, op: &OpContext, attempts: &mut Attempts<'_>, last: &str) -> Outcome {
+        match self.reconcile(op, attempts) {
+            Reconciled::Outcome(outcome) => outcome,
+            Reconciled::PerformAgain => Outcome::error(
+                CallErrorKind::Exhausted,
+                format!("the receiver has no record of the operation; last failure: {last}"),
+            ),
+            Reconciled::Unknown(reason) => {
+                self.unknown = Some(format!("{last}; {reason}"));
+                Outcome::error(CallErrorKind::Exhausted, "outcome unknown")
+            }
+        }
+    }
+
     fn request<'r>(&'r self, op: &'r OpContext) -> Request<'r> {
         Request {
             run_id: &op.run_id,
             effect: self.name,
-            class: self.effect.class,
+            class: op.class,
             operation_id: &op.operation_id,
             fence: op.fence,
             body: self.body,
@@ -211,6 +244,7 @@ impl LiveCall for EffectCall<'_> {
         let first = std::time::Instant::now();
         let max_attempts = policy.max_attempts.max(1);
         let mut n = 1;
+        let mut ambiguous = false;
         loop {
             let started = crate::clock::now_ms();
             let result = self.effect.handler.perform(&self.request(op));
@@ -220,15 +254,13 @@ impl LiveCall for EffectCall<'_> {
             }
             match result {
                 Ok(reply) if reply.body.len() > self.payload_bytes_max => {
-                    return Outcome::error(
-                        CallErrorKind::Invalid,
-                        format!(
-                            "the receiver performed the request but its response is {} bytes; \
-                             payload_bytes_max is {}",
-                            reply.body.len(),
-                            self.payload_bytes_max
-                        ),
-                    );
+                    // The receiver acted: the call succeeded even though its
+                    // response is too large to record in full.
+                    let summary = serde_json::json!({
+                        "stephost_response_bytes": reply.body.len(),
+                        "stephost_response_sha256": payload_sha256(&reply.body),
+                    });
+                    return Outcome::Ok(serde_json::Value::String(summary.to_string()));
                 }
                 Ok(reply) => {
                     if reply.duplicate {
@@ -247,7 +279,16 @@ impl LiveCall for EffectCall<'_> {
                 Err(Failure::Retryable {
                     message,
                     retry_after,
+                    maybe_received,
                 }) => {
+                    let write = op.class == CallClass::Write;
+                    let idempotent = self.effect.handler.idempotent();
+                    ambiguous |= maybe_received;
+                    // A write the receiver may have acted on is resent only
+                    // where the receiver deduplicates; otherwise ask it.
+                    if write && maybe_received && !idempotent {
+                        return self.settle(op, attempts, &message);
+                    }
                     let mut pause =
                         policy.backoff(n + 1, (crate::clock::now_ns() % 1000) as f64 / 1000.0);
                     if let Some(hint) = retry_after {
@@ -257,6 +298,10 @@ impl LiveCall for EffectCall<'_> {
                     let deadline = std::time::Duration::from_millis(policy.deadline_ms);
                     if n >= max_attempts || elapsed + pause > deadline {
                         attempts.count("retry_exhausted_total");
+                        if write && ambiguous {
+                            // "Exhausted" would claim it did not happen.
+                            return self.settle(op, attempts, &message);
+                        }
                         return Outcome::error(
                             CallErrorKind::Exhausted,
                             format!("{n} attempt(s) failed; last: {message}"),
@@ -270,9 +315,18 @@ impl LiveCall for EffectCall<'_> {
         }
     }
 
+    fn take_unknown(&mut self) -> Option<String> {
+        self.unknown.take()
+    }
+
+    fn reconciles_writes(&self) -> bool {
+        true
+    }
+
     fn reconcile(&mut self, op: &OpContext, attempts: &mut Attempts<'_>) -> Reconciled {
         attempts.count("reconciliation_total");
-        if self.effect.class != CallClass::Write {
+        // The class recorded with the call decides, not today's configuration.
+        if op.class != CallClass::Write {
             return Reconciled::PerformAgain;
         }
         let idempotent = self.effect.handler.idempotent();

@@ -90,6 +90,7 @@ pub fn gated_call(
                 body: request,
                 payload_bytes_max: max,
                 sleep: &state.sleep,
+                unknown: None,
             };
             journal.call(&spec, &mut call)
         }

@@ -190,6 +190,17 @@ impl Ledger for GroupLedger {
             .decide_approval(run_id, seq, outcome, by, now_ms)
     }
 
+    fn repin(
+        &mut self,
+        run_id: &str,
+        from: &str,
+        to: &str,
+        now_ms: i64,
+        owner_alive: &dyn Fn(&str) -> bool,
+    ) -> Result<(), LedgerError> {
+        self.direct.repin(run_id, from, to, now_ms, owner_alive)
+    }
+
     fn pending_approvals(&self) -> Result<Vec<(RunRecord, CallRecord)>, LedgerError> {
         self.direct.pending_approvals()
     }

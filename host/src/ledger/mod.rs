@@ -294,6 +294,12 @@ pub enum LedgerError {
         seq: u64,
         reason: String,
     },
+    #[error(
+        "run {run_id} could not be repinned: it finished, changed module, or is held by a live worker; try again"
+    )]
+    RepinConflict { run_id: String },
+    #[error("run {run_id} is {status}; there is nothing to claim")]
+    NotClaimable { run_id: String, status: String },
     #[error("module {0} is not stored in the ledger")]
     UnknownModule(String),
     #[error("group commit failed: {0}")]
@@ -427,6 +433,17 @@ pub trait Ledger: Send {
         outcome: &str,
         by: &str,
         now_ms: i64,
+    ) -> Result<(), LedgerError>;
+
+    /// Pins an unfinished run that no live owner holds to another module
+    /// (after a replay proved it compatible). Compare-and-set on the old digest.
+    fn repin(
+        &mut self,
+        run_id: &str,
+        from: &str,
+        to: &str,
+        now_ms: i64,
+        owner_alive: &dyn Fn(&str) -> bool,
     ) -> Result<(), LedgerError>;
 
     /// Approval calls still waiting for a decision, with their runs.

@@ -470,6 +470,15 @@ impl Ledger for SqliteLedger {
         owner_alive: &dyn Fn(&str) -> bool,
     ) -> Result<Claim, LedgerError> {
         let current = self.run(run_id)?;
+        if matches!(
+            current.status,
+            RunStatus::Completed | RunStatus::Failed | RunStatus::Diverged
+        ) {
+            return Err(LedgerError::NotClaimable {
+                run_id: run_id.to_string(),
+                status: current.status.as_str().to_string(),
+            });
+        }
         if let (Some(holder), Some(until)) = (&current.owner, current.lease_until_ms)
             && until > now_ms
             && holder != owner
@@ -490,7 +499,8 @@ impl Ledger for SqliteLedger {
              version = version + 1, updated_at = ?3, \
              status = CASE WHEN status IN ('pending', 'waiting') THEN 'running' ELSE status END, \
              wake_at = NULL \
-             WHERE run_id = ?4 AND version = ?5",
+             WHERE run_id = ?4 AND version = ?5 \
+             AND status NOT IN ('completed', 'failed', 'diverged')",
             params![owner, lease_until_ms, now_ms, run_id, current.version],
         )?;
         if changed == 0 {
@@ -707,6 +717,40 @@ impl Ledger for SqliteLedger {
             [],
         )?;
         tx.commit()?;
+        Ok(())
+    }
+
+    fn repin(
+        &mut self,
+        run_id: &str,
+        from: &str,
+        to: &str,
+        now_ms: i64,
+        owner_alive: &dyn Fn(&str) -> bool,
+    ) -> Result<(), LedgerError> {
+        let current = self.run(run_id)?;
+        let held = match (&current.owner, current.lease_until_ms) {
+            (Some(owner), Some(until)) => until > now_ms && owner_alive(owner),
+            _ => false,
+        };
+        if held {
+            return Err(LedgerError::RepinConflict {
+                run_id: run_id.to_string(),
+            });
+        }
+        self.set_sync(Sync::Full)?;
+        // Compare-and-set on the version read above.
+        let changed = self.conn.execute(
+            "UPDATE runs SET module_digest = ?1, updated_at = ?2, version = version + 1 \
+             WHERE run_id = ?3 AND module_digest = ?4 AND version = ?5 \
+             AND status NOT IN ('completed', 'failed')",
+            params![to, now_ms, run_id, from, current.version],
+        )?;
+        if changed == 0 {
+            return Err(LedgerError::RepinConflict {
+                run_id: run_id.to_string(),
+            });
+        }
         Ok(())
     }
 

@@ -1,0 +1,133 @@
+//! New builds of a step against recorded runs: the corpus replay for CI and
+//! upgrades that repin only runs whose history the new build reproduces.
+
+use serde_json::Value;
+use stephost_tests::{Sandbox, guests};
+
+const BIN: &str = env!("CARGO_BIN_EXE_stephost-crash");
+
+#[test]
+fn the_corpus_replay_reports_each_run_and_fails_on_a_divergent_one() {
+    let sb = Sandbox::new(BIN);
+    // The divergent build changes only the second write, so a one-write run
+    // still replays and a three-write run does not.
+    sb.run(guests::MULTI_WRITE, r#"{"count":1}"#, "one")
+        .expect_code(0);
+    sb.run(guests::MULTI_WRITE, r#"{"count":3}"#, "three")
+        .expect_code(0);
+    std::fs::create_dir(sb.path("corpus")).unwrap();
+    for id in ["one", "three"] {
+        let export = sb.stephost(&["export", id]);
+        export.expect_code(0);
+        std::fs::write(sb.path(&format!("corpus/{id}.json")), export.stdout).unwrap();
+    }
+    let same = sb.stephost(&[
+        "replay",
+        "--fixtures",
+        "corpus",
+        "--module",
+        guests::MULTI_WRITE,
+    ]);
+    same.expect_code(0);
+    assert!(
+        same.stderr.contains("2 run(s) replayed, 0 diverged"),
+        "{}",
+        same.stderr
+    );
+
+    let changed = sb.stephost(&[
+        "replay",
+        "--fixtures",
+        "corpus",
+        "--module",
+        guests::DIVERGENT,
+        "--json",
+    ]);
+    changed.expect_code(4);
+    let reports: Vec<Value> = changed.json().as_array().unwrap().clone();
+    assert_eq!(reports.len(), 2);
+    let by_run = |id: &str| {
+        reports
+            .iter()
+            .find(|r| r["report"]["run_id"] == id)
+            .unwrap()
+            .clone()
+    };
+    assert_eq!(by_run("one")["report"]["result"], "consistent");
+    let three = by_run("three");
+    assert_eq!(three["report"]["result"], "diverged");
+    assert_eq!(three["report"]["divergence"]["seq"], 6);
+    assert_eq!(
+        three["report"]["divergence"]["recorded"]["function"],
+        "orders"
+    );
+}
+
+#[test]
+fn upgrade_repins_a_compatible_run_and_leaves_an_incompatible_one() {
+    let slow = r#"
+[effects.orders]
+kind = "file"
+class = "write"
+path = "orders.jsonl"
+"#;
+    let sb = Sandbox::with_config(BIN, slow);
+    // Two interrupted runs: one stopped after its first write, one after its
+    // second.
+    for (id, point) in [("early", "after-outcome@3"), ("late", "after-outcome@6")] {
+        let crashed = sb.stephost_crashing_at(
+            point,
+            &[
+                "run",
+                guests::MULTI_WRITE,
+                "--input",
+                r#"{"count":3}"#,
+                "--run-id",
+                id,
+            ],
+        );
+        assert_eq!(crashed.signal, Some(libc::SIGABRT), "{crashed:?}");
+    }
+    let digest = sb.show("early")["run"]["module_digest"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let upgraded = sb.stephost(&[
+        "upgrade",
+        "--from",
+        &digest,
+        "--module",
+        guests::DIVERGENT,
+        "--json",
+    ]);
+    upgraded.expect_code(4);
+    let outcomes: Vec<Value> = upgraded.json().as_array().unwrap().clone();
+    let moved = |id: &str| outcomes.iter().find(|o| o["run_id"] == id).unwrap()["moved"].clone();
+    assert_eq!(moved("early"), true, "{outcomes:#?}");
+    assert_eq!(moved("late"), false, "{outcomes:#?}");
+    assert_ne!(sb.show("early")["run"]["module_digest"], digest.as_str());
+    assert_eq!(sb.show("late")["run"]["module_digest"], digest.as_str());
+    // Both finish: the early one under the new build (whose second write
+    // carries the divergent marker), the late one under its own.
+    sb.stephost(&["resume", "early"]).expect_code(0);
+    sb.stephost(&["resume", "late"]).expect_code(0);
+    let lines = sb.received("orders.jsonl");
+    let early_marked = lines
+        .iter()
+        .filter(|l| l["run_id"] == "early" && l["request"]["divergent"] == true)
+        .count();
+    let late_marked = lines
+        .iter()
+        .filter(|l| l["run_id"] == "late" && l["request"]["divergent"] == true)
+        .count();
+    assert_eq!((early_marked, late_marked), (1, 0));
+    assert_eq!(lines.len(), 6);
+    let metrics = sb.stephost(&["metrics"]).stdout;
+    assert!(
+        metrics.contains("workflow_version_mismatch_total 1"),
+        "{metrics}"
+    );
+    // A finished run is not upgraded.
+    sb.stephost(&["upgrade", "early", "--module", guests::DIVERGENT])
+        .expect_code(2);
+}
