@@ -176,6 +176,12 @@ pub enum Command {
         #[arg(long)]
         note: Option<String>,
     },
+    /// Check the tamper-evident chain of a run in the ledger, or of an
+    /// exported run file.
+    Verify {
+        /// A run id, or the path of an exported run (`stephost export`).
+        target: String,
+    },
     /// Print metrics in the Prometheus text format.
     Metrics,
     /// Write a run as a portable JSON fixture to stdout.
@@ -568,6 +574,38 @@ fn execute(cli: Cli) -> Result<i32, HostError> {
             &by,
             note.as_deref(),
         ),
+        Command::Verify { target } => {
+            let path = Path::new(&target);
+            let (run_id, calls) = if path.is_file() {
+                let text = String::from_utf8(read_file(path)?)
+                    .map_err(|_| HostError::BadInput(format!("{target} is not UTF-8")))?;
+                let fixture = Fixture::parse(&text)
+                    .map_err(|e| HostError::BadInput(format!("{target}: {e}")))?;
+                (fixture.run_id, fixture.calls)
+            } else {
+                let host = Host::open(&cli.db, quiet_options(&config))?;
+                let calls = host.ledger().calls(&target)?;
+                (target.clone(), calls)
+            };
+            match crate::ledger::chain::verify(&calls) {
+                Ok(links) => {
+                    let _ = writeln!(
+                        std::io::stdout().lock(),
+                        "intact: run {run_id}, {} call(s), {links} chain link(s) verified",
+                        calls.len()
+                    );
+                    Ok(exit::OK)
+                }
+                Err((seq, reason)) => {
+                    let _ = writeln!(
+                        std::io::stdout().lock(),
+                        "broken: run {run_id}, call #{seq}: {reason}; the recording was changed \
+                         or damaged after it was written"
+                    );
+                    Ok(exit::DIVERGED)
+                }
+            }
+        }
         Command::Metrics => {
             let host = Host::open(&cli.db, quiet_options(&config))?;
             let text = crate::metrics::render(host.ledger())?;

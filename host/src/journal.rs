@@ -318,6 +318,8 @@ pub struct Journal {
     counters: Counters,
     /// Writes not yet committed: they ride on the next commit.
     pending: Vec<WriteOp>,
+    /// The chain link of the last finished call (see `ledger::chain`).
+    last_chain: String,
     control: Option<std::sync::Arc<RunControl>>,
     started: std::time::Instant,
     /// When the lease was last renewed by this execution.
@@ -361,6 +363,7 @@ impl Journal {
             recording_complete: false,
             counters: Counters::new(),
             pending: Vec::new(),
+            last_chain: String::new(),
             control: None,
             started: std::time::Instant::now(),
             lease_checked: std::time::Instant::now(),
@@ -500,6 +503,7 @@ impl Journal {
             return match recorded.state {
                 CallState::Succeeded | CallState::Failed => {
                     self.stats.replayed += 1;
+                    self.last_chain = recorded.chain.clone().unwrap_or_default();
                     if recorded.class == CallClass::Write && matches!(self.mode, Mode::Live { .. })
                     {
                         *self
@@ -587,6 +591,7 @@ impl Journal {
             started_at_ms: crate::clock::now_ms(),
             finished_at_ms: None,
             resolved_by: None,
+            chain: None,
         };
         let outcome = match spec.class {
             // Observe calls: one buffered row, durable with the next durable commit.
@@ -601,12 +606,19 @@ impl Journal {
                 record.state = outcome.state();
                 record.outcome = Some(outcome.to_json());
                 record.finished_at_ms = Some(record.started_at_ms);
+                record.chain = Self::seal(
+                    &mut self.last_chain,
+                    &record,
+                    record.state,
+                    record.outcome.as_deref(),
+                );
                 self.pending.push(WriteOp::Call(record));
                 outcome
             }
             // Reads: buffered too; if the process dies first, the read is
             // simply performed again.
             CallClass::Read => {
+                let started = record.clone();
                 self.pending.push(WriteOp::Call(record));
                 crash::point("after-started", seq);
                 let mut attempts = Attempts {
@@ -617,11 +629,15 @@ impl Journal {
                 };
                 let outcome = live.perform(&op, &mut attempts);
                 crash::point("after-send", seq);
+                let json = outcome.to_json();
+                let chain =
+                    Self::seal(&mut self.last_chain, &started, outcome.state(), Some(&json));
                 self.pending.push(WriteOp::Outcome {
                     seq,
                     state: outcome.state(),
-                    outcome: Some(outcome.to_json()),
+                    outcome: Some(json),
                     now_ms: crate::clock::now_ms(),
+                    chain,
                 });
                 crash::point("after-outcome", seq);
                 outcome
@@ -640,6 +656,7 @@ impl Journal {
             // committed without an fsync of its own, so it survives the
             // process and becomes durable with the next durable commit.
             CallClass::Write => {
+                let started = record.clone();
                 self.pending.push(WriteOp::Started(record));
                 Self::flush_into(ledger.as_mut(), claim, &mut self.pending)?;
                 crash::point("after-started", seq);
@@ -657,6 +674,7 @@ impl Journal {
                         state: CallState::Unknown,
                         outcome: None,
                         now_ms: crate::clock::now_ms(),
+                        chain: None,
                     });
                     Self::flush_into(ledger.as_mut(), claim, &mut self.pending)?;
                     *self
@@ -669,11 +687,15 @@ impl Journal {
                         reason,
                     });
                 }
+                let json = outcome.to_json();
+                let chain =
+                    Self::seal(&mut self.last_chain, &started, outcome.state(), Some(&json));
                 self.pending.push(WriteOp::Outcome {
                     seq,
                     state: outcome.state(),
-                    outcome: Some(outcome.to_json()),
+                    outcome: Some(json),
                     now_ms: crate::clock::now_ms(),
+                    chain,
                 });
                 Self::flush_into(ledger.as_mut(), claim, &mut self.pending)?;
                 crash::point("after-outcome", seq);
@@ -685,6 +707,25 @@ impl Journal {
         }
         self.stats.live += 1;
         Ok(outcome)
+    }
+
+    /// The chain link of `call` finished with `state` and `outcome`, if the
+    /// state is final; it becomes the link the next call follows.
+    fn seal(
+        last_chain: &mut String,
+        call: &CallRecord,
+        state: CallState,
+        outcome: Option<&str>,
+    ) -> Option<String> {
+        if !state.has_outcome() {
+            return None;
+        }
+        let mut done = call.clone();
+        done.state = state;
+        done.outcome = outcome.map(str::to_string);
+        let link = crate::ledger::chain::link(last_chain, &done);
+        *last_chain = link.clone();
+        Some(link)
     }
 
     /// Renews the claim's lease (and checks its fence) once half of it has
@@ -729,11 +770,15 @@ impl Journal {
         };
         match live.wait(&op, recorded.started_at_ms) {
             Wait::Ready(outcome) => {
+                let json = outcome.to_json();
+                let chain =
+                    Self::seal(&mut self.last_chain, recorded, outcome.state(), Some(&json));
                 self.pending.push(WriteOp::Outcome {
                     seq,
                     state: outcome.state(),
-                    outcome: Some(outcome.to_json()),
+                    outcome: Some(json),
                     now_ms: crate::clock::now_ms(),
+                    chain,
                 });
                 Self::flush_into(ledger.as_mut(), claim, &mut self.pending)?;
                 self.stats.live += 1;
@@ -830,11 +875,14 @@ impl Journal {
             }
             Reconciled::Unknown(reason) => (CallState::Unknown, Err(reason)),
         };
+        let json = outcome.as_ref().ok().map(Outcome::to_json);
+        let chain = Self::seal(&mut self.last_chain, recorded, state, json.as_deref());
         self.pending.push(WriteOp::Outcome {
             seq,
             state,
-            outcome: outcome.as_ref().ok().map(Outcome::to_json),
+            outcome: json,
             now_ms: crate::clock::now_ms(),
+            chain,
         });
         Self::flush_into(ledger.as_mut(), claim, &mut self.pending)?;
         match outcome {

@@ -185,8 +185,10 @@ fn a_crash_in_the_middle_of_many_writes_leaves_one_effect_per_write() {
                 assert_eq!(old, new, "{point}: a recorded call changed");
             }
         }
-        // A replay of the finished run agrees with it.
+        // A replay of the finished run agrees with it, and its chain holds
+        // across the crash.
         sb.stephost(&["replay", "m"]).expect_code(0);
+        sb.stephost(&["verify", "m"]).expect_code(0);
     }
 }
 

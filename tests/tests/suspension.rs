@@ -92,6 +92,7 @@ fn an_approved_run_rechecks_the_stock_and_orders_once() {
     assert_eq!(orders.len(), 1);
     assert_eq!(orders[0]["request"]["quantity"], 7);
     assert_eq!(calls(&show)[0]["resolved_by"], "alice");
+    sb.stephost(&["verify", "a"]).expect_code(0);
     // The replay of the finished run needs nobody and sends nothing.
     sb.stephost(&["replay", "a"]).expect_code(0);
     assert_eq!(sb.received("orders.jsonl").len(), 1);

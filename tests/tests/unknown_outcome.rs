@@ -116,6 +116,8 @@ fn a_person_resolves_an_unknown_write_and_the_run_continues_with_it() {
     resumed.expect_code(0);
     let out: Value = resumed.json();
     assert_eq!(out["receipts"][0]["receipt"], "checked-by-phone");
+    // The person's decision is part of the tamper-evident chain.
+    sb.stephost(&["verify", "u"]).expect_code(0);
     assert_eq!(
         sb.received("orders.jsonl").len(),
         1,

@@ -131,3 +131,36 @@ path = "orders.jsonl"
     sb.stephost(&["upgrade", "early", "--module", guests::DIVERGENT])
         .expect_code(2);
 }
+
+#[test]
+fn verify_detects_a_tampered_recording() {
+    let sb = Sandbox::new(BIN);
+    sb.run(guests::MULTI_WRITE, r#"{"count":2}"#, "v")
+        .expect_code(0);
+    let intact = sb.stephost(&["verify", "v"]);
+    intact.expect_code(0);
+    assert!(intact.stdout.starts_with("intact"), "{}", intact.stdout);
+    let export = sb.stephost(&["export", "v"]);
+    std::fs::write(sb.path("v.json"), &export.stdout).unwrap();
+    sb.stephost(&["verify", "v.json"]).expect_code(0);
+
+    // Change what the supplier answered to the first write (call #3).
+    let mut fixture: Value = serde_json::from_str(&export.stdout).unwrap();
+    let outcome = fixture["calls"][2]["outcome"].as_str().unwrap().to_string();
+    assert!(outcome.contains("R-"), "{outcome}");
+    fixture["calls"][2]["outcome"] = Value::String(outcome.replace("R-", "X-"));
+    std::fs::write(sb.path("tampered.json"), fixture.to_string()).unwrap();
+    let broken = sb.stephost(&["verify", "tampered.json"]);
+    broken.expect_code(4);
+    assert!(broken.stdout.contains("call #3"), "{}", broken.stdout);
+
+    // Dropping a call breaks the chain too.
+    let mut dropped: Value = serde_json::from_str(&export.stdout).unwrap();
+    let calls = dropped["calls"].as_array_mut().unwrap();
+    calls.remove(1);
+    for (i, c) in calls.iter_mut().enumerate() {
+        c["seq"] = Value::from(i as u64 + 1);
+    }
+    std::fs::write(sb.path("dropped.json"), dropped.to_string()).unwrap();
+    sb.stephost(&["verify", "dropped.json"]).expect_code(4);
+}

@@ -269,6 +269,7 @@ mod tests {
             started_at_ms: 1,
             finished_at_ms: None,
             resolved_by: None,
+            chain: None,
         };
         std::thread::scope(|s| {
             for claim in &claims {

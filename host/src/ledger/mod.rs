@@ -12,6 +12,7 @@
 //! - Every write for a run names the writer's fencing token and fails with
 //!   [`LedgerError::Fenced`] without writing anything if a newer claim exists.
 
+pub mod chain;
 pub mod group;
 pub mod schema;
 pub mod sqlite;
@@ -119,6 +120,10 @@ pub struct CallRecord {
     /// Who decided the outcome of a call that was `unknown`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub resolved_by: Option<String>,
+    /// The tamper-evident link over this call and all before it (see
+    /// [`chain`]); set once the call is finished.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub chain: Option<String>,
 }
 
 /// The lifecycle of a run.
@@ -332,6 +337,8 @@ pub enum WriteOp {
         state: CallState,
         outcome: Option<String>,
         now_ms: i64,
+        /// The call's chain link, when the state is final.
+        chain: Option<String>,
     },
     Attempt(AttemptRecord),
     Log(LogRecord),
@@ -409,6 +416,7 @@ pub trait Ledger: Send {
                 state,
                 outcome: outcome.map(str::to_string),
                 now_ms,
+                chain: None,
             }],
         )
     }

@@ -52,6 +52,7 @@ CREATE TABLE calls (
     fence         INTEGER NOT NULL,
     resolved_by   TEXT,
     resolved_at   INTEGER,
+    chain         TEXT,
     PRIMARY KEY (run_id, seq)
 ) STRICT, WITHOUT ROWID;
 CREATE INDEX calls_by_operation ON calls(operation_id);

@@ -181,10 +181,12 @@ impl WriteOp {
                 state,
                 outcome,
                 now_ms,
+                chain,
             } => {
                 let changed = conn
                     .prepare_cached(
-                        "UPDATE calls SET state = ?1, outcome = ?2, finished_at = ?3, fence = ?4 \
+                        "UPDATE calls SET state = ?1, outcome = ?2, finished_at = ?3, fence = ?4, \
+                         chain = ?7 \
                          WHERE run_id = ?5 AND seq = ?6 AND state IN ('started', 'unknown')",
                     )?
                     .execute(params![
@@ -193,7 +195,8 @@ impl WriteOp {
                         now_ms,
                         claim.fence,
                         claim.run_id,
-                        *seq as i64
+                        *seq as i64,
+                        chain
                     ])?;
                 if changed != 1 {
                     return Err(LedgerError::Corrupt(format!(
@@ -269,6 +272,33 @@ impl WriteOp {
     }
 }
 
+/// The chain link for a call finished outside a run (by a person), from the
+/// link of the call before it.
+fn chain_for(
+    conn: &Connection,
+    run_id: &str,
+    call: &CallRecord,
+) -> Result<Option<String>, LedgerError> {
+    if !call.state.has_outcome() {
+        return Ok(None);
+    }
+    let previous: Option<String> = if call.seq > 1 {
+        conn.query_row(
+            "SELECT chain FROM calls WHERE run_id = ?1 AND seq = ?2",
+            params![run_id, call.seq as i64 - 1],
+            |r| r.get(0),
+        )
+        .optional()?
+        .flatten()
+    } else {
+        None
+    };
+    Ok(Some(super::chain::link(
+        previous.as_deref().unwrap_or(""),
+        call,
+    )))
+}
+
 fn not_a_ledger(path: &str, e: rusqlite::Error) -> LedgerError {
     match e.sqlite_error_code() {
         Some(rusqlite::ErrorCode::NotADatabase) => LedgerError::NotALedger {
@@ -328,7 +358,7 @@ fn run_from_row(r: &Row<'_>) -> rusqlite::Result<RunRecord> {
 }
 
 const CALL_COLUMNS: &str = "seq, class, interface, function, operation_id, request, \
-     request_hash, state, outcome, started_at, finished_at, resolved_by";
+     request_hash, state, outcome, started_at, finished_at, resolved_by, chain";
 
 fn call_from_row(r: &Row<'_>) -> rusqlite::Result<CallRecord> {
     let class: String = r.get(1)?;
@@ -346,6 +376,7 @@ fn call_from_row(r: &Row<'_>) -> rusqlite::Result<CallRecord> {
         started_at_ms: r.get(9)?,
         finished_at_ms: r.get(10)?,
         resolved_by: r.get(11)?,
+        chain: r.get(12)?,
     })
 }
 
@@ -360,8 +391,8 @@ fn bad_value(column: usize, value: &str) -> rusqlite::Error {
 fn insert_call(tx: &Connection, claim: &Claim, call: &CallRecord) -> Result<(), LedgerError> {
     tx.prepare_cached(
         "INSERT INTO calls (run_id, seq, class, interface, function, operation_id, request, \
-         request_hash, state, outcome, started_at, finished_at, fence) \
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13)",
+         request_hash, state, outcome, started_at, finished_at, fence, chain) \
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14)",
     )?
     .execute(params![
         claim.run_id,
@@ -377,6 +408,7 @@ fn insert_call(tx: &Connection, claim: &Claim, call: &CallRecord) -> Result<(), 
         call.started_at_ms,
         call.finished_at_ms,
         claim.fence,
+        call.chain,
     ])?;
     Ok(())
 }
@@ -701,10 +733,14 @@ impl Ledger for SqliteLedger {
                 crate::clock::format_time(expires)
             )));
         }
+        let mut done = call.clone();
+        done.state = CallState::Succeeded;
+        done.outcome = Some(outcome.to_string());
+        let chain = chain_for(&tx, run_id, &done)?;
         tx.execute(
             "UPDATE calls SET state = 'succeeded', outcome = ?1, finished_at = ?2, \
-             resolved_by = ?3, resolved_at = ?2 WHERE run_id = ?4 AND seq = ?5",
-            params![outcome, now_ms, by, run_id, seq as i64],
+             resolved_by = ?3, resolved_at = ?2, chain = ?6 WHERE run_id = ?4 AND seq = ?5",
+            params![outcome, now_ms, by, run_id, seq as i64, chain],
         )?;
         tx.execute(
             "UPDATE runs SET status = 'running', wake_at = NULL, updated_at = ?1 \
@@ -819,10 +855,26 @@ impl Ledger for SqliteLedger {
             }
             Some(_) => {}
         }
+        let mut done = tx.query_row(
+            &format!("SELECT {CALL_COLUMNS} FROM calls WHERE run_id = ?1 AND seq = ?2"),
+            params![run_id, seq as i64],
+            call_from_row,
+        )?;
+        done.state = state;
+        done.outcome = Some(outcome.to_string());
+        let chain = chain_for(&tx, run_id, &done)?;
         tx.execute(
             "UPDATE calls SET state = ?1, outcome = ?2, finished_at = ?3, resolved_by = ?4, \
-             resolved_at = ?3 WHERE run_id = ?5 AND seq = ?6",
-            params![state.as_str(), outcome, now_ms, by, run_id, seq as i64],
+             resolved_at = ?3, chain = ?7 WHERE run_id = ?5 AND seq = ?6",
+            params![
+                state.as_str(),
+                outcome,
+                now_ms,
+                by,
+                run_id,
+                seq as i64,
+                chain
+            ],
         )?;
         tx.execute(
             "UPDATE runs SET status = 'running', error = NULL, updated_at = ?1 \
@@ -974,6 +1026,7 @@ mod tests {
             started_at_ms: 3,
             finished_at_ms: None,
             resolved_by: None,
+            chain: None,
         };
         let err = ledger.record_started(&old, &call).unwrap_err();
         assert!(
