@@ -87,6 +87,9 @@ pub enum Command {
     /// Continue an interrupted run: replay its recorded calls, then go live.
     Resume {
         run_id: String,
+        /// Insist on this build: refused unless the run is pinned to it.
+        #[arg(long)]
+        module: Option<PathBuf>,
         #[arg(long)]
         json: bool,
     },
@@ -346,9 +349,20 @@ fn execute(cli: Cli) -> Result<i32, HostError> {
             );
             Ok(exit::OK)
         }
-        Command::Resume { run_id, json } => {
+        Command::Resume {
+            run_id,
+            module,
+            json,
+        } => {
+            let module = match &module {
+                Some(path) => Some((read_file(path)?, path.display().to_string())),
+                None => None,
+            };
             let mut host = Host::open(&cli.db, options(&config)?)?;
-            let report = host.resume(&run_id)?;
+            let report = host.resume_with(
+                &run_id,
+                module.as_ref().map(|(b, w)| (b.as_slice(), w.as_str())),
+            )?;
             Ok(print_run(&report, json))
         }
         Command::Replay {

@@ -47,6 +47,8 @@ pub enum HostError {
     LedgerWrite(String),
     #[error("{0}")]
     Fenced(String),
+    #[error("{0}")]
+    VersionMismatch(String),
     #[error("internal error: {0}")]
     Internal(String),
 }
@@ -72,6 +74,7 @@ impl HostError {
                 exit::INTERNAL
             }
             HostError::Module(ModuleError::Engine(_)) => exit::INTERNAL,
+            HostError::VersionMismatch(_) => exit::DIVERGED,
             HostError::Module(_)
             | HostError::Config(_)
             | HostError::BadInput(_)

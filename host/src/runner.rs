@@ -188,7 +188,45 @@ impl Host {
     /// Continues an interrupted run: replays its recorded calls, reconciles
     /// one left in flight, then goes live.
     pub fn resume(&mut self, run_id: &str) -> Result<RunReport, HostError> {
+        self.resume_with(run_id, None)
+    }
+
+    /// Like [`Host::resume`], insisting on a module: refused (naming both
+    /// versions) unless it is the one the run is pinned to.
+    pub fn resume_with(
+        &mut self,
+        run_id: &str,
+        module: Option<(&[u8], &str)>,
+    ) -> Result<RunReport, HostError> {
         let run = self.ledger().run(run_id)?;
+        let mismatch = if run.world != crate::engine::WORLD {
+            Some(format!(
+                "run {run_id} was started under {} and this stephost provides {}; \
+                 resume it with a stephost that provides {}",
+                run.world,
+                crate::engine::WORLD,
+                run.world
+            ))
+        } else if let Some((bytes, what)) = module
+            && crate::ids::module_digest(bytes) != run.module_digest
+        {
+            Some(format!(
+                "run {run_id} is pinned to module {} ({}); {what} is module {}; \
+                 move the run with `stephost upgrade {run_id} --module {what}`, which \
+                 replays its history against the new build first",
+                run.module_digest,
+                run.world,
+                crate::ids::module_digest(bytes)
+            ))
+        } else {
+            None
+        };
+        if let Some(message) = mismatch {
+            let mut counters = crate::journal::Counters::new();
+            counters.insert("workflow_version_mismatch_total", 1);
+            let _ = self.ledger_mut().add_counters(&counters);
+            return Err(HostError::VersionMismatch(message));
+        }
         match run.status {
             RunStatus::Completed | RunStatus::Failed => {
                 return Ok(RunReport::from_record(&run, Stats::default()));

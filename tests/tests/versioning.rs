@@ -164,3 +164,41 @@ fn verify_detects_a_tampered_recording() {
     std::fs::write(sb.path("dropped.json"), dropped.to_string()).unwrap();
     sb.stephost(&["verify", "dropped.json"]).expect_code(4);
 }
+
+#[test]
+fn resume_with_another_build_is_refused_naming_both() {
+    let sb = Sandbox::new(BIN);
+    let crashed = sb.stephost_crashing_at(
+        "after-outcome@3",
+        &[
+            "run",
+            guests::MULTI_WRITE,
+            "--input",
+            r#"{"count":2}"#,
+            "--run-id",
+            "p",
+        ],
+    );
+    assert_eq!(crashed.signal, Some(libc::SIGABRT));
+    let pinned = sb.show("p")["run"]["module_digest"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert_eq!(sb.show("p")["run"]["world"], "stephost:step/step@0.1.0");
+    let refused = sb.stephost(&["resume", "p", "--module", guests::DIVERGENT]);
+    refused.expect_code(4);
+    assert!(refused.stderr.contains(&pinned), "{}", refused.stderr);
+    assert!(
+        refused.stderr.contains("stephost upgrade p"),
+        "{}",
+        refused.stderr
+    );
+    assert_eq!(
+        sb.show("p")["run"]["status"],
+        "running",
+        "a refused resume changed the run"
+    );
+    // With its own build it resumes.
+    sb.stephost(&["resume", "p", "--module", guests::MULTI_WRITE])
+        .expect_code(0);
+}

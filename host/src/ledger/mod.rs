@@ -198,6 +198,8 @@ pub struct RunRecord {
     pub fence: i64,
     /// For a waiting run: when a worker should look at it again.
     pub wake_at_ms: Option<i64>,
+    /// The step world (WIT package and version) the run was started under.
+    pub world: String,
 }
 
 /// The right to write a run's rows, as granted by [`Ledger::claim`].

@@ -32,7 +32,8 @@ CREATE TABLE runs (
     owner         TEXT,
     lease_until   INTEGER,
     fence         INTEGER NOT NULL,
-    wake_at       INTEGER
+    wake_at       INTEGER,
+    world         TEXT NOT NULL
 ) STRICT;
 CREATE INDEX runs_by_status ON runs(status, created_at);
 

@@ -336,7 +336,7 @@ fn check_fence(tx: &Connection, claim: &Claim) -> Result<(), LedgerError> {
 }
 
 const RUN_COLUMNS: &str = "run_id, module_digest, input, status, output, error, created_at, \
-     updated_at, version, owner, lease_until, fence, wake_at";
+     updated_at, version, owner, lease_until, fence, wake_at, world";
 
 fn run_from_row(r: &Row<'_>) -> rusqlite::Result<RunRecord> {
     let status: String = r.get(3)?;
@@ -354,6 +354,7 @@ fn run_from_row(r: &Row<'_>) -> rusqlite::Result<RunRecord> {
         lease_until_ms: r.get(10)?,
         fence: r.get(11)?,
         wake_at_ms: r.get(12)?,
+        world: r.get(13)?,
     })
 }
 
@@ -459,8 +460,15 @@ impl Ledger for SqliteLedger {
             None => {
                 tx.execute(
                     "INSERT INTO runs (run_id, module_digest, input, status, created_at, \
-                     updated_at, version, fence) VALUES (?1, ?2, ?3, 'pending', ?4, ?4, 0, 0)",
-                    params![run.run_id, run.module_digest, run.input, run.now_ms],
+                     updated_at, version, fence, world) \
+                     VALUES (?1, ?2, ?3, 'pending', ?4, ?4, 0, 0, ?5)",
+                    params![
+                        run.run_id,
+                        run.module_digest,
+                        run.input,
+                        run.now_ms,
+                        crate::engine::WORLD
+                    ],
                 )?;
                 tx.query_row(
                     &format!("SELECT {RUN_COLUMNS} FROM runs WHERE run_id = ?1"),
