@@ -618,27 +618,29 @@ impl Journal {
             // Reads: buffered too; if the process dies first, the read is
             // simply performed again.
             CallClass::Read => {
-                let started = record.clone();
-                self.pending.push(WriteOp::Call(record));
                 crash::point("after-started", seq);
+                // The row is written finished, with its attempts after it
+                // (they refer to it), all riding on the next commit.
+                let mut tried = Vec::new();
                 let mut attempts = Attempts {
-                    sink: Some(&mut self.pending),
+                    sink: Some(&mut tried),
                     seq,
                     next: 1,
                     counters: &mut self.counters,
                 };
                 let outcome = live.perform(&op, &mut attempts);
                 crash::point("after-send", seq);
-                let json = outcome.to_json();
-                let chain =
-                    Self::seal(&mut self.last_chain, &started, outcome.state(), Some(&json));
-                self.pending.push(WriteOp::Outcome {
-                    seq,
-                    state: outcome.state(),
-                    outcome: Some(json),
-                    now_ms: crate::clock::now_ms(),
-                    chain,
-                });
+                record.state = outcome.state();
+                record.outcome = Some(outcome.to_json());
+                record.finished_at_ms = Some(crate::clock::now_ms());
+                record.chain = Self::seal(
+                    &mut self.last_chain,
+                    &record,
+                    record.state,
+                    record.outcome.as_deref(),
+                );
+                self.pending.push(WriteOp::Call(record));
+                self.pending.append(&mut tried);
                 crash::point("after-outcome", seq);
                 outcome
             }
@@ -738,11 +740,8 @@ impl Journal {
         if (self.lease_checked.elapsed().as_millis() as i64).saturating_mul(2) < claim.lease_ms {
             return Ok(());
         }
-        if self.pending.is_empty() {
-            ledger.renew(claim, crate::clock::now_ms())?;
-        } else {
-            Self::flush_into(ledger.as_mut(), claim, &mut self.pending)?;
-        }
+        Self::flush_into(ledger.as_mut(), claim, &mut self.pending)?;
+        ledger.renew(claim, crate::clock::now_ms())?;
         self.lease_checked = std::time::Instant::now();
         Ok(())
     }

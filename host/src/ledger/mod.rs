@@ -208,7 +208,8 @@ pub struct Claim {
     pub run_id: String,
     pub owner: String,
     pub fence: i64,
-    /// Every write under the claim extends the lease to now + `lease_ms`.
+    /// A renewal extends the lease to now + `lease_ms` (the journal renews
+    /// once half of it has passed; a worker renews in the background).
     pub lease_ms: i64,
     pub lease_until_ms: i64,
 }

@@ -56,7 +56,8 @@ CREATE TABLE calls (
     chain         TEXT,
     PRIMARY KEY (run_id, seq)
 ) STRICT, WITHOUT ROWID;
-CREATE INDEX calls_by_operation ON calls(operation_id);
+-- Operation ids matter for calls that reach a receiver.
+CREATE INDEX calls_by_operation ON calls(operation_id) WHERE class <> 'observe';
 
 CREATE TABLE attempts (
     run_id      TEXT NOT NULL,
