@@ -86,10 +86,11 @@ pub struct CommitHandle {
 }
 
 impl CommitHandle {
-    fn commit(&self, claim: &Claim, ops: &[WriteOp]) -> Result<(), LedgerError> {
-        if ops.is_empty() {
-            return Ok(());
-        }
+    fn send(
+        &self,
+        claim: &Claim,
+        ops: &[WriteOp],
+    ) -> Result<mpsc::Receiver<Result<(), LedgerError>>, LedgerError> {
         let (reply, result) = mpsc::sync_channel(1);
         self.queue
             .send(Job {
@@ -98,10 +99,14 @@ impl CommitHandle {
                 reply,
             })
             .map_err(|_| LedgerError::Batch("the committer has stopped".into()))?;
-        result
-            .recv()
-            .map_err(|_| LedgerError::Batch("the committer has stopped".into()))?
+        Ok(result)
     }
+}
+
+fn wait(result: &mpsc::Receiver<Result<(), LedgerError>>) -> Result<(), LedgerError> {
+    result
+        .recv()
+        .map_err(|_| LedgerError::Batch("the committer has stopped".into()))?
 }
 
 /// A ledger whose run writes go through group commit; reads and the rare
@@ -109,11 +114,29 @@ impl CommitHandle {
 pub struct GroupLedger {
     direct: SqliteLedger,
     commits: CommitHandle,
+    /// Replies still to come for writes that need not be waited for.
+    in_flight: Vec<mpsc::Receiver<Result<(), LedgerError>>>,
 }
 
 impl GroupLedger {
     pub fn new(direct: SqliteLedger, commits: CommitHandle) -> Self {
-        GroupLedger { direct, commits }
+        GroupLedger {
+            direct,
+            commits,
+            in_flight: Vec::new(),
+        }
+    }
+
+    /// Waits for every write sent before; the first failure among them.
+    fn settle(&mut self) -> Result<(), LedgerError> {
+        let mut first = Ok(());
+        for reply in self.in_flight.drain(..) {
+            let result = wait(&reply);
+            if first.is_ok() {
+                first = result;
+            }
+        }
+        first
     }
 }
 
@@ -174,8 +197,23 @@ impl Ledger for GroupLedger {
         self.direct.logs(run_id)
     }
 
+    /// Durable writes wait for their commit (and so for everything sent
+    /// before them: the committer works in order). Other writes are queued
+    /// without waiting: they are ordered before the next durable commit,
+    /// which reports their failure if any, and nothing outside the process
+    /// depends on them before it.
     fn commit(&mut self, claim: &Claim, ops: &[WriteOp]) -> Result<(), LedgerError> {
-        self.commits.commit(claim, ops)
+        if ops.is_empty() {
+            return Ok(());
+        }
+        let reply = self.commits.send(claim, ops)?;
+        if !ops.iter().any(WriteOp::durable) {
+            self.in_flight.push(reply);
+            return Ok(());
+        }
+        let own = wait(&reply);
+        self.settle()?;
+        own
     }
 
     fn decide_approval(
