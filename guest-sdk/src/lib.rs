@@ -92,6 +92,18 @@ macro_rules! export_step {
         }
 
         $crate::bindings::__export_step_world!(__StephostStep with_types_in $crate::bindings);
+
+        // The step's declared name and version (its crate's), in a custom
+        // section the host pins runs to next to the module digest.
+        #[cfg(target_family = "wasm")]
+        const __STEPHOST_STEP_ID: &str =
+            ::core::concat!(::core::env!("CARGO_PKG_NAME"), "@", ::core::env!("CARGO_PKG_VERSION"));
+        #[cfg(target_family = "wasm")]
+        #[used]
+        #[allow(unsafe_code)]
+        #[unsafe(link_section = "stephost-step")]
+        static __STEPHOST_STEP: [u8; __STEPHOST_STEP_ID.len()] =
+            $crate::__private::bytes(__STEPHOST_STEP_ID);
     };
 }
 
@@ -124,6 +136,18 @@ pub mod __private {
     use serde::Serialize;
     use serde::de::DeserializeOwned;
     use std::fmt::Display;
+
+    /// `s` as a byte array (for the `stephost-step` custom section).
+    pub const fn bytes<const N: usize>(s: &str) -> [u8; N] {
+        let from = s.as_bytes();
+        let mut out = [0u8; N];
+        let mut i = 0;
+        while i < N && i < from.len() {
+            out[i] = from[i];
+            i += 1;
+        }
+        out
+    }
 
     /// Decodes the input, runs the step and encodes its output.
     pub fn run_json<In, Out, E, F>(input: &str, run: F) -> Result<String, String>

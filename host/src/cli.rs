@@ -896,6 +896,12 @@ fn print_show(
     let _ = writeln!(out, "run      {}", run.run_id);
     let _ = writeln!(out, "status   {}", run.status.as_str());
     let _ = writeln!(out, "module   {}", run.module_digest);
+    let _ = writeln!(
+        out,
+        "step     {} ({})",
+        run.step.as_deref().unwrap_or("(no declared version)"),
+        run.world
+    );
     let _ = writeln!(out, "created  {}", format_time(run.created_at_ms));
     let _ = writeln!(out, "updated  {}", format_time(run.updated_at_ms));
     let _ = writeln!(

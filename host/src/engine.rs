@@ -39,6 +39,9 @@ pub enum ModuleError {
 /// A step component ready to instantiate.
 pub struct Loaded {
     pub digest: String,
+    /// The step's declared `name@version` (the `stephost-step` custom section
+    /// the guest SDK writes), when it has one.
+    pub step: Option<String>,
     pub pre: StepPre<StepState>,
 }
 
@@ -98,6 +101,7 @@ impl StepEngine {
         })?;
         let loaded = Arc::new(Loaded {
             digest: digest.clone(),
+            step: declared_step(bytes),
             pre,
         });
         self.cache_lock().insert(digest, loaded.clone());
@@ -160,4 +164,84 @@ fn check_header(bytes: &[u8], what: &str) -> Result<(), ModuleError> {
         });
     }
     Ok(())
+}
+
+/// The step's declared `name@version`: the content of a `stephost-step`
+/// custom section, in the component or in one of its core modules.
+pub fn declared_step(bytes: &[u8]) -> Option<String> {
+    find_section(bytes, b"stephost-step", 0).and_then(|content| {
+        let text = std::str::from_utf8(content)
+            .ok()?
+            .trim_end_matches('\0')
+            .trim();
+        (!text.is_empty() && text.len() <= 256).then(|| text.to_string())
+    })
+}
+
+fn read_leb(bytes: &[u8], pos: &mut usize) -> Option<u64> {
+    let mut value = 0u64;
+    for shift in (0..64).step_by(7) {
+        let byte = *bytes.get(*pos)?;
+        *pos += 1;
+        value |= u64::from(byte & 0x7f) << shift;
+        if byte & 0x80 == 0 {
+            return Some(value);
+        }
+    }
+    None
+}
+
+/// Walks a module or component's sections (and, in a component, its nested
+/// core modules and components) for a custom section named `name`.
+fn find_section<'a>(bin: &'a [u8], name: &[u8], depth: u32) -> Option<&'a [u8]> {
+    if bin.len() < 8 || &bin[..4] != b"\0asm" || depth > 4 {
+        return None;
+    }
+    let component = bin[4..8] != [1, 0, 0, 0];
+    let mut pos = 8;
+    while pos < bin.len() {
+        let id = bin[pos];
+        pos += 1;
+        let size = usize::try_from(read_leb(bin, &mut pos)?).ok()?;
+        let end = pos.checked_add(size).filter(|&e| e <= bin.len())?;
+        let payload = &bin[pos..end];
+        if id == 0 {
+            let mut p = 0;
+            let len = usize::try_from(read_leb(payload, &mut p)?).ok()?;
+            if payload.get(p..p.checked_add(len)?) == Some(name) {
+                return Some(&payload[p + len..]);
+            }
+        } else if component
+            && (id == 1 || id == 4)
+            && let Some(found) = find_section(payload, name, depth + 1)
+        {
+            return Some(found);
+        }
+        pos = end;
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_declared_step_is_found_in_a_nested_core_module() {
+        // A core module with one custom section, nested in a component.
+        let mut module = b"\0asm\x01\0\0\0".to_vec();
+        let mut custom = vec![13u8];
+        custom.extend_from_slice(b"stephost-step");
+        custom.extend_from_slice(b"orders@1.2.3");
+        module.push(0);
+        module.push(custom.len() as u8);
+        module.extend_from_slice(&custom);
+        let mut component = b"\0asm\x0d\0\x01\0".to_vec();
+        component.push(1);
+        component.push(module.len() as u8);
+        component.extend_from_slice(&module);
+        assert_eq!(declared_step(&component).as_deref(), Some("orders@1.2.3"));
+        assert_eq!(declared_step(b"\0asm\x0d\0\x01\0"), None);
+        assert_eq!(declared_step(b"garbage"), None);
+    }
 }

@@ -163,6 +163,7 @@ impl Host {
         Ok(ledger.create_run(NewRun {
             run_id: &run_id,
             module_digest: &loaded.digest,
+            step: loaded.step.as_deref(),
             input,
             now_ms: now,
         })?)
@@ -210,13 +211,16 @@ impl Host {
         } else if let Some((bytes, what)) = module
             && crate::ids::module_digest(bytes) != run.module_digest
         {
+            let named = |step: Option<&str>| step.unwrap_or("no declared version").to_string();
             Some(format!(
-                "run {run_id} is pinned to module {} ({}); {what} is module {}; \
+                "run {run_id} is pinned to module {} ({}, {}); {what} is module {} ({}); \
                  move the run with `stephost upgrade {run_id} --module {what}`, which \
                  replays its history against the new build first",
                 run.module_digest,
+                named(run.step.as_deref()),
                 run.world,
-                crate::ids::module_digest(bytes)
+                crate::ids::module_digest(bytes),
+                named(crate::engine::declared_step(bytes).as_deref())
             ))
         } else {
             None
@@ -540,6 +544,7 @@ impl Host {
             run_id,
             &run.module_digest,
             &report.module_digest,
+            crate::engine::declared_step(module).as_deref(),
             crate::clock::now_ms(),
             &crate::owner::is_alive,
         )?;

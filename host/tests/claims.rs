@@ -16,6 +16,7 @@ fn race(claimants: usize, rounds: usize) {
             .create_run(NewRun {
                 run_id: &format!("run-{round}"),
                 module_digest: "digest",
+                step: None,
                 input: "{}",
                 now_ms: 1,
             })

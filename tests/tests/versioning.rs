@@ -106,6 +106,7 @@ path = "orders.jsonl"
     assert_eq!(moved("early"), true, "{outcomes:#?}");
     assert_eq!(moved("late"), false, "{outcomes:#?}");
     assert_ne!(sb.show("early")["run"]["module_digest"], digest.as_str());
+    assert_eq!(sb.show("early")["run"]["step"], "guest-divergent@0.1.0");
     assert_eq!(sb.show("late")["run"]["module_digest"], digest.as_str());
     // Both finish: the early one under the new build (whose second write
     // carries the divergent marker), the late one under its own.
@@ -185,6 +186,8 @@ fn resume_with_another_build_is_refused_naming_both() {
         .unwrap()
         .to_string();
     assert_eq!(sb.show("p")["run"]["world"], "stephost:step/step@0.1.0");
+    // The step's declared name and version, from its crate via the SDK.
+    assert_eq!(sb.show("p")["run"]["step"], "guest-multi-write@0.1.0");
     let refused = sb.stephost(&["resume", "p", "--module", guests::DIVERGENT]);
     refused.expect_code(4);
     assert!(refused.stderr.contains(&pinned), "{}", refused.stderr);

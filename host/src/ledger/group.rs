@@ -233,10 +233,12 @@ impl Ledger for GroupLedger {
         run_id: &str,
         from: &str,
         to: &str,
+        step: Option<&str>,
         now_ms: i64,
         owner_alive: &dyn Fn(&str) -> bool,
     ) -> Result<(), LedgerError> {
-        self.direct.repin(run_id, from, to, now_ms, owner_alive)
+        self.direct
+            .repin(run_id, from, to, step, now_ms, owner_alive)
     }
 
     fn pending_approvals(&self) -> Result<Vec<(RunRecord, CallRecord)>, LedgerError> {
@@ -282,6 +284,7 @@ mod tests {
                 .create_run(NewRun {
                     run_id: &id,
                     module_digest: "d",
+                    step: None,
                     input: "{}",
                     now_ms: 1,
                 })

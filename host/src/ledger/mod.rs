@@ -200,6 +200,8 @@ pub struct RunRecord {
     pub wake_at_ms: Option<i64>,
     /// The step world (WIT package and version) the run was started under.
     pub world: String,
+    /// The step's declared `name@version`, when its module declares one.
+    pub step: Option<String>,
 }
 
 /// The right to write a run's rows, as granted by [`Ledger::claim`].
@@ -323,6 +325,7 @@ pub enum LedgerError {
 pub struct NewRun<'a> {
     pub run_id: &'a str,
     pub module_digest: &'a str,
+    pub step: Option<&'a str>,
     pub input: &'a str,
     pub now_ms: i64,
 }
@@ -453,6 +456,7 @@ pub trait Ledger: Send {
         run_id: &str,
         from: &str,
         to: &str,
+        step: Option<&str>,
         now_ms: i64,
         owner_alive: &dyn Fn(&str) -> bool,
     ) -> Result<(), LedgerError>;

@@ -33,7 +33,8 @@ CREATE TABLE runs (
     lease_until   INTEGER,
     fence         INTEGER NOT NULL,
     wake_at       INTEGER,
-    world         TEXT NOT NULL
+    world         TEXT NOT NULL,
+    step          TEXT
 ) STRICT;
 CREATE INDEX runs_by_status ON runs(status, created_at);
 

@@ -329,7 +329,7 @@ fn check_fence(tx: &Connection, claim: &Claim) -> Result<(), LedgerError> {
 }
 
 const RUN_COLUMNS: &str = "run_id, module_digest, input, status, output, error, created_at, \
-     updated_at, version, owner, lease_until, fence, wake_at, world";
+     updated_at, version, owner, lease_until, fence, wake_at, world, step";
 
 fn run_from_row(r: &Row<'_>) -> rusqlite::Result<RunRecord> {
     let status: String = r.get(3)?;
@@ -348,6 +348,7 @@ fn run_from_row(r: &Row<'_>) -> rusqlite::Result<RunRecord> {
         fence: r.get(11)?,
         wake_at_ms: r.get(12)?,
         world: r.get(13)?,
+        step: r.get(14)?,
     })
 }
 
@@ -461,14 +462,15 @@ impl Ledger for SqliteLedger {
             None => {
                 tx.execute(
                     "INSERT INTO runs (run_id, module_digest, input, status, created_at, \
-                     updated_at, version, fence, world) \
-                     VALUES (?1, ?2, ?3, 'pending', ?4, ?4, 0, 0, ?5)",
+                     updated_at, version, fence, world, step) \
+                     VALUES (?1, ?2, ?3, 'pending', ?4, ?4, 0, 0, ?5, ?6)",
                     params![
                         run.run_id,
                         run.module_digest,
                         run.input,
                         run.now_ms,
-                        crate::engine::WORLD
+                        crate::engine::WORLD,
+                        run.step
                     ],
                 )?;
                 tx.query_row(
@@ -772,6 +774,7 @@ impl Ledger for SqliteLedger {
         run_id: &str,
         from: &str,
         to: &str,
+        step: Option<&str>,
         now_ms: i64,
         owner_alive: &dyn Fn(&str) -> bool,
     ) -> Result<(), LedgerError> {
@@ -788,10 +791,10 @@ impl Ledger for SqliteLedger {
         self.set_sync(Sync::Full)?;
         // Compare-and-set on the version read above.
         let changed = self.conn.execute(
-            "UPDATE runs SET module_digest = ?1, updated_at = ?2, version = version + 1 \
-             WHERE run_id = ?3 AND module_digest = ?4 AND version = ?5 \
+            "UPDATE runs SET module_digest = ?1, updated_at = ?2, version = version + 1, \
+             step = ?6 WHERE run_id = ?3 AND module_digest = ?4 AND version = ?5 \
              AND status NOT IN ('completed', 'failed')",
-            params![to, now_ms, run_id, from, current.version],
+            params![to, now_ms, run_id, from, current.version, step],
         )?;
         if changed == 0 {
             return Err(LedgerError::RepinConflict {
@@ -946,6 +949,7 @@ mod tests {
             .create_run(NewRun {
                 run_id: "r1",
                 module_digest: "d1",
+                step: None,
                 input: "{}",
                 now_ms: 1,
             })
@@ -1000,6 +1004,7 @@ mod tests {
             .create_run(NewRun {
                 run_id: "r1",
                 module_digest: "d1",
+                step: None,
                 input: "{}",
                 now_ms: 5,
             })
@@ -1009,6 +1014,7 @@ mod tests {
             .create_run(NewRun {
                 run_id: "r1",
                 module_digest: "d1",
+                step: None,
                 input: "{\"x\":1}",
                 now_ms: 5,
             })
