@@ -21,6 +21,11 @@ use stephost_guest::{Ctx, Error, bail, log};
 struct Input {
     sku: String,
     quantity: i64,
+    /// When given, a person must approve the order (within this many
+    /// seconds) before it is sent, and the stock is checked again after the
+    /// approval: an approval of last week is not a licence for today.
+    #[serde(default)]
+    approval_ttl_seconds: Option<u64>,
 }
 
 /// The response of `inventory.read` (other fields are ignored).
@@ -56,7 +61,26 @@ fn run(ctx: &mut Ctx, input: Input) -> Result<Output, Error> {
         bail!("quantity must not be negative, got {}", input.quantity);
     }
 
-    let stock: Stock = ctx.effect("inventory.read", &serde_json::json!({ "sku": input.sku }))?;
+    let mut stock: Stock =
+        ctx.effect("inventory.read", &serde_json::json!({ "sku": input.sku }))?;
+    if let Some(ttl) = input.approval_ttl_seconds
+        && input.quantity > stock.on_hand
+    {
+        let decision = ctx.approval(
+            &format!("order {} of {}", input.quantity - stock.on_hand, input.sku),
+            &serde_json::json!({ "sku": input.sku, "quantity": input.quantity, "on_hand": stock.on_hand }),
+            std::time::Duration::from_secs(ttl),
+        )?;
+        if !decision.approved() {
+            bail!(
+                "the order was not approved ({:?} by {:?})",
+                decision.verdict,
+                decision.by
+            );
+        }
+        // Re-check the precondition now, not when the approval was asked.
+        stock = ctx.effect("inventory.read", &serde_json::json!({ "sku": input.sku }))?;
+    }
     let shortage = input.quantity - stock.on_hand;
     log::info(format_args!(
         "{}: {} wanted, {} on hand",
