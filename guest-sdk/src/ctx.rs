@@ -111,15 +111,7 @@ impl Ctx {
             effect: name.to_owned(),
             message: e.to_string(),
         })?;
-        let response = import(&request).map_err(|e| {
-            let effect = name.to_owned();
-            match e {
-                CallError::Rejected(message) => EffectError::Rejected { effect, message },
-                CallError::Denied(message) => EffectError::Denied { effect, message },
-                CallError::Exhausted(message) => EffectError::Exhausted { effect, message },
-                CallError::Invalid(message) => EffectError::Invalid { effect, message },
-            }
-        })?;
+        let response = import(&request).map_err(|e| effect_error(name, e))?;
         serde_json::from_str(&response).map_err(|e| EffectError::Decode {
             effect: name.to_owned(),
             message: e.to_string(),
@@ -179,16 +171,8 @@ impl Ctx {
             effect: "approvals".to_owned(),
             message: e.to_string(),
         })?;
-        let decision =
-            approvals::request(subject, &details, ttl.as_secs().max(1)).map_err(|e| {
-                let effect = "approvals".to_owned();
-                match e {
-                    CallError::Rejected(message) => EffectError::Rejected { effect, message },
-                    CallError::Denied(message) => EffectError::Denied { effect, message },
-                    CallError::Exhausted(message) => EffectError::Exhausted { effect, message },
-                    CallError::Invalid(message) => EffectError::Invalid { effect, message },
-                }
-            })?;
+        let decision = approvals::request(subject, &details, ttl.as_secs().max(1))
+            .map_err(|e| effect_error("approvals", e))?;
         Ok(Decision {
             verdict: match decision.verdict {
                 approvals::Verdict::Approved => Verdict::Approved,
@@ -199,6 +183,17 @@ impl Ctx {
             note: decision.note,
             at: SystemTime::UNIX_EPOCH + Duration::from_millis(decision.at_ms),
         })
+    }
+}
+
+/// The host's `call-error` as the step sees it.
+fn effect_error(effect: &str, e: CallError) -> EffectError {
+    let effect = effect.to_owned();
+    match e {
+        CallError::Rejected(message) => EffectError::Rejected { effect, message },
+        CallError::Denied(message) => EffectError::Denied { effect, message },
+        CallError::Exhausted(message) => EffectError::Exhausted { effect, message },
+        CallError::Invalid(message) => EffectError::Invalid { effect, message },
     }
 }
 

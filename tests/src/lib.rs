@@ -38,6 +38,20 @@ kind = "echo"
 class = "read"
 "#;
 
+/// The supplier example's effects with built-in receivers: a fixed stock of
+/// 3 and a deduplicating file receiver for the orders.
+pub const SUPPLIER_CONFIG: &str = r#"
+[effects."inventory.read"]
+kind = "static"
+class = "read"
+response = '{"sku": "WIDGET-7", "on_hand": 3}'
+
+[effects."supplier.order"]
+kind = "file"
+class = "write"
+path = "supplier-orders.jsonl"
+"#;
+
 /// The result of one `stephost` invocation.
 #[derive(Debug)]
 pub struct Ran {

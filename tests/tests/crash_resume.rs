@@ -6,21 +6,9 @@
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
-use stephost_tests::{Sandbox, attempts_for, calls, distinct_operations, guests};
+use stephost_tests::{SUPPLIER_CONFIG, Sandbox, attempts_for, calls, distinct_operations, guests};
 
 const BIN: &str = env!("CARGO_BIN_EXE_stephost-crash");
-
-const SUPPLIER_CONFIG: &str = r#"
-[effects."inventory.read"]
-kind = "static"
-class = "read"
-response = '{"sku": "WIDGET-7", "on_hand": 3}'
-
-[effects."supplier.order"]
-kind = "file"
-class = "write"
-path = "supplier-orders.jsonl"
-"#;
 
 const INPUT: &str = r#"{"sku":"WIDGET-7","quantity":10}"#;
 /// The supplier step's calls: 1 inventory.read, 2 clock, 3 random, 4 supplier.order.

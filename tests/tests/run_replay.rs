@@ -1,21 +1,9 @@
 //! Running, showing, exporting and replaying steps through the real binary.
 
 use serde_json::{Value, json};
-use stephost_tests::{Sandbox, attempts_for, calls, distinct_operations, guests};
+use stephost_tests::{SUPPLIER_CONFIG, Sandbox, attempts_for, calls, distinct_operations, guests};
 
 const BIN: &str = env!("CARGO_BIN_EXE_stephost-crash");
-
-const SUPPLIER_CONFIG: &str = r#"
-[effects."inventory.read"]
-kind = "static"
-class = "read"
-response = '{"sku": "WIDGET-7", "on_hand": 3}'
-
-[effects."supplier.order"]
-kind = "file"
-class = "write"
-path = "supplier-orders.jsonl"
-"#;
 
 #[test]
 fn the_supplier_example_orders_the_shortage_once_and_records_every_call() {
