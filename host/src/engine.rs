@@ -49,6 +49,9 @@ pub struct StepEngine {
     engine: Engine,
     linker: Linker<StepState>,
     cache: Mutex<HashMap<String, Arc<Loaded>>>,
+    /// Held while compiling, so that runs of one new module starting at once
+    /// compile it once instead of once each.
+    compiling: Mutex<()>,
 }
 
 impl StepEngine {
@@ -66,6 +69,7 @@ impl StepEngine {
             engine,
             linker,
             cache: Mutex::new(HashMap::new()),
+            compiling: Mutex::new(()),
         })
     }
 
@@ -77,6 +81,11 @@ impl StepEngine {
     /// `what` names the module in errors (a path, or a digest).
     pub fn load(&self, bytes: &[u8], what: &str) -> Result<Arc<Loaded>, ModuleError> {
         let digest = crate::ids::module_digest(bytes);
+        if let Some(hit) = self.cache_lock().get(&digest) {
+            return Ok(hit.clone());
+        }
+        let _compiling = self.compiling.lock().unwrap_or_else(|p| p.into_inner());
+        // Another thread may have compiled it while this one waited.
         if let Some(hit) = self.cache_lock().get(&digest) {
             return Ok(hit.clone());
         }

@@ -234,6 +234,9 @@ impl std::fmt::Display for Divergence {
 pub enum Stop {
     #[error("ledger write failed: {0}")]
     Ledger(String),
+    /// A recorded value is not what its call returns: the ledger is damaged.
+    #[error("{0}")]
+    Corrupt(String),
     #[error("{0}")]
     Fenced(String),
     #[error("{0}")]
@@ -949,7 +952,7 @@ fn summary(call: &CallRecord) -> CallSummary {
 fn parse_outcome(call: &CallRecord) -> Result<Outcome, Stop> {
     let text = call.outcome.as_deref().unwrap_or("null");
     serde_json::from_str(text).map_err(|e| {
-        Stop::Ledger(format!(
+        Stop::Corrupt(format!(
             "call #{} has an unreadable outcome ({e}); the ledger is damaged",
             call.seq
         ))

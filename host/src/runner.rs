@@ -375,8 +375,6 @@ impl Host {
         let Mode::Live { mut ledger, claim } = journal.into_mode() else {
             unreachable_shared()
         };
-        // Metrics are best effort: a failure to count never fails a run.
-        let _ = ledger.add_counters(&counters);
         let end = match stop {
             Some(Stop::Fenced(m)) => return Ok((ledger, Err(HostError::Fenced(m)))),
             Some(Stop::Released { .. }) => {
@@ -386,6 +384,9 @@ impl Host {
                     .map_err(HostError::from)
                     .and_then(|()| Ok(ledger.run(&run.run_id)?))
                     .map(|record| RunReport::from_record(&record, stats));
+                if released.is_ok() {
+                    let _ = ledger.add_counters(&counters);
+                }
                 return Ok((ledger, released));
             }
             Some(Stop::Suspended { wake_at_ms, .. }) => {
@@ -398,9 +399,19 @@ impl Host {
                     .map_err(HostError::from)
                     .and_then(|()| Ok(ledger.run(&run.run_id)?))
                     .map(|record| RunReport::from_record(&record, stats));
+                if suspended.is_ok() {
+                    let _ = ledger.add_counters(&counters);
+                }
                 return Ok((ledger, suspended));
             }
             Some(Stop::Ledger(m)) => return Ok((ledger, Err(HostError::LedgerWrite(m)))),
+            // Damaged records: leave the run as it is for a person to look at.
+            Some(Stop::Corrupt(m)) => {
+                return Ok((
+                    ledger,
+                    Err(HostError::Ledger(crate::ledger::LedgerError::Corrupt(m))),
+                ));
+            }
             Some(Stop::ReplayEnd { reason, .. }) => {
                 return Ok((ledger, Err(HostError::Internal(reason))));
             }
@@ -442,6 +453,11 @@ impl Host {
             .commit(&claim, &pending)
             .map_err(HostError::from)
             .and_then(|()| Ok(ledger.run(&run.run_id)?));
+        // Metrics are best effort (a failure to count never fails a run),
+        // and count only executions whose end was recorded.
+        if finished.is_ok() {
+            let _ = ledger.add_counters(&counters);
+        }
         let report = finished.map(|record| RunReport::from_record(&record, stats));
         Ok((ledger, report))
     }

@@ -140,9 +140,9 @@ impl Host for StepState {
         match to_guest(outcome) {
             Ok(text) => {
                 let value: serde_json::Value = serde_json::from_str(&text)
-                    .map_err(|e| trap(crate::journal::Stop::Ledger(e.to_string())))?;
+                    .map_err(|e| self.fail(crate::journal::Stop::Corrupt(e.to_string())))?;
                 let decision =
-                    to_decision(&value).map_err(|e| trap(crate::journal::Stop::Ledger(e)))?;
+                    to_decision(&value).map_err(|e| self.fail(crate::journal::Stop::Corrupt(e)))?;
                 Ok(Ok(decision))
             }
             Err(e) => Ok(Err(e)),

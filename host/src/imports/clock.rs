@@ -11,6 +11,6 @@ impl Host for StepState {
             crate::clock::now_ns().into()
         })
         .map_err(trap)?;
-        as_u64(&value, "clock.now").map_err(trap)
+        as_u64(&value, "clock.now").map_err(|s| self.fail(s))
     }
 }

@@ -53,6 +53,16 @@ pub fn trap(stop: Stop) -> wasmtime::Error {
     wasmtime::Error::new(stop)
 }
 
+impl StepState {
+    /// A stop found by an import after its journal call (a recorded value
+    /// of the wrong shape, a limit): kept in the journal so the run ends
+    /// with it, and trapped.
+    pub fn fail(&self, stop: Stop) -> wasmtime::Error {
+        lock(&self.journal).set_stop(stop.clone());
+        trap(stop)
+    }
+}
+
 /// Records an observe call whose value `f` computes in-process.
 pub fn observe(
     journal: &Mutex<Journal>,
@@ -70,7 +80,7 @@ pub fn observe(
     };
     match lock(journal).call(&spec, &mut Compute(|| Outcome::Ok(f())))? {
         Outcome::Ok(value) => Ok(value),
-        Outcome::Err(e) => Err(Stop::Ledger(format!(
+        Outcome::Err(e) => Err(Stop::Corrupt(format!(
             "{interface} {function} has a recorded error ({}) where a value belongs",
             e.message
         ))),
@@ -81,5 +91,5 @@ pub fn observe(
 pub fn as_u64(value: &serde_json::Value, what: &str) -> Result<u64, Stop> {
     value
         .as_u64()
-        .ok_or_else(|| Stop::Ledger(format!("recorded {what} is not a u64: {value}")))
+        .ok_or_else(|| Stop::Corrupt(format!("recorded {what} is not a u64: {value}")))
 }

@@ -22,14 +22,14 @@ pub fn recorded_bytes(value: &serde_json::Value, len: usize) -> Result<Vec<u8>, 
         .as_str()
         .and_then(|s| hex::decode(s).ok())
         .filter(|b| b.len() == len)
-        .ok_or_else(|| Stop::Ledger(format!("recorded random bytes are not {len} hex bytes")))
+        .ok_or_else(|| Stop::Corrupt(format!("recorded random bytes are not {len} hex bytes")))
 }
 
 impl Host for StepState {
     fn get_bytes(&mut self, len: u32) -> wasmtime::Result<Vec<u8>> {
         let max = lock(&self.journal).limits().payload_bytes_max;
         if u64::from(len) > max {
-            return Err(trap(Stop::Limit(format!(
+            return Err(self.fail(Stop::Limit(format!(
                 "random.get-bytes asked for {len} bytes; payload_bytes_max is {max}"
             ))));
         }
@@ -42,7 +42,7 @@ impl Host for StepState {
             || hex::encode(os_bytes(len)).into(),
         )
         .map_err(trap)?;
-        recorded_bytes(&value, len).map_err(trap)
+        recorded_bytes(&value, len).map_err(|s| self.fail(s))
     }
 
     fn get_u64(&mut self) -> wasmtime::Result<u64> {
@@ -50,6 +50,6 @@ impl Host for StepState {
             u64::from_le_bytes(os_bytes(8).try_into().unwrap_or_default()).into()
         })
         .map_err(trap)?;
-        as_u64(&value, "random.get-u64").map_err(trap)
+        as_u64(&value, "random.get-u64").map_err(|s| self.fail(s))
     }
 }
