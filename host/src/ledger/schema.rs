@@ -57,8 +57,8 @@ CREATE TABLE calls (
     chain         TEXT,
     PRIMARY KEY (run_id, seq)
 ) STRICT, WITHOUT ROWID;
--- Operation ids matter for calls that reach a receiver.
-CREATE INDEX calls_by_operation ON calls(operation_id) WHERE class <> 'observe';
+-- Operation ids are looked up for writes (and approvals) only.
+CREATE INDEX calls_by_operation ON calls(operation_id) WHERE class IN ('write', 'suspend');
 
 CREATE TABLE attempts (
     run_id      TEXT NOT NULL,
