@@ -527,3 +527,57 @@ fn an_in_flight_write_whose_effect_is_no_longer_configured_is_parked_not_failed(
     // supplier has exactly the one order.
     assert_eq!(receiver.business_effects(), 1);
 }
+
+#[test]
+fn a_lookup_that_fails_once_is_asked_again_before_the_call_is_given_up() {
+    let sb = Sandbox::with_config(BIN, "");
+    let send = sb.path("send.sh");
+    let lookup = sb.path("lookup.sh");
+    // The receiver stores each order by operation id; its lookup answers an
+    // error the first time it is asked, then the receipt.
+    std::fs::write(
+        &send,
+        "#!/bin/sh\ncd \"$(dirname \"$0\")\"\ncat > \"order-$STEPHOST_OPERATION_ID.json\"\n\
+         printf '{\"receipt\":\"cmd-order\"}'\n",
+    )
+    .unwrap();
+    std::fs::write(
+        &lookup,
+        "#!/bin/sh\ncd \"$(dirname \"$0\")\"\n\
+         if [ ! -e asked ]; then touch asked; echo 'ledger service busy' >&2; exit 1; fi\n\
+         if [ -e \"order-$STEPHOST_OPERATION_ID.json\" ]; then printf '{\"receipt\":\"cmd-order\"}'; exit 0; fi\n\
+         exit 3\n",
+    )
+    .unwrap();
+    sb.set_config(&format!(
+        r#"
+[effects.orders]
+kind = "command"
+class = "write"
+argv = ["sh", "{}"]
+lookup = ["sh", "{}"]
+retry = {{ max_attempts = 3, initial_backoff_ms = 10 }}
+"#,
+        send.display(),
+        lookup.display()
+    ));
+    let crashed = sb.stephost_crashing_at(
+        "after-send@3",
+        &[
+            "run",
+            guests::MULTI_WRITE,
+            "--input",
+            r#"{"count":1}"#,
+            "--run-id",
+            "l",
+        ],
+    );
+    assert_eq!(crashed.signal, Some(libc::SIGABRT), "{crashed:?}");
+    let resumed = sb.stephost(&["resume", "l"]);
+    resumed.expect_code(0);
+    assert_eq!(resumed.json()["receipts"][0]["receipt"], "cmd-order");
+    assert_eq!(
+        attempt_results(&sb.show("l"), 3),
+        vec!["lookup:error", "lookup:found"]
+    );
+}

@@ -330,8 +330,22 @@ impl LiveCall for EffectCall<'_> {
             return Reconciled::PerformAgain;
         }
         let idempotent = self.effect.handler.idempotent();
-        let started = crate::clock::now_ms();
-        match self.effect.handler.lookup(&self.request(op)) {
+        let mut started = crate::clock::now_ms();
+        let mut lookup = self.effect.handler.lookup(&self.request(op));
+        // A receiver briefly unreachable is asked again under the effect's
+        // retry policy before the call is given up as unknown.
+        let mut n = 1;
+        while let Err(Failure::Retryable { message, .. }) = &lookup {
+            if n >= self.effect.retry.max_attempts.max(1) {
+                break;
+            }
+            attempts.record("lookup", started, "error", Some(message));
+            n += 1;
+            (self.sleep)(self.effect.retry.backoff(n, 0.5));
+            started = crate::clock::now_ms();
+            lookup = self.effect.handler.lookup(&self.request(op));
+        }
+        match lookup {
             Ok(Lookup::Found(receipt)) => {
                 if let Err(reason) = check_receipt(&receipt, &op.operation_id, self.body) {
                     attempts.record("lookup", started, "foreign_receipt", Some(&reason));
