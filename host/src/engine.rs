@@ -80,7 +80,17 @@ impl StepEngine {
     /// Compiles and checks a step module, or returns it from the cache.
     /// `what` names the module in errors (a path, or a digest).
     pub fn load(&self, bytes: &[u8], what: &str) -> Result<Arc<Loaded>, ModuleError> {
-        let digest = crate::ids::module_digest(bytes);
+        self.load_digested(bytes, crate::ids::module_digest(bytes), what)
+    }
+
+    /// Like [`StepEngine::load`] for bytes whose digest is known (a module
+    /// read back from the ledger by its digest): a cache hit hashes nothing.
+    pub fn load_digested(
+        &self,
+        bytes: &[u8],
+        digest: String,
+        what: &str,
+    ) -> Result<Arc<Loaded>, ModuleError> {
         if let Some(hit) = self.cache_lock().get(&digest) {
             return Ok(hit.clone());
         }

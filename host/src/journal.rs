@@ -725,10 +725,7 @@ impl Journal {
         if !state.has_outcome() {
             return None;
         }
-        let mut done = call.clone();
-        done.state = state;
-        done.outcome = outcome.map(str::to_string);
-        let link = crate::ledger::chain::link(last_chain, &done);
+        let link = crate::ledger::chain::link_finished(last_chain, call, state, outcome);
         *last_chain = link.clone();
         Some(link)
     }

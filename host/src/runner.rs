@@ -154,19 +154,30 @@ impl Host {
         input: &str,
         run_id: Option<&str>,
     ) -> Result<RunRecord, HostError> {
+        Ok(self.submit_loaded(module, what, input, run_id)?.0)
+    }
+
+    fn submit_loaded(
+        &mut self,
+        module: &[u8],
+        what: &str,
+        input: &str,
+        run_id: Option<&str>,
+    ) -> Result<(RunRecord, Arc<Loaded>), HostError> {
         check_json(input, "input", &self.options.limits)?;
         let loaded = self.engine.load(module, what)?;
         let run_id = run_id.map(str::to_string).unwrap_or_else(ids::new_run_id);
         let now = crate::clock::now_ms();
         let ledger = self.ledger_mut();
         ledger.put_module(&loaded.digest, module)?;
-        Ok(ledger.create_run(NewRun {
+        let run = ledger.create_run(NewRun {
             run_id: &run_id,
             module_digest: &loaded.digest,
             step: loaded.step.as_deref(),
             input,
             now_ms: now,
-        })?)
+        })?;
+        Ok((run, loaded))
     }
 
     /// Starts a new run of `module` (or continues the run `run_id` if it
@@ -178,11 +189,10 @@ impl Host {
         input: &str,
         run_id: Option<&str>,
     ) -> Result<RunReport, HostError> {
-        let run = self.submit(module, what, input, run_id)?;
+        let (run, loaded) = self.submit_loaded(module, what, input, run_id)?;
         if run.status.is_final() {
             return Ok(RunReport::from_record(&run, Stats::default()));
         }
-        let loaded = self.engine.load(module, what)?;
         self.claim_and_execute(run, loaded)
     }
 
@@ -244,7 +254,9 @@ impl Host {
             RunStatus::Pending | RunStatus::Running | RunStatus::Waiting | RunStatus::Parked => {}
         }
         let module = self.ledger().module(&run.module_digest)?;
-        let loaded = self.engine.load(&module, &run.module_digest)?;
+        let loaded =
+            self.engine
+                .load_digested(&module, run.module_digest.clone(), &run.module_digest)?;
         self.claim_and_execute(run, loaded)
     }
 
@@ -276,7 +288,9 @@ impl Host {
     ) -> Result<RunReport, HostError> {
         let run = self.ledger().run(run_id)?;
         let module = self.ledger().module(&run.module_digest)?;
-        let loaded = self.engine.load(&module, &run.module_digest)?;
+        let loaded =
+            self.engine
+                .load_digested(&module, run.module_digest.clone(), &run.module_digest)?;
         self.execute_with(&run, claim, &loaded, Some(control))
     }
 

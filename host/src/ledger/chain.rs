@@ -10,6 +10,17 @@ use super::CallRecord;
 
 /// The chain value of `call`, following `previous` (empty for the first).
 pub fn link(previous: &str, call: &CallRecord) -> String {
+    link_finished(previous, call, call.state, call.outcome.as_deref())
+}
+
+/// The chain value of `call` as it will be once finished with `state` and
+/// `outcome` (no copy of the call needed).
+pub fn link_finished(
+    previous: &str,
+    call: &CallRecord,
+    state: super::CallState,
+    outcome: Option<&str>,
+) -> String {
     let mut h = Sha256::new();
     h.update(b"stephost/chain/v1");
     let fields: [&[u8]; 9] = [
@@ -20,8 +31,8 @@ pub fn link(previous: &str, call: &CallRecord) -> String {
         call.function.as_bytes(),
         call.operation_id.as_bytes(),
         call.request_hash.as_bytes(),
-        call.state.as_str().as_bytes(),
-        call.outcome.as_deref().unwrap_or("").as_bytes(),
+        state.as_str().as_bytes(),
+        outcome.unwrap_or("").as_bytes(),
     ];
     for field in fields {
         h.update((field.len() as u64).to_le_bytes());
