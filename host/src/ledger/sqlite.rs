@@ -272,6 +272,63 @@ impl WriteOp {
     }
 }
 
+/// Call `seq` of `run_id`, or `None` if the run has no such call (an
+/// unknown run is `UnknownRun`).
+fn find_call(conn: &Connection, run_id: &str, seq: u64) -> Result<Option<CallRecord>, LedgerError> {
+    let found = conn
+        .query_row(
+            &format!("SELECT {CALL_COLUMNS} FROM calls WHERE run_id = ?1 AND seq = ?2"),
+            params![run_id, seq as i64],
+            call_from_row,
+        )
+        .optional()?;
+    if found.is_none() {
+        conn.query_row("SELECT 1 FROM runs WHERE run_id = ?1", [run_id], |_| Ok(()))
+            .optional()?
+            .ok_or_else(|| LedgerError::UnknownRun(run_id.to_string()))?;
+    }
+    Ok(found)
+}
+
+/// Records a person's decision as a call's outcome (with who, when and its
+/// chain link) and makes a parked or waiting run runnable. The decision
+/// supersedes whoever may be executing the run: the fencing token moves on
+/// and the claim is cleared, so a concurrent execution can write nothing
+/// more (not even a stale "parked" end) and the next one starts at once.
+fn settle_by_person(
+    conn: &Connection,
+    run_id: &str,
+    mut call: CallRecord,
+    state: CallState,
+    outcome: &str,
+    by: &str,
+    now_ms: i64,
+) -> Result<(), LedgerError> {
+    call.state = state;
+    call.outcome = Some(outcome.to_string());
+    let chain = chain_for(conn, run_id, &call)?;
+    conn.execute(
+        "UPDATE calls SET state = ?1, outcome = ?2, finished_at = ?3, resolved_by = ?4, \
+         resolved_at = ?3, chain = ?7 WHERE run_id = ?5 AND seq = ?6",
+        params![
+            state.as_str(),
+            outcome,
+            now_ms,
+            by,
+            run_id,
+            call.seq as i64,
+            chain
+        ],
+    )?;
+    conn.execute(
+        "UPDATE runs SET status = 'running', error = NULL, wake_at = NULL, updated_at = ?1, \
+         fence = fence + 1, version = version + 1, owner = NULL, lease_until = NULL \
+         WHERE run_id = ?2 AND status IN ('parked', 'waiting', 'running')",
+        params![now_ms, run_id],
+    )?;
+    Ok(())
+}
+
 /// The chain link for a call finished outside a run (by a person), from the
 /// link of the call before it.
 fn chain_for(
@@ -703,27 +760,13 @@ impl Ledger for SqliteLedger {
         let tx = self
             .conn
             .transaction_with_behavior(TransactionBehavior::Immediate)?;
-        let found = tx
-            .query_row(
-                &format!("SELECT {CALL_COLUMNS} FROM calls WHERE run_id = ?1 AND seq = ?2"),
-                params![run_id, seq as i64],
-                call_from_row,
-            )
-            .optional()?;
         let refuse = |reason: String| LedgerError::NotDecidable {
             run_id: run_id.to_string(),
             seq,
             reason,
         };
-        let call = match found {
-            Some(call) => call,
-            None => {
-                tx.query_row("SELECT 1 FROM runs WHERE run_id = ?1", [run_id], |_| Ok(()))
-                    .optional()?
-                    .ok_or_else(|| LedgerError::UnknownRun(run_id.to_string()))?;
-                return Err(refuse("the run has no such call".into()));
-            }
-        };
+        let call = find_call(&tx, run_id, seq)?
+            .ok_or_else(|| refuse("the run has no such call".into()))?;
         if call.interface != crate::imports::approvals::INTERFACE {
             return Err(refuse(format!(
                 "it is a {} {} call, not an approval",
@@ -746,20 +789,7 @@ impl Ledger for SqliteLedger {
                 crate::clock::format_time(expires)
             )));
         }
-        let mut done = call.clone();
-        done.state = CallState::Succeeded;
-        done.outcome = Some(outcome.to_string());
-        let chain = chain_for(&tx, run_id, &done)?;
-        tx.execute(
-            "UPDATE calls SET state = 'succeeded', outcome = ?1, finished_at = ?2, \
-             resolved_by = ?3, resolved_at = ?2, chain = ?6 WHERE run_id = ?4 AND seq = ?5",
-            params![outcome, now_ms, by, run_id, seq as i64, chain],
-        )?;
-        tx.execute(
-            "UPDATE runs SET status = 'running', wake_at = NULL, updated_at = ?1 \
-             WHERE run_id = ?2 AND status = 'waiting'",
-            params![now_ms, run_id],
-        )?;
+        settle_by_person(&tx, run_id, call, CallState::Succeeded, outcome, by, now_ms)?;
         tx.execute(
             "INSERT INTO counters (name, value) VALUES ('approvals_decided_total', 1) \
              ON CONFLICT (name) DO UPDATE SET value = value + 1",
@@ -841,60 +871,19 @@ impl Ledger for SqliteLedger {
         let tx = self
             .conn
             .transaction_with_behavior(TransactionBehavior::Immediate)?;
-        let found: Option<String> = tx
-            .query_row(
-                "SELECT state FROM calls WHERE run_id = ?1 AND seq = ?2",
-                params![run_id, seq as i64],
-                |r| r.get(0),
-            )
-            .optional()?;
-        match found {
-            None => {
-                // Tell an unknown run from an unknown call.
-                tx.query_row("SELECT 1 FROM runs WHERE run_id = ?1", [run_id], |_| Ok(()))
-                    .optional()?
-                    .ok_or_else(|| LedgerError::UnknownRun(run_id.to_string()))?;
-                return Err(LedgerError::NotUnknown {
-                    run_id: run_id.to_string(),
-                    seq,
-                    state: "not recorded".to_string(),
-                });
-            }
-            Some(s) if s != "unknown" => {
-                return Err(LedgerError::NotUnknown {
-                    run_id: run_id.to_string(),
-                    seq,
-                    state: s,
-                });
-            }
-            Some(_) => {}
+        let call = find_call(&tx, run_id, seq)?.ok_or_else(|| LedgerError::NotUnknown {
+            run_id: run_id.to_string(),
+            seq,
+            state: "not recorded".to_string(),
+        })?;
+        if call.state != CallState::Unknown {
+            return Err(LedgerError::NotUnknown {
+                run_id: run_id.to_string(),
+                seq,
+                state: call.state.as_str().to_string(),
+            });
         }
-        let mut done = tx.query_row(
-            &format!("SELECT {CALL_COLUMNS} FROM calls WHERE run_id = ?1 AND seq = ?2"),
-            params![run_id, seq as i64],
-            call_from_row,
-        )?;
-        done.state = state;
-        done.outcome = Some(outcome.to_string());
-        let chain = chain_for(&tx, run_id, &done)?;
-        tx.execute(
-            "UPDATE calls SET state = ?1, outcome = ?2, finished_at = ?3, resolved_by = ?4, \
-             resolved_at = ?3, chain = ?7 WHERE run_id = ?5 AND seq = ?6",
-            params![
-                state.as_str(),
-                outcome,
-                now_ms,
-                by,
-                run_id,
-                seq as i64,
-                chain
-            ],
-        )?;
-        tx.execute(
-            "UPDATE runs SET status = 'running', error = NULL, updated_at = ?1 \
-             WHERE run_id = ?2 AND status = 'parked'",
-            params![now_ms, run_id],
-        )?;
+        settle_by_person(&tx, run_id, call, state, outcome, by, now_ms)?;
         tx.commit()?;
         Ok(())
     }
@@ -1060,6 +1049,51 @@ mod tests {
         assert!(ledger.calls("r1").unwrap().is_empty());
         ledger.record_started(&new, &call).unwrap();
         assert_eq!(ledger.calls("r1").unwrap(), vec![call]);
+    }
+
+    #[test]
+    fn a_persons_decision_supersedes_a_concurrent_execution() {
+        let (_dir, mut ledger) = new_ledger();
+        seed(&mut ledger);
+        let claim = claim_fresh(&mut ledger, "r1", "a");
+        let call = CallRecord {
+            seq: 1,
+            class: CallClass::Write,
+            interface: "i".into(),
+            function: "f".into(),
+            operation_id: "op".into(),
+            request: "{}".into(),
+            request_hash: "h".into(),
+            state: CallState::Unknown,
+            outcome: None,
+            started_at_ms: 3,
+            finished_at_ms: None,
+            resolved_by: None,
+            chain: None,
+        };
+        ledger.record_started(&claim, &call).unwrap();
+        ledger
+            .resolve_call(
+                "r1",
+                1,
+                CallState::Succeeded,
+                "{\"ok\":\"{}\"}",
+                "alice",
+                10,
+            )
+            .unwrap();
+        // The execution that was running cannot record a stale end.
+        let end = RunEnd::Parked {
+            error: "unknown".into(),
+        };
+        let err = ledger.finish_run(&claim, &end, 11).unwrap_err();
+        assert!(matches!(err, LedgerError::Fenced { .. }), "{err}");
+        let run = ledger.run("r1").unwrap();
+        assert_eq!(run.status, RunStatus::Running);
+        assert!(run.owner.is_none());
+        let resolved = &ledger.calls("r1").unwrap()[0];
+        assert_eq!(resolved.resolved_by.as_deref(), Some("alice"));
+        assert!(resolved.chain.is_some());
     }
 
     #[test]
