@@ -524,11 +524,7 @@ impl Journal {
                 CallState::Started => {
                     let recorded = recorded.clone();
                     if !matches!(self.mode, Mode::Live { .. }) {
-                        return Err(Stop::ReplayEnd {
-                            seq,
-                            reason: "the recording ends with this call in flight or waiting"
-                                .to_string(),
-                        });
+                        return Err(in_flight_in_replay(seq));
                     }
                     self.check_control(seq)?;
                     self.keep_lease()?;
@@ -755,18 +751,9 @@ impl Journal {
     ) -> Result<Outcome, Stop> {
         let seq = recorded.seq;
         let Mode::Live { ledger, claim } = &mut self.mode else {
-            return Err(Stop::ReplayEnd {
-                seq,
-                reason: "the recording ends with this call waiting".to_string(),
-            });
+            return Err(in_flight_in_replay(seq));
         };
-        let op = OpContext {
-            run_id: self.run_id.clone(),
-            seq,
-            class: recorded.class,
-            operation_id: recorded.operation_id.clone(),
-            fence: claim.fence,
-        };
+        let op = OpContext::resumed(&self.run_id, recorded, claim.fence);
         match live.wait(&op, recorded.started_at_ms) {
             Wait::Ready(outcome) => {
                 let json = outcome.to_json();
@@ -833,19 +820,9 @@ impl Journal {
     ) -> Result<Outcome, Stop> {
         let seq = recorded.seq;
         let Mode::Live { ledger, claim } = &mut self.mode else {
-            return Err(Stop::ReplayEnd {
-                seq,
-                reason: "the recording ends with this call in flight (started, no outcome)"
-                    .to_string(),
-            });
+            return Err(in_flight_in_replay(seq));
         };
-        let op = OpContext {
-            run_id: self.run_id.clone(),
-            seq,
-            class: recorded.class,
-            operation_id: recorded.operation_id.clone(),
-            fence: claim.fence,
-        };
+        let op = OpContext::resumed(&self.run_id, recorded, claim.fence);
         let first_attempt = self.next_attempt.get(&seq).copied().unwrap_or(1);
         let mut attempts = Attempts {
             sink: Some(&mut self.pending),
@@ -935,6 +912,27 @@ impl Journal {
             sink(&record, replayed);
         }
         Ok(())
+    }
+}
+
+/// A replay reached a call the recording holds as in flight or waiting.
+fn in_flight_in_replay(seq: u64) -> Stop {
+    Stop::ReplayEnd {
+        seq,
+        reason: "the recording ends with this call in flight or waiting".to_string(),
+    }
+}
+
+impl OpContext {
+    /// The operation of a recorded call picked up again by a resume.
+    fn resumed(run_id: &str, recorded: &CallRecord, fence: i64) -> Self {
+        OpContext {
+            run_id: run_id.to_string(),
+            seq: recorded.seq,
+            class: recorded.class,
+            operation_id: recorded.operation_id.clone(),
+            fence,
+        }
     }
 }
 
