@@ -20,6 +20,7 @@ const GUESTS: &[(&str, &str)] = &[
     ("guest-llm-step", "GUEST_LLM_STEP"),
     ("guest-approval-step", "GUEST_APPROVAL_STEP"),
     ("guest-sleeper", "GUEST_SLEEPER"),
+    ("guest-command", "GUEST_COMMAND"),
 ];
 
 fn main() {
@@ -68,6 +69,7 @@ fn main() {
     }
     let out = target_dir.join("wasm32-wasip2").join("release");
     for (package, var) in GUESTS {
+        // Libraries and the `guest_command` binary are named with underscores.
         let file = out.join(format!("{}.wasm", package.replace('-', "_")));
         assert!(file.exists(), "{} was not built", file.display());
         println!("cargo:rustc-env={var}={}", file.display());

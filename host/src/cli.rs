@@ -35,6 +35,11 @@ pub struct Cli {
     /// Effects and limits; `./stephost.toml` is used when present.
     #[arg(long, global = true, env = "STEPHOST_CONFIG")]
     pub config: Option<PathBuf>,
+    /// Where compiled components are kept so the next process skips the
+    /// compile (default `$XDG_CACHE_HOME/stephost` or `~/.cache/stephost`;
+    /// `off` keeps them in memory only).
+    #[arg(long, global = true, env = "STEPHOST_CACHE_DIR")]
+    pub cache_dir: Option<PathBuf>,
     #[command(subcommand)]
     pub command: Command,
 }
@@ -224,6 +229,20 @@ fn load_config(path: Option<&Path>) -> Result<Config, HostError> {
     }
 }
 
+/// The compiled-component cache folder: as given, `off` for none, or the
+/// user's cache folder.
+fn compile_cache_dir(given: Option<&Path>) -> Option<PathBuf> {
+    match given {
+        Some(p) if p.as_os_str().is_empty() || p == Path::new("off") => None,
+        Some(p) => Some(p.to_path_buf()),
+        None => std::env::var_os("XDG_CACHE_HOME")
+            .filter(|v| !v.is_empty())
+            .map(PathBuf::from)
+            .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
+            .map(|base| base.join("stephost")),
+    }
+}
+
 fn options(config: &Config) -> Result<HostOptions, HostError> {
     Ok(HostOptions {
         limits: config.limits.clone(),
@@ -233,6 +252,7 @@ fn options(config: &Config) -> Result<HostOptions, HostError> {
                 eprintln!("[{run_id}] {}: {}", rec.level, rec.message);
             }
         })),
+        cache_dir: config.cache_dir.clone(),
         ..HostOptions::default()
     })
 }
@@ -241,6 +261,7 @@ fn options(config: &Config) -> Result<HostOptions, HostError> {
 fn quiet_options(config: &Config) -> HostOptions {
     HostOptions {
         limits: config.limits.clone(),
+        cache_dir: config.cache_dir.clone(),
         ..HostOptions::default()
     }
 }
@@ -272,7 +293,8 @@ fn read_file(path: &Path) -> Result<Vec<u8>, HostError> {
 }
 
 fn execute(cli: Cli) -> Result<i32, HostError> {
-    let config = load_config(cli.config.as_deref())?;
+    let mut config = load_config(cli.config.as_deref())?;
+    config.cache_dir = compile_cache_dir(cli.cache_dir.as_deref());
     match cli.command {
         Command::Run {
             module,
@@ -389,7 +411,8 @@ fn execute(cli: Cli) -> Result<i32, HostError> {
                     let fixture = Fixture::parse(&text)
                         .map_err(|e| HostError::BadInput(format!("{}: {e}", file.display())))?;
                     let (bytes, what) = new_module.expect("clap requires --module with --fixture");
-                    let engine = crate::engine::StepEngine::new()?;
+                    let engine =
+                        crate::engine::StepEngine::with_disk_cache(opts.cache_dir.as_deref())?;
                     replay_fixture(&engine, &fixture, &bytes, &what, &opts)?
                 }
                 (None, Some(run_id)) => {
@@ -643,7 +666,7 @@ fn replay_corpus(
 ) -> Result<i32, HostError> {
     let bytes = read_file(module)?;
     let what = module.display().to_string();
-    let engine = crate::engine::StepEngine::new()?;
+    let engine = crate::engine::StepEngine::with_disk_cache(opts.cache_dir.as_deref())?;
     let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
         .map_err(|source| HostError::Read {
             path: dir.display().to_string(),
@@ -913,6 +936,9 @@ fn print_show(
     let _ = writeln!(out, "input    {}", run.input);
     if let Some(o) = &run.output {
         let _ = writeln!(out, "output   {o}");
+    }
+    if let Some(code) = run.exit_code {
+        let _ = writeln!(out, "exit     {code}");
     }
     if let Some(e) = &run.error {
         let _ = writeln!(out, "error    {e}");

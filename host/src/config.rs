@@ -55,6 +55,9 @@ pub struct Config {
     /// The file this came from, for messages.
     #[serde(skip)]
     pub path: PathBuf,
+    /// Where compiled components are cached (set from the command line).
+    #[serde(skip)]
+    pub cache_dir: Option<PathBuf>,
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]

@@ -1,17 +1,40 @@
 //! The wasmtime engine, the linker with every import, and a cache of
-//! compiled, pre-instantiated step components keyed by module digest.
+//! compiled, pre-instantiated step components keyed by module digest (in
+//! memory, and optionally on disk so a new process skips the compile).
+//!
+//! A step is one of:
+//! - a component for the [`WORLD`] (it exports `run`), in any language;
+//! - a WASI command component (it exports `wasi:cli/run`): its stdin is the
+//!   run's input, its stdout the output and its exit code is kept;
+//! - a WASI preview1 core module: with `_start` it is a command, run on
+//!   wasmtime's own preview1 implementation (so `proc_exit(n)` keeps `n`);
+//!   with the `component-type` metadata of the step world (what
+//!   `wit-bindgen c` or similar emit) it is made a step component
+//!   in-process with the preview1 reactor adapter.
 
 use std::collections::HashMap;
+use std::hash::{Hash, Hasher};
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 use wasmtime::component::{Component, HasSelf, Linker};
-use wasmtime::{Config, Engine};
+use wasmtime::{Config, Engine, InstancePre, Module};
+use wasmtime_wasi::p2::bindings::sync::CommandPre;
 
 use crate::bindings::{Step, StepPre};
+use crate::command::Preview1State;
 use crate::imports::StepState;
 
 /// What `stephost` says a step must look like.
 pub const WORLD: &str = "stephost:step/step@0.1.0";
+
+/// The world recorded for runs of WASI command programs.
+pub const COMMAND_WORLD: &str = "wasi:cli/command@0.2";
+
+/// Whether this build can run (and resume) runs started under `world`.
+pub fn provides(world: &str) -> bool {
+    world == WORLD || world == COMMAND_WORLD
+}
 
 #[derive(Debug, thiserror::Error)]
 pub enum ModuleError {
@@ -20,10 +43,14 @@ pub enum ModuleError {
     )]
     NotWasm { what: String, detail: String },
     #[error(
-        "{what} is a core WebAssembly module, not a component; build it for wasm32-wasip2 or \
-         turn it into a component with `wasm-tools component new`"
+        "{what} is a core WebAssembly module that neither exports `_start` (a WASI command) \
+         nor carries the component type of {WORLD} (as `wit-bindgen` emits it); build it \
+         for wasm32-wasip2, or as a WASI program with a `main`, or link the bindings' \
+         component-type object into it"
     )]
     CoreModule { what: String },
+    #[error("{what} is a core module that could not be adapted to a component: {detail}")]
+    Adapt { what: String, detail: String },
     #[error("{what} is not a valid component: {detail}")]
     Malformed { what: String, detail: String },
     #[error(
@@ -36,26 +63,61 @@ pub enum ModuleError {
     Engine(String),
 }
 
+/// How a loaded step is entered.
+pub enum Entry {
+    /// A component of the step world: `run(input) -> result<output, error>`.
+    Step(StepPre<StepState>),
+    /// A WASI command component: stdin, stdout and an exit code.
+    Command(CommandPre<StepState>),
+    /// A WASI preview1 command module (`_start`).
+    Preview1(InstancePre<Preview1State>),
+}
+
 /// A step component ready to instantiate.
 pub struct Loaded {
     pub digest: String,
     /// The step's declared `name@version` (the `stephost-step` custom section
     /// the guest SDK writes), when it has one.
     pub step: Option<String>,
-    pub pre: StepPre<StepState>,
+    pub entry: Entry,
+}
+
+impl Loaded {
+    /// The world runs of this step are recorded under.
+    pub fn world(&self) -> &'static str {
+        match self.entry {
+            Entry::Step(_) => WORLD,
+            Entry::Command(_) | Entry::Preview1(_) => COMMAND_WORLD,
+        }
+    }
 }
 
 pub struct StepEngine {
     engine: Engine,
     linker: Linker<StepState>,
+    /// WASI preview1 for core command modules.
+    preview1: wasmtime::Linker<Preview1State>,
     cache: Mutex<HashMap<String, Arc<Loaded>>>,
     /// Held while compiling, so that runs of one new module starting at once
     /// compile it once instead of once each.
     compiling: Mutex<()>,
+    /// Where compiled components are kept between processes, if anywhere.
+    disk_cache: Option<PathBuf>,
+    /// Names this engine's compiled-code format in the disk cache: the
+    /// wasmtime version and every setting that changes compiled code.
+    engine_key: String,
 }
 
 impl StepEngine {
+    /// An engine with an in-memory cache only.
     pub fn new() -> Result<Self, ModuleError> {
+        Self::with_disk_cache(None)
+    }
+
+    /// An engine that also keeps compiled components in `dir` (created when
+    /// first written), so that another process loading the same module
+    /// skips the compile. A damaged or foreign cache file is recompiled over.
+    pub fn with_disk_cache(dir: Option<&Path>) -> Result<Self, ModuleError> {
         let mut config = Config::new();
         config.consume_fuel(true);
         config.wasm_component_model(true);
@@ -63,13 +125,24 @@ impl StepEngine {
         let mut linker = Linker::new(&engine);
         wasmtime_wasi::p2::add_to_linker_sync(&mut linker)
             .map_err(|e| ModuleError::Engine(format!("{e:#}")))?;
+        crate::imports::wasi::record_random_bytes_per_call(&mut linker)
+            .map_err(|e| ModuleError::Engine(format!("{e:#}")))?;
         Step::add_to_linker::<StepState, HasSelf<StepState>>(&mut linker, |s| s)
             .map_err(|e| ModuleError::Engine(format!("{e:#}")))?;
+        let mut preview1 = wasmtime::Linker::new(&engine);
+        wasmtime_wasi::p1::add_to_linker_sync(&mut preview1, |s: &mut Preview1State| &mut s.wasi)
+            .map_err(|e| ModuleError::Engine(format!("{e:#}")))?;
+        let mut hasher = std::collections::hash_map::DefaultHasher::new();
+        engine.precompile_compatibility_hash().hash(&mut hasher);
+        let engine_key = format!("{:016x}", hasher.finish());
         Ok(StepEngine {
             engine,
             linker,
+            preview1,
             cache: Mutex::new(HashMap::new()),
             compiling: Mutex::new(()),
+            disk_cache: dir.map(Path::to_path_buf),
+            engine_key,
         })
     }
 
@@ -100,39 +173,130 @@ impl StepEngine {
             return Ok(hit.clone());
         }
         let what = what.to_string();
-        check_header(bytes, &what)?;
-        let component =
-            Component::new(&self.engine, bytes).map_err(|e| ModuleError::Malformed {
-                what: what.clone(),
-                detail: format!("{e:#}"),
-            })?;
-        self.check_world(&component, &what)?;
-        let instance_pre =
-            self.linker
-                .instantiate_pre(&component)
-                .map_err(|e| ModuleError::WrongWorld {
-                    what: what.clone(),
-                    detail: format!("{e:#}"),
-                })?;
-        let pre = StepPre::new(instance_pre).map_err(|e| ModuleError::WrongWorld {
+        let wrong_world = |e: wasmtime::Error| ModuleError::WrongWorld {
             what: what.clone(),
             detail: format!("{e:#}"),
-        })?;
+        };
+        let entry = if crate::adapt::is_preview1_command(bytes) {
+            let module = self.compile_module(bytes, &digest, &what)?;
+            Entry::Preview1(
+                self.preview1
+                    .instantiate_pre(&module)
+                    .map_err(wrong_world)?,
+            )
+        } else {
+            let component = self.compile(bytes, &digest, &what)?;
+            let kind = self.check_world(&component, &what)?;
+            let instance_pre = self
+                .linker
+                .instantiate_pre(&component)
+                .map_err(wrong_world)?;
+            match kind {
+                Kind::Step => Entry::Step(StepPre::new(instance_pre).map_err(wrong_world)?),
+                Kind::Command => {
+                    Entry::Command(CommandPre::new(instance_pre).map_err(wrong_world)?)
+                }
+            }
+        };
         let loaded = Arc::new(Loaded {
             digest: digest.clone(),
             step: declared_step(bytes),
-            pre,
+            entry,
         });
         self.cache_lock().insert(digest, loaded.clone());
         Ok(loaded)
+    }
+
+    /// The disk-cache file of the module `digest`, if there is a cache.
+    fn cache_file(&self, digest: &str) -> Option<PathBuf> {
+        self.disk_cache
+            .as_ref()
+            .map(|dir| dir.join(format!("{digest}-{}.cwasm", self.engine_key)))
+    }
+
+    /// The compiled core module of a preview1 command, from the disk cache
+    /// or compiled and written to it.
+    fn compile_module(
+        &self,
+        bytes: &[u8],
+        digest: &str,
+        what: &str,
+    ) -> Result<Module, ModuleError> {
+        let cached = self.cache_file(digest);
+        if let Some(path) = &cached
+            && path.is_file()
+        {
+            // SAFETY: as for components in `compile`.
+            #[allow(unsafe_code)]
+            let loaded = unsafe { Module::deserialize_file(&self.engine, path) };
+            if let Ok(module) = loaded {
+                return Ok(module);
+            }
+        }
+        let module = Module::new(&self.engine, bytes).map_err(|e| ModuleError::Malformed {
+            what: what.to_string(),
+            detail: format!("{e:#}"),
+        })?;
+        if let Some(path) = &cached {
+            let _ = write_atomically(path, module.serialize().ok().as_deref());
+        }
+        Ok(module)
+    }
+
+    /// The compiled component of `bytes`: from the disk cache, or adapted
+    /// (a core module) and compiled, then written to the disk cache.
+    fn compile(&self, bytes: &[u8], digest: &str, what: &str) -> Result<Component, ModuleError> {
+        let cached = self.cache_file(digest);
+        if let Some(path) = &cached
+            && path.is_file()
+        {
+            // SAFETY: the file was written by `Component::serialize` of an
+            // engine with this engine's compatibility hash (it is in the
+            // name), into the cache folder of the user running stephost;
+            // wasmtime checks its header and refuses a foreign file, which
+            // is then compiled over. Whoever can write that folder can run
+            // code as this user anyway.
+            #[allow(unsafe_code)]
+            let loaded = unsafe { Component::deserialize_file(&self.engine, path) };
+            if let Ok(component) = loaded {
+                return Ok(component);
+            }
+        }
+        check_header(bytes, what)?;
+        let adapted;
+        let component_bytes = if is_core_module(bytes) {
+            adapted = crate::adapt::to_component(bytes).map_err(|e| match e {
+                crate::adapt::AdaptError::NotAStep => ModuleError::CoreModule {
+                    what: what.to_string(),
+                },
+                crate::adapt::AdaptError::Failed(detail) => ModuleError::Adapt {
+                    what: what.to_string(),
+                    detail,
+                },
+            })?;
+            adapted.as_slice()
+        } else {
+            bytes
+        };
+        let component =
+            Component::new(&self.engine, component_bytes).map_err(|e| ModuleError::Malformed {
+                what: what.to_string(),
+                detail: format!("{e:#}"),
+            })?;
+        if let Some(path) = &cached {
+            // Best effort: a cache that cannot be written costs a compile.
+            let _ = write_atomically(path, component.serialize().ok().as_deref());
+        }
+        Ok(component)
     }
 
     fn cache_lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<Loaded>>> {
         self.cache.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Names what is missing or foreign, before the linker's own messages.
-    fn check_world(&self, component: &Component, what: &str) -> Result<(), ModuleError> {
+    /// Names what is missing or foreign, before the linker's own messages,
+    /// and tells a step from a command.
+    fn check_world(&self, component: &Component, what: &str) -> Result<Kind, ModuleError> {
         let ty = component.component_type();
         let foreign: Vec<&str> = ty
             .imports(&self.engine)
@@ -148,20 +312,48 @@ impl StepEngine {
                 ),
             });
         }
-        if ty.get_export(&self.engine, "run").is_none() {
-            let exports: Vec<&str> = ty.exports(&self.engine).map(|(name, _)| name).collect();
-            let found = if exports.is_empty() {
-                "nothing".to_string()
-            } else {
-                exports.join(", ")
-            };
-            return Err(ModuleError::WrongWorld {
-                what: what.to_string(),
-                detail: format!("it does not export `run` (it exports {found})"),
-            });
+        if ty.get_export(&self.engine, "run").is_some() {
+            return Ok(Kind::Step);
         }
-        Ok(())
+        let exports: Vec<&str> = ty.exports(&self.engine).map(|(name, _)| name).collect();
+        if exports.iter().any(|e| e.starts_with("wasi:cli/run@0.2")) {
+            return Ok(Kind::Command);
+        }
+        let found = if exports.is_empty() {
+            "nothing".to_string()
+        } else {
+            exports.join(", ")
+        };
+        Err(ModuleError::WrongWorld {
+            what: what.to_string(),
+            detail: format!("it exports neither `run` nor `wasi:cli/run` (it exports {found})"),
+        })
     }
+}
+
+#[derive(Clone, Copy)]
+enum Kind {
+    Step,
+    Command,
+}
+
+/// Writes `bytes` to `path` through a temporary file and a rename, so a
+/// reader never sees half a file.
+fn write_atomically(path: &Path, bytes: Option<&[u8]>) -> std::io::Result<()> {
+    let bytes = bytes.ok_or_else(|| std::io::Error::other("nothing to write"))?;
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    let tmp = path.with_extension(format!("tmp{}", std::process::id()));
+    std::fs::write(&tmp, bytes)?;
+    std::fs::rename(&tmp, path).inspect_err(|_| {
+        let _ = std::fs::remove_file(&tmp);
+    })
+}
+
+/// A core module is version 1 with layer 0; a component has layer 1.
+fn is_core_module(bytes: &[u8]) -> bool {
+    bytes.len() >= 8 && bytes[4..8] == [1, 0, 0, 0]
 }
 
 fn check_header(bytes: &[u8], what: &str) -> Result<(), ModuleError> {
@@ -174,12 +366,6 @@ fn check_header(bytes: &[u8], what: &str) -> Result<(), ModuleError> {
         return Err(ModuleError::NotWasm {
             what: what.to_string(),
             detail,
-        });
-    }
-    // A core module is version 1 with layer 0; a component has layer 1.
-    if bytes[4..8] == [1, 0, 0, 0] {
-        return Err(ModuleError::CoreModule {
-            what: what.to_string(),
         });
     }
     Ok(())

@@ -15,9 +15,11 @@
 //! - [`replay`]: fixtures and replay reports.
 //! - [`cli`]: the command line, thin over the rest.
 
+pub mod adapt;
 pub mod bindings;
 pub mod cli;
 pub mod clock;
+pub mod command;
 pub mod config;
 pub mod crash;
 pub mod effects;

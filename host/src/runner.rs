@@ -6,12 +6,14 @@ use std::time::Instant;
 
 use serde::Serialize;
 use wasmtime::component::ResourceTable;
-use wasmtime::{Store, StoreLimitsBuilder, Trap};
+use wasmtime::{Store, StoreLimits, StoreLimitsBuilder, Trap};
 use wasmtime_wasi::WasiCtxBuilder;
+use wasmtime_wasi::p2::pipe::MemoryOutputPipe;
 
+use crate::command::{self, Preview1State};
 use crate::crash;
 use crate::effects::Effects;
-use crate::engine::{Loaded, StepEngine};
+use crate::engine::{Entry, Loaded, StepEngine};
 use crate::error::HostError;
 use crate::ids;
 use crate::imports::wasi::{RecordedMonotonicClock, RecordedRng, RecordedWallClock};
@@ -37,6 +39,9 @@ pub struct HostOptions {
     pub owner: String,
     /// Where the step's log lines go besides the ledger.
     pub log_sink: Option<RunLogSink>,
+    /// Where compiled components are kept between processes (`None`: only
+    /// in memory).
+    pub cache_dir: Option<std::path::PathBuf>,
 }
 
 impl Default for HostOptions {
@@ -47,6 +52,7 @@ impl Default for HostOptions {
             lease_ms: 60_000,
             owner: crate::owner::this_process(),
             log_sink: None,
+            cache_dir: None,
         }
     }
 }
@@ -81,6 +87,8 @@ pub struct RunReport {
     pub error: Option<String>,
     /// For a waiting run: when a worker looks at it again.
     pub wake_at_ms: Option<i64>,
+    /// For a finished WASI command: its exit status.
+    pub exit_code: Option<i32>,
     pub stats: Stats,
 }
 
@@ -92,6 +100,7 @@ impl RunReport {
             output: run.output.clone(),
             error: run.error.clone(),
             wake_at_ms: run.wake_at_ms,
+            exit_code: run.exit_code,
             stats,
         }
     }
@@ -109,7 +118,7 @@ impl Host {
     pub fn open(db: &Path, options: HostOptions) -> Result<Self, HostError> {
         let ledger = SqliteLedger::open(db)?;
         Ok(Host {
-            engine: Arc::new(StepEngine::new()?),
+            engine: Arc::new(StepEngine::with_disk_cache(options.cache_dir.as_deref())?),
             ledger: Some(Box::new(ledger)),
             options,
         })
@@ -174,6 +183,7 @@ impl Host {
             run_id: &run_id,
             module_digest: &loaded.digest,
             step: loaded.step.as_deref(),
+            world: loaded.world(),
             input,
             now_ms: now,
         })?;
@@ -210,12 +220,13 @@ impl Host {
         module: Option<(&[u8], &str)>,
     ) -> Result<RunReport, HostError> {
         let run = self.ledger().run(run_id)?;
-        let mismatch = if run.world != crate::engine::WORLD {
+        let mismatch = if !crate::engine::provides(&run.world) {
             Some(format!(
-                "run {run_id} was started under {} and this stephost provides {}; \
+                "run {run_id} was started under {} and this stephost provides {} and {}; \
                  resume it with a stephost that provides {}",
                 run.world,
                 crate::engine::WORLD,
+                crate::engine::COMMAND_WORLD,
                 run.world
             ))
         } else if let Some((bytes, what)) = module
@@ -356,7 +367,7 @@ impl Host {
             journal.set_log_sink(Box::new(move |rec, replayed| sink(&run_id, rec, replayed)));
         }
         let journal = Arc::new(Mutex::new(journal));
-        let guest = invoke(
+        let (guest, exit_code) = invoke(
             &self.engine,
             loaded,
             &journal,
@@ -437,6 +448,7 @@ impl Host {
             },
             Some(Stop::Limit(m)) => RunEnd::Failed {
                 error: format!("limit: {m}"),
+                exit_code: None,
             },
             // A resumed step that ends before reaching every recorded call
             // is not the run that was recorded.
@@ -447,17 +459,20 @@ impl Host {
                 Ok(Ok(output)) => match check_json(&output, "output", &limits) {
                     Ok(()) => {
                         crash::point("before-complete", stats.replayed + stats.live);
-                        RunEnd::Completed { output }
+                        RunEnd::Completed { output, exit_code }
                     }
                     Err(e) => RunEnd::Failed {
                         error: format!("invalid_output: {e}"),
+                        exit_code,
                     },
                 },
                 Ok(Err(message)) => RunEnd::Failed {
                     error: format!("step_error: {message}"),
+                    exit_code,
                 },
                 Err(trap) => RunEnd::Failed {
                     error: classify_trap(&trap, &limits),
+                    exit_code,
                 },
             },
         };
@@ -623,7 +638,7 @@ pub fn replay_fixture(
     );
     journal.set_recording_complete(complete);
     let journal = Arc::new(Mutex::new(journal));
-    let guest = invoke(
+    let (guest, _exit_code) = invoke(
         engine,
         &loaded,
         &journal,
@@ -735,7 +750,12 @@ const INSTANCES_MAX: usize = 64;
 /// Most elements a table may grow to.
 const TABLE_ELEMENTS_MAX: usize = 1_000_000;
 
-/// Instantiates the step in a fresh store and calls `run`.
+/// What a step returned (its output or error message), or the trap that
+/// ended it.
+type GuestResult = Result<Result<String, String>, wasmtime::Error>;
+
+/// Instantiates the step in a fresh store and calls `run` (a step) or
+/// `wasi:cli/run` (a command, whose exit status comes back too).
 fn invoke(
     engine: &StepEngine,
     loaded: &Loaded,
@@ -744,7 +764,57 @@ fn invoke(
     options: &HostOptions,
     mono_base: u64,
     replay: bool,
-) -> Result<Result<String, String>, wasmtime::Error> {
+) -> (GuestResult, Option<i32>) {
+    match &loaded.entry {
+        Entry::Step(pre) => {
+            let wasi = wasi_builder(journal, options, mono_base, replay);
+            let result = new_store(engine, journal, wasi, options)
+                .and_then(|mut store| pre.instantiate(&mut store)?.call_run(&mut store, input));
+            (result, None)
+        }
+        Entry::Command(pre) => {
+            let mut wasi = wasi_builder(journal, options, mono_base, replay);
+            let stdout = command::wire_stdio(&mut wasi, input, options.limits.payload_bytes_max);
+            let ran = new_store(engine, journal, wasi, options)
+                .and_then(|mut store| command::run_component(pre, &mut store));
+            command_end(ran, &stdout)
+        }
+        Entry::Preview1(pre) => {
+            let mut wasi = wasi_builder(journal, options, mono_base, replay);
+            let stdout = command::wire_stdio(&mut wasi, input, options.limits.payload_bytes_max);
+            let state = Preview1State {
+                wasi: wasi.build_p1(),
+                limits: store_limits(&options.limits),
+            };
+            let mut store = Store::new(engine.engine(), state);
+            store.limiter(|s| &mut s.limits);
+            let ran = store
+                .set_fuel(options.limits.fuel_max)
+                .and_then(|()| command::run_preview1(pre, &mut store));
+            command_end(ran, &stdout)
+        }
+    }
+}
+
+/// A command's end: its result and exit status, or the trap that ended it.
+fn command_end(
+    ran: Result<i32, wasmtime::Error>,
+    stdout: &MemoryOutputPipe,
+) -> (GuestResult, Option<i32>) {
+    match ran {
+        Ok(code) => (Ok(command::result(code, &stdout.contents())), Some(code)),
+        Err(trap) => (Err(trap), None),
+    }
+}
+
+/// WASI for a run: clocks and randomness recorded in its journal, no
+/// network, output to the host's stderr (nowhere on replay).
+fn wasi_builder(
+    journal: &Arc<Mutex<Journal>>,
+    options: &HostOptions,
+    mono_base: u64,
+    replay: bool,
+) -> WasiCtxBuilder {
     let run_id = lock(journal).run_id().to_string();
     let limits = &options.limits;
     let mut wasi = WasiCtxBuilder::new();
@@ -770,28 +840,43 @@ fn invoke(
         .allow_tcp(false)
         .allow_udp(false)
         .allow_ip_name_lookup(false);
+    wasi
+}
+
+/// A store for one execution, with the run's limits.
+fn new_store(
+    engine: &StepEngine,
+    journal: &Arc<Mutex<Journal>>,
+    mut wasi: WasiCtxBuilder,
+    options: &HostOptions,
+) -> Result<Store<StepState>, wasmtime::Error> {
+    let limits = &options.limits;
     let state = StepState {
         journal: journal.clone(),
         effects: options.effects.clone(),
         wasi: wasi.build(),
         table: ResourceTable::new(),
-        limits: StoreLimitsBuilder::new()
-            .memory_size(usize::try_from(limits.memory_bytes_max).unwrap_or(usize::MAX))
-            // A component may hold several memories and tables: bound their
-            // number too, or a hostile guest multiplies the memory limit.
-            .memories(MEMORIES_MAX)
-            .tables(TABLES_MAX)
-            .instances(INSTANCES_MAX)
-            .table_elements(TABLE_ELEMENTS_MAX)
-            .trap_on_grow_failure(true)
-            .build(),
+        limits: store_limits(limits),
         sleep: std::thread::sleep,
     };
     let mut store = Store::new(engine.engine(), state);
     store.limiter(|s| &mut s.limits);
     store.set_fuel(limits.fuel_max)?;
-    let step = loaded.pre.instantiate(&mut store)?;
-    step.call_run(&mut store, input)
+    Ok(store)
+}
+
+/// The memory and table limits of one execution.
+fn store_limits(limits: &Limits) -> StoreLimits {
+    StoreLimitsBuilder::new()
+        .memory_size(usize::try_from(limits.memory_bytes_max).unwrap_or(usize::MAX))
+        // A component may hold several memories and tables: bound their
+        // number too, or a hostile guest multiplies the memory limit.
+        .memories(MEMORIES_MAX)
+        .tables(TABLES_MAX)
+        .instances(INSTANCES_MAX)
+        .table_elements(TABLE_ELEMENTS_MAX)
+        .trap_on_grow_failure(true)
+        .build()
 }
 
 /// A typed description of a trap: `kind: message`.

@@ -74,7 +74,9 @@ pub fn run(
     options: &WorkerOptions,
     shutdown: &AtomicBool,
 ) -> Result<WorkerReport, HostError> {
-    let engine = Arc::new(StepEngine::new()?);
+    let engine = Arc::new(StepEngine::with_disk_cache(
+        make_options().cache_dir.as_deref(),
+    )?);
     let mut ledger = SqliteLedger::open(db)?;
     // With several runs at once, their writes share transactions and fsyncs.
     let committer = if options.concurrency > 1 {

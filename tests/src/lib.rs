@@ -23,6 +23,7 @@ pub mod guests {
     pub const LLM_STEP: &str = env!("GUEST_LLM_STEP");
     pub const APPROVAL_STEP: &str = env!("GUEST_APPROVAL_STEP");
     pub const SLEEPER: &str = env!("GUEST_SLEEPER");
+    pub const COMMAND: &str = env!("GUEST_COMMAND");
 }
 
 /// A configuration granting `orders` (a deduplicating file receiver) and
@@ -136,6 +137,9 @@ impl Sandbox {
         cmd.current_dir(self.dir.path())
             .env("STEPHOST_DB", self.db())
             .env("STEPHOST_CONFIG", self.path("stephost.toml"))
+            // One compiled-component cache for every test process: a large
+            // guest (Python, JavaScript) is compiled once, not per command.
+            .env("STEPHOST_CACHE_DIR", shared_cache_dir())
             .env_remove("STEPHOST_CRASH_AT")
             .args(args);
         cmd
@@ -174,6 +178,11 @@ impl Sandbox {
             Err(_) => Vec::new(),
         }
     }
+}
+
+/// The compiled-component cache the tests share.
+pub fn shared_cache_dir() -> PathBuf {
+    std::env::temp_dir().join("stephost-test-cache")
 }
 
 /// The calls of a `show --json` document.

@@ -8,9 +8,58 @@ use std::convert::Infallible;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use wasmtime::component::Linker;
+
 use crate::imports::random::{os_bytes, recorded_bytes};
-use crate::imports::{as_u64, lock, observe};
+use crate::imports::{StepState, as_u64, lock, observe, trap};
 use crate::journal::{Journal, Stop};
+
+/// The WASI random interfaces as this build's wasmtime-wasi links them
+/// (guests importing older 0.2 versions are matched to them by semver).
+const RANDOM: &str = "wasi:random/random@0.2.12";
+const INSECURE: &str = "wasi:random/insecure@0.2.12";
+
+/// Replaces WASI's `get-random-bytes` and `get-insecure-random-bytes` with
+/// versions that record one ledger call per guest call. (wasmtime-wasi draws
+/// each byte from the context's generator separately, which would record a
+/// call per byte: a language runtime seeding itself with 2,500 bytes at
+/// start-up would write 2,500 rows.)
+pub fn record_random_bytes_per_call(linker: &mut Linker<StepState>) -> wasmtime::Result<()> {
+    linker.allow_shadowing(true);
+    for (instance, function, interface) in [
+        (RANDOM, "get-random-bytes", "wasi:random/random"),
+        (
+            INSECURE,
+            "get-insecure-random-bytes",
+            "wasi:random/insecure",
+        ),
+    ] {
+        linker.instance(instance)?.func_wrap(
+            function,
+            move |store: wasmtime::StoreContextMut<'_, StepState>, (len,): (u64,)| {
+                let state = store.data();
+                let max = lock(&state.journal).limits().payload_bytes_max;
+                if len > max {
+                    return Err(state.fail(Stop::Limit(format!(
+                        "{interface} asked for {len} bytes; payload_bytes_max is {max}"
+                    ))));
+                }
+                let len = usize::try_from(len).unwrap_or(usize::MAX);
+                let value = observe(
+                    &state.journal,
+                    interface,
+                    "get-bytes",
+                    &len.to_string(),
+                    || hex::encode(os_bytes(len)).into(),
+                )
+                .map_err(trap)?;
+                Ok((recorded_bytes(&value, len).map_err(|s| state.fail(s))?,))
+            },
+        )?;
+    }
+    linker.allow_shadowing(false);
+    Ok(())
+}
 
 fn keep<T>(journal: &Mutex<Journal>, result: Result<T, Stop>, neutral: T) -> T {
     result.unwrap_or_else(|stop| {

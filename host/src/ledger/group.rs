@@ -282,6 +282,7 @@ mod tests {
             let id = format!("r{i}");
             setup
                 .create_run(NewRun {
+                    world: crate::engine::WORLD,
                     run_id: &id,
                     module_digest: "d",
                     step: None,

@@ -202,6 +202,9 @@ pub struct RunRecord {
     pub world: String,
     /// The step's declared `name@version`, when its module declares one.
     pub step: Option<String>,
+    /// For a finished run of a WASI command: its exit status.
+    #[serde(default)]
+    pub exit_code: Option<i32>,
 }
 
 /// The right to write a run's rows, as granted by [`Ledger::claim`].
@@ -243,10 +246,21 @@ pub struct LogRecord {
 /// How a run ended, for [`Ledger::finish_run`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum RunEnd {
-    Completed { output: String },
-    Failed { error: String },
-    Parked { error: String },
-    Diverged { error: String },
+    /// `exit_code` is a WASI command's exit status (`None` for a step).
+    Completed {
+        output: String,
+        exit_code: Option<i32>,
+    },
+    Failed {
+        error: String,
+        exit_code: Option<i32>,
+    },
+    Parked {
+        error: String,
+    },
+    Diverged {
+        error: String,
+    },
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -326,6 +340,9 @@ pub struct NewRun<'a> {
     pub run_id: &'a str,
     pub module_digest: &'a str,
     pub step: Option<&'a str>,
+    /// The world the module targets ([`crate::engine::WORLD`] or
+    /// [`crate::engine::COMMAND_WORLD`]).
+    pub world: &'a str,
     pub input: &'a str,
     pub now_ms: i64,
 }

@@ -89,6 +89,10 @@ CREATE TABLE counters (
     value  INTEGER NOT NULL
 ) STRICT;
 "#,
+    // v2: the exit status of a finished WASI command run.
+    r#"
+ALTER TABLE runs ADD COLUMN exit_code INTEGER;
+"#,
 ];
 
 /// The schema version this build writes.

@@ -239,24 +239,34 @@ impl WriteOp {
                 Ok(())
             }
             WriteOp::Finish(end, now_ms) => {
-                let (status, output, error) = match end {
-                    RunEnd::Completed { output } => {
-                        (RunStatus::Completed, Some(output.as_str()), None)
+                let (status, output, error, exit_code) = match end {
+                    RunEnd::Completed { output, exit_code } => (
+                        RunStatus::Completed,
+                        Some(output.as_str()),
+                        None,
+                        *exit_code,
+                    ),
+                    RunEnd::Failed { error, exit_code } => {
+                        (RunStatus::Failed, None, Some(error.as_str()), *exit_code)
                     }
-                    RunEnd::Failed { error } => (RunStatus::Failed, None, Some(error.as_str())),
-                    RunEnd::Parked { error } => (RunStatus::Parked, None, Some(error.as_str())),
-                    RunEnd::Diverged { error } => (RunStatus::Diverged, None, Some(error.as_str())),
+                    RunEnd::Parked { error } => {
+                        (RunStatus::Parked, None, Some(error.as_str()), None)
+                    }
+                    RunEnd::Diverged { error } => {
+                        (RunStatus::Diverged, None, Some(error.as_str()), None)
+                    }
                 };
                 conn.prepare_cached(
                     "UPDATE runs SET status = ?1, output = ?2, error = ?3, updated_at = ?4, \
-                     owner = NULL, lease_until = NULL WHERE run_id = ?5",
+                     owner = NULL, lease_until = NULL, exit_code = ?6 WHERE run_id = ?5",
                 )?
                 .execute(params![
                     status.as_str(),
                     output,
                     error,
                     now_ms,
-                    claim.run_id
+                    claim.run_id,
+                    exit_code
                 ])?;
                 Ok(())
             }
@@ -386,7 +396,7 @@ fn check_fence(tx: &Connection, claim: &Claim) -> Result<(), LedgerError> {
 }
 
 const RUN_COLUMNS: &str = "run_id, module_digest, input, status, output, error, created_at, \
-     updated_at, version, owner, lease_until, fence, wake_at, world, step";
+     updated_at, version, owner, lease_until, fence, wake_at, world, step, exit_code";
 
 fn run_from_row(r: &Row<'_>) -> rusqlite::Result<RunRecord> {
     let status: String = r.get(3)?;
@@ -406,6 +416,7 @@ fn run_from_row(r: &Row<'_>) -> rusqlite::Result<RunRecord> {
         wake_at_ms: r.get(12)?,
         world: r.get(13)?,
         step: r.get(14)?,
+        exit_code: r.get(15)?,
     })
 }
 
@@ -526,7 +537,7 @@ impl Ledger for SqliteLedger {
                         run.module_digest,
                         run.input,
                         run.now_ms,
-                        crate::engine::WORLD,
+                        run.world,
                         run.step
                     ],
                 )?;
@@ -936,6 +947,7 @@ mod tests {
         ledger.put_module("d1", b"\0asm").unwrap();
         ledger
             .create_run(NewRun {
+                world: crate::engine::WORLD,
                 run_id: "r1",
                 module_digest: "d1",
                 step: None,
@@ -991,6 +1003,7 @@ mod tests {
         seed(&mut ledger);
         let again = ledger
             .create_run(NewRun {
+                world: crate::engine::WORLD,
                 run_id: "r1",
                 module_digest: "d1",
                 step: None,
@@ -1001,6 +1014,7 @@ mod tests {
         assert_eq!(again.created_at_ms, 1);
         let err = ledger
             .create_run(NewRun {
+                world: crate::engine::WORLD,
                 run_id: "r1",
                 module_digest: "d1",
                 step: None,

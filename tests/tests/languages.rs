@@ -1,0 +1,324 @@
+//! Steps in other languages and plain WASI programs, end to end: each guest
+//! is built from source by its own `build.sh` (with the tools its README
+//! names), run through `stephost run`, crashed at a write, resumed and
+//! replayed, and compared with the Rust step for the same input and run id.
+//!
+//! A guest whose toolchain is missing fails its test with the build
+//! script's message, which names the tool and how to install it.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::{Mutex, OnceLock};
+
+use serde_json::Value;
+use stephost_tests::{SUPPLIER_CONFIG, Sandbox, calls, guests};
+
+const BIN: &str = env!("CARGO_BIN_EXE_stephost-crash");
+const INPUT: &str = r#"{"sku":"WIDGET-7","quantity":10}"#;
+
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("workspace root")
+        .to_path_buf()
+}
+
+/// Builds a guest with `script OUT` once per test process.
+fn build(script: &str, name: &str) -> String {
+    static BUILT: OnceLock<Mutex<std::collections::HashMap<String, String>>> = OnceLock::new();
+    let built = BUILT.get_or_init(Mutex::default);
+    let mut built = built.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(path) = built.get(name) {
+        return path.clone();
+    }
+    let out = Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .join("language-guests")
+        .join(name);
+    let ran = Command::new("bash")
+        .arg(root().join(script))
+        .arg(&out)
+        .output()
+        .unwrap_or_else(|e| panic!("cannot start bash for {script}: {e}"));
+    assert!(
+        ran.status.success(),
+        "building {name} with {script} failed ({}):\n{}\n{}",
+        ran.status,
+        String::from_utf8_lossy(&ran.stdout),
+        String::from_utf8_lossy(&ran.stderr)
+    );
+    let path = out.display().to_string();
+    built.insert(name.to_string(), path.clone());
+    path
+}
+
+/// What the Rust step does for `input` under run id `run_id`: its exit
+/// code, output or error, and its stephost calls.
+struct Reference {
+    code: Option<i32>,
+    output: Value,
+    calls: Vec<(String, String, Option<String>)>,
+}
+
+fn stephost_calls(show: &Value) -> Vec<(String, String, Option<String>)> {
+    calls(show)
+        .iter()
+        .filter(|c| {
+            c["interface"]
+                .as_str()
+                .is_some_and(|i| i.starts_with("stephost:step/"))
+        })
+        .map(|c| {
+            let interface = c["interface"].as_str().unwrap_or_default().to_string();
+            // Clock and random values differ between runs; the rest of an
+            // effect's request must not, nor a write's operation id (from
+            // its business key; a read's comes from its sequence number,
+            // which a language runtime's start-up reads shift).
+            let request = interface.ends_with("/effects").then(|| {
+                let mut request: Value = c["request"]
+                    .as_str()
+                    .and_then(|r| serde_json::from_str(r).ok())
+                    .unwrap_or_default();
+                if let Some(fields) = request.as_object_mut() {
+                    fields.remove("requested_at_ms");
+                    fields.remove("request_nonce");
+                }
+                match c["class"].as_str() {
+                    Some("write") => format!("{request} {}", c["operation_id"]),
+                    _ => request.to_string(),
+                }
+            });
+            (
+                interface,
+                c["function"].as_str().unwrap_or_default().to_string(),
+                request,
+            )
+        })
+        .collect()
+}
+
+fn reference(input: &str, run_id: &str) -> Reference {
+    let sb = Sandbox::with_config(BIN, SUPPLIER_CONFIG);
+    let ran = sb.run(guests::SUPPLIER_ORDER, input, run_id);
+    let show = sb.show(run_id);
+    Reference {
+        code: ran.code,
+        output: if ran.code == Some(0) {
+            ran.json()
+        } else {
+            show["run"]["error"].clone()
+        },
+        calls: stephost_calls(&show),
+    }
+}
+
+/// Runs the supplier step `module` (another language) like the Rust one:
+/// a crash after its order is recorded as started, a resume that sends it
+/// once, an offline replay; then a bad input.
+fn behaves_like_the_rust_step(module: &str) {
+    let rust = reference(INPUT, "order-1");
+    assert_eq!(rust.code, Some(0));
+
+    let sb = Sandbox::with_config(BIN, SUPPLIER_CONFIG);
+    let crashed = sb.stephost_crashing_at(
+        "after-started",
+        &["run", module, "--input", INPUT, "--run-id", "order-1"],
+    );
+    assert_eq!(
+        crashed.signal,
+        Some(libc::SIGABRT),
+        "the run did not stop at its write: {crashed:?}"
+    );
+    assert!(sb.received("supplier-orders.jsonl").is_empty());
+    let resumed = sb.stephost(&["resume", "order-1"]);
+    resumed.expect_code(0);
+    assert_eq!(
+        resumed.json(),
+        rust.output,
+        "output differs from the Rust step's"
+    );
+    let orders = sb.received("supplier-orders.jsonl");
+    assert_eq!(orders.len(), 1, "{orders:#?}");
+    let show = sb.show("order-1");
+    assert_eq!(
+        stephost_calls(&show),
+        rust.calls,
+        "calls differ from the Rust step's"
+    );
+    assert!(
+        show["run"]["step"].as_str().is_some_and(|s| !s.is_empty()),
+        "no declared step"
+    );
+
+    let replayed = sb.stephost(&["replay", "order-1"]);
+    replayed.expect_code(0);
+    assert!(
+        replayed.stdout.contains("consistent"),
+        "{}",
+        replayed.stdout
+    );
+
+    // A bad input fails the same way, with no calls.
+    let bad = r#"{"sku":"","quantity":1}"#;
+    let rust_bad = reference(bad, "bad-1");
+    let ran = sb.run(module, bad, "bad-1");
+    assert_eq!(ran.code, rust_bad.code, "{ran:?}");
+    assert_eq!(sb.show("bad-1")["run"]["error"], rust_bad.output);
+
+    // Enough stock: nothing ordered.
+    let enough = r#"{"sku":"WIDGET-7","quantity":2}"#;
+    let rust_enough = reference(enough, "enough-1");
+    let ran = sb.run(module, enough, "enough-1");
+    ran.expect_code(0);
+    assert_eq!(ran.json(), rust_enough.output);
+    assert_eq!(sb.received("supplier-orders.jsonl").len(), 1);
+}
+
+#[test]
+fn a_python_step_behaves_like_the_rust_step() {
+    let module = build(
+        "examples/python-supplier-order/build.sh",
+        "python_supplier_order.wasm",
+    );
+    behaves_like_the_rust_step(&module);
+}
+
+#[test]
+fn a_javascript_step_behaves_like_the_rust_step() {
+    let module = build(
+        "examples/js-supplier-order/build.sh",
+        "js_supplier_order.wasm",
+    );
+    behaves_like_the_rust_step(&module);
+}
+
+#[test]
+fn a_c_step_behaves_like_the_rust_step() {
+    // A core module: the host adapts it to a component in-process.
+    let module = build(
+        "examples/c-supplier-order/build.sh",
+        "c_supplier_order.wasm",
+    );
+    behaves_like_the_rust_step(&module);
+}
+
+/// Checks a WASI command run: stdin in, stdout out, exit status kept,
+/// clock recorded and replayed.
+fn command_runs(module: &str, exact_exit: i32) {
+    let sb = Sandbox::new(BIN);
+    let ran = sb.run(module, r#""hello""#, "cmd-1");
+    ran.expect_code(0);
+    let out = ran.json();
+    assert_eq!(
+        out["input"].as_str().or(out["echo"].as_str()),
+        Some("hello"),
+        "{out}"
+    );
+    let show = sb.show("cmd-1");
+    assert_eq!(show["run"]["world"], "wasi:cli/command@0.2");
+    assert_eq!(show["run"]["exit_code"], 0);
+    assert!(
+        calls(&show)
+            .iter()
+            .any(|c| c["interface"] == "wasi:clocks/wall-clock"),
+        "the clock read was not recorded: {show:#}"
+    );
+    // Replay feeds the recorded clock back: the same output, offline.
+    let replayed = sb.stephost(&["replay", "cmd-1", "--json"]);
+    replayed.expect_code(0);
+    let verdict = replayed.json();
+    assert_eq!(verdict["result"], "consistent");
+    let replayed_output: Value =
+        serde_json::from_str(verdict["output"].as_str().expect("output")).expect("JSON");
+    assert_eq!(replayed_output, out);
+
+    // A JSON document that is not a string reaches stdin as its text.
+    let ran = sb.run(module, r#"{"a":[1,2]}"#, "cmd-2");
+    ran.expect_code(0);
+    let out = ran.json();
+    assert_eq!(
+        out["input"].as_str().or(out["echo"].as_str()),
+        Some(r#"{"a":[1,2]}"#)
+    );
+
+    // A non-zero exit fails the step and keeps the status.
+    let failed = sb.run(module, r#""exit=7""#, "cmd-3");
+    failed.expect_code(3);
+    let show = sb.show("cmd-3");
+    assert_eq!(show["run"]["status"], "failed");
+    assert_eq!(show["run"]["exit_code"], exact_exit);
+    assert_eq!(
+        show["run"]["error"],
+        format!("step_error: the program exited with code {exact_exit}")
+    );
+}
+
+#[test]
+fn a_wasi_command_component_is_a_step() {
+    // Rust's std reports only success or failure through wasi:cli/exit.
+    command_runs(guests::COMMAND, 1);
+}
+
+#[test]
+fn a_wasi_preview1_program_is_a_step_and_keeps_its_exit_code() {
+    let module = build("tests/guests/c-command/build.sh", "c_command.wasm");
+    command_runs(&module, 7);
+    // Its randomness is recorded too.
+    let sb = Sandbox::new(BIN);
+    sb.run(&module, r#""x""#, "r-1").expect_code(0);
+    let show = sb.show("r-1");
+    assert!(
+        calls(&show)
+            .iter()
+            .any(|c| c["interface"] == "wasi:random/random"),
+        "{show:#}"
+    );
+}
+
+#[test]
+fn a_command_printing_text_gets_a_json_string_output() {
+    let sb = Sandbox::new(BIN);
+    let ran = sb.run(guests::COMMAND, r#""text""#, "t-1");
+    ran.expect_code(0);
+    let out = ran.json();
+    assert!(
+        out.as_str()
+            .is_some_and(|s| s.starts_with("plain text at ")),
+        "{out}"
+    );
+}
+
+#[test]
+fn a_damaged_compiled_cache_file_is_compiled_over() {
+    let sb = Sandbox::with_config(BIN, SUPPLIER_CONFIG);
+    let cache = sb.path("cache");
+    let run = |id: &str| {
+        let mut cmd = sb.command(&[
+            "run",
+            guests::SUPPLIER_ORDER,
+            "--input",
+            INPUT,
+            "--run-id",
+            id,
+        ]);
+        cmd.env("STEPHOST_CACHE_DIR", &cache);
+        cmd.output().expect("start stephost")
+    };
+    assert!(run("c-1").status.success());
+    let files: Vec<PathBuf> = std::fs::read_dir(&cache)
+        .expect("the cache folder was made")
+        .map(|e| e.expect("entry").path())
+        .collect();
+    assert_eq!(files.len(), 1, "{files:?}");
+    assert!(files[0].extension().is_some_and(|x| x == "cwasm"));
+    std::fs::write(&files[0], b"not a compiled component").expect("damage the file");
+    let again = run("c-2");
+    assert!(
+        again.status.success(),
+        "{}",
+        String::from_utf8_lossy(&again.stderr)
+    );
+    assert!(
+        std::fs::metadata(&files[0]).expect("file").len() > 1000,
+        "the damaged file was not replaced"
+    );
+}
