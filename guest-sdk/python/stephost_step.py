@@ -74,9 +74,9 @@ def _small_reseed() -> None:
     componentize-py calls `random.seed()` once before the first export call,
     so that Python's PRNG does not keep the state baked in at build time. The
     host records every WASI random read (a replay gets the same bytes back),
-    and it records `get-random-bytes(n)` as n ledger rows, so the default
-    reseed would put 2,496 rows before the step's first call. 128 bits are
-    plenty for a PRNG that a step must not use anyway (take randomness from
+    so the default reseed would put 2,496 random bytes (5 KB of hex) in the
+    ledger of every run before the step's first call. 128 bits are plenty
+    for a PRNG that a step must not use anyway (take randomness from
     `Ctx.random_bytes`); `random.seed(x)` with an argument is unchanged.
     """
     original = _py_random.seed

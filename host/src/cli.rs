@@ -21,7 +21,8 @@ use crate::runner::{Host, HostOptions, Resolution, RunReport, replay_fixture};
     version,
     about = "Runs agent steps as sandboxed WebAssembly components and makes them durable",
     after_help = "Exit codes: 0 ok, 1 internal error, 2 usage or bad input, 3 step failed, \
-                  4 divergence, 5 run parked (needs a person), 6 run claimed elsewhere"
+                  4 divergence, 5 run parked (needs a person), 6 run claimed elsewhere, \
+                  7 run waiting (timer or approval)"
 )]
 pub struct Cli {
     /// The ledger (SQLite file); created if absent.
@@ -48,7 +49,8 @@ pub struct Cli {
 pub enum Command {
     /// Run a step module on an input; prints the output JSON.
     Run {
-        /// The step: a WebAssembly component for stephost:step/step.
+        /// The step: a component for stephost:step/step, a core module with
+        /// that world's component type, or a WASI command program.
         module: PathBuf,
         /// The input JSON.
         #[arg(long, conflicts_with = "input_file")]

@@ -14,6 +14,8 @@
 //! that `proc_exit(n)` keeps `n` (the preview1 component adapter reduces it
 //! to success or failure).
 
+use std::sync::{Arc, Mutex};
+
 use wasmtime::{InstancePre, Store, StoreLimits};
 use wasmtime_wasi::p1::WasiP1Ctx;
 use wasmtime_wasi::p2::bindings::sync::CommandPre;
@@ -21,11 +23,14 @@ use wasmtime_wasi::p2::pipe::{MemoryInputPipe, MemoryOutputPipe};
 use wasmtime_wasi::{I32Exit, WasiCtxBuilder};
 
 use crate::imports::StepState;
+use crate::journal::Journal;
 
 /// The data of a preview1 command's store.
 pub struct Preview1State {
     pub wasi: WasiP1Ctx,
     pub limits: StoreLimits,
+    /// For the calls recorded outside the WASI context (`random_get`).
+    pub journal: Arc<Mutex<Journal>>,
 }
 
 /// Gives a command its stdin and a stdout of at most `stdout_max` bytes;

@@ -785,6 +785,7 @@ fn invoke(
             let state = Preview1State {
                 wasi: wasi.build_p1(),
                 limits: store_limits(&options.limits),
+                journal: journal.clone(),
             };
             let mut store = Store::new(engine.engine(), state);
             store.limiter(|s| &mut s.limits);

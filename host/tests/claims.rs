@@ -14,6 +14,7 @@ fn race(claimants: usize, rounds: usize) {
     for round in 0..rounds {
         setup
             .create_run(NewRun {
+                world: stephost::engine::WORLD,
                 run_id: &format!("run-{round}"),
                 module_digest: "digest",
                 step: None,

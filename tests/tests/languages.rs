@@ -3,8 +3,10 @@
 //! names), run through `stephost run`, crashed at a write, resumed and
 //! replayed, and compared with the Rust step for the same input and run id.
 //!
-//! A guest whose toolchain is missing fails its test with the build
-//! script's message, which names the tool and how to install it.
+//! The toolchains come from `scripts/guest-toolchains.sh` (the README's
+//! test command runs it first). A guest whose toolchain is missing fails its
+//! test with the build script's message, which names the tool and how to
+//! install it.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -34,9 +36,19 @@ fn build(script: &str, name: &str) -> String {
     let out = Path::new(env!("CARGO_TARGET_TMPDIR"))
         .join("language-guests")
         .join(name);
+    // `scripts/guest-toolchains.sh` installs the pinned tools here.
+    let tools = root().join("target").join("guest-tools");
+    let mut path = std::ffi::OsString::from(tools.join("bin"));
+    path.push(":");
+    path.push(tools.join("py").join("bin"));
+    if let Some(rest) = std::env::var_os("PATH") {
+        path.push(":");
+        path.push(rest);
+    }
     let ran = Command::new("bash")
         .arg(root().join(script))
         .arg(&out)
+        .env("PATH", path)
         .output()
         .unwrap_or_else(|e| panic!("cannot start bash for {script}: {e}"));
     assert!(
@@ -262,16 +274,23 @@ fn a_wasi_command_component_is_a_step() {
 fn a_wasi_preview1_program_is_a_step_and_keeps_its_exit_code() {
     let module = build("tests/guests/c-command/build.sh", "c_command.wasm");
     command_runs(&module, 7);
-    // Its randomness is recorded too.
+    // Its randomness is recorded too: one call for its 8 bytes (not one
+    // per byte), replayed into the same nonce.
     let sb = Sandbox::new(BIN);
-    sb.run(&module, r#""x""#, "r-1").expect_code(0);
+    let ran = sb.run(&module, r#""x""#, "r-1");
+    ran.expect_code(0);
     let show = sb.show("r-1");
-    assert!(
-        calls(&show)
-            .iter()
-            .any(|c| c["interface"] == "wasi:random/random"),
-        "{show:#}"
-    );
+    let random: Vec<&Value> = calls(&show)
+        .iter()
+        .filter(|c| c["interface"] == "wasi:random/random")
+        .collect();
+    assert_eq!(random.len(), 1, "{show:#}");
+    assert_eq!(random[0]["request"], "8");
+    let nonce = ran.json()["nonce"].clone();
+    let replayed = sb.stephost(&["replay", "r-1", "--json"]).json();
+    let replayed_output: Value =
+        serde_json::from_str(replayed["output"].as_str().expect("output")).expect("JSON");
+    assert_eq!(replayed_output["nonce"], nonce);
 }
 
 #[test]

@@ -19,6 +19,59 @@ use crate::journal::{Journal, Stop};
 const RANDOM: &str = "wasi:random/random@0.2.12";
 const INSECURE: &str = "wasi:random/insecure@0.2.12";
 
+/// Replaces preview1's `random_get` with one that records one ledger call
+/// per guest call (see [`record_random_bytes_per_call`]).
+pub fn record_preview1_random_per_call(
+    linker: &mut wasmtime::Linker<crate::command::Preview1State>,
+) -> wasmtime::Result<()> {
+    /// preview1 errno values.
+    const FAULT: i32 = 21;
+    const INVAL: i32 = 28;
+    linker.allow_shadowing(true);
+    linker.func_wrap(
+        "wasi_snapshot_preview1",
+        "random_get",
+        |mut caller: wasmtime::Caller<'_, crate::command::Preview1State>,
+         buf: i32,
+         len: i32|
+         -> wasmtime::Result<i32> {
+            let journal = caller.data().journal.clone();
+            let max = lock(&journal).limits().payload_bytes_max;
+            let len = len as u32;
+            if u64::from(len) > max {
+                return Ok(INVAL);
+            }
+            let len = len as usize;
+            let value = observe(
+                &journal,
+                "wasi:random/random",
+                "get-bytes",
+                &len.to_string(),
+                || hex::encode(os_bytes(len)).into(),
+            )
+            .map_err(trap)?;
+            let bytes = recorded_bytes(&value, len).map_err(|stop| {
+                lock(&journal).set_stop(stop.clone());
+                trap(stop)
+            })?;
+            let Some(memory) = caller
+                .get_export("memory")
+                .and_then(wasmtime::Extern::into_memory)
+            else {
+                return Ok(FAULT);
+            };
+            Ok(
+                match memory.write(&mut caller, buf as u32 as usize, &bytes) {
+                    Ok(()) => 0,
+                    Err(_) => FAULT,
+                },
+            )
+        },
+    )?;
+    linker.allow_shadowing(false);
+    Ok(())
+}
+
 /// Replaces WASI's `get-random-bytes` and `get-insecure-random-bytes` with
 /// versions that record one ledger call per guest call. (wasmtime-wasi draws
 /// each byte from the context's generator separately, which would record a
