@@ -92,7 +92,8 @@ fn a_component_for_another_world_names_what_is_missing() {
     ran.expect_code(2);
     assert!(ran.stderr.contains("another world"), "{}", ran.stderr);
     assert!(
-        ran.stderr.contains("exports neither `run` nor `wasi:cli/run`"),
+        ran.stderr
+            .contains("exports neither `run` nor `wasi:cli/run`"),
         "{}",
         ran.stderr
     );
