@@ -445,6 +445,19 @@ impl Journal {
         })
     }
 
+    /// The recorded writes from `seq` on that were left `started` (sent or
+    /// not, nobody knows): a run that diverges before settling them must
+    /// not leave them looking as if they might still be resumed.
+    pub fn in_flight_writes_from(&self, seq: u64) -> Vec<u64> {
+        self.history
+            .iter()
+            .filter(|c| {
+                c.seq >= seq && c.class == CallClass::Write && c.state == CallState::Started
+            })
+            .map(|c| c.seq)
+            .collect()
+    }
+
     /// The counters this execution accumulated.
     pub fn counters(&self) -> &Counters {
         &self.counters

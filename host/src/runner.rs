@@ -396,6 +396,14 @@ impl Host {
         }
         let mut journal = journal;
         let unreached = journal.unreached();
+        let diverged_at = match (&stop, &unreached) {
+            (Some(Stop::Diverged(d)), _) => Some(d.seq),
+            (None, Some(u)) if guest.is_ok() => Some(u.seq),
+            _ => None,
+        };
+        let in_flight = diverged_at
+            .map(|seq| journal.in_flight_writes_from(seq))
+            .unwrap_or_default();
         let mut pending = journal.take_pending();
         let Mode::Live { mut ledger, claim } = journal.into_mode() else {
             unreachable_shared()
@@ -440,9 +448,12 @@ impl Host {
             Some(Stop::ReplayEnd { reason, .. }) => {
                 return Ok((ledger, Err(HostError::Internal(reason))));
             }
-            Some(Stop::Diverged(d)) => RunEnd::Diverged {
-                error: format!("diverged: {d}"),
-            },
+            Some(Stop::Diverged(d)) => diverged(
+                format!("diverged: {d}"),
+                &in_flight,
+                &mut pending,
+                &mut counters,
+            ),
             Some(Stop::Parked { seq, name, reason }) => RunEnd::Parked {
                 error: format!("unknown_outcome: call #{seq} ({name}): {reason}"),
             },
@@ -452,9 +463,12 @@ impl Host {
             },
             // A resumed step that ends before reaching every recorded call
             // is not the run that was recorded.
-            None if guest.is_ok() && unreached.is_some() => RunEnd::Diverged {
-                error: format!("diverged: {}", unreached.expect("checked just above")),
-            },
+            None if guest.is_ok() && unreached.is_some() => diverged(
+                format!("diverged: {}", unreached.expect("checked just above")),
+                &in_flight,
+                &mut pending,
+                &mut counters,
+            ),
             None => match guest {
                 Ok(Ok(output)) => match check_json(&output, "output", &limits) {
                     Ok(()) => {
@@ -739,6 +753,37 @@ fn monotonic_base(history: &[CallRecord]) -> u64 {
         .and_then(|o| serde_json::from_str::<serde_json::Value>(o).ok())
         .and_then(|v| v.get("ok").and_then(serde_json::Value::as_u64))
         .unwrap_or(0)
+}
+
+/// The end of a run that diverged from its recording. Writes it left in
+/// flight (recorded `started`, never settled) become `unknown` in the same
+/// commit, for a person to check at the receiver: the run will not resume,
+/// so nothing else would ever look at them.
+fn diverged(
+    mut error: String,
+    in_flight: &[u64],
+    pending: &mut Vec<WriteOp>,
+    counters: &mut crate::journal::Counters,
+) -> RunEnd {
+    for &seq in in_flight {
+        pending.push(WriteOp::Outcome {
+            seq,
+            state: crate::ledger::CallState::Unknown,
+            outcome: None,
+            now_ms: crate::clock::now_ms(),
+            chain: None,
+        });
+        *counters.entry("side_effect_unknown_total").or_insert(0) += 1;
+    }
+    if !in_flight.is_empty() {
+        let seqs: Vec<String> = in_flight.iter().map(|s| format!("#{s}")).collect();
+        error.push_str(&format!(
+            "; the write(s) {} were in flight and are now unknown: check the receiver \
+             by their operation ids",
+            seqs.join(", ")
+        ));
+    }
+    RunEnd::Diverged { error }
 }
 
 /// Most linear memories one run's component may create.

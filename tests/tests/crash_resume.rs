@@ -114,6 +114,50 @@ fn crash_after_started_before_send_sends_the_order_once() {
 }
 
 #[test]
+fn a_run_that_diverges_on_resume_leaves_its_in_flight_write_unknown() {
+    let sb = Sandbox::with_config(BIN, SUPPLIER_CONFIG);
+    let crashed = sb.stephost_crashing_at(
+        &format!("after-started@{ORDER_SEQ}"),
+        &[
+            "run",
+            guests::SUPPLIER_ORDER,
+            "--input",
+            INPUT,
+            "--run-id",
+            "order-1",
+        ],
+    );
+    assert_eq!(crashed.signal, Some(libc::SIGABRT), "{crashed:?}");
+    // The recording no longer matches the step before its write, as if the
+    // step had read something the host did not record.
+    let conn = rusqlite::Connection::open(sb.db()).expect("open the ledger");
+    let changed = conn
+        .execute(
+            "UPDATE calls SET request = '{\"sku\":\"OTHER\"}', request_hash = 'changed' \
+             WHERE run_id = 'order-1' AND seq = 1",
+            [],
+        )
+        .expect("change the recording");
+    assert_eq!(changed, 1);
+    drop(conn);
+
+    let resumed = sb.stephost(&["resume", "order-1"]);
+    resumed.expect_code(4);
+    let show = sb.show("order-1");
+    assert_eq!(show["run"]["status"], "diverged");
+    // The write that was started before the crash may have reached the
+    // supplier or not: it is unknown, not left `started` for ever.
+    assert_eq!(calls(&show)[ORDER_SEQ as usize - 1]["state"], "unknown");
+    let error = show["run"]["error"].as_str().expect("error");
+    assert!(
+        error.contains(&format!("#{ORDER_SEQ}")) && error.contains("unknown"),
+        "{error}"
+    );
+    // Nothing was sent on the way.
+    assert!(sb.received("supplier-orders.jsonl").is_empty());
+}
+
+#[test]
 fn crash_after_the_receiver_committed_reconciles_the_receipt() {
     crash_and_resume(&format!("after-send@{ORDER_SEQ}"), |sb, show| {
         assert_eq!(calls(show)[ORDER_SEQ as usize - 1]["state"], "started");
