@@ -98,6 +98,8 @@ pub struct StepEngine {
     /// WASI preview1 for core command modules.
     preview1: wasmtime::Linker<Preview1State>,
     cache: Mutex<HashMap<String, Arc<Loaded>>>,
+    /// Module bytes already hashed, by length and a sample hash.
+    digests: Mutex<HashMap<(usize, u64), (Vec<u8>, String)>>,
     /// Held while compiling, so that runs of one new module starting at once
     /// compile it once instead of once each.
     compiling: Mutex<()>,
@@ -141,6 +143,7 @@ impl StepEngine {
             linker,
             preview1,
             cache: Mutex::new(HashMap::new()),
+            digests: Mutex::new(HashMap::new()),
             compiling: Mutex::new(()),
             disk_cache: dir.map(Path::to_path_buf),
             engine_key,
@@ -154,7 +157,28 @@ impl StepEngine {
     /// Compiles and checks a step module, or returns it from the cache.
     /// `what` names the module in errors (a path, or a digest).
     pub fn load(&self, bytes: &[u8], what: &str) -> Result<Arc<Loaded>, ModuleError> {
-        self.load_digested(bytes, crate::ids::module_digest(bytes), what)
+        self.load_digested(bytes, self.digest(bytes), what)
+    }
+
+    /// The loaded step of `digest`, if this engine has it.
+    pub fn cached(&self, digest: &str) -> Option<Arc<Loaded>> {
+        self.cache_lock().get(digest).cloned()
+    }
+
+    /// The sha256 digest of `bytes`. Bytes this engine has hashed before
+    /// are recognised by comparing them in full with the kept copy, which
+    /// is several times cheaper than hashing them again.
+    fn digest(&self, bytes: &[u8]) -> String {
+        let key = (bytes.len(), sample_hash(bytes));
+        let mut known = self.digests.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((kept, digest)) = known.get(&key)
+            && kept.as_slice() == bytes
+        {
+            return digest.clone();
+        }
+        let digest = crate::ids::module_digest(bytes);
+        known.insert(key, (bytes.to_vec(), digest.clone()));
+        digest
     }
 
     /// Like [`StepEngine::load`] for bytes whose digest is known (a module
@@ -350,6 +374,16 @@ fn write_atomically(path: &Path, bytes: Option<&[u8]>) -> std::io::Result<()> {
     std::fs::rename(&tmp, path).inspect_err(|_| {
         let _ = std::fs::remove_file(&tmp);
     })
+}
+
+/// A cheap hash of `bytes`' first and last 4 KiB: a key to find the kept
+/// copy by, never trusted alone.
+fn sample_hash(bytes: &[u8]) -> u64 {
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    let n = bytes.len().min(4096);
+    bytes[..n].hash(&mut hasher);
+    bytes[bytes.len() - n..].hash(&mut hasher);
+    hasher.finish()
 }
 
 /// A core module is version 1 with layer 0; a component has layer 1.

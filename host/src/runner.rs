@@ -163,7 +163,7 @@ impl Host {
         input: &str,
         run_id: Option<&str>,
     ) -> Result<RunRecord, HostError> {
-        Ok(self.submit_loaded(module, what, input, run_id)?.0)
+        Ok(self.submit_loaded(module, what, input, run_id, true)?.0)
     }
 
     fn submit_loaded(
@@ -172,6 +172,7 @@ impl Host {
         what: &str,
         input: &str,
         run_id: Option<&str>,
+        durable: bool,
     ) -> Result<(RunRecord, Arc<Loaded>), HostError> {
         check_json(input, "input", &self.options.limits)?;
         let loaded = self.engine.load(module, what)?;
@@ -184,6 +185,7 @@ impl Host {
             module_digest: &loaded.digest,
             step: loaded.step.as_deref(),
             world: loaded.world(),
+            durable,
             input,
             now_ms: now,
         })?;
@@ -199,7 +201,7 @@ impl Host {
         input: &str,
         run_id: Option<&str>,
     ) -> Result<RunReport, HostError> {
-        let (run, loaded) = self.submit_loaded(module, what, input, run_id)?;
+        let (run, loaded) = self.submit_loaded(module, what, input, run_id, false)?;
         if run.status.is_final() {
             return Ok(RunReport::from_record(&run, Stats::default()));
         }
@@ -264,11 +266,20 @@ impl Host {
             }
             RunStatus::Pending | RunStatus::Running | RunStatus::Waiting | RunStatus::Parked => {}
         }
-        let module = self.ledger().module(&run.module_digest)?;
-        let loaded =
-            self.engine
-                .load_digested(&module, run.module_digest.clone(), &run.module_digest)?;
+        let loaded = self.load_pinned(&run)?;
         self.claim_and_execute(run, loaded)
+    }
+
+    /// The module a run is pinned to: from the engine's cache, or read from
+    /// the ledger by its digest and compiled.
+    fn load_pinned(&self, run: &RunRecord) -> Result<Arc<Loaded>, HostError> {
+        if let Some(loaded) = self.engine.cached(&run.module_digest) {
+            return Ok(loaded);
+        }
+        let module = self.ledger().module(&run.module_digest)?;
+        Ok(self
+            .engine
+            .load_digested(&module, run.module_digest.clone(), &run.module_digest)?)
     }
 
     fn claim_and_execute(
@@ -298,10 +309,7 @@ impl Host {
         control: Arc<RunControl>,
     ) -> Result<RunReport, HostError> {
         let run = self.ledger().run(run_id)?;
-        let module = self.ledger().module(&run.module_digest)?;
-        let loaded =
-            self.engine
-                .load_digested(&module, run.module_digest.clone(), &run.module_digest)?;
+        let loaded = self.load_pinned(&run)?;
         self.execute_with(&run, claim, &loaded, Some(control))
     }
 

@@ -15,6 +15,7 @@ fn race(claimants: usize, rounds: usize) {
         setup
             .create_run(NewRun {
                 world: stephost::engine::WORLD,
+                durable: false,
                 run_id: &format!("run-{round}"),
                 module_digest: "digest",
                 step: None,

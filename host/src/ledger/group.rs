@@ -283,6 +283,7 @@ mod tests {
             setup
                 .create_run(NewRun {
                     world: crate::engine::WORLD,
+                    durable: false,
                     run_id: &id,
                     module_digest: "d",
                     step: None,

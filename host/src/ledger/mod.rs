@@ -344,6 +344,10 @@ pub struct NewRun<'a> {
     /// [`crate::engine::COMMAND_WORLD`]).
     pub world: &'a str,
     pub input: &'a str,
+    /// Commit the new run with an fsync: a run submitted for a worker must
+    /// survive a power loss once its id is handed out. A run executed at
+    /// once needs none: its first durable write or its end carries it.
+    pub durable: bool,
     pub now_ms: i64,
 }
 

@@ -507,7 +507,11 @@ impl Ledger for SqliteLedger {
     }
 
     fn create_run(&mut self, run: NewRun<'_>) -> Result<RunRecord, LedgerError> {
-        self.set_sync(Sync::Normal)?;
+        self.set_sync(if run.durable {
+            Sync::Full
+        } else {
+            Sync::Normal
+        })?;
         let tx = self
             .conn
             .transaction_with_behavior(TransactionBehavior::Immediate)?;
@@ -948,6 +952,7 @@ mod tests {
         ledger
             .create_run(NewRun {
                 world: crate::engine::WORLD,
+                durable: false,
                 run_id: "r1",
                 module_digest: "d1",
                 step: None,
@@ -1004,6 +1009,7 @@ mod tests {
         let again = ledger
             .create_run(NewRun {
                 world: crate::engine::WORLD,
+                durable: false,
                 run_id: "r1",
                 module_digest: "d1",
                 step: None,
@@ -1015,6 +1021,7 @@ mod tests {
         let err = ledger
             .create_run(NewRun {
                 world: crate::engine::WORLD,
+                durable: false,
                 run_id: "r1",
                 module_digest: "d1",
                 step: None,
