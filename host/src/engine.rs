@@ -99,7 +99,7 @@ pub struct StepEngine {
     preview1: wasmtime::Linker<Preview1State>,
     cache: Mutex<HashMap<String, Arc<Loaded>>>,
     /// Module bytes already hashed, by length and a sample hash.
-    digests: Mutex<HashMap<(usize, u64), (Vec<u8>, String)>>,
+    digests: Mutex<HashMap<SampleKey, (Vec<u8>, String)>>,
     /// Held while compiling, so that runs of one new module starting at once
     /// compile it once instead of once each.
     compiling: Mutex<()>,
@@ -375,6 +375,9 @@ fn write_atomically(path: &Path, bytes: Option<&[u8]>) -> std::io::Result<()> {
         let _ = std::fs::remove_file(&tmp);
     })
 }
+
+/// A module's length and [`sample_hash`].
+type SampleKey = (usize, u64);
 
 /// A cheap hash of `bytes`' first and last 4 KiB: a key to find the kept
 /// copy by, never trusted alone.
