@@ -415,7 +415,7 @@ fn execute(cli: Cli) -> Result<i32, HostError> {
                     let (bytes, what) = new_module.expect("clap requires --module with --fixture");
                     let engine =
                         crate::engine::StepEngine::with_disk_cache(opts.cache_dir.as_deref())?;
-                    replay_fixture(&engine, &fixture, &bytes, &what, &opts)?
+                    replay_fixture(&engine, fixture, &bytes, &what, &opts)?
                 }
                 (None, Some(run_id)) => {
                     let host = Host::open(&cli.db, opts)?;
@@ -691,7 +691,7 @@ fn replay_corpus(
             .map_err(|_| HostError::BadInput(format!("{} is not UTF-8", file.display())))?;
         let fixture = Fixture::parse(&text)
             .map_err(|e| HostError::BadInput(format!("{}: {e}", file.display())))?;
-        let report = replay_fixture(&engine, &fixture, &bytes, &what, opts)?;
+        let report = replay_fixture(&engine, fixture, &bytes, &what, opts)?;
         let this = report.exit_code();
         if this == exit::DIVERGED || (this != exit::OK && code == exit::OK) {
             code = this;

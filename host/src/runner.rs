@@ -520,16 +520,13 @@ impl Host {
         run_id: &str,
         module: Option<(&[u8], &str)>,
     ) -> Result<ReplayReport, HostError> {
-        let fixture = self.export(run_id)?;
-        let stored;
-        let (bytes, what) = match module {
-            Some(m) => m,
-            None => {
-                stored = self.ledger().module(&fixture.module_digest)?;
-                (stored.as_slice(), fixture.module_digest.as_str())
-            }
+        let run = self.ledger().run(run_id)?;
+        let loaded = match module {
+            Some((bytes, what)) => self.engine.load(bytes, what)?,
+            None => self.load_pinned(&run)?,
         };
-        replay_fixture(&self.engine, &fixture, bytes, what, &self.options)
+        let fixture = Fixture::new(&run, self.ledger().calls(run_id)?);
+        replay_loaded(&self.engine, fixture, &loaded, &self.options)
     }
 
     /// Records a person's decision on a call parked as `unknown`; the run
@@ -588,7 +585,7 @@ impl Host {
             )));
         }
         let fixture = self.export(run_id)?;
-        let report = replay_fixture(&self.engine, &fixture, module, what, &self.options)?;
+        let report = replay_fixture(&self.engine, fixture, module, what, &self.options)?;
         let compatible = matches!(
             report.verdict,
             ReplayVerdict::Consistent { .. } | ReplayVerdict::Incomplete { .. }
@@ -641,14 +638,25 @@ fn unreachable_shared() -> ! {
 /// Replays `fixture` against `module` with no I/O.
 pub fn replay_fixture(
     engine: &StepEngine,
-    fixture: &Fixture,
+    fixture: Fixture,
     module: &[u8],
     what: &str,
     options: &HostOptions,
 ) -> Result<ReplayReport, HostError> {
     let loaded = engine.load(module, what)?;
+    replay_loaded(engine, fixture, &loaded, options)
+}
+
+/// Replays `fixture` against a loaded module with no I/O.
+fn replay_loaded(
+    engine: &StepEngine,
+    mut fixture: Fixture,
+    loaded: &Loaded,
+    options: &HostOptions,
+) -> Result<ReplayReport, HostError> {
     let complete = fixture.status.is_final();
-    let history: Vec<CallRecord> = fixture.calls.clone();
+    // The recorded calls move into the journal: no copy of the history.
+    let history: Vec<CallRecord> = std::mem::take(&mut fixture.calls);
     let mono_base = monotonic_base(&history);
     let mut journal = Journal::new(
         &fixture.run_id,
@@ -662,7 +670,7 @@ pub fn replay_fixture(
     let journal = Arc::new(Mutex::new(journal));
     let (guest, _exit_code) = invoke(
         engine,
-        &loaded,
+        loaded,
         &journal,
         &fixture.input,
         options,
@@ -682,7 +690,7 @@ pub fn replay_fixture(
         },
         (None, guest) => match journal.unreached() {
             Some(divergence) => ReplayVerdict::Diverged { divergence },
-            None => verdict_for_end(fixture, guest, calls, &options.limits),
+            None => verdict_for_end(&fixture, guest, calls, &options.limits),
         },
     };
     Ok(ReplayReport {
