@@ -288,6 +288,21 @@ fn a_wasi_command_component_is_a_step() {
 fn a_wasi_preview1_program_is_a_step_and_keeps_its_exit_code() {
     let module = build("tests/guests/c-command/build.sh", "c_command.wasm");
     command_runs(&module, 7);
+    // A worker runs a submitted command program the same way.
+    let sb = Sandbox::new(BIN);
+    sb.stephost(&[
+        "submit",
+        &module,
+        "--input",
+        r#""exit=5""#,
+        "--run-id",
+        "w-1",
+    ])
+    .expect_code(0);
+    sb.stephost(&["worker", "--exit-when-idle"]).expect_code(0);
+    let show = sb.show("w-1");
+    assert_eq!(show["run"]["status"], "failed");
+    assert_eq!(show["run"]["exit_code"], 5);
     // Its randomness is recorded too: one call for its 8 bytes (not one
     // per byte), replayed into the same nonce.
     let sb = Sandbox::new(BIN);
