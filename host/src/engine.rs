@@ -232,87 +232,82 @@ impl StepEngine {
         Ok(loaded)
     }
 
-    /// The disk-cache file of the module `digest`, if there is a cache.
-    fn cache_file(&self, digest: &str) -> Option<PathBuf> {
-        self.disk_cache
-            .as_ref()
-            .map(|dir| dir.join(format!("{digest}-{}.cwasm", self.engine_key)))
-    }
-
-    /// The compiled core module of a preview1 command, from the disk cache
-    /// or compiled and written to it.
+    /// The compiled core module of a preview1 command.
     fn compile_module(
         &self,
         bytes: &[u8],
         digest: &str,
         what: &str,
     ) -> Result<Module, ModuleError> {
-        let cached = self.cache_file(digest);
-        if let Some(path) = &cached
-            && path.is_file()
-        {
-            // SAFETY: as for components in `compile`.
+        self.through_disk_cache(
+            digest,
+            // SAFETY: see `through_disk_cache`.
             #[allow(unsafe_code)]
-            let loaded = unsafe { Module::deserialize_file(&self.engine, path) };
-            if let Ok(module) = loaded {
-                return Ok(module);
-            }
-        }
-        let module = Module::new(&self.engine, bytes).map_err(|e| ModuleError::Malformed {
-            what: what.to_string(),
-            detail: format!("{e:#}"),
-        })?;
-        if let Some(path) = &cached {
-            let _ = write_atomically(path, module.serialize().ok().as_deref());
-        }
-        Ok(module)
+            |path| unsafe { Module::deserialize_file(&self.engine, path) }.ok(),
+            || Module::new(&self.engine, bytes).map_err(|e| malformed(what, &e)),
+            |module| module.serialize().ok(),
+        )
     }
 
-    /// The compiled component of `bytes`: from the disk cache, or adapted
-    /// (a core module) and compiled, then written to the disk cache.
+    /// The compiled component of `bytes`, a core module carrying a world's
+    /// component type being adapted first.
     fn compile(&self, bytes: &[u8], digest: &str, what: &str) -> Result<Component, ModuleError> {
-        let cached = self.cache_file(digest);
+        self.through_disk_cache(
+            digest,
+            // SAFETY: see `through_disk_cache`.
+            #[allow(unsafe_code)]
+            |path| unsafe { Component::deserialize_file(&self.engine, path) }.ok(),
+            || {
+                check_header(bytes, what)?;
+                if !is_core_module(bytes) {
+                    return Component::new(&self.engine, bytes).map_err(|e| malformed(what, &e));
+                }
+                let adapted = crate::adapt::to_component(bytes).map_err(|e| match e {
+                    crate::adapt::AdaptError::NotAStep => ModuleError::CoreModule {
+                        what: what.to_string(),
+                    },
+                    crate::adapt::AdaptError::Failed(detail) => ModuleError::Adapt {
+                        what: what.to_string(),
+                        detail,
+                    },
+                })?;
+                Component::new(&self.engine, &adapted).map_err(|e| malformed(what, &e))
+            },
+            |component| component.serialize().ok(),
+        )
+    }
+
+    /// Compiled code of the module `digest`: loaded from the disk cache, or
+    /// compiled and written there (best effort: a cache that cannot be
+    /// written costs a compile next time).
+    ///
+    /// Safety of `load`: the files are written by `serialize` of an engine
+    /// with this engine's compatibility hash (it is in the name), into the
+    /// cache folder of the user running stephost; wasmtime checks each
+    /// file's header and refuses a foreign one, which is then compiled over.
+    /// Whoever can write that folder can run code as this user anyway.
+    fn through_disk_cache<T>(
+        &self,
+        digest: &str,
+        load: impl FnOnce(&Path) -> Option<T>,
+        compile: impl FnOnce() -> Result<T, ModuleError>,
+        serialize: impl FnOnce(&T) -> Option<Vec<u8>>,
+    ) -> Result<T, ModuleError> {
+        let cached = self
+            .disk_cache
+            .as_ref()
+            .map(|dir| dir.join(format!("{digest}-{}.cwasm", self.engine_key)));
         if let Some(path) = &cached
             && path.is_file()
+            && let Some(compiled) = load(path)
         {
-            // SAFETY: the file was written by `Component::serialize` of an
-            // engine with this engine's compatibility hash (it is in the
-            // name), into the cache folder of the user running stephost;
-            // wasmtime checks its header and refuses a foreign file, which
-            // is then compiled over. Whoever can write that folder can run
-            // code as this user anyway.
-            #[allow(unsafe_code)]
-            let loaded = unsafe { Component::deserialize_file(&self.engine, path) };
-            if let Ok(component) = loaded {
-                return Ok(component);
-            }
+            return Ok(compiled);
         }
-        check_header(bytes, what)?;
-        let adapted;
-        let component_bytes = if is_core_module(bytes) {
-            adapted = crate::adapt::to_component(bytes).map_err(|e| match e {
-                crate::adapt::AdaptError::NotAStep => ModuleError::CoreModule {
-                    what: what.to_string(),
-                },
-                crate::adapt::AdaptError::Failed(detail) => ModuleError::Adapt {
-                    what: what.to_string(),
-                    detail,
-                },
-            })?;
-            adapted.as_slice()
-        } else {
-            bytes
-        };
-        let component =
-            Component::new(&self.engine, component_bytes).map_err(|e| ModuleError::Malformed {
-                what: what.to_string(),
-                detail: format!("{e:#}"),
-            })?;
+        let compiled = compile()?;
         if let Some(path) = &cached {
-            // Best effort: a cache that cannot be written costs a compile.
-            let _ = write_atomically(path, component.serialize().ok().as_deref());
+            let _ = write_atomically(path, serialize(&compiled).as_deref());
         }
-        Ok(component)
+        Ok(compiled)
     }
 
     fn cache_lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<Loaded>>> {
@@ -374,6 +369,13 @@ fn write_atomically(path: &Path, bytes: Option<&[u8]>) -> std::io::Result<()> {
     std::fs::rename(&tmp, path).inspect_err(|_| {
         let _ = std::fs::remove_file(&tmp);
     })
+}
+
+fn malformed(what: &str, e: &wasmtime::Error) -> ModuleError {
+    ModuleError::Malformed {
+        what: what.to_string(),
+        detail: format!("{e:#}"),
+    }
 }
 
 /// A module's length and [`sample_hash`].
