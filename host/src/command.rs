@@ -1,8 +1,8 @@
 //! WASI command programs as steps: a program with a `main`, in any language
 //! that targets WASI, run without component tooling of the step world.
 //!
-//! - Its stdin is the run's input: a JSON string as its text, any other JSON
-//!   document as itself.
+//! - Its stdin is the run's input: a JSON string as its text, `null` (no
+//!   input given) as nothing, any other JSON document as itself.
 //! - Its stdout is the output: stdout that is a JSON document is the output
 //!   as it is, any other text becomes a JSON string.
 //! - Its exit status is kept with the run; a non-zero status fails the step.
@@ -47,6 +47,7 @@ pub fn wire_stdio(wasi: &mut WasiCtxBuilder, input: &str, stdout_max: u64) -> Me
 fn stdin_bytes(input: &str) -> Vec<u8> {
     match serde_json::from_str::<serde_json::Value>(input) {
         Ok(serde_json::Value::String(text)) => text.into_bytes(),
+        Ok(serde_json::Value::Null) => Vec::new(),
         _ => input.as_bytes().to_vec(),
     }
 }
@@ -106,7 +107,8 @@ mod tests {
     fn stdin_takes_a_json_string_as_text_and_other_json_as_is() {
         assert_eq!(stdin_bytes(r#""exit=3""#), b"exit=3");
         assert_eq!(stdin_bytes(r#"{"a":1}"#), br#"{"a":1}"#);
-        assert_eq!(stdin_bytes("null"), b"null");
+        assert_eq!(stdin_bytes("null"), b"");
+        assert_eq!(stdin_bytes(" 7 "), b" 7 ");
     }
 
     #[test]
