@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use wasmtime::component::Linker;
 
-use crate::imports::random::{os_bytes, recorded_bytes};
+use crate::imports::random::recorded_random;
 use crate::imports::{StepState, as_u64, lock, observe, trap};
 use crate::journal::{Journal, Stop};
 
@@ -36,24 +36,16 @@ pub fn record_preview1_random_per_call(
          len: i32|
          -> wasmtime::Result<i32> {
             let journal = caller.data().journal.clone();
-            let max = lock(&journal).limits().payload_bytes_max;
-            let len = len as u32;
-            if u64::from(len) > max {
-                return Ok(INVAL);
-            }
-            let len = len as usize;
-            let value = observe(
-                &journal,
-                "wasi:random/random",
-                "get-bytes",
-                &len.to_string(),
-                || hex::encode(os_bytes(len)).into(),
-            )
-            .map_err(trap)?;
-            let bytes = recorded_bytes(&value, len).map_err(|stop| {
-                lock(&journal).set_stop(stop.clone());
-                trap(stop)
-            })?;
+            let bytes = match recorded_random(&journal, "wasi:random/random", u64::from(len as u32))
+            {
+                Ok(bytes) => bytes,
+                // Too many bytes asked: an error for the program, not a stop.
+                Err(Stop::Limit(_)) => return Ok(INVAL),
+                Err(stop) => {
+                    lock(&journal).set_stop(stop.clone());
+                    return Err(trap(stop));
+                }
+            };
             let Some(memory) = caller
                 .get_export("memory")
                 .and_then(wasmtime::Extern::into_memory)
@@ -91,22 +83,9 @@ pub fn record_random_bytes_per_call(linker: &mut Linker<StepState>) -> wasmtime:
             function,
             move |store: wasmtime::StoreContextMut<'_, StepState>, (len,): (u64,)| {
                 let state = store.data();
-                let max = lock(&state.journal).limits().payload_bytes_max;
-                if len > max {
-                    return Err(state.fail(Stop::Limit(format!(
-                        "{interface} asked for {len} bytes; payload_bytes_max is {max}"
-                    ))));
-                }
-                let len = usize::try_from(len).unwrap_or(usize::MAX);
-                let value = observe(
-                    &state.journal,
-                    interface,
-                    "get-bytes",
-                    &len.to_string(),
-                    || hex::encode(os_bytes(len)).into(),
-                )
-                .map_err(trap)?;
-                Ok((recorded_bytes(&value, len).map_err(|s| state.fail(s))?,))
+                recorded_random(&state.journal, interface, len)
+                    .map(|bytes| (bytes,))
+                    .map_err(|s| state.fail(s))
             },
         )?;
     }
@@ -174,14 +153,7 @@ pub struct RecordedRng {
 
 impl RecordedRng {
     fn bytes(&self, len: usize) -> Vec<u8> {
-        let result = observe(
-            &self.journal,
-            self.interface,
-            "get-bytes",
-            &len.to_string(),
-            || hex::encode(os_bytes(len)).into(),
-        )
-        .and_then(|v| recorded_bytes(&v, len));
+        let result = recorded_random(&self.journal, self.interface, len as u64);
         keep(&self.journal, result, vec![0; len])
     }
 }
