@@ -161,6 +161,11 @@ impl Sandbox {
         self.stephost(&["run", guest, "--input", input, "--run-id", run_id])
     }
 
+    /// [`Sandbox::run`] with a crash point armed.
+    pub fn run_crashing_at(&self, point: &str, guest: &str, input: &str, run_id: &str) -> Ran {
+        self.stephost_crashing_at(point, &["run", guest, "--input", input, "--run-id", run_id])
+    }
+
     /// `stephost show RUN --json`.
     pub fn show(&self, run_id: &str) -> Value {
         self.stephost(&["show", run_id, "--json"])

@@ -32,17 +32,7 @@ fn sends(show: &Value, seq: u64) -> usize {
 /// receiver hold at that moment with `at_crash`, resumes, and checks the end.
 fn crash_and_resume(point: &str, at_crash: impl Fn(&Sandbox, &Value)) {
     let sb = Sandbox::with_config(BIN, SUPPLIER_CONFIG);
-    let crashed = sb.stephost_crashing_at(
-        point,
-        &[
-            "run",
-            guests::SUPPLIER_ORDER,
-            "--input",
-            INPUT,
-            "--run-id",
-            "order-1",
-        ],
-    );
+    let crashed = sb.run_crashing_at(point, guests::SUPPLIER_ORDER, INPUT, "order-1");
     let name = point.split('@').next().unwrap();
     assert_eq!(
         crashed.signal,
@@ -116,16 +106,11 @@ fn crash_after_started_before_send_sends_the_order_once() {
 #[test]
 fn a_run_that_diverges_on_resume_leaves_its_in_flight_write_unknown() {
     let sb = Sandbox::with_config(BIN, SUPPLIER_CONFIG);
-    let crashed = sb.stephost_crashing_at(
+    let crashed = sb.run_crashing_at(
         &format!("after-started@{ORDER_SEQ}"),
-        &[
-            "run",
-            guests::SUPPLIER_ORDER,
-            "--input",
-            INPUT,
-            "--run-id",
-            "order-1",
-        ],
+        guests::SUPPLIER_ORDER,
+        INPUT,
+        "order-1",
     );
     assert_eq!(crashed.signal, Some(libc::SIGABRT), "{crashed:?}");
     // The recording no longer matches the step before its write, as if the
@@ -185,17 +170,7 @@ fn a_crash_in_the_middle_of_many_writes_leaves_one_effect_per_write() {
     // multi-write: write i is call 3i+3; crash while sending the second.
     for point in ["after-started@6", "after-send@6", "after-outcome@6"] {
         let sb = Sandbox::new(BIN);
-        let crashed = sb.stephost_crashing_at(
-            point,
-            &[
-                "run",
-                guests::MULTI_WRITE,
-                "--input",
-                r#"{"count":4}"#,
-                "--run-id",
-                "m",
-            ],
-        );
+        let crashed = sb.run_crashing_at(point, guests::MULTI_WRITE, r#"{"count":4}"#, "m");
         assert_eq!(crashed.signal, Some(libc::SIGABRT), "{crashed:?}");
         let before = sb.show("m");
         let resumed = sb.stephost(&["resume", "m"]);

@@ -51,17 +51,7 @@ fn run(sb: &Sandbox) -> stephost_tests::Ran {
 }
 
 fn crash(sb: &Sandbox, point: &str) {
-    let crashed = sb.stephost_crashing_at(
-        point,
-        &[
-            "run",
-            guests::SUPPLIER_ORDER,
-            "--input",
-            INPUT,
-            "--run-id",
-            "order-1",
-        ],
-    );
+    let crashed = sb.run_crashing_at(point, guests::SUPPLIER_ORDER, INPUT, "order-1");
     assert_eq!(crashed.signal, Some(libc::SIGABRT), "{crashed:?}");
     assert!(crashed.stderr.contains("crash point"), "{}", crashed.stderr);
 }
@@ -561,17 +551,7 @@ retry = {{ max_attempts = 3, initial_backoff_ms = 10 }}
         send.display(),
         lookup.display()
     ));
-    let crashed = sb.stephost_crashing_at(
-        "after-send@3",
-        &[
-            "run",
-            guests::MULTI_WRITE,
-            "--input",
-            r#"{"count":1}"#,
-            "--run-id",
-            "l",
-        ],
-    );
+    let crashed = sb.run_crashing_at("after-send@3", guests::MULTI_WRITE, r#"{"count":1}"#, "l");
     assert_eq!(crashed.signal, Some(libc::SIGABRT), "{crashed:?}");
     let resumed = sb.stephost(&["resume", "l"]);
     resumed.expect_code(0);

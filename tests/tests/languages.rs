@@ -131,10 +131,7 @@ fn behaves_like_the_rust_step(module: &str) {
     assert_eq!(rust.code, Some(0));
 
     let sb = Sandbox::with_config(BIN, SUPPLIER_CONFIG);
-    let crashed = sb.stephost_crashing_at(
-        "after-started",
-        &["run", module, "--input", INPUT, "--run-id", "order-1"],
-    );
+    let crashed = sb.run_crashing_at("after-started", module, INPUT, "order-1");
     assert_eq!(
         crashed.signal,
         Some(libc::SIGABRT),

@@ -211,16 +211,11 @@ fn a_long_sleep_survives_a_crash_releases_the_run_and_wakes_once() {
     let sb = Sandbox::new(BIN);
     // sleeper's calls: #1 write, #2 clock, #3 the sleep, #4 clock, #5 write.
     // Crash right after the sleep is recorded: its wake time is on disk.
-    let crashed = sb.stephost_crashing_at(
+    let crashed = sb.run_crashing_at(
         "after-started@3",
-        &[
-            "run",
-            guests::SLEEPER,
-            "--input",
-            r#"{"ms": 4000}"#,
-            "--run-id",
-            "long",
-        ],
+        guests::SLEEPER,
+        r#"{"ms": 4000}"#,
+        "long",
     );
     assert_eq!(crashed.signal, Some(libc::SIGABRT), "{crashed:?}");
     let resumed = sb.stephost(&["resume", "long"]);

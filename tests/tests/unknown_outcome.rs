@@ -21,17 +21,7 @@ const WRITE_SEQ: &str = "3";
 
 fn park(point: &str) -> Sandbox {
     let sb = Sandbox::with_config(BIN, BLIND_RECEIVER);
-    let crashed = sb.stephost_crashing_at(
-        point,
-        &[
-            "run",
-            guests::MULTI_WRITE,
-            "--input",
-            r#"{"count":1}"#,
-            "--run-id",
-            "u",
-        ],
-    );
+    let crashed = sb.run_crashing_at(point, guests::MULTI_WRITE, r#"{"count":1}"#, "u");
     assert_eq!(crashed.signal, Some(libc::SIGABRT), "{crashed:?}");
     let resumed = sb.stephost(&["resume", "u"]);
     resumed.expect_code(5);

@@ -75,17 +75,7 @@ path = "orders.jsonl"
     // Two interrupted runs: one stopped after its first write, one after its
     // second.
     for (id, point) in [("early", "after-outcome@3"), ("late", "after-outcome@6")] {
-        let crashed = sb.stephost_crashing_at(
-            point,
-            &[
-                "run",
-                guests::MULTI_WRITE,
-                "--input",
-                r#"{"count":3}"#,
-                "--run-id",
-                id,
-            ],
-        );
+        let crashed = sb.run_crashing_at(point, guests::MULTI_WRITE, r#"{"count":3}"#, id);
         assert_eq!(crashed.signal, Some(libc::SIGABRT), "{crashed:?}");
     }
     let digest = sb.show("early")["run"]["module_digest"]
@@ -169,16 +159,11 @@ fn verify_detects_a_tampered_recording() {
 #[test]
 fn resume_with_another_build_is_refused_naming_both() {
     let sb = Sandbox::new(BIN);
-    let crashed = sb.stephost_crashing_at(
+    let crashed = sb.run_crashing_at(
         "after-outcome@3",
-        &[
-            "run",
-            guests::MULTI_WRITE,
-            "--input",
-            r#"{"count":2}"#,
-            "--run-id",
-            "p",
-        ],
+        guests::MULTI_WRITE,
+        r#"{"count":2}"#,
+        "p",
     );
     assert_eq!(crashed.signal, Some(libc::SIGABRT));
     let pinned = sb.show("p")["run"]["module_digest"]
