@@ -61,6 +61,8 @@ struct Args {
     guest: PathBuf,
     cli: Option<PathBuf>,
     out: PathBuf,
+    /// Where the ledgers are created (a temporary folder inside it).
+    dir: Option<PathBuf>,
     /// Figures to run (1 to 7); all when empty.
     only: Vec<u32>,
 }
@@ -82,6 +84,7 @@ fn parse_args() -> Res<Args> {
         guest: root.join("target/guest-wasm/wasm32-wasip2/release/bench_guest.wasm"),
         cli: None,
         out: root.join("target/bench/results.json"),
+        dir: None,
         only: Vec::new(),
     };
     let mut it = std::env::args().skip(1);
@@ -95,6 +98,7 @@ fn parse_args() -> Res<Args> {
             "--guest" => args.guest = value("--guest")?,
             "--cli" => args.cli = Some(value("--cli")?),
             "--out" => args.out = value("--out")?,
+            "--dir" => args.dir = Some(value("--dir")?),
             "--only" => {
                 let list = it
                     .next()
@@ -110,7 +114,7 @@ fn parse_args() -> Res<Args> {
             "-h" | "--help" => {
                 println!(
                     "usage: stephost-bench [--guest bench_guest.wasm] [--cli path/to/stephost] \
-                     [--out results.json] [--only 1,5]\nSee bench/README.md."
+                     [--out results.json] [--dir DIR] [--only 1,5]\nSee bench/README.md."
                 );
                 std::process::exit(0);
             }
@@ -130,7 +134,7 @@ fn main_inner() -> Res<()> {
         )
     })?;
     let root = workspace_root();
-    let scratch = root.join("target");
+    let scratch = args.dir.clone().unwrap_or_else(|| root.join("target"));
     std::fs::create_dir_all(&scratch)?;
     // The ledgers live on the same disk as the repository (not /tmp, which
     // may be a tmpfs where fsync costs nothing).

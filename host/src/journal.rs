@@ -146,6 +146,14 @@ pub trait LiveCall {
     fn reconciles_writes(&self) -> bool {
         false
     }
+
+    /// Whether sending this write again with the same operation id cannot
+    /// act twice (the receiver deduplicates). Such a write's outcome rides
+    /// on the next commit instead of a commit of its own: if the process
+    /// dies first, resume resends it and the receiver answers as before.
+    fn resend_is_harmless(&self) -> bool {
+        false
+    }
 }
 
 /// A call whose value is computed in-process (clock, random, denials).
@@ -321,6 +329,9 @@ pub struct Journal {
     counters: Counters,
     /// Writes not yet committed: they ride on the next commit.
     pending: Vec<WriteOp>,
+    /// Whether `pending` may hold the outcome of a write (to a receiver
+    /// that deduplicates), which is committed before a read leaves.
+    outcome_pending: bool,
     /// The chain link of the last finished call (see `ledger::chain`).
     last_chain: String,
     control: Option<std::sync::Arc<RunControl>>,
@@ -366,6 +377,7 @@ impl Journal {
             recording_complete: false,
             counters: Counters::new(),
             pending: Vec::new(),
+            outcome_pending: false,
             last_chain: String::new(),
             control: None,
             started: std::time::Instant::now(),
@@ -630,6 +642,13 @@ impl Journal {
             // Reads: buffered too; if the process dies first, the read is
             // simply performed again.
             CallClass::Read => {
+                // A read may take long (an LLM, a slow API): a write's
+                // outcome waiting in memory is committed before it leaves,
+                // so that a crash during the read does not lose it.
+                if self.outcome_pending {
+                    Self::flush_into(ledger.as_mut(), claim, &mut self.pending)?;
+                    self.outcome_pending = false;
+                }
                 crash::point("after-started", seq);
                 // The row is written finished, with its attempts after it
                 // (they refer to it), all riding on the next commit.
@@ -711,7 +730,18 @@ impl Journal {
                     now_ms: crate::clock::now_ms(),
                     chain,
                 });
-                Self::flush_into(ledger.as_mut(), claim, &mut self.pending)?;
+                // To a deduplicating receiver, the outcome rides on the
+                // next commit (the next write's fsync'd `started`, a read,
+                // the run's end). Anything that depends on it and leaves
+                // the host goes after that commit; a crash before it leaves
+                // the call `started`, and resume resends it with the same
+                // operation id. Otherwise it is committed now (no fsync):
+                // it survives the process, so resume finds it recorded.
+                if live.resend_is_harmless() {
+                    self.outcome_pending = true;
+                } else {
+                    Self::flush_into(ledger.as_mut(), claim, &mut self.pending)?;
+                }
                 crash::point("after-outcome", seq);
                 outcome
             }
@@ -811,6 +841,7 @@ impl Journal {
 
     /// Commits the buffered writes (no fsync unless one of them is durable).
     pub fn flush(&mut self) -> Result<(), Stop> {
+        self.outcome_pending = false;
         match &mut self.mode {
             Mode::Live { ledger, claim } => {
                 Self::flush_into(ledger.as_mut(), claim, &mut self.pending)

@@ -323,6 +323,10 @@ impl LiveCall for EffectCall<'_> {
         true
     }
 
+    fn resend_is_harmless(&self) -> bool {
+        self.effect.handler.idempotent()
+    }
+
     fn reconcile(&mut self, op: &OpContext, attempts: &mut Attempts<'_>) -> Reconciled {
         attempts.count("reconciliation_total");
         // The class recorded with the call decides, not today's configuration.

@@ -84,6 +84,20 @@ impl SqliteLedger {
     }
 
     fn migrate(&mut self, from: i64) -> Result<(), LedgerError> {
+        if from >= schema::current_version() {
+            return Ok(());
+        }
+        // A migration that rebuilds a table drops the old one, which
+        // foreign keys would refuse. The pragma cannot change inside a
+        // transaction, so it is off around the migrations, and each one
+        // checks every reference before it commits.
+        self.conn.pragma_update(None, "foreign_keys", "OFF")?;
+        let migrated = self.migrate_from(from);
+        self.conn.pragma_update(None, "foreign_keys", "ON")?;
+        migrated
+    }
+
+    fn migrate_from(&mut self, from: i64) -> Result<(), LedgerError> {
         for (index, sql) in schema::MIGRATIONS.iter().enumerate().skip(from as usize) {
             let tx = self
                 .conn
@@ -95,6 +109,16 @@ impl SqliteLedger {
                 continue;
             }
             tx.execute_batch(sql)?;
+            let broken: Option<String> = tx
+                .query_row("PRAGMA foreign_key_check", [], |r| r.get(0))
+                .optional()?;
+            if let Some(table) = broken {
+                return Err(LedgerError::Corrupt(format!(
+                    "migrating the ledger to schema v{} found a row of `{table}` that refers \
+                     to a missing row; the ledger was left at v{index}",
+                    index + 1
+                )));
+            }
             tx.pragma_update(None, "application_id", APPLICATION_ID)?;
             tx.pragma_update(None, "user_version", index as i64 + 1)?;
             tx.commit()?;
@@ -617,7 +641,7 @@ impl Ledger for SqliteLedger {
              status = CASE WHEN status IN ('pending', 'waiting') THEN 'running' ELSE status END, \
              wake_at = NULL \
              WHERE run_id = ?4 AND version = ?5 \
-             AND status NOT IN ('completed', 'failed', 'diverged')",
+             AND status <> 'completed' AND status <> 'failed' AND status <> 'diverged'",
             params![owner, lease_until_ms, now_ms, run_id, current.version],
         )?;
         if changed == 0 {
@@ -1000,6 +1024,84 @@ mod tests {
             .query_row("PRAGMA user_version", [], |r| r.get(0))
             .unwrap();
         assert_eq!(version, schema::current_version());
+    }
+
+    #[test]
+    fn a_v2_ledger_is_migrated_with_its_rows_checks_and_references() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("v2.db");
+        {
+            let conn = Connection::open(&path).unwrap();
+            for sql in &schema::MIGRATIONS[..2] {
+                conn.execute_batch(sql).unwrap();
+            }
+            conn.pragma_update(None, "application_id", APPLICATION_ID)
+                .unwrap();
+            conn.pragma_update(None, "user_version", 2).unwrap();
+            conn.execute_batch(
+                "INSERT INTO modules VALUES ('d1', x'0061736d', 4, 1);
+                 INSERT INTO runs (run_id, module_digest, input, status, output, created_at,
+                     updated_at, version, fence, world, exit_code)
+                 VALUES ('r1', 'd1', '{}', 'completed', '7', 1, 2, 3, 4, 'w', 0);
+                 INSERT INTO calls (run_id, seq, class, interface, function, operation_id,
+                     request, request_hash, state, outcome, started_at, finished_at, fence, chain)
+                 VALUES ('r1', 1, 'write', 'i', 'f', 'op1', '{}', 'h', 'succeeded',
+                     '{\"ok\":1}', 1, 2, 4, 'c1');
+                 INSERT INTO attempts VALUES ('r1', 1, 1, 'send', 1, 2, 'ok', NULL, 4);
+                 INSERT INTO logs (run_id, after_seq, level, message, at)
+                     VALUES ('r1', 1, 'info', 'hello', 2);",
+            )
+            .unwrap();
+        }
+        let mut ledger = SqliteLedger::open(&path).unwrap();
+        let version: i64 = ledger
+            .conn
+            .query_row("PRAGMA user_version", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(version, schema::current_version());
+        let run = ledger.run("r1").unwrap();
+        assert_eq!(
+            (run.status, run.output.as_deref(), run.exit_code, run.fence),
+            (RunStatus::Completed, Some("7"), Some(0), 4)
+        );
+        let calls = ledger.calls("r1").unwrap();
+        assert_eq!(calls.len(), 1);
+        assert_eq!(calls[0].operation_id, "op1");
+        assert_eq!(calls[0].chain.as_deref(), Some("c1"));
+        assert_eq!(ledger.attempts("r1").unwrap().len(), 1);
+        assert_eq!(ledger.logs("r1").unwrap()[0].message, "hello");
+        // The rebuilt tables still refuse what they refused before.
+        let bad_state = ledger.conn.execute(
+            "UPDATE calls SET state = 'maybe' WHERE run_id = 'r1' AND seq = 1",
+            [],
+        );
+        assert!(bad_state.is_err(), "a bad call state was accepted");
+        let bad_status = ledger
+            .conn
+            .execute("UPDATE runs SET status = 'sleeping' WHERE run_id = 'r1'", []);
+        assert!(bad_status.is_err(), "a bad run status was accepted");
+        let orphan = ledger.conn.execute(
+            "INSERT INTO calls (run_id, seq, class, interface, function, operation_id, \
+             request, request_hash, state, started_at, fence) \
+             VALUES ('nobody', 1, 'read', 'i', 'f', 'op', '{}', 'h', 'started', 1, 1)",
+            [],
+        );
+        assert!(orphan.is_err(), "foreign keys are off after the migration");
+        // And the ledger works as usual.
+        ledger
+            .create_run(NewRun {
+                world: crate::engine::WORLD,
+                durable: true,
+                run_id: "r2",
+                module_digest: "d1",
+                step: None,
+                input: "{}",
+                now_ms: 3,
+            })
+            .unwrap();
+        let claim = claim_fresh(&mut ledger, "r2", "me");
+        assert_eq!(claim.fence, 1);
+        assert_eq!(ledger.runs(None).unwrap().len(), 2);
     }
 
     #[test]

@@ -1,0 +1,42 @@
+//! One workload of the bench in a loop, for profilers:
+//! `cargo build -p stephost-bench --example hot && perf record target/debug/examples/hot write 2000 10 /dev/shm`.
+//! Arguments: mode (`write`, `read`, `observe`, `none`), calls per run, runs,
+//! and the folder for the ledger (default `target`). Prints µs per call.
+
+use std::time::Instant;
+
+use stephost::config::Config;
+use stephost::runner::{Host, HostOptions, RunReport};
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let mode = args.first().map_or("write", String::as_str);
+    let count: u64 = args.get(1).map_or(Ok(2000), |s| s.parse())?;
+    let runs: u32 = args.get(2).map_or(Ok(10), |s| s.parse())?;
+    let dir = args.get(3).map_or("target", String::as_str);
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let module = std::fs::read(root.join("target/guest-wasm/wasm32-wasip2/release/bench_guest.wasm"))?;
+    let config = Config::parse(
+        "[limits]\ncalls_max = 10000000\n[effects.\"noop.write\"]\nkind = \"echo\"\nclass = \"write\"\n\
+         [effects.\"noop.read\"]\nkind = \"echo\"\nclass = \"read\"\n",
+    )?;
+    let options = HostOptions {
+        limits: config.limits.clone(),
+        effects: config.effects()?,
+        ..HostOptions::default()
+    };
+    let tmp = tempfile::tempdir_in(dir)?;
+    let mut host = Host::open(&tmp.path().join("hot.db"), options)?;
+    let input = serde_json::json!({"mode": mode, "count": count}).to_string();
+    let run = |host: &mut Host| -> Result<RunReport, Box<dyn std::error::Error>> {
+        Ok(host.run(&module, "bench_guest.wasm", &input, None)?)
+    };
+    run(&mut host)?;
+    let t = Instant::now();
+    for _ in 0..runs {
+        run(&mut host)?;
+    }
+    let per = t.elapsed().as_secs_f64() * 1e6 / (runs as f64 * count.max(1) as f64);
+    println!("{mode}: {per:.2} µs per call ({runs} runs of {count})");
+    Ok(())
+}
