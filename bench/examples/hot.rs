@@ -32,11 +32,17 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         Ok(host.run(&module, "bench_guest.wasm", &input, None)?)
     };
     run(&mut host)?;
-    let t = Instant::now();
+    let mut per = Vec::new();
     for _ in 0..runs {
+        let t = Instant::now();
         run(&mut host)?;
+        per.push(t.elapsed().as_secs_f64() * 1e6 / count.max(1) as f64);
     }
-    let per = t.elapsed().as_secs_f64() * 1e6 / (runs as f64 * count.max(1) as f64);
-    println!("{mode}: {per:.2} µs per call ({runs} runs of {count})");
+    per.sort_by(f64::total_cmp);
+    println!(
+        "{mode}: µs per call: min {:.2}, median {:.2} ({runs} runs of {count})",
+        per[0],
+        per[per.len() / 2]
+    );
     Ok(())
 }
