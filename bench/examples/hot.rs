@@ -1,12 +1,14 @@
 //! One workload of the bench in a loop, for profilers:
 //! `cargo build -p stephost-bench --example hot && perf record target/debug/examples/hot write 2000 10 /dev/shm`.
-//! Arguments: mode (`write`, `read`, `observe`, `none`), calls per run, runs,
+//! Arguments: mode (`write`, `read`, `observe`, `none`, or `replay`: one
+//! recorded run of clock calls replayed again and again; `load`: its calls
+//! read out of the ledger again and again), calls per run, runs,
 //! and the folder for the ledger (default `target`). Prints µs per call.
 
 use std::time::Instant;
 
 use stephost::config::Config;
-use stephost::runner::{Host, HostOptions, RunReport};
+use stephost::runner::{Host, HostOptions};
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -27,11 +29,25 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     };
     let tmp = tempfile::tempdir_in(dir)?;
     let mut host = Host::open(&tmp.path().join("hot.db"), options)?;
-    let input = serde_json::json!({"mode": mode, "count": count}).to_string();
-    let run = |host: &mut Host| -> Result<RunReport, Box<dyn std::error::Error>> {
-        Ok(host.run(&module, "bench_guest.wasm", &input, None)?)
+    let guest_mode = if mode == "replay" || mode == "load" {
+        "observe"
+    } else {
+        mode
     };
-    run(&mut host)?;
+    let input = serde_json::json!({"mode": guest_mode, "count": count}).to_string();
+    let recorded = host.run(&module, "bench_guest.wasm", &input, None)?;
+    let reader = stephost::ledger::SqliteLedger::open(&tmp.path().join("hot.db"))?;
+    let run = |host: &mut Host| -> Result<(), Box<dyn std::error::Error>> {
+        if mode == "load" {
+            use stephost::ledger::Ledger;
+            reader.calls(&recorded.run_id)?;
+        } else if mode == "replay" {
+            host.replay(&recorded.run_id, None)?;
+        } else {
+            host.run(&module, "bench_guest.wasm", &input, None)?;
+        }
+        Ok(())
+    };
     let mut per = Vec::new();
     for _ in 0..runs {
         let t = Instant::now();

@@ -718,8 +718,16 @@ impl Ledger for SqliteLedger {
         let mut stmt = self.conn.prepare_cached(&format!(
             "SELECT {CALL_COLUMNS} FROM calls WHERE run_id = ?1 ORDER BY seq"
         ))?;
-        let rows = stmt.query_map([run_id], call_from_row)?;
-        let calls: Vec<CallRecord> = rows.collect::<Result<_, _>>()?;
+        // Sized up front: a long run has 100,000s of calls, and growing the
+        // vector by doubling copies them and faults in fresh pages again.
+        let last: Option<i64> = self
+            .conn
+            .prepare_cached("SELECT max(seq) FROM calls WHERE run_id = ?1")?
+            .query_row([run_id], |r| r.get(0))?;
+        let mut calls = Vec::with_capacity(last.unwrap_or(0).clamp(0, 1 << 24) as usize);
+        for call in stmt.query_map([run_id], call_from_row)? {
+            calls.push(call?);
+        }
         // Sequence numbers must be 1..=n without gaps; anything else is damage.
         for (index, call) in calls.iter().enumerate() {
             if call.seq != index as u64 + 1 {
