@@ -17,7 +17,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let runs: u32 = args.get(2).map_or(Ok(10), |s| s.parse())?;
     let dir = args.get(3).map_or("target", String::as_str);
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-    let module = std::fs::read(root.join("target/guest-wasm/wasm32-wasip2/release/bench_guest.wasm"))?;
+    let module =
+        std::fs::read(root.join("target/guest-wasm/wasm32-wasip2/release/bench_guest.wasm"))?;
     let config = Config::parse(
         "[limits]\ncalls_max = 10000000\n[effects.\"noop.write\"]\nkind = \"echo\"\nclass = \"write\"\n\
          [effects.\"noop.read\"]\nkind = \"echo\"\nclass = \"read\"\n",

@@ -345,13 +345,19 @@ impl Host {
         loaded: &Loaded,
         control: Option<Arc<RunControl>>,
     ) -> Result<(Box<dyn Ledger>, Result<RunReport, HostError>), Box<dyn Ledger>> {
-        let loaded_history = ledger.calls(&run.run_id).and_then(|calls| {
-            Ok((
-                calls,
-                ledger.logs(&run.run_id)?,
-                ledger.attempts(&run.run_id)?,
-            ))
-        });
+        // Every ledger write needs a claim, so a run claimed for the first
+        // time (fencing token 1) has recorded nothing: no history to read.
+        let loaded_history = if claim.fence == 1 {
+            Ok((Vec::new(), Vec::new(), Vec::new()))
+        } else {
+            ledger.calls(&run.run_id).and_then(|calls| {
+                Ok((
+                    calls,
+                    ledger.logs(&run.run_id)?,
+                    ledger.attempts(&run.run_id)?,
+                ))
+            })
+        };
         let (history, logs, attempts) = match loaded_history {
             Ok(v) => v,
             Err(e) => return Ok((ledger, Err(e.into()))),
@@ -419,15 +425,13 @@ impl Host {
         let end = match stop {
             Some(Stop::Fenced(m)) => return Ok((ledger, Err(HostError::Fenced(m)))),
             Some(Stop::Released { .. }) => {
+                pending.push(WriteOp::Counters(counters));
                 let released = ledger
                     .commit(&claim, &pending)
                     .and_then(|()| ledger.release(&claim))
                     .map_err(HostError::from)
                     .and_then(|()| Ok(ledger.run(&run.run_id)?))
                     .map(|record| RunReport::from_record(&record, stats));
-                if released.is_ok() {
-                    let _ = ledger.add_counters(&counters);
-                }
                 return Ok((ledger, released));
             }
             Some(Stop::Suspended { wake_at_ms, .. }) => {
@@ -435,14 +439,12 @@ impl Host {
                     wake_at_ms,
                     now_ms: crate::clock::now_ms(),
                 });
+                pending.push(WriteOp::Counters(counters));
                 let suspended = ledger
                     .commit(&claim, &pending)
                     .map_err(HostError::from)
                     .and_then(|()| Ok(ledger.run(&run.run_id)?))
                     .map(|record| RunReport::from_record(&record, stats));
-                if suspended.is_ok() {
-                    let _ = ledger.add_counters(&counters);
-                }
                 return Ok((ledger, suspended));
             }
             Some(Stop::Ledger(m)) => return Ok((ledger, Err(HostError::LedgerWrite(m)))),
@@ -498,17 +500,14 @@ impl Host {
                 },
             },
         };
-        // The end rides with every buffered write in one durable commit.
+        // The end rides with every buffered write, and the execution's
+        // metric counters, in one durable commit.
         pending.push(WriteOp::Finish(end, crate::clock::now_ms()));
+        pending.push(WriteOp::Counters(counters));
         let finished = ledger
             .commit(&claim, &pending)
             .map_err(HostError::from)
             .and_then(|()| Ok(ledger.run(&run.run_id)?));
-        // Metrics are best effort (a failure to count never fails a run),
-        // and count only executions whose end was recorded.
-        if finished.is_ok() {
-            let _ = ledger.add_counters(&counters);
-        }
         let report = finished.map(|record| RunReport::from_record(&record, stats));
         Ok((ledger, report))
     }

@@ -151,17 +151,77 @@ fn crash_after_the_receiver_committed_reconciles_the_receipt() {
 }
 
 #[test]
-fn crash_after_the_outcome_is_recorded_replays_it() {
+fn crash_after_the_outcome_of_a_deduplicated_write_settles_it_with_the_receiver() {
+    // The supplier deduplicates by operation id, so the order's outcome
+    // rides on the next commit (here, the run's end) instead of a commit
+    // of its own: the crash finds it `started`, and resume asks the
+    // supplier instead of ordering again.
     crash_and_resume(&format!("after-outcome@{ORDER_SEQ}"), |sb, show| {
-        assert_eq!(calls(show)[ORDER_SEQ as usize - 1]["state"], "succeeded");
+        assert_eq!(calls(show)[ORDER_SEQ as usize - 1]["state"], "started");
         assert_eq!(sb.received("supplier-orders.jsonl").len(), 1);
     });
+    let sb = Sandbox::with_config(BIN, SUPPLIER_CONFIG);
+    sb.run_crashing_at(
+        &format!("after-outcome@{ORDER_SEQ}"),
+        guests::SUPPLIER_ORDER,
+        INPUT,
+        "order-1",
+    );
+    sb.stephost(&["resume", "order-1"]).expect_code(0);
+    let after = sb.show("order-1");
+    let lookups: Vec<&Value> = attempts_for(&after, ORDER_SEQ)
+        .into_iter()
+        .filter(|a| a["kind"] == "lookup")
+        .collect();
+    assert_eq!(lookups.len(), 1, "{after:#}");
+    assert_eq!(lookups[0]["result"], "found");
+}
+
+#[test]
+fn crash_after_the_outcome_of_a_write_that_cannot_be_resent_finds_it_recorded() {
+    // A receiver that does not deduplicate: the outcome is committed before
+    // the guest sees it, so the crash cannot lose it and resume needs no
+    // lookup.
+    let config = SUPPLIER_CONFIG.to_string() + "deduplicate = false\n";
+    let sb = Sandbox::with_config(BIN, &config);
+    let crashed = sb.run_crashing_at(
+        &format!("after-outcome@{ORDER_SEQ}"),
+        guests::SUPPLIER_ORDER,
+        INPUT,
+        "order-1",
+    );
+    assert_eq!(crashed.signal, Some(libc::SIGABRT), "{crashed:?}");
+    let before = sb.show("order-1");
+    assert_eq!(calls(&before)[ORDER_SEQ as usize - 1]["state"], "succeeded");
+    let resumed = sb.stephost(&["resume", "order-1"]);
+    resumed.expect_code(0);
+    assert_eq!(resumed.json(), reference_output());
+    assert_eq!(sb.received("supplier-orders.jsonl").len(), 1);
+    let after = sb.show("order-1");
+    assert!(
+        attempts_for(&after, ORDER_SEQ)
+            .iter()
+            .all(|a| a["kind"] == "send"),
+        "{after:#}"
+    );
+    assert_eq!(
+        calls(&before)[ORDER_SEQ as usize - 1],
+        calls(&after)[ORDER_SEQ as usize - 1]
+    );
 }
 
 #[test]
 fn crash_before_complete_finishes_without_new_calls() {
     crash_and_resume("before-complete", |_, show| {
-        assert!(calls(show).iter().all(|c| c["state"] == "succeeded"));
+        // Everything but the order's outcome, which rides with the end.
+        for call in calls(show) {
+            let expected = if call["seq"] == ORDER_SEQ {
+                "started"
+            } else {
+                "succeeded"
+            };
+            assert_eq!(call["state"], expected, "{call:#}");
+        }
     });
 }
 

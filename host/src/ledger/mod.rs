@@ -376,6 +376,9 @@ pub enum WriteOp {
         wake_at_ms: Option<i64>,
         now_ms: i64,
     },
+    /// Metric counters of an execution, added in the commit that records
+    /// how it ended (so an execution is counted once, with its end).
+    Counters(crate::journal::Counters),
 }
 
 /// The storage interface of the ledger. One implementation per database.

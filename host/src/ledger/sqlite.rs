@@ -44,6 +44,9 @@ impl SqliteLedger {
         )
         .map_err(|e| not_a_ledger(&shown, e))?;
         conn.busy_timeout(Duration::from_millis(BUSY_TIMEOUT_MS))?;
+        // Every statement on the hot paths is prepared once and kept; the
+        // default cache of 16 would evict some of them.
+        conn.set_prepared_statement_cache_capacity(64);
         // Reading the header is the first thing that fails on a non-database file.
         let app_id: i64 = conn
             .query_row("PRAGMA application_id", [], |r| r.get(0))
@@ -148,12 +151,8 @@ impl SqliteLedger {
             .any(|(_, ops)| ops.iter().any(WriteOp::durable));
         let begin = self
             .set_sync(if durable { Sync::Full } else { Sync::Normal })
-            .and_then(|()| {
-                Ok(self
-                    .conn
-                    .transaction_with_behavior(TransactionBehavior::Immediate)?)
-            });
-        let mut tx = match begin {
+            .and_then(|()| WriteTx::begin(&self.conn));
+        let tx = match begin {
             Ok(tx) => tx,
             Err(e) => {
                 let message = e.to_string();
@@ -165,15 +164,13 @@ impl SqliteLedger {
         };
         let mut results = Vec::with_capacity(batch.len());
         for (claim, ops) in batch {
-            let result = tx.savepoint().map_err(LedgerError::from).and_then(|sp| {
-                check_fence(&sp, claim)?;
+            results.push(tx.in_savepoint(|conn| {
+                check_fence(conn, claim)?;
                 for op in *ops {
-                    op.apply(&sp, claim)?;
+                    op.apply(conn, claim)?;
                 }
-                sp.commit()?;
                 Ok(())
-            });
-            results.push(result);
+            }));
         }
         if let Err(e) = tx.commit() {
             let message = e.to_string();
@@ -183,6 +180,59 @@ impl SqliteLedger {
                 .collect();
         }
         results
+    }
+}
+
+/// A write transaction begun and ended by statements prepared once per
+/// connection (`rusqlite::Transaction` parses its `BEGIN` and `COMMIT` text
+/// each time, a few µs per commit on the hot path). Dropped without
+/// `commit`, it rolls back.
+struct WriteTx<'c> {
+    conn: &'c Connection,
+    open: bool,
+}
+
+impl<'c> WriteTx<'c> {
+    fn begin(conn: &'c Connection) -> Result<Self, LedgerError> {
+        conn.prepare_cached("BEGIN IMMEDIATE")?.execute([])?;
+        Ok(WriteTx { conn, open: true })
+    }
+
+    fn commit(mut self) -> Result<(), LedgerError> {
+        self.conn.prepare_cached("COMMIT")?.execute([])?;
+        self.open = false;
+        Ok(())
+    }
+
+    /// Runs `f` in a savepoint: its writes are kept if it succeeds and
+    /// undone, leaving the rest of the transaction as it was, if it fails.
+    fn in_savepoint(
+        &self,
+        f: impl FnOnce(&Connection) -> Result<(), LedgerError>,
+    ) -> Result<(), LedgerError> {
+        self.conn.prepare_cached("SAVEPOINT job")?.execute([])?;
+        let result = f(self.conn);
+        if result.is_err() {
+            self.conn.prepare_cached("ROLLBACK TO job")?.execute([])?;
+        }
+        self.conn.prepare_cached("RELEASE job")?.execute([])?;
+        result
+    }
+}
+
+impl std::ops::Deref for WriteTx<'_> {
+    type Target = Connection;
+
+    fn deref(&self) -> &Connection {
+        self.conn
+    }
+}
+
+impl Drop for WriteTx<'_> {
+    fn drop(&mut self) {
+        if self.open && !self.conn.is_autocommit() {
+            let _ = self.conn.execute_batch("ROLLBACK");
+        }
     }
 }
 
@@ -294,6 +344,7 @@ impl WriteOp {
                 ])?;
                 Ok(())
             }
+            WriteOp::Counters(counters) => add_counters(conn, counters),
             WriteOp::Suspend { wake_at_ms, now_ms } => {
                 conn.prepare_cached(
                     "UPDATE runs SET status = 'waiting', wake_at = ?1, updated_at = ?2, \
@@ -419,6 +470,11 @@ fn check_fence(tx: &Connection, claim: &Claim) -> Result<(), LedgerError> {
     }
 }
 
+/// The statement that reads one run (prepared once per connection).
+const SELECT_RUN: &str = "SELECT run_id, module_digest, input, status, output, error, created_at, \
+     updated_at, version, owner, lease_until, fence, wake_at, world, step, exit_code \
+     FROM runs WHERE run_id = ?1";
+
 const RUN_COLUMNS: &str = "run_id, module_digest, input, status, output, error, created_at, \
      updated_at, version, owner, lease_until, fence, wake_at, world, step, exit_code";
 
@@ -475,6 +531,17 @@ fn bad_value(column: usize, value: &str) -> rusqlite::Error {
     )
 }
 
+fn add_counters(conn: &Connection, counters: &crate::journal::Counters) -> Result<(), LedgerError> {
+    for (name, by) in counters {
+        conn.prepare_cached(
+            "INSERT INTO counters (name, value) VALUES (?1, ?2) \
+             ON CONFLICT (name) DO UPDATE SET value = value + excluded.value",
+        )?
+        .execute(params![name, by])?;
+    }
+    Ok(())
+}
+
 fn insert_call(tx: &Connection, claim: &Claim, call: &CallRecord) -> Result<(), LedgerError> {
     tx.prepare_cached(
         "INSERT INTO calls (run_id, seq, class, interface, function, operation_id, request, \
@@ -521,11 +588,8 @@ impl Ledger for SqliteLedger {
 
     fn module(&self, digest: &str) -> Result<Vec<u8>, LedgerError> {
         self.conn
-            .query_row(
-                "SELECT bytes FROM modules WHERE digest = ?1",
-                [digest],
-                |r| r.get(0),
-            )
+            .prepare_cached("SELECT bytes FROM modules WHERE digest = ?1")?
+            .query_row([digest], |r| r.get(0))
             .optional()?
             .ok_or_else(|| LedgerError::UnknownModule(digest.to_string()))
     }
@@ -536,15 +600,10 @@ impl Ledger for SqliteLedger {
         } else {
             Sync::Normal
         })?;
-        let tx = self
-            .conn
-            .transaction_with_behavior(TransactionBehavior::Immediate)?;
+        let tx = WriteTx::begin(&self.conn)?;
         let existing = tx
-            .query_row(
-                &format!("SELECT {RUN_COLUMNS} FROM runs WHERE run_id = ?1"),
-                [run.run_id],
-                run_from_row,
-            )
+            .prepare_cached(SELECT_RUN)?
+            .query_row([run.run_id], run_from_row)
             .optional()?;
         let record = match existing {
             Some(found) => {
@@ -556,24 +615,37 @@ impl Ledger for SqliteLedger {
                 found
             }
             None => {
-                tx.execute(
+                tx.prepare_cached(
                     "INSERT INTO runs (run_id, module_digest, input, status, created_at, \
                      updated_at, version, fence, world, step) \
                      VALUES (?1, ?2, ?3, 'pending', ?4, ?4, 0, 0, ?5, ?6)",
-                    params![
-                        run.run_id,
-                        run.module_digest,
-                        run.input,
-                        run.now_ms,
-                        run.world,
-                        run.step
-                    ],
-                )?;
-                tx.query_row(
-                    &format!("SELECT {RUN_COLUMNS} FROM runs WHERE run_id = ?1"),
-                    [run.run_id],
-                    run_from_row,
                 )?
+                .execute(params![
+                    run.run_id,
+                    run.module_digest,
+                    run.input,
+                    run.now_ms,
+                    run.world,
+                    run.step
+                ])?;
+                RunRecord {
+                    run_id: run.run_id.to_string(),
+                    module_digest: run.module_digest.to_string(),
+                    input: run.input.to_string(),
+                    status: RunStatus::Pending,
+                    output: None,
+                    error: None,
+                    created_at_ms: run.now_ms,
+                    updated_at_ms: run.now_ms,
+                    version: 0,
+                    owner: None,
+                    lease_until_ms: None,
+                    fence: 0,
+                    wake_at_ms: None,
+                    world: run.world.to_string(),
+                    step: run.step.map(str::to_string),
+                    exit_code: None,
+                }
             }
         };
         tx.commit()?;
@@ -582,11 +654,8 @@ impl Ledger for SqliteLedger {
 
     fn run(&self, run_id: &str) -> Result<RunRecord, LedgerError> {
         self.conn
-            .query_row(
-                &format!("SELECT {RUN_COLUMNS} FROM runs WHERE run_id = ?1"),
-                [run_id],
-                run_from_row,
-            )
+            .prepare_cached(SELECT_RUN)?
+            .query_row([run_id], run_from_row)
             .optional()?
             .ok_or_else(|| LedgerError::UnknownRun(run_id.to_string()))
     }
@@ -635,15 +704,23 @@ impl Ledger for SqliteLedger {
         // commit, and nothing leaves the host before that.
         self.set_sync(Sync::Normal)?;
         let lease_until_ms = now_ms + lease_ms;
-        let changed = self.conn.execute(
-            "UPDATE runs SET owner = ?1, lease_until = ?2, fence = fence + 1, \
+        let changed = self
+            .conn
+            .prepare_cached(
+                "UPDATE runs SET owner = ?1, lease_until = ?2, fence = fence + 1, \
              version = version + 1, updated_at = ?3, \
              status = CASE WHEN status IN ('pending', 'waiting') THEN 'running' ELSE status END, \
              wake_at = NULL \
              WHERE run_id = ?4 AND version = ?5 \
              AND status <> 'completed' AND status <> 'failed' AND status <> 'diverged'",
-            params![owner, lease_until_ms, now_ms, run_id, current.version],
-        )?;
+            )?
+            .execute(params![
+                owner,
+                lease_until_ms,
+                now_ms,
+                run_id,
+                current.version
+            ])?;
         if changed == 0 {
             let found = self.run(run_id)?;
             return Err(LedgerError::VersionConflict {
@@ -663,10 +740,12 @@ impl Ledger for SqliteLedger {
 
     fn release(&mut self, claim: &Claim) -> Result<(), LedgerError> {
         self.set_sync(Sync::Normal)?;
-        self.conn.execute(
-            "UPDATE runs SET owner = NULL, lease_until = NULL WHERE run_id = ?1 AND fence = ?2",
-            params![claim.run_id, claim.fence],
-        )?;
+        self.conn
+            .prepare_cached(
+                "UPDATE runs SET owner = NULL, lease_until = NULL \
+                 WHERE run_id = ?1 AND fence = ?2",
+            )?
+            .execute(params![claim.run_id, claim.fence])?;
         Ok(())
     }
 
@@ -742,7 +821,7 @@ impl Ledger for SqliteLedger {
     }
 
     fn attempts(&self, run_id: &str) -> Result<Vec<AttemptRecord>, LedgerError> {
-        let mut stmt = self.conn.prepare(
+        let mut stmt = self.conn.prepare_cached(
             "SELECT seq, attempt, kind, started_at, finished_at, result, detail FROM attempts \
              WHERE run_id = ?1 ORDER BY seq, attempt",
         )?;
@@ -761,7 +840,7 @@ impl Ledger for SqliteLedger {
     }
 
     fn logs(&self, run_id: &str) -> Result<Vec<LogRecord>, LedgerError> {
-        let mut stmt = self.conn.prepare(
+        let mut stmt = self.conn.prepare_cached(
             "SELECT after_seq, level, message, at FROM logs WHERE run_id = ?1 ORDER BY id",
         )?;
         let rows = stmt.query_map([run_id], |r| {
@@ -784,15 +863,12 @@ impl Ledger for SqliteLedger {
         } else {
             Sync::Normal
         })?;
-        let tx = self
-            .conn
-            .transaction_with_behavior(TransactionBehavior::Immediate)?;
+        let tx = WriteTx::begin(&self.conn)?;
         check_fence(&tx, claim)?;
         for op in ops {
             op.apply(&tx, claim)?;
         }
-        tx.commit()?;
-        Ok(())
+        tx.commit()
     }
 
     fn decide_approval(
@@ -943,13 +1019,7 @@ impl Ledger for SqliteLedger {
         let tx = self
             .conn
             .transaction_with_behavior(TransactionBehavior::Immediate)?;
-        for (name, by) in counters {
-            tx.prepare_cached(
-                "INSERT INTO counters (name, value) VALUES (?1, ?2) \
-                 ON CONFLICT (name) DO UPDATE SET value = value + excluded.value",
-            )?
-            .execute(params![name, by])?;
-        }
+        add_counters(&tx, counters)?;
         tx.commit()?;
         Ok(())
     }
@@ -1084,9 +1154,10 @@ mod tests {
             [],
         );
         assert!(bad_state.is_err(), "a bad call state was accepted");
-        let bad_status = ledger
-            .conn
-            .execute("UPDATE runs SET status = 'sleeping' WHERE run_id = 'r1'", []);
+        let bad_status = ledger.conn.execute(
+            "UPDATE runs SET status = 'sleeping' WHERE run_id = 'r1'",
+            [],
+        );
         assert!(bad_status.is_err(), "a bad run status was accepted");
         let orphan = ledger.conn.execute(
             "INSERT INTO calls (run_id, seq, class, interface, function, operation_id, \
