@@ -334,6 +334,10 @@ pub struct Journal {
     outcome_pending: bool,
     /// The chain link of the last finished call (see `ledger::chain`).
     last_chain: String,
+    /// When the last finished call was replayed: its index in `history`,
+    /// whose link is copied into `last_chain` only if a live call follows
+    /// (a replay of 100,000 calls need not copy 100,000 links).
+    chain_at: Option<usize>,
     control: Option<std::sync::Arc<RunControl>>,
     started: std::time::Instant,
     /// When the lease was last renewed by this execution.
@@ -379,6 +383,7 @@ impl Journal {
             pending: Vec::new(),
             outcome_pending: false,
             last_chain: String::new(),
+            chain_at: None,
             control: None,
             started: std::time::Instant::now(),
             lease_checked: std::time::Instant::now(),
@@ -531,7 +536,7 @@ impl Journal {
             return match recorded.state {
                 CallState::Succeeded | CallState::Failed => {
                     self.stats.replayed += 1;
-                    self.last_chain = recorded.chain.clone().unwrap_or_default();
+                    self.chain_at = Some(seq as usize - 1);
                     if recorded.class == CallClass::Write && matches!(self.mode, Mode::Live { .. })
                     {
                         *self
@@ -548,6 +553,7 @@ impl Journal {
                 }),
                 CallState::Started => {
                     let recorded = recorded.clone();
+                    self.follow_recorded_chain();
                     if !matches!(self.mode, Mode::Live { .. }) {
                         return Err(in_flight_in_replay(seq));
                     }
@@ -568,6 +574,7 @@ impl Journal {
             self.first_live_after
                 .get_or_insert_with(|| self.started.elapsed());
         }
+        self.follow_recorded_chain();
         let run_id = self.run_id.clone();
         let Mode::Live { ledger, claim } = &mut self.mode else {
             if self.recording_complete {
@@ -751,6 +758,13 @@ impl Journal {
         }
         self.stats.live += 1;
         Ok(outcome)
+    }
+
+    /// Makes the link of the last replayed call the one the next call follows.
+    fn follow_recorded_chain(&mut self) {
+        if let Some(index) = self.chain_at.take() {
+            self.last_chain = self.history[index].chain.clone().unwrap_or_default();
+        }
     }
 
     /// The chain link of `call` finished with `state` and `outcome`, if the

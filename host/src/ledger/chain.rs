@@ -38,7 +38,7 @@ pub fn link_finished(
         h.update((field.len() as u64).to_le_bytes());
         h.update(field);
     }
-    hex::encode(h.finalize())
+    crate::ids::to_hex(&h.finalize())
 }
 
 /// Checks the chain of a run's calls (in order). Returns the number of
