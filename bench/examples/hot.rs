@@ -26,6 +26,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let options = HostOptions {
         limits: config.limits.clone(),
         effects: config.effects()?,
+        instance_pool: if std::env::var_os("NO_POOL").is_some() {
+            0
+        } else {
+            4
+        },
         ..HostOptions::default()
     };
     let tmp = tempfile::tempdir_in(dir)?;

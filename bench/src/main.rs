@@ -305,6 +305,9 @@ fn host_options(config: &Config) -> HostOptions {
             .effects()
             .expect("the bench configuration was checked at start"),
         log_sink: None,
+        // A long-lived host, as an embedding would run it: instances come
+        // from a pool (figure 5's worker sizes its own).
+        instance_pool: 4,
         ..HostOptions::default()
     }
 }

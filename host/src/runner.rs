@@ -42,6 +42,20 @@ pub struct HostOptions {
     /// Where compiled components are kept between processes (`None`: only
     /// in memory).
     pub cache_dir: Option<std::path::PathBuf>,
+    /// Instances to keep in a pool for reuse (see
+    /// [`crate::engine::InstancePool`]); 0 allocates each run's instance on
+    /// its own, which suits a process that executes one run.
+    pub instance_pool: u32,
+}
+
+impl HostOptions {
+    /// The instance pool these options ask for, if any.
+    pub fn instance_pool(&self) -> Option<crate::engine::InstancePool> {
+        (self.instance_pool > 0).then(|| crate::engine::InstancePool {
+            instances: self.instance_pool,
+            memory_bytes_max: self.limits.memory_bytes_max,
+        })
+    }
 }
 
 impl Default for HostOptions {
@@ -53,6 +67,7 @@ impl Default for HostOptions {
             owner: crate::owner::this_process(),
             log_sink: None,
             cache_dir: None,
+            instance_pool: 0,
         }
     }
 }
@@ -118,7 +133,10 @@ impl Host {
     pub fn open(db: &Path, options: HostOptions) -> Result<Self, HostError> {
         let ledger = SqliteLedger::open(db)?;
         Ok(Host {
-            engine: Arc::new(StepEngine::with_disk_cache(options.cache_dir.as_deref())?),
+            engine: Arc::new(StepEngine::with_options(
+                options.cache_dir.as_deref(),
+                options.instance_pool(),
+            )?),
             ledger: Some(Box::new(ledger)),
             options,
         })

@@ -74,8 +74,13 @@ pub fn run(
     options: &WorkerOptions,
     shutdown: &AtomicBool,
 ) -> Result<WorkerReport, HostError> {
-    let engine = Arc::new(StepEngine::with_disk_cache(
-        make_options().cache_dir.as_deref(),
+    // A worker lives for many runs: their instances come from a pool with
+    // a slot for each run it may hold at once (and one for a replay).
+    let mut host_options = make_options();
+    host_options.instance_pool = options.concurrency as u32 + 1;
+    let engine = Arc::new(StepEngine::with_options(
+        host_options.cache_dir.as_deref(),
+        host_options.instance_pool(),
     )?);
     let mut ledger = SqliteLedger::open(db)?;
     // With several runs at once, their writes share transactions and fsyncs.

@@ -194,6 +194,19 @@ fn behaves_like_the_rust_step(module: &str) {
     ran.expect_code(0);
     assert_eq!(ran.json(), rust_enough.output);
     assert_eq!(sb.received("supplier-orders.jsonl").len(), 1);
+
+    // A worker, whose instances come from a pool with fixed limits, runs
+    // it the same way.
+    let sb = Sandbox::with_config(BIN, SUPPLIER_CONFIG);
+    sb.stephost(&["submit", module, "--input", INPUT, "--run-id", "order-1"])
+        .expect_code(0);
+    sb.stephost(&["worker", "--exit-when-idle"]).expect_code(0);
+    let show = sb.show("order-1");
+    assert_eq!(show["run"]["status"], "completed", "{show:#}");
+    let output: Value =
+        serde_json::from_str(show["run"]["output"].as_str().expect("output")).expect("JSON");
+    assert_eq!(output, rust.output);
+    assert_eq!(sb.received("supplier-orders.jsonl").len(), 1);
 }
 
 #[test]
