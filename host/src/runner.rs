@@ -51,7 +51,7 @@ pub struct HostOptions {
 impl HostOptions {
     /// The instance pool these options ask for, if any.
     pub fn instance_pool(&self) -> Option<crate::engine::InstancePool> {
-        (self.instance_pool > 0).then(|| crate::engine::InstancePool {
+        (self.instance_pool > 0).then_some(crate::engine::InstancePool {
             instances: self.instance_pool,
             memory_bytes_max: self.limits.memory_bytes_max,
         })

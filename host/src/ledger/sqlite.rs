@@ -586,7 +586,7 @@ fn insert_calls(
             "INSERT INTO calls (run_id, seq, class, interface, function, operation_id, \
              request, request_hash, state, outcome, started_at, finished_at, fence, chain) \
              VALUES {}",
-            vec![row; CALL_CHUNK].join(", ")
+            [row; CALL_CHUNK].join(", ")
         )
     });
     let mut stmt = conn.prepare_cached(sql)?;
