@@ -108,21 +108,33 @@ pub struct InstancePool {
 }
 
 impl InstancePool {
+    /// The largest memory a pool slot holds: wasmtime's default address
+    /// space reservation per memory. Runs allowed more go without a pool.
+    pub const MEMORY_BYTES_MAX: u64 = 4 << 30;
+
     fn config(&self) -> PoolingAllocationConfig {
+        use crate::runner::{INSTANCES_MAX, MEMORIES_MAX, TABLE_ELEMENTS_MAX, TABLES_MAX};
         let n = self.instances.max(1);
+        let per = |limit: usize| u32::try_from(limit).unwrap_or(u32::MAX);
         let mut pool = PoolingAllocationConfig::new();
-        // Generous per-component limits: a component of another language
-        // (CPython, QuickJS, their WASI adapters) holds a dozen core
-        // instances and tables of tens of thousands of functions.
+        // Each slot can hold a component as large as a run may create
+        // (the store limits of `runner::invoke`), so a component that runs
+        // without a pool runs in one: another language's runtime (CPython,
+        // QuickJS, their WASI adapters) holds a dozen core instances and
+        // tables of tens of thousands of functions.
         pool.total_component_instances(n)
-            .total_core_instances(n.saturating_mul(32))
-            .total_memories(n.saturating_mul(8))
-            .total_tables(n.saturating_mul(32))
-            .max_tables_per_module(8)
-            .table_elements(200_000)
+            .total_core_instances(n.saturating_mul(per(INSTANCES_MAX)))
+            .total_memories(n.saturating_mul(per(MEMORIES_MAX)))
+            .total_tables(n.saturating_mul(per(TABLES_MAX)))
+            .max_memories_per_module(per(MEMORIES_MAX))
+            .max_tables_per_module(per(TABLES_MAX))
+            .table_elements(TABLE_ELEMENTS_MAX)
             .max_core_instance_size(8 << 20)
             .max_component_instance_size(8 << 20)
-            .max_memory_size(usize::try_from(self.memory_bytes_max).unwrap_or(usize::MAX));
+            .max_memory_size(
+                usize::try_from(self.memory_bytes_max.min(Self::MEMORY_BYTES_MAX))
+                    .unwrap_or(usize::MAX),
+            );
         pool
     }
 }
@@ -517,6 +529,23 @@ fn find_section<'a>(bin: &'a [u8], name: &[u8], depth: u32) -> Option<&'a [u8]> 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_pool_is_built_for_the_run_limits_and_left_out_above_what_a_slot_holds() {
+        let mut options = crate::runner::HostOptions {
+            instance_pool: 3,
+            ..Default::default()
+        };
+        let pool = options.instance_pool().expect("a pool");
+        assert_eq!(pool.instances, 3);
+        assert!(StepEngine::with_options(None, Some(pool)).is_ok());
+        // More memory than a slot holds: no pool, rather than no engine.
+        options.limits.memory_bytes_max = 8 << 30;
+        assert_eq!(options.instance_pool(), None);
+        options.limits.memory_bytes_max = 256 << 20;
+        options.instance_pool = 0;
+        assert_eq!(options.instance_pool(), None);
+    }
 
     #[test]
     fn the_declared_step_is_found_in_a_nested_core_module() {

@@ -650,8 +650,11 @@ impl Journal {
             // simply performed again.
             CallClass::Read => {
                 // A read may take long (an LLM, a slow API): a write's
-                // outcome waiting in memory is committed before it leaves,
-                // so that a crash during the read does not lose it.
+                // outcome waiting in memory is committed before it leaves
+                // (in a worker, queued to the committer, which applies it
+                // within milliseconds), so that a crash during a long read
+                // does not lose it. Were it lost, resume would resend the
+                // write, which its receiver deduplicates.
                 if self.outcome_pending {
                     Self::flush_into(ledger.as_mut(), claim, &mut self.pending)?;
                     self.outcome_pending = false;

@@ -49,9 +49,11 @@ pub struct HostOptions {
 }
 
 impl HostOptions {
-    /// The instance pool these options ask for, if any.
+    /// The instance pool these options ask for, if any. A limit on memory
+    /// above what a pool slot holds turns the pool off.
     pub fn instance_pool(&self) -> Option<crate::engine::InstancePool> {
-        (self.instance_pool > 0).then_some(crate::engine::InstancePool {
+        let fits = self.limits.memory_bytes_max <= crate::engine::InstancePool::MEMORY_BYTES_MAX;
+        (self.instance_pool > 0 && fits).then_some(crate::engine::InstancePool {
             instances: self.instance_pool,
             memory_bytes_max: self.limits.memory_bytes_max,
         })
@@ -820,13 +822,13 @@ fn diverged(
 }
 
 /// Most linear memories one run's component may create.
-const MEMORIES_MAX: usize = 8;
+pub(crate) const MEMORIES_MAX: usize = 8;
 /// Most tables one run's component may create.
-const TABLES_MAX: usize = 64;
+pub(crate) const TABLES_MAX: usize = 64;
 /// Most core instances one run's component may create.
-const INSTANCES_MAX: usize = 64;
+pub(crate) const INSTANCES_MAX: usize = 64;
 /// Most elements a table may grow to.
-const TABLE_ELEMENTS_MAX: usize = 1_000_000;
+pub(crate) const TABLE_ELEMENTS_MAX: usize = 1_000_000;
 
 /// What a step returned (its output or error message), or the trap that
 /// ended it.

@@ -174,6 +174,10 @@ impl Ledger for GroupLedger {
     }
 
     fn release(&mut self, claim: &Claim) -> Result<(), LedgerError> {
+        // The writes queued before must land first: once the claim is
+        // released another worker may claim the run, and they would then
+        // be fenced off and lost.
+        self.settle()?;
         self.direct.release(claim)
     }
 
@@ -331,5 +335,43 @@ mod tests {
         for claim in &claims {
             assert_eq!(setup.calls(&claim.run_id).unwrap().len(), 20);
         }
+    }
+
+    #[test]
+    fn writes_queued_before_a_release_land_before_another_can_claim() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = dir.path().join("l.db");
+        let mut setup = SqliteLedger::open(&db).unwrap();
+        setup.put_module("d", b"\0asm").unwrap();
+        setup
+            .create_run(NewRun {
+                world: crate::engine::WORLD,
+                durable: false,
+                run_id: "r",
+                module_digest: "d",
+                step: None,
+                input: "{}",
+                now_ms: 1,
+            })
+            .unwrap();
+        let claim = setup.claim("r", "w", 60_000, 2, &|_| true).unwrap();
+        let committer = GroupCommitter::start(&db).unwrap();
+        let mut ledger = GroupLedger::new(SqliteLedger::open(&db).unwrap(), committer.handle());
+        // Not durable, so queued without waiting.
+        let logs: Vec<WriteOp> = (0..200)
+            .map(|i| {
+                WriteOp::Log(LogRecord {
+                    after_seq: 0,
+                    level: "info".into(),
+                    message: format!("line {i}"),
+                    at_ms: 3,
+                })
+            })
+            .collect();
+        ledger.commit(&claim, &logs).unwrap();
+        ledger.release(&claim).unwrap();
+        // Whoever claims the run next finds every queued write in place.
+        setup.claim("r", "next", 60_000, 4, &|_| true).unwrap();
+        assert_eq!(setup.logs("r").unwrap().len(), 200);
     }
 }

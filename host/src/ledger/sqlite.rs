@@ -164,10 +164,22 @@ impl SqliteLedger {
         };
         let mut results = Vec::with_capacity(batch.len());
         for (claim, ops) in batch {
-            results.push(tx.in_savepoint(|conn| {
+            let job = tx.in_savepoint(|conn| {
                 check_fence(conn, claim)?;
                 apply_all(conn, claim, ops)
-            }));
+            });
+            match job {
+                Ok(result) => results.push(result),
+                // An error that ended the whole transaction (a full disk,
+                // an I/O error) took every job before this one with it.
+                Err(e) => {
+                    let message = e.to_string();
+                    return batch
+                        .iter()
+                        .map(|_| Err(LedgerError::Batch(message.clone())))
+                        .collect();
+                }
+            }
         }
         if let Err(e) = tx.commit() {
             let message = e.to_string();
@@ -203,17 +215,29 @@ impl<'c> WriteTx<'c> {
 
     /// Runs `f` in a savepoint: its writes are kept if it succeeds and
     /// undone, leaving the rest of the transaction as it was, if it fails.
+    /// The outer error means the transaction cannot go on (the savepoint
+    /// could not be set or undone, or the error ended the transaction):
+    /// nothing in it may be committed.
     fn in_savepoint(
         &self,
         f: impl FnOnce(&Connection) -> Result<(), LedgerError>,
-    ) -> Result<(), LedgerError> {
+    ) -> Result<Result<(), LedgerError>, LedgerError> {
         self.conn.prepare_cached("SAVEPOINT job")?.execute([])?;
         let result = f(self.conn);
-        if result.is_err() {
-            self.conn.prepare_cached("ROLLBACK TO job")?.execute([])?;
+        if let Err(e) = &result
+            && (self.conn.is_autocommit()
+                || self
+                    .conn
+                    .prepare_cached("ROLLBACK TO job")
+                    .and_then(|mut undo| undo.execute([]))
+                    .is_err())
+        {
+            return Err(LedgerError::Batch(format!(
+                "a failed write could not be undone alone: {e}"
+            )));
         }
         self.conn.prepare_cached("RELEASE job")?.execute([])?;
-        result
+        Ok(result)
     }
 }
 
@@ -878,7 +902,9 @@ impl Ledger for SqliteLedger {
             .conn
             .prepare_cached("SELECT max(seq) FROM calls WHERE run_id = ?1")?
             .query_row([run_id], |r| r.get(0))?;
-        let mut calls = Vec::with_capacity(last.unwrap_or(0).clamp(0, 1 << 24) as usize);
+        // (Capped: a damaged row's huge seq must end in `Corrupt` below, not
+        // in a failed allocation.)
+        let mut calls = Vec::with_capacity(last.unwrap_or(0).clamp(0, 1 << 20) as usize);
         for call in stmt.query_map([run_id], call_from_row)? {
             calls.push(call?);
         }
