@@ -183,33 +183,26 @@ impl Host {
         input: &str,
         run_id: Option<&str>,
     ) -> Result<RunRecord, HostError> {
-        Ok(self.submit_loaded(module, what, input, run_id, true)?.0)
+        let (loaded, run_id) = self.store_module(module, what, input, run_id)?;
+        Ok(self
+            .ledger_mut()
+            .create_run(new_run(&loaded, &run_id, input, true))?)
     }
 
-    fn submit_loaded(
+    /// Checks the input, loads the module and keeps its bytes in the
+    /// ledger; the run id to use.
+    fn store_module(
         &mut self,
         module: &[u8],
         what: &str,
         input: &str,
         run_id: Option<&str>,
-        durable: bool,
-    ) -> Result<(RunRecord, Arc<Loaded>), HostError> {
+    ) -> Result<(Arc<Loaded>, String), HostError> {
         check_json(input, "input", &self.options.limits)?;
         let loaded = self.engine.load(module, what)?;
         let run_id = run_id.map(str::to_string).unwrap_or_else(ids::new_run_id);
-        let now = crate::clock::now_ms();
-        let ledger = self.ledger_mut();
-        ledger.put_module(&loaded.digest, module)?;
-        let run = ledger.create_run(NewRun {
-            run_id: &run_id,
-            module_digest: &loaded.digest,
-            step: loaded.step.as_deref(),
-            world: loaded.world(),
-            durable,
-            input,
-            now_ms: now,
-        })?;
-        Ok((run, loaded))
+        self.ledger_mut().put_module(&loaded.digest, module)?;
+        Ok((loaded, run_id))
     }
 
     /// Starts a new run of `module` (or continues the run `run_id` if it
@@ -221,11 +214,21 @@ impl Host {
         input: &str,
         run_id: Option<&str>,
     ) -> Result<RunReport, HostError> {
-        let (run, loaded) = self.submit_loaded(module, what, input, run_id, false)?;
-        if run.status.is_final() {
+        let (loaded, run_id) = self.store_module(module, what, input, run_id)?;
+        let owner = self.options.owner.clone();
+        let lease_ms = self.options.lease_ms;
+        // A new run is created already claimed: one transaction, not two.
+        let (run, claim) = self.ledger_mut().create_claimed(
+            new_run(&loaded, &run_id, input, false),
+            &owner,
+            lease_ms,
+            &crate::owner::is_alive,
+        )?;
+        let Some(claim) = claim else {
             return Ok(RunReport::from_record(&run, Stats::default()));
-        }
-        self.claim_and_execute(run, loaded)
+        };
+        crash::point("after-claim", 0);
+        self.execute_with(&run, claim, &loaded, None)
     }
 
     /// Continues an interrupted run: replays its recorded calls, reconciles
@@ -819,6 +822,19 @@ fn diverged(
         ));
     }
     RunEnd::Diverged { error }
+}
+
+/// The ledger row of a new run of `loaded`.
+fn new_run<'a>(loaded: &'a Loaded, run_id: &'a str, input: &'a str, durable: bool) -> NewRun<'a> {
+    NewRun {
+        run_id,
+        module_digest: &loaded.digest,
+        step: loaded.step.as_deref(),
+        world: loaded.world(),
+        durable,
+        input,
+        now_ms: crate::clock::now_ms(),
+    }
 }
 
 /// Most linear memories one run's component may create.

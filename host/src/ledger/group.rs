@@ -153,6 +153,17 @@ impl Ledger for GroupLedger {
         self.direct.create_run(run)
     }
 
+    fn create_claimed(
+        &mut self,
+        run: NewRun<'_>,
+        owner: &str,
+        lease_ms: i64,
+        owner_alive: &dyn Fn(&str) -> bool,
+    ) -> Result<(RunRecord, Option<Claim>), LedgerError> {
+        self.direct
+            .create_claimed(run, owner, lease_ms, owner_alive)
+    }
+
     fn run(&self, run_id: &str) -> Result<RunRecord, LedgerError> {
         self.direct.run(run_id)
     }

@@ -390,6 +390,26 @@ pub trait Ledger: Send {
     /// Inserts a run with status `pending` and no owner. Inserting the same
     /// run id with the same module and input again returns the existing run.
     fn create_run(&mut self, run: NewRun<'_>) -> Result<RunRecord, LedgerError>;
+
+    /// Creates a run and claims it for `owner` (see [`Ledger::claim`]): a
+    /// new run is inserted already claimed, in one transaction instead of
+    /// two. A finished run is returned without a claim.
+    fn create_claimed(
+        &mut self,
+        run: NewRun<'_>,
+        owner: &str,
+        lease_ms: i64,
+        owner_alive: &dyn Fn(&str) -> bool,
+    ) -> Result<(RunRecord, Option<Claim>), LedgerError> {
+        let now_ms = run.now_ms;
+        let record = self.create_run(run)?;
+        if record.status.is_final() {
+            return Ok((record, None));
+        }
+        let claim = self.claim(&record.run_id, owner, lease_ms, now_ms, owner_alive)?;
+        Ok((record, Some(claim)))
+    }
+
     fn run(&self, run_id: &str) -> Result<RunRecord, LedgerError>;
     fn runs(&self, status: Option<RunStatus>) -> Result<Vec<RunRecord>, LedgerError>;
 

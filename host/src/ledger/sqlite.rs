@@ -555,6 +555,73 @@ fn bad_value(column: usize, value: &str) -> rusqlite::Error {
     )
 }
 
+/// The run `run` names, if it exists with the same module and input; a
+/// different run under the same id is refused.
+fn existing_run(conn: &Connection, run: &NewRun<'_>) -> Result<Option<RunRecord>, LedgerError> {
+    let found = conn
+        .prepare_cached(SELECT_RUN)?
+        .query_row([run.run_id], run_from_row)
+        .optional()?;
+    match found {
+        Some(found) if found.module_digest != run.module_digest || found.input != run.input => {
+            Err(LedgerError::RunExists {
+                run_id: run.run_id.to_string(),
+            })
+        }
+        found => Ok(found),
+    }
+}
+
+/// Inserts a new run: pending, or running under `claim` (the first claim
+/// of a run, as `claim` would take it: version and fencing token 1).
+fn insert_run(
+    conn: &Connection,
+    run: &NewRun<'_>,
+    claim: Option<&Claim>,
+) -> Result<RunRecord, LedgerError> {
+    let (status, version) = match claim {
+        Some(_) => (RunStatus::Running, 1),
+        None => (RunStatus::Pending, 0),
+    };
+    let owner = claim.map(|c| c.owner.clone());
+    let lease_until_ms = claim.map(|c| c.lease_until_ms);
+    conn.prepare_cached(
+        "INSERT INTO runs (run_id, module_digest, input, status, created_at, updated_at, \
+         version, owner, lease_until, fence, world, step) \
+         VALUES (?1, ?2, ?3, ?4, ?5, ?5, ?6, ?7, ?8, ?6, ?9, ?10)",
+    )?
+    .execute(params![
+        run.run_id,
+        run.module_digest,
+        run.input,
+        status.as_str(),
+        run.now_ms,
+        version,
+        owner,
+        lease_until_ms,
+        run.world,
+        run.step
+    ])?;
+    Ok(RunRecord {
+        run_id: run.run_id.to_string(),
+        module_digest: run.module_digest.to_string(),
+        input: run.input.to_string(),
+        status,
+        output: None,
+        error: None,
+        created_at_ms: run.now_ms,
+        updated_at_ms: run.now_ms,
+        version,
+        owner,
+        lease_until_ms,
+        fence: version,
+        wake_at_ms: None,
+        world: run.world.to_string(),
+        step: run.step.map(str::to_string),
+        exit_code: None,
+    })
+}
+
 fn add_counters(conn: &Connection, counters: &crate::journal::Counters) -> Result<(), LedgerError> {
     for (name, by) in counters {
         conn.prepare_cached(
@@ -700,55 +767,45 @@ impl Ledger for SqliteLedger {
             Sync::Normal
         })?;
         let tx = WriteTx::begin(&self.conn)?;
-        let existing = tx
-            .prepare_cached(SELECT_RUN)?
-            .query_row([run.run_id], run_from_row)
-            .optional()?;
-        let record = match existing {
-            Some(found) => {
-                if found.module_digest != run.module_digest || found.input != run.input {
-                    return Err(LedgerError::RunExists {
-                        run_id: run.run_id.to_string(),
-                    });
-                }
-                found
-            }
-            None => {
-                tx.prepare_cached(
-                    "INSERT INTO runs (run_id, module_digest, input, status, created_at, \
-                     updated_at, version, fence, world, step) \
-                     VALUES (?1, ?2, ?3, 'pending', ?4, ?4, 0, 0, ?5, ?6)",
-                )?
-                .execute(params![
-                    run.run_id,
-                    run.module_digest,
-                    run.input,
-                    run.now_ms,
-                    run.world,
-                    run.step
-                ])?;
-                RunRecord {
-                    run_id: run.run_id.to_string(),
-                    module_digest: run.module_digest.to_string(),
-                    input: run.input.to_string(),
-                    status: RunStatus::Pending,
-                    output: None,
-                    error: None,
-                    created_at_ms: run.now_ms,
-                    updated_at_ms: run.now_ms,
-                    version: 0,
-                    owner: None,
-                    lease_until_ms: None,
-                    fence: 0,
-                    wake_at_ms: None,
-                    world: run.world.to_string(),
-                    step: run.step.map(str::to_string),
-                    exit_code: None,
-                }
-            }
+        let record = match existing_run(&tx, &run)? {
+            Some(found) => found,
+            None => insert_run(&tx, &run, None)?,
         };
         tx.commit()?;
         Ok(record)
+    }
+
+    fn create_claimed(
+        &mut self,
+        run: NewRun<'_>,
+        owner: &str,
+        lease_ms: i64,
+        owner_alive: &dyn Fn(&str) -> bool,
+    ) -> Result<(RunRecord, Option<Claim>), LedgerError> {
+        self.set_sync(if run.durable {
+            Sync::Full
+        } else {
+            Sync::Normal
+        })?;
+        let tx = WriteTx::begin(&self.conn)?;
+        if let Some(found) = existing_run(&tx, &run)? {
+            tx.commit()?;
+            if found.status.is_final() {
+                return Ok((found, None));
+            }
+            let claim = self.claim(&found.run_id, owner, lease_ms, run.now_ms, owner_alive)?;
+            return Ok((found, Some(claim)));
+        }
+        let claim = Claim {
+            run_id: run.run_id.to_string(),
+            owner: owner.to_string(),
+            fence: 1,
+            lease_ms,
+            lease_until_ms: run.now_ms + lease_ms,
+        };
+        let record = insert_run(&tx, &run, Some(&claim))?;
+        tx.commit()?;
+        Ok((record, Some(claim)))
     }
 
     fn run(&self, run_id: &str) -> Result<RunRecord, LedgerError> {
@@ -1351,6 +1408,51 @@ mod tests {
         let again: Vec<WriteOp> = (20..=27).map(|s| WriteOp::Call(observe(s))).collect();
         assert!(ledger.commit(&claim, &again).is_err());
         assert_eq!(ledger.calls("r1").unwrap().len(), 23);
+    }
+
+    #[test]
+    fn a_new_run_is_created_claimed_and_an_existing_one_claimed_as_usual() {
+        let (_dir, mut ledger) = new_ledger();
+        ledger.put_module("d1", b"\0asm").unwrap();
+        let new_run = |now_ms| NewRun {
+            world: crate::engine::WORLD,
+            durable: false,
+            run_id: "r1",
+            module_digest: "d1",
+            step: None,
+            input: "{}",
+            now_ms,
+        };
+        let (run, claim) = ledger
+            .create_claimed(new_run(10), "a", 30_000, &|_| true)
+            .unwrap();
+        let claim = claim.expect("a claim");
+        assert_eq!((claim.fence, claim.lease_until_ms), (1, 30_010));
+        // What the ledger holds is what was returned, and what a claim of a
+        // pending run would have written.
+        assert_eq!(ledger.run("r1").unwrap(), run);
+        assert_eq!(run.status, RunStatus::Running);
+        assert_eq!(
+            (run.owner.as_deref(), run.version, run.fence),
+            (Some("a"), 1, 1)
+        );
+        // The same run again, while its owner lives: refused.
+        let err = ledger
+            .create_claimed(new_run(20), "b", 30_000, &|_| true)
+            .unwrap_err();
+        assert!(matches!(err, LedgerError::ClaimedElsewhere { .. }), "{err}");
+        // Its owner gone: taken over with the next fencing token.
+        let (_, taken) = ledger
+            .create_claimed(new_run(30), "b", 30_000, &|_| false)
+            .unwrap();
+        assert_eq!(taken.expect("a claim").fence, 2);
+        // Another run under the same id is refused.
+        let mut other = new_run(40);
+        other.input = "{\"x\":1}";
+        let err = ledger
+            .create_claimed(other, "b", 30_000, &|_| true)
+            .unwrap_err();
+        assert!(matches!(err, LedgerError::RunExists { .. }), "{err}");
     }
 
     #[test]
