@@ -25,6 +25,13 @@ enum Sync {
     Full,
 }
 
+impl Sync {
+    /// `Full` (an fsync at commit) for a commit that must be durable.
+    fn when(durable: bool) -> Self {
+        if durable { Sync::Full } else { Sync::Normal }
+    }
+}
+
 pub struct SqliteLedger {
     conn: Connection,
     path: PathBuf,
@@ -149,46 +156,35 @@ impl SqliteLedger {
         let durable = batch
             .iter()
             .any(|(_, ops)| ops.iter().any(WriteOp::durable));
-        let begin = self
-            .set_sync(if durable { Sync::Full } else { Sync::Normal })
-            .and_then(|()| WriteTx::begin(&self.conn));
-        let tx = match begin {
-            Ok(tx) => tx,
-            Err(e) => {
-                let message = e.to_string();
-                return batch
-                    .iter()
-                    .map(|_| Err(LedgerError::Batch(message.clone())))
-                    .collect();
-            }
-        };
-        let mut results = Vec::with_capacity(batch.len());
-        for (claim, ops) in batch {
-            let job = tx.in_savepoint(|conn| {
-                check_fence(conn, claim)?;
-                apply_all(conn, claim, ops)
-            });
-            match job {
-                Ok(result) => results.push(result),
-                // An error that ended the whole transaction (a full disk,
-                // an I/O error) took every job before this one with it.
-                Err(e) => {
-                    let message = e.to_string();
-                    return batch
-                        .iter()
-                        .map(|_| Err(LedgerError::Batch(message.clone())))
-                        .collect();
-                }
-            }
-        }
-        if let Err(e) = tx.commit() {
+        self.apply_jobs(batch, durable).unwrap_or_else(|e| {
             let message = e.to_string();
-            return batch
+            batch
                 .iter()
                 .map(|_| Err(LedgerError::Batch(message.clone())))
-                .collect();
+                .collect()
+        })
+    }
+
+    /// The batch's transaction: each job's own result, or the error that
+    /// failed them all (the transaction could not begin, go on or commit).
+    fn apply_jobs(
+        &mut self,
+        batch: &[(&Claim, &[WriteOp])],
+        durable: bool,
+    ) -> Result<Vec<Result<(), LedgerError>>, LedgerError> {
+        self.set_sync(Sync::when(durable))?;
+        let tx = WriteTx::begin(&self.conn)?;
+        let mut results = Vec::with_capacity(batch.len());
+        for (claim, ops) in batch {
+            // An outer error ended the whole transaction (a full disk, an
+            // I/O error), and every job before this one with it.
+            results.push(tx.in_savepoint(|conn| {
+                check_fence(conn, claim)?;
+                apply_all(conn, claim, ops)
+            })?);
         }
-        results
+        tx.commit()?;
+        Ok(results)
     }
 }
 
@@ -761,11 +757,7 @@ impl Ledger for SqliteLedger {
     }
 
     fn create_run(&mut self, run: NewRun<'_>) -> Result<RunRecord, LedgerError> {
-        self.set_sync(if run.durable {
-            Sync::Full
-        } else {
-            Sync::Normal
-        })?;
+        self.set_sync(Sync::when(run.durable))?;
         let tx = WriteTx::begin(&self.conn)?;
         let record = match existing_run(&tx, &run)? {
             Some(found) => found,
@@ -782,11 +774,7 @@ impl Ledger for SqliteLedger {
         lease_ms: i64,
         owner_alive: &dyn Fn(&str) -> bool,
     ) -> Result<(RunRecord, Option<Claim>), LedgerError> {
-        self.set_sync(if run.durable {
-            Sync::Full
-        } else {
-            Sync::Normal
-        })?;
+        self.set_sync(Sync::when(run.durable))?;
         let tx = WriteTx::begin(&self.conn)?;
         if let Some(found) = existing_run(&tx, &run)? {
             tx.commit()?;
@@ -1016,11 +1004,7 @@ impl Ledger for SqliteLedger {
         if ops.is_empty() {
             return Ok(());
         }
-        self.set_sync(if ops.iter().any(WriteOp::durable) {
-            Sync::Full
-        } else {
-            Sync::Normal
-        })?;
+        self.set_sync(Sync::when(ops.iter().any(WriteOp::durable)))?;
         let tx = WriteTx::begin(&self.conn)?;
         check_fence(&tx, claim)?;
         apply_all(&tx, claim, ops)?;
