@@ -41,7 +41,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         mode
     };
     let input = serde_json::json!({"mode": guest_mode, "count": count}).to_string();
-    let recorded = host.run(&module, "bench_guest.wasm", &input, None)?;
+    let step = host.load(&module, "bench_guest.wasm")?;
+    let recorded = host.run_loaded(&step, &input, None)?;
     let reader = stephost::ledger::SqliteLedger::open(&tmp.path().join("hot.db"))?;
     let run = |host: &mut Host| -> Result<(), Box<dyn std::error::Error>> {
         if mode == "load" {
@@ -50,7 +51,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         } else if mode == "replay" {
             host.replay(&recorded.run_id, None)?;
         } else {
-            host.run(&module, "bench_guest.wasm", &input, None)?;
+            host.run_loaded(&step, &input, None)?;
         }
         Ok(())
     };

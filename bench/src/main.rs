@@ -514,6 +514,33 @@ impl Bench {
         let row = Row::new("4 start to guest's first call", first, "µs").over_floor(floor);
         self.rows.push(row.target("≤ 100 µs", first <= 100.0));
 
+        // The same with the step loaded once (`Host::load`), as an
+        // embedding starting many runs of one step would: no run looks at
+        // the module's bytes again.
+        progress(&format!("4 start: {STARTS} runs of a step loaded once"));
+        let step = host.load(&self.module, WHAT)?;
+        let none = json!({"mode": "none"}).to_string();
+        let stamp = json!({"mode": "stamp"}).to_string();
+        let mut wholes = Vec::new();
+        let mut to_first = Vec::new();
+        for _ in 0..STARTS {
+            let t = Instant::now();
+            completed(&host.run_loaded(&step, &none, None)?)?;
+            wholes.push(t.elapsed());
+            let t0 = now_ns();
+            let output = completed(&host.run_loaded(&step, &stamp, None)?)?;
+            let first = output["first_ns"]
+                .as_u64()
+                .ok_or("the stamp run returned no first_ns")?;
+            to_first.push(first.saturating_sub(t0) as f64 / 1e3);
+        }
+        let whole = mean_us(&wholes);
+        let row = Row::new("4 … whole, step loaded once", whole, "µs/run").over_floor(floor);
+        self.rows.push(row.target("≤ 100 µs", whole <= 100.0));
+        let first = to_first.iter().sum::<f64>() / to_first.len() as f64;
+        let row = Row::new("4 … to first call, step loaded once", first, "µs").over_floor(floor);
+        self.rows.push(row.target("≤ 100 µs", first <= 100.0));
+
         progress(&format!("4 start: {STARTS} replays of a `none` run"));
         let (_, _, none) = self.run(host, json!({"mode": "none"}))?;
         let mut replays = Vec::new();
@@ -533,8 +560,10 @@ impl Bench {
              instantiate, call, finish: its ledger commits included), mean of {STARTS}; \
              `start to guest's first call` is from before `Host::run` to the host's clock value \
              read by the guest's first call (the guest's first instruction is just before), \
-             mean of {STARTS}; the replay row is `Host::replay` of a finished no-op run (reads \
-             it from the ledger, instantiates, calls; writes nothing), mean of {STARTS}"
+             mean of {STARTS}; the `step loaded once` rows are the same with \
+             `Host::run_loaded` of a step loaded once by `Host::load` (no run looks at the \
+             module's bytes again); the replay row is `Host::replay` of a finished no-op run \
+             (reads it from the ledger, instantiates, calls; writes nothing), mean of {STARTS}"
         ));
 
         let cli = args.cli.clone().or_else(|| {

@@ -199,10 +199,18 @@ impl Host {
         run_id: Option<&str>,
     ) -> Result<(Arc<Loaded>, String), HostError> {
         check_json(input, "input", &self.options.limits)?;
-        let loaded = self.engine.load(module, what)?;
+        let loaded = self.load(module, what)?;
         let run_id = run_id.map(str::to_string).unwrap_or_else(ids::new_run_id);
-        self.ledger_mut().put_module(&loaded.digest, module)?;
         Ok((loaded, run_id))
+    }
+
+    /// Loads a step for many runs: compiles it (or takes it from a cache)
+    /// and keeps its bytes in the ledger. [`Host::run_loaded`] then starts
+    /// runs of it without looking at its bytes again.
+    pub fn load(&mut self, module: &[u8], what: &str) -> Result<Arc<Loaded>, HostError> {
+        let loaded = self.engine.load(module, what)?;
+        self.ledger_mut().put_module(&loaded.digest, module)?;
+        Ok(loaded)
     }
 
     /// Starts a new run of `module` (or continues the run `run_id` if it
@@ -215,11 +223,32 @@ impl Host {
         run_id: Option<&str>,
     ) -> Result<RunReport, HostError> {
         let (loaded, run_id) = self.store_module(module, what, input, run_id)?;
+        self.start(&loaded, &run_id, input)
+    }
+
+    /// Like [`Host::run`], for a step loaded by [`Host::load`] of this host.
+    pub fn run_loaded(
+        &mut self,
+        loaded: &Arc<Loaded>,
+        input: &str,
+        run_id: Option<&str>,
+    ) -> Result<RunReport, HostError> {
+        check_json(input, "input", &self.options.limits)?;
+        let run_id = run_id.map(str::to_string).unwrap_or_else(ids::new_run_id);
+        self.start(loaded, &run_id, input)
+    }
+
+    fn start(
+        &mut self,
+        loaded: &Loaded,
+        run_id: &str,
+        input: &str,
+    ) -> Result<RunReport, HostError> {
         let owner = self.options.owner.clone();
         let lease_ms = self.options.lease_ms;
         // A new run is created already claimed: one transaction, not two.
         let (run, claim) = self.ledger_mut().create_claimed(
-            new_run(&loaded, &run_id, input, false),
+            new_run(loaded, run_id, input, false),
             &owner,
             lease_ms,
             &crate::owner::is_alive,
@@ -228,7 +257,7 @@ impl Host {
             return Ok(RunReport::from_record(&run, Stats::default()));
         };
         crash::point("after-claim", 0);
-        self.execute_with(&run, claim, &loaded, None)
+        self.execute_with(&run, claim, loaded, None)
     }
 
     /// Continues an interrupted run: replays its recorded calls, reconciles

@@ -138,11 +138,12 @@ impl SqliteLedger {
 
     fn set_sync(&mut self, sync: Sync) -> Result<(), LedgerError> {
         if self.sync != sync {
-            let value = match sync {
-                Sync::Normal => "NORMAL",
-                Sync::Full => "FULL",
+            // Prepared once, like the hot statements: a run switches twice.
+            let pragma = match sync {
+                Sync::Normal => "PRAGMA synchronous = NORMAL",
+                Sync::Full => "PRAGMA synchronous = FULL",
             };
-            self.conn.pragma_update(None, "synchronous", value)?;
+            self.conn.prepare_cached(pragma)?.execute([])?;
             self.sync = sync;
         }
         Ok(())

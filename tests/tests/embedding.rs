@@ -1,0 +1,59 @@
+//! The library as an embedding uses it: one long-lived host with an
+//! instance pool, a step loaded once and started many times.
+
+use serde_json::Value;
+use stephost::config::Config;
+use stephost::ledger::RunStatus;
+use stephost::runner::{Host, HostOptions};
+use stephost_tests::{SUPPLIER_CONFIG, guests};
+
+const INPUT: &str = r#"{"sku":"WIDGET-7","quantity":10}"#;
+
+#[test]
+fn a_step_loaded_once_runs_many_times_from_a_pooled_host() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let mut config = Config::parse(SUPPLIER_CONFIG).expect("config");
+    config.base_dir = dir.path().to_path_buf();
+    let options = HostOptions {
+        limits: config.limits.clone(),
+        effects: config.effects().expect("effects"),
+        instance_pool: 2,
+        ..HostOptions::default()
+    };
+    let mut host = Host::open(&dir.path().join("runs.db"), options).expect("host");
+    let module = std::fs::read(guests::SUPPLIER_ORDER).expect("the supplier step");
+    let step = host.load(&module, "supplier_order.wasm").expect("load");
+
+    // More runs than the pool has slots, one after another: each slot is
+    // used again.
+    for i in 0..5 {
+        let report = host
+            .run_loaded(&step, INPUT, Some(&format!("order-{i}")))
+            .expect("run");
+        assert_eq!(report.status, RunStatus::Completed, "{report:?}");
+        let output: Value =
+            serde_json::from_str(report.output.as_deref().expect("output")).expect("JSON output");
+        assert_eq!(output["ordered"], true);
+    }
+    let orders = std::fs::read_to_string(dir.path().join("supplier-orders.jsonl"))
+        .expect("the supplier's file");
+    assert_eq!(orders.lines().count(), 5);
+
+    // Starting a finished run again returns it, and orders nothing.
+    let again = host.run_loaded(&step, INPUT, Some("order-0")).expect("run");
+    assert_eq!(again.status, RunStatus::Completed);
+    assert_eq!(again.stats.live, 0);
+    // The same run id with another input is refused.
+    let other = host.run_loaded(
+        &step,
+        r#"{"sku":"WIDGET-7","quantity":11}"#,
+        Some("order-0"),
+    );
+    assert!(other.is_err(), "{other:?}");
+    // Bad input is refused before a run is created.
+    let bad = host.run_loaded(&step, "{not json", Some("bad-1"));
+    assert!(bad.is_err(), "{bad:?}");
+    let orders = std::fs::read_to_string(dir.path().join("supplier-orders.jsonl"))
+        .expect("the supplier's file");
+    assert_eq!(orders.lines().count(), 5);
+}
