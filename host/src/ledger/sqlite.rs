@@ -661,20 +661,28 @@ fn apply_all(conn: &Connection, claim: &Claim, ops: &[WriteOp]) -> Result<(), Le
     Ok(())
 }
 
-/// One INSERT of `CALL_CHUNK` call rows.
+/// One INSERT of call rows: one row (a `started` write, the rest of a
+/// chunk) or `CALL_CHUNK` of them.
 fn insert_calls(
     conn: &Connection,
     claim: &Claim,
     calls: &[&CallRecord],
 ) -> Result<(), LedgerError> {
-    static SQL: std::sync::OnceLock<String> = std::sync::OnceLock::new();
-    let sql = SQL.get_or_init(|| {
+    static ONE: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    static CHUNK: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    debug_assert!(calls.len() == 1 || calls.len() == CALL_CHUNK);
+    let sql = if calls.len() == CALL_CHUNK {
+        &CHUNK
+    } else {
+        &ONE
+    }
+    .get_or_init(|| {
         let row = "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)";
         format!(
             "INSERT INTO calls (run_id, seq, class, interface, function, operation_id, \
              request, request_hash, state, outcome, started_at, finished_at, fence, chain) \
              VALUES {}",
-            [row; CALL_CHUNK].join(", ")
+            vec![row; calls.len()].join(", ")
         )
     });
     let mut stmt = conn.prepare_cached(sql)?;
@@ -705,29 +713,8 @@ fn insert_calls(
     Ok(())
 }
 
-fn insert_call(tx: &Connection, claim: &Claim, call: &CallRecord) -> Result<(), LedgerError> {
-    tx.prepare_cached(
-        "INSERT INTO calls (run_id, seq, class, interface, function, operation_id, request, \
-         request_hash, state, outcome, started_at, finished_at, fence, chain) \
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14)",
-    )?
-    .execute(params![
-        claim.run_id,
-        call.seq as i64,
-        call.class.as_str(),
-        call.interface,
-        call.function,
-        call.operation_id,
-        call.request,
-        call.request_hash,
-        call.state.as_str(),
-        call.outcome,
-        call.started_at_ms,
-        call.finished_at_ms,
-        claim.fence,
-        call.chain,
-    ])?;
-    Ok(())
+fn insert_call(conn: &Connection, claim: &Claim, call: &CallRecord) -> Result<(), LedgerError> {
+    insert_calls(conn, claim, &[call])
 }
 
 impl Ledger for SqliteLedger {
