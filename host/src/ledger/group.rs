@@ -295,17 +295,7 @@ mod tests {
         let mut claims = Vec::new();
         for i in 0..8 {
             let id = format!("r{i}");
-            setup
-                .create_run(NewRun {
-                    world: crate::engine::WORLD,
-                    durable: false,
-                    run_id: &id,
-                    module_digest: "d",
-                    step: None,
-                    input: "{}",
-                    now_ms: 1,
-                })
-                .unwrap();
+            setup.create_run(NewRun::for_test(&id, "d", 1)).unwrap();
             claims.push(setup.claim(&id, "w", 60_000, 2, &|_| true).unwrap());
         }
         // Run 0's claim goes stale: a newer claimant takes it over.
@@ -354,17 +344,7 @@ mod tests {
         let db = dir.path().join("l.db");
         let mut setup = SqliteLedger::open(&db).unwrap();
         setup.put_module("d", b"\0asm").unwrap();
-        setup
-            .create_run(NewRun {
-                world: crate::engine::WORLD,
-                durable: false,
-                run_id: "r",
-                module_digest: "d",
-                step: None,
-                input: "{}",
-                now_ms: 1,
-            })
-            .unwrap();
+        setup.create_run(NewRun::for_test("r", "d", 1)).unwrap();
         let claim = setup.claim("r", "w", 60_000, 2, &|_| true).unwrap();
         let committer = GroupCommitter::start(&db).unwrap();
         let mut ledger = GroupLedger::new(SqliteLedger::open(&db).unwrap(), committer.handle());

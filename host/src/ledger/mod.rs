@@ -351,6 +351,22 @@ pub struct NewRun<'a> {
     pub now_ms: i64,
 }
 
+#[cfg(test)]
+impl<'a> NewRun<'a> {
+    /// A run of the module `digest` on `{}`, for the ledger's tests.
+    pub(crate) fn for_test(run_id: &'a str, digest: &'a str, now_ms: i64) -> Self {
+        NewRun {
+            run_id,
+            module_digest: digest,
+            step: None,
+            world: crate::engine::WORLD,
+            input: "{}",
+            durable: false,
+            now_ms,
+        }
+    }
+}
+
 /// A write under a claim: one unit of (group) commit.
 #[derive(Debug, Clone)]
 pub enum WriteOp {

@@ -1179,17 +1179,7 @@ mod tests {
 
     fn seed(ledger: &mut SqliteLedger) {
         ledger.put_module("d1", b"\0asm").unwrap();
-        ledger
-            .create_run(NewRun {
-                world: crate::engine::WORLD,
-                durable: false,
-                run_id: "r1",
-                module_digest: "d1",
-                step: None,
-                input: "{}",
-                now_ms: 1,
-            })
-            .unwrap();
+        ledger.create_run(NewRun::for_test("r1", "d1", 1)).unwrap();
     }
 
     #[test]
@@ -1295,17 +1285,7 @@ mod tests {
         );
         assert!(orphan.is_err(), "foreign keys are off after the migration");
         // And the ledger works as usual.
-        ledger
-            .create_run(NewRun {
-                world: crate::engine::WORLD,
-                durable: true,
-                run_id: "r2",
-                module_digest: "d1",
-                step: None,
-                input: "{}",
-                now_ms: 3,
-            })
-            .unwrap();
+        ledger.create_run(NewRun::for_test("r2", "d1", 3)).unwrap();
         let claim = claim_fresh(&mut ledger, "r2", "me");
         assert_eq!(claim.fence, 1);
         assert_eq!(ledger.runs(None).unwrap().len(), 2);
@@ -1315,27 +1295,12 @@ mod tests {
     fn creating_the_same_run_twice_returns_it_and_a_different_one_is_refused() {
         let (_dir, mut ledger) = new_ledger();
         seed(&mut ledger);
-        let again = ledger
-            .create_run(NewRun {
-                world: crate::engine::WORLD,
-                durable: false,
-                run_id: "r1",
-                module_digest: "d1",
-                step: None,
-                input: "{}",
-                now_ms: 5,
-            })
-            .unwrap();
+        let again = ledger.create_run(NewRun::for_test("r1", "d1", 5)).unwrap();
         assert_eq!(again.created_at_ms, 1);
         let err = ledger
             .create_run(NewRun {
-                world: crate::engine::WORLD,
-                durable: false,
-                run_id: "r1",
-                module_digest: "d1",
-                step: None,
                 input: "{\"x\":1}",
-                now_ms: 5,
+                ..NewRun::for_test("r1", "d1", 5)
             })
             .unwrap_err();
         assert!(matches!(err, LedgerError::RunExists { .. }));
@@ -1386,15 +1351,7 @@ mod tests {
     fn a_new_run_is_created_claimed_and_an_existing_one_claimed_as_usual() {
         let (_dir, mut ledger) = new_ledger();
         ledger.put_module("d1", b"\0asm").unwrap();
-        let new_run = |now_ms| NewRun {
-            world: crate::engine::WORLD,
-            durable: false,
-            run_id: "r1",
-            module_digest: "d1",
-            step: None,
-            input: "{}",
-            now_ms,
-        };
+        let new_run = |now_ms| NewRun::for_test("r1", "d1", now_ms);
         let (run, claim) = ledger
             .create_claimed(new_run(10), "a", 30_000, &|_| true)
             .unwrap();
