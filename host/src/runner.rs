@@ -128,6 +128,9 @@ pub struct Host {
     engine: Arc<StepEngine>,
     ledger: Option<Box<dyn Ledger>>,
     options: HostOptions,
+    /// Digests of the modules this host has put in its ledger (modules are
+    /// never removed), so that starting a run does not ask again.
+    stored: std::collections::HashSet<String>,
 }
 
 impl Host {
@@ -141,6 +144,7 @@ impl Host {
             )?),
             ledger: Some(Box::new(ledger)),
             options,
+            stored: Default::default(),
         })
     }
 
@@ -154,6 +158,7 @@ impl Host {
             engine,
             ledger: Some(ledger),
             options,
+            stored: Default::default(),
         }
     }
 
@@ -209,7 +214,10 @@ impl Host {
     /// runs of it without looking at its bytes again.
     pub fn load(&mut self, module: &[u8], what: &str) -> Result<Arc<Loaded>, HostError> {
         let loaded = self.engine.load(module, what)?;
-        self.ledger_mut().put_module(&loaded.digest, module)?;
+        if !self.stored.contains(&loaded.digest) {
+            self.ledger_mut().put_module(&loaded.digest, module)?;
+            self.stored.insert(loaded.digest.clone());
+        }
         Ok(loaded)
     }
 
