@@ -505,10 +505,7 @@ impl Bench {
         for _ in 0..STARTS {
             let t0 = now_ns();
             let (_, output, _) = self.run(host, json!({"mode": "stamp"}))?;
-            let first = output["first_ns"]
-                .as_u64()
-                .ok_or("the stamp run returned no first_ns")?;
-            to_first.push(first.saturating_sub(t0) as f64 / 1e3);
+            to_first.push(since_us(t0, &output)?);
         }
         let first = to_first.iter().sum::<f64>() / to_first.len() as f64;
         let row = Row::new("4 start to guest's first call", first, "µs").over_floor(floor);
@@ -529,10 +526,7 @@ impl Bench {
             wholes.push(t.elapsed());
             let t0 = now_ns();
             let output = completed(&host.run_loaded(&step, &stamp, None)?)?;
-            let first = output["first_ns"]
-                .as_u64()
-                .ok_or("the stamp run returned no first_ns")?;
-            to_first.push(first.saturating_sub(t0) as f64 / 1e3);
+            to_first.push(since_us(t0, &output)?);
         }
         let whole = mean_us(&wholes);
         let row = Row::new("4 … whole, step loaded once", whole, "µs/run").over_floor(floor);
@@ -1080,6 +1074,14 @@ fn floor_us(dir: &Path, tag: &str) -> Res<f64> {
         commit(i)?;
     }
     Ok(us(t.elapsed()) / FLOOR_COMMITS as f64)
+}
+
+/// µs from `t0_ns` to the clock value a `stamp` run's first call read.
+fn since_us(t0_ns: u64, stamp_output: &Value) -> Res<f64> {
+    let first = stamp_output["first_ns"]
+        .as_u64()
+        .ok_or("the stamp run returned no first_ns")?;
+    Ok(first.saturating_sub(t0_ns) as f64 / 1e3)
 }
 
 fn us(d: Duration) -> f64 {
