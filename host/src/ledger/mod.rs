@@ -12,6 +12,7 @@
 //! - Every write for a run names the writer's fencing token and fails with
 //!   [`LedgerError::Fenced`] without writing anything if a newer claim exists.
 
+pub mod attempts;
 pub mod chain;
 pub mod group;
 pub mod schema;

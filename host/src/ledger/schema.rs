@@ -159,6 +159,22 @@ FROM calls;
 DROP TABLE calls;
 ALTER TABLE calls_v3 RENAME TO calls;
 "#,
+    // v4: a call's attempts are kept in its own row, as a JSON array, not
+    // in a table of their own. Attempts are written with their call's
+    // outcome, so a write's commit now changes one page (the call's) where
+    // it changed two; with many runs in one commit, each run's calls and
+    // attempts sat on pages of their own, so this halves the pages a group
+    // commit writes.
+    r#"
+ALTER TABLE calls ADD COLUMN attempts TEXT;
+UPDATE calls SET attempts = (
+    SELECT json_group_array(json_object('attempt', a.attempt, 'kind', a.kind,
+        'started_at', a.started_at, 'finished_at', a.finished_at, 'result', a.result,
+        'detail', a.detail, 'fence', a.fence) ORDER BY a.attempt)
+    FROM attempts a WHERE a.run_id = calls.run_id AND a.seq = calls.seq)
+WHERE EXISTS (SELECT 1 FROM attempts a WHERE a.run_id = calls.run_id AND a.seq = calls.seq);
+DROP TABLE attempts;
+"#,
 ];
 
 /// The schema version this build writes.

@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use rusqlite::{Connection, OpenFlags, OptionalExtension, Row, TransactionBehavior, params};
 
+use super::attempts;
 use super::schema::{self, APPLICATION_ID};
 use super::{
     AttemptRecord, CallClass, CallRecord, CallState, Claim, Ledger, LedgerError, LogRecord, NewRun,
@@ -267,55 +268,22 @@ impl WriteOp {
     /// has checked the claim's fence.
     fn apply(&self, conn: &Connection, claim: &Claim) -> Result<(), LedgerError> {
         match self {
-            WriteOp::Call(call) | WriteOp::Started(call) => insert_call(conn, claim, call),
+            WriteOp::Call(call) | WriteOp::Started(call) => {
+                insert_calls(conn, claim, &[(call, None)])
+            }
             WriteOp::Outcome {
                 seq,
                 state,
                 outcome,
                 now_ms,
                 chain,
-            } => {
-                let changed = conn
-                    .prepare_cached(
-                        "UPDATE calls SET state = ?1, outcome = ?2, finished_at = ?3, fence = ?4, \
-                         chain = ?7 \
-                         WHERE run_id = ?5 AND seq = ?6 AND state IN ('started', 'unknown')",
-                    )?
-                    .execute(params![
-                        state.as_str(),
-                        outcome,
-                        now_ms,
-                        claim.fence,
-                        claim.run_id,
-                        *seq as i64,
-                        chain
-                    ])?;
-                if changed != 1 {
-                    return Err(LedgerError::Corrupt(format!(
-                        "run {}: call #{seq} is not awaiting an outcome",
-                        claim.run_id
-                    )));
-                }
-                Ok(())
-            }
-            WriteOp::Attempt(attempt) => {
-                conn.prepare_cached(
-                    "INSERT INTO attempts (run_id, seq, attempt, kind, started_at, finished_at, \
-                     result, detail, fence) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
-                )?
-                .execute(params![
-                    claim.run_id,
-                    attempt.seq as i64,
-                    attempt.attempt as i64,
-                    attempt.kind,
-                    attempt.started_at_ms,
-                    attempt.finished_at_ms,
-                    attempt.result,
-                    attempt.detail,
-                    claim.fence
-                ])?;
-                Ok(())
-            }
+            } => update_outcome(conn, claim, *seq, *state, outcome, *now_ms, chain, None),
+            WriteOp::Attempt(attempt) => append_attempts(
+                conn,
+                claim,
+                attempt.seq,
+                &attempts::to_json(&[attempt], claim.fence),
+            ),
             WriteOp::Log(log) => {
                 conn.prepare_cached(
                     "INSERT INTO logs (run_id, after_seq, level, message, at) \
@@ -636,37 +604,98 @@ const CALL_CHUNK: usize = 8;
 
 /// Applies `ops`: first the buffered call rows, `CALL_CHUNK` to a
 /// statement, then the other writes in order. Nothing in one commit depends
-/// on coming before a buffered call row (outcomes update `started` rows,
-/// attempts refer to calls), and the commit is all or nothing.
+/// on coming before a buffered call row (outcomes update `started` rows),
+/// and the commit is all or nothing. A call's attempts go into its row: with
+/// the row when it is inserted here, else with its outcome, else appended
+/// at the end.
 fn apply_all(conn: &Connection, claim: &Claim, ops: &[WriteOp]) -> Result<(), LedgerError> {
-    let calls: Vec<&CallRecord> = ops
+    let mut tried = Tried::of(ops, claim.fence);
+    let calls: Vec<(&CallRecord, Option<String>)> = ops
         .iter()
         .filter_map(|op| match op {
-            WriteOp::Call(call) => Some(call),
+            WriteOp::Call(call) => Some((call, tried.take(call.seq))),
             _ => None,
         })
         .collect();
-    let mut chunks = calls.chunks_exact(CALL_CHUNK);
+    let rows: Vec<(&CallRecord, Option<&str>)> =
+        calls.iter().map(|(c, a)| (*c, a.as_deref())).collect();
+    let mut chunks = rows.chunks_exact(CALL_CHUNK);
     for chunk in &mut chunks {
         insert_calls(conn, claim, chunk)?;
     }
-    for call in chunks.remainder() {
-        insert_call(conn, claim, call)?;
+    for row in chunks.remainder() {
+        insert_calls(conn, claim, std::slice::from_ref(row))?;
     }
     for op in ops {
-        if !matches!(op, WriteOp::Call(_)) {
-            op.apply(conn, claim)?;
+        match op {
+            WriteOp::Call(_) | WriteOp::Attempt(_) => {}
+            WriteOp::Outcome {
+                seq,
+                state,
+                outcome,
+                now_ms,
+                chain,
+            } => {
+                let attempts = tried.take(*seq);
+                update_outcome(
+                    conn,
+                    claim,
+                    *seq,
+                    *state,
+                    outcome,
+                    *now_ms,
+                    chain,
+                    attempts.as_deref(),
+                )?;
+            }
+            other => other.apply(conn, claim)?,
+        }
+    }
+    for (seq, json) in tried.0 {
+        if let Some(json) = json {
+            append_attempts(conn, claim, seq, &json)?;
         }
     }
     Ok(())
 }
 
-/// One INSERT of call rows: one row (a `started` write, the rest of a
-/// chunk) or `CALL_CHUNK` of them.
+/// The attempts among a commit's writes, as one JSON array per call, each
+/// taken once by the write that stores it.
+struct Tried(Vec<(u64, Option<String>)>);
+
+impl Tried {
+    fn of(ops: &[WriteOp], fence: i64) -> Self {
+        let mut by_call: Vec<(u64, Vec<&AttemptRecord>)> = Vec::new();
+        for op in ops {
+            if let WriteOp::Attempt(a) = op {
+                match by_call.iter_mut().find(|(seq, _)| *seq == a.seq) {
+                    Some((_, list)) => list.push(a),
+                    None => by_call.push((a.seq, vec![a])),
+                }
+            }
+        }
+        Tried(
+            by_call
+                .into_iter()
+                .map(|(seq, list)| (seq, Some(attempts::to_json(&list, fence))))
+                .collect(),
+        )
+    }
+
+    fn take(&mut self, seq: u64) -> Option<String> {
+        self.0
+            .iter_mut()
+            .find(|(s, _)| *s == seq)
+            .and_then(|(_, json)| json.take())
+    }
+}
+
+/// One INSERT of call rows, each with its attempts (a JSON array) if any:
+/// one row (a `started` write, the rest of a chunk) or `CALL_CHUNK` of them.
 fn insert_calls(
     conn: &Connection,
     claim: &Claim,
-    calls: &[&CallRecord],
+    calls: &[(&CallRecord, Option<&str>)],
 ) -> Result<(), LedgerError> {
     static ONE: std::sync::OnceLock<String> = std::sync::OnceLock::new();
     static CHUNK: std::sync::OnceLock<String> = std::sync::OnceLock::new();
@@ -677,18 +706,18 @@ fn insert_calls(
         &ONE
     }
     .get_or_init(|| {
-        let row = "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)";
+        let row = "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)";
         format!(
             "INSERT INTO calls (run_id, seq, class, interface, function, operation_id, \
-             request, request_hash, state, outcome, started_at, finished_at, fence, chain) \
-             VALUES {}",
+             request, request_hash, state, outcome, started_at, finished_at, fence, chain, \
+             attempts) VALUES {}",
             vec![row; calls.len()].join(", ")
         )
     });
     let mut stmt = conn.prepare_cached(sql)?;
     let mut n = 0;
-    for call in calls {
-        let values: [&dyn rusqlite::ToSql; 14] = [
+    for (call, attempts) in calls {
+        let values: [&dyn rusqlite::ToSql; 15] = [
             &claim.run_id,
             &(call.seq as i64),
             &call.class.as_str(),
@@ -703,6 +732,7 @@ fn insert_calls(
             &call.finished_at_ms,
             &claim.fence,
             &call.chain,
+            attempts,
         ];
         for value in values {
             n += 1;
@@ -713,8 +743,71 @@ fn insert_calls(
     Ok(())
 }
 
-fn insert_call(conn: &Connection, claim: &Claim, call: &CallRecord) -> Result<(), LedgerError> {
-    insert_calls(conn, claim, &[call])
+/// Records the outcome of a `started` (or `unknown`) call, with the
+/// attempts that led to it.
+#[allow(clippy::too_many_arguments)]
+fn update_outcome(
+    conn: &Connection,
+    claim: &Claim,
+    seq: u64,
+    state: CallState,
+    outcome: &Option<String>,
+    now_ms: i64,
+    chain: &Option<String>,
+    attempts: Option<&str>,
+) -> Result<(), LedgerError> {
+    static SQL: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    let sql = SQL.get_or_init(|| {
+        format!(
+            "UPDATE calls SET state = ?1, outcome = ?2, finished_at = ?3, fence = ?4, \
+             chain = ?7, attempts = {} \
+             WHERE run_id = ?5 AND seq = ?6 AND state IN ('started', 'unknown')",
+            attempts::append_sql(8)
+        )
+    });
+    let changed = conn.prepare_cached(sql)?.execute(params![
+        state.as_str(),
+        outcome,
+        now_ms,
+        claim.fence,
+        claim.run_id,
+        seq as i64,
+        chain,
+        attempts
+    ])?;
+    if changed != 1 {
+        return Err(LedgerError::Corrupt(format!(
+            "run {}: call #{seq} is not awaiting an outcome",
+            claim.run_id
+        )));
+    }
+    Ok(())
+}
+
+/// Appends attempts (a JSON array) to a recorded call's.
+fn append_attempts(
+    conn: &Connection,
+    claim: &Claim,
+    seq: u64,
+    json: &str,
+) -> Result<(), LedgerError> {
+    static SQL: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    let sql = SQL.get_or_init(|| {
+        format!(
+            "UPDATE calls SET attempts = {} WHERE run_id = ?1 AND seq = ?2",
+            attempts::append_sql(3)
+        )
+    });
+    let changed = conn
+        .prepare_cached(sql)?
+        .execute(params![claim.run_id, seq as i64, json])?;
+    if changed != 1 {
+        return Err(LedgerError::Corrupt(format!(
+            "run {}: an attempt names call #{seq}, which is not recorded",
+            claim.run_id
+        )));
+    }
+    Ok(())
 }
 
 impl Ledger for SqliteLedger {
@@ -956,21 +1049,17 @@ impl Ledger for SqliteLedger {
 
     fn attempts(&self, run_id: &str) -> Result<Vec<AttemptRecord>, LedgerError> {
         let mut stmt = self.conn.prepare_cached(
-            "SELECT seq, attempt, kind, started_at, finished_at, result, detail FROM attempts \
-             WHERE run_id = ?1 ORDER BY seq, attempt",
+            "SELECT seq, attempts FROM calls WHERE run_id = ?1 AND attempts IS NOT NULL \
+             ORDER BY seq",
         )?;
-        let rows = stmt.query_map([run_id], |r| {
-            Ok(AttemptRecord {
-                seq: r.get::<_, i64>(0)? as u64,
-                attempt: r.get::<_, i64>(1)? as u32,
-                kind: r.get(2)?,
-                started_at_ms: r.get(3)?,
-                finished_at_ms: r.get(4)?,
-                result: r.get(5)?,
-                detail: r.get(6)?,
-            })
-        })?;
-        Ok(rows.collect::<Result<_, _>>()?)
+        let mut rows = stmt.query([run_id])?;
+        let mut all = Vec::new();
+        while let Some(row) = rows.next()? {
+            let seq = row.get::<_, i64>(0)? as u64;
+            let json: String = row.get(1)?;
+            all.extend(attempts::parse(run_id, seq, &json)?);
+        }
+        Ok(all)
     }
 
     fn logs(&self, run_id: &str) -> Result<Vec<LogRecord>, LedgerError> {
@@ -1264,7 +1353,19 @@ mod tests {
         assert_eq!(calls.len(), 1);
         assert_eq!(calls[0].operation_id, "op1");
         assert_eq!(calls[0].chain.as_deref(), Some("c1"));
-        assert_eq!(ledger.attempts("r1").unwrap().len(), 1);
+        // v4 moved the attempt into its call's row.
+        assert_eq!(
+            ledger.attempts("r1").unwrap(),
+            vec![AttemptRecord {
+                seq: 1,
+                attempt: 1,
+                kind: "send".into(),
+                started_at_ms: 1,
+                finished_at_ms: 2,
+                result: "ok".into(),
+                detail: None,
+            }]
+        );
         assert_eq!(ledger.logs("r1").unwrap()[0].message, "hello");
         // The rebuilt tables still refuse what they refused before.
         let bad_state = ledger.conn.execute(

@@ -1,0 +1,120 @@
+//! How a call's attempts are stored: a JSON array in the call's own row
+//! (schema v4), so that recording them writes no page besides the call's.
+//!
+//! Each element is one attempt with the fencing token of the execution
+//! that made it:
+//! `{"attempt":1,"kind":"send","started_at":…,"finished_at":…,"result":"ok","detail":null,"fence":3}`.
+
+use serde::{Deserialize, Serialize};
+
+use super::{AttemptRecord, LedgerError};
+
+#[derive(Serialize, Deserialize)]
+struct Stored<'a> {
+    attempt: u32,
+    #[serde(borrow)]
+    kind: std::borrow::Cow<'a, str>,
+    started_at: i64,
+    finished_at: i64,
+    #[serde(borrow)]
+    result: std::borrow::Cow<'a, str>,
+    #[serde(borrow)]
+    detail: Option<std::borrow::Cow<'a, str>>,
+    fence: i64,
+}
+
+/// The JSON array of `attempts` (made under fencing token `fence`).
+pub fn to_json(attempts: &[&AttemptRecord], fence: i64) -> String {
+    let stored: Vec<Stored<'_>> = attempts
+        .iter()
+        .map(|a| Stored {
+            attempt: a.attempt,
+            kind: a.kind.as_str().into(),
+            started_at: a.started_at_ms,
+            finished_at: a.finished_at_ms,
+            result: a.result.as_str().into(),
+            detail: a.detail.as_deref().map(Into::into),
+            fence,
+        })
+        .collect();
+    serde_json::to_string(&stored).expect("attempts serialize")
+}
+
+/// The attempts of call `seq` from its row's JSON array.
+pub fn parse(run_id: &str, seq: u64, json: &str) -> Result<Vec<AttemptRecord>, LedgerError> {
+    let stored: Vec<Stored<'_>> = serde_json::from_str(json).map_err(|e| {
+        LedgerError::Corrupt(format!(
+            "run {run_id}: the attempts of call #{seq} are not a JSON array of attempts: {e}"
+        ))
+    })?;
+    Ok(stored
+        .into_iter()
+        .map(|a| AttemptRecord {
+            seq,
+            attempt: a.attempt,
+            kind: a.kind.into_owned(),
+            started_at_ms: a.started_at,
+            finished_at_ms: a.finished_at,
+            result: a.result.into_owned(),
+            detail: a.detail.map(std::borrow::Cow::into_owned),
+        })
+        .collect())
+}
+
+/// An SQL expression: the call's `attempts` with the JSON array `?N`
+/// appended (either may be NULL). Both arrays are this module's compact
+/// text, so joining them is splicing the text: drop the first's `]` and the
+/// second's `[`.
+pub fn append_sql(param: usize) -> String {
+    format!(
+        "CASE WHEN ?{param} IS NULL THEN attempts WHEN attempts IS NULL THEN ?{param} \
+         ELSE substr(attempts, 1, length(attempts) - 1) || ',' || substr(?{param}, 2) END"
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn attempt(n: u32, detail: Option<&str>) -> AttemptRecord {
+        AttemptRecord {
+            seq: 4,
+            attempt: n,
+            kind: "send".into(),
+            started_at_ms: 10,
+            finished_at_ms: 12,
+            result: "retryable".into(),
+            detail: detail.map(str::to_string),
+        }
+    }
+
+    #[test]
+    fn attempts_round_trip_and_two_arrays_splice_into_one() {
+        let first = [attempt(1, Some("a \"quoted\" ] detail"))];
+        let second = [attempt(2, None), attempt(3, None)];
+        let a = to_json(&first.iter().collect::<Vec<_>>(), 7);
+        let b = to_json(&second.iter().collect::<Vec<_>>(), 8);
+        let conn = rusqlite::Connection::open_in_memory().unwrap();
+        conn.execute_batch("CREATE TABLE calls (attempts TEXT); INSERT INTO calls VALUES (NULL);")
+            .unwrap();
+        let append = format!("UPDATE calls SET attempts = {}", append_sql(1));
+        conn.execute(&append, [&a]).unwrap();
+        conn.execute(&append, [None::<String>]).unwrap();
+        conn.execute(&append, [&b]).unwrap();
+        let joined: String = conn
+            .query_row(
+                "SELECT attempts FROM calls WHERE json_valid(attempts)",
+                [],
+                |r| r.get(0),
+            )
+            .unwrap();
+        let all: Vec<AttemptRecord> = first.iter().chain(&second).cloned().collect();
+        assert_eq!(parse("r", 4, &joined).unwrap(), all);
+    }
+
+    #[test]
+    fn a_damaged_array_is_reported_as_corrupt() {
+        let err = parse("r", 2, "[{\"attempt\":1}").unwrap_err();
+        assert!(matches!(err, LedgerError::Corrupt(_)), "{err}");
+    }
+}
