@@ -20,7 +20,8 @@ use serde::{Deserialize, Serialize};
 use crate::crash;
 use crate::ids;
 use crate::ledger::{
-    AttemptRecord, CallClass, CallRecord, CallState, Claim, Ledger, LedgerError, LogRecord, WriteOp,
+    AttemptRecord, CallClass, CallRecord, CallState, Claim, History, Ledger, LedgerError,
+    LogRecord, WriteOp,
 };
 
 /// Most buffered writes before they are committed anyway.
@@ -283,6 +284,17 @@ pub struct RunControl {
     pub drain: std::sync::atomic::AtomicBool,
 }
 
+impl Stop {
+    /// Why a run stops when its recorded calls cannot be read: a damaged
+    /// ledger is left as it is for a person.
+    pub fn reading_history(e: LedgerError) -> Stop {
+        match e {
+            LedgerError::Corrupt(message) => Stop::Corrupt(message),
+            other => Stop::from(other),
+        }
+    }
+}
+
 impl From<LedgerError> for Stop {
     fn from(e: LedgerError) -> Self {
         match e {
@@ -316,12 +328,11 @@ pub type LogSink = Box<dyn FnMut(&LogRecord, bool) + Send>;
 pub struct Journal {
     run_id: String,
     mode: Mode,
-    history: Vec<CallRecord>,
+    history: History,
     next_seq: u64,
     limits: Limits,
     stop: Option<Stop>,
     logs_recorded: HashMap<u64, usize>,
-    next_attempt: HashMap<u64, u32>,
     log_sink: Option<LogSink>,
     /// In a replay: whether the recording is of a finished run, so that a
     /// call past its end is a divergence rather than the end of the record.
@@ -349,24 +360,18 @@ pub struct Journal {
 
 impl Journal {
     /// A journal over `history` (the run's recorded calls, in order).
-    /// `logs` and `attempts` already in the ledger keep replayed log lines
-    /// from being written twice and attempt numbers unique.
+    /// `logs` already in the ledger keep replayed log lines from being
+    /// written twice.
     pub fn new(
         run_id: &str,
         mode: Mode,
-        history: Vec<CallRecord>,
+        history: History,
         logs: &[LogRecord],
-        attempts: &[AttemptRecord],
         limits: Limits,
     ) -> Self {
         let mut logs_recorded = HashMap::new();
         for log in logs {
             *logs_recorded.entry(log.after_seq).or_insert(0) += 1;
-        }
-        let mut next_attempt = HashMap::new();
-        for a in attempts {
-            let n = next_attempt.entry(a.seq).or_insert(1);
-            *n = (*n).max(a.attempt + 1);
         }
         Journal {
             run_id: run_id.to_string(),
@@ -376,7 +381,6 @@ impl Journal {
             limits,
             stop: None,
             logs_recorded,
-            next_attempt,
             log_sink: None,
             recording_complete: false,
             counters: Counters::new(),
@@ -453,26 +457,28 @@ impl Journal {
     }
 
     /// The first recorded call this execution has not reached, if any.
-    pub fn unreached(&self) -> Option<Divergence> {
+    pub fn unreached(&mut self) -> Result<Option<Divergence>, LedgerError> {
         let next = self.history.get(self.next_seq as usize - 1)?;
-        Some(Divergence {
+        Ok(next.map(|next| Divergence {
             seq: next.seq,
             recorded: Some(summary(next)),
             new: None,
-        })
+        }))
     }
 
     /// The recorded writes from `seq` on that were left `started` (sent or
     /// not, nobody knows): a run that diverges before settling them must
     /// not leave them looking as if they might still be resumed.
-    pub fn in_flight_writes_from(&self, seq: u64) -> Vec<u64> {
-        self.history
+    pub fn in_flight_writes_from(&mut self, seq: u64) -> Result<Vec<u64>, LedgerError> {
+        Ok(self
+            .history
+            .all()?
             .iter()
             .filter(|c| {
                 c.seq >= seq && c.class == CallClass::Write && c.state == CallState::Started
             })
             .map(|c| c.seq)
-            .collect()
+            .collect())
     }
 
     /// The counters this execution accumulated.
@@ -512,7 +518,11 @@ impl Journal {
                 self.limits.calls_max
             )));
         }
-        if let Some(recorded) = self.history.get(seq as usize - 1) {
+        let recorded = self
+            .history
+            .get(seq as usize - 1)
+            .map_err(Stop::reading_history)?;
+        if let Some(recorded) = recorded {
             // The same request text has the same hash; only a difference
             // needs the hash to decide (a fixture may carry hashes only).
             let same_request = recorded.request == spec.request
@@ -766,7 +776,11 @@ impl Journal {
     /// Makes the link of the last replayed call the one the next call follows.
     fn follow_recorded_chain(&mut self) {
         if let Some(index) = self.chain_at.take() {
-            self.last_chain = self.history[index].chain.clone().unwrap_or_default();
+            self.last_chain = self
+                .history
+                .arrived(index)
+                .and_then(|call| call.chain.clone())
+                .unwrap_or_default();
         }
     }
 
@@ -884,7 +898,13 @@ impl Journal {
             return Err(in_flight_in_replay(seq));
         };
         let op = OpContext::resumed(&self.run_id, recorded, claim.fence);
-        let first_attempt = self.next_attempt.get(&seq).copied().unwrap_or(1);
+        // Attempt numbers go on from those of the executions before.
+        let first_attempt = ledger
+            .call_attempts(&self.run_id, seq)?
+            .iter()
+            .map(|a| a.attempt + 1)
+            .max()
+            .unwrap_or(1);
         let mut attempts = Attempts {
             sink: Some(&mut self.pending),
             seq,

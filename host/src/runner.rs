@@ -2,7 +2,6 @@
 
 use std::path::Path;
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
 
 use serde::Serialize;
 use wasmtime::component::ResourceTable;
@@ -20,7 +19,7 @@ use crate::imports::wasi::{RecordedMonotonicClock, RecordedRng, RecordedWallCloc
 use crate::imports::{StepState, lock};
 use crate::journal::{CallErrorKind, Journal, Mode, Outcome, RunControl, Stats, Stop};
 use crate::ledger::{
-    CallRecord, Claim, Ledger, NewRun, RunEnd, RunRecord, RunStatus, SqliteLedger, WriteOp,
+    Claim, History, Ledger, LogRecord, NewRun, RunEnd, RunRecord, RunStatus, SqliteLedger, WriteOp,
 };
 use crate::limits::Limits;
 use crate::replay::{Fixture, ReplayReport, ReplayVerdict};
@@ -408,28 +407,25 @@ impl Host {
         // Every ledger write needs a claim, so a run claimed for the first
         // time (fencing token 1) has recorded nothing: no history to read.
         let loaded_history = if claim.fence == 1 {
-            Ok((Vec::new(), Vec::new(), Vec::new()))
+            Ok((
+                History::loaded(&run.run_id, Vec::new()),
+                Vec::<LogRecord>::new(),
+            ))
         } else {
-            ledger.calls(&run.run_id).and_then(|calls| {
-                Ok((
-                    calls,
-                    ledger.logs(&run.run_id)?,
-                    ledger.attempts(&run.run_id)?,
-                ))
-            })
+            ledger
+                .history(&run.run_id)
+                .and_then(|history| Ok((history, ledger.logs(&run.run_id)?)))
         };
-        let (history, logs, attempts) = match loaded_history {
+        let (history, logs) = match loaded_history {
             Ok(v) => v,
             Err(e) => return Ok((ledger, Err(e.into()))),
         };
-        let mono_base = monotonic_base(&history);
         let resumed = !history.is_empty();
         let mut journal = Journal::new(
             &run.run_id,
             Mode::Live { ledger, claim },
             history,
             &logs,
-            &attempts,
             self.options.limits.clone(),
         );
         if let Some(control) = control {
@@ -447,7 +443,6 @@ impl Host {
             &journal,
             &run.input,
             &self.options,
-            mono_base,
             false,
         );
         let journal = match Arc::try_unwrap(journal) {
@@ -469,7 +464,11 @@ impl Host {
             }
         }
         let mut journal = journal;
-        let unreached = journal.unreached();
+        let mut stop = stop;
+        let unreached = journal.unreached().unwrap_or_else(|e| {
+            stop.get_or_insert(Stop::reading_history(e));
+            None
+        });
         let diverged_at = match (&stop, &unreached) {
             (Some(Stop::Diverged(d)), _) => Some(d.seq),
             (None, Some(u)) if guest.is_ok() => Some(u.seq),
@@ -477,6 +476,11 @@ impl Host {
         };
         let in_flight = diverged_at
             .map(|seq| journal.in_flight_writes_from(seq))
+            .transpose()
+            .unwrap_or_else(|e| {
+                stop = Some(Stop::reading_history(e));
+                None
+            })
             .unwrap_or_default();
         let mut pending = journal.take_pending();
         let Mode::Live { mut ledger, claim } = journal.into_mode() else {
@@ -584,8 +588,10 @@ impl Host {
             Some((bytes, what)) => self.engine.load(bytes, what)?,
             None => self.load_pinned(&run)?,
         };
-        let fixture = Fixture::new(&run, self.ledger().calls(run_id)?);
-        replay_loaded(&self.engine, fixture, &loaded, &self.options)
+        // A long history is read while the first of it is replayed.
+        let history = self.ledger().history(run_id)?;
+        let fixture = Fixture::new(&run, Vec::new());
+        replay_loaded(&self.engine, &fixture, history, &loaded, &self.options)
     }
 
     /// Records a person's decision on a call parked as `unknown`; the run
@@ -703,40 +709,33 @@ pub fn replay_fixture(
     options: &HostOptions,
 ) -> Result<ReplayReport, HostError> {
     let loaded = engine.load(module, what)?;
-    replay_loaded(engine, fixture, &loaded, options)
+    let mut fixture = fixture;
+    // The recorded calls move into the journal: no copy of the history.
+    let history = History::loaded(&fixture.run_id, std::mem::take(&mut fixture.calls));
+    replay_loaded(engine, &fixture, history, &loaded, options)
 }
 
-/// Replays `fixture` against a loaded module with no I/O.
+/// Replays the run `fixture` describes, whose calls are `history`, against
+/// a loaded module with no I/O.
 fn replay_loaded(
     engine: &StepEngine,
-    mut fixture: Fixture,
+    fixture: &Fixture,
+    history: History,
     loaded: &Loaded,
     options: &HostOptions,
 ) -> Result<ReplayReport, HostError> {
     let complete = fixture.status.is_final();
-    // The recorded calls move into the journal: no copy of the history.
-    let history: Vec<CallRecord> = std::mem::take(&mut fixture.calls);
-    let mono_base = monotonic_base(&history);
     let mut journal = Journal::new(
         &fixture.run_id,
         Mode::Replay,
         history,
         &[],
-        &[],
         options.limits.clone(),
     );
     journal.set_recording_complete(complete);
     let journal = Arc::new(Mutex::new(journal));
-    let (guest, _exit_code) = invoke(
-        engine,
-        loaded,
-        &journal,
-        &fixture.input,
-        options,
-        mono_base,
-        true,
-    );
-    let journal = lock(&journal);
+    let (guest, _exit_code) = invoke(engine, loaded, &journal, &fixture.input, options, true);
+    let mut journal = lock(&journal);
     let calls = journal.calls_made();
     let verdict = match (journal.stop().cloned(), guest) {
         (Some(Stop::Diverged(d)), _) => ReplayVerdict::Diverged { divergence: *d },
@@ -747,9 +746,9 @@ fn replay_loaded(
         (Some(other), _) => ReplayVerdict::StepFailed {
             error: other.to_string(),
         },
-        (None, guest) => match journal.unreached() {
+        (None, guest) => match journal.unreached()? {
             Some(divergence) => ReplayVerdict::Diverged { divergence },
-            None => verdict_for_end(&fixture, guest, calls, &options.limits),
+            None => verdict_for_end(fixture, guest, calls, &options.limits),
         },
     };
     Ok(ReplayReport {
@@ -817,19 +816,6 @@ fn same_json(a: &str, b: &str) -> bool {
     }
 }
 
-/// The last recorded monotonic reading, so that a resumed guest's
-/// monotonic clock never goes backwards.
-fn monotonic_base(history: &[CallRecord]) -> u64 {
-    history
-        .iter()
-        .rev()
-        .find(|c| c.interface == "wasi:clocks/monotonic-clock")
-        .and_then(|c| c.outcome.as_deref())
-        .and_then(|o| serde_json::from_str::<serde_json::Value>(o).ok())
-        .and_then(|v| v.get("ok").and_then(serde_json::Value::as_u64))
-        .unwrap_or(0)
-}
-
 /// The end of a run that diverged from its recording. Writes it left in
 /// flight (recorded `started`, never settled) become `unknown` in the same
 /// commit, for a person to check at the receiver: the run will not resume,
@@ -895,25 +881,24 @@ fn invoke(
     journal: &Arc<Mutex<Journal>>,
     input: &str,
     options: &HostOptions,
-    mono_base: u64,
     replay: bool,
 ) -> (GuestResult, Option<i32>) {
     match &loaded.entry {
         Entry::Step(pre) => {
-            let wasi = wasi_builder(journal, options, mono_base, replay);
+            let wasi = wasi_builder(journal, options, replay);
             let result = new_store(engine, journal, wasi, options)
                 .and_then(|mut store| pre.instantiate(&mut store)?.call_run(&mut store, input));
             (result, None)
         }
         Entry::Command(pre) => {
-            let mut wasi = wasi_builder(journal, options, mono_base, replay);
+            let mut wasi = wasi_builder(journal, options, replay);
             let stdout = command::wire_stdio(&mut wasi, input, options.limits.payload_bytes_max);
             let ran = new_store(engine, journal, wasi, options)
                 .and_then(|mut store| command::run_component(pre, &mut store));
             command_end(ran, &stdout)
         }
         Entry::Preview1(pre) => {
-            let mut wasi = wasi_builder(journal, options, mono_base, replay);
+            let mut wasi = wasi_builder(journal, options, replay);
             let stdout = command::wire_stdio(&mut wasi, input, options.limits.payload_bytes_max);
             let state = Preview1State {
                 wasi: wasi.build_p1(),
@@ -946,7 +931,6 @@ fn command_end(
 fn wasi_builder(
     journal: &Arc<Mutex<Journal>>,
     options: &HostOptions,
-    mono_base: u64,
     replay: bool,
 ) -> WasiCtxBuilder {
     let run_id = lock(journal).run_id().to_string();
@@ -956,11 +940,7 @@ fn wasi_builder(
         wasi.stdout(std::io::stderr()).stderr(std::io::stderr());
     }
     wasi.wall_clock(RecordedWallClock(journal.clone()))
-        .monotonic_clock(RecordedMonotonicClock {
-            journal: journal.clone(),
-            origin: Instant::now(),
-            base: mono_base,
-        })
+        .monotonic_clock(RecordedMonotonicClock::new(journal.clone()))
         .secure_random(RecordedRng {
             journal: journal.clone(),
             interface: "wasi:random/random",

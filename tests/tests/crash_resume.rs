@@ -260,6 +260,33 @@ fn a_crash_in_the_middle_of_many_writes_leaves_one_effect_per_write() {
 }
 
 #[test]
+fn a_run_with_a_long_history_resumes_and_replays_it_read_while_replayed() {
+    // 1,400 writes make 4,203 calls (3 per write, then the clock, random
+    // and the WASI wall clock), enough for the ledger to hand the
+    // history over in chunks while the guest replays it (more than 4,096);
+    // crash while sending the last write, call #4200.
+    let sb = Sandbox::new(BIN);
+    let crashed = sb.run_crashing_at(
+        "after-started@4200",
+        guests::MULTI_WRITE,
+        r#"{"count":1400}"#,
+        "long",
+    );
+    assert_eq!(crashed.signal, Some(libc::SIGABRT), "{crashed:?}");
+    let resumed = sb.stephost(&["resume", "long"]);
+    resumed.expect_code(0);
+    assert_eq!(resumed.json()["receipts"].as_array().unwrap().len(), 1400);
+    let lines = sb.received("orders.jsonl");
+    assert_eq!(lines.len(), 1400);
+    distinct_operations(&lines);
+    let show = sb.show("long");
+    assert_eq!(calls(&show).len(), 4203);
+    assert_eq!(calls(&show)[4199]["state"], "succeeded");
+    sb.stephost(&["replay", "long"]).expect_code(0);
+    sb.stephost(&["verify", "long"]).expect_code(0);
+}
+
+#[test]
 fn sigkill_while_a_write_is_in_flight_resumes_with_one_effect_per_write() {
     // The receiver commits each order, then takes 30 s to reply: the
     // process is killed while the second write waits for its reply.

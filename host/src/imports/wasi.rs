@@ -117,13 +117,29 @@ impl wasmtime_wasi::HostWallClock for RecordedWallClock {
     }
 }
 
-/// `wasi:clocks/monotonic-clock`, recorded.
+/// `wasi:clocks/monotonic-clock`, recorded. Live readings continue from
+/// the last recorded one instead of going backwards: an execution replays
+/// every recorded call before it makes a live one, so the last reading it
+/// replayed is the last one recorded.
 pub struct RecordedMonotonicClock {
     pub journal: Arc<Mutex<Journal>>,
     pub origin: std::time::Instant,
-    /// The last reading recorded before this execution, so that live
-    /// readings continue from it instead of going backwards.
-    pub base: u64,
+    /// The last reading replayed so far.
+    pub replayed: std::sync::atomic::AtomicU64,
+    /// Where live readings start: the last replayed one, fixed at the
+    /// first live reading.
+    pub base: std::sync::OnceLock<u64>,
+}
+
+impl RecordedMonotonicClock {
+    pub fn new(journal: Arc<Mutex<Journal>>) -> Self {
+        RecordedMonotonicClock {
+            journal,
+            origin: std::time::Instant::now(),
+            replayed: 0.into(),
+            base: std::sync::OnceLock::new(),
+        }
+    }
 }
 
 impl wasmtime_wasi::HostMonotonicClock for RecordedMonotonicClock {
@@ -132,16 +148,23 @@ impl wasmtime_wasi::HostMonotonicClock for RecordedMonotonicClock {
     }
 
     fn now(&self) -> u64 {
-        let (origin, base) = (self.origin, self.base);
+        use std::sync::atomic::Ordering::Relaxed;
         let nanos = observe(
             &self.journal,
             "wasi:clocks/monotonic-clock",
             "now",
             "",
-            || (base + origin.elapsed().as_nanos() as u64).into(),
+            || {
+                let base = *self.base.get_or_init(|| self.replayed.load(Relaxed));
+                (base + self.origin.elapsed().as_nanos() as u64).into()
+            },
         )
         .and_then(|v| as_u64(&v, "monotonic-clock.now"));
-        keep(&self.journal, nanos, 0)
+        let nanos = keep(&self.journal, nanos, 0);
+        if self.base.get().is_none() {
+            self.replayed.store(nanos, Relaxed);
+        }
+        nanos
     }
 }
 
@@ -177,5 +200,63 @@ impl rand_core::TryRng for RecordedRng {
         let b = self.bytes(dst.len());
         dst.copy_from_slice(&b);
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::journal::Mode;
+    use crate::ledger::{CallClass, CallRecord, CallState, History, Ledger, NewRun, SqliteLedger};
+    use wasmtime_wasi::HostMonotonicClock;
+
+    #[test]
+    fn live_monotonic_readings_go_on_from_the_last_replayed_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut ledger = SqliteLedger::open(&dir.path().join("l.db")).unwrap();
+        ledger.put_module("d", b"\0asm").unwrap();
+        ledger.create_run(NewRun::for_test("r", "d", 1)).unwrap();
+        let claim = ledger.claim("r", "me", 60_000, 2, &|_| true).unwrap();
+        // The previous execution's reading, far ahead of this process's clock.
+        const RECORDED: u64 = 1 << 60;
+        let recorded = CallRecord {
+            seq: 1,
+            class: CallClass::Observe,
+            interface: "wasi:clocks/monotonic-clock".into(),
+            function: "now".into(),
+            operation_id: "op1".into(),
+            request: String::new(),
+            request_hash: "h".into(),
+            state: CallState::Succeeded,
+            outcome: Some(format!("{{\"ok\":{RECORDED}}}")),
+            started_at_ms: 1,
+            finished_at_ms: Some(1),
+            resolved_by: None,
+            chain: Some("c1".into()),
+        };
+        let journal = Journal::new(
+            "r",
+            Mode::Live {
+                ledger: Box::new(ledger),
+                claim,
+            },
+            History::loaded("r", vec![recorded]),
+            &[],
+            crate::limits::Limits::default(),
+        );
+        let clock = RecordedMonotonicClock::new(Arc::new(Mutex::new(journal)));
+        assert_eq!(clock.now(), RECORDED, "the first reading is replayed");
+        let first_live = clock.now();
+        let second_live = clock.now();
+        assert!(
+            (RECORDED..RECORDED + 60_000_000_000).contains(&first_live),
+            "{first_live}"
+        );
+        assert!(second_live >= first_live, "{second_live} < {first_live}");
+        assert!(
+            second_live - first_live < 60_000_000_000,
+            "the base was counted twice: {first_live} then {second_live}"
+        );
+        assert!(lock(&clock.journal).stop().is_none());
     }
 }

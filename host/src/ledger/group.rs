@@ -12,8 +12,8 @@ use std::sync::mpsc;
 use std::thread::JoinHandle;
 
 use super::{
-    AttemptRecord, CallRecord, CallState, Claim, Ledger, LedgerError, LogRecord, NewRun, RunRecord,
-    RunStatus, SqliteLedger, WriteOp,
+    AttemptRecord, CallRecord, CallState, Claim, History, Ledger, LedgerError, LogRecord, NewRun,
+    RunRecord, RunStatus, SqliteLedger, WriteOp,
 };
 
 /// Most writes applied in one transaction.
@@ -204,8 +204,16 @@ impl Ledger for GroupLedger {
         self.direct.calls(run_id)
     }
 
+    fn history(&self, run_id: &str) -> Result<History, LedgerError> {
+        self.direct.history(run_id)
+    }
+
     fn attempts(&self, run_id: &str) -> Result<Vec<AttemptRecord>, LedgerError> {
         self.direct.attempts(run_id)
+    }
+
+    fn call_attempts(&self, run_id: &str, seq: u64) -> Result<Vec<AttemptRecord>, LedgerError> {
+        self.direct.call_attempts(run_id, seq)
     }
 
     fn logs(&self, run_id: &str) -> Result<Vec<LogRecord>, LedgerError> {

@@ -15,12 +15,14 @@
 pub mod attempts;
 pub mod chain;
 pub mod group;
+pub mod history;
 pub mod schema;
 pub mod sqlite;
 
 use serde::{Deserialize, Serialize};
 
 pub use group::{GroupCommitter, GroupLedger};
+pub use history::History;
 pub use sqlite::SqliteLedger;
 
 /// The class of a call decides how it is recorded and how it is resumed.
@@ -451,7 +453,22 @@ pub trait Ledger: Send {
     fn runnable(&self, now_ms: i64, limit: usize) -> Result<Vec<RunRecord>, LedgerError>;
 
     fn calls(&self, run_id: &str) -> Result<Vec<CallRecord>, LedgerError>;
+
+    /// The run's calls as an execution consumes them: the same rows as
+    /// [`Ledger::calls`], which an implementation may deliver while the
+    /// first of them are being replayed.
+    fn history(&self, run_id: &str) -> Result<History, LedgerError> {
+        Ok(History::loaded(run_id, self.calls(run_id)?))
+    }
+
     fn attempts(&self, run_id: &str) -> Result<Vec<AttemptRecord>, LedgerError>;
+
+    /// The attempts of call `seq` alone.
+    fn call_attempts(&self, run_id: &str, seq: u64) -> Result<Vec<AttemptRecord>, LedgerError> {
+        let mut all = self.attempts(run_id)?;
+        all.retain(|a| a.seq == seq);
+        Ok(all)
+    }
     fn logs(&self, run_id: &str) -> Result<Vec<LogRecord>, LedgerError>;
 
     /// Applies `ops` for the claim's run in one transaction: durable (one

@@ -13,8 +13,8 @@ use rusqlite::{Connection, OpenFlags, OptionalExtension, Row, TransactionBehavio
 use super::attempts;
 use super::schema::{self, APPLICATION_ID};
 use super::{
-    AttemptRecord, CallClass, CallRecord, CallState, Claim, Ledger, LedgerError, LogRecord, NewRun,
-    RunEnd, RunRecord, RunStatus, WriteOp,
+    AttemptRecord, CallClass, CallRecord, CallState, Claim, History, Ledger, LedgerError,
+    LogRecord, NewRun, RunEnd, RunRecord, RunStatus, WriteOp,
 };
 
 /// How long a writer waits for another process's transaction.
@@ -92,6 +92,16 @@ impl SqliteLedger {
 
     pub fn path(&self) -> &Path {
         &self.path
+    }
+
+    /// The highest sequence number among the run's calls (their count, in
+    /// a sound ledger); 0 for none.
+    fn last_seq(&self, run_id: &str) -> Result<usize, LedgerError> {
+        let last: Option<i64> = self
+            .conn
+            .prepare_cached("SELECT max(seq) FROM calls WHERE run_id = ?1")?
+            .query_row([run_id], |r| r.get(0))?;
+        Ok(last.unwrap_or(0).max(0) as usize)
     }
 
     fn migrate(&mut self, from: i64) -> Result<(), LedgerError> {
@@ -598,6 +608,36 @@ fn add_counters(conn: &Connection, counters: &crate::journal::Counters) -> Resul
     Ok(())
 }
 
+/// Histories at least this long are read while they are replayed.
+const STREAM_CALLS_MIN: usize = 4096;
+/// Calls handed over at a time by a thread reading a history.
+const STREAM_CHUNK: usize = 1024;
+/// Threads reading one history.
+const STREAM_READERS: usize = 2;
+
+/// The calls of `run_id` numbered `after + 1 ..= upto`, in order.
+fn calls_between(
+    conn: &Connection,
+    run_id: &str,
+    after: usize,
+    upto: usize,
+) -> Result<Vec<CallRecord>, Option<LedgerError>> {
+    let mut stmt = conn
+        .prepare_cached(&format!(
+            "SELECT {CALL_COLUMNS} FROM calls WHERE run_id = ?1 AND seq > ?2 AND seq <= ?3 \
+             ORDER BY seq"
+        ))
+        .map_err(|e| Some(e.into()))?;
+    let mut chunk = Vec::with_capacity(upto - after);
+    let rows = stmt
+        .query_map(params![run_id, after as i64, upto as i64], call_from_row)
+        .map_err(|e| Some(e.into()))?;
+    for call in rows {
+        chunk.push(call.map_err(|e| Some(e.into()))?);
+    }
+    Ok(chunk)
+}
+
 /// Buffered call rows inserted by one statement (one statement per row
 /// costs about a quarter more per row).
 const CALL_CHUNK: usize = 8;
@@ -1024,13 +1064,9 @@ impl Ledger for SqliteLedger {
         ))?;
         // Sized up front: a long run has 100,000s of calls, and growing the
         // vector by doubling copies them and faults in fresh pages again.
-        let last: Option<i64> = self
-            .conn
-            .prepare_cached("SELECT max(seq) FROM calls WHERE run_id = ?1")?
-            .query_row([run_id], |r| r.get(0))?;
         // (Capped: a damaged row's huge seq must end in `Corrupt` below, not
         // in a failed allocation.)
-        let mut calls = Vec::with_capacity(last.unwrap_or(0).clamp(0, 1 << 20) as usize);
+        let mut calls = Vec::with_capacity(self.last_seq(run_id)?.min(1 << 20));
         for call in stmt.query_map([run_id], call_from_row)? {
             calls.push(call?);
         }
@@ -1045,6 +1081,58 @@ impl Ledger for SqliteLedger {
             }
         }
         Ok(calls)
+    }
+
+    /// A history of `STREAM_CALLS_MIN` calls or more is read by
+    /// `STREAM_READERS` threads, each on a read-only connection of its own,
+    /// in chunks of `STREAM_CHUNK` calls taken in turn: the guest replays
+    /// the first chunks while the next ones are read. (The run is claimed,
+    /// so nobody adds to its calls while they are read.)
+    fn history(&self, run_id: &str) -> Result<History, LedgerError> {
+        let total = self.last_seq(run_id)?;
+        if total < STREAM_CALLS_MIN {
+            return Ok(History::loaded(run_id, self.calls(run_id)?));
+        }
+        let mut incoming = Vec::with_capacity(STREAM_READERS);
+        for reader in 0..STREAM_READERS {
+            let conn = Connection::open_with_flags(
+                &self.path,
+                OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+            )?;
+            conn.busy_timeout(Duration::from_millis(BUSY_TIMEOUT_MS))?;
+            let (chunks, receiver) = std::sync::mpsc::sync_channel(4);
+            let id = run_id.to_string();
+            std::thread::Builder::new()
+                .name("stephost-history".into())
+                .spawn(move || {
+                    let first = reader * STREAM_CHUNK;
+                    let every = STREAM_READERS * STREAM_CHUNK;
+                    // A closed channel means the execution stopped reading.
+                    let read = (first..total).step_by(every).try_for_each(|after| {
+                        let upto = (after + STREAM_CHUNK).min(total);
+                        let chunk = calls_between(&conn, &id, after, upto)?;
+                        chunks.send(Ok(chunk)).map_err(|_| None)
+                    });
+                    if let Err(Some(e)) = read {
+                        let _ = chunks.send(Err(e));
+                    }
+                })
+                .map_err(|e| {
+                    LedgerError::Batch(format!("cannot start reading the history: {e}"))
+                })?;
+            incoming.push(receiver);
+        }
+        Ok(History::streamed(run_id, total, incoming))
+    }
+
+    fn call_attempts(&self, run_id: &str, seq: u64) -> Result<Vec<AttemptRecord>, LedgerError> {
+        let json: Option<String> = self
+            .conn
+            .prepare_cached("SELECT attempts FROM calls WHERE run_id = ?1 AND seq = ?2")?
+            .query_row(params![run_id, seq as i64], |r| r.get(0))
+            .optional()?
+            .flatten();
+        json.map_or(Ok(Vec::new()), |json| attempts::parse(run_id, seq, &json))
     }
 
     fn attempts(&self, run_id: &str) -> Result<Vec<AttemptRecord>, LedgerError> {
@@ -1269,6 +1357,68 @@ mod tests {
     fn seed(ledger: &mut SqliteLedger) {
         ledger.put_module("d1", b"\0asm").unwrap();
         ledger.create_run(NewRun::for_test("r1", "d1", 1)).unwrap();
+    }
+
+    /// Run r1 with `n` finished observe calls.
+    fn long_run(n: u64) -> (tempfile::TempDir, SqliteLedger) {
+        let (dir, mut ledger) = new_ledger();
+        seed(&mut ledger);
+        let claim = claim_fresh(&mut ledger, "r1", "me");
+        let ops: Vec<WriteOp> = (1..=n)
+            .map(|seq| {
+                WriteOp::Call(CallRecord {
+                    seq,
+                    class: CallClass::Observe,
+                    interface: "stephost:step/clock".into(),
+                    function: "now".into(),
+                    operation_id: format!("op{seq}"),
+                    request: String::new(),
+                    request_hash: "h".into(),
+                    state: CallState::Succeeded,
+                    outcome: Some(format!("{{\"ok\":{seq}}}")),
+                    started_at_ms: 1,
+                    finished_at_ms: Some(1),
+                    resolved_by: None,
+                    chain: Some(format!("c{seq}")),
+                })
+            })
+            .collect();
+        ledger.commit(&claim, &ops).unwrap();
+        (dir, ledger)
+    }
+
+    #[test]
+    fn a_long_history_streams_the_same_calls_and_a_gap_in_it_is_corrupt() {
+        let n = (STREAM_CALLS_MIN + STREAM_READERS * STREAM_CHUNK + 7) as u64;
+        let (_dir, ledger) = long_run(n);
+        let mut history = ledger.history("r1").unwrap();
+        assert_eq!(history.len() as u64, n);
+        assert_eq!(
+            history.all().unwrap(),
+            ledger.calls("r1").unwrap().as_slice()
+        );
+        // A missing row, in a chunk read by either reader, or at the end.
+        for missing in [2 * STREAM_CHUNK as u64 + 5, 3 * STREAM_CHUNK as u64, n - 1] {
+            let (_dir, ledger) = long_run(n);
+            ledger
+                .conn
+                .execute(
+                    "DELETE FROM calls WHERE run_id = 'r1' AND seq = ?1",
+                    [missing as i64],
+                )
+                .unwrap();
+            let mut history = ledger.history("r1").unwrap();
+            // The chunks before the gap's arrive; the gap's is refused.
+            let chunk_start = (missing as usize - 1) / STREAM_CHUNK * STREAM_CHUNK;
+            if let Some(before) = chunk_start.checked_sub(1) {
+                assert_eq!(history.get(before).unwrap().unwrap().seq, before as u64 + 1);
+            }
+            let err = history.get(missing as usize - 1).unwrap_err();
+            assert!(
+                matches!(&err, LedgerError::Corrupt(m) if m.contains(&format!("#{}", missing + 1))),
+                "gap at #{missing}: {err}"
+            );
+        }
     }
 
     #[test]

@@ -1,0 +1,131 @@
+//! A run's recorded calls, in order, as an execution consumes them.
+//!
+//! A short history is read at once. A long one arrives in chunks from
+//! threads of the ledger's while the guest already replays its first calls
+//! (see [`super::Ledger::history`]): reading 100,000 rows and replaying them
+//! then overlap instead of following each other. With several readers,
+//! chunk `k` comes from reader `k % readers`.
+
+use std::sync::mpsc::Receiver;
+
+use super::{CallRecord, LedgerError};
+
+/// Chunks of rows in order, or the error that ended them.
+pub type Chunks = Receiver<Result<Vec<CallRecord>, LedgerError>>;
+
+pub struct History {
+    run_id: String,
+    rows: Vec<CallRecord>,
+    /// How many calls the ledger holds for the run.
+    total: usize,
+    /// The readers still delivering, in turn; empty once all has arrived
+    /// or reading failed.
+    incoming: Vec<Chunks>,
+    /// Chunks received so far.
+    received: usize,
+}
+
+impl History {
+    /// A history read at once (or from a fixture).
+    pub fn loaded(run_id: &str, rows: Vec<CallRecord>) -> Self {
+        History {
+            run_id: run_id.to_string(),
+            total: rows.len(),
+            rows,
+            incoming: Vec::new(),
+            received: 0,
+        }
+    }
+
+    /// A history of `total` calls still arriving, chunk `k` from
+    /// `incoming[k % incoming.len()]`.
+    pub fn streamed(run_id: &str, total: usize, incoming: Vec<Chunks>) -> Self {
+        History {
+            run_id: run_id.to_string(),
+            rows: Vec::with_capacity(total.min(1 << 20)),
+            total,
+            incoming,
+            received: 0,
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.total
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.total == 0
+    }
+
+    /// Call `index + 1`, waiting for it if it has not arrived yet.
+    pub fn get(&mut self, index: usize) -> Result<Option<&CallRecord>, LedgerError> {
+        if index >= self.total {
+            return Ok(None);
+        }
+        while self.rows.len() <= index {
+            self.receive()?;
+        }
+        Ok(self.rows.get(index))
+    }
+
+    /// A call that has arrived already (`get` returned it before).
+    pub fn arrived(&self, index: usize) -> Option<&CallRecord> {
+        self.rows.get(index)
+    }
+
+    /// Every call, waiting for those still to come.
+    pub fn all(&mut self) -> Result<&[CallRecord], LedgerError> {
+        if let Some(last) = self.total.checked_sub(1) {
+            self.get(last)?;
+        }
+        Ok(&self.rows)
+    }
+
+    fn receive(&mut self) -> Result<(), LedgerError> {
+        let reader = self
+            .incoming
+            .get(self.received % self.incoming.len().max(1));
+        let chunk = match reader.map(Receiver::recv) {
+            Some(Ok(Ok(chunk))) => chunk,
+            Some(Ok(Err(e))) => {
+                self.incoming.clear();
+                return Err(e);
+            }
+            // The reader stopped without an error, or there is none.
+            Some(Err(_)) | None => {
+                self.incoming.clear();
+                return Err(LedgerError::Corrupt(format!(
+                    "run {}: the ledger holds calls up to #{} but its rows end after #{}",
+                    self.run_id,
+                    self.total,
+                    self.rows.len()
+                )));
+            }
+        };
+        self.received += 1;
+        if chunk.is_empty() {
+            self.incoming.clear();
+            return Err(LedgerError::Corrupt(format!(
+                "run {}: the ledger holds calls up to #{} but has none after #{}",
+                self.run_id,
+                self.total,
+                self.rows.len()
+            )));
+        }
+        for call in chunk {
+            let expected = self.rows.len() as u64 + 1;
+            if call.seq != expected {
+                self.incoming.clear();
+                return Err(LedgerError::Corrupt(format!(
+                    "run {}: call #{} found where #{expected} was expected",
+                    self.run_id, call.seq
+                )));
+            }
+            if self.rows.len() == self.total {
+                break;
+            }
+            self.rows.push(call);
+        }
+        Ok(())
+    }
+}
