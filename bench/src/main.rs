@@ -813,8 +813,9 @@ impl Bench {
             "6: a run recorded {RESUME_CALLS} clock calls and one write, then was stopped by a \
              worker shutdown before its last write and released; `Host::resume` (warm component \
              cache) replayed {} calls and made {} live write. `to first live call` is the host's \
-             own resume-latency metric (from the start of the execution, after the run and its \
-             calls are read from the ledger, to the first live call); `whole call` is the \
+             own resume-latency metric (from the start of the execution, after the run is read \
+             from the ledger, to the first live call: a history this long is read while it is \
+             replayed, so this includes reading it); `whole call` is the \
              wall time of `Host::resume`: claim, reading the history, replay, the live write \
              and finishing the run",
             resumed.stats.replayed, resumed.stats.live
