@@ -15,7 +15,11 @@ pub type Chunks = Receiver<Result<Vec<CallRecord>, LedgerError>>;
 
 pub struct History {
     run_id: String,
-    rows: Vec<CallRecord>,
+    /// The calls arrived so far, in chunks as they came (not copied into
+    /// one vector); every chunk but the last holds `chunk_len` calls.
+    chunks: Vec<Vec<CallRecord>>,
+    chunk_len: usize,
+    arrived: usize,
     /// How many calls the ledger holds for the run.
     total: usize,
     /// The readers still delivering, in turn; empty once all has arrived
@@ -31,18 +35,23 @@ impl History {
         History {
             run_id: run_id.to_string(),
             total: rows.len(),
-            rows,
+            arrived: rows.len(),
+            chunk_len: rows.len().max(1),
+            chunks: vec![rows],
             incoming: Vec::new(),
             received: 0,
         }
     }
 
-    /// A history of `total` calls still arriving, chunk `k` from
+    /// A history of `total` calls still arriving in chunks of `chunk_len`
+    /// (the last may be shorter), chunk `k` from
     /// `incoming[k % incoming.len()]`.
-    pub fn streamed(run_id: &str, total: usize, incoming: Vec<Chunks>) -> Self {
+    pub fn streamed(run_id: &str, total: usize, chunk_len: usize, incoming: Vec<Chunks>) -> Self {
         History {
             run_id: run_id.to_string(),
-            rows: Vec::with_capacity(total.min(1 << 20)),
+            chunks: Vec::new(),
+            chunk_len: chunk_len.max(1),
+            arrived: 0,
             total,
             incoming,
             received: 0,
@@ -62,23 +71,25 @@ impl History {
         if index >= self.total {
             return Ok(None);
         }
-        while self.rows.len() <= index {
+        while self.arrived <= index {
             self.receive()?;
         }
-        Ok(self.rows.get(index))
+        Ok(self.arrived(index))
     }
 
     /// A call that has arrived already (`get` returned it before).
     pub fn arrived(&self, index: usize) -> Option<&CallRecord> {
-        self.rows.get(index)
+        self.chunks
+            .get(index / self.chunk_len)?
+            .get(index % self.chunk_len)
     }
 
     /// Every call, waiting for those still to come.
-    pub fn all(&mut self) -> Result<&[CallRecord], LedgerError> {
+    pub fn all(&mut self) -> Result<impl Iterator<Item = &CallRecord>, LedgerError> {
         if let Some(last) = self.total.checked_sub(1) {
             self.get(last)?;
         }
-        Ok(&self.rows)
+        Ok(self.chunks.iter().flatten())
     }
 
     fn receive(&mut self) -> Result<(), LedgerError> {
@@ -96,9 +107,7 @@ impl History {
                 self.incoming.clear();
                 return Err(LedgerError::Corrupt(format!(
                     "run {}: the ledger holds calls up to #{} but its rows end after #{}",
-                    self.run_id,
-                    self.total,
-                    self.rows.len()
+                    self.run_id, self.total, self.arrived
                 )));
             }
         };
@@ -107,25 +116,34 @@ impl History {
             self.incoming.clear();
             return Err(LedgerError::Corrupt(format!(
                 "run {}: the ledger holds calls up to #{} but has none after #{}",
-                self.run_id,
-                self.total,
-                self.rows.len()
+                self.run_id, self.total, self.arrived
             )));
         }
-        for call in chunk {
-            let expected = self.rows.len() as u64 + 1;
-            if call.seq != expected {
-                self.incoming.clear();
-                return Err(LedgerError::Corrupt(format!(
-                    "run {}: call #{} found where #{expected} was expected",
-                    self.run_id, call.seq
-                )));
-            }
-            if self.rows.len() == self.total {
-                break;
-            }
-            self.rows.push(call);
+        // Each call in its place, and none past the end.
+        let first = self.arrived as u64 + 1;
+        let fits = chunk.len() <= self.chunk_len && self.arrived + chunk.len() <= self.total;
+        if let Some((at, call)) = chunk
+            .iter()
+            .enumerate()
+            .find(|(at, call)| call.seq != first + *at as u64)
+        {
+            self.incoming.clear();
+            return Err(LedgerError::Corrupt(format!(
+                "run {}: call #{} found where #{} was expected",
+                self.run_id,
+                call.seq,
+                first + at as u64
+            )));
         }
+        if !fits {
+            self.incoming.clear();
+            return Err(LedgerError::Corrupt(format!(
+                "run {}: more calls arrived than the {} the ledger holds",
+                self.run_id, self.total
+            )));
+        }
+        self.arrived += chunk.len();
+        self.chunks.push(chunk);
         Ok(())
     }
 }
