@@ -275,11 +275,18 @@ impl WriteOp {
     }
 
     /// Applies the write inside the caller's transaction or savepoint, which
-    /// has checked the claim's fence.
-    fn apply(&self, conn: &Connection, claim: &Claim) -> Result<(), LedgerError> {
+    /// has checked the claim's fence. A call's row takes its attempts from
+    /// `tried` (with the row, or with the call's outcome).
+    fn apply(
+        &self,
+        conn: &Connection,
+        claim: &Claim,
+        tried: &mut Tried,
+    ) -> Result<(), LedgerError> {
         match self {
             WriteOp::Call(call) | WriteOp::Started(call) => {
-                insert_calls(conn, claim, &[(call, None)])
+                let attempts = tried.take(call.seq);
+                insert_calls(conn, claim, &[(call, attempts.as_deref())])
             }
             WriteOp::Outcome {
                 seq,
@@ -287,13 +294,21 @@ impl WriteOp {
                 outcome,
                 now_ms,
                 chain,
-            } => update_outcome(conn, claim, *seq, *state, outcome, *now_ms, chain, None),
-            WriteOp::Attempt(attempt) => append_attempts(
-                conn,
-                claim,
-                attempt.seq,
-                &attempts::to_json(&[attempt], claim.fence),
-            ),
+            } => {
+                let attempts = tried.take(*seq);
+                update_outcome(
+                    conn,
+                    claim,
+                    *seq,
+                    *state,
+                    outcome,
+                    *now_ms,
+                    chain,
+                    attempts.as_deref(),
+                )
+            }
+            // Kept in `tried` until its call's row takes it.
+            WriteOp::Attempt(_) => Ok(()),
             WriteOp::Log(log) => {
                 conn.prepare_cached(
                     "INSERT INTO logs (run_id, after_seq, level, message, at) \
@@ -667,28 +682,8 @@ fn apply_all(conn: &Connection, claim: &Claim, ops: &[WriteOp]) -> Result<(), Le
         insert_calls(conn, claim, std::slice::from_ref(row))?;
     }
     for op in ops {
-        match op {
-            WriteOp::Call(_) | WriteOp::Attempt(_) => {}
-            WriteOp::Outcome {
-                seq,
-                state,
-                outcome,
-                now_ms,
-                chain,
-            } => {
-                let attempts = tried.take(*seq);
-                update_outcome(
-                    conn,
-                    claim,
-                    *seq,
-                    *state,
-                    outcome,
-                    *now_ms,
-                    chain,
-                    attempts.as_deref(),
-                )?;
-            }
-            other => other.apply(conn, claim)?,
+        if !matches!(op, WriteOp::Call(_)) {
+            op.apply(conn, claim, &mut tried)?;
         }
     }
     for (seq, json) in tried.0 {
@@ -1364,27 +1359,91 @@ mod tests {
         let (dir, mut ledger) = new_ledger();
         seed(&mut ledger);
         let claim = claim_fresh(&mut ledger, "r1", "me");
-        let ops: Vec<WriteOp> = (1..=n)
-            .map(|seq| {
-                WriteOp::Call(CallRecord {
-                    seq,
-                    class: CallClass::Observe,
-                    interface: "stephost:step/clock".into(),
-                    function: "now".into(),
-                    operation_id: format!("op{seq}"),
-                    request: String::new(),
-                    request_hash: "h".into(),
-                    state: CallState::Succeeded,
-                    outcome: Some(format!("{{\"ok\":{seq}}}")),
-                    started_at_ms: 1,
-                    finished_at_ms: Some(1),
-                    resolved_by: None,
-                    chain: Some(format!("c{seq}")),
-                })
-            })
-            .collect();
+        let ops: Vec<WriteOp> = (1..=n).map(|seq| WriteOp::Call(clock_call(seq))).collect();
         ledger.commit(&claim, &ops).unwrap();
         (dir, ledger)
+    }
+
+    /// A finished clock call.
+    fn clock_call(seq: u64) -> CallRecord {
+        CallRecord {
+            seq,
+            class: CallClass::Observe,
+            interface: "stephost:step/clock".into(),
+            function: "now".into(),
+            operation_id: format!("op{seq}"),
+            request: String::new(),
+            request_hash: "h".into(),
+            state: CallState::Succeeded,
+            outcome: Some(format!("{{\"ok\":{seq}}}")),
+            started_at_ms: 1,
+            finished_at_ms: Some(1),
+            resolved_by: None,
+            chain: Some(format!("c{seq}")),
+        }
+    }
+
+    #[test]
+    fn attempts_join_their_call_row_whichever_commit_carries_them() {
+        let (_dir, mut ledger) = new_ledger();
+        seed(&mut ledger);
+        let claim = claim_fresh(&mut ledger, "r1", "me");
+        let attempt = |n: u32, result: &str| {
+            WriteOp::Attempt(AttemptRecord {
+                seq: 1,
+                attempt: n,
+                kind: "send".into(),
+                started_at_ms: 5,
+                finished_at_ms: 6,
+                result: result.into(),
+                detail: None,
+            })
+        };
+        let mut started = clock_call(1);
+        started.class = CallClass::Write;
+        started.state = CallState::Started;
+        started.outcome = None;
+        ledger.commit(&claim, &[WriteOp::Started(started)]).unwrap();
+        // Alone (appended to the row), then with the call's outcome.
+        ledger.commit(&claim, &[attempt(1, "retryable")]).unwrap();
+        ledger
+            .commit(
+                &claim,
+                &[
+                    attempt(2, "ok"),
+                    WriteOp::Outcome {
+                        seq: 1,
+                        state: CallState::Succeeded,
+                        outcome: Some("{\"ok\":1}".into()),
+                        now_ms: 7,
+                        chain: Some("c".into()),
+                    },
+                ],
+            )
+            .unwrap();
+        let results: Vec<String> = ledger
+            .attempts("r1")
+            .unwrap()
+            .into_iter()
+            .map(|a| format!("{}:{}", a.attempt, a.result))
+            .collect();
+        assert_eq!(results, ["1:retryable", "2:ok"]);
+        assert_eq!(ledger.calls("r1").unwrap()[0].state, CallState::Succeeded);
+        // An attempt for a call the ledger does not hold fails its commit,
+        // which writes nothing.
+        let mut stray = attempt(1, "ok");
+        if let WriteOp::Attempt(a) = &mut stray {
+            a.seq = 9;
+        }
+        let log = WriteOp::Log(LogRecord {
+            after_seq: 1,
+            level: "info".into(),
+            message: "not kept".into(),
+            at_ms: 8,
+        });
+        let err = ledger.commit(&claim, &[log, stray]).unwrap_err();
+        assert!(matches!(err, LedgerError::Corrupt(_)), "{err}");
+        assert!(ledger.logs("r1").unwrap().is_empty());
     }
 
     #[test]
