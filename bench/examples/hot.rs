@@ -105,13 +105,19 @@ fn group(
             host.submit(module, "bench_guest.wasm", &input, None)?;
         }
         let t = Instant::now();
-        stephost::worker::run(db, &make, &worker, &never)?;
+        let report = stephost::worker::run(db, &make, &worker, &never)?;
+        if report.completed != RUNS {
+            return Err(format!("round {round}: {report:?}").into());
+        }
         // Round 0 fills the compiled-component cache.
         if round > 0 {
             per.push(t.elapsed().as_secs_f64() * 1e6 / (RUNS as u64 * count) as f64);
         }
     }
     per.sort_by(f64::total_cmp);
+    if per.is_empty() {
+        return Err("give at least one round".into());
+    }
     println!(
         "group: µs per write: min {:.2}, median {:.2} ({rounds} rounds of {RUNS} runs of {count})",
         per[0],

@@ -45,6 +45,10 @@ pub enum HostError {
         "ledger write failed during the run: {0}; the run is left resumable, retry with `stephost resume`"
     )]
     LedgerWrite(String),
+    #[error(
+        "reading the run's recorded calls failed: {0}; the run is left as it was, retry with `stephost resume`"
+    )]
+    LedgerRead(String),
     #[error("{0}")]
     Fenced(String),
     #[error("{0}")]
@@ -70,9 +74,10 @@ impl HostError {
                 | LedgerError::NotClaimable { .. }
                 | LedgerError::RunExists { .. },
             ) => exit::BAD_INPUT,
-            HostError::Ledger(_) | HostError::LedgerWrite(_) | HostError::Internal(_) => {
-                exit::INTERNAL
-            }
+            HostError::Ledger(_)
+            | HostError::LedgerWrite(_)
+            | HostError::LedgerRead(_)
+            | HostError::Internal(_) => exit::INTERNAL,
             HostError::Module(ModuleError::Engine(_)) => exit::INTERNAL,
             HostError::VersionMismatch(_) => exit::DIVERGED,
             HostError::Module(_)

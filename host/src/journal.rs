@@ -243,6 +243,10 @@ impl std::fmt::Display for Divergence {
 pub enum Stop {
     #[error("ledger write failed: {0}")]
     Ledger(String),
+    /// The run's recorded calls could not be read (`corrupt`: they are
+    /// damaged, e.g. a call is missing).
+    #[error("reading the run's recorded calls failed: {message}")]
+    LedgerRead { message: String, corrupt: bool },
     /// A recorded value is not what its call returns: the ledger is damaged.
     #[error("{0}")]
     Corrupt(String),
@@ -285,12 +289,28 @@ pub struct RunControl {
 }
 
 impl Stop {
-    /// Why a run stops when its recorded calls cannot be read: a damaged
-    /// ledger is left as it is for a person.
+    /// Why a run stops when its recorded calls cannot be read.
     pub fn reading_history(e: LedgerError) -> Stop {
         match e {
-            LedgerError::Corrupt(message) => Stop::Corrupt(message),
-            other => Stop::from(other),
+            LedgerError::Corrupt(message) => Stop::LedgerRead {
+                message,
+                corrupt: true,
+            },
+            LedgerError::Fenced { .. } => Stop::from(e),
+            other => Stop::LedgerRead {
+                message: other.to_string(),
+                corrupt: false,
+            },
+        }
+    }
+
+    /// The error a run that stopped with [`Stop::LedgerRead`] ends in, as
+    /// if the calls had been read before it started.
+    pub fn read_error(message: String, corrupt: bool) -> crate::error::HostError {
+        if corrupt {
+            LedgerError::Corrupt(message).into()
+        } else {
+            crate::error::HostError::LedgerRead(message)
         }
     }
 }
@@ -669,8 +689,8 @@ impl Journal {
                     self.outcome_pending = false;
                 }
                 crash::point("after-started", seq);
-                // The row is written finished, with its attempts after it
-                // (they refer to it), all riding on the next commit.
+                // The row is written finished, with its attempts in it,
+                // riding on the next commit.
                 let mut tried = Vec::new();
                 let mut attempts = Attempts {
                     sink: Some(&mut tried),
@@ -899,7 +919,8 @@ impl Journal {
         let op = OpContext::resumed(&self.run_id, recorded, claim.fence);
         // Attempt numbers go on from those of the executions before.
         let first_attempt = ledger
-            .call_attempts(&self.run_id, seq)?
+            .call_attempts(&self.run_id, seq)
+            .map_err(Stop::reading_history)?
             .iter()
             .map(|a| a.attempt + 1)
             .max()

@@ -512,6 +512,9 @@ impl Host {
                 return Ok((ledger, suspended));
             }
             Some(Stop::Ledger(m)) => return Ok((ledger, Err(HostError::LedgerWrite(m)))),
+            Some(Stop::LedgerRead { message, corrupt }) => {
+                return Ok((ledger, Err(Stop::read_error(message, corrupt))));
+            }
             // Damaged records: leave the run as it is for a person to look at.
             Some(Stop::Corrupt(m)) => {
                 return Ok((
@@ -738,6 +741,10 @@ fn replay_loaded(
     let mut journal = lock(&journal);
     let calls = journal.calls_made();
     let verdict = match (journal.stop().cloned(), guest) {
+        // The recording could not be read: no verdict on the module.
+        (Some(Stop::LedgerRead { message, corrupt }), _) => {
+            return Err(Stop::read_error(message, corrupt));
+        }
         (Some(Stop::Diverged(d)), _) => ReplayVerdict::Diverged { divergence: *d },
         (Some(Stop::ReplayEnd { seq, reason }), _) => ReplayVerdict::Incomplete {
             calls: seq - 1,
@@ -746,7 +753,12 @@ fn replay_loaded(
         (Some(other), _) => ReplayVerdict::StepFailed {
             error: other.to_string(),
         },
-        (None, guest) => match journal.unreached()? {
+        (None, guest) => match journal
+            .unreached()
+            .map_err(|e| match Stop::reading_history(e) {
+                Stop::LedgerRead { message, corrupt } => Stop::read_error(message, corrupt),
+                other => HostError::Internal(other.to_string()),
+            })? {
             Some(divergence) => ReplayVerdict::Diverged { divergence },
             None => verdict_for_end(fixture, guest, calls, &options.limits),
         },

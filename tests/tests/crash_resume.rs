@@ -284,6 +284,20 @@ fn a_run_with_a_long_history_resumes_and_replays_it_read_while_replayed() {
     assert_eq!(calls(&show)[4199]["state"], "succeeded");
     sb.stephost(&["replay", "long"]).expect_code(0);
     sb.stephost(&["verify", "long"]).expect_code(0);
+    // A call missing from the middle of the history: replay reports the
+    // damaged ledger, not a verdict on the step.
+    let conn = rusqlite::Connection::open(sb.db()).expect("open the ledger");
+    conn.execute("DELETE FROM calls WHERE run_id = 'long' AND seq = 3000", [])
+        .unwrap();
+    let damaged = sb.stephost(&["replay", "long"]);
+    damaged.expect_code(1);
+    assert!(
+        damaged
+            .stderr
+            .contains("call #3001 found where #3000 was expected"),
+        "{}",
+        damaged.stderr
+    );
 }
 
 #[test]

@@ -62,13 +62,15 @@ pub fn parse(run_id: &str, seq: u64, json: &str) -> Result<Vec<AttemptRecord>, L
 }
 
 /// An SQL expression: the call's `attempts` with the JSON array `?N`
-/// appended (either may be NULL). Both arrays are this module's compact
-/// text, so joining them is splicing the text: drop the first's `]` and the
-/// second's `[`.
+/// appended (either may be NULL). Appending to attempts already recorded
+/// is rare (a call reconciled after an earlier execution's attempts), so
+/// SQLite's JSON functions rebuild the array, element by element in order.
 pub fn append_sql(param: usize) -> String {
     format!(
         "CASE WHEN ?{param} IS NULL THEN attempts WHEN attempts IS NULL THEN ?{param} \
-         ELSE substr(attempts, 1, length(attempts) - 1) || ',' || substr(?{param}, 2) END"
+         ELSE (SELECT json_group_array(json(value) ORDER BY part, key) FROM \
+             (SELECT 0 AS part, key, value FROM json_each(attempts) \
+              UNION ALL SELECT 1, key, value FROM json_each(?{param}))) END"
     )
 }
 
@@ -89,7 +91,7 @@ mod tests {
     }
 
     #[test]
-    fn attempts_round_trip_and_two_arrays_splice_into_one() {
+    fn attempts_round_trip_and_arrays_append_in_order() {
         let first = [attempt(1, Some("a \"quoted\" ] detail"))];
         let second = [attempt(2, None), attempt(3, None)];
         let a = to_json(&first.iter().collect::<Vec<_>>(), 7);
@@ -97,10 +99,14 @@ mod tests {
         let conn = rusqlite::Connection::open_in_memory().unwrap();
         conn.execute_batch("CREATE TABLE calls (attempts TEXT); INSERT INTO calls VALUES (NULL);")
             .unwrap();
+        // Twelve elements: the order must not be the text order of keys.
+        let many: Vec<AttemptRecord> = (4..=15).map(|n| attempt(n, None)).collect();
+        let c = to_json(&many.iter().collect::<Vec<_>>(), 9);
         let append = format!("UPDATE calls SET attempts = {}", append_sql(1));
         conn.execute(&append, [&a]).unwrap();
         conn.execute(&append, [None::<String>]).unwrap();
         conn.execute(&append, [&b]).unwrap();
+        conn.execute(&append, [&c]).unwrap();
         let joined: String = conn
             .query_row(
                 "SELECT attempts FROM calls WHERE json_valid(attempts)",
@@ -108,7 +114,7 @@ mod tests {
                 |r| r.get(0),
             )
             .unwrap();
-        let all: Vec<AttemptRecord> = first.iter().chain(&second).cloned().collect();
+        let all: Vec<AttemptRecord> = first.iter().chain(&second).chain(&many).cloned().collect();
         assert_eq!(parse("r", 4, &joined).unwrap(), all);
     }
 

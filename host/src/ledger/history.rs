@@ -16,7 +16,8 @@ pub type Chunks = Receiver<Result<Vec<CallRecord>, LedgerError>>;
 pub struct History {
     run_id: String,
     /// The calls arrived so far, in chunks as they came (not copied into
-    /// one vector); every chunk but the last holds `chunk_len` calls.
+    /// one vector); every chunk but the last holds `chunk_len` calls
+    /// (`receive` refuses any other).
     chunks: Vec<Vec<CallRecord>>,
     chunk_len: usize,
     arrived: usize,
@@ -112,16 +113,8 @@ impl History {
             }
         };
         self.received += 1;
-        if chunk.is_empty() {
-            self.incoming.clear();
-            return Err(LedgerError::Corrupt(format!(
-                "run {}: the ledger holds calls up to #{} but has none after #{}",
-                self.run_id, self.total, self.arrived
-            )));
-        }
-        // Each call in its place, and none past the end.
+        // Each call in its place.
         let first = self.arrived as u64 + 1;
-        let fits = chunk.len() <= self.chunk_len && self.arrived + chunk.len() <= self.total;
         if let Some((at, call)) = chunk
             .iter()
             .enumerate()
@@ -135,11 +128,17 @@ impl History {
                 first + at as u64
             )));
         }
-        if !fits {
+        // Every chunk but the last is full, so call `i` is in chunk
+        // `i / chunk_len`: a short one has lost its last calls.
+        let end = self.arrived + chunk.len();
+        let expected_end = (self.arrived + self.chunk_len).min(self.total);
+        if end != expected_end {
             self.incoming.clear();
             return Err(LedgerError::Corrupt(format!(
-                "run {}: more calls arrived than the {} the ledger holds",
-                self.run_id, self.total
+                "run {}: call #{} is missing (the ledger holds calls up to #{})",
+                self.run_id,
+                end.min(expected_end) + 1,
+                self.total
             )));
         }
         self.arrived += chunk.len();

@@ -1081,8 +1081,11 @@ impl Ledger for SqliteLedger {
     /// A history of `STREAM_CALLS_MIN` calls or more is read by
     /// `STREAM_READERS` threads, each on a read-only connection of its own,
     /// in chunks of `STREAM_CHUNK` calls taken in turn: the guest replays
-    /// the first chunks while the next ones are read. (The run is claimed,
-    /// so nobody adds to its calls while they are read.)
+    /// the first chunks while the next ones are read. Each chunk is read in
+    /// a read transaction of its own: recorded calls never change place,
+    /// calls added meanwhile (past the `total` read first) are not read, and
+    /// the only call whose row may change meanwhile is the last one (its
+    /// outcome, by the run's claimant), which a resume holds the claim of.
     fn history(&self, run_id: &str) -> Result<History, LedgerError> {
         let total = self.last_seq(run_id)?;
         if total < STREAM_CALLS_MIN {
@@ -1472,7 +1475,7 @@ mod tests {
             }
             let err = history.get(missing as usize - 1).unwrap_err();
             assert!(
-                matches!(&err, LedgerError::Corrupt(m) if m.contains(&format!("#{}", missing + 1))),
+                matches!(&err, LedgerError::Corrupt(m) if m.contains(&format!("#{missing} "))),
                 "gap at #{missing}: {err}"
             );
         }
