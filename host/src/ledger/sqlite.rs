@@ -1367,7 +1367,8 @@ mod tests {
         (dir, ledger)
     }
 
-    /// A finished clock call.
+    /// A finished clock call; its values differ from call to call, so that
+    /// a column written into another's place shows.
     fn clock_call(seq: u64) -> CallRecord {
         CallRecord {
             seq,
@@ -1376,11 +1377,11 @@ mod tests {
             function: "now".into(),
             operation_id: format!("op{seq}"),
             request: String::new(),
-            request_hash: "h".into(),
+            request_hash: format!("h{seq}"),
             state: CallState::Succeeded,
             outcome: Some(format!("{{\"ok\":{seq}}}")),
-            started_at_ms: 1,
-            finished_at_ms: Some(1),
+            started_at_ms: seq as i64,
+            finished_at_ms: Some(seq as i64),
             resolved_by: None,
             chain: Some(format!("c{seq}")),
         }
@@ -1622,21 +1623,7 @@ mod tests {
         let (_dir, mut ledger) = new_ledger();
         seed(&mut ledger);
         let claim = claim_fresh(&mut ledger, "r1", "a");
-        let observe = |seq: u64| CallRecord {
-            seq,
-            class: CallClass::Observe,
-            interface: "stephost:step/clock".into(),
-            function: "now".into(),
-            operation_id: format!("op{seq}"),
-            request: String::new(),
-            request_hash: format!("h{seq}"),
-            state: CallState::Succeeded,
-            outcome: Some(format!("{{\"ok\":{seq}}}")),
-            started_at_ms: seq as i64,
-            finished_at_ms: Some(seq as i64),
-            resolved_by: None,
-            chain: Some(format!("c{seq}")),
-        };
+        let observe = clock_call;
         // Two full chunks, a write in between that breaks a run of calls,
         // and a tail shorter than a chunk.
         let mut ops: Vec<WriteOp> = (1..=10).map(|s| WriteOp::Call(observe(s))).collect();
