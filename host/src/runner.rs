@@ -19,7 +19,8 @@ use crate::imports::wasi::{RecordedMonotonicClock, RecordedRng, RecordedWallCloc
 use crate::imports::{StepState, lock};
 use crate::journal::{CallErrorKind, Journal, Mode, Outcome, RunControl, Stats, Stop};
 use crate::ledger::{
-    Claim, History, Ledger, LogRecord, NewRun, RunEnd, RunRecord, RunStatus, SqliteLedger, WriteOp,
+    Claim, History, Ledger, LedgerError, LogRecord, NewRun, RunEnd, RunRecord, RunStatus,
+    SqliteLedger, WriteOp,
 };
 use crate::limits::Limits;
 use crate::replay::{Fixture, ReplayReport, ReplayVerdict};
@@ -753,12 +754,10 @@ fn replay_loaded(
         (Some(other), _) => ReplayVerdict::StepFailed {
             error: other.to_string(),
         },
-        (None, guest) => match journal
-            .unreached()
-            .map_err(|e| match Stop::reading_history(e) {
-                Stop::LedgerRead { message, corrupt } => Stop::read_error(message, corrupt),
-                other => HostError::Internal(other.to_string()),
-            })? {
+        (None, guest) => match journal.unreached().map_err(|e| match e {
+            LedgerError::Corrupt(_) => HostError::from(e),
+            other => HostError::LedgerRead(other.to_string()),
+        })? {
             Some(divergence) => ReplayVerdict::Diverged { divergence },
             None => verdict_for_end(fixture, guest, calls, &options.limits),
         },
