@@ -28,6 +28,14 @@ fn sends(show: &Value, seq: u64) -> usize {
         .count()
 }
 
+/// Runs the supplier order as `order-1` and crashes it at `point` of the
+/// order's call.
+fn crash_order_at(sb: &Sandbox, point: &str) {
+    let at = format!("{point}@{ORDER_SEQ}");
+    let crashed = sb.run_crashing_at(&at, guests::SUPPLIER_ORDER, INPUT, "order-1");
+    assert_eq!(crashed.signal, Some(libc::SIGABRT), "{crashed:?}");
+}
+
 /// Crashes the supplier run at `point`, checks what the ledger and the
 /// receiver hold at that moment with `at_crash`, resumes, and checks the end.
 fn crash_and_resume(point: &str, at_crash: impl Fn(&Sandbox, &Value)) {
@@ -106,13 +114,7 @@ fn crash_after_started_before_send_sends_the_order_once() {
 #[test]
 fn a_run_that_diverges_on_resume_leaves_its_in_flight_write_unknown() {
     let sb = Sandbox::with_config(BIN, SUPPLIER_CONFIG);
-    let crashed = sb.run_crashing_at(
-        &format!("after-started@{ORDER_SEQ}"),
-        guests::SUPPLIER_ORDER,
-        INPUT,
-        "order-1",
-    );
-    assert_eq!(crashed.signal, Some(libc::SIGABRT), "{crashed:?}");
+    crash_order_at(&sb, "after-started");
     // The recording no longer matches the step before its write, as if the
     // step had read something the host did not record.
     let conn = rusqlite::Connection::open(sb.db()).expect("open the ledger");
@@ -161,12 +163,7 @@ fn crash_after_the_outcome_of_a_deduplicated_write_settles_it_with_the_receiver(
         assert_eq!(sb.received("supplier-orders.jsonl").len(), 1);
     });
     let sb = Sandbox::with_config(BIN, SUPPLIER_CONFIG);
-    sb.run_crashing_at(
-        &format!("after-outcome@{ORDER_SEQ}"),
-        guests::SUPPLIER_ORDER,
-        INPUT,
-        "order-1",
-    );
+    crash_order_at(&sb, "after-outcome");
     sb.stephost(&["resume", "order-1"]).expect_code(0);
     let after = sb.show("order-1");
     let lookups: Vec<&Value> = attempts_for(&after, ORDER_SEQ)
@@ -184,13 +181,7 @@ fn crash_after_the_outcome_of_a_write_that_cannot_be_resent_finds_it_recorded() 
     // lookup.
     let config = SUPPLIER_CONFIG.to_string() + "deduplicate = false\n";
     let sb = Sandbox::with_config(BIN, &config);
-    let crashed = sb.run_crashing_at(
-        &format!("after-outcome@{ORDER_SEQ}"),
-        guests::SUPPLIER_ORDER,
-        INPUT,
-        "order-1",
-    );
-    assert_eq!(crashed.signal, Some(libc::SIGABRT), "{crashed:?}");
+    crash_order_at(&sb, "after-outcome");
     let before = sb.show("order-1");
     assert_eq!(calls(&before)[ORDER_SEQ as usize - 1]["state"], "succeeded");
     let resumed = sb.stephost(&["resume", "order-1"]);
