@@ -294,12 +294,18 @@ impl Ledger for GroupLedger {
 mod tests {
     use super::*;
 
+    /// A new ledger `l.db` in a temporary folder, holding module `d`.
+    fn ledger_with_module() -> (tempfile::TempDir, SqliteLedger) {
+        let dir = tempfile::tempdir().unwrap();
+        let mut ledger = SqliteLedger::open(&dir.path().join("l.db")).unwrap();
+        ledger.put_module("d", b"\0asm").unwrap();
+        (dir, ledger)
+    }
+
     #[test]
     fn concurrent_writers_share_batches_and_a_stale_one_fails_alone() {
-        let dir = tempfile::tempdir().unwrap();
+        let (dir, mut setup) = ledger_with_module();
         let db = dir.path().join("l.db");
-        let mut setup = SqliteLedger::open(&db).unwrap();
-        setup.put_module("d", b"\0asm").unwrap();
         let mut claims = Vec::new();
         for i in 0..8 {
             let id = format!("r{i}");
@@ -348,10 +354,8 @@ mod tests {
 
     #[test]
     fn writes_queued_before_a_release_land_before_another_can_claim() {
-        let dir = tempfile::tempdir().unwrap();
+        let (dir, mut setup) = ledger_with_module();
         let db = dir.path().join("l.db");
-        let mut setup = SqliteLedger::open(&db).unwrap();
-        setup.put_module("d", b"\0asm").unwrap();
         setup.create_run(NewRun::for_test("r", "d", 1)).unwrap();
         let claim = setup.claim("r", "w", 60_000, 2, &|_| true).unwrap();
         let committer = GroupCommitter::start(&db).unwrap();
