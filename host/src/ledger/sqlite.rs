@@ -285,8 +285,7 @@ impl WriteOp {
     ) -> Result<(), LedgerError> {
         match self {
             WriteOp::Call(call) | WriteOp::Started(call) => {
-                let attempts = tried.take(call.seq);
-                insert_calls(conn, claim, &[(call, attempts.as_deref())])
+                insert_calls(conn, claim, &[(call, tried.take(call.seq))])
             }
             WriteOp::Outcome {
                 seq,
@@ -672,9 +671,7 @@ fn apply_all(conn: &Connection, claim: &Claim, ops: &[WriteOp]) -> Result<(), Le
             _ => None,
         })
         .collect();
-    let rows: Vec<(&CallRecord, Option<&str>)> =
-        calls.iter().map(|(c, a)| (*c, a.as_deref())).collect();
-    let mut chunks = rows.chunks_exact(CALL_CHUNK);
+    let mut chunks = calls.chunks_exact(CALL_CHUNK);
     for chunk in &mut chunks {
         insert_calls(conn, claim, chunk)?;
     }
@@ -730,7 +727,7 @@ impl Tried {
 fn insert_calls(
     conn: &Connection,
     claim: &Claim,
-    calls: &[(&CallRecord, Option<&str>)],
+    calls: &[(&CallRecord, Option<String>)],
 ) -> Result<(), LedgerError> {
     static ONE: std::sync::OnceLock<String> = std::sync::OnceLock::new();
     static CHUNK: std::sync::OnceLock<String> = std::sync::OnceLock::new();
