@@ -14,6 +14,7 @@
 
 pub mod attempts;
 pub mod chain;
+pub mod checkpoint;
 pub mod group;
 pub mod history;
 pub mod schema;

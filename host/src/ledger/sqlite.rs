@@ -11,6 +11,7 @@ use std::time::Duration;
 use rusqlite::{Connection, OpenFlags, OptionalExtension, Row, TransactionBehavior, params};
 
 use super::attempts;
+use super::checkpoint::Checkpointer;
 use super::schema::{self, APPLICATION_ID};
 use super::{
     AttemptRecord, CallClass, CallRecord, CallState, Claim, History, Ledger, LedgerError,
@@ -44,7 +45,7 @@ impl SqliteLedger {
     /// A file that is not a stephost ledger is refused and left untouched.
     pub fn open(path: &Path) -> Result<Self, LedgerError> {
         let shown = path.display().to_string();
-        let conn = Connection::open_with_flags(
+        let mut conn = Connection::open_with_flags(
             path,
             OpenFlags::SQLITE_OPEN_READ_WRITE
                 | OpenFlags::SQLITE_OPEN_CREATE
@@ -81,6 +82,7 @@ impl SqliteLedger {
         conn.pragma_update(None, "journal_mode", "WAL")?;
         conn.pragma_update(None, "foreign_keys", "ON")?;
         conn.pragma_update(None, "synchronous", "FULL")?;
+        Checkpointer::for_ledger(path).install(&mut conn)?;
         let mut ledger = SqliteLedger {
             conn,
             path: path.to_path_buf(),

@@ -1,0 +1,248 @@
+//! WAL checkpoints off the critical path.
+//!
+//! SQLite copies its write-ahead log back into the database file (a
+//! checkpoint) by default inside whichever commit takes the log past 1,000
+//! pages. That commit then also writes every page the log holds and fsyncs
+//! the database file: milliseconds spent on the thread that committed, a
+//! guest's own thread or the group committer, about 1 µs per buffered
+//! observe call on the project's machine class.
+//!
+//! Instead, every writing connection of a ledger nudges one background
+//! thread per ledger file and process once its log passes
+//! [`CHECKPOINT_PAGES`]. The thread copies the log into the database on a
+//! connection of its own while the writers go on: a `PASSIVE` checkpoint,
+//! which never waits for a writer or a reader, nor makes one wait. Durability
+//! does not change: a commit is durable once it is in the fsync'd log, before
+//! any checkpoint, as before.
+//!
+//! The log starts over only when a writer begins a transaction after a
+//! checkpoint has copied all of it, which a writer that never pauses would
+//! not let the thread do. So once the log passes [`FINISH_PAGES`], the
+//! connection that commits checkpoints too, as SQLite would have, copying
+//! only what the thread has not; the next transaction then starts the log
+//! over. The log stays as bounded as before, and the bulk of the copying
+//! is off the committing thread.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicI32, AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, OnceLock, Weak};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use rusqlite::wal::CheckpointMode;
+use rusqlite::{Connection, OpenFlags};
+
+/// A log of this many pages (4 KiB each) asks for a checkpoint: SQLite's
+/// own default threshold.
+pub const CHECKPOINT_PAGES: i32 = 1000;
+
+/// A log of this many pages is checkpointed by the connection that
+/// commits, which copies what the thread has not yet.
+pub const FINISH_PAGES: i32 = CHECKPOINT_PAGES + CHECKPOINT_PAGES / 4;
+
+#[derive(Default)]
+struct State {
+    /// A checkpoint was asked for since the last one started.
+    wanted: bool,
+    stop: bool,
+}
+
+#[derive(Default)]
+struct Shared {
+    state: Mutex<State>,
+    wake: Condvar,
+    /// Frames in the log after the last commit of any connection.
+    log_pages: AtomicI32,
+    /// Checkpoints the thread has made that copied frames.
+    checkpoints: AtomicU64,
+}
+
+/// The checkpoint thread of one ledger file, shared by every connection of
+/// this process that writes to it; it stops when the last one is dropped.
+pub struct Checkpointer {
+    path: PathBuf,
+    shared: Arc<Shared>,
+    thread: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl Checkpointer {
+    /// The checkpointer of the ledger at `path`, started if there is none.
+    pub fn for_ledger(path: &Path) -> Arc<Checkpointer> {
+        static ALL: OnceLock<Mutex<HashMap<PathBuf, Weak<Checkpointer>>>> = OnceLock::new();
+        let key = path.canonicalize().unwrap_or_else(|_| path.to_path_buf());
+        let mut all = ALL
+            .get_or_init(Default::default)
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        if let Some(found) = all.get(&key).and_then(Weak::upgrade) {
+            return found;
+        }
+        all.retain(|_, weak| weak.strong_count() > 0);
+        let made = Arc::new(Checkpointer {
+            path: key.clone(),
+            shared: Arc::default(),
+            thread: Mutex::new(None),
+        });
+        all.insert(key, Arc::downgrade(&made));
+        made
+    }
+
+    /// Has the log of `conn` checkpointed by this thread from now on,
+    /// instead of by the commit that takes it past the threshold.
+    pub fn install(self: Arc<Self>, conn: &mut Connection) -> rusqlite::Result<()> {
+        let mut nudged = false;
+        conn.wal_hook(Some(move |wal: &mut rusqlite::hooks::Wal, pages: i32| {
+            self.shared.log_pages.store(pages, Ordering::Relaxed);
+            if pages < CHECKPOINT_PAGES {
+                nudged = false;
+            } else if !nudged {
+                nudged = true;
+                self.nudge();
+            } else if pages >= FINISH_PAGES {
+                // The commit itself is done: an error here (the thread's
+                // checkpoint still running) must not be reported as its
+                // failure. The next commit tries again.
+                let _ = wal.checkpoint_v2(CheckpointMode::PASSIVE);
+            }
+            Ok(())
+        }))
+    }
+
+    /// Asks for a checkpoint soon; starts the thread on first use.
+    fn nudge(&self) {
+        {
+            let mut state = self.shared.state.lock().unwrap_or_else(|p| p.into_inner());
+            if state.wanted {
+                return;
+            }
+            state.wanted = true;
+        }
+        self.shared.wake.notify_one();
+        let mut thread = self.thread.lock().unwrap_or_else(|p| p.into_inner());
+        if thread.is_none() {
+            let (path, shared) = (self.path.clone(), self.shared.clone());
+            // Without the thread, the committing connections still
+            // checkpoint at `FINISH_PAGES`.
+            *thread = std::thread::Builder::new()
+                .name("stephost-checkpoint".into())
+                .spawn(move || checkpoint_when_asked(&path, &shared))
+                .ok();
+        }
+    }
+}
+
+impl Drop for Checkpointer {
+    fn drop(&mut self) {
+        self.shared
+            .state
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .stop = true;
+        self.shared.wake.notify_one();
+        let thread = self.thread.get_mut().unwrap_or_else(|p| p.into_inner());
+        if let Some(thread) = thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+fn checkpoint_when_asked(path: &Path, shared: &Shared) {
+    let mut conn: Option<Connection> = None;
+    loop {
+        {
+            let mut state = shared.state.lock().unwrap_or_else(|p| p.into_inner());
+            while !state.wanted && !state.stop {
+                state = shared.wake.wait(state).unwrap_or_else(|p| p.into_inner());
+            }
+            if state.stop {
+                return;
+            }
+            state.wanted = false;
+        }
+        if conn.is_none() {
+            conn = Connection::open_with_flags(
+                path,
+                OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+            )
+            .and_then(|c| c.busy_timeout(Duration::from_millis(100)).map(|()| c))
+            .ok();
+        }
+        // A failed checkpoint leaves the frames in the log, where they are
+        // durable; the next one copies them.
+        let Some(c) = &conn else { continue };
+        match c.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |r| {
+            Ok((r.get::<_, i64>(0)?, r.get::<_, i64>(2)?))
+        }) {
+            Ok((0, copied)) if copied > 0 => {
+                shared.checkpoints.fetch_add(1, Ordering::Relaxed);
+            }
+            Ok(_) => {}
+            Err(_) => conn = None,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `n` commits of one new page each.
+    fn commit_pages(conn: &Connection, n: usize) {
+        let mut insert = conn
+            .prepare("INSERT INTO t VALUES (zeroblob(3000))")
+            .unwrap();
+        for _ in 0..n {
+            insert.execute([]).unwrap();
+        }
+    }
+
+    #[test]
+    fn the_thread_copies_the_log_and_the_committer_finishes_the_job() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = dir.path().join("c.db");
+        let mut writer = Connection::open(&db).unwrap();
+        writer
+            .execute_batch(
+                "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;
+                 CREATE TABLE t (x BLOB);",
+            )
+            .unwrap();
+        let checkpointer = Checkpointer::for_ledger(&db);
+        assert!(Arc::ptr_eq(&checkpointer, &Checkpointer::for_ledger(&db)));
+        checkpointer.clone().install(&mut writer).unwrap();
+        let shared = checkpointer.shared.clone();
+        // Past the threshold but short of where the writer checkpoints
+        // itself: the thread checkpoints.
+        let short = (CHECKPOINT_PAGES + FINISH_PAGES) / 2;
+        commit_pages(&writer, short as usize);
+        for _ in 0..1000 {
+            if shared.checkpoints.load(Ordering::Relaxed) > 0 {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        assert!(shared.checkpoints.load(Ordering::Relaxed) > 0);
+        // A writer that never pauses: the log starts over along the way
+        // (it would hold 5,000 frames and more otherwise), and the thread
+        // is asked again each time.
+        commit_pages(&writer, 4000);
+        let pages = shared.log_pages.load(Ordering::Relaxed);
+        assert!(pages < 3000, "the log holds {pages} frames");
+        for _ in 0..1000 {
+            if shared.checkpoints.load(Ordering::Relaxed) > 1 {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        assert!(shared.checkpoints.load(Ordering::Relaxed) > 1);
+        let rows: i64 = writer
+            .query_row("SELECT count(*) FROM t", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(rows, 4000 + i64::from(short));
+        // The thread stops with the last connection that holds it.
+        drop(writer);
+        drop(checkpointer);
+        assert!(shared.state.lock().unwrap().stop);
+    }
+}
