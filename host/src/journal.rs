@@ -775,11 +775,13 @@ impl Journal {
                 // the host goes after that commit; a crash before it leaves
                 // the call `started`, and resume resends it with the same
                 // operation id. Otherwise it is committed now (no fsync):
-                // it survives the process, so resume finds it recorded.
+                // it survives the process, so resume finds it recorded
+                // (in a worker, once the committer has applied it).
                 if live.resend_is_harmless() {
                     self.outcome_pending = true;
                 } else {
                     Self::flush_into(ledger.as_mut(), claim, &mut self.pending)?;
+                    ledger.landed()?;
                 }
                 crash::point("after-outcome", seq);
                 outcome

@@ -155,6 +155,33 @@ fn a_worker_killed_around_a_batched_write_is_reconciled_by_the_next() {
 }
 
 #[test]
+fn a_worker_killed_after_the_outcome_of_a_write_that_cannot_be_resent_finds_it_recorded() {
+    // A receiver that does not deduplicate, behind group commit: the
+    // outcome reaches the ledger before the guest sees it, so the crash
+    // cannot lose it; the next worker neither asks the receiver nor parks.
+    let sb = Sandbox::with_config(BIN, &(slow_config(0) + "deduplicate = false\n"));
+    submit(&sb, 3, "w");
+    let crashed = sb
+        .command(&["worker", "--concurrency", "2", "--exit-when-idle"])
+        .env("STEPHOST_CRASH_AT", "after-outcome@6")
+        .output()
+        .unwrap();
+    use std::os::unix::process::ExitStatusExt;
+    assert_eq!(crashed.status.signal(), Some(libc::SIGABRT));
+    let at_crash = sb.show("w");
+    assert_eq!(calls(&at_crash)[5]["state"], "succeeded", "{at_crash:#}");
+    sb.stephost(&["worker", "--exit-when-idle"]).expect_code(0);
+    let show = sb.show("w");
+    assert_eq!(show["run"]["status"], "completed", "{show:#}");
+    assert_eq!(sb.received("orders.jsonl").len(), 3);
+    let kinds: Vec<&str> = stephost_tests::attempts_for(&show, 6)
+        .iter()
+        .map(|a| a["kind"].as_str().unwrap())
+        .collect();
+    assert_eq!(kinds, ["send"]);
+}
+
+#[test]
 fn resume_refuses_a_run_another_live_worker_holds() {
     let sb = Sandbox::with_config(BIN, &slow_config(400));
     submit(&sb, 5, "held");

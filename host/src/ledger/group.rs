@@ -239,6 +239,10 @@ impl Ledger for GroupLedger {
         own
     }
 
+    fn landed(&mut self) -> Result<(), LedgerError> {
+        self.settle()
+    }
+
     fn decide_approval(
         &mut self,
         run_id: &str,

@@ -477,6 +477,14 @@ pub trait Ledger: Send {
     /// durable commit. Fails without writing anything if the claim is stale.
     fn commit(&mut self, claim: &Claim, ops: &[WriteOp]) -> Result<(), LedgerError>;
 
+    /// Returns once every write committed before is in the database (not
+    /// necessarily on disk): for an outcome that must survive the process,
+    /// the write of a receiver that does not deduplicate. A ledger that
+    /// applies each commit before `commit` returns has nothing to wait for.
+    fn landed(&mut self) -> Result<(), LedgerError> {
+        Ok(())
+    }
+
     /// An observe call and its value (not fsync'd on its own).
     fn record_observed(&mut self, claim: &Claim, call: &CallRecord) -> Result<(), LedgerError> {
         self.commit(claim, &[WriteOp::Call(call.clone())])
