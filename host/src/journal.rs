@@ -21,7 +21,7 @@ use crate::crash;
 use crate::ids;
 use crate::ledger::{
     AttemptRecord, CallClass, CallRecord, CallState, Claim, History, Ledger, LedgerError,
-    LogRecord, WriteOp,
+    LogRecord, RunRecord, WriteOp,
 };
 
 /// Most buffered writes before they are committed anyway.
@@ -318,7 +318,11 @@ impl Stop {
 impl From<LedgerError> for Stop {
     fn from(e: LedgerError) -> Self {
         match e {
-            LedgerError::Fenced { .. } => Stop::Fenced(e.to_string()),
+            // A newer claim, or another process that started the same run
+            // id first: this execution stops without writing.
+            LedgerError::Fenced { .. } | LedgerError::ClaimedElsewhere { .. } => {
+                Stop::Fenced(e.to_string())
+            }
             other => Stop::Ledger(other.to_string()),
         }
     }
@@ -414,6 +418,20 @@ impl Journal {
             first_live_after: None,
             stats: Stats::default(),
         }
+    }
+
+    /// Records the run itself with the execution's first commit: a run
+    /// started in this process costs no transaction before its guest
+    /// starts. That commit comes before the first read or write leaves the
+    /// host, or with the first buffered calls, or at the run's end,
+    /// whichever is first.
+    pub fn create_run_with_first_commit(&mut self, run: RunRecord) {
+        self.pending.insert(0, WriteOp::Create(Box::new(run)));
+    }
+
+    /// Whether `pending` still records the run itself.
+    fn creates_run(pending: &[WriteOp]) -> bool {
+        matches!(pending.first(), Some(WriteOp::Create(_)))
     }
 
     pub fn set_control(&mut self, control: std::sync::Arc<RunControl>) {
@@ -684,7 +702,9 @@ impl Journal {
                 // within milliseconds), so that a crash during a long read
                 // does not lose it. Were it lost, resume would resend the
                 // write, which its receiver deduplicates.
-                if self.outcome_pending {
+                // So is the run's own row, so that a run waiting on a long
+                // read is listed.
+                if self.outcome_pending || Self::creates_run(&self.pending) {
                     Self::flush_into(ledger.as_mut(), claim, &mut self.pending)?;
                     self.outcome_pending = false;
                 }

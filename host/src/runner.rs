@@ -123,6 +123,15 @@ impl RunReport {
     }
 }
 
+/// Whether the run an execution starts is in the ledger yet.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Start {
+    /// Recorded and claimed before the execution.
+    Recorded,
+    /// New: recorded, claimed, by the execution's first commit.
+    Creating,
+}
+
 /// A host over one ledger.
 pub struct Host {
     engine: Arc<StepEngine>,
@@ -254,7 +263,24 @@ impl Host {
     ) -> Result<RunReport, HostError> {
         let owner = self.options.owner.clone();
         let lease_ms = self.options.lease_ms;
-        // A new run is created already claimed: one transaction, not two.
+        // A run id not in the ledger: the run is recorded, claimed by this
+        // host, with the execution's first commit (see
+        // `Journal::create_run_with_first_commit`), not by a transaction of
+        // its own before the guest starts. Should another process start the
+        // same id meanwhile, that commit fails as claimed elsewhere, before
+        // anything of this execution has left the host.
+        match self.ledger().run(run_id) {
+            Err(LedgerError::UnknownRun(_)) => {
+                let run = new_run(loaded, run_id, input, false);
+                let claim = Claim::first(run_id, &owner, lease_ms, run.now_ms);
+                let record = RunRecord::claimed(&run, &claim);
+                crash::point("after-claim", 0);
+                return self.execute_with(&record, claim, loaded, None, Start::Creating);
+            }
+            Err(e) => return Err(e.into()),
+            Ok(_) => {}
+        }
+        // An existing run is claimed as it is (or returned, if finished).
         let (run, claim) = self.ledger_mut().create_claimed(
             new_run(loaded, run_id, input, false),
             &owner,
@@ -265,7 +291,7 @@ impl Host {
             return Ok(RunReport::from_record(&run, Stats::default()));
         };
         crash::point("after-claim", 0);
-        self.execute_with(&run, claim, loaded, None)
+        self.execute_with(&run, claim, loaded, None, Start::Recorded)
     }
 
     /// Continues an interrupted run: replays its recorded calls, reconciles
@@ -357,7 +383,7 @@ impl Host {
             &crate::owner::is_alive,
         )?;
         crash::point("after-claim", 0);
-        self.execute_with(&run, claim, &loaded, None)
+        self.execute_with(&run, claim, &loaded, None, Start::Recorded)
     }
 
     /// Executes a run under a claim taken elsewhere (by a worker's claim
@@ -370,7 +396,7 @@ impl Host {
     ) -> Result<RunReport, HostError> {
         let run = self.ledger().run(run_id)?;
         let loaded = self.load_pinned(&run)?;
-        self.execute_with(&run, claim, &loaded, Some(control))
+        self.execute_with(&run, claim, &loaded, Some(control), Start::Recorded)
     }
 
     fn execute_with(
@@ -379,9 +405,10 @@ impl Host {
         claim: Claim,
         loaded: &Loaded,
         control: Option<Arc<RunControl>>,
+        start: Start,
     ) -> Result<RunReport, HostError> {
         let ledger = self.ledger.take().expect("ledger present");
-        let result = self.execute(run, claim, ledger, loaded, control);
+        let result = self.execute(run, claim, ledger, loaded, control, start);
         match result {
             Ok((ledger, report)) => {
                 self.ledger = Some(ledger);
@@ -404,6 +431,7 @@ impl Host {
         ledger: Box<dyn Ledger>,
         loaded: &Loaded,
         control: Option<Arc<RunControl>>,
+        start: Start,
     ) -> Result<(Box<dyn Ledger>, Result<RunReport, HostError>), Box<dyn Ledger>> {
         // Every ledger write needs a claim, so a run claimed for the first
         // time (fencing token 1) has recorded nothing: no history to read.
@@ -429,6 +457,9 @@ impl Host {
             &logs,
             self.options.limits.clone(),
         );
+        if start == Start::Creating {
+            journal.create_run_with_first_commit(run.clone());
+        }
         if let Some(control) = control {
             journal.set_control(control);
         }

@@ -87,11 +87,31 @@ fn crash_and_resume(point: &str, at_crash: impl Fn(&Sandbox, &Value)) {
 }
 
 #[test]
-fn crash_after_claim_resumes_to_the_same_result() {
-    crash_and_resume("after-claim", |sb, show| {
-        assert!(calls(show).is_empty());
-        assert!(sb.received("supplier-orders.jsonl").is_empty());
-    });
+fn crash_after_claim_leaves_nothing_and_the_same_run_id_does_the_job_once() {
+    // `run` records a new run with its first commit, before anything
+    // leaves the host: a crash before that leaves no run and sent
+    // nothing, and running the same id again does the whole job once.
+    let sb = Sandbox::with_config(BIN, SUPPLIER_CONFIG);
+    let crashed = sb.run_crashing_at("after-claim", guests::SUPPLIER_ORDER, INPUT, "order-1");
+    assert_eq!(crashed.signal, Some(libc::SIGABRT), "{crashed:?}");
+    let shown = sb.stephost(&["show", "order-1"]);
+    shown.expect_code(2);
+    assert!(shown.stderr.contains("no run order-1"), "{}", shown.stderr);
+    assert!(sb.received("supplier-orders.jsonl").is_empty());
+    let again = sb.stephost(&[
+        "run",
+        guests::SUPPLIER_ORDER,
+        "--input",
+        INPUT,
+        "--run-id",
+        "order-1",
+    ]);
+    again.expect_code(0);
+    assert_eq!(again.json(), reference_output());
+    assert_eq!(sb.received("supplier-orders.jsonl").len(), 1);
+    let show = sb.show("order-1");
+    assert_eq!(show["run"]["status"], "completed");
+    assert_eq!(show["run"]["fence"], 1);
 }
 
 #[test]

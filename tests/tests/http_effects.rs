@@ -561,3 +561,53 @@ retry = {{ max_attempts = 3, initial_backoff_ms = 10 }}
         vec!["lookup:error", "lookup:found"]
     );
 }
+
+#[test]
+fn a_run_waiting_on_its_first_read_is_in_the_ledger() {
+    // `run` records a new run with its first commit, which comes before
+    // the first read leaves: a run held by a slow read is listed.
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}", silent.local_addr().unwrap());
+    let sb = Sandbox::with_config(
+        BIN,
+        &format!(
+            r#"
+[effects."inventory.read"]
+kind = "http"
+class = "read"
+method = "GET"
+url = "{url}/inventory/{{sku}}"
+
+[effects."supplier.order"]
+kind = "http"
+class = "write"
+method = "POST"
+url = "{url}/orders"
+"#
+        ),
+    );
+    let mut child = sb
+        .command(&[
+            "run",
+            guests::SUPPLIER_ORDER,
+            "--input",
+            INPUT,
+            "--run-id",
+            "order-1",
+        ])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    // The read has left the host once its connection arrives; it gets no
+    // answer.
+    let (_held, _) = silent.accept().unwrap();
+    let listed = sb.stephost(&["runs", "--json"]).expect_code(0).json();
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let runs = listed.as_array().unwrap();
+    assert_eq!(runs.len(), 1, "{listed:#}");
+    assert_eq!(runs[0]["run_id"], "order-1");
+    assert_eq!(runs[0]["status"], "running");
+    assert!(calls(&sb.show("order-1")).is_empty());
+}

@@ -211,6 +211,30 @@ pub struct RunRecord {
     pub exit_code: Option<i32>,
 }
 
+impl RunRecord {
+    /// The row of `run`, new and claimed by `claim` (its first claim).
+    pub fn claimed(run: &NewRun<'_>, claim: &Claim) -> Self {
+        RunRecord {
+            run_id: run.run_id.to_string(),
+            module_digest: run.module_digest.to_string(),
+            input: run.input.to_string(),
+            status: RunStatus::Running,
+            output: None,
+            error: None,
+            created_at_ms: run.now_ms,
+            updated_at_ms: run.now_ms,
+            version: claim.fence,
+            owner: Some(claim.owner.clone()),
+            lease_until_ms: Some(claim.lease_until_ms),
+            fence: claim.fence,
+            wake_at_ms: None,
+            world: run.world.to_string(),
+            step: run.step.map(str::to_string),
+            exit_code: None,
+        }
+    }
+}
+
 /// The right to write a run's rows, as granted by [`Ledger::claim`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Claim {
@@ -221,6 +245,19 @@ pub struct Claim {
     /// once half of it has passed; a worker renews in the background).
     pub lease_ms: i64,
     pub lease_until_ms: i64,
+}
+
+impl Claim {
+    /// The first claim of a new run, by `owner`, from `now_ms`.
+    pub fn first(run_id: &str, owner: &str, lease_ms: i64, now_ms: i64) -> Self {
+        Claim {
+            run_id: run_id.to_string(),
+            owner: owner.to_string(),
+            fence: 1,
+            lease_ms,
+            lease_until_ms: now_ms + lease_ms,
+        }
+    }
 }
 
 /// One attempt at performing a call (retries and reconciliation lookups).
@@ -374,6 +411,11 @@ impl<'a> NewRun<'a> {
 /// A write under a claim: one unit of (group) commit.
 #[derive(Debug, Clone)]
 pub enum WriteOp {
+    /// A run started in this process, claimed by the commit's writer, which
+    /// this commit records (always its first write; see
+    /// [`RunRecord::claimed`]). Fails the commit as claimed elsewhere if
+    /// the run exists by then.
+    Create(Box<RunRecord>),
     /// A call row: an observe call with its value, or a read as started; not
     /// durable on its own.
     Call(CallRecord),

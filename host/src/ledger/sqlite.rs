@@ -192,10 +192,7 @@ impl SqliteLedger {
         for (claim, ops) in batch {
             // An outer error ended the whole transaction (a full disk, an
             // I/O error), and every job before this one with it.
-            results.push(tx.in_savepoint(|conn| {
-                check_fence(conn, claim)?;
-                apply_all(conn, claim, ops)
-            })?);
+            results.push(tx.in_savepoint(|conn| apply_commit(conn, claim, ops))?);
         }
         tx.commit()?;
         Ok(results)
@@ -310,6 +307,8 @@ impl WriteOp {
             }
             // Kept in `tried` until its call's row takes it.
             WriteOp::Attempt(_) => Ok(()),
+            // Written by `apply_commit`, before the fence check.
+            WriteOp::Create(_) => Ok(()),
             WriteOp::Log(log) => {
                 conn.prepare_cached(
                     "INSERT INTO logs (run_id, after_seq, level, message, at) \
@@ -570,47 +569,64 @@ fn insert_run(
     run: &NewRun<'_>,
     claim: Option<&Claim>,
 ) -> Result<RunRecord, LedgerError> {
-    let (status, version) = match claim {
-        Some(_) => (RunStatus::Running, 1),
-        None => (RunStatus::Pending, 0),
+    let record = match claim {
+        Some(claim) => RunRecord::claimed(run, claim),
+        None => RunRecord {
+            status: RunStatus::Pending,
+            version: 0,
+            owner: None,
+            lease_until_ms: None,
+            fence: 0,
+            ..RunRecord::claimed(run, &Claim::first(run.run_id, "", 0, run.now_ms))
+        },
     };
-    let owner = claim.map(|c| c.owner.clone());
-    let lease_until_ms = claim.map(|c| c.lease_until_ms);
+    insert_run_record(conn, &record)?;
+    Ok(record)
+}
+
+fn insert_run_record(conn: &Connection, run: &RunRecord) -> Result<(), LedgerError> {
     conn.prepare_cached(
         "INSERT INTO runs (run_id, module_digest, input, status, created_at, updated_at, \
          version, owner, lease_until, fence, world, step) \
-         VALUES (?1, ?2, ?3, ?4, ?5, ?5, ?6, ?7, ?8, ?6, ?9, ?10)",
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)",
     )?
     .execute(params![
         run.run_id,
         run.module_digest,
         run.input,
-        status.as_str(),
-        run.now_ms,
-        version,
-        owner,
-        lease_until_ms,
+        run.status.as_str(),
+        run.created_at_ms,
+        run.updated_at_ms,
+        run.version,
+        run.owner,
+        run.lease_until_ms,
+        run.fence,
         run.world,
         run.step
     ])?;
-    Ok(RunRecord {
-        run_id: run.run_id.to_string(),
-        module_digest: run.module_digest.to_string(),
-        input: run.input.to_string(),
-        status,
-        output: None,
-        error: None,
-        created_at_ms: run.now_ms,
-        updated_at_ms: run.now_ms,
-        version,
-        owner,
-        lease_until_ms,
-        fence: version,
-        wake_at_ms: None,
-        world: run.world.to_string(),
-        step: run.step.map(str::to_string),
-        exit_code: None,
-    })
+    Ok(())
+}
+
+/// A commit's writes: the run's row first if the commit creates it, then
+/// the fence check, then the rest.
+fn apply_commit(conn: &Connection, claim: &Claim, ops: &[WriteOp]) -> Result<(), LedgerError> {
+    if let Some(WriteOp::Create(run)) = ops.first() {
+        if let Some(found) = conn
+            .prepare_cached(SELECT_RUN)?
+            .query_row([&run.run_id], run_from_row)
+            .optional()?
+        {
+            // Another process started the same run id first.
+            return Err(LedgerError::ClaimedElsewhere {
+                run_id: found.run_id,
+                owner: found.owner.unwrap_or_else(|| "another process".into()),
+                lease_until_ms: found.lease_until_ms.unwrap_or(found.updated_at_ms),
+            });
+        }
+        insert_run_record(conn, run)?;
+    }
+    check_fence(conn, claim)?;
+    apply_all(conn, claim, ops)
 }
 
 fn add_counters(conn: &Connection, counters: &crate::journal::Counters) -> Result<(), LedgerError> {
@@ -899,13 +915,7 @@ impl Ledger for SqliteLedger {
             let claim = self.claim(&found.run_id, owner, lease_ms, run.now_ms, owner_alive)?;
             return Ok((found, Some(claim)));
         }
-        let claim = Claim {
-            run_id: run.run_id.to_string(),
-            owner: owner.to_string(),
-            fence: 1,
-            lease_ms,
-            lease_until_ms: run.now_ms + lease_ms,
-        };
+        let claim = Claim::first(run.run_id, owner, lease_ms, run.now_ms);
         let record = insert_run(&tx, &run, Some(&claim))?;
         tx.commit()?;
         Ok((record, Some(claim)))
@@ -1168,8 +1178,7 @@ impl Ledger for SqliteLedger {
         }
         self.set_sync(Sync::when(ops.iter().any(WriteOp::durable)))?;
         let tx = WriteTx::begin(&self.conn)?;
-        check_fence(&tx, claim)?;
-        apply_all(&tx, claim, ops)?;
+        apply_commit(&tx, claim, ops)?;
         tx.commit()
     }
 
@@ -1384,6 +1393,50 @@ mod tests {
             resolved_by: None,
             chain: Some(format!("c{seq}")),
         }
+    }
+
+    #[test]
+    fn a_commit_that_creates_its_run_records_it_claimed_or_fails_whole_if_it_exists() {
+        let (_dir, mut ledger) = new_ledger();
+        ledger.put_module("d1", b"\0asm").unwrap();
+        let new = NewRun::for_test("r1", "d1", 7);
+        let claim = Claim::first("r1", "me", 30_000, 7);
+        let create = || WriteOp::Create(Box::new(RunRecord::claimed(&new, &claim)));
+        // The run's row comes before its calls and logs, which refer to it.
+        let log = WriteOp::Log(LogRecord {
+            after_seq: 1,
+            level: "info".into(),
+            message: "hi".into(),
+            at_ms: 8,
+        });
+        ledger
+            .commit(&claim, &[create(), WriteOp::Call(clock_call(1)), log])
+            .unwrap();
+        let run = ledger.run("r1").unwrap();
+        assert_eq!(run.status, RunStatus::Running);
+        assert_eq!((run.fence, run.version), (1, 1));
+        assert_eq!(run.owner.as_deref(), Some("me"));
+        assert_eq!(run.lease_until_ms, Some(30_007));
+        assert_eq!(ledger.calls("r1").unwrap(), vec![clock_call(1)]);
+        assert_eq!(ledger.logs("r1").unwrap().len(), 1);
+        // Another process that started the same id: its first commit fails
+        // as claimed elsewhere and writes nothing.
+        let theirs = Claim::first("r1", "them", 30_000, 9);
+        let err = ledger
+            .commit(
+                &theirs,
+                &[
+                    WriteOp::Create(Box::new(RunRecord::claimed(&new, &theirs))),
+                    WriteOp::Call(clock_call(2)),
+                ],
+            )
+            .unwrap_err();
+        assert!(
+            matches!(&err, LedgerError::ClaimedElsewhere { owner, .. } if owner == "me"),
+            "{err}"
+        );
+        assert_eq!(ledger.calls("r1").unwrap().len(), 1);
+        assert_eq!(ledger.run("r1").unwrap().owner.as_deref(), Some("me"));
     }
 
     #[test]
