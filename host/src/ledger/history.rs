@@ -28,6 +28,10 @@ pub struct History {
     incoming: Vec<Chunks>,
     /// Chunks received so far.
     received: usize,
+    /// Leading chunks let go (emptied): an execution consumes its history
+    /// in order, so the calls more than a chunk behind the last one asked
+    /// for are freed while the rest is still arriving, not all at the end.
+    released: usize,
 }
 
 impl History {
@@ -41,6 +45,7 @@ impl History {
             chunks: vec![rows],
             incoming: Vec::new(),
             received: 0,
+            released: 0,
         }
     }
 
@@ -56,6 +61,7 @@ impl History {
             total,
             incoming,
             received: 0,
+            released: 0,
         }
     }
 
@@ -67,30 +73,45 @@ impl History {
         self.total == 0
     }
 
-    /// Call `index + 1`, waiting for it if it has not arrived yet.
+    /// Call `index + 1`, waiting for it if it has not arrived yet. The
+    /// calls before the chunk of call `index` are let go (a history read at
+    /// once is one chunk, and keeps every call).
     pub fn get(&mut self, index: usize) -> Result<Option<&CallRecord>, LedgerError> {
         if index >= self.total {
             return Ok(None);
         }
-        while self.arrived <= index {
-            self.receive()?;
+        self.wait_for(index)?;
+        let keep_from = index.saturating_sub(1) / self.chunk_len;
+        while self.released < keep_from {
+            self.chunks[self.released] = Vec::new();
+            self.released += 1;
         }
         Ok(self.arrived(index))
     }
 
-    /// A call that has arrived already (`get` returned it before).
+    /// A call that has arrived already and is still kept: the one `get`
+    /// returned last, the one before it, and any after them.
     pub fn arrived(&self, index: usize) -> Option<&CallRecord> {
         self.chunks
             .get(index / self.chunk_len)?
             .get(index % self.chunk_len)
     }
 
-    /// Every call, waiting for those still to come.
+    /// Every call still kept (from the one before the last that `get`
+    /// returned), waiting for those still to come.
     pub fn all(&mut self) -> Result<impl Iterator<Item = &CallRecord>, LedgerError> {
         if let Some(last) = self.total.checked_sub(1) {
-            self.get(last)?;
+            self.wait_for(last)?;
         }
         Ok(self.chunks.iter().flatten())
+    }
+
+    /// Receives chunks until call `index + 1` has arrived.
+    fn wait_for(&mut self, index: usize) -> Result<(), LedgerError> {
+        while self.arrived <= index {
+            self.receive()?;
+        }
+        Ok(())
     }
 
     fn receive(&mut self) -> Result<(), LedgerError> {
