@@ -1,11 +1,17 @@
 //! Group commit for many runs in one process.
 //!
 //! Every run thread hands its writes to one committer thread, which applies
-//! whatever has queued up in one transaction with one fsync (when any write
-//! in the batch must be durable) and answers each writer with its own
-//! result. A `started` row is still on disk before its writer is answered,
-//! so before its request leaves: invariant 2 holds, and N concurrent writes
-//! share one fsync instead of paying N.
+//! whatever has queued up in one transaction and answers each writer with
+//! its own result. A batch holding a durable write (a `started` row, a run's
+//! end) is answered only once a syncer thread has fsync'd the WAL after its
+//! commit: a `started` row is on disk before its writer is answered, so
+//! before its request leaves, and invariant 2 holds. The committer applies
+//! the next batch meanwhile, so one batch's SQL overlaps the previous
+//! batch's fsync, and N concurrent writes share one fsync instead of N.
+//!
+//! After an fsync fails, nothing it should have covered can be trusted to
+//! be on disk (the kernel may have dropped the pages): every durable write
+//! from then on fails, and the runs stop, resumable by another process.
 
 use std::path::Path;
 use std::sync::mpsc;
@@ -19,13 +25,18 @@ use super::{
 /// Most writes applied in one transaction.
 pub const BATCH_WRITES_MAX: usize = 512;
 
+type Reply = mpsc::SyncSender<Result<(), LedgerError>>;
+
 struct Job {
     claim: Claim,
     ops: Vec<WriteOp>,
-    reply: mpsc::SyncSender<Result<(), LedgerError>>,
+    reply: Reply,
 }
 
-/// The committer thread and the queue into it.
+/// Makes the WAL at the path durable: an fsync of the file.
+pub type SyncWal = Box<dyn FnMut(&Path) -> std::io::Result<()> + Send>;
+
+/// The committer and syncer threads and the queue into them.
 pub struct GroupCommitter {
     queue: Option<mpsc::Sender<Job>>,
     thread: Option<JoinHandle<()>>,
@@ -34,8 +45,19 @@ pub struct GroupCommitter {
 impl GroupCommitter {
     /// Starts a committer with its own connection to the ledger at `db`.
     pub fn start(db: &Path) -> Result<Self, LedgerError> {
+        Self::start_syncing(db, Box::new(fsync_file))
+    }
+
+    /// Like [`GroupCommitter::start`], making the WAL durable with `sync`.
+    pub fn start_syncing(db: &Path, sync: SyncWal) -> Result<Self, LedgerError> {
         let mut ledger = SqliteLedger::open(db)?;
+        let wal = ledger.wal_path();
         let (queue, jobs) = mpsc::channel::<Job>();
+        let (to_sync, synced) = mpsc::channel::<Vec<(Reply, Result<(), LedgerError>)>>();
+        let syncer = std::thread::Builder::new()
+            .name("stephost-sync".into())
+            .spawn(move || sync_and_answer(&wal, sync, &synced))
+            .map_err(|e| LedgerError::Batch(format!("cannot start the syncer: {e}")))?;
         let thread = std::thread::Builder::new()
             .name("stephost-commit".into())
             .spawn(move || {
@@ -49,11 +71,19 @@ impl GroupCommitter {
                     }
                     let ops: Vec<(&Claim, &[WriteOp])> =
                         batch.iter().map(|j| (&j.claim, j.ops.as_slice())).collect();
-                    let results = ledger.apply_batch(&ops);
-                    for (job, result) in batch.iter().zip(results) {
-                        let _ = job.reply.send(result);
+                    let (results, durable) = ledger.apply_batch(&ops);
+                    drop(ops);
+                    let answers: Vec<_> = batch.into_iter().map(|j| j.reply).zip(results).collect();
+                    if durable {
+                        if let Err(mpsc::SendError(answers)) = to_sync.send(answers) {
+                            answer(answers, Err("the syncer has stopped".into()));
+                        }
+                    } else {
+                        answer(answers, Ok(()));
                     }
                 }
+                drop(to_sync);
+                let _ = syncer.join();
             })
             .map_err(|e| LedgerError::Batch(format!("cannot start the committer: {e}")))?;
         Ok(GroupCommitter {
@@ -67,6 +97,50 @@ impl GroupCommitter {
         CommitHandle {
             queue: self.queue.clone().expect("queue present until drop"),
         }
+    }
+}
+
+/// fsyncs the file at `path` (its data, and the size needed to read it).
+fn fsync_file(path: &Path) -> std::io::Result<()> {
+    std::fs::File::open(path)?.sync_data()
+}
+
+/// The syncer: one fsync for every batch committed before it began, then
+/// their answers; after a failed fsync, only failures.
+fn sync_and_answer(
+    wal: &Path,
+    mut sync: SyncWal,
+    batches: &mpsc::Receiver<Vec<(Reply, Result<(), LedgerError>)>>,
+) {
+    let mut failed: Option<String> = None;
+    while let Ok(first) = batches.recv() {
+        // Everything queued now was committed before the fsync begins.
+        let mut waiting = vec![first];
+        waiting.extend(batches.try_iter());
+        if failed.is_none()
+            && let Err(e) = sync(wal)
+        {
+            failed = Some(format!(
+                "the fsync of {} failed ({e}); writes since the last one may not be on disk, \
+                 so this process makes nothing durable any more: restart it and resume the runs",
+                wal.display()
+            ));
+        }
+        let synced = failed.clone().map_or(Ok(()), Err);
+        for answers in waiting {
+            answer(answers, synced.clone());
+        }
+    }
+}
+
+/// Sends each writer its own result, or `failed` in place of a success.
+fn answer(answers: Vec<(Reply, Result<(), LedgerError>)>, failed: Result<(), String>) {
+    for (reply, result) in answers {
+        let result = match (&failed, result) {
+            (Err(e), Ok(())) => Err(LedgerError::Batch(e.clone())),
+            (_, result) => result,
+        };
+        let _ = reply.send(result);
     }
 }
 
@@ -322,7 +396,41 @@ mod tests {
             .claim("r0", "other", 60_000, 100_000, &|_| true)
             .unwrap();
         let committer = GroupCommitter::start(&db).unwrap();
-        let call = |seq| CallRecord {
+        std::thread::scope(|s| {
+            for claim in &claims {
+                let mut ledger =
+                    GroupLedger::new(SqliteLedger::open(&db).unwrap(), committer.handle());
+                s.spawn(move || {
+                    for seq in 1..=20 {
+                        ledger.record_started(claim, &started(seq)).unwrap();
+                    }
+                });
+            }
+            let mut zombie = GroupLedger::new(SqliteLedger::open(&db).unwrap(), committer.handle());
+            let err = zombie.record_started(&stale, &started(1)).unwrap_err();
+            assert!(matches!(err, LedgerError::Fenced { .. }), "{err}");
+        });
+        for claim in &claims {
+            assert_eq!(setup.calls(&claim.run_id).unwrap().len(), 20);
+        }
+    }
+
+    /// A ledger holding module `d` and run `r` claimed by `w`, and a
+    /// committer for it that syncs the WAL with `sync`.
+    fn claimed_run_with_syncer(
+        sync: SyncWal,
+    ) -> (tempfile::TempDir, GroupCommitter, GroupLedger, Claim) {
+        let (dir, mut setup) = ledger_with_module();
+        let db = dir.path().join("l.db");
+        setup.create_run(NewRun::for_test("r", "d", 1)).unwrap();
+        let claim = setup.claim("r", "w", 60_000, 2, &|_| true).unwrap();
+        let committer = GroupCommitter::start_syncing(&db, sync).unwrap();
+        let ledger = GroupLedger::new(SqliteLedger::open(&db).unwrap(), committer.handle());
+        (dir, committer, ledger, claim)
+    }
+
+    fn started(seq: u64) -> CallRecord {
+        CallRecord {
             seq,
             class: super::super::CallClass::Write,
             interface: "i".into(),
@@ -336,24 +444,54 @@ mod tests {
             finished_at_ms: None,
             resolved_by: None,
             chain: None,
-        };
-        std::thread::scope(|s| {
-            for claim in &claims {
-                let mut ledger =
-                    GroupLedger::new(SqliteLedger::open(&db).unwrap(), committer.handle());
-                s.spawn(move || {
-                    for seq in 1..=20 {
-                        ledger.record_started(claim, &call(seq)).unwrap();
-                    }
-                });
-            }
-            let mut zombie = GroupLedger::new(SqliteLedger::open(&db).unwrap(), committer.handle());
-            let err = zombie.record_started(&stale, &call(1)).unwrap_err();
-            assert!(matches!(err, LedgerError::Fenced { .. }), "{err}");
-        });
-        for claim in &claims {
-            assert_eq!(setup.calls(&claim.run_id).unwrap().len(), 20);
         }
+    }
+
+    #[test]
+    fn a_durable_write_is_answered_once_the_wal_is_synced_and_others_need_no_sync() {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        let syncs = std::sync::Arc::new(AtomicUsize::new(0));
+        let counted = syncs.clone();
+        let (_dir, _committer, mut ledger, claim) =
+            claimed_run_with_syncer(Box::new(move |wal: &Path| {
+                assert!(wal.to_string_lossy().ends_with("l.db-wal"), "{wal:?}");
+                fsync_file(wal)?;
+                counted.fetch_add(1, Ordering::SeqCst);
+                Ok(())
+            }));
+        ledger.record_started(&claim, &started(1)).unwrap();
+        assert_eq!(syncs.load(Ordering::SeqCst), 1);
+        let log = WriteOp::Log(LogRecord {
+            after_seq: 1,
+            level: "info".into(),
+            message: "not durable".into(),
+            at_ms: 3,
+        });
+        ledger.commit(&claim, &[log]).unwrap();
+        ledger.landed().unwrap();
+        assert_eq!(syncs.load(Ordering::SeqCst), 1);
+        assert_eq!(ledger.logs("r").unwrap().len(), 1);
+    }
+
+    #[test]
+    fn after_a_failed_fsync_no_durable_write_succeeds() {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        let syncs = std::sync::Arc::new(AtomicUsize::new(0));
+        let counted = syncs.clone();
+        let (_dir, _committer, mut ledger, claim) =
+            claimed_run_with_syncer(Box::new(move |_: &Path| {
+                // Fails once; a later fsync would succeed, but what the
+                // failed one covered may be lost.
+                match counted.fetch_add(1, Ordering::SeqCst) {
+                    0 => Err(std::io::Error::other("EIO")),
+                    _ => Ok(()),
+                }
+            }));
+        for seq in [1, 2] {
+            let err = ledger.record_started(&claim, &started(seq)).unwrap_err();
+            assert!(err.to_string().contains("fsync"), "{err}");
+        }
+        assert_eq!(syncs.load(Ordering::SeqCst), 1);
     }
 
     #[test]

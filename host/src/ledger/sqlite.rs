@@ -162,21 +162,35 @@ impl SqliteLedger {
         Ok(())
     }
 
-    /// Group commit: applies many writes (of any runs) in one transaction
-    /// and one fsync when any of them must be durable. Each write is checked
-    /// and applied in its own savepoint, so one stale or failing writer
-    /// affects only its own result.
-    pub fn apply_batch(&mut self, batch: &[(&Claim, &[WriteOp])]) -> Vec<Result<(), LedgerError>> {
+    /// Group commit: applies many writes (of any runs) in one transaction,
+    /// committed without an fsync. Each write is checked and applied in its
+    /// own savepoint, so one stale or failing writer affects only its own
+    /// result. Also says whether any of the writes must be durable: then
+    /// the caller syncs the WAL ([`SqliteLedger::wal_path`]) before it
+    /// answers any writer of the batch, while the next batch is applied.
+    pub fn apply_batch(
+        &mut self,
+        batch: &[(&Claim, &[WriteOp])],
+    ) -> (Vec<Result<(), LedgerError>>, bool) {
         let durable = batch
             .iter()
             .any(|(_, ops)| ops.iter().any(WriteOp::durable));
-        self.apply_jobs(batch, durable).unwrap_or_else(|e| {
+        let results = self.apply_jobs(batch, false).unwrap_or_else(|e| {
             let message = e.to_string();
             batch
                 .iter()
                 .map(|_| Err(LedgerError::Batch(message.clone())))
                 .collect()
-        })
+        });
+        (results, durable)
+    }
+
+    /// SQLite's write-ahead log of this ledger: an fsync of it makes every
+    /// transaction committed before durable.
+    pub fn wal_path(&self) -> PathBuf {
+        let mut wal = self.path.as_os_str().to_owned();
+        wal.push("-wal");
+        PathBuf::from(wal)
     }
 
     /// The batch's transaction: each job's own result, or the error that
