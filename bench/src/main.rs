@@ -550,8 +550,9 @@ impl Bench {
             "µs/run",
         ));
         self.note(format!(
-            "4: `whole` is `Host::run` of a step that returns at once (submit, claim, \
-             instantiate, call, finish: its ledger commits included), mean of {STARTS}; \
+            "4: `whole` is `Host::run` of a step that returns at once (look up the run id, \
+             instantiate, call, finish: the new run's row is written, claimed, by its one \
+             commit, the fsync'd end), mean of {STARTS}; \
              `start to guest's first call` is from before `Host::run` to the host's clock value \
              read by the guest's first call (the guest's first instruction is just before), \
              mean of {STARTS}; the `step loaded once` rows are the same with \
