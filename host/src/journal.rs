@@ -705,7 +705,14 @@ impl Journal {
                 // So is the run's own row, so that a run waiting on a long
                 // read is listed.
                 if self.outcome_pending || Self::creates_run(&self.pending) {
+                    // A run's row must be in before the read leaves (in a
+                    // worker, once the committer has applied it), so that
+                    // another process's claim on the id stops this one first.
+                    let creates = Self::creates_run(&self.pending);
                     Self::flush_into(ledger.as_mut(), claim, &mut self.pending)?;
+                    if creates {
+                        ledger.landed()?;
+                    }
                     self.outcome_pending = false;
                 }
                 crash::point("after-started", seq);

@@ -98,14 +98,7 @@ fn crash_after_claim_leaves_nothing_and_the_same_run_id_does_the_job_once() {
     shown.expect_code(2);
     assert!(shown.stderr.contains("no run order-1"), "{}", shown.stderr);
     assert!(sb.received("supplier-orders.jsonl").is_empty());
-    let again = sb.stephost(&[
-        "run",
-        guests::SUPPLIER_ORDER,
-        "--input",
-        INPUT,
-        "--run-id",
-        "order-1",
-    ]);
+    let again = sb.run(guests::SUPPLIER_ORDER, INPUT, "order-1");
     again.expect_code(0);
     assert_eq!(again.json(), reference_output());
     assert_eq!(sb.received("supplier-orders.jsonl").len(), 1);

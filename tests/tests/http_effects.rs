@@ -50,6 +50,22 @@ fn run(sb: &Sandbox) -> stephost_tests::Ran {
     sb.run(guests::SUPPLIER_ORDER, INPUT, "order-1")
 }
 
+/// `run` of the supplier step as `order-1`, in a child process left running.
+fn spawn_run(sb: &Sandbox) -> std::process::Child {
+    sb.command(&[
+        "run",
+        guests::SUPPLIER_ORDER,
+        "--input",
+        INPUT,
+        "--run-id",
+        "order-1",
+    ])
+    .stdout(std::process::Stdio::null())
+    .stderr(std::process::Stdio::null())
+    .spawn()
+    .unwrap()
+}
+
 fn crash(sb: &Sandbox, point: &str) {
     let crashed = sb.run_crashing_at(point, guests::SUPPLIER_ORDER, INPUT, "order-1");
     assert_eq!(crashed.signal, Some(libc::SIGABRT), "{crashed:?}");
@@ -316,19 +332,7 @@ fn sigkill_during_a_slow_http_write_is_reconciled_with_one_order() {
     let receiver = Receiver::start().unwrap();
     receiver.push_fault(Fault::Delay(Duration::from_secs(30)));
     let sb = sandbox(&receiver, true, true);
-    let mut child = sb
-        .command(&[
-            "run",
-            guests::SUPPLIER_ORDER,
-            "--input",
-            INPUT,
-            "--run-id",
-            "order-1",
-        ])
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
+    let mut child = spawn_run(&sb);
     let deadline = Instant::now() + Duration::from_secs(60);
     while receiver.business_effects() == 0 {
         assert!(
@@ -586,19 +590,7 @@ url = "{url}/orders"
 "#
         ),
     );
-    let mut child = sb
-        .command(&[
-            "run",
-            guests::SUPPLIER_ORDER,
-            "--input",
-            INPUT,
-            "--run-id",
-            "order-1",
-        ])
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
+    let mut child = spawn_run(&sb);
     // The read has left the host once its connection arrives; it gets no
     // answer.
     let (_held, _) = silent.accept().unwrap();

@@ -165,7 +165,12 @@ fn checkpoint_when_asked(path: &Path, shared: &Shared) {
                 path,
                 OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX,
             )
-            .and_then(|c| c.busy_timeout(Duration::from_millis(100)).map(|()| c))
+            .and_then(|c| {
+                c.busy_timeout(Duration::from_millis(100))?;
+                // A checkpoint fsyncs the WAL before it copies it.
+                c.pragma_update(None, "synchronous", "FULL")?;
+                Ok(c)
+            })
             .ok();
         }
         // A failed checkpoint leaves the frames in the log, where they are

@@ -33,8 +33,8 @@ struct Job {
     reply: Reply,
 }
 
-/// Makes the WAL at the path durable: an fsync of the file.
-pub type SyncWal = Box<dyn FnMut(&Path) -> std::io::Result<()> + Send>;
+/// Makes the WAL durable: an fsync of the file, opened once.
+pub type SyncWal = Box<dyn FnMut(&std::fs::File) -> std::io::Result<()> + Send>;
 
 /// The committer and syncer threads and the queue into them.
 pub struct GroupCommitter {
@@ -45,13 +45,17 @@ pub struct GroupCommitter {
 impl GroupCommitter {
     /// Starts a committer with its own connection to the ledger at `db`.
     pub fn start(db: &Path) -> Result<Self, LedgerError> {
-        Self::start_syncing(db, Box::new(fsync_file))
+        Self::start_syncing(db, Box::new(|wal: &std::fs::File| wal.sync_data()))
     }
 
     /// Like [`GroupCommitter::start`], making the WAL durable with `sync`.
     pub fn start_syncing(db: &Path, sync: SyncWal) -> Result<Self, LedgerError> {
         let mut ledger = SqliteLedger::open(db)?;
-        let wal = ledger.wal_path();
+        // Opened once, while the committer's connection keeps the WAL from
+        // being removed: a write error the kernel reports to one fsync is
+        // reported to every file handle open at the time, so another
+        // connection's fsync (a checkpoint's) cannot take it from this one.
+        let wal = open_wal(&ledger.wal_path())?;
         let (queue, jobs) = mpsc::channel::<Job>();
         let (to_sync, synced) = mpsc::channel::<Vec<(Reply, Result<(), LedgerError>)>>();
         let syncer = std::thread::Builder::new()
@@ -100,15 +104,35 @@ impl GroupCommitter {
     }
 }
 
-/// fsyncs the file at `path` (its data, and the size needed to read it).
-fn fsync_file(path: &Path) -> std::io::Result<()> {
-    std::fs::File::open(path)?.sync_data()
+/// The WAL at `path`, with its folder's entry for it on disk.
+fn open_wal(path: &Path) -> Result<WalFile, LedgerError> {
+    let cannot = |e: std::io::Error| {
+        LedgerError::Batch(format!(
+            "cannot open the WAL {} to sync it: {e}",
+            path.display()
+        ))
+    };
+    let file = std::fs::File::open(path).map_err(cannot)?;
+    if let Some(folder) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
+        std::fs::File::open(folder)
+            .and_then(|f| f.sync_all())
+            .map_err(cannot)?;
+    }
+    Ok(WalFile {
+        path: path.to_path_buf(),
+        file,
+    })
+}
+
+struct WalFile {
+    path: std::path::PathBuf,
+    file: std::fs::File,
 }
 
 /// The syncer: one fsync for every batch committed before it began, then
 /// their answers; after a failed fsync, only failures.
 fn sync_and_answer(
-    wal: &Path,
+    wal: &WalFile,
     mut sync: SyncWal,
     batches: &mpsc::Receiver<Vec<(Reply, Result<(), LedgerError>)>>,
 ) {
@@ -118,12 +142,12 @@ fn sync_and_answer(
         let mut waiting = vec![first];
         waiting.extend(batches.try_iter());
         if failed.is_none()
-            && let Err(e) = sync(wal)
+            && let Err(e) = sync(&wal.file)
         {
             failed = Some(format!(
                 "the fsync of {} failed ({e}); writes since the last one may not be on disk, \
                  so this process makes nothing durable any more: restart it and resume the runs",
-                wal.display()
+                wal.path.display()
             ));
         }
         let synced = failed.clone().map_or(Ok(()), Err);
@@ -453,9 +477,8 @@ mod tests {
         let syncs = std::sync::Arc::new(AtomicUsize::new(0));
         let counted = syncs.clone();
         let (_dir, _committer, mut ledger, claim) =
-            claimed_run_with_syncer(Box::new(move |wal: &Path| {
-                assert!(wal.to_string_lossy().ends_with("l.db-wal"), "{wal:?}");
-                fsync_file(wal)?;
+            claimed_run_with_syncer(Box::new(move |wal: &std::fs::File| {
+                wal.sync_data()?;
                 counted.fetch_add(1, Ordering::SeqCst);
                 Ok(())
             }));
@@ -479,7 +502,7 @@ mod tests {
         let syncs = std::sync::Arc::new(AtomicUsize::new(0));
         let counted = syncs.clone();
         let (_dir, _committer, mut ledger, claim) =
-            claimed_run_with_syncer(Box::new(move |_: &Path| {
+            claimed_run_with_syncer(Box::new(move |_: &std::fs::File| {
                 // Fails once; a later fsync would succeed, but what the
                 // failed one covered may be lost.
                 match counted.fetch_add(1, Ordering::SeqCst) {

@@ -185,10 +185,15 @@ impl SqliteLedger {
         (results, durable)
     }
 
-    /// SQLite's write-ahead log of this ledger: an fsync of it makes every
-    /// transaction committed before durable.
+    /// SQLite's write-ahead log of this ledger, where SQLite keeps it (next
+    /// to the database file that a symlink names, for one): an fsync of it
+    /// makes every transaction committed before durable.
     pub fn wal_path(&self) -> PathBuf {
-        let mut wal = self.path.as_os_str().to_owned();
+        let db = self
+            .conn
+            .path()
+            .map_or_else(|| self.path.clone(), PathBuf::from);
+        let mut wal = db.into_os_string();
         wal.push("-wal");
         PathBuf::from(wal)
     }
@@ -637,7 +642,13 @@ fn apply_commit(conn: &Connection, claim: &Claim, ops: &[WriteOp]) -> Result<(),
                 lease_until_ms: found.lease_until_ms.unwrap_or(found.updated_at_ms),
             });
         }
-        insert_run_record(conn, run)?;
+        // Its lease runs from now, not from when the execution began.
+        let now_ms = crate::clock::now_ms();
+        let run = RunRecord {
+            lease_until_ms: Some(claim.lease_until_ms.max(now_ms + claim.lease_ms)),
+            ..(**run).clone()
+        };
+        insert_run_record(conn, &run)?;
     }
     check_fence(conn, claim)?;
     apply_all(conn, claim, ops)
@@ -1423,6 +1434,7 @@ mod tests {
             message: "hi".into(),
             at_ms: 8,
         });
+        let before = crate::clock::now_ms();
         ledger
             .commit(&claim, &[create(), WriteOp::Call(clock_call(1)), log])
             .unwrap();
@@ -1430,7 +1442,8 @@ mod tests {
         assert_eq!(run.status, RunStatus::Running);
         assert_eq!((run.fence, run.version), (1, 1));
         assert_eq!(run.owner.as_deref(), Some("me"));
-        assert_eq!(run.lease_until_ms, Some(30_007));
+        // The lease runs from the commit, not from the claim's making.
+        assert!(run.lease_until_ms.unwrap() >= before + 30_000);
         assert_eq!(ledger.calls("r1").unwrap(), vec![clock_call(1)]);
         assert_eq!(ledger.logs("r1").unwrap().len(), 1);
         // Another process that started the same id: its first commit fails
