@@ -7,8 +7,9 @@
 //! guest's own thread or the group committer, about 1 µs per buffered
 //! observe call on the project's machine class.
 //!
-//! Instead, every writing connection of a ledger nudges one background
-//! thread per ledger file and process once its log passes
+//! Instead, a writing connection whose commits are not fsync'd (buffered
+//! calls, group commit) nudges one background thread per ledger file and
+//! process once its log passes
 //! [`CHECKPOINT_PAGES`]. The thread copies the log into the database on a
 //! connection of its own while the writers go on: a `PASSIVE` checkpoint,
 //! which never waits for a writer or a reader, nor makes one wait. Durability
@@ -22,10 +23,15 @@
 //! only what the thread has not; the next transaction then starts the log
 //! over. The log stays as bounded as before, and the bulk of the copying
 //! is off the committing thread.
+//!
+//! A connection whose commits are fsync'd one by one (a single run's
+//! writes) checkpoints inline, as SQLite would: there the thread's fsyncs
+//! would compete with the writer's own on the disk, and that measured
+//! slower than the copying it saves.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicI32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, OnceLock, Weak};
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -89,13 +95,24 @@ impl Checkpointer {
     }
 
     /// Has the log of `conn` checkpointed by this thread from now on,
-    /// instead of by the commit that takes it past the threshold.
-    pub fn install(self: Arc<Self>, conn: &mut Connection) -> rusqlite::Result<()> {
+    /// instead of by the commit that takes it past the threshold, while
+    /// `fsyncs_at_commit` is false. While it is true (the connection's
+    /// commits are fsync'd: a run's writes, one by one), the commit
+    /// checkpoints itself, as SQLite would: measured, a checkpoint's fsyncs
+    /// on another thread slow the writer's own, each a whole write's cost.
+    pub fn install(
+        self: Arc<Self>,
+        conn: &mut Connection,
+        fsyncs_at_commit: Arc<AtomicBool>,
+    ) -> rusqlite::Result<()> {
         let mut nudged = false;
         conn.wal_hook(Some(move |wal: &mut rusqlite::hooks::Wal, pages: i32| {
             self.shared.log_pages.store(pages, Ordering::Relaxed);
             if pages < CHECKPOINT_PAGES {
                 nudged = false;
+            } else if fsyncs_at_commit.load(Ordering::Relaxed) {
+                // As for the other failure below.
+                let _ = wal.checkpoint_v2(CheckpointMode::PASSIVE);
             } else if !nudged {
                 nudged = true;
                 self.nudge();
@@ -215,7 +232,10 @@ mod tests {
             .unwrap();
         let checkpointer = Checkpointer::for_ledger(&db);
         assert!(Arc::ptr_eq(&checkpointer, &Checkpointer::for_ledger(&db)));
-        checkpointer.clone().install(&mut writer).unwrap();
+        checkpointer
+            .clone()
+            .install(&mut writer, Arc::new(AtomicBool::new(false)))
+            .unwrap();
         let shared = checkpointer.shared.clone();
         // Past the threshold but short of where the writer checkpoints
         // itself: the thread checkpoints.

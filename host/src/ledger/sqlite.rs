@@ -6,6 +6,8 @@
 //! is all the ordering invariant 2 needs.
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
 use rusqlite::{Connection, OpenFlags, OptionalExtension, Row, TransactionBehavior, params};
@@ -38,6 +40,9 @@ pub struct SqliteLedger {
     conn: Connection,
     path: PathBuf,
     sync: Sync,
+    /// Whether commits are fsync'd now (`sync` is `Full`), for the
+    /// checkpoint hook.
+    fsyncs_at_commit: Arc<AtomicBool>,
 }
 
 impl SqliteLedger {
@@ -82,11 +87,13 @@ impl SqliteLedger {
         conn.pragma_update(None, "journal_mode", "WAL")?;
         conn.pragma_update(None, "foreign_keys", "ON")?;
         conn.pragma_update(None, "synchronous", "FULL")?;
-        Checkpointer::for_ledger(path).install(&mut conn)?;
+        let fsyncs_at_commit = Arc::new(AtomicBool::new(true));
+        Checkpointer::for_ledger(path).install(&mut conn, fsyncs_at_commit.clone())?;
         let mut ledger = SqliteLedger {
             conn,
             path: path.to_path_buf(),
             sync: Sync::Full,
+            fsyncs_at_commit,
         };
         ledger.migrate(version)?;
         Ok(ledger)
@@ -158,6 +165,8 @@ impl SqliteLedger {
             };
             self.conn.prepare_cached(pragma)?.execute([])?;
             self.sync = sync;
+            self.fsyncs_at_commit
+                .store(sync == Sync::Full, std::sync::atomic::Ordering::Relaxed);
         }
         Ok(())
     }
