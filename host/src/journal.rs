@@ -702,13 +702,12 @@ impl Journal {
                 // within milliseconds), so that a crash during a long read
                 // does not lose it. Were it lost, resume would resend the
                 // write, which its receiver deduplicates.
-                // So is the run's own row, so that a run waiting on a long
-                // read is listed.
-                if self.outcome_pending || Self::creates_run(&self.pending) {
-                    // A run's row must be in before the read leaves (in a
-                    // worker, once the committer has applied it), so that
-                    // another process's claim on the id stops this one first.
-                    let creates = Self::creates_run(&self.pending);
+                // So is a new run's own row, and it must be in before the
+                // read leaves (in a worker, once the committer has applied
+                // it): the run is listed while it waits, and another process
+                // that started the same id stops this one first.
+                let creates = Self::creates_run(&self.pending);
+                if self.outcome_pending || creates {
                     Self::flush_into(ledger.as_mut(), claim, &mut self.pending)?;
                     if creates {
                         ledger.landed()?;

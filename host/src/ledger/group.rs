@@ -157,10 +157,11 @@ fn sync_and_answer(
     }
 }
 
-/// Sends each writer its own result, or `failed` in place of a success.
-fn answer(answers: Vec<(Reply, Result<(), LedgerError>)>, failed: Result<(), String>) {
+/// Sends each writer its own result, or the sync's failure in place of a
+/// success.
+fn answer(answers: Vec<(Reply, Result<(), LedgerError>)>, synced: Result<(), String>) {
     for (reply, result) in answers {
-        let result = match (&failed, result) {
+        let result = match (&synced, result) {
             (Err(e), Ok(())) => Err(LedgerError::Batch(e.clone())),
             (_, result) => result,
         };
