@@ -212,26 +212,35 @@ pub struct RunRecord {
 }
 
 impl RunRecord {
-    /// The row of `run`, new and claimed by `claim` (its first claim).
-    pub fn claimed(run: &NewRun<'_>, claim: &Claim) -> Self {
+    /// The row of `run`, new: pending, or claimed by `claim` (its first).
+    pub fn new(run: &NewRun<'_>, claim: Option<&Claim>) -> Self {
+        let (status, fence) = match claim {
+            Some(claim) => (RunStatus::Running, claim.fence),
+            None => (RunStatus::Pending, 0),
+        };
         RunRecord {
             run_id: run.run_id.to_string(),
             module_digest: run.module_digest.to_string(),
             input: run.input.to_string(),
-            status: RunStatus::Running,
+            status,
             output: None,
             error: None,
             created_at_ms: run.now_ms,
             updated_at_ms: run.now_ms,
-            version: claim.fence,
-            owner: Some(claim.owner.clone()),
-            lease_until_ms: Some(claim.lease_until_ms),
-            fence: claim.fence,
+            version: fence,
+            owner: claim.map(|c| c.owner.clone()),
+            lease_until_ms: claim.map(|c| c.lease_until_ms),
+            fence,
             wake_at_ms: None,
             world: run.world.to_string(),
             step: run.step.map(str::to_string),
             exit_code: None,
         }
+    }
+
+    /// The row of `run`, new and claimed by `claim` (its first claim).
+    pub fn claimed(run: &NewRun<'_>, claim: &Claim) -> Self {
+        Self::new(run, Some(claim))
     }
 }
 

@@ -597,17 +597,7 @@ fn insert_run(
     run: &NewRun<'_>,
     claim: Option<&Claim>,
 ) -> Result<RunRecord, LedgerError> {
-    let record = match claim {
-        Some(claim) => RunRecord::claimed(run, claim),
-        None => RunRecord {
-            status: RunStatus::Pending,
-            version: 0,
-            owner: None,
-            lease_until_ms: None,
-            fence: 0,
-            ..RunRecord::claimed(run, &Claim::first(run.run_id, "", 0, run.now_ms))
-        },
-    };
+    let record = RunRecord::new(run, claim);
     insert_run_record(conn, &record)?;
     Ok(record)
 }
