@@ -549,10 +549,10 @@ impl Journal {
         live: &mut dyn LiveCall,
     ) -> Result<Outcome, Stop> {
         let seq = self.next_seq;
-        if seq > self.limits.calls_max {
+        let calls_max = self.limits.calls_max.min(crate::ledger::CALLS_PER_RUN_MAX);
+        if seq > calls_max {
             return Err(Stop::Limit(format!(
-                "the run made more than calls_max = {} import calls",
-                self.limits.calls_max
+                "the run made more than calls_max = {calls_max} import calls"
             )));
         }
         let recorded = self

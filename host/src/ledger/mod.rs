@@ -26,6 +26,11 @@ pub use group::{GroupCommitter, GroupLedger};
 pub use history::History;
 pub use sqlite::SqliteLedger;
 
+/// The most calls one run can record: the SQLite ledger keys a call by its
+/// run's number and a 32-bit sequence number (schema v5). `calls_max` is
+/// capped at it.
+pub const CALLS_PER_RUN_MAX: u64 = u32::MAX as u64;
+
 /// The class of a call decides how it is recorded and how it is resumed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]

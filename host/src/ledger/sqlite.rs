@@ -108,8 +108,11 @@ impl SqliteLedger {
     fn last_seq(&self, run_id: &str) -> Result<usize, LedgerError> {
         let last: Option<i64> = self
             .conn
-            .prepare_cached("SELECT max(seq) FROM calls WHERE run_id = ?1")?
-            .query_row([run_id], |r| r.get(0))?;
+            .prepare_cached(&format!(
+                "SELECT seq FROM calls WHERE {CALLS_OF_RUN} ORDER BY key DESC LIMIT 1"
+            ))?
+            .query_row([run_id], |r| r.get(0))
+            .optional()?;
         Ok(last.unwrap_or(0).max(0) as usize)
     }
 
@@ -307,12 +310,13 @@ impl WriteOp {
     fn apply(
         &self,
         conn: &Connection,
+        run_no: i64,
         claim: &Claim,
         tried: &mut Tried,
     ) -> Result<(), LedgerError> {
         match self {
             WriteOp::Call(call) | WriteOp::Started(call) => {
-                insert_calls(conn, claim, &[(call, tried.take(call.seq))])
+                insert_calls(conn, run_no, claim, &[(call, tried.take(call.seq))])
             }
             WriteOp::Outcome {
                 seq,
@@ -324,6 +328,7 @@ impl WriteOp {
                 let attempts = tried.take(*seq);
                 update_outcome(
                     conn,
+                    call_key(run_no, *seq),
                     claim,
                     *seq,
                     *state,
@@ -401,7 +406,7 @@ impl WriteOp {
 fn find_call(conn: &Connection, run_id: &str, seq: u64) -> Result<Option<CallRecord>, LedgerError> {
     let found = conn
         .query_row(
-            &format!("SELECT {CALL_COLUMNS} FROM calls WHERE run_id = ?1 AND seq = ?2"),
+            &format!("SELECT {CALL_COLUMNS} FROM calls WHERE key = {KEY_OF_CALL}"),
             params![run_id, seq as i64],
             call_from_row,
         )
@@ -433,7 +438,8 @@ fn settle_by_person(
     let chain = chain_for(conn, run_id, &call)?;
     conn.execute(
         "UPDATE calls SET state = ?1, outcome = ?2, finished_at = ?3, resolved_by = ?4, \
-         resolved_at = ?3, chain = ?7 WHERE run_id = ?5 AND seq = ?6",
+         resolved_at = ?3, chain = ?7 \
+         WHERE key = (SELECT (run_no << 32) + ?6 FROM runs WHERE run_id = ?5)",
         params![
             state.as_str(),
             outcome,
@@ -465,7 +471,7 @@ fn chain_for(
     }
     let previous: Option<String> = if call.seq > 1 {
         conn.query_row(
-            "SELECT chain FROM calls WHERE run_id = ?1 AND seq = ?2",
+            &format!("SELECT chain FROM calls WHERE key = {KEY_OF_CALL}"),
             params![run_id, call.seq as i64 - 1],
             |r| r.get(0),
         )
@@ -490,24 +496,38 @@ fn not_a_ledger(path: &str, e: rusqlite::Error) -> LedgerError {
     }
 }
 
-fn check_fence(tx: &Connection, claim: &Claim) -> Result<(), LedgerError> {
+/// Checks that `claim` still holds its run; returns the run's number, which
+/// its calls' keys begin with.
+fn check_fence(tx: &Connection, claim: &Claim) -> Result<i64, LedgerError> {
     // A read, not a write: the runs row stays clean, so a commit carries
     // only the pages of its own rows. Leases are renewed separately
     // (`renew`), by the worker's renewal loop and the journal.
-    let newest: Option<i64> = tx
-        .prepare_cached("SELECT fence FROM runs WHERE run_id = ?1")?
-        .query_row([&claim.run_id], |r| r.get(0))
+    let newest: Option<(i64, i64)> = tx
+        .prepare_cached("SELECT fence, run_no FROM runs WHERE run_id = ?1")?
+        .query_row([&claim.run_id], |r| Ok((r.get(0)?, r.get(1)?)))
         .optional()?;
     match newest {
         None => Err(LedgerError::UnknownRun(claim.run_id.clone())),
-        Some(newest) if newest != claim.fence => Err(LedgerError::Fenced {
+        Some((newest, _)) if newest != claim.fence => Err(LedgerError::Fenced {
             run_id: claim.run_id.clone(),
             held: claim.fence,
             newest,
         }),
-        Some(_) => Ok(()),
+        Some((_, run_no)) => Ok(run_no),
     }
 }
+
+/// The key of call `seq` of the run numbered `run_no`.
+fn call_key(run_no: i64, seq: u64) -> i64 {
+    (run_no << 32) + (seq & super::CALLS_PER_RUN_MAX) as i64
+}
+
+/// SQL for the key of call `?2` of run `?1` (NULL for an unknown run).
+const KEY_OF_CALL: &str = "(SELECT (run_no << 32) + ?2 FROM runs WHERE run_id = ?1)";
+
+/// SQL matching the keys of run `?1`'s calls (none for an unknown run).
+const CALLS_OF_RUN: &str = "key BETWEEN (SELECT run_no << 32 FROM runs WHERE run_id = ?1) \
+     AND (SELECT (run_no << 32) + 4294967295 FROM runs WHERE run_id = ?1)";
 
 /// The statement that reads one run (prepared once per connection).
 const SELECT_RUN: &str = "SELECT run_id, module_digest, input, status, output, error, created_at, \
@@ -605,8 +625,9 @@ fn insert_run(
 fn insert_run_record(conn: &Connection, run: &RunRecord) -> Result<(), LedgerError> {
     conn.prepare_cached(
         "INSERT INTO runs (run_id, module_digest, input, status, created_at, updated_at, \
-         version, owner, lease_until, fence, world, step) \
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)",
+         version, owner, lease_until, fence, world, step, run_no) \
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, \
+         (SELECT ifnull(max(run_no), 0) + 1 FROM runs))",
     )?
     .execute(params![
         run.run_id,
@@ -649,8 +670,8 @@ fn apply_commit(conn: &Connection, claim: &Claim, ops: &[WriteOp]) -> Result<(),
         };
         insert_run_record(conn, &run)?;
     }
-    check_fence(conn, claim)?;
-    apply_all(conn, claim, ops)
+    let run_no = check_fence(conn, claim)?;
+    apply_all(conn, run_no, claim, ops)
 }
 
 fn add_counters(conn: &Connection, counters: &crate::journal::Counters) -> Result<(), LedgerError> {
@@ -680,8 +701,8 @@ fn calls_between(
 ) -> Result<Vec<CallRecord>, Option<LedgerError>> {
     let mut stmt = conn
         .prepare_cached(&format!(
-            "SELECT {CALL_COLUMNS} FROM calls WHERE run_id = ?1 AND seq > ?2 AND seq <= ?3 \
-             ORDER BY seq"
+            "SELECT {CALL_COLUMNS} FROM calls WHERE key > {KEY_OF_CALL} \
+             AND key <= (SELECT (run_no << 32) + ?3 FROM runs WHERE run_id = ?1) ORDER BY key"
         ))
         .map_err(|e| Some(e.into()))?;
     let mut chunk = Vec::with_capacity(upto - after);
@@ -704,7 +725,12 @@ const CALL_CHUNK: usize = 8;
 /// and the commit is all or nothing. A call's attempts go into its row: with
 /// the row when it is inserted here, else with its outcome, else appended
 /// at the end.
-fn apply_all(conn: &Connection, claim: &Claim, ops: &[WriteOp]) -> Result<(), LedgerError> {
+fn apply_all(
+    conn: &Connection,
+    run_no: i64,
+    claim: &Claim,
+    ops: &[WriteOp],
+) -> Result<(), LedgerError> {
     let mut tried = Tried::of(ops, claim.fence);
     let calls: Vec<(&CallRecord, Option<String>)> = ops
         .iter()
@@ -715,19 +741,19 @@ fn apply_all(conn: &Connection, claim: &Claim, ops: &[WriteOp]) -> Result<(), Le
         .collect();
     let mut chunks = calls.chunks_exact(CALL_CHUNK);
     for chunk in &mut chunks {
-        insert_calls(conn, claim, chunk)?;
+        insert_calls(conn, run_no, claim, chunk)?;
     }
     for row in chunks.remainder() {
-        insert_calls(conn, claim, std::slice::from_ref(row))?;
+        insert_calls(conn, run_no, claim, std::slice::from_ref(row))?;
     }
     for op in ops {
         if !matches!(op, WriteOp::Call(_)) {
-            op.apply(conn, claim, &mut tried)?;
+            op.apply(conn, run_no, claim, &mut tried)?;
         }
     }
     for (seq, json) in tried.0 {
         if let Some(json) = json {
-            append_attempts(conn, claim, seq, &json)?;
+            append_attempts(conn, run_no, claim, seq, &json)?;
         }
     }
     Ok(())
@@ -768,6 +794,7 @@ impl Tried {
 /// one row (a `started` write, the rest of a chunk) or `CALL_CHUNK` of them.
 fn insert_calls(
     conn: &Connection,
+    run_no: i64,
     claim: &Claim,
     calls: &[(&CallRecord, Option<String>)],
 ) -> Result<(), LedgerError> {
@@ -780,9 +807,9 @@ fn insert_calls(
         &ONE
     }
     .get_or_init(|| {
-        let row = "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)";
+        let row = "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)";
         format!(
-            "INSERT INTO calls (run_id, seq, class, interface, function, operation_id, \
+            "INSERT INTO calls (key, class, interface, function, operation_id, \
              request, request_hash, state, outcome, started_at, finished_at, fence, chain, \
              attempts) VALUES {}",
             vec![row; calls.len()].join(", ")
@@ -791,9 +818,8 @@ fn insert_calls(
     let mut stmt = conn.prepare_cached(sql)?;
     let mut n = 0;
     for (call, attempts) in calls {
-        let values: [&dyn rusqlite::ToSql; 15] = [
-            &claim.run_id,
-            &(call.seq as i64),
+        let values: [&dyn rusqlite::ToSql; 14] = [
+            &call_key(run_no, call.seq),
             &call.class.as_str(),
             &call.interface,
             &call.function,
@@ -822,6 +848,7 @@ fn insert_calls(
 #[allow(clippy::too_many_arguments)]
 fn update_outcome(
     conn: &Connection,
+    key: i64,
     claim: &Claim,
     seq: u64,
     state: CallState,
@@ -834,9 +861,9 @@ fn update_outcome(
     let sql = SQL.get_or_init(|| {
         format!(
             "UPDATE calls SET state = ?1, outcome = ?2, finished_at = ?3, fence = ?4, \
-             chain = ?7, attempts = {} \
-             WHERE run_id = ?5 AND seq = ?6 AND state IN ('started', 'unknown')",
-            attempts::append_sql(8)
+             chain = ?6, attempts = {} \
+             WHERE key = ?5 AND state IN ('started', 'unknown')",
+            attempts::append_sql(7)
         )
     });
     let changed = conn.prepare_cached(sql)?.execute(params![
@@ -844,8 +871,7 @@ fn update_outcome(
         outcome,
         now_ms,
         claim.fence,
-        claim.run_id,
-        seq as i64,
+        key,
         chain,
         attempts
     ])?;
@@ -861,6 +887,7 @@ fn update_outcome(
 /// Appends attempts (a JSON array) to a recorded call's.
 fn append_attempts(
     conn: &Connection,
+    run_no: i64,
     claim: &Claim,
     seq: u64,
     json: &str,
@@ -868,13 +895,13 @@ fn append_attempts(
     static SQL: std::sync::OnceLock<String> = std::sync::OnceLock::new();
     let sql = SQL.get_or_init(|| {
         format!(
-            "UPDATE calls SET attempts = {} WHERE run_id = ?1 AND seq = ?2",
-            attempts::append_sql(3)
+            "UPDATE calls SET attempts = {} WHERE key = ?1",
+            attempts::append_sql(2)
         )
     });
     let changed = conn
         .prepare_cached(sql)?
-        .execute(params![claim.run_id, seq as i64, json])?;
+        .execute(params![call_key(run_no, seq), json])?;
     if changed != 1 {
         return Err(LedgerError::Corrupt(format!(
             "run {}: an attempt names call #{seq}, which is not recorded",
@@ -1088,7 +1115,7 @@ impl Ledger for SqliteLedger {
 
     fn calls(&self, run_id: &str) -> Result<Vec<CallRecord>, LedgerError> {
         let mut stmt = self.conn.prepare_cached(&format!(
-            "SELECT {CALL_COLUMNS} FROM calls WHERE run_id = ?1 ORDER BY seq"
+            "SELECT {CALL_COLUMNS} FROM calls WHERE {CALLS_OF_RUN} ORDER BY key"
         ))?;
         // Sized up front: a long run has 100,000s of calls, and growing the
         // vector by doubling copies them and faults in fresh pages again.
@@ -1159,7 +1186,9 @@ impl Ledger for SqliteLedger {
     fn call_attempts(&self, run_id: &str, seq: u64) -> Result<Vec<AttemptRecord>, LedgerError> {
         let json: Option<String> = self
             .conn
-            .prepare_cached("SELECT attempts FROM calls WHERE run_id = ?1 AND seq = ?2")?
+            .prepare_cached(&format!(
+                "SELECT attempts FROM calls WHERE key = {KEY_OF_CALL}"
+            ))?
             .query_row(params![run_id, seq as i64], |r| r.get(0))
             .optional()?
             .flatten();
@@ -1167,10 +1196,10 @@ impl Ledger for SqliteLedger {
     }
 
     fn attempts(&self, run_id: &str) -> Result<Vec<AttemptRecord>, LedgerError> {
-        let mut stmt = self.conn.prepare_cached(
-            "SELECT seq, attempts FROM calls WHERE run_id = ?1 AND attempts IS NOT NULL \
-             ORDER BY seq",
-        )?;
+        let mut stmt = self.conn.prepare_cached(&format!(
+            "SELECT seq, attempts FROM calls WHERE {CALLS_OF_RUN} AND attempts IS NOT NULL \
+                 ORDER BY key"
+        ))?;
         let mut rows = stmt.query([run_id])?;
         let mut all = Vec::new();
         while let Some(row) = rows.next()? {
@@ -1294,9 +1323,9 @@ impl Ledger for SqliteLedger {
 
     fn pending_approvals(&self) -> Result<Vec<(RunRecord, CallRecord)>, LedgerError> {
         let mut stmt = self.conn.prepare(
-            "SELECT c.run_id, c.seq FROM calls c JOIN runs r ON r.run_id = c.run_id \
+            "SELECT r.run_id, c.seq FROM calls c JOIN runs r ON r.run_no = c.run_no \
              WHERE c.interface = ?1 AND c.state = 'started' \
-             AND r.status NOT IN ('completed', 'failed') ORDER BY c.started_at, c.run_id",
+             AND r.status NOT IN ('completed', 'failed') ORDER BY c.started_at, r.run_id",
         )?;
         let keys: Vec<(String, i64)> = stmt
             .query_map([crate::imports::approvals::INTERFACE], |r| {
@@ -1307,7 +1336,7 @@ impl Ledger for SqliteLedger {
         for (run_id, seq) in keys {
             let run = self.run(&run_id)?;
             let call = self.conn.query_row(
-                &format!("SELECT {CALL_COLUMNS} FROM calls WHERE run_id = ?1 AND seq = ?2"),
+                &format!("SELECT {CALL_COLUMNS} FROM calls WHERE key = {KEY_OF_CALL}"),
                 params![run_id, seq],
                 call_from_row,
             )?;
@@ -1417,6 +1446,38 @@ mod tests {
             resolved_by: None,
             chain: Some(format!("c{seq}")),
         }
+    }
+
+    #[test]
+    fn runs_committing_in_turn_each_read_back_their_own_calls_in_order() {
+        // Calls are keyed by their run's number and their sequence number:
+        // interleaved commits of two runs, one of them created after the
+        // other's calls, must not mix or reorder them.
+        let (_dir, mut ledger) = new_ledger();
+        seed(&mut ledger);
+        let first = claim_fresh(&mut ledger, "r1", "me");
+        ledger
+            .commit(&first, &[WriteOp::Call(clock_call(1))])
+            .unwrap();
+        ledger.create_run(NewRun::for_test("r0", "d1", 2)).unwrap();
+        let second = claim_fresh(&mut ledger, "r0", "me");
+        for seq in 2..=4 {
+            let mut other = clock_call(seq - 1);
+            other.outcome = Some(format!("{{\"ok\":\"r0 {seq}\"}}"));
+            ledger.commit(&second, &[WriteOp::Call(other)]).unwrap();
+            ledger
+                .commit(&first, &[WriteOp::Call(clock_call(seq))])
+                .unwrap();
+        }
+        let mine = ledger.calls("r1").unwrap();
+        assert_eq!(mine, (1..=4).map(clock_call).collect::<Vec<_>>());
+        let theirs = ledger.calls("r0").unwrap();
+        let seqs: Vec<u64> = theirs.iter().map(|c| c.seq).collect();
+        assert_eq!(seqs, vec![1, 2, 3]);
+        assert_eq!(theirs[2].outcome.as_deref(), Some("{\"ok\":\"r0 4\"}"));
+        assert_eq!(ledger.last_seq("r0").unwrap(), 3);
+        assert_eq!(ledger.last_seq("nobody").unwrap(), 0);
+        assert!(ledger.calls("nobody").unwrap().is_empty());
     }
 
     #[test]
@@ -1558,8 +1619,8 @@ mod tests {
             ledger
                 .conn
                 .execute(
-                    "DELETE FROM calls WHERE run_id = 'r1' AND seq = ?1",
-                    [missing as i64],
+                    &format!("DELETE FROM calls WHERE key = {KEY_OF_CALL}"),
+                    params!["r1", missing as i64],
                 )
                 .unwrap();
             let mut history = ledger.history("r1").unwrap();
@@ -1674,7 +1735,8 @@ mod tests {
         assert_eq!(ledger.logs("r1").unwrap()[0].message, "hello");
         // The rebuilt tables still refuse what they refused before.
         let bad_state = ledger.conn.execute(
-            "UPDATE calls SET state = 'maybe' WHERE run_id = 'r1' AND seq = 1",
+            "UPDATE calls SET state = 'maybe' \
+             WHERE key = (SELECT (run_no << 32) + 1 FROM runs WHERE run_id = 'r1')",
             [],
         );
         assert!(bad_state.is_err(), "a bad call state was accepted");
@@ -1684,9 +1746,8 @@ mod tests {
         );
         assert!(bad_status.is_err(), "a bad run status was accepted");
         let orphan = ledger.conn.execute(
-            "INSERT INTO calls (run_id, seq, class, interface, function, operation_id, \
-             request, request_hash, state, started_at, fence) \
-             VALUES ('nobody', 1, 'read', 'i', 'f', 'op', '{}', 'h', 'started', 1, 1)",
+            "INSERT INTO logs (run_id, after_seq, level, message, at) \
+             VALUES ('nobody', 1, 'info', 'orphan', 1)",
             [],
         );
         assert!(orphan.is_err(), "foreign keys are off after the migration");
