@@ -369,6 +369,10 @@ pub struct Journal {
     outcome_pending: bool,
     /// The chain link of the last finished call (see `ledger::chain`).
     last_chain: String,
+    /// The request hash of the last live call without a request (clock,
+    /// random: the same interface and function again and again), by
+    /// interface and function, so that it is not hashed again each time.
+    empty_request_hash: Option<(String, String, String)>,
     /// When the last finished call was replayed: its index in `history`,
     /// whose link is copied into `last_chain` only if a live call follows
     /// (a replay of 100,000 calls need not copy 100,000 links).
@@ -411,6 +415,7 @@ impl Journal {
             pending: Vec::new(),
             outcome_pending: false,
             last_chain: String::new(),
+            empty_request_hash: None,
             chain_at: None,
             control: None,
             started: std::time::Instant::now(),
@@ -647,7 +652,7 @@ impl Journal {
             });
         };
         self.next_seq += 1;
-        let request_hash = ids::request_hash(spec.interface, spec.function, spec.request);
+        let request_hash = Self::request_hash(&mut self.empty_request_hash, spec);
         let operation_id = ids::operation_id(&run_id, spec.function, seq, spec.key);
         let op = OpContext {
             run_id,
@@ -818,6 +823,29 @@ impl Journal {
         }
         self.stats.live += 1;
         Ok(outcome)
+    }
+
+    /// The request hash of a live call.
+    fn request_hash(memo: &mut Option<(String, String, String)>, spec: &CallSpec<'_>) -> String {
+        if !spec.request.is_empty() {
+            return ids::request_hash(spec.interface, spec.function, spec.request);
+        }
+        match memo {
+            Some((interface, function, hash))
+                if interface == spec.interface && function == spec.function =>
+            {
+                hash.clone()
+            }
+            _ => {
+                let hash = ids::request_hash(spec.interface, spec.function, "");
+                *memo = Some((
+                    spec.interface.to_string(),
+                    spec.function.to_string(),
+                    hash.clone(),
+                ));
+                hash
+            }
+        }
     }
 
     /// Makes the link of the last replayed call the one the next call follows.

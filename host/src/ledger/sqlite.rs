@@ -760,18 +760,31 @@ fn apply_all(
 }
 
 /// The attempts among a commit's writes, as one JSON array per call, each
-/// taken once by the write that stores it.
+/// taken once by the write that stores it. A commit of buffered reads holds
+/// hundreds of calls and their attempts, so neither grouping nor lookup
+/// searches the whole list: a call's attempts come one after another, and
+/// the groups are sorted by sequence number.
 struct Tried(Vec<(u64, Option<String>)>);
 
 impl Tried {
     fn of(ops: &[WriteOp], fence: i64) -> Self {
-        let mut by_call: Vec<(u64, Vec<&AttemptRecord>)> = Vec::new();
+        let mut runs: Vec<(u64, Vec<&AttemptRecord>)> = Vec::new();
         for op in ops {
             if let WriteOp::Attempt(a) = op {
-                match by_call.iter_mut().find(|(seq, _)| *seq == a.seq) {
-                    Some((_, list)) => list.push(a),
-                    None => by_call.push((a.seq, vec![a])),
+                match runs.last_mut() {
+                    Some((seq, list)) if *seq == a.seq => list.push(a),
+                    _ => runs.push((a.seq, vec![a])),
                 }
+            }
+        }
+        // Stable: each call's attempts stay in the order they were made,
+        // also when they were not all made one after another.
+        runs.sort_by_key(|(seq, _)| *seq);
+        let mut by_call: Vec<(u64, Vec<&AttemptRecord>)> = Vec::with_capacity(runs.len());
+        for (seq, list) in runs {
+            match by_call.last_mut() {
+                Some((last, all)) if *last == seq => all.extend(list),
+                _ => by_call.push((seq, list)),
             }
         }
         Tried(
@@ -783,10 +796,8 @@ impl Tried {
     }
 
     fn take(&mut self, seq: u64) -> Option<String> {
-        self.0
-            .iter_mut()
-            .find(|(s, _)| *s == seq)
-            .and_then(|(_, json)| json.take())
+        let at = self.0.binary_search_by_key(&seq, |(s, _)| *s).ok()?;
+        self.0[at].1.take()
     }
 }
 
