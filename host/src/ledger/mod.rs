@@ -383,6 +383,11 @@ pub enum LedgerError {
     UnknownModule(String),
     #[error("group commit failed: {0}")]
     Batch(String),
+    #[error(
+        "run {run_id} cannot record call #{seq}: a run records at most {max} calls, and a \
+         ledger at most 2,147,483,647 runs"
+    )]
+    KeysExhausted { run_id: String, seq: u64, max: u64 },
     #[error("ledger data is corrupt: {0}")]
     Corrupt(String),
     #[error("ledger I/O failed: {0}")]

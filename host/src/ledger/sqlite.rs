@@ -328,7 +328,7 @@ impl WriteOp {
                 let attempts = tried.take(*seq);
                 update_outcome(
                     conn,
-                    call_key(run_no, *seq),
+                    call_key(&claim.run_id, run_no, *seq)?,
                     claim,
                     *seq,
                     *state,
@@ -517,9 +517,18 @@ fn check_fence(tx: &Connection, claim: &Claim) -> Result<i64, LedgerError> {
     }
 }
 
-/// The key of call `seq` of the run numbered `run_no`.
-fn call_key(run_no: i64, seq: u64) -> i64 {
-    (run_no << 32) + (seq & super::CALLS_PER_RUN_MAX) as i64
+/// The key of call `seq` of the run numbered `run_no` (of `run_id`): never
+/// one in another run's range (the journal stops a run before it gets
+/// there).
+fn call_key(run_id: &str, run_no: i64, seq: u64) -> Result<i64, LedgerError> {
+    if seq > super::CALLS_PER_RUN_MAX || !(0..1 << 31).contains(&run_no) {
+        return Err(LedgerError::KeysExhausted {
+            run_id: run_id.to_string(),
+            seq,
+            max: super::CALLS_PER_RUN_MAX,
+        });
+    }
+    Ok((run_no << 32) + seq as i64)
 }
 
 /// SQL for the key of call `?2` of run `?1` (NULL for an unknown run).
@@ -830,7 +839,7 @@ fn insert_calls(
     let mut n = 0;
     for (call, attempts) in calls {
         let values: [&dyn rusqlite::ToSql; 14] = [
-            &call_key(run_no, call.seq),
+            &call_key(&claim.run_id, run_no, call.seq)?,
             &call.class.as_str(),
             &call.interface,
             &call.function,
@@ -912,7 +921,7 @@ fn append_attempts(
     });
     let changed = conn
         .prepare_cached(sql)?
-        .execute(params![call_key(run_no, seq), json])?;
+        .execute(params![call_key(&claim.run_id, run_no, seq)?, json])?;
     if changed != 1 {
         return Err(LedgerError::Corrupt(format!(
             "run {}: an attempt names call #{seq}, which is not recorded",
@@ -1457,6 +1466,21 @@ mod tests {
             resolved_by: None,
             chain: Some(format!("c{seq}")),
         }
+    }
+
+    #[test]
+    fn a_call_key_never_reaches_into_another_runs_range() {
+        assert_eq!(call_key("r", 1, 1).unwrap(), (1 << 32) + 1);
+        assert_eq!(
+            call_key("r", 1, super::super::CALLS_PER_RUN_MAX).unwrap(),
+            (2 << 32) - 1
+        );
+        let past = call_key("r", 1, super::super::CALLS_PER_RUN_MAX + 1);
+        assert!(
+            matches!(past, Err(LedgerError::KeysExhausted { ref run_id, .. }) if run_id == "r"),
+            "{past:?}"
+        );
+        assert!(call_key("r", 1 << 31, 1).is_err());
     }
 
     #[test]
