@@ -47,10 +47,17 @@ pub const CHECKPOINT_PAGES: i32 = 1000;
 /// commits, which copies what the thread has not yet.
 pub const FINISH_PAGES: i32 = CHECKPOINT_PAGES + CHECKPOINT_PAGES / 4;
 
+/// Longest a committing connection waits for the thread's checkpoint to
+/// end before it tries its own (which then fails, and the next commit
+/// tries again).
+const FINISH_WAIT: Duration = Duration::from_secs(2);
+
 #[derive(Default)]
 struct State {
     /// A checkpoint was asked for since the last one started.
     wanted: bool,
+    /// The thread is checkpointing.
+    running: bool,
     stop: bool,
 }
 
@@ -58,6 +65,8 @@ struct State {
 struct Shared {
     state: Mutex<State>,
     wake: Condvar,
+    /// Signalled when the thread ends a checkpoint.
+    idle: Condvar,
     /// Frames in the log after the last commit of any connection.
     log_pages: AtomicI32,
     /// Checkpoints the thread has made that copied frames.
@@ -117,13 +126,26 @@ impl Checkpointer {
                 nudged = true;
                 self.nudge();
             } else if pages >= FINISH_PAGES {
-                // The commit itself is done: an error here (the thread's
-                // checkpoint still running) must not be reported as its
-                // failure. The next commit tries again.
+                // The thread is behind a writer that never pauses: wait for
+                // its checkpoint to end (two checkpoints cannot run at
+                // once), then copy the rest here, so that the log starts
+                // over and stays bounded however slow the thread is.
+                self.wait_for_thread();
+                // The commit itself is done: an error here must not be
+                // reported as its failure. The next commit tries again.
                 let _ = wal.checkpoint_v2(CheckpointMode::PASSIVE);
             }
             Ok(())
         }))
+    }
+
+    /// Waits (at most `FINISH_WAIT`) until the thread is not checkpointing.
+    fn wait_for_thread(&self) {
+        let state = self.shared.state.lock().unwrap_or_else(|p| p.into_inner());
+        let _ = self
+            .shared
+            .idle
+            .wait_timeout_while(state, FINISH_WAIT, |s| s.running && !s.stop);
     }
 
     /// Asks for a checkpoint soon; starts the thread on first use.
@@ -176,32 +198,44 @@ fn checkpoint_when_asked(path: &Path, shared: &Shared) {
                 return;
             }
             state.wanted = false;
+            state.running = true;
         }
-        if conn.is_none() {
-            conn = Connection::open_with_flags(
-                path,
-                OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX,
-            )
-            .and_then(|c| {
-                c.busy_timeout(Duration::from_millis(100))?;
-                // A checkpoint fsyncs the WAL before it copies it.
-                c.pragma_update(None, "synchronous", "FULL")?;
-                Ok(c)
-            })
-            .ok();
+        checkpoint_once(path, shared, &mut conn);
+        shared
+            .state
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .running = false;
+        shared.idle.notify_all();
+    }
+}
+
+/// One checkpoint on the thread's connection, opened if need be.
+fn checkpoint_once(path: &Path, shared: &Shared, conn: &mut Option<Connection>) {
+    if conn.is_none() {
+        *conn = Connection::open_with_flags(
+            path,
+            OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+        )
+        .and_then(|c| {
+            c.busy_timeout(Duration::from_millis(100))?;
+            // A checkpoint fsyncs the WAL before it copies it.
+            c.pragma_update(None, "synchronous", "FULL")?;
+            Ok(c)
+        })
+        .ok();
+    }
+    // A failed checkpoint leaves the frames in the log, where they are
+    // durable; the next one copies them.
+    let Some(c) = conn.as_ref() else { return };
+    match c.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |r| {
+        Ok((r.get::<_, i64>(0)?, r.get::<_, i64>(2)?))
+    }) {
+        Ok((0, copied)) if copied > 0 => {
+            shared.checkpoints.fetch_add(1, Ordering::Relaxed);
         }
-        // A failed checkpoint leaves the frames in the log, where they are
-        // durable; the next one copies them.
-        let Some(c) = &conn else { continue };
-        match c.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |r| {
-            Ok((r.get::<_, i64>(0)?, r.get::<_, i64>(2)?))
-        }) {
-            Ok((0, copied)) if copied > 0 => {
-                shared.checkpoints.fetch_add(1, Ordering::Relaxed);
-            }
-            Ok(_) => {}
-            Err(_) => conn = None,
-        }
+        Ok(_) => {}
+        Err(_) => *conn = None,
     }
 }
 
