@@ -1103,12 +1103,43 @@ fn summary(call: &CallRecord) -> CallSummary {
 
 fn parse_outcome(call: &CallRecord) -> Result<Outcome, Stop> {
     let text = call.outcome.as_deref().unwrap_or("null");
+    if let Some(outcome) = plain_ok(text) {
+        return Ok(outcome);
+    }
     serde_json::from_str(text).map_err(|e| {
         Stop::Corrupt(format!(
             "call #{} has an unreadable outcome ({e}); the ledger is damaged",
             call.seq
         ))
     })
+}
+
+/// The outcome `{"ok":N}` (an integer) or `{"ok":"text"}` (no escapes)
+/// without the general JSON parser: what a replay feeds back most (clock,
+/// random, plain text), about 0.1 µs a call less. Anything else, or
+/// anything JSON would read differently (a leading zero, an escape), is
+/// `None` and goes through `serde_json`.
+fn plain_ok(text: &str) -> Option<Outcome> {
+    let value = text.strip_prefix("{\"ok\":")?.strip_suffix('}')?;
+    if let Some(inner) = value.strip_prefix('"').and_then(|v| v.strip_suffix('"')) {
+        if inner.bytes().any(|b| b == b'"' || b == b'\\' || b < 0x20) {
+            return None;
+        }
+        return Some(Outcome::Ok(serde_json::Value::String(inner.to_string())));
+    }
+    let digits = value.strip_prefix('-').unwrap_or(value);
+    let plain = !digits.is_empty()
+        && digits.bytes().all(|b| b.is_ascii_digit())
+        && !(digits.starts_with('0') && (digits.len() > 1 || value.starts_with('-')));
+    if !plain {
+        return None;
+    }
+    let number = if value.starts_with('-') {
+        serde_json::Number::from(value.parse::<i64>().ok()?)
+    } else {
+        serde_json::Number::from(value.parse::<u64>().ok()?)
+    };
+    Some(Outcome::Ok(serde_json::Value::Number(number)))
 }
 
 /// Cuts `s` to at most `max` bytes on a character boundary.
@@ -1121,4 +1152,48 @@ pub fn truncate(s: &str, max: usize) -> &str {
         end -= 1;
     }
     &s[..end]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn plain_outcomes_read_as_json_reads_them_and_others_are_left_to_it() {
+        let plain = [
+            r#"{"ok":0}"#,
+            r#"{"ok":1795985808953228779}"#,
+            r#"{"ok":18446744073709551615}"#,
+            r#"{"ok":-42}"#,
+            r#"{"ok":-9223372036854775808}"#,
+            r#"{"ok":"R-ae21fed48dfa"}"#,
+            r#"{"ok":""}"#,
+            r#"{"ok":"é ✓"}"#,
+        ];
+        for text in plain {
+            let json: Outcome = serde_json::from_str(text).unwrap();
+            assert_eq!(plain_ok(text), Some(json), "{text}");
+        }
+        let others = [
+            r#"{"ok":18446744073709551616}"#,
+            r#"{"ok":-9223372036854775809}"#,
+            r#"{"ok":-0}"#,
+            r#"{"ok":007}"#,
+            r#"{"ok":1.5}"#,
+            r#"{"ok":1e3}"#,
+            r#"{"ok":"a\"b"}"#,
+            r#"{"ok":"a\nb"}"#,
+            r#"{"ok":"a"b"}"#,
+            r#"{"ok":null}"#,
+            r#"{"ok":{"i":0}}"#,
+            r#"{"ok": 1}"#,
+            r#"{"err":{"kind":"rejected","message":"no"}}"#,
+            r#"{"ok":}"#,
+            r#"{"ok":-}"#,
+            "null",
+        ];
+        for text in others {
+            assert_eq!(plain_ok(text), None, "{text}");
+        }
+    }
 }
