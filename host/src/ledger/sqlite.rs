@@ -700,6 +700,8 @@ const STREAM_CALLS_MIN: usize = 4096;
 const STREAM_CHUNK: usize = 1024;
 /// Threads reading one history.
 const STREAM_READERS: usize = 2;
+/// How much of the database file a history reader maps into memory.
+const HISTORY_MMAP_BYTES: i64 = 1 << 30;
 
 /// The calls of `run_id` numbered `after + 1 ..= upto`, in order.
 fn calls_between(
@@ -1178,6 +1180,10 @@ impl Ledger for SqliteLedger {
                 OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX,
             )?;
             conn.busy_timeout(Duration::from_millis(BUSY_TIMEOUT_MS))?;
+            // Pages already copied into the database file are read through
+            // a memory map instead of a read(2) each: a fresh connection's
+            // cache is empty, and a long history is thousands of pages.
+            conn.pragma_update(None, "mmap_size", HISTORY_MMAP_BYTES)?;
             let (chunks, receiver) = std::sync::mpsc::sync_channel(4);
             let id = run_id.to_string();
             std::thread::Builder::new()
