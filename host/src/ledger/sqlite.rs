@@ -1174,6 +1174,7 @@ impl Ledger for SqliteLedger {
             return Ok(History::loaded(run_id, self.calls(run_id)?));
         }
         let mut incoming = Vec::with_capacity(STREAM_READERS);
+        let mut spent = Vec::with_capacity(STREAM_READERS);
         for reader in 0..STREAM_READERS {
             let conn = Connection::open_with_flags(
                 &self.path,
@@ -1185,6 +1186,7 @@ impl Ledger for SqliteLedger {
             // cache is empty, and a long history is thousands of pages.
             conn.pragma_update(None, "mmap_size", HISTORY_MMAP_BYTES)?;
             let (chunks, receiver) = std::sync::mpsc::sync_channel(4);
+            let (spent_chunks, freed) = std::sync::mpsc::channel::<Vec<CallRecord>>();
             let id = run_id.to_string();
             std::thread::Builder::new()
                 .name("stephost-history".into())
@@ -1193,6 +1195,9 @@ impl Ledger for SqliteLedger {
                     let every = STREAM_READERS * STREAM_CHUNK;
                     // A closed channel means the execution stopped reading.
                     let read = (first..total).step_by(every).try_for_each(|after| {
+                        // The chunks the execution has let go are freed
+                        // here, where they were made.
+                        while freed.try_recv().is_ok() {}
                         let upto = (after + STREAM_CHUNK).min(total);
                         let chunk = calls_between(&conn, &id, after, upto)?;
                         chunks.send(Ok(chunk)).map_err(|_| None)
@@ -1205,8 +1210,15 @@ impl Ledger for SqliteLedger {
                     LedgerError::Batch(format!("cannot start reading the history: {e}"))
                 })?;
             incoming.push(receiver);
+            spent.push(spent_chunks);
         }
-        Ok(History::streamed(run_id, total, STREAM_CHUNK, incoming))
+        Ok(History::streamed(
+            run_id,
+            total,
+            STREAM_CHUNK,
+            incoming,
+            spent,
+        ))
     }
 
     fn call_attempts(&self, run_id: &str, seq: u64) -> Result<Vec<AttemptRecord>, LedgerError> {
