@@ -208,13 +208,24 @@ fn checkpoint_when_asked(path: &Path, shared: &Shared) {
             state.wanted = false;
             state.running = true;
         }
+        let _running = Running(shared);
         checkpoint_once(path, shared, &mut conn);
-        shared
+    }
+}
+
+/// Marks the thread's checkpoint over when dropped, even by a panic: a
+/// committing connection past `WAIT_PAGES` would otherwise wait for it
+/// the full `FINISH_WAIT` at every commit.
+struct Running<'a>(&'a Shared);
+
+impl Drop for Running<'_> {
+    fn drop(&mut self) {
+        self.0
             .state
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .running = false;
-        shared.idle.notify_all();
+        self.0.idle.notify_all();
     }
 }
 

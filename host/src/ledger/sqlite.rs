@@ -141,7 +141,16 @@ impl SqliteLedger {
                 tx.commit()?;
                 continue;
             }
-            tx.execute_batch(sql)?;
+            if let Err(e) = tx.execute_batch(sql) {
+                if e.to_string().contains("every_call_has_its_run") {
+                    return Err(LedgerError::Corrupt(format!(
+                        "migrating the ledger to schema v{} found calls whose run is \
+                         missing; the ledger was left at v{index}",
+                        index + 1
+                    )));
+                }
+                return Err(e.into());
+            }
             let broken: Option<String> = tx
                 .query_row("PRAGMA foreign_key_check", [], |r| r.get(0))
                 .optional()?;
@@ -439,7 +448,8 @@ fn settle_by_person(
     conn.execute(
         "UPDATE calls SET state = ?1, outcome = ?2, finished_at = ?3, resolved_by = ?4, \
          resolved_at = ?3, chain = ?7 \
-         WHERE key = (SELECT (run_no << 32) + ?6 FROM runs WHERE run_id = ?5)",
+         WHERE key = (SELECT (run_no << 32) + ?6 FROM runs \
+             WHERE run_id = ?5 AND ?6 BETWEEN 1 AND 4294967295)",
         params![
             state.as_str(),
             outcome,
@@ -531,8 +541,11 @@ fn call_key(run_id: &str, run_no: i64, seq: u64) -> Result<i64, LedgerError> {
     Ok((run_no << 32) + seq as i64)
 }
 
-/// SQL for the key of call `?2` of run `?1` (NULL for an unknown run).
-const KEY_OF_CALL: &str = "(SELECT (run_no << 32) + ?2 FROM runs WHERE run_id = ?1)";
+/// SQL for the key of call `?2` of run `?1`: NULL for an unknown run, and
+/// for a sequence number no call can have (one past 32 bits would name a
+/// call of the next run: `resolve` and `approve` take it from the user).
+const KEY_OF_CALL: &str = "(SELECT (run_no << 32) + ?2 FROM runs \
+     WHERE run_id = ?1 AND ?2 BETWEEN 1 AND 4294967295)";
 
 /// SQL matching the keys of run `?1`'s calls (none for an unknown run).
 const CALLS_OF_RUN: &str = "key BETWEEN (SELECT run_no << 32 FROM runs WHERE run_id = ?1) \
@@ -712,7 +725,8 @@ fn calls_between(
 ) -> Result<Vec<CallRecord>, Option<LedgerError>> {
     let mut stmt = conn
         .prepare_cached(&format!(
-            "SELECT {CALL_COLUMNS} FROM calls WHERE key > {KEY_OF_CALL} \
+            "SELECT {CALL_COLUMNS} FROM calls \
+             WHERE key > (SELECT (run_no << 32) + ?2 FROM runs WHERE run_id = ?1) \
              AND key <= (SELECT (run_no << 32) + ?3 FROM runs WHERE run_id = ?1) ORDER BY key"
         ))
         .map_err(|e| Some(e.into()))?;
@@ -1731,6 +1745,43 @@ mod tests {
     }
 
     #[test]
+    fn a_v4_ledger_with_a_call_whose_run_is_missing_is_refused_not_trimmed() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("v4.db");
+        let orphan = "INSERT INTO calls (run_id, seq, class, interface, function, \
+             operation_id, request, request_hash, state, started_at, fence) \
+             VALUES ('ghost', 1, 'read', 'i', 'f', 'op', '{}', 'h', 'started', 1, 1)";
+        {
+            let conn = Connection::open(&path).unwrap();
+            for sql in &schema::MIGRATIONS[..4] {
+                conn.execute_batch(sql).unwrap();
+            }
+            conn.pragma_update(None, "application_id", APPLICATION_ID)
+                .unwrap();
+            conn.pragma_update(None, "user_version", 4).unwrap();
+            // Damage: a row that foreign keys would have refused.
+            conn.pragma_update(None, "foreign_keys", "OFF").unwrap();
+            conn.execute(orphan, []).unwrap();
+        }
+        let err = SqliteLedger::open(&path)
+            .err()
+            .expect("the migration is refused");
+        assert!(
+            matches!(err, LedgerError::Corrupt(ref m) if m.contains("whose run is missing")),
+            "{err}"
+        );
+        let conn = Connection::open(&path).unwrap();
+        let (version, calls): (i64, i64) = conn
+            .query_row(
+                "SELECT (SELECT user_version FROM pragma_user_version), count(*) FROM calls",
+                [],
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )
+            .unwrap();
+        assert_eq!((version, calls), (4, 1));
+    }
+
+    #[test]
     fn a_v2_ledger_is_migrated_with_its_rows_checks_and_references() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("v2.db");
@@ -1973,6 +2024,40 @@ mod tests {
         let resolved = &ledger.calls("r1").unwrap()[0];
         assert_eq!(resolved.resolved_by.as_deref(), Some("alice"));
         assert!(resolved.chain.is_some());
+    }
+
+    #[test]
+    fn a_call_number_past_32_bits_names_no_call_of_another_run() {
+        // Run r1 is number 1, r2 number 2: call #2^32 + 1 of r1 has the
+        // key of r2's call #1, which must stay out of reach.
+        let (_dir, mut ledger) = new_ledger();
+        seed(&mut ledger);
+        ledger.create_run(NewRun::for_test("r2", "d1", 2)).unwrap();
+        let claim = claim_fresh(&mut ledger, "r2", "a");
+        let call = CallRecord {
+            state: CallState::Unknown,
+            outcome: None,
+            finished_at_ms: None,
+            chain: None,
+            ..clock_call(1)
+        };
+        ledger.record_started(&claim, &call).unwrap();
+        for seq in [(1 << 32) + 1, u64::MAX, 0] {
+            let err = ledger
+                .resolve_call("r1", seq, CallState::Succeeded, "{\"ok\":1}", "alice", 10)
+                .unwrap_err();
+            assert!(
+                matches!(err, LedgerError::NotUnknown { ref state, .. } if state == "not recorded"),
+                "{err}"
+            );
+            assert!(ledger.call_attempts("r1", seq).unwrap().is_empty());
+        }
+        let theirs = &ledger.calls("r2").unwrap()[0];
+        assert_eq!(
+            (theirs.state, theirs.resolved_by.as_deref()),
+            (CallState::Unknown, None)
+        );
+        assert!(ledger.calls("r1").unwrap().is_empty());
     }
 
     #[test]
