@@ -1744,6 +1744,19 @@ mod tests {
         assert_eq!(version, schema::current_version());
     }
 
+    /// A ledger at schema `version`, as the build that wrote it left it.
+    fn old_ledger(path: &Path, version: usize) -> Connection {
+        let conn = Connection::open(path).unwrap();
+        for sql in &schema::MIGRATIONS[..version] {
+            conn.execute_batch(sql).unwrap();
+        }
+        conn.pragma_update(None, "application_id", APPLICATION_ID)
+            .unwrap();
+        conn.pragma_update(None, "user_version", version as i64)
+            .unwrap();
+        conn
+    }
+
     #[test]
     fn a_v4_ledger_with_a_call_whose_run_is_missing_is_refused_not_trimmed() {
         let dir = tempfile::tempdir().unwrap();
@@ -1752,13 +1765,7 @@ mod tests {
              operation_id, request, request_hash, state, started_at, fence) \
              VALUES ('ghost', 1, 'read', 'i', 'f', 'op', '{}', 'h', 'started', 1, 1)";
         {
-            let conn = Connection::open(&path).unwrap();
-            for sql in &schema::MIGRATIONS[..4] {
-                conn.execute_batch(sql).unwrap();
-            }
-            conn.pragma_update(None, "application_id", APPLICATION_ID)
-                .unwrap();
-            conn.pragma_update(None, "user_version", 4).unwrap();
+            let conn = old_ledger(&path, 4);
             // Damage: a row that foreign keys would have refused.
             conn.pragma_update(None, "foreign_keys", "OFF").unwrap();
             conn.execute(orphan, []).unwrap();
@@ -1786,13 +1793,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("v2.db");
         {
-            let conn = Connection::open(&path).unwrap();
-            for sql in &schema::MIGRATIONS[..2] {
-                conn.execute_batch(sql).unwrap();
-            }
-            conn.pragma_update(None, "application_id", APPLICATION_ID)
-                .unwrap();
-            conn.pragma_update(None, "user_version", 2).unwrap();
+            let conn = old_ledger(&path, 2);
             conn.execute_batch(
                 "INSERT INTO modules VALUES ('d1', x'0061736d', 4, 1);
                  INSERT INTO runs (run_id, module_digest, input, status, output, created_at,
