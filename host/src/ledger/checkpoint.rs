@@ -21,7 +21,10 @@
 //! not let the thread do. So once the log passes [`FINISH_PAGES`], the
 //! connection that commits checkpoints too, as SQLite would have, copying
 //! only what the thread has not; the next transaction then starts the log
-//! over. The log stays as bounded as before, and the bulk of the copying
+//! over. That fails while the thread's own checkpoint is still running (a
+//! busy disk's fsyncs), and the next commit tries again; past
+//! [`WAIT_PAGES`] the committing connection waits for the thread first. The
+//! log stays bounded however slow the thread, and the bulk of the copying
 //! is off the committing thread.
 //!
 //! A connection whose commits are fsync'd one by one (a single run's
