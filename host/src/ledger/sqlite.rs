@@ -446,17 +446,17 @@ fn settle_by_person(
     call.outcome = Some(outcome.to_string());
     let chain = chain_for(conn, run_id, &call)?;
     conn.execute(
-        "UPDATE calls SET state = ?1, outcome = ?2, finished_at = ?3, resolved_by = ?4, \
-         resolved_at = ?3, chain = ?7 \
-         WHERE key = (SELECT (run_no << 32) + ?6 FROM runs \
-             WHERE run_id = ?5 AND ?6 BETWEEN 1 AND 4294967295)",
+        &format!(
+            "UPDATE calls SET state = ?3, outcome = ?4, finished_at = ?5, resolved_by = ?6, \
+             resolved_at = ?5, chain = ?7 WHERE key = {KEY_OF_CALL}"
+        ),
         params![
+            run_id,
+            call.seq as i64,
             state.as_str(),
             outcome,
             now_ms,
             by,
-            run_id,
-            call.seq as i64,
             chain
         ],
     )?;
@@ -787,35 +787,24 @@ fn apply_all(
 /// The attempts among a commit's writes, as one JSON array per call, each
 /// taken once by the write that stores it. A commit of buffered reads holds
 /// hundreds of calls and their attempts, so neither grouping nor lookup
-/// searches the whole list: a call's attempts come one after another, and
-/// the groups are sorted by sequence number.
+/// searches the whole list: the attempts are sorted by sequence number.
 struct Tried(Vec<(u64, Option<String>)>);
 
 impl Tried {
     fn of(ops: &[WriteOp], fence: i64) -> Self {
-        let mut runs: Vec<(u64, Vec<&AttemptRecord>)> = Vec::new();
-        for op in ops {
-            if let WriteOp::Attempt(a) = op {
-                match runs.last_mut() {
-                    Some((seq, list)) if *seq == a.seq => list.push(a),
-                    _ => runs.push((a.seq, vec![a])),
-                }
-            }
-        }
-        // Stable: each call's attempts stay in the order they were made,
-        // also when they were not all made one after another.
-        runs.sort_by_key(|(seq, _)| *seq);
-        let mut by_call: Vec<(u64, Vec<&AttemptRecord>)> = Vec::with_capacity(runs.len());
-        for (seq, list) in runs {
-            match by_call.last_mut() {
-                Some((last, all)) if *last == seq => all.extend(list),
-                _ => by_call.push((seq, list)),
-            }
-        }
+        let mut tried: Vec<&AttemptRecord> = ops
+            .iter()
+            .filter_map(|op| match op {
+                WriteOp::Attempt(a) => Some(a),
+                _ => None,
+            })
+            .collect();
+        // Stable: each call's attempts stay in the order they were made.
+        tried.sort_by_key(|a| a.seq);
         Tried(
-            by_call
-                .into_iter()
-                .map(|(seq, list)| (seq, Some(attempts::to_json(&list, fence))))
+            tried
+                .chunk_by(|a, b| a.seq == b.seq)
+                .map(|list| (list[0].seq, Some(attempts::to_json(list, fence))))
                 .collect(),
         )
     }
