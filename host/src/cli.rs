@@ -971,7 +971,11 @@ fn print_show(
             call.class.as_str(),
             call_name(call),
             call.state.as_str(),
-            &call.operation_id[..12.min(call.operation_id.len())],
+            if call.operation_id.is_empty() {
+                "-"
+            } else {
+                &call.operation_id[..12.min(call.operation_id.len())]
+            },
             ms,
             tries
         );

@@ -19,10 +19,10 @@ fn hash_fields(domain: &str, fields: &[&[u8]]) -> String {
 /// iterator of `char`s.
 pub fn to_hex(bytes: &[u8]) -> String {
     const DIGITS: &[u8; 16] = b"0123456789abcdef";
-    let mut out = Vec::with_capacity(bytes.len() * 2);
-    for &b in bytes {
-        out.push(DIGITS[(b >> 4) as usize]);
-        out.push(DIGITS[(b & 0x0f) as usize]);
+    let mut out = vec![0u8; bytes.len() * 2];
+    for (pair, &b) in out.chunks_exact_mut(2).zip(bytes) {
+        pair[0] = DIGITS[(b >> 4) as usize];
+        pair[1] = DIGITS[(b & 0x0f) as usize];
     }
     String::from_utf8(out).expect("hex digits are ASCII")
 }

@@ -19,8 +19,8 @@ use crate::imports::wasi::{RecordedMonotonicClock, RecordedRng, RecordedWallCloc
 use crate::imports::{StepState, lock};
 use crate::journal::{CallErrorKind, Journal, Mode, Outcome, RunControl, Stats, Stop};
 use crate::ledger::{
-    Claim, History, Ledger, LedgerError, LogRecord, NewRun, RunEnd, RunRecord, RunStatus,
-    SqliteLedger, WriteOp,
+    Claim, GroupLedger, History, Ledger, LedgerError, LogRecord, NewRun, RunEnd, RunRecord,
+    RunStatus, SqliteLedger, WriteOp,
 };
 use crate::limits::Limits;
 use crate::replay::{Fixture, ReplayReport, ReplayVerdict};
@@ -145,7 +145,7 @@ pub struct Host {
 impl Host {
     /// Opens the SQLite ledger at `db`, creating it if absent.
     pub fn open(db: &Path, options: HostOptions) -> Result<Self, HostError> {
-        let ledger = SqliteLedger::open(db)?;
+        let ledger = GroupLedger::pipelined(SqliteLedger::open(db)?);
         Ok(Host {
             engine: Arc::new(StepEngine::with_options(
                 options.cache_dir.as_deref(),
@@ -410,9 +410,13 @@ impl Host {
         let ledger = self.ledger.take().expect("ledger present");
         let result = self.execute(run, claim, ledger, loaded, control, start);
         match result {
-            Ok((ledger, report)) => {
+            Ok((mut ledger, report)) => {
+                // A run that stopped early (fenced, a failed write) may
+                // leave writes in flight: they land, or fail, before the
+                // next use of the ledger.
+                let landed = ledger.landed();
                 self.ledger = Some(ledger);
-                report
+                report.and_then(|report| landed.map(|()| report).map_err(HostError::from))
             }
             Err(ledger) => {
                 self.ledger = Some(ledger);

@@ -194,7 +194,7 @@ pub fn run(
                                         Some(commits) => {
                                             Box::new(GroupLedger::new(direct, commits))
                                         }
-                                        None => Box::new(direct),
+                                        None => Box::new(GroupLedger::pipelined(direct)),
                                     };
                                     let mut host = Host::with_engine(engine, ledger, host_options);
                                     // A panic must not leave the run looking

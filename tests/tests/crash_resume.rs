@@ -308,6 +308,40 @@ fn a_run_with_a_long_history_resumes_and_replays_it_read_while_replayed() {
 }
 
 #[test]
+fn calls_buffered_past_the_journal_land_before_the_write_after_them() {
+    // 1,500 clock reads before each write: more than the journal buffers
+    // (`PENDING_WRITES_MAX`), so they are handed to the ledger's committer
+    // thread while the step goes on. The write's `started` must still be
+    // committed after all of them. Crash right after the second write's
+    // `started` (call #3006), before it is sent.
+    let sb = Sandbox::new(BIN);
+    let input = r#"{"count":2,"observes":1500}"#;
+    let crashed = sb.run_crashing_at("after-started@3006", guests::MULTI_WRITE, input, "b");
+    assert_eq!(crashed.signal, Some(libc::SIGABRT), "{crashed:?}");
+    let before = sb.show("b");
+    let recorded = calls(&before);
+    assert_eq!(recorded.len(), 3006);
+    assert!(
+        recorded[..3005].iter().all(|c| c["state"] == "succeeded"),
+        "every call before the write is recorded, finished"
+    );
+    assert_eq!(recorded[3005]["state"], "started");
+    assert_eq!(sb.received("orders.jsonl").len(), 1);
+    sb.stephost(&["verify", "b"]).expect_code(0);
+
+    let resumed = sb.stephost(&["resume", "b"]);
+    resumed.expect_code(0);
+    assert_eq!(resumed.json()["receipts"].as_array().unwrap().len(), 2);
+    let lines = sb.received("orders.jsonl");
+    assert_eq!(lines.len(), 2);
+    distinct_operations(&lines);
+    // Replayed against its recording, the step makes the same calls.
+    assert_eq!(calls(&sb.show("b")).len(), 3009);
+    sb.stephost(&["replay", "b"]).expect_code(0);
+    sb.stephost(&["verify", "b"]).expect_code(0);
+}
+
+#[test]
 fn sigkill_while_a_write_is_in_flight_resumes_with_one_effect_per_write() {
     // The receiver commits each order, then takes 30 s to reply: the
     // process is killed while the second write waits for its reply.

@@ -188,13 +188,13 @@ impl CommitHandle {
     fn send(
         &self,
         claim: &Claim,
-        ops: &[WriteOp],
+        ops: Vec<WriteOp>,
     ) -> Result<mpsc::Receiver<Result<(), LedgerError>>, LedgerError> {
         let (reply, result) = mpsc::sync_channel(1);
         self.queue
             .send(Job {
                 claim: claim.clone(),
-                ops: ops.to_vec(),
+                ops,
                 reply,
             })
             .map_err(|_| LedgerError::Batch("the committer has stopped".into()))?;
@@ -208,21 +208,54 @@ fn wait(result: &mpsc::Receiver<Result<(), LedgerError>>) -> Result<(), LedgerEr
         .map_err(|_| LedgerError::Batch("the committer has stopped".into()))?
 }
 
-/// A ledger whose run writes go through group commit; reads and the rare
-/// other writes use its own connection.
+/// Most writes queued without waiting that a ledger keeps in flight; the
+/// next one waits for the oldest to land, so a step that makes calls
+/// faster than they are applied is held back instead of filling memory.
+pub const IN_FLIGHT_MAX: usize = 4;
+
+/// A ledger whose run writes go through a committer thread; reads and the
+/// rare other writes use its own connection.
 pub struct GroupLedger {
     direct: SqliteLedger,
-    commits: CommitHandle,
-    /// Replies still to come for writes that need not be waited for.
-    in_flight: Vec<mpsc::Receiver<Result<(), LedgerError>>>,
+    committer: Committer,
+    /// Replies still to come for writes that need not be waited for, oldest
+    /// first.
+    in_flight: std::collections::VecDeque<mpsc::Receiver<Result<(), LedgerError>>>,
+}
+
+/// Where a [`GroupLedger`]'s writes go.
+enum Committer {
+    /// A worker's, shared by its runs: durable writes go through it too,
+    /// and share its fsyncs.
+    Shared(CommitHandle),
+    /// This ledger's own, started by the first write that need not wait
+    /// (a run that buffers no more than `PENDING_WRITES_MAX` calls between
+    /// durable writes never starts it). Durable writes are committed on the
+    /// ledger's own connection, once every write queued before them has
+    /// landed: one fsync, and no thread between the step and it.
+    Own(Option<GroupCommitter>),
 }
 
 impl GroupLedger {
+    /// A run's ledger in a worker, whose writes go through the worker's
+    /// committer.
     pub fn new(direct: SqliteLedger, commits: CommitHandle) -> Self {
         GroupLedger {
             direct,
-            commits,
-            in_flight: Vec::new(),
+            committer: Committer::Shared(commits),
+            in_flight: Default::default(),
+        }
+    }
+
+    /// A ledger for one run at a time whose buffered calls (observes,
+    /// reads, outcomes) are applied by a thread of its own while the step
+    /// goes on: on two cores, the step and the SQL that records its calls
+    /// run side by side.
+    pub fn pipelined(direct: SqliteLedger) -> Self {
+        GroupLedger {
+            direct,
+            committer: Committer::Own(None),
+            in_flight: Default::default(),
         }
     }
 
@@ -236,6 +269,36 @@ impl GroupLedger {
             }
         }
         first
+    }
+
+    /// The committer to send to, started if it is this ledger's own and is
+    /// not running yet.
+    fn handle(&mut self) -> Result<CommitHandle, LedgerError> {
+        match &mut self.committer {
+            Committer::Shared(handle) => Ok(handle.clone()),
+            Committer::Own(Some(committer)) => Ok(committer.handle()),
+            Committer::Own(own) => {
+                let committer = GroupCommitter::start(self.direct.path())?;
+                Ok(own.insert(committer).handle())
+            }
+        }
+    }
+
+    /// Queues `ops` without waiting for them, once fewer than
+    /// `IN_FLIGHT_MAX` writes are in flight.
+    fn queue(&mut self, claim: &Claim, ops: Vec<WriteOp>) -> Result<(), LedgerError> {
+        while self.in_flight.len() >= IN_FLIGHT_MAX {
+            let oldest = self.in_flight.pop_front().expect("in flight");
+            if let Err(e) = wait(&oldest) {
+                // The rest fail or succeed in their own time; this one's
+                // failure stops the run.
+                self.settle().ok();
+                return Err(e);
+            }
+        }
+        let reply = self.handle()?.send(claim, ops)?;
+        self.in_flight.push_back(reply);
+        Ok(())
     }
 }
 
@@ -325,14 +388,22 @@ impl Ledger for GroupLedger {
     /// which reports their failure if any, and nothing outside the process
     /// depends on them before it.
     fn commit(&mut self, claim: &Claim, ops: &[WriteOp]) -> Result<(), LedgerError> {
+        self.commit_taking(claim, &mut ops.to_vec())
+    }
+
+    fn commit_taking(&mut self, claim: &Claim, ops: &mut Vec<WriteOp>) -> Result<(), LedgerError> {
         if ops.is_empty() {
             return Ok(());
         }
-        let reply = self.commits.send(claim, ops)?;
-        if !ops.iter().any(WriteOp::durable) {
-            self.in_flight.push(reply);
-            return Ok(());
+        let taken = std::mem::replace(ops, Vec::with_capacity(ops.len()));
+        if !taken.iter().any(WriteOp::durable) {
+            return self.queue(claim, taken);
         }
+        if let Committer::Own(_) = self.committer {
+            self.settle()?;
+            return self.direct.commit(claim, &taken);
+        }
+        let reply = self.handle()?.send(claim, taken)?;
         let own = wait(&reply);
         self.settle()?;
         own
@@ -516,6 +587,85 @@ mod tests {
             assert!(err.to_string().contains("fsync"), "{err}");
         }
         assert_eq!(syncs.load(Ordering::SeqCst), 1);
+    }
+
+    /// A ledger holding module `d` and run `r` claimed by `w`, and a
+    /// pipelined ledger over it.
+    fn pipelined_run() -> (tempfile::TempDir, SqliteLedger, GroupLedger, Claim) {
+        let (dir, mut setup) = ledger_with_module();
+        let db = dir.path().join("l.db");
+        setup.create_run(NewRun::for_test("r", "d", 1)).unwrap();
+        let claim = setup.claim("r", "w", 60_000, 2, &|_| true).unwrap();
+        let ledger = GroupLedger::pipelined(SqliteLedger::open(&db).unwrap());
+        (dir, setup, ledger, claim)
+    }
+
+    fn observed(seq: u64) -> WriteOp {
+        let mut call = started(seq);
+        call.class = super::super::CallClass::Observe;
+        call.state = CallState::Succeeded;
+        call.outcome = Some(seq.to_string());
+        call.finished_at_ms = Some(1);
+        WriteOp::Call(call)
+    }
+
+    fn own_committer_started(ledger: &GroupLedger) -> bool {
+        matches!(ledger.committer, Committer::Own(Some(_)))
+    }
+
+    #[test]
+    fn a_pipelined_ledger_queues_buffered_calls_and_commits_a_durable_write_after_them() {
+        let (_dir, setup, mut ledger, claim) = pipelined_run();
+        // Durable writes alone never start the committer thread.
+        ledger.record_started(&claim, &started(1)).unwrap();
+        assert!(!own_committer_started(&ledger));
+        assert!(ledger.in_flight.is_empty());
+
+        let mut ops: Vec<WriteOp> = (2..=600).map(observed).collect();
+        ledger.commit_taking(&claim, &mut ops).unwrap();
+        assert!(ops.is_empty(), "the queued calls are taken, not copied");
+        assert!(own_committer_started(&ledger));
+        assert_eq!(ledger.in_flight.len(), 1);
+
+        // The next durable write waits for them, and lands after them.
+        ledger.record_started(&claim, &started(601)).unwrap();
+        assert!(ledger.in_flight.is_empty());
+        let calls = setup.calls("r").unwrap();
+        assert_eq!(calls.len(), 601);
+        assert_eq!(calls[599].outcome.as_deref(), Some("600"));
+        assert_eq!(calls[600].state, CallState::Started);
+    }
+
+    #[test]
+    fn a_queued_write_that_fails_stops_the_durable_write_after_it() {
+        let (_dir, setup, mut ledger, claim) = pipelined_run();
+        ledger
+            .commit_taking(&claim, &mut vec![observed(1)])
+            .unwrap();
+        // Call #1 again, which the ledger refuses; queued, so its failure
+        // is not known yet...
+        ledger
+            .commit_taking(&claim, &mut vec![observed(1)])
+            .unwrap();
+        // ...and the durable write that follows reports it, unapplied.
+        let err = ledger.record_started(&claim, &started(2)).unwrap_err();
+        assert!(err.to_string().contains("UNIQUE"), "{err}");
+        let calls = setup.calls("r").unwrap();
+        assert_eq!(calls.len(), 1, "{calls:?}");
+    }
+
+    #[test]
+    fn no_more_than_in_flight_max_queued_writes_wait_in_memory() {
+        let (_dir, setup, mut ledger, claim) = pipelined_run();
+        for seq in 1..=(IN_FLIGHT_MAX as u64 * 3) {
+            ledger
+                .commit_taking(&claim, &mut vec![observed(seq)])
+                .unwrap();
+            assert!(ledger.in_flight.len() <= IN_FLIGHT_MAX);
+        }
+        ledger.landed().unwrap();
+        assert!(ledger.in_flight.is_empty());
+        assert_eq!(setup.calls("r").unwrap().len(), IN_FLIGHT_MAX * 3);
     }
 
     #[test]

@@ -538,6 +538,15 @@ pub trait Ledger: Send {
     /// durable commit. Fails without writing anything if the claim is stale.
     fn commit(&mut self, claim: &Claim, ops: &[WriteOp]) -> Result<(), LedgerError>;
 
+    /// Like [`Ledger::commit`], leaving `ops` empty once it succeeds: a
+    /// ledger that hands them to another thread takes them instead of
+    /// copying them. After a failure, `ops` may have been taken too.
+    fn commit_taking(&mut self, claim: &Claim, ops: &mut Vec<WriteOp>) -> Result<(), LedgerError> {
+        self.commit(claim, ops)?;
+        ops.clear();
+        Ok(())
+    }
+
     /// Returns once every write committed before is in the database (not
     /// necessarily on disk): for an outcome that must survive the process,
     /// the write of a receiver that does not deduplicate. A ledger that

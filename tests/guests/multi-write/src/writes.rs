@@ -6,22 +6,26 @@ use std::collections::HashMap;
 use std::time::{SystemTime, UNIX_EPOCH};
 use stephost_guest::{Ctx, Error, log};
 
-/// The input: how many writes, and to which effect.
+/// The input: how many writes, to which effect, and how many clock reads
+/// before each (none by default).
 #[derive(Debug, Deserialize)]
 pub struct Input {
     count: u32,
     #[serde(default = "default_effect")]
     effect: String,
+    #[serde(default)]
+    observes: u32,
 }
 
 fn default_effect() -> String {
     "orders".to_owned()
 }
 
-/// For each `i` in `0..count`: reads the clock, draws a random number and
-/// writes `{"i", "at", "nonce"}` to the effect without a key. Then reads the
-/// clock and draws once more. So write `i` (0-based) is call `3 * i + 3` and
-/// the whole run makes `3 * count + 2` calls.
+/// For each `i` in `0..count`: reads the clock `observes` times, reads it
+/// once more, draws a random number and writes `{"i", "at", "nonce"}` to the
+/// effect without a key. Then reads the clock and draws once more, and reads
+/// the WASI wall clock. So with `k` observes, write `i` (0-based) is call
+/// `(k + 3) * (i + 1)` and the whole run makes `(k + 3) * count + 3` calls.
 ///
 /// When `diverge_at` is `Some(i)`, write `i` adds `"divergent": true` to its
 /// request.
@@ -35,6 +39,9 @@ pub fn run(ctx: &mut Ctx, input: Input, diverge_at: Option<u32>) -> Result<Value
     let mut receipts = Vec::new();
     let mut sum = 0u64;
     for i in 0..input.count {
+        for _ in 0..input.observes {
+            sum = sum.wrapping_add(ctx.now_nanos());
+        }
         let at = ctx.now_nanos();
         let nonce = ctx.random_u64();
         let mut request = json!({ "i": i, "at": at, "nonce": nonce });
