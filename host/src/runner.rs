@@ -409,22 +409,22 @@ impl Host {
     ) -> Result<RunReport, HostError> {
         let ledger = self.ledger.take().expect("ledger present");
         let result = self.execute(run, claim, ledger, loaded, control, start);
-        match result {
-            Ok((mut ledger, report)) => {
-                // A run that stopped early (fenced, a failed write) may
-                // leave writes in flight: they land, or fail, before the
-                // next use of the ledger.
-                let landed = ledger.landed();
-                self.ledger = Some(ledger);
-                report.and_then(|report| landed.map(|()| report).map_err(HostError::from))
-            }
-            Err(ledger) => {
-                self.ledger = Some(ledger);
+        let (mut ledger, report) = match result {
+            Ok(done) => done,
+            Err(ledger) => (
+                ledger,
                 Err(HostError::Internal(
                     "the run's journal was still shared".into(),
-                ))
-            }
-        }
+                )),
+            ),
+        };
+        // A run that stopped early (fenced, a failed write) may leave
+        // writes in flight: they land, or fail, before the next use of the
+        // ledger, and the first failure is the run's if nothing failed
+        // before it.
+        let landed = ledger.landed();
+        self.ledger = Some(ledger);
+        report.and_then(|report| landed.map(|()| report).map_err(HostError::from))
     }
 
     #[allow(clippy::type_complexity)]

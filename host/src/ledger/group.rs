@@ -12,6 +12,15 @@
 //! After an fsync fails, nothing it should have covered can be trusted to
 //! be on disk (the kernel may have dropped the pages): every durable write
 //! from then on fails, and the runs stop, resumable by another process.
+//!
+//! A ledger for one run at a time (`stephost run`, a worker running one
+//! run at once) is pipelined instead ([`GroupLedger::pipelined`]): writes
+//! that need no fsync go to a committer of its own, without waiting, and a
+//! durable write is committed on the ledger's own connection once they have
+//! landed, so the step and the SQL recording its calls run side by side.
+//!
+//! Either way, writes queued without waiting are applied in order, and once
+//! one fails, none of the same execution after it is (see [`Failed`]).
 
 use std::path::Path;
 use std::sync::mpsc;
@@ -65,6 +74,7 @@ impl GroupCommitter {
         let thread = std::thread::Builder::new()
             .name("stephost-commit".into())
             .spawn(move || {
+                let mut failed = Failed::default();
                 while let Ok(first) = jobs.recv() {
                     let mut batch = vec![first];
                     while batch.len() < BATCH_WRITES_MAX {
@@ -73,10 +83,20 @@ impl GroupCommitter {
                             Err(_) => break,
                         }
                     }
+                    let (refused, batch): (Vec<Job>, Vec<Job>) =
+                        batch.into_iter().partition(|j| failed.holds(&j.claim));
                     let ops: Vec<(&Claim, &[WriteOp])> =
                         batch.iter().map(|j| (&j.claim, j.ops.as_slice())).collect();
                     let (results, durable) = ledger.apply_batch(&ops);
                     drop(ops);
+                    for (job, result) in batch.iter().zip(&results) {
+                        if let Err(e) = result {
+                            failed.add(&job.claim, e);
+                        }
+                    }
+                    for job in refused {
+                        let _ = job.reply.send(Err(failed.refusal(&job.claim)));
+                    }
                     let answers: Vec<_> = batch.into_iter().map(|j| j.reply).zip(results).collect();
                     if durable {
                         if let Err(mpsc::SendError(answers)) = to_sync.send(answers) {
@@ -101,6 +121,35 @@ impl GroupCommitter {
         CommitHandle {
             queue: self.queue.clone().expect("queue present until drop"),
         }
+    }
+}
+
+/// The executions (a run under one claim) one of whose writes failed. The
+/// committer applies none of their later writes: a run's writes are queued
+/// in order without waiting, and one that failed (a busy or full disk, a
+/// refused row) must not leave a gap in the run's calls that the next ones
+/// would fill past. The execution learns of the failure from its next
+/// write that waits, and stops; a resume claims the run anew.
+#[derive(Default)]
+struct Failed(std::collections::HashMap<(String, i64), String>);
+
+impl Failed {
+    fn holds(&self, claim: &Claim) -> bool {
+        self.0.contains_key(&(claim.run_id.clone(), claim.fence))
+    }
+
+    fn add(&mut self, claim: &Claim, error: &LedgerError) {
+        self.0
+            .entry((claim.run_id.clone(), claim.fence))
+            .or_insert_with(|| error.to_string());
+    }
+
+    fn refusal(&self, claim: &Claim) -> LedgerError {
+        let first = self
+            .0
+            .get(&(claim.run_id.clone(), claim.fence))
+            .map_or("", String::as_str);
+        super::sqlite::refused_after_failure(&claim.run_id, first)
     }
 }
 
@@ -220,7 +269,18 @@ pub struct GroupLedger {
     committer: Committer,
     /// Replies still to come for writes that need not be waited for, oldest
     /// first.
-    in_flight: std::collections::VecDeque<mpsc::Receiver<Result<(), LedgerError>>>,
+    in_flight: std::collections::VecDeque<(Execution, mpsc::Receiver<Result<(), LedgerError>>)>,
+    /// The execution (run id, fencing token) a commit of which failed, and
+    /// how: its later commits fail too, whichever connection they would
+    /// take.
+    failed: Option<(Execution, String)>,
+}
+
+/// A run under one claim: its id and fencing token.
+type Execution = (String, i64);
+
+fn execution(claim: &Claim) -> Execution {
+    (claim.run_id.clone(), claim.fence)
 }
 
 /// Where a [`GroupLedger`]'s writes go.
@@ -228,11 +288,14 @@ enum Committer {
     /// A worker's, shared by its runs: durable writes go through it too,
     /// and share its fsyncs.
     Shared(CommitHandle),
-    /// This ledger's own, started by the first write that need not wait
-    /// (a run that buffers no more than `PENDING_WRITES_MAX` calls between
-    /// durable writes never starts it). Durable writes are committed on the
-    /// ledger's own connection, once every write queued before them has
-    /// landed: one fsync, and no thread between the step and it.
+    /// This ledger's own, started by the first write that need not wait:
+    /// `PENDING_WRITES_MAX` buffered calls, or a write's outcome committed
+    /// before a read leaves. A run that makes neither never starts it.
+    /// Durable writes, and a new run's first commit, are committed on the
+    /// ledger's own connection once every write queued before them has
+    /// landed: one fsync, and no thread between the step and it. Dropped,
+    /// it applies whatever is still queued before its thread ends (after a
+    /// run thread's panic, say), failures unreported.
     Own(Option<GroupCommitter>),
 }
 
@@ -244,6 +307,7 @@ impl GroupLedger {
             direct,
             committer: Committer::Shared(commits),
             in_flight: Default::default(),
+            failed: None,
         }
     }
 
@@ -256,19 +320,32 @@ impl GroupLedger {
             direct,
             committer: Committer::Own(None),
             in_flight: Default::default(),
+            failed: None,
         }
     }
 
     /// Waits for every write sent before; the first failure among them.
     fn settle(&mut self) -> Result<(), LedgerError> {
         let mut first = Ok(());
-        for reply in self.in_flight.drain(..) {
+        let replies: Vec<_> = self.in_flight.drain(..).collect();
+        for (execution, reply) in replies {
             let result = wait(&reply);
+            if let Err(e) = &result {
+                self.note_failure(execution, e);
+            }
             if first.is_ok() {
                 first = result;
             }
         }
         first
+    }
+
+    /// Remembers the first failure of `execution` (a later execution's
+    /// replaces an earlier one's: a ledger serves one run at a time).
+    fn note_failure(&mut self, execution: Execution, error: &LedgerError) {
+        if self.failed.as_ref().is_none_or(|(x, _)| *x != execution) {
+            self.failed = Some((execution, error.to_string()));
+        }
     }
 
     /// The committer to send to, started if it is this ledger's own and is
@@ -284,20 +361,41 @@ impl GroupLedger {
         }
     }
 
+    /// Commits `ops`, or queues them (see [`Ledger::commit`] for this
+    /// ledger).
+    fn commit_in_order(&mut self, claim: &Claim, ops: Vec<WriteOp>) -> Result<(), LedgerError> {
+        // A new run's own row is waited for: until it is in, another
+        // process that started the same run id may own the run, and a
+        // queued write would not stop this execution before the next.
+        let creates = matches!(ops.first(), Some(WriteOp::Create(_)));
+        if !creates && !ops.iter().any(WriteOp::durable) {
+            return self.queue(claim, ops);
+        }
+        if let Committer::Own(_) = self.committer {
+            self.settle()?;
+            return self.direct.commit(claim, &ops);
+        }
+        let reply = self.handle()?.send(claim, ops)?;
+        let own = wait(&reply);
+        self.settle()?;
+        own
+    }
+
     /// Queues `ops` without waiting for them, once fewer than
     /// `IN_FLIGHT_MAX` writes are in flight.
     fn queue(&mut self, claim: &Claim, ops: Vec<WriteOp>) -> Result<(), LedgerError> {
-        while self.in_flight.len() >= IN_FLIGHT_MAX {
-            let oldest = self.in_flight.pop_front().expect("in flight");
+        if self.in_flight.len() >= IN_FLIGHT_MAX {
+            let (execution, oldest) = self.in_flight.pop_front().expect("in flight");
             if let Err(e) = wait(&oldest) {
-                // The rest fail or succeed in their own time; this one's
+                self.note_failure(execution, &e);
+                // The others fail or land in their own time; this one's
                 // failure stops the run.
                 self.settle().ok();
                 return Err(e);
             }
         }
         let reply = self.handle()?.send(claim, ops)?;
-        self.in_flight.push_back(reply);
+        self.in_flight.push_back((execution(claim), reply));
         Ok(())
     }
 }
@@ -355,6 +453,9 @@ impl Ledger for GroupLedger {
     }
 
     fn renew(&mut self, claim: &Claim, now_ms: i64) -> Result<(), LedgerError> {
+        // A lease renewed while a queued write had failed would keep an
+        // execution going that must stop.
+        self.settle()?;
         self.direct.renew(claim, now_ms)
     }
 
@@ -395,18 +496,17 @@ impl Ledger for GroupLedger {
         if ops.is_empty() {
             return Ok(());
         }
+        if let Some((failed, first)) = &self.failed
+            && *failed == execution(claim)
+        {
+            return Err(super::sqlite::refused_after_failure(&claim.run_id, first));
+        }
         let taken = std::mem::replace(ops, Vec::with_capacity(ops.len()));
-        if !taken.iter().any(WriteOp::durable) {
-            return self.queue(claim, taken);
+        let result = self.commit_in_order(claim, taken);
+        if let Err(e) = &result {
+            self.note_failure(execution(claim), e);
         }
-        if let Committer::Own(_) = self.committer {
-            self.settle()?;
-            return self.direct.commit(claim, &taken);
-        }
-        let reply = self.handle()?.send(claim, taken)?;
-        let own = wait(&reply);
-        self.settle()?;
-        own
+        result
     }
 
     fn landed(&mut self) -> Result<(), LedgerError> {
@@ -652,6 +752,56 @@ mod tests {
         assert!(err.to_string().contains("UNIQUE"), "{err}");
         let calls = setup.calls("r").unwrap();
         assert_eq!(calls.len(), 1, "{calls:?}");
+    }
+
+    #[test]
+    fn once_a_queued_write_fails_no_later_write_of_the_execution_is_applied() {
+        let (_dir, setup, mut ledger, claim) = pipelined_run();
+        // Three commits queued at once; the second repeats call #1, which
+        // the ledger refuses. The third must not land after the gap.
+        ledger
+            .commit_taking(&claim, &mut vec![observed(1)])
+            .unwrap();
+        ledger
+            .commit_taking(&claim, &mut vec![observed(2), observed(1)])
+            .unwrap();
+        ledger
+            .commit_taking(&claim, &mut vec![observed(3)])
+            .unwrap();
+        let err = ledger.landed().unwrap_err();
+        assert!(err.to_string().contains("UNIQUE"), "{err}");
+        let calls = setup.calls("r").unwrap();
+        assert_eq!(calls.iter().map(|c| c.seq).collect::<Vec<_>>(), vec![1]);
+        // So is a durable one, and it says why.
+        let err = ledger.record_started(&claim, &started(2)).unwrap_err();
+        assert!(err.to_string().contains("earlier write"), "{err}");
+        assert_eq!(setup.calls("r").unwrap().len(), 1);
+    }
+
+    #[test]
+    fn a_new_runs_first_commit_is_waited_for_and_fails_if_another_process_took_the_id() {
+        let (dir, setup) = ledger_with_module();
+        let db = dir.path().join("l.db");
+        let new = NewRun::for_test("fresh", "d", 7);
+        let claim = Claim::first("fresh", "me", 30_000, 7);
+        let mut ledger = GroupLedger::pipelined(SqliteLedger::open(&db).unwrap());
+        let mut first = vec![
+            WriteOp::Create(Box::new(RunRecord::claimed(&new, &claim))),
+            observed(1),
+        ];
+        ledger.commit_taking(&claim, &mut first).unwrap();
+        assert!(ledger.in_flight.is_empty());
+        assert_eq!(setup.run("fresh").unwrap().owner.as_deref(), Some("me"));
+        // Another process that started the same id learns it at once.
+        let theirs = Claim::first("fresh", "them", 30_000, 9);
+        let mut ledger = GroupLedger::pipelined(SqliteLedger::open(&db).unwrap());
+        let mut first = vec![
+            WriteOp::Create(Box::new(RunRecord::claimed(&new, &theirs))),
+            observed(2),
+        ];
+        let err = ledger.commit_taking(&theirs, &mut first).unwrap_err();
+        assert!(matches!(err, LedgerError::ClaimedElsewhere { .. }), "{err}");
+        assert_eq!(setup.calls("fresh").unwrap().len(), 1);
     }
 
     #[test]

@@ -229,14 +229,36 @@ impl SqliteLedger {
         self.set_sync(Sync::when(durable))?;
         let tx = WriteTx::begin(&self.conn)?;
         let mut results = Vec::with_capacity(batch.len());
+        // A job that failed: the same execution's later jobs (queued after
+        // it without waiting) are not applied, or they would leave a gap.
+        let mut failed: Vec<(&Claim, String)> = Vec::new();
         for (claim, ops) in batch {
+            let same =
+                |(c, _): &&(&Claim, String)| c.run_id == claim.run_id && c.fence == claim.fence;
+            if let Some((_, first)) = failed.iter().find(same) {
+                results.push(Err(refused_after_failure(&claim.run_id, first)));
+                continue;
+            }
             // An outer error ended the whole transaction (a full disk, an
             // I/O error), and every job before this one with it.
-            results.push(tx.in_savepoint(|conn| apply_commit(conn, claim, ops))?);
+            let result = tx.in_savepoint(|conn| apply_commit(conn, claim, ops))?;
+            if let Err(e) = &result {
+                failed.push((claim, e.to_string()));
+            }
+            results.push(result);
         }
         tx.commit()?;
         Ok(results)
     }
+}
+
+/// The error of a write not applied because an earlier one of the same
+/// execution (`first`) failed.
+pub(super) fn refused_after_failure(run_id: &str, first: &str) -> LedgerError {
+    LedgerError::Batch(format!(
+        "an earlier write of run {run_id} under this claim failed ({first}); later ones are not \
+         applied, so that no call is missing before them: resume the run"
+    ))
 }
 
 /// A write transaction begun and ended by statements prepared once per
