@@ -20,12 +20,14 @@
 //! landed, so the step and the SQL recording its calls run side by side.
 //!
 //! Either way, writes queued without waiting are applied in order, and once
-//! one fails, none of the same execution after it is (see [`Failed`]).
+//! one fails, none of the same execution after it is (see
+//! [`FailedExecutions`]).
 
 use std::path::Path;
 use std::sync::mpsc;
 use std::thread::JoinHandle;
 
+use super::sqlite::FailedExecutions;
 use super::{
     AttemptRecord, CallRecord, CallState, Claim, History, Ledger, LedgerError, LogRecord, NewRun,
     RunRecord, RunStatus, SqliteLedger, WriteOp,
@@ -74,7 +76,7 @@ impl GroupCommitter {
         let thread = std::thread::Builder::new()
             .name("stephost-commit".into())
             .spawn(move || {
-                let mut failed = Failed::default();
+                let mut failed = FailedExecutions::default();
                 while let Ok(first) = jobs.recv() {
                     let mut batch = vec![first];
                     while batch.len() < BATCH_WRITES_MAX {
@@ -83,20 +85,10 @@ impl GroupCommitter {
                             Err(_) => break,
                         }
                     }
-                    let (refused, batch): (Vec<Job>, Vec<Job>) =
-                        batch.into_iter().partition(|j| failed.holds(&j.claim));
                     let ops: Vec<(&Claim, &[WriteOp])> =
                         batch.iter().map(|j| (&j.claim, j.ops.as_slice())).collect();
-                    let (results, durable) = ledger.apply_batch(&ops);
+                    let (results, durable) = ledger.apply_batch(&ops, &mut failed);
                     drop(ops);
-                    for (job, result) in batch.iter().zip(&results) {
-                        if let Err(e) = result {
-                            failed.add(&job.claim, e);
-                        }
-                    }
-                    for job in refused {
-                        let _ = job.reply.send(Err(failed.refusal(&job.claim)));
-                    }
                     let answers: Vec<_> = batch.into_iter().map(|j| j.reply).zip(results).collect();
                     if durable {
                         if let Err(mpsc::SendError(answers)) = to_sync.send(answers) {
@@ -121,35 +113,6 @@ impl GroupCommitter {
         CommitHandle {
             queue: self.queue.clone().expect("queue present until drop"),
         }
-    }
-}
-
-/// The executions (a run under one claim) one of whose writes failed. The
-/// committer applies none of their later writes: a run's writes are queued
-/// in order without waiting, and one that failed (a busy or full disk, a
-/// refused row) must not leave a gap in the run's calls that the next ones
-/// would fill past. The execution learns of the failure from its next
-/// write that waits, and stops; a resume claims the run anew.
-#[derive(Default)]
-struct Failed(std::collections::HashMap<(String, i64), String>);
-
-impl Failed {
-    fn holds(&self, claim: &Claim) -> bool {
-        self.0.contains_key(&(claim.run_id.clone(), claim.fence))
-    }
-
-    fn add(&mut self, claim: &Claim, error: &LedgerError) {
-        self.0
-            .entry((claim.run_id.clone(), claim.fence))
-            .or_insert_with(|| error.to_string());
-    }
-
-    fn refusal(&self, claim: &Claim) -> LedgerError {
-        let first = self
-            .0
-            .get(&(claim.run_id.clone(), claim.fence))
-            .map_or("", String::as_str);
-        super::sqlite::refused_after_failure(&claim.run_id, first)
     }
 }
 
@@ -269,18 +232,10 @@ pub struct GroupLedger {
     committer: Committer,
     /// Replies still to come for writes that need not be waited for, oldest
     /// first.
-    in_flight: std::collections::VecDeque<(Execution, mpsc::Receiver<Result<(), LedgerError>>)>,
-    /// The execution (run id, fencing token) a commit of which failed, and
-    /// how: its later commits fail too, whichever connection they would
-    /// take.
-    failed: Option<(Execution, String)>,
-}
-
-/// A run under one claim: its id and fencing token.
-type Execution = (String, i64);
-
-fn execution(claim: &Claim) -> Execution {
-    (claim.run_id.clone(), claim.fence)
+    in_flight: std::collections::VecDeque<(Claim, mpsc::Receiver<Result<(), LedgerError>>)>,
+    /// Executions a commit of which failed: their later commits fail too,
+    /// whichever connection they would take.
+    failed: FailedExecutions,
 }
 
 /// Where a [`GroupLedger`]'s writes go.
@@ -307,7 +262,7 @@ impl GroupLedger {
             direct,
             committer: Committer::Shared(commits),
             in_flight: Default::default(),
-            failed: None,
+            failed: FailedExecutions::default(),
         }
     }
 
@@ -320,7 +275,7 @@ impl GroupLedger {
             direct,
             committer: Committer::Own(None),
             in_flight: Default::default(),
-            failed: None,
+            failed: FailedExecutions::default(),
         }
     }
 
@@ -328,24 +283,16 @@ impl GroupLedger {
     fn settle(&mut self) -> Result<(), LedgerError> {
         let mut first = Ok(());
         let replies: Vec<_> = self.in_flight.drain(..).collect();
-        for (execution, reply) in replies {
+        for (claim, reply) in replies {
             let result = wait(&reply);
             if let Err(e) = &result {
-                self.note_failure(execution, e);
+                self.failed.add(&claim, e);
             }
             if first.is_ok() {
                 first = result;
             }
         }
         first
-    }
-
-    /// Remembers the first failure of `execution` (a later execution's
-    /// replaces an earlier one's: a ledger serves one run at a time).
-    fn note_failure(&mut self, execution: Execution, error: &LedgerError) {
-        if self.failed.as_ref().is_none_or(|(x, _)| *x != execution) {
-            self.failed = Some((execution, error.to_string()));
-        }
     }
 
     /// The committer to send to, started if it is this ledger's own and is
@@ -385,9 +332,9 @@ impl GroupLedger {
     /// `IN_FLIGHT_MAX` writes are in flight.
     fn queue(&mut self, claim: &Claim, ops: Vec<WriteOp>) -> Result<(), LedgerError> {
         if self.in_flight.len() >= IN_FLIGHT_MAX {
-            let (execution, oldest) = self.in_flight.pop_front().expect("in flight");
+            let (claim, oldest) = self.in_flight.pop_front().expect("in flight");
             if let Err(e) = wait(&oldest) {
-                self.note_failure(execution, &e);
+                self.failed.add(&claim, &e);
                 // The others fail or land in their own time; this one's
                 // failure stops the run.
                 self.settle().ok();
@@ -395,7 +342,7 @@ impl GroupLedger {
             }
         }
         let reply = self.handle()?.send(claim, ops)?;
-        self.in_flight.push_back((execution(claim), reply));
+        self.in_flight.push_back((claim.clone(), reply));
         Ok(())
     }
 }
@@ -496,15 +443,13 @@ impl Ledger for GroupLedger {
         if ops.is_empty() {
             return Ok(());
         }
-        if let Some((failed, first)) = &self.failed
-            && *failed == execution(claim)
-        {
-            return Err(super::sqlite::refused_after_failure(&claim.run_id, first));
+        if let Some(refusal) = self.failed.refusal(claim) {
+            return Err(refusal);
         }
         let taken = std::mem::replace(ops, Vec::with_capacity(ops.len()));
         let result = self.commit_in_order(claim, taken);
         if let Err(e) = &result {
-            self.note_failure(execution(claim), e);
+            self.failed.add(claim, e);
         }
         result
     }

@@ -186,23 +186,31 @@ impl SqliteLedger {
     /// Group commit: applies many writes (of any runs) in one transaction,
     /// committed without an fsync. Each write is checked and applied in its
     /// own savepoint, so one stale or failing writer affects only its own
-    /// result. Also says whether any of the writes must be durable: then
-    /// the caller syncs the WAL ([`SqliteLedger::wal_path`]) before it
-    /// answers any writer of the batch, while the next batch is applied.
+    /// result; and none is applied after a write of the same execution
+    /// failed (`failed`, kept from batch to batch). Also says whether any of
+    /// the writes must be durable: then the caller syncs the WAL
+    /// ([`SqliteLedger::wal_path`]) before it answers any writer of the
+    /// batch, while the next batch is applied.
     pub fn apply_batch(
         &mut self,
         batch: &[(&Claim, &[WriteOp])],
+        failed: &mut FailedExecutions,
     ) -> (Vec<Result<(), LedgerError>>, bool) {
         let durable = batch
             .iter()
             .any(|(_, ops)| ops.iter().any(WriteOp::durable));
-        let results = self.apply_jobs(batch, false).unwrap_or_else(|e| {
+        let results = self.apply_jobs(batch, failed).unwrap_or_else(|e| {
             let message = e.to_string();
             batch
                 .iter()
                 .map(|_| Err(LedgerError::Batch(message.clone())))
                 .collect()
         });
+        for ((claim, _), result) in batch.iter().zip(&results) {
+            if let Err(e) = result {
+                failed.add(claim, e);
+            }
+        }
         (results, durable)
     }
 
@@ -224,26 +232,21 @@ impl SqliteLedger {
     fn apply_jobs(
         &mut self,
         batch: &[(&Claim, &[WriteOp])],
-        durable: bool,
+        failed: &mut FailedExecutions,
     ) -> Result<Vec<Result<(), LedgerError>>, LedgerError> {
-        self.set_sync(Sync::when(durable))?;
+        self.set_sync(Sync::Normal)?;
         let tx = WriteTx::begin(&self.conn)?;
         let mut results = Vec::with_capacity(batch.len());
-        // A job that failed: the same execution's later jobs (queued after
-        // it without waiting) are not applied, or they would leave a gap.
-        let mut failed: Vec<(&Claim, String)> = Vec::new();
         for (claim, ops) in batch {
-            let same =
-                |(c, _): &&(&Claim, String)| c.run_id == claim.run_id && c.fence == claim.fence;
-            if let Some((_, first)) = failed.iter().find(same) {
-                results.push(Err(refused_after_failure(&claim.run_id, first)));
+            if let Some(refusal) = failed.refusal(claim) {
+                results.push(Err(refusal));
                 continue;
             }
             // An outer error ended the whole transaction (a full disk, an
             // I/O error), and every job before this one with it.
             let result = tx.in_savepoint(|conn| apply_commit(conn, claim, ops))?;
             if let Err(e) = &result {
-                failed.push((claim, e.to_string()));
+                failed.add(claim, e);
             }
             results.push(result);
         }
@@ -252,9 +255,35 @@ impl SqliteLedger {
     }
 }
 
+/// The executions (a run under one claim: its id and fencing token) one of
+/// whose writes failed, and how. None of their later writes is applied: a
+/// run's writes may be queued in order without waiting, and one that failed
+/// (a busy or full disk, a refused row) must not leave a gap in the run's
+/// calls that the next ones would fill past. The execution learns of the
+/// failure from its next write that waits, and stops; a resume claims the
+/// run anew.
+#[derive(Default)]
+pub struct FailedExecutions(std::collections::HashMap<(String, i64), String>);
+
+impl FailedExecutions {
+    /// The error for a write of `claim`'s execution, if one failed before.
+    pub fn refusal(&self, claim: &Claim) -> Option<LedgerError> {
+        self.0
+            .get(&(claim.run_id.clone(), claim.fence))
+            .map(|first| refused_after_failure(&claim.run_id, first))
+    }
+
+    /// Remembers the first failure of `claim`'s execution.
+    pub fn add(&mut self, claim: &Claim, error: &LedgerError) {
+        self.0
+            .entry((claim.run_id.clone(), claim.fence))
+            .or_insert_with(|| error.to_string());
+    }
+}
+
 /// The error of a write not applied because an earlier one of the same
 /// execution (`first`) failed.
-pub(super) fn refused_after_failure(run_id: &str, first: &str) -> LedgerError {
+fn refused_after_failure(run_id: &str, first: &str) -> LedgerError {
     LedgerError::Batch(format!(
         "an earlier write of run {run_id} under this claim failed ({first}); later ones are not \
          applied, so that no call is missing before them: resume the run"
