@@ -947,8 +947,7 @@ impl Journal {
         if pending.is_empty() {
             return Ok(());
         }
-        ledger.commit_taking(claim, pending)?;
-        Ok(())
+        Ok(ledger.commit_taking(claim, pending)?)
     }
 
     /// Commits the buffered writes (no fsync unless one of them is durable).

@@ -143,7 +143,10 @@ pub struct Host {
 }
 
 impl Host {
-    /// Opens the SQLite ledger at `db`, creating it if absent.
+    /// Opens the SQLite ledger at `db`, creating it if absent. Calls
+    /// buffered past the journal's limit are applied by a committer thread
+    /// of the ledger's own while the step goes on
+    /// ([`GroupLedger::pipelined`]).
     pub fn open(db: &Path, options: HostOptions) -> Result<Self, HostError> {
         let ledger = GroupLedger::pipelined(SqliteLedger::open(db)?);
         Ok(Host {
