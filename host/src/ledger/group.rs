@@ -47,7 +47,8 @@ struct Job {
 /// Makes the WAL durable: an fsync of the file, opened once.
 pub type SyncWal = Box<dyn FnMut(&std::fs::File) -> std::io::Result<()> + Send>;
 
-/// The committer and syncer threads and the queue into them.
+/// The committer and syncer threads (no syncer for a pipelined ledger's)
+/// and the queue into them.
 pub struct GroupCommitter {
     queue: Option<mpsc::Sender<Job>>,
     thread: Option<JoinHandle<()>>,
@@ -61,18 +62,36 @@ impl GroupCommitter {
 
     /// Like [`GroupCommitter::start`], making the WAL durable with `sync`.
     pub fn start_syncing(db: &Path, sync: SyncWal) -> Result<Self, LedgerError> {
+        Self::spawn(db, Some(sync))
+    }
+
+    /// A committer for writes that need no fsync (a pipelined ledger's,
+    /// whose durable writes take its own connection): no syncer thread,
+    /// and a durable write sent to it fails.
+    pub fn start_unsynced(db: &Path) -> Result<Self, LedgerError> {
+        Self::spawn(db, None)
+    }
+
+    fn spawn(db: &Path, sync: Option<SyncWal>) -> Result<Self, LedgerError> {
         let mut ledger = SqliteLedger::open(db)?;
-        // Opened once, while the committer's connection keeps the WAL from
-        // being removed: a write error the kernel reports to one fsync is
-        // reported to every file handle open at the time, so another
-        // connection's fsync (a checkpoint's) cannot take it from this one.
-        let wal = open_wal(&ledger.wal_path())?;
+        let syncer = match sync {
+            Some(sync) => {
+                // Opened once, while the committer's connection keeps the
+                // WAL from being removed: a write error the kernel reports
+                // to one fsync is reported to every file handle open at the
+                // time, so another connection's fsync (a checkpoint's)
+                // cannot take it from this one.
+                let wal = open_wal(&ledger.wal_path())?;
+                let (to_sync, synced) = mpsc::channel::<Vec<(Reply, Result<(), LedgerError>)>>();
+                let thread = std::thread::Builder::new()
+                    .name("stephost-sync".into())
+                    .spawn(move || sync_and_answer(&wal, sync, &synced))
+                    .map_err(|e| LedgerError::Batch(format!("cannot start the syncer: {e}")))?;
+                Some((to_sync, thread))
+            }
+            None => None,
+        };
         let (queue, jobs) = mpsc::channel::<Job>();
-        let (to_sync, synced) = mpsc::channel::<Vec<(Reply, Result<(), LedgerError>)>>();
-        let syncer = std::thread::Builder::new()
-            .name("stephost-sync".into())
-            .spawn(move || sync_and_answer(&wal, sync, &synced))
-            .map_err(|e| LedgerError::Batch(format!("cannot start the syncer: {e}")))?;
         let thread = std::thread::Builder::new()
             .name("stephost-commit".into())
             .spawn(move || {
@@ -90,16 +109,27 @@ impl GroupCommitter {
                     let (results, durable) = ledger.apply_batch(&ops, &mut failed);
                     drop(ops);
                     let answers: Vec<_> = batch.into_iter().map(|j| j.reply).zip(results).collect();
-                    if durable {
-                        if let Err(mpsc::SendError(answers)) = to_sync.send(answers) {
-                            answer(answers, Err("the syncer has stopped".into()));
+                    match (&syncer, durable) {
+                        (_, false) => answer(answers, Ok(())),
+                        (Some((to_sync, _)), true) => {
+                            if let Err(mpsc::SendError(answers)) = to_sync.send(answers) {
+                                answer(answers, Err("the syncer has stopped".into()));
+                            }
                         }
-                    } else {
-                        answer(answers, Ok(()));
+                        (None, true) => answer(
+                            answers,
+                            Err(
+                                "this committer makes nothing durable; a durable write takes \
+                                 the ledger's own connection"
+                                    .into(),
+                            ),
+                        ),
                     }
                 }
-                drop(to_sync);
-                let _ = syncer.join();
+                if let Some((to_sync, thread)) = syncer {
+                    drop(to_sync);
+                    let _ = thread.join();
+                }
             })
             .map_err(|e| LedgerError::Batch(format!("cannot start the committer: {e}")))?;
         Ok(GroupCommitter {
@@ -302,7 +332,7 @@ impl GroupLedger {
             Committer::Shared(handle) => Ok(handle.clone()),
             Committer::Own(Some(committer)) => Ok(committer.handle()),
             Committer::Own(own) => {
-                let committer = GroupCommitter::start(self.direct.path())?;
+                let committer = GroupCommitter::start_unsynced(self.direct.path())?;
                 Ok(own.insert(committer).handle())
             }
         }
@@ -747,6 +777,20 @@ mod tests {
         let err = ledger.commit_taking(&theirs, &mut first).unwrap_err();
         assert!(matches!(err, LedgerError::ClaimedElsewhere { .. }), "{err}");
         assert_eq!(setup.calls("fresh").unwrap().len(), 1);
+    }
+
+    #[test]
+    fn a_committer_without_a_syncer_refuses_to_answer_a_durable_write_as_done() {
+        let (dir, mut setup) = ledger_with_module();
+        let db = dir.path().join("l.db");
+        setup.create_run(NewRun::for_test("r", "d", 1)).unwrap();
+        let claim = setup.claim("r", "w", 60_000, 2, &|_| true).unwrap();
+        let committer = GroupCommitter::start_unsynced(&db).unwrap();
+        let mut ledger = GroupLedger::new(SqliteLedger::open(&db).unwrap(), committer.handle());
+        ledger.commit(&claim, &[observed(1)]).unwrap();
+        ledger.landed().unwrap();
+        let err = ledger.record_started(&claim, &started(2)).unwrap_err();
+        assert!(err.to_string().contains("makes nothing durable"), "{err}");
     }
 
     #[test]
