@@ -530,7 +530,7 @@ impl Host {
             Some(Stop::Released { .. }) => {
                 pending.push(WriteOp::Counters(counters));
                 let released = ledger
-                    .commit(&claim, &pending)
+                    .commit_taking(&claim, &mut pending)
                     .and_then(|()| ledger.release(&claim))
                     .map_err(HostError::from)
                     .and_then(|()| Ok(ledger.run(&run.run_id)?))
@@ -544,7 +544,7 @@ impl Host {
                 });
                 pending.push(WriteOp::Counters(counters));
                 let suspended = ledger
-                    .commit(&claim, &pending)
+                    .commit_taking(&claim, &mut pending)
                     .map_err(HostError::from)
                     .and_then(|()| Ok(ledger.run(&run.run_id)?))
                     .map(|record| RunReport::from_record(&record, stats));
@@ -611,7 +611,7 @@ impl Host {
         pending.push(WriteOp::Finish(end, crate::clock::now_ms()));
         pending.push(WriteOp::Counters(counters));
         let finished = ledger
-            .commit(&claim, &pending)
+            .commit_taking(&claim, &mut pending)
             .map_err(HostError::from)
             .and_then(|()| Ok(ledger.run(&run.run_id)?));
         let report = finished.map(|record| RunReport::from_record(&record, stats));

@@ -586,15 +586,22 @@ mod tests {
         }
     }
 
+    /// A ledger `l.db` holding module `d` and run `r` claimed by `w`: its
+    /// folder, a connection to it, its path and the claim.
+    fn claimed_run() -> (tempfile::TempDir, SqliteLedger, std::path::PathBuf, Claim) {
+        let (dir, mut setup) = ledger_with_module();
+        let db = dir.path().join("l.db");
+        setup.create_run(NewRun::for_test("r", "d", 1)).unwrap();
+        let claim = setup.claim("r", "w", 60_000, 2, &|_| true).unwrap();
+        (dir, setup, db, claim)
+    }
+
     /// A ledger holding module `d` and run `r` claimed by `w`, and a
     /// committer for it that syncs the WAL with `sync`.
     fn claimed_run_with_syncer(
         sync: SyncWal,
     ) -> (tempfile::TempDir, GroupCommitter, GroupLedger, Claim) {
-        let (dir, mut setup) = ledger_with_module();
-        let db = dir.path().join("l.db");
-        setup.create_run(NewRun::for_test("r", "d", 1)).unwrap();
-        let claim = setup.claim("r", "w", 60_000, 2, &|_| true).unwrap();
+        let (dir, _, db, claim) = claimed_run();
         let committer = GroupCommitter::start_syncing(&db, sync).unwrap();
         let ledger = GroupLedger::new(SqliteLedger::open(&db).unwrap(), committer.handle());
         (dir, committer, ledger, claim)
@@ -667,10 +674,7 @@ mod tests {
     /// A ledger holding module `d` and run `r` claimed by `w`, and a
     /// pipelined ledger over it.
     fn pipelined_run() -> (tempfile::TempDir, SqliteLedger, GroupLedger, Claim) {
-        let (dir, mut setup) = ledger_with_module();
-        let db = dir.path().join("l.db");
-        setup.create_run(NewRun::for_test("r", "d", 1)).unwrap();
-        let claim = setup.claim("r", "w", 60_000, 2, &|_| true).unwrap();
+        let (dir, setup, db, claim) = claimed_run();
         let ledger = GroupLedger::pipelined(SqliteLedger::open(&db).unwrap());
         (dir, setup, ledger, claim)
     }
@@ -682,6 +686,11 @@ mod tests {
         call.outcome = Some(seq.to_string());
         call.finished_at_ms = Some(1);
         WriteOp::Call(call)
+    }
+
+    /// Hands `ops` to the ledger, which queues them without waiting.
+    fn queue(ledger: &mut GroupLedger, claim: &Claim, mut ops: Vec<WriteOp>) {
+        ledger.commit_taking(claim, &mut ops).unwrap();
     }
 
     fn own_committer_started(ledger: &GroupLedger) -> bool {
@@ -714,14 +723,10 @@ mod tests {
     #[test]
     fn a_queued_write_that_fails_stops_the_durable_write_after_it() {
         let (_dir, setup, mut ledger, claim) = pipelined_run();
-        ledger
-            .commit_taking(&claim, &mut vec![observed(1)])
-            .unwrap();
+        queue(&mut ledger, &claim, vec![observed(1)]);
         // Call #1 again, which the ledger refuses; queued, so its failure
         // is not known yet...
-        ledger
-            .commit_taking(&claim, &mut vec![observed(1)])
-            .unwrap();
+        queue(&mut ledger, &claim, vec![observed(1)]);
         // ...and the durable write that follows reports it, unapplied.
         let err = ledger.record_started(&claim, &started(2)).unwrap_err();
         assert!(err.to_string().contains("UNIQUE"), "{err}");
@@ -734,15 +739,9 @@ mod tests {
         let (_dir, setup, mut ledger, claim) = pipelined_run();
         // Three commits queued at once; the second repeats call #1, which
         // the ledger refuses. The third must not land after the gap.
-        ledger
-            .commit_taking(&claim, &mut vec![observed(1)])
-            .unwrap();
-        ledger
-            .commit_taking(&claim, &mut vec![observed(2), observed(1)])
-            .unwrap();
-        ledger
-            .commit_taking(&claim, &mut vec![observed(3)])
-            .unwrap();
+        queue(&mut ledger, &claim, vec![observed(1)]);
+        queue(&mut ledger, &claim, vec![observed(2), observed(1)]);
+        queue(&mut ledger, &claim, vec![observed(3)]);
         let err = ledger.landed().unwrap_err();
         assert!(err.to_string().contains("UNIQUE"), "{err}");
         let calls = setup.calls("r").unwrap();
@@ -781,10 +780,7 @@ mod tests {
 
     #[test]
     fn a_committer_without_a_syncer_refuses_to_answer_a_durable_write_as_done() {
-        let (dir, mut setup) = ledger_with_module();
-        let db = dir.path().join("l.db");
-        setup.create_run(NewRun::for_test("r", "d", 1)).unwrap();
-        let claim = setup.claim("r", "w", 60_000, 2, &|_| true).unwrap();
+        let (_dir, _, db, claim) = claimed_run();
         let committer = GroupCommitter::start_unsynced(&db).unwrap();
         let mut ledger = GroupLedger::new(SqliteLedger::open(&db).unwrap(), committer.handle());
         ledger.commit(&claim, &[observed(1)]).unwrap();
@@ -797,9 +793,7 @@ mod tests {
     fn no_more_than_in_flight_max_queued_writes_wait_in_memory() {
         let (_dir, setup, mut ledger, claim) = pipelined_run();
         for seq in 1..=(IN_FLIGHT_MAX as u64 * 3) {
-            ledger
-                .commit_taking(&claim, &mut vec![observed(seq)])
-                .unwrap();
+            queue(&mut ledger, &claim, vec![observed(seq)]);
             assert!(ledger.in_flight.len() <= IN_FLIGHT_MAX);
         }
         ledger.landed().unwrap();
@@ -809,10 +803,7 @@ mod tests {
 
     #[test]
     fn writes_queued_before_a_release_land_before_another_can_claim() {
-        let (dir, mut setup) = ledger_with_module();
-        let db = dir.path().join("l.db");
-        setup.create_run(NewRun::for_test("r", "d", 1)).unwrap();
-        let claim = setup.claim("r", "w", 60_000, 2, &|_| true).unwrap();
+        let (_dir, mut setup, db, claim) = claimed_run();
         let committer = GroupCommitter::start(&db).unwrap();
         let mut ledger = GroupLedger::new(SqliteLedger::open(&db).unwrap(), committer.handle());
         // Not durable, so queued without waiting.
