@@ -586,6 +586,39 @@ mod tests {
         }
     }
 
+    #[test]
+    fn a_failing_job_is_undone_whole_and_the_rest_of_its_batch_applied() {
+        let (_dir, mut ledger) = ledger_with_module();
+        let mut claims = Vec::new();
+        for id in ["a", "b", "c"] {
+            ledger.create_run(NewRun::for_test(id, "d", 1)).unwrap();
+            claims.push(ledger.claim(id, "w", 60_000, 2, &|_| true).unwrap());
+        }
+        // Run b's job writes call 1, then call 1 again: its second write
+        // fails after its first was applied.
+        let good = vec![WriteOp::Started(started(1))];
+        let failing = vec![WriteOp::Started(started(1)), WriteOp::Started(started(1))];
+        let batch: Vec<(&Claim, &[WriteOp])> = vec![
+            (&claims[0], &good),
+            (&claims[1], &failing),
+            (&claims[2], &good),
+        ];
+        let mut failed = FailedExecutions::default();
+        let (results, durable) = ledger.apply_batch(&batch, &mut failed);
+        assert!(durable);
+        assert!(results[0].is_ok() && results[2].is_ok(), "{results:?}");
+        assert!(results[1].is_err());
+        // Nothing of the failed job is in the ledger; the others are.
+        assert_eq!(ledger.calls("a").unwrap().len(), 1);
+        assert!(ledger.calls("b").unwrap().is_empty());
+        assert_eq!(ledger.calls("c").unwrap().len(), 1);
+        // And b's next write is refused, in a batch of its own or not.
+        let next = vec![WriteOp::Started(started(2))];
+        let (results, _) = ledger.apply_batch(&[(&claims[1], &next)], &mut failed);
+        assert!(results[0].is_err());
+        assert!(ledger.calls("b").unwrap().is_empty());
+    }
+
     /// A ledger `l.db` holding module `d` and run `r` claimed by `w`: its
     /// folder, a connection to it, its path and the claim.
     fn claimed_run() -> (tempfile::TempDir, SqliteLedger, std::path::PathBuf, Claim) {
