@@ -17,7 +17,7 @@ use stephost::config::Config;
 use stephost::ledger::RunStatus;
 use stephost::replay::ReplayVerdict;
 use stephost::runner::{Host, HostOptions, RunReport};
-use stephost::worker::{self, WorkerOptions};
+use stephost::worker::{self, WorkerOptions, WorkerReport};
 
 type Res<T> = Result<T, Box<dyn Error>>;
 
@@ -677,7 +677,7 @@ impl Bench {
         // (as a long-lived ledger's is, and as the floor's is before it is
         // measured: extending the file costs every fsync a metadata
         // write); the second is measured.
-        let (ids, cpu, wall) = self.with_warm_worker(&db, "bench-group", |host| {
+        let ((ids, cpu, wall), worker) = self.with_warm_worker(&db, "bench-group", |host| {
             round(host)?;
             round(host)
         })?;
@@ -717,13 +717,20 @@ impl Bench {
              {SINGLE_WRITES} writes made just before ({single:.0} writes/s; figure 1's: {}); \
              the floor is the mean of the floors just before and after. From the gate's opening \
              to the last run's end the process used {cpu:.2} s of CPU in {:.2} s ({:.1} of {} \
-             cores busy)",
+             cores busy). Over the worker's life (the warm run and both rounds), the runs' {} \
+             commits took {} transactions and {} fsyncs: {:.1} commits per fsync, {:.1} per \
+             transaction",
             window_s * 1e3,
             self.single_write_us
                 .map_or("n/a".to_string(), |us| format!("{:.0} writes/s", 1e6 / us)),
             wall.as_secs_f64(),
             cpu / wall.as_secs_f64(),
             std::thread::available_parallelism().map_or(0, |n| n.get()),
+            worker.commits.commits,
+            worker.commits.transactions,
+            worker.commits.fsyncs,
+            worker.commits.commits as f64 / worker.commits.fsyncs.max(1) as f64,
+            worker.commits.commits as f64 / worker.commits.transactions.max(1) as f64,
         ));
         Ok(())
     }
@@ -746,7 +753,7 @@ impl Bench {
         db: &Path,
         id: &str,
         body: impl FnOnce(&mut Host) -> Res<T>,
-    ) -> Res<T> {
+    ) -> Res<(T, WorkerReport)> {
         let mut host = Host::open(db, self.options())?;
         let warm = host
             .submit(&self.module, WHAT, r#"{"mode":"none"}"#, None)?
@@ -754,7 +761,7 @@ impl Bench {
         let shutdown = AtomicBool::new(false);
         let mut options = self.worker_options(GROUP_RUNS, id);
         options.exit_when_idle = false;
-        std::thread::scope(|scope| -> Res<T> {
+        std::thread::scope(|scope| -> Res<(T, WorkerReport)> {
             let worker = scope
                 .spawn(|| worker::run(db, &|| host_options(&self.config), &options, &shutdown));
             let result =
@@ -764,7 +771,7 @@ impl Bench {
             if report.failed + report.abandoned + report.parked > 0 {
                 return Err(format!("worker {id}: {report:?}").into());
             }
-            result
+            Ok((result?, report))
         })
     }
 
@@ -851,7 +858,7 @@ impl Bench {
         ));
         let db = self.dir.join("memory.db");
         let input = json!({"mode": "none", "gate": true}).to_string();
-        let (idle, busy) = self.with_warm_worker(&db, "bench-memory", |host| {
+        let ((idle, busy), _) = self.with_warm_worker(&db, "bench-memory", |host| {
             let idle = rss_bytes()?;
             let gate = Gate::close(&self.gate)?;
             let ids = (0..GROUP_RUNS)

@@ -362,14 +362,17 @@ fn execute(cli: Cli) -> Result<i32, HostError> {
             let report = crate::worker::run(&cli.db, &make, &worker_options, &shutdown)?;
             eprintln!(
                 "stephost worker: {} completed, {} failed, {} parked, {} released, {} abandoned, \
-                 {} claim conflicts, {} lease losses",
+                 {} claim conflicts, {} lease losses; {} commits in {} transactions and {} fsyncs",
                 report.completed,
                 report.failed,
                 report.parked,
                 report.released,
                 report.abandoned,
                 report.claim_conflicts,
-                report.lease_losses
+                report.lease_losses,
+                report.commits.commits,
+                report.commits.transactions,
+                report.commits.fsyncs
             );
             Ok(exit::OK)
         }

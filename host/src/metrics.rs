@@ -60,6 +60,18 @@ pub const COUNTERS: &[(&str, &str)] = &[
         "lease_loss_total",
         "Claims whose lease could not be renewed (the run was stopped).",
     ),
+    (
+        "group_commit_commit_total",
+        "Commits of runs handed to a worker's group committer (counted when the worker exits).",
+    ),
+    (
+        "group_commit_transaction_total",
+        "Transactions a worker's group committer applied them in.",
+    ),
+    (
+        "group_commit_fsync_total",
+        "Fsyncs of the WAL a worker's group committer made: commits per fsync is how many share one.",
+    ),
 ];
 
 /// Upper bounds (seconds) of the resume-latency histogram buckets.

@@ -16,7 +16,7 @@ use crate::engine::StepEngine;
 use crate::error::HostError;
 use crate::journal::RunControl;
 use crate::ledger::{
-    Claim, GroupCommitter, GroupLedger, Ledger, LedgerError, RunStatus, SqliteLedger,
+    Claim, CommitCounts, GroupCommitter, GroupLedger, Ledger, LedgerError, RunStatus, SqliteLedger,
 };
 use crate::runner::{Host, HostOptions, RunReport};
 
@@ -57,6 +57,9 @@ pub struct WorkerReport {
     pub abandoned: usize,
     pub claim_conflicts: usize,
     pub lease_losses: usize,
+    /// How the runs' commits shared transactions and fsyncs (with
+    /// `concurrency` above 1; zeros otherwise).
+    pub commits: CommitCounts,
 }
 
 struct Active {
@@ -228,6 +231,9 @@ pub fn run(
     while let Ok((run_id, result)) = done_rx.try_recv() {
         tally(&mut report, &run_id, result);
     }
+    if let Some(committer) = &committer {
+        report.commits = committer.counts();
+    }
     let _ = ledger.add_counters(&counters(&report));
     Ok(report)
 }
@@ -290,5 +296,12 @@ fn counters(report: &WorkerReport) -> crate::journal::Counters {
     let mut c = crate::journal::Counters::new();
     c.insert("claim_conflict_total", report.claim_conflicts as i64);
     c.insert("lease_loss_total", report.lease_losses as i64);
+    let commits = &report.commits;
+    c.insert("group_commit_commit_total", commits.commits as i64);
+    c.insert(
+        "group_commit_transaction_total",
+        commits.transactions as i64,
+    );
+    c.insert("group_commit_fsync_total", commits.fsyncs as i64);
     c
 }

@@ -149,6 +149,19 @@ impl Sandbox {
         Ran::from(self.command(args).output().expect("start stephost"))
     }
 
+    /// The value of the counter or gauge `name` that `stephost metrics`
+    /// prints (without labels).
+    pub fn metric(&self, name: &str) -> i64 {
+        let text = self.stephost(&["metrics"]);
+        text.expect_code(0);
+        text.stdout
+            .lines()
+            .find_map(|l| l.strip_prefix(&format!("{name} ")))
+            .unwrap_or_else(|| panic!("no metric {name} in\n{}", text.stdout))
+            .parse()
+            .unwrap()
+    }
+
     /// `stephost` with a crash point armed.
     pub fn stephost_crashing_at(&self, point: &str, args: &[&str]) -> Ran {
         let mut cmd = self.command(args);

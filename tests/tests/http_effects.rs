@@ -72,17 +72,6 @@ fn crash(sb: &Sandbox, point: &str) {
     assert!(crashed.stderr.contains("crash point"), "{}", crashed.stderr);
 }
 
-fn metric(sb: &Sandbox, name: &str) -> i64 {
-    let text = sb.stephost(&["metrics"]);
-    text.expect_code(0);
-    text.stdout
-        .lines()
-        .find_map(|l| l.strip_prefix(&format!("{name} ")))
-        .unwrap_or_else(|| panic!("no metric {name} in\n{}", text.stdout))
-        .parse()
-        .unwrap()
-}
-
 fn attempt_results(show: &Value, seq: u64) -> Vec<String> {
     attempts_for(show, seq)
         .iter()
@@ -137,7 +126,7 @@ fn retryable_failures_are_retried_by_the_host_and_each_attempt_is_recorded() {
     );
     // The business outcome is recorded once.
     assert_eq!(calls(&show)[ORDER_SEQ as usize - 1]["state"], "succeeded");
-    assert_eq!(metric(&sb, "activity_retry_total"), 2);
+    assert_eq!(sb.metric("activity_retry_total"), 2);
 }
 
 #[test]
@@ -158,7 +147,7 @@ fn a_rejection_goes_to_the_step_at_once() {
     )
     .unwrap();
     assert_eq!(outcome["err"]["kind"], "rejected");
-    assert_eq!(metric(&sb, "non_retryable_failure_total"), 1);
+    assert_eq!(sb.metric("non_retryable_failure_total"), 1);
 }
 
 #[test]
@@ -179,7 +168,7 @@ fn retries_that_run_out_reach_the_step_as_exhausted() {
     )
     .unwrap();
     assert_eq!(outcome["err"]["kind"], "exhausted");
-    assert_eq!(metric(&sb, "retry_exhausted_total"), 1);
+    assert_eq!(sb.metric("retry_exhausted_total"), 1);
 }
 
 #[test]
@@ -191,7 +180,7 @@ fn a_lost_reply_is_retried_with_the_same_key_and_acts_once() {
     assert_eq!(receiver.requests_received(), 2);
     assert_eq!(receiver.business_effects(), 1);
     assert_eq!(receiver.idempotent_replays(), 1);
-    assert_eq!(metric(&sb, "idempotency_key_hit_total"), 1);
+    assert_eq!(sb.metric("idempotency_key_hit_total"), 1);
 }
 
 #[test]
@@ -211,9 +200,9 @@ fn crash_after_the_supplier_committed_is_reconciled_by_lookup() {
         attempt_results(&sb.show("order-1"), ORDER_SEQ),
         vec!["lookup:found"]
     );
-    assert_eq!(metric(&sb, "reconciliation_total"), 1);
-    assert_eq!(metric(&sb, "workflow_resume_total"), 1);
-    assert_eq!(metric(&sb, "workflow_resume_latency_seconds_count"), 1);
+    assert_eq!(sb.metric("reconciliation_total"), 1);
+    assert_eq!(sb.metric("workflow_resume_total"), 1);
+    assert_eq!(sb.metric("workflow_resume_latency_seconds_count"), 1);
 }
 
 #[test]
@@ -245,7 +234,7 @@ fn a_write_not_found_at_a_receiver_that_does_not_deduplicate_is_unknown_and_not_
         calls(&sb.show("order-1"))[ORDER_SEQ as usize - 1]["state"],
         "unknown"
     );
-    assert_eq!(metric(&sb, "side_effect_unknown_total"), 1);
+    assert_eq!(sb.metric("side_effect_unknown_total"), 1);
 }
 
 #[test]
@@ -284,7 +273,7 @@ fn a_receiver_with_neither_is_unknown_then_resolved_by_a_person() {
     assert_eq!(receiver.requests_received(), 1);
     assert_eq!(receiver.business_effects(), 1);
     // The decided write was served from the ledger, not sent.
-    assert_eq!(metric(&sb, "side_effect_duplicate_prevented_total"), 1);
+    assert_eq!(sb.metric("side_effect_duplicate_prevented_total"), 1);
 }
 
 #[test]

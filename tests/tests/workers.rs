@@ -96,8 +96,8 @@ fn a_worker_executes_submitted_runs_several_at_once() {
     ])
     .expect_code(2);
     assert!(statuses(&sb).iter().all(|(_, s, _)| s == "pending"));
-    sb.stephost(&["worker", "--concurrency", "4", "--exit-when-idle"])
-        .expect_code(0);
+    let worker = sb.stephost(&["worker", "--concurrency", "4", "--exit-when-idle"]);
+    worker.expect_code(0);
     let runs = statuses(&sb);
     assert_eq!(runs.len(), 8);
     assert!(
@@ -107,6 +107,24 @@ fn a_worker_executes_submitted_runs_several_at_once() {
     let lines = sb.received("orders.jsonl");
     assert_eq!(lines.len(), 24);
     distinct_operations(&lines);
+    // The runs' commits went through the group committer: at least one
+    // per write (its `started` row) and one per run's end, each fsync'd
+    // before it was answered; the counts are kept as metrics and reported.
+    let commits = sb.metric("group_commit_commit_total");
+    let transactions = sb.metric("group_commit_transaction_total");
+    let fsyncs = sb.metric("group_commit_fsync_total");
+    assert!(commits >= 24 + 8, "{commits} commits");
+    assert!(
+        (1..=transactions).contains(&fsyncs) && transactions <= commits,
+        "{commits} commits, {transactions} transactions, {fsyncs} fsyncs"
+    );
+    assert!(
+        worker.stderr.contains(&format!(
+            "{commits} commits in {transactions} transactions and {fsyncs} fsyncs"
+        )),
+        "{}",
+        worker.stderr
+    );
 }
 
 #[test]

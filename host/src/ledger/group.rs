@@ -24,7 +24,8 @@
 //! [`FailedExecutions`]).
 
 use std::path::Path;
-use std::sync::mpsc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, mpsc};
 use std::thread::JoinHandle;
 
 use super::sqlite::FailedExecutions;
@@ -52,6 +53,27 @@ pub type SyncWal = Box<dyn FnMut(&std::fs::File) -> std::io::Result<()> + Send>;
 pub struct GroupCommitter {
     queue: Option<mpsc::Sender<Job>>,
     thread: Option<JoinHandle<()>>,
+    counts: Arc<Counts>,
+}
+
+/// What a group committer has done so far: how well runs' commits share
+/// transactions and fsyncs.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct CommitCounts {
+    /// Commits handed in by runs (a write's `started` row, buffered calls,
+    /// a run's end).
+    pub commits: u64,
+    /// Transactions they were applied in.
+    pub transactions: u64,
+    /// Fsyncs of the WAL that made them durable.
+    pub fsyncs: u64,
+}
+
+#[derive(Default)]
+struct Counts {
+    commits: AtomicU64,
+    transactions: AtomicU64,
+    fsyncs: AtomicU64,
 }
 
 impl GroupCommitter {
@@ -74,6 +96,7 @@ impl GroupCommitter {
 
     fn spawn(db: &Path, sync: Option<SyncWal>) -> Result<Self, LedgerError> {
         let mut ledger = SqliteLedger::open(db)?;
+        let counts = Arc::new(Counts::default());
         let syncer = match sync {
             Some(sync) => {
                 // Opened once, while the committer's connection keeps the
@@ -83,15 +106,17 @@ impl GroupCommitter {
                 // cannot take it from this one.
                 let wal = open_wal(&ledger.wal_path())?;
                 let (to_sync, synced) = mpsc::channel::<Vec<(Reply, Result<(), LedgerError>)>>();
+                let counts = counts.clone();
                 let thread = std::thread::Builder::new()
                     .name("stephost-sync".into())
-                    .spawn(move || sync_and_answer(&wal, sync, &synced))
+                    .spawn(move || sync_and_answer(&wal, sync, &synced, &counts.fsyncs))
                     .map_err(|e| LedgerError::Batch(format!("cannot start the syncer: {e}")))?;
                 Some((to_sync, thread))
             }
             None => None,
         };
         let (queue, jobs) = mpsc::channel::<Job>();
+        let counted = counts.clone();
         let thread = std::thread::Builder::new()
             .name("stephost-commit".into())
             .spawn(move || {
@@ -108,6 +133,10 @@ impl GroupCommitter {
                         batch.iter().map(|j| (&j.claim, j.ops.as_slice())).collect();
                     let (results, durable) = ledger.apply_batch(&ops, &mut failed);
                     drop(ops);
+                    counted
+                        .commits
+                        .fetch_add(batch.len() as u64, Ordering::Relaxed);
+                    counted.transactions.fetch_add(1, Ordering::Relaxed);
                     let answers: Vec<_> = batch.into_iter().map(|j| j.reply).zip(results).collect();
                     match (&syncer, durable) {
                         (_, false) => answer(answers, Ok(())),
@@ -135,7 +164,18 @@ impl GroupCommitter {
         Ok(GroupCommitter {
             queue: Some(queue),
             thread: Some(thread),
+            counts,
         })
+    }
+
+    /// What the committer has done so far (every commit answered so far is
+    /// counted, with the transaction and the fsync that it waited for).
+    pub fn counts(&self) -> CommitCounts {
+        CommitCounts {
+            commits: self.counts.commits.load(Ordering::Relaxed),
+            transactions: self.counts.transactions.load(Ordering::Relaxed),
+            fsyncs: self.counts.fsyncs.load(Ordering::Relaxed),
+        }
     }
 
     /// A handle for one run thread.
@@ -177,12 +217,16 @@ fn sync_and_answer(
     wal: &WalFile,
     mut sync: SyncWal,
     batches: &mpsc::Receiver<Vec<(Reply, Result<(), LedgerError>)>>,
+    fsyncs: &AtomicU64,
 ) {
     let mut failed: Option<String> = None;
     while let Ok(first) = batches.recv() {
         // Everything queued now was committed before the fsync begins.
         let mut waiting = vec![first];
         waiting.extend(batches.try_iter());
+        if failed.is_none() {
+            fsyncs.fetch_add(1, Ordering::Relaxed);
+        }
         if failed.is_none()
             && let Err(e) = sync(&wal.file)
         {

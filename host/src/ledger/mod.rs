@@ -22,7 +22,7 @@ pub mod sqlite;
 
 use serde::{Deserialize, Serialize};
 
-pub use group::{GroupCommitter, GroupLedger};
+pub use group::{CommitCounts, GroupCommitter, GroupLedger};
 pub use history::History;
 pub use sqlite::SqliteLedger;
 
