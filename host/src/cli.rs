@@ -360,9 +360,19 @@ fn execute(cli: Cli) -> Result<i32, HostError> {
                 o
             };
             let report = crate::worker::run(&cli.db, &make, &worker_options, &shutdown)?;
+            // Only a worker that runs several runs at once has a group committer.
+            let shared = if worker_options.concurrency > 1 {
+                let c = &report.commits;
+                format!(
+                    "; {} commits in {} transactions and {} fsyncs",
+                    c.commits, c.transactions, c.fsyncs
+                )
+            } else {
+                String::new()
+            };
             eprintln!(
                 "stephost worker: {} completed, {} failed, {} parked, {} released, {} abandoned, \
-                 {} claim conflicts, {} lease losses; {} commits in {} transactions and {} fsyncs",
+                 {} claim conflicts, {} lease losses{shared}",
                 report.completed,
                 report.failed,
                 report.parked,
@@ -370,9 +380,6 @@ fn execute(cli: Cli) -> Result<i32, HostError> {
                 report.abandoned,
                 report.claim_conflicts,
                 report.lease_losses,
-                report.commits.commits,
-                report.commits.transactions,
-                report.commits.fsyncs
             );
             Ok(exit::OK)
         }

@@ -185,10 +185,10 @@ impl SqliteLedger {
 
     /// Group commit: applies many writes (of any runs) in one transaction,
     /// committed without an fsync. One stale or failing writer affects only
-    /// its own result (then each write is checked and applied in its own
-    /// savepoint, see [`Self::apply_jobs_at_once`]); and none is applied
-    /// after a write of the same execution
-    /// failed (`failed`, kept from batch to batch). Also says whether any of
+    /// its own result: the batch is applied in one go, and if a write fails,
+    /// undone and applied again with each write in a savepoint of its own.
+    /// No write is applied after a write of the same execution failed
+    /// (`failed`, kept from batch to batch). Also says whether any of
     /// the writes must be durable: then the caller syncs the WAL
     /// ([`SqliteLedger::wal_path`]) before it answers any writer of the
     /// batch, while the next batch is applied.
@@ -262,8 +262,8 @@ impl SqliteLedger {
     /// nearly always. A savepoint per job, and the pages SQLite copies aside
     /// for each, cost about a tenth of the group committer's time. If a job
     /// fails, the whole transaction is undone and `None` returned, and the
-    /// batch is applied again job by job (every job's writes are in the
-    /// ledger only, so applying them twice is the same as once).
+    /// batch is applied again job by job (applying a job does nothing but
+    /// write to the ledger, so nothing of the undone attempt remains).
     fn apply_jobs_at_once(
         &mut self,
         batch: &[(&Claim, &[WriteOp])],
