@@ -4,7 +4,8 @@
 //! recorded run of clock calls replayed again and again; `load`: its calls
 //! read out of the ledger again and again; `group`: rounds of 64 runs of
 //! writes at once in one worker, as figure 5), calls per run, runs (rounds),
-//! and the folder for the ledger (default `target`). Prints µs per call.
+//! and the folder for the ledger (default `target`). Prints µs per call
+//! (for `group`, also how many commits shared a transaction and an fsync).
 
 use std::time::Instant;
 
@@ -100,6 +101,7 @@ fn group(
     };
     let never = std::sync::atomic::AtomicBool::new(false);
     let mut per = Vec::new();
+    let mut shared = stephost::ledger::CommitCounts::default();
     for round in 0..=rounds {
         for _ in 0..RUNS {
             host.submit(module, "bench_guest.wasm", &input, None)?;
@@ -109,6 +111,9 @@ fn group(
         if report.completed != RUNS {
             return Err(format!("round {round}: {report:?}").into());
         }
+        shared.commits += report.commits.commits;
+        shared.transactions += report.commits.transactions;
+        shared.fsyncs += report.commits.fsyncs;
         // Round 0 fills the compiled-component cache.
         if round > 0 {
             per.push(t.elapsed().as_secs_f64() * 1e6 / (RUNS as u64 * count) as f64);
@@ -119,9 +124,12 @@ fn group(
         return Err("give at least one round".into());
     }
     println!(
-        "group: µs per write: min {:.2}, median {:.2} ({rounds} rounds of {RUNS} runs of {count})",
+        "group: µs per write: min {:.2}, median {:.2} ({rounds} rounds of {RUNS} runs of {count}); \
+         {:.1} commits per transaction, {:.1} per fsync",
         per[0],
-        per[per.len() / 2]
+        per[per.len() / 2],
+        shared.commits as f64 / shared.transactions.max(1) as f64,
+        shared.commits as f64 / shared.fsyncs.max(1) as f64,
     );
     Ok(())
 }
