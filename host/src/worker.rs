@@ -28,7 +28,8 @@ pub struct WorkerOptions {
     pub lease_ms: i64,
     /// This worker's owner name in claims.
     pub worker_id: String,
-    /// Pause between looks for runnable runs when there is nothing to do.
+    /// Pause between looks for runnable runs when there is nothing to do;
+    /// a run of this worker that ends cuts it short.
     pub poll_ms: u64,
     /// Stop once no run is runnable and none is active (for scripts and tests).
     pub exit_when_idle: bool,
@@ -223,7 +224,16 @@ pub fn run(
                         break;
                     }
                 }
-                std::thread::sleep(Duration::from_millis(options.poll_ms));
+                // Look again after `poll_ms`, or as soon as one of this
+                // worker's runs ends: its slot is free for the next run
+                // (sleeping out the interval left it idle, up to 200 ms by
+                // default, after every run).
+                if let Ok((run_id, result)) =
+                    done_rx.recv_timeout(Duration::from_millis(options.poll_ms))
+                {
+                    active_lock(&active).remove(&run_id);
+                    tally(&mut report, &run_id, result);
+                }
             }
         }
         Ok(())

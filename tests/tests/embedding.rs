@@ -57,3 +57,50 @@ fn a_step_loaded_once_runs_many_times_from_a_pooled_host() {
         .expect("the supplier's file");
     assert_eq!(orders.lines().count(), 5);
 }
+
+#[test]
+fn a_worker_takes_the_next_run_as_soon_as_one_ends_not_after_its_poll_interval() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let db = dir.path().join("runs.db");
+    let mut config = Config::parse(SUPPLIER_CONFIG).expect("config");
+    config.base_dir = dir.path().to_path_buf();
+    let options = move || HostOptions {
+        limits: config.limits.clone(),
+        effects: config.effects().expect("effects"),
+        ..HostOptions::default()
+    };
+    let mut host = Host::open(&db, options()).expect("host");
+    let module = std::fs::read(guests::SUPPLIER_ORDER).expect("the supplier step");
+    for i in 0..3 {
+        host.submit(
+            &module,
+            "supplier_order.wasm",
+            INPUT,
+            Some(&format!("order-{i}")),
+        )
+        .expect("submit");
+    }
+    // One run at a time, and ten minutes between looks for runnable runs:
+    // a worker that slept out the interval while its run was executing
+    // would take twenty minutes for the next two. (Its own thread, not a
+    // scoped one, so that such a worker fails the test instead of holding it.)
+    let worker = stephost::worker::WorkerOptions {
+        concurrency: 1,
+        poll_ms: 600_000,
+        exit_when_idle: true,
+        ..Default::default()
+    };
+    let (done, finished) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let never = std::sync::atomic::AtomicBool::new(false);
+        let _ = done.send(stephost::worker::run(&db, &options, &worker, &never));
+    });
+    let report = finished
+        .recv_timeout(std::time::Duration::from_secs(120))
+        .expect("the worker finished three short runs within two minutes")
+        .expect("the worker ran");
+    assert_eq!(report.completed, 3, "{report:?}");
+    let orders = std::fs::read_to_string(dir.path().join("supplier-orders.jsonl"))
+        .expect("the supplier's file");
+    assert_eq!(orders.lines().count(), 3);
+}
