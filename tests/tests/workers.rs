@@ -285,7 +285,10 @@ fn a_frozen_worker_that_wakes_after_losing_its_lease_writes_and_sends_nothing() 
 
 #[test]
 fn runs_survive_workers_killed_at_random_with_one_effect_per_write() {
-    let sb = Sandbox::with_config(BIN, &slow_config(5));
+    // Each write's receiver takes 60 ms: 200 runs of 3 writes keep 12
+    // slots busy for about 3 s, time for eight kills, one every 300 ms (and
+    // a kill often lands between a request and its outcome).
+    let sb = Sandbox::with_config(BIN, &slow_config(60));
     let runs = 200;
     for i in 0..runs {
         submit(&sb, 3, &format!("s{i:02}"));
@@ -312,7 +315,7 @@ fn runs_survive_workers_killed_at_random_with_one_effect_per_write() {
         tick += 1;
         // Kill one worker every few ticks (a fixed pseudo-random pick) and
         // start a replacement.
-        if tick.is_multiple_of(3) && kills < 8 {
+        if tick.is_multiple_of(2) && kills < 8 {
             let victim = (tick as usize * 7) % workers.len();
             workers[victim].kill().unwrap();
             workers[victim].wait().unwrap();
