@@ -277,12 +277,7 @@ fn a_run_with_a_long_history_resumes_and_replays_it_read_while_replayed() {
         "long",
     );
     assert_eq!(crashed.signal, Some(libc::SIGABRT), "{crashed:?}");
-    let resumed = sb.stephost(&["resume", "long"]);
-    resumed.expect_code(0);
-    assert_eq!(resumed.json()["receipts"].as_array().unwrap().len(), 1400);
-    let lines = sb.received("orders.jsonl");
-    assert_eq!(lines.len(), 1400);
-    distinct_operations(&lines);
+    resume_sends_each_write_once(&sb, "long", 1400);
     let show = sb.show("long");
     assert_eq!(calls(&show).len(), 4203);
     assert_eq!(calls(&show)[4199]["state"], "succeeded");
@@ -307,6 +302,17 @@ fn a_run_with_a_long_history_resumes_and_replays_it_read_while_replayed() {
     );
 }
 
+/// Resumes multi-write run `run_id` to its end: it returns a receipt for
+/// each of its `writes` writes, and the receiver holds each write once.
+fn resume_sends_each_write_once(sb: &Sandbox, run_id: &str, writes: usize) {
+    let resumed = sb.stephost(&["resume", run_id]);
+    resumed.expect_code(0);
+    assert_eq!(resumed.json()["receipts"].as_array().unwrap().len(), writes);
+    let lines = sb.received("orders.jsonl");
+    assert_eq!(lines.len(), writes);
+    distinct_operations(&lines);
+}
+
 #[test]
 fn calls_buffered_past_the_journal_land_before_the_write_after_them() {
     // 1,500 clock reads before each write: more than the journal buffers
@@ -329,12 +335,7 @@ fn calls_buffered_past_the_journal_land_before_the_write_after_them() {
     assert_eq!(sb.received("orders.jsonl").len(), 1);
     sb.stephost(&["verify", "b"]).expect_code(0);
 
-    let resumed = sb.stephost(&["resume", "b"]);
-    resumed.expect_code(0);
-    assert_eq!(resumed.json()["receipts"].as_array().unwrap().len(), 2);
-    let lines = sb.received("orders.jsonl");
-    assert_eq!(lines.len(), 2);
-    distinct_operations(&lines);
+    resume_sends_each_write_once(&sb, "b", 2);
     // Replayed against its recording, the step makes the same calls.
     assert_eq!(calls(&sb.show("b")).len(), 3009);
     sb.stephost(&["replay", "b"]).expect_code(0);

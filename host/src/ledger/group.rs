@@ -356,8 +356,7 @@ impl GroupLedger {
     /// Waits for every write sent before; the first failure among them.
     fn settle(&mut self) -> Result<(), LedgerError> {
         let mut first = Ok(());
-        let replies: Vec<_> = self.in_flight.drain(..).collect();
-        for (claim, reply) in replies {
+        for (claim, reply) in self.in_flight.drain(..) {
             let result = wait(&reply);
             if let Err(e) = &result {
                 self.failed.add(&claim, e);

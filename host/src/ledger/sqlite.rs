@@ -200,18 +200,19 @@ impl SqliteLedger {
         let durable = batch
             .iter()
             .any(|(_, ops)| ops.iter().any(WriteOp::durable));
+        // `apply_jobs` remembers each job that failed alone; an error that
+        // failed the whole transaction fails every job in it.
         let results = self.apply_jobs(batch, failed).unwrap_or_else(|e| {
             let message = e.to_string();
             batch
                 .iter()
-                .map(|_| Err(LedgerError::Batch(message.clone())))
+                .map(|(claim, _)| {
+                    let error = LedgerError::Batch(message.clone());
+                    failed.add(claim, &error);
+                    Err(error)
+                })
                 .collect()
         });
-        for ((claim, _), result) in batch.iter().zip(&results) {
-            if let Err(e) = result {
-                failed.add(claim, e);
-            }
-        }
         (results, durable)
     }
 
@@ -297,6 +298,11 @@ pub struct FailedExecutions(std::collections::HashMap<(String, i64), String>);
 impl FailedExecutions {
     /// The error for a write of `claim`'s execution, if one failed before.
     pub fn refusal(&self, claim: &Claim) -> Option<LedgerError> {
+        // Asked for every write, and nearly always empty: no key is built
+        // then.
+        if self.0.is_empty() {
+            return None;
+        }
         self.0
             .get(&(claim.run_id.clone(), claim.fence))
             .map(|first| refused_after_failure(&claim.run_id, first))
