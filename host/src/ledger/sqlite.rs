@@ -1613,14 +1613,14 @@ mod tests {
     fn varied_call(seq: u64) -> CallRecord {
         let mut call = clock_call(seq);
         call.request = "r".repeat(seq as usize % 37);
-        if seq % 5 == 0 {
+        if seq.is_multiple_of(5) {
             call.resolved_by = Some(format!("person {seq}"));
         }
-        if seq % 7 == 0 {
+        if seq.is_multiple_of(7) {
             call.state = CallState::Failed;
             call.outcome = Some(format!("{{\"err\":\"{}\"}}", "e".repeat(seq as usize % 11)));
         }
-        if seq % 11 == 0 {
+        if seq.is_multiple_of(11) {
             call.finished_at_ms = None;
             call.chain = None;
         }
@@ -1822,8 +1822,9 @@ mod tests {
         // is still whole and its own.
         let expected = ledger.calls("r1").unwrap();
         let mut history = ledger.history("r1").unwrap();
-        for i in 0..n as usize {
-            assert_eq!(history.get(i).unwrap().unwrap(), &expected[i]);
+        assert_eq!(expected.len() as u64, n);
+        for (i, call) in expected.iter().enumerate() {
+            assert_eq!(history.get(i).unwrap().unwrap(), call);
             if let Some(before) = i.checked_sub(1) {
                 assert_eq!(history.arrived(before).unwrap().seq, before as u64 + 1);
             }
