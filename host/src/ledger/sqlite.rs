@@ -695,8 +695,7 @@ fn call_from_row(r: &Row<'_>) -> rusqlite::Result<CallRecord> {
 /// has let go instead of allocating and freeing 100,000s of strings.
 fn fill_call(r: &Row<'_>, call: &mut CallRecord) -> rusqlite::Result<()> {
     fn text(r: &Row<'_>, column: usize, into: &mut String) -> rusqlite::Result<()> {
-        into.clear();
-        into.push_str(r.get_ref(column)?.as_str()?);
+        refill(into, r.get_ref(column)?.as_str()?);
         Ok(())
     }
     fn optional_text(
@@ -706,11 +705,7 @@ fn fill_call(r: &Row<'_>, call: &mut CallRecord) -> rusqlite::Result<()> {
     ) -> rusqlite::Result<()> {
         match r.get_ref(column)?.as_str_or_null()? {
             None => *into = None,
-            Some(value) => {
-                let into = into.get_or_insert_default();
-                into.clear();
-                into.push_str(value);
-            }
+            Some(value) => refill(into.get_or_insert_default(), value),
         }
         Ok(())
     }
@@ -731,6 +726,21 @@ fn fill_call(r: &Row<'_>, call: &mut CallRecord) -> rusqlite::Result<()> {
     optional_text(r, 11, &mut call.resolved_by)?;
     optional_text(r, 12, &mut call.chain)?;
     Ok(())
+}
+
+/// Largest string buffer a refilled record keeps for the next call: a
+/// large request or outcome is not carried from call to call through a
+/// long replay, holding its memory until the end.
+const REFILL_CAPACITY_MAX: usize = 4096;
+
+/// Sets `into` to `value`, in its own buffer unless that is larger than
+/// `REFILL_CAPACITY_MAX`.
+fn refill(into: &mut String, value: &str) {
+    if into.capacity() > REFILL_CAPACITY_MAX {
+        *into = String::new();
+    }
+    into.clear();
+    into.push_str(value);
 }
 
 fn bad_value(column: usize, value: &str) -> rusqlite::Error {
@@ -1801,6 +1811,23 @@ mod tests {
         let err = ledger.commit(&claim, &[log, stray]).unwrap_err();
         assert!(matches!(err, LedgerError::Corrupt(_)), "{err}");
         assert!(ledger.logs("r1").unwrap().is_empty());
+    }
+
+    #[test]
+    fn a_refilled_string_reuses_a_small_buffer_and_lets_a_large_one_go() {
+        let mut small = String::with_capacity(64);
+        let kept = small.as_ptr();
+        refill(&mut small, "a chain link");
+        assert_eq!(small, "a chain link");
+        assert_eq!(small.as_ptr(), kept, "a small buffer is filled again");
+        let mut large = "x".repeat(1 << 20);
+        refill(&mut large, "{\"ok\":1}");
+        assert_eq!(large, "{\"ok\":1}");
+        assert!(
+            large.capacity() <= REFILL_CAPACITY_MAX,
+            "{}",
+            large.capacity()
+        );
     }
 
     #[test]
