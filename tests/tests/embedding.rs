@@ -9,6 +9,31 @@ use stephost_tests::{SUPPLIER_CONFIG, guests};
 
 const INPUT: &str = r#"{"sku":"WIDGET-7","quantity":10}"#;
 
+/// A host on a ledger in `dir`, and the guest at `path` loaded into it.
+fn host_with_step(
+    dir: &std::path::Path,
+    options: HostOptions,
+    path: &str,
+) -> (Host, std::sync::Arc<stephost::engine::Loaded>) {
+    let mut host = Host::open(&dir.join("runs.db"), options).expect("host");
+    let module = std::fs::read(path).expect("the step's component");
+    let step = host.load(&module, path).expect("load");
+    (host, step)
+}
+
+/// Runs `step` on `input` as `run_id`, checks that it completed, and
+/// returns its output.
+fn completed_output(
+    host: &mut Host,
+    step: &std::sync::Arc<stephost::engine::Loaded>,
+    input: &str,
+    run_id: &str,
+) -> Value {
+    let report = host.run_loaded(step, input, Some(run_id)).expect("run");
+    assert_eq!(report.status, RunStatus::Completed, "{report:?}");
+    serde_json::from_str(report.output.as_deref().expect("output")).expect("JSON output")
+}
+
 #[test]
 fn a_step_loaded_once_runs_many_times_from_a_pooled_host() {
     let dir = tempfile::tempdir().expect("temp dir");
@@ -20,19 +45,12 @@ fn a_step_loaded_once_runs_many_times_from_a_pooled_host() {
         instance_pool: 2,
         ..HostOptions::default()
     };
-    let mut host = Host::open(&dir.path().join("runs.db"), options).expect("host");
-    let module = std::fs::read(guests::SUPPLIER_ORDER).expect("the supplier step");
-    let step = host.load(&module, "supplier_order.wasm").expect("load");
+    let (mut host, step) = host_with_step(dir.path(), options, guests::SUPPLIER_ORDER);
 
     // More runs than the pool has slots, one after another: each slot is
     // used again.
     for i in 0..5 {
-        let report = host
-            .run_loaded(&step, INPUT, Some(&format!("order-{i}")))
-            .expect("run");
-        assert_eq!(report.status, RunStatus::Completed, "{report:?}");
-        let output: Value =
-            serde_json::from_str(report.output.as_deref().expect("output")).expect("JSON output");
+        let output = completed_output(&mut host, &step, INPUT, &format!("order-{i}"));
         assert_eq!(output["ordered"], true);
     }
     let orders = std::fs::read_to_string(dir.path().join("supplier-orders.jsonl"))
@@ -67,16 +85,9 @@ fn a_run_in_a_pooled_slot_sees_nothing_the_run_before_it_left_in_memory() {
         instance_pool: 1,
         ..HostOptions::default()
     };
-    let mut host = Host::open(&dir.path().join("runs.db"), options).expect("host");
-    let module = std::fs::read(guests::WASI_ONLY).expect("the wasi-only step");
-    let step = host.load(&module, "wasi_only.wasm").expect("load");
+    let (mut host, step) = host_with_step(dir.path(), options, guests::WASI_ONLY);
     for i in 0..3 {
-        let report = host
-            .run_loaded(&step, r#"{"port":1}"#, Some(&format!("fresh-{i}")))
-            .expect("run");
-        assert_eq!(report.status, RunStatus::Completed, "{report:?}");
-        let output: Value =
-            serde_json::from_str(report.output.as_deref().expect("output")).expect("JSON output");
+        let output = completed_output(&mut host, &step, r#"{"port":1}"#, &format!("fresh-{i}"));
         // Its statics start from their initial values, and the heap it
         // allocates is zero although the run before filled it with 0xA5.
         assert_eq!(output["runs_in_this_memory"], 1, "run {i}: {output}");
