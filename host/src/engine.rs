@@ -99,8 +99,9 @@ impl Loaded {
 /// lives for many runs: a run starts in a slot of memory mapped before
 /// instead of mapping and unmapping its own (about 25 µs less per run on
 /// this project's machines). The pool reserves address space for
-/// `instances` runs at once, and keeps up to [`Self::KEEP_RESIDENT_BYTES`]
-/// of memory per slot a run has used; a one-shot command does without it.
+/// `instances` runs at once and, on Linux 6.7 and later, keeps up to
+/// [`Self::KEEP_RESIDENT_BYTES`] of memory per slot a run has used; a
+/// one-shot command does without it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct InstancePool {
     /// Runs that may be instantiated at the same time.
