@@ -102,9 +102,8 @@ pub fn run(
     std::thread::scope(|scope| -> Result<(), HostError> {
         loop {
             // Collect finished runs.
-            while let Ok((run_id, result)) = done_rx.try_recv() {
-                active_lock(&active).remove(&run_id);
-                tally(&mut report, &run_id, result);
+            while let Ok(finished) = done_rx.try_recv() {
+                collect(&active, &mut report, finished);
             }
             if last_renewal.elapsed() >= renew_every {
                 renew_all(&mut ledger, &active, &mut report);
@@ -228,11 +227,8 @@ pub fn run(
                 // worker's runs ends: its slot is free for the next run
                 // (sleeping out the interval left it idle, up to 200 ms by
                 // default, after every run).
-                if let Ok((run_id, result)) =
-                    done_rx.recv_timeout(Duration::from_millis(options.poll_ms))
-                {
-                    active_lock(&active).remove(&run_id);
-                    tally(&mut report, &run_id, result);
+                if let Ok(finished) = done_rx.recv_timeout(Duration::from_millis(options.poll_ms)) {
+                    collect(&active, &mut report, finished);
                 }
             }
         }
@@ -281,6 +277,14 @@ fn renew_all(
             Err(e) => eprintln!("stephost worker: renewing {}: {e}", a.claim.run_id),
         }
     }
+}
+
+/// A run of this worker has ended: its slot is free, and its result
+/// counted.
+fn collect(active: &Mutex<HashMap<String, Active>>, report: &mut WorkerReport, finished: Finished) {
+    let (run_id, result) = finished;
+    active_lock(active).remove(&run_id);
+    tally(report, &run_id, result);
 }
 
 fn tally(report: &mut WorkerReport, run_id: &str, result: Result<RunReport, HostError>) {
