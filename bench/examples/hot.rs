@@ -128,8 +128,8 @@ fn group(
          {:.1} commits per transaction, {:.1} per fsync",
         per[0],
         per[per.len() / 2],
-        shared.commits as f64 / shared.transactions.max(1) as f64,
-        shared.commits as f64 / shared.fsyncs.max(1) as f64,
+        shared.per_transaction(),
+        shared.per_fsync(),
     );
     Ok(())
 }

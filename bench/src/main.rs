@@ -729,8 +729,8 @@ impl Bench {
             worker.commits.commits,
             worker.commits.transactions,
             worker.commits.fsyncs,
-            worker.commits.commits as f64 / worker.commits.fsyncs.max(1) as f64,
-            worker.commits.commits as f64 / worker.commits.transactions.max(1) as f64,
+            worker.commits.per_fsync(),
+            worker.commits.per_transaction(),
         ));
         Ok(())
     }

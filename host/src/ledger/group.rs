@@ -71,6 +71,18 @@ pub struct CommitCounts {
     pub fsyncs: u64,
 }
 
+impl CommitCounts {
+    /// Commits per transaction they were applied in (0 before the first).
+    pub fn per_transaction(&self) -> f64 {
+        self.commits as f64 / self.transactions.max(1) as f64
+    }
+
+    /// Commits per fsync that made them durable (0 before the first).
+    pub fn per_fsync(&self) -> f64 {
+        self.commits as f64 / self.fsyncs.max(1) as f64
+    }
+}
+
 #[derive(Default)]
 struct Counts {
     commits: AtomicU64,
