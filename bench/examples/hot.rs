@@ -61,18 +61,74 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         Ok(())
     };
     let mut per = Vec::new();
+    let before = thread_cpu();
     for _ in 0..runs {
         let t = Instant::now();
         run(&mut host)?;
         per.push(t.elapsed().as_secs_f64() * 1e6 / count.max(1) as f64);
     }
+    let after = thread_cpu();
     per.sort_by(f64::total_cmp);
     println!(
         "{mode}: µs per call: min {:.2}, median {:.2} ({runs} runs of {count})",
         per[0],
         per[per.len() / 2]
     );
+    print_cpu(&before, &after, f64::from(runs) * count.max(1) as f64);
     Ok(())
+}
+
+/// CPU time (µs) of each thread of this process, by thread id, with its name.
+fn thread_cpu() -> std::collections::BTreeMap<u64, (String, f64)> {
+    // utime and stime, in clock ticks of 10 ms (USER_HZ = 100 on Linux):
+    // coarse, so runs should last seconds.
+    let mut out = std::collections::BTreeMap::new();
+    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
+        return out;
+    };
+    for task in tasks.flatten() {
+        let Ok(stat) = std::fs::read_to_string(task.path().join("stat")) else {
+            continue;
+        };
+        let (Some(open), Some(close)) = (stat.find('('), stat.rfind(')')) else {
+            continue;
+        };
+        let name = stat[open + 1..close].to_string();
+        let fields: Vec<&str> = stat[close + 2..].split(' ').collect();
+        let ticks = |i: usize| {
+            fields
+                .get(i)
+                .and_then(|f| f.parse::<f64>().ok())
+                .unwrap_or(0.0)
+        };
+        let tid = task.file_name().to_string_lossy().parse().unwrap_or(0);
+        // Fields 14 and 15 of the man page, counted from `state` (3) here.
+        out.insert(tid, (name, (ticks(11) + ticks(12)) * 1e4));
+    }
+    out
+}
+
+/// Prints CPU µs per call of each thread that used any between `before`
+/// and `after` (threads that ended in between are not seen).
+fn print_cpu(
+    before: &std::collections::BTreeMap<u64, (String, f64)>,
+    after: &std::collections::BTreeMap<u64, (String, f64)>,
+    calls: f64,
+) {
+    let mut parts = Vec::new();
+    let mut total = 0.0;
+    for (tid, (name, cpu)) in after {
+        let used = cpu - before.get(tid).map_or(0.0, |(_, c)| *c);
+        if used > 0.0 {
+            total += used;
+            parts.push(format!("{name} {:.2}", used / calls));
+        }
+    }
+    println!(
+        "cpu µs per call: {:.2} ({})",
+        total / calls,
+        parts.join(", ")
+    );
 }
 
 /// Rounds of 64 runs of `count` writes each, executed by one worker at
