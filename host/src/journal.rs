@@ -87,12 +87,12 @@ pub struct CallSpec<'a> {
 
 /// The identity of the operation being performed, handed to live I/O.
 #[derive(Debug, Clone)]
-pub struct OpContext {
-    pub run_id: String,
+pub struct OpContext<'a> {
+    pub run_id: &'a str,
     pub seq: u64,
     /// The call's class as recorded (on reconciliation) or as configured.
     pub class: CallClass,
-    pub operation_id: String,
+    pub operation_id: &'a str,
     pub fence: i64,
 }
 
@@ -122,18 +122,18 @@ pub enum Wait {
 
 /// Live I/O for one call.
 pub trait LiveCall {
-    fn perform(&mut self, op: &OpContext, attempts: &mut Attempts<'_>) -> Outcome;
+    fn perform(&mut self, op: &OpContext<'_>, attempts: &mut Attempts<'_>) -> Outcome;
 
     /// For `suspend` calls: may the call complete now? `started_at_ms` is
     /// when it was first recorded.
-    fn wait(&mut self, _op: &OpContext, _started_at_ms: i64) -> Wait {
+    fn wait(&mut self, _op: &OpContext<'_>, _started_at_ms: i64) -> Wait {
         Wait::Ready(Outcome::error(
             CallErrorKind::Invalid,
             "this call cannot suspend",
         ))
     }
 
-    fn reconcile(&mut self, _op: &OpContext, _attempts: &mut Attempts<'_>) -> Reconciled {
+    fn reconcile(&mut self, _op: &OpContext<'_>, _attempts: &mut Attempts<'_>) -> Reconciled {
         Reconciled::PerformAgain
     }
 
@@ -161,7 +161,7 @@ pub trait LiveCall {
 pub struct Compute<F: FnMut() -> Outcome>(pub F);
 
 impl<F: FnMut() -> Outcome> LiveCall for Compute<F> {
-    fn perform(&mut self, _op: &OpContext, _attempts: &mut Attempts<'_>) -> Outcome {
+    fn perform(&mut self, _op: &OpContext<'_>, _attempts: &mut Attempts<'_>) -> Outcome {
         (self.0)()
     }
 }
@@ -187,17 +187,23 @@ impl Attempts<'_> {
         *self.counters.entry(name).or_insert(0) += 1;
     }
 
-    pub fn record(&mut self, kind: &str, started_at_ms: i64, result: &str, detail: Option<&str>) {
+    pub fn record(
+        &mut self,
+        kind: &'static str,
+        started_at_ms: i64,
+        result: &'static str,
+        detail: Option<&str>,
+    ) {
         let number = self.next;
         self.next += 1;
         if let Some(sink) = self.sink.as_mut() {
             sink.push(WriteOp::Attempt(AttemptRecord {
                 seq: self.seq,
                 attempt: number,
-                kind: kind.to_string(),
+                kind: kind.into(),
                 started_at_ms,
                 finished_at_ms: crate::clock::now_ms(),
-                result: result.to_string(),
+                result: result.into(),
                 detail: detail.map(str::to_string),
             }));
         }
@@ -627,7 +633,6 @@ impl Journal {
                 .get_or_insert_with(|| self.started.elapsed());
         }
         self.follow_recorded_chain();
-        let run_id = self.run_id.clone();
         let Mode::Live { ledger, claim } = &mut self.mode else {
             if self.recording_complete {
                 return Err(Stop::Diverged(Box::new(Divergence {
@@ -659,21 +664,15 @@ impl Journal {
         let operation_id = if spec.class == CallClass::Observe {
             String::new()
         } else {
-            ids::operation_id(&run_id, spec.function, seq, spec.key)
+            ids::operation_id(&self.run_id, spec.function, seq, spec.key)
         };
-        let op = OpContext {
-            run_id,
-            seq,
-            class: spec.class,
-            operation_id,
-            fence: claim.fence,
-        };
+        let fence = claim.fence;
         let mut record = CallRecord {
             seq,
             class: spec.class,
             interface: spec.interface.to_string(),
             function: spec.function.to_string(),
-            operation_id: op.operation_id.clone(),
+            operation_id,
             request: spec.request.to_string(),
             request_hash,
             state: CallState::Started,
@@ -692,7 +691,8 @@ impl Journal {
                     next: 1,
                     counters: &mut self.counters,
                 };
-                let outcome = live.perform(&op, &mut attempts);
+                let outcome =
+                    live.perform(&OpContext::of(&self.run_id, &record, fence), &mut attempts);
                 record.state = outcome.state();
                 record.outcome = Some(outcome.to_json());
                 record.finished_at_ms = Some(record.started_at_ms);
@@ -736,7 +736,8 @@ impl Journal {
                     next: 1,
                     counters: &mut self.counters,
                 };
-                let outcome = live.perform(&op, &mut attempts);
+                let outcome =
+                    live.perform(&OpContext::of(&self.run_id, &record, fence), &mut attempts);
                 crash::point("after-send", seq);
                 record.state = outcome.state();
                 record.outcome = Some(outcome.to_json());
@@ -776,7 +777,8 @@ impl Journal {
                     next: 1,
                     counters: &mut self.counters,
                 };
-                let outcome = live.perform(&op, &mut attempts);
+                let outcome =
+                    live.perform(&OpContext::of(&self.run_id, &started, fence), &mut attempts);
                 crash::point("after-send", seq);
                 if let Some(reason) = live.take_unknown() {
                     self.pending.push(WriteOp::Outcome {
@@ -909,7 +911,7 @@ impl Journal {
         let Mode::Live { ledger, claim } = &mut self.mode else {
             return Err(in_flight_in_replay(seq));
         };
-        let op = OpContext::resumed(&self.run_id, recorded, claim.fence);
+        let op = OpContext::of(&self.run_id, recorded, claim.fence);
         match live.wait(&op, recorded.started_at_ms) {
             Wait::Ready(outcome) => {
                 let json = outcome.to_json();
@@ -977,7 +979,7 @@ impl Journal {
         let Mode::Live { ledger, claim } = &mut self.mode else {
             return Err(in_flight_in_replay(seq));
         };
-        let op = OpContext::resumed(&self.run_id, recorded, claim.fence);
+        let op = OpContext::of(&self.run_id, recorded, claim.fence);
         // Attempt numbers go on from those of the executions before.
         let first_attempt = ledger
             .call_attempts(&self.run_id, seq)
@@ -1085,14 +1087,14 @@ fn in_flight_in_replay(seq: u64) -> Stop {
     }
 }
 
-impl OpContext {
-    /// The operation of a recorded call picked up again by a resume.
-    fn resumed(run_id: &str, recorded: &CallRecord, fence: i64) -> Self {
+impl<'a> OpContext<'a> {
+    /// The operation of a call recorded (or being recorded) for run `run_id`.
+    fn of(run_id: &'a str, recorded: &'a CallRecord, fence: i64) -> Self {
         OpContext {
-            run_id: run_id.to_string(),
+            run_id,
             seq: recorded.seq,
             class: recorded.class,
-            operation_id: recorded.operation_id.clone(),
+            operation_id: &recorded.operation_id,
             fence,
         }
     }

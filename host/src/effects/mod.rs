@@ -212,7 +212,7 @@ impl EffectCall<'_> {
     /// After a write failed in a way that leaves its effect in doubt: asks
     /// the receiver; a receipt settles it, anything else is `unknown` (the
     /// journal parks the run) rather than a guess.
-    fn settle(&mut self, op: &OpContext, attempts: &mut Attempts<'_>, last: &str) -> Outcome {
+    fn settle(&mut self, op: &OpContext<'_>, attempts: &mut Attempts<'_>, last: &str) -> Outcome {
         match self.reconcile(op, attempts) {
             Reconciled::Outcome(outcome) => outcome,
             Reconciled::PerformAgain => Outcome::error(
@@ -226,12 +226,12 @@ impl EffectCall<'_> {
         }
     }
 
-    fn request<'r>(&'r self, op: &'r OpContext) -> Request<'r> {
+    fn request<'r>(&'r self, op: &'r OpContext<'_>) -> Request<'r> {
         Request {
-            run_id: &op.run_id,
+            run_id: op.run_id,
             effect: self.name,
             class: op.class,
-            operation_id: &op.operation_id,
+            operation_id: op.operation_id,
             fence: op.fence,
             body: self.body,
         }
@@ -239,7 +239,7 @@ impl EffectCall<'_> {
 }
 
 impl LiveCall for EffectCall<'_> {
-    fn perform(&mut self, op: &OpContext, attempts: &mut Attempts<'_>) -> Outcome {
+    fn perform(&mut self, op: &OpContext<'_>, attempts: &mut Attempts<'_>) -> Outcome {
         let policy = &self.effect.retry;
         let first = std::time::Instant::now();
         let max_attempts = policy.max_attempts.max(1);
@@ -327,7 +327,7 @@ impl LiveCall for EffectCall<'_> {
         self.effect.handler.idempotent()
     }
 
-    fn reconcile(&mut self, op: &OpContext, attempts: &mut Attempts<'_>) -> Reconciled {
+    fn reconcile(&mut self, op: &OpContext<'_>, attempts: &mut Attempts<'_>) -> Reconciled {
         attempts.count("reconciliation_total");
         // The class recorded with the call decides, not today's configuration.
         if op.class != CallClass::Write {

@@ -40,11 +40,11 @@ struct Approval {
 }
 
 impl LiveCall for Approval {
-    fn perform(&mut self, _op: &OpContext, _attempts: &mut Attempts<'_>) -> Outcome {
+    fn perform(&mut self, _op: &OpContext<'_>, _attempts: &mut Attempts<'_>) -> Outcome {
         Outcome::error(CallErrorKind::Invalid, "an approval is decided by a person")
     }
 
-    fn wait(&mut self, _op: &OpContext, started_at_ms: i64) -> Wait {
+    fn wait(&mut self, _op: &OpContext<'_>, started_at_ms: i64) -> Wait {
         let expires = started_at_ms.saturating_add(self.ttl_ms);
         let now = crate::clock::now_ms();
         if now >= expires {

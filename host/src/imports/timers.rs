@@ -21,11 +21,11 @@ struct Sleep {
 }
 
 impl LiveCall for Sleep {
-    fn perform(&mut self, _op: &OpContext, _attempts: &mut Attempts<'_>) -> Outcome {
+    fn perform(&mut self, _op: &OpContext<'_>, _attempts: &mut Attempts<'_>) -> Outcome {
         Outcome::Ok(serde_json::Value::Null)
     }
 
-    fn wait(&mut self, _op: &OpContext, started_at_ms: i64) -> Wait {
+    fn wait(&mut self, _op: &OpContext<'_>, started_at_ms: i64) -> Wait {
         let wake_at = started_at_ms.saturating_add(i64::try_from(self.ms).unwrap_or(i64::MAX));
         let remaining = wake_at - crate::clock::now_ms();
         if remaining <= 0 {

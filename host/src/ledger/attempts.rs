@@ -29,10 +29,10 @@ pub fn to_json(attempts: &[&AttemptRecord], fence: i64) -> String {
         .iter()
         .map(|a| Stored {
             attempt: a.attempt,
-            kind: a.kind.as_str().into(),
+            kind: a.kind.as_ref().into(),
             started_at: a.started_at_ms,
             finished_at: a.finished_at_ms,
-            result: a.result.as_str().into(),
+            result: a.result.as_ref().into(),
             detail: a.detail.as_deref().map(Into::into),
             fence,
         })
@@ -52,10 +52,10 @@ pub fn parse(run_id: &str, seq: u64, json: &str) -> Result<Vec<AttemptRecord>, L
         .map(|a| AttemptRecord {
             seq,
             attempt: a.attempt,
-            kind: a.kind.into_owned(),
+            kind: a.kind.into_owned().into(),
             started_at_ms: a.started_at,
             finished_at_ms: a.finished_at,
-            result: a.result.into_owned(),
+            result: a.result.into_owned().into(),
             detail: a.detail.map(std::borrow::Cow::into_owned),
         })
         .collect())

@@ -279,12 +279,13 @@ impl Claim {
 pub struct AttemptRecord {
     pub seq: u64,
     pub attempt: u32,
-    /// `send` or `lookup`.
-    pub kind: String,
+    /// `send` or `lookup` (a name the host spells, not allocated for
+    /// every attempt it records).
+    pub kind: std::borrow::Cow<'static, str>,
     pub started_at_ms: i64,
     pub finished_at_ms: i64,
     /// `ok`, `rejected`, `retryable`, `invalid`, `found`, `not_found`.
-    pub result: String,
+    pub result: std::borrow::Cow<'static, str>,
     pub detail: Option<String>,
 }
 

@@ -1755,7 +1755,7 @@ mod tests {
         let (_dir, mut ledger) = new_ledger();
         seed(&mut ledger);
         let claim = claim_fresh(&mut ledger, "r1", "me");
-        let attempt = |n: u32, result: &str| {
+        let attempt = |n: u32, result: &'static str| {
             WriteOp::Attempt(AttemptRecord {
                 seq: 1,
                 attempt: n,
