@@ -351,7 +351,7 @@ impl LiveCall for EffectCall<'_> {
         }
         match lookup {
             Ok(Lookup::Found(receipt)) => {
-                if let Err(reason) = check_receipt(&receipt, &op.operation_id, self.body) {
+                if let Err(reason) = check_receipt(&receipt, op.operation_id, self.body) {
                     attempts.record("lookup", started, "foreign_receipt", Some(&reason));
                     return Reconciled::Unknown(reason);
                 }
