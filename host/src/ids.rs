@@ -5,26 +5,42 @@
 use sha2::{Digest, Sha256};
 
 fn hash_fields(domain: &str, fields: &[&[u8]]) -> String {
+    let mut out = String::new();
+    hash_fields_into(&mut out, domain, fields);
+    out
+}
+
+/// [`hash_fields`] into `out`'s buffer.
+fn hash_fields_into(out: &mut String, domain: &str, fields: &[&[u8]]) {
     let mut h = Sha256::new();
     h.update(domain.as_bytes());
     for field in fields {
         h.update((field.len() as u64).to_le_bytes());
         h.update(field);
     }
-    to_hex(&h.finalize())
+    to_hex_into(out, &h.finalize());
 }
 
 /// Lowercase hex, as `hex::encode` spells it, by table: three hashes are
 /// spelled for every recorded call, and `hex::encode` goes through an
 /// iterator of `char`s.
 pub fn to_hex(bytes: &[u8]) -> String {
+    let mut out = String::new();
+    to_hex_into(&mut out, bytes);
+    out
+}
+
+/// [`to_hex`] into `out`'s buffer (a recorded call's, reused: see
+/// [`crate::ledger::spare`]).
+pub fn to_hex_into(out: &mut String, bytes: &[u8]) {
     const DIGITS: &[u8; 16] = b"0123456789abcdef";
-    let mut out = vec![0u8; bytes.len() * 2];
-    for (pair, &b) in out.chunks_exact_mut(2).zip(bytes) {
+    let mut hex = crate::ledger::spare::emptied(std::mem::take(out)).into_bytes();
+    hex.resize(bytes.len() * 2, 0);
+    for (pair, &b) in hex.chunks_exact_mut(2).zip(bytes) {
         pair[0] = DIGITS[(b >> 4) as usize];
         pair[1] = DIGITS[(b & 0x0f) as usize];
     }
-    String::from_utf8(out).expect("hex digits are ASCII")
+    *out = String::from_utf8(hex).expect("hex digits are ASCII");
 }
 
 /// The content address of a module: hex sha256 of its bytes.
@@ -35,12 +51,27 @@ pub fn module_digest(bytes: &[u8]) -> String {
 /// The stable identity of a write: derived from the business key when the
 /// guest names one, else from the call's sequence number.
 pub fn operation_id(run_id: &str, effect: &str, seq: u64, key: Option<&str>) -> String {
+    let mut out = String::new();
+    operation_id_into(&mut out, run_id, effect, seq, key);
+    out
+}
+
+/// [`operation_id`] into `out`'s buffer.
+pub fn operation_id_into(
+    out: &mut String,
+    run_id: &str,
+    effect: &str,
+    seq: u64,
+    key: Option<&str>,
+) {
     match key {
-        Some(key) => hash_fields(
+        Some(key) => hash_fields_into(
+            out,
             "stephost/op/key/v1",
             &[run_id.as_bytes(), effect.as_bytes(), key.as_bytes()],
         ),
-        None => hash_fields(
+        None => hash_fields_into(
+            out,
             "stephost/op/seq/v1",
             &[run_id.as_bytes(), &seq.to_le_bytes()],
         ),
@@ -49,14 +80,22 @@ pub fn operation_id(run_id: &str, effect: &str, seq: u64, key: Option<&str>) -> 
 
 /// What divergence detection compares: the call's interface, function and request.
 pub fn request_hash(interface: &str, function: &str, request: &str) -> String {
-    hash_fields(
+    let mut out = String::new();
+    request_hash_into(&mut out, interface, function, request);
+    out
+}
+
+/// [`request_hash`] into `out`'s buffer.
+pub fn request_hash_into(out: &mut String, interface: &str, function: &str, request: &str) {
+    hash_fields_into(
+        out,
         "stephost/request/v1",
         &[
             interface.as_bytes(),
             function.as_bytes(),
             request.as_bytes(),
         ],
-    )
+    );
 }
 
 /// A fresh run id: `run-` and 20 hex digits from the clock, the process id

@@ -19,6 +19,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::crash;
 use crate::ids;
+use crate::ledger::spare;
 use crate::ledger::{
     AttemptRecord, CallClass, CallRecord, CallState, Claim, History, Ledger, LedgerError,
     LogRecord, RunRecord, WriteOp,
@@ -69,7 +70,17 @@ impl Outcome {
     }
 
     pub fn to_json(&self) -> String {
-        serde_json::to_string(self).unwrap_or_else(|_| "null".to_string())
+        self.to_json_in(String::new())
+    }
+
+    /// [`Outcome::to_json`], written in `buffer` (a recorded call's, reused:
+    /// see [`crate::ledger::spare`]).
+    fn to_json_in(&self, buffer: String) -> String {
+        let mut json = spare::emptied(buffer).into_bytes();
+        if serde_json::to_writer(&mut json, self).is_err() {
+            return "null".to_string();
+        }
+        String::from_utf8(json).unwrap_or_else(|_| "null".to_string())
     }
 }
 
@@ -657,23 +668,48 @@ impl Journal {
             });
         };
         self.next_seq += 1;
-        let request_hash = Self::request_hash(&mut self.empty_request_hash, spec);
+        // The record's strings go in the buffers of calls the committer
+        // has handed back, where there are any.
+        let mut buffers = spare::take();
+        Self::request_hash(
+            &mut self.empty_request_hash,
+            spec,
+            &mut buffers.request_hash,
+        );
         // An observe call (a clock, a random number) acts on nothing outside
         // the host, so nothing outside needs to know it again: it has no
         // operation id, which saves a hash on the step's most frequent call.
-        let operation_id = if spec.class == CallClass::Observe {
-            String::new()
+        if spec.class == CallClass::Observe {
+            spare::refill(&mut buffers.operation_id, "");
         } else {
-            ids::operation_id(&self.run_id, spec.function, seq, spec.key)
-        };
+            ids::operation_id_into(
+                &mut buffers.operation_id,
+                &self.run_id,
+                spec.function,
+                seq,
+                spec.key,
+            );
+        }
+        spare::refill(&mut buffers.interface, spec.interface);
+        spare::refill(&mut buffers.function, spec.function);
+        spare::refill(&mut buffers.request, spec.request);
+        let spare::Buffers {
+            interface,
+            function,
+            operation_id,
+            request,
+            request_hash,
+            outcome: outcome_buffer,
+            chain: chain_buffer,
+        } = buffers;
         let fence = claim.fence;
         let mut record = CallRecord {
             seq,
             class: spec.class,
-            interface: spec.interface.to_string(),
-            function: spec.function.to_string(),
+            interface,
+            function,
             operation_id,
-            request: spec.request.to_string(),
+            request,
             request_hash,
             state: CallState::Started,
             outcome: None,
@@ -694,13 +730,14 @@ impl Journal {
                 let outcome =
                     live.perform(&OpContext::of(&self.run_id, &record, fence), &mut attempts);
                 record.state = outcome.state();
-                record.outcome = Some(outcome.to_json());
+                record.outcome = Some(outcome.to_json_in(outcome_buffer));
                 record.finished_at_ms = Some(record.started_at_ms);
                 record.chain = Self::seal(
                     &mut self.last_chain,
                     &record,
                     record.state,
                     record.outcome.as_deref(),
+                    chain_buffer,
                 );
                 self.pending.push(WriteOp::Call(record));
                 outcome
@@ -728,10 +765,11 @@ impl Journal {
                 }
                 crash::point("after-started", seq);
                 // The row is written finished, with its attempts in it,
-                // riding on the next commit.
-                let mut tried = Vec::new();
+                // riding on the next commit (the attempts go first in the
+                // buffer: a commit joins each call with its attempts,
+                // whatever their order).
                 let mut attempts = Attempts {
-                    sink: Some(&mut tried),
+                    sink: Some(&mut self.pending),
                     seq,
                     next: 1,
                     counters: &mut self.counters,
@@ -740,16 +778,16 @@ impl Journal {
                     live.perform(&OpContext::of(&self.run_id, &record, fence), &mut attempts);
                 crash::point("after-send", seq);
                 record.state = outcome.state();
-                record.outcome = Some(outcome.to_json());
+                record.outcome = Some(outcome.to_json_in(outcome_buffer));
                 record.finished_at_ms = Some(crate::clock::now_ms());
                 record.chain = Self::seal(
                     &mut self.last_chain,
                     &record,
                     record.state,
                     record.outcome.as_deref(),
+                    chain_buffer,
                 );
                 self.pending.push(WriteOp::Call(record));
-                self.pending.append(&mut tried);
                 crash::point("after-outcome", seq);
                 outcome
             }
@@ -799,9 +837,14 @@ impl Journal {
                         reason,
                     });
                 }
-                let json = outcome.to_json();
-                let chain =
-                    Self::seal(&mut self.last_chain, &started, outcome.state(), Some(&json));
+                let json = outcome.to_json_in(outcome_buffer);
+                let chain = Self::seal(
+                    &mut self.last_chain,
+                    &started,
+                    outcome.state(),
+                    Some(&json),
+                    chain_buffer,
+                );
                 self.pending.push(WriteOp::Outcome {
                     seq,
                     state: outcome.state(),
@@ -834,25 +877,28 @@ impl Journal {
         Ok(outcome)
     }
 
-    /// The request hash of a live call.
-    fn request_hash(memo: &mut Option<(String, String, String)>, spec: &CallSpec<'_>) -> String {
+    /// The request hash of a live call, into `out`'s buffer.
+    fn request_hash(
+        memo: &mut Option<(String, String, String)>,
+        spec: &CallSpec<'_>,
+        out: &mut String,
+    ) {
         if !spec.request.is_empty() {
-            return ids::request_hash(spec.interface, spec.function, spec.request);
+            return ids::request_hash_into(out, spec.interface, spec.function, spec.request);
         }
         match memo {
             Some((interface, function, hash))
                 if interface == spec.interface && function == spec.function =>
             {
-                hash.clone()
+                spare::refill(out, hash);
             }
             _ => {
-                let hash = ids::request_hash(spec.interface, spec.function, "");
+                ids::request_hash_into(out, spec.interface, spec.function, "");
                 *memo = Some((
                     spec.interface.to_string(),
                     spec.function.to_string(),
-                    hash.clone(),
+                    out.clone(),
                 ));
-                hash
             }
         }
     }
@@ -875,13 +921,14 @@ impl Journal {
         call: &CallRecord,
         state: CallState,
         outcome: Option<&str>,
+        mut buffer: String,
     ) -> Option<String> {
         if !state.has_outcome() {
             return None;
         }
-        let link = crate::ledger::chain::link_finished(last_chain, call, state, outcome);
-        *last_chain = link.clone();
-        Some(link)
+        crate::ledger::chain::link_finished_into(&mut buffer, last_chain, call, state, outcome);
+        spare::refill(last_chain, &buffer);
+        Some(buffer)
     }
 
     /// Renews the claim's lease (and checks its fence) once half of it has
@@ -915,8 +962,13 @@ impl Journal {
         match live.wait(&op, recorded.started_at_ms) {
             Wait::Ready(outcome) => {
                 let json = outcome.to_json();
-                let chain =
-                    Self::seal(&mut self.last_chain, recorded, outcome.state(), Some(&json));
+                let chain = Self::seal(
+                    &mut self.last_chain,
+                    recorded,
+                    outcome.state(),
+                    Some(&json),
+                    String::new(),
+                );
                 self.pending.push(WriteOp::Outcome {
                     seq,
                     state: outcome.state(),
@@ -1016,7 +1068,13 @@ impl Journal {
             Reconciled::Unknown(reason) => (CallState::Unknown, Err(reason)),
         };
         let json = outcome.as_ref().ok().map(Outcome::to_json);
-        let chain = Self::seal(&mut self.last_chain, recorded, state, json.as_deref());
+        let chain = Self::seal(
+            &mut self.last_chain,
+            recorded,
+            state,
+            json.as_deref(),
+            String::new(),
+        );
         self.pending.push(WriteOp::Outcome {
             seq,
             state,

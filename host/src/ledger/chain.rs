@@ -21,6 +21,19 @@ pub fn link_finished(
     state: super::CallState,
     outcome: Option<&str>,
 ) -> String {
+    let mut out = String::new();
+    link_finished_into(&mut out, previous, call, state, outcome);
+    out
+}
+
+/// [`link_finished`] into `out`'s buffer.
+pub fn link_finished_into(
+    out: &mut String,
+    previous: &str,
+    call: &CallRecord,
+    state: super::CallState,
+    outcome: Option<&str>,
+) {
     let mut h = Sha256::new();
     h.update(b"stephost/chain/v1");
     let fields: [&[u8]; 9] = [
@@ -38,7 +51,7 @@ pub fn link_finished(
         h.update((field.len() as u64).to_le_bytes());
         h.update(field);
     }
-    crate::ids::to_hex(&h.finalize())
+    crate::ids::to_hex_into(out, &h.finalize());
 }
 
 /// Checks the chain of a run's calls (in order). Returns the number of

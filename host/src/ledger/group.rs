@@ -340,10 +340,13 @@ impl CommitHandle {
 }
 
 /// The result of a job sent to the committer, once it has one; its writes,
-/// handed back, are dropped here.
+/// handed back, are kept for this thread's next calls to reuse.
 fn wait(result: &mpsc::Receiver<Answer>) -> Result<(), LedgerError> {
     match result.recv() {
-        Ok((result, _applied)) => result,
+        Ok((result, applied)) => {
+            super::spare::keep(applied);
+            result
+        }
         Err(_) => Err(LedgerError::Batch("the committer has stopped".into())),
     }
 }
@@ -447,7 +450,9 @@ impl GroupLedger {
         }
         if let Committer::Own(_) = self.committer {
             self.settle()?;
-            return self.direct.commit(claim, &ops);
+            let result = self.direct.commit(claim, &ops);
+            super::spare::keep(ops);
+            return result;
         }
         let reply = self.handle()?.send(claim, ops)?;
         let own = wait(&reply);

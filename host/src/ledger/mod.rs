@@ -18,6 +18,7 @@ pub mod checkpoint;
 pub mod group;
 pub mod history;
 pub mod schema;
+pub mod spare;
 pub mod sqlite;
 
 use serde::{Deserialize, Serialize};

@@ -15,6 +15,7 @@ use rusqlite::{Connection, OpenFlags, OptionalExtension, Row, TransactionBehavio
 use super::attempts;
 use super::checkpoint::Checkpointer;
 use super::schema::{self, APPLICATION_ID};
+use super::spare::refill;
 use super::{
     AttemptRecord, CallClass, CallRecord, CallState, Claim, History, Ledger, LedgerError,
     LogRecord, NewRun, RunEnd, RunRecord, RunStatus, WriteOp,
@@ -726,21 +727,6 @@ fn fill_call(r: &Row<'_>, call: &mut CallRecord) -> rusqlite::Result<()> {
     optional_text(r, 11, &mut call.resolved_by)?;
     optional_text(r, 12, &mut call.chain)?;
     Ok(())
-}
-
-/// Largest string buffer a refilled record keeps for the next call: a
-/// large request or outcome is not carried from call to call through a
-/// long replay, holding its memory until the end.
-const REFILL_CAPACITY_MAX: usize = 4096;
-
-/// Sets `into` to `value`, in its own buffer unless that is larger than
-/// `REFILL_CAPACITY_MAX`.
-fn refill(into: &mut String, value: &str) {
-    if into.capacity() > REFILL_CAPACITY_MAX {
-        *into = String::new();
-    }
-    into.clear();
-    into.push_str(value);
 }
 
 fn bad_value(column: usize, value: &str) -> rusqlite::Error {
@@ -1811,23 +1797,6 @@ mod tests {
         let err = ledger.commit(&claim, &[log, stray]).unwrap_err();
         assert!(matches!(err, LedgerError::Corrupt(_)), "{err}");
         assert!(ledger.logs("r1").unwrap().is_empty());
-    }
-
-    #[test]
-    fn a_refilled_string_reuses_a_small_buffer_and_lets_a_large_one_go() {
-        let mut small = String::with_capacity(64);
-        let kept = small.as_ptr();
-        refill(&mut small, "a chain link");
-        assert_eq!(small, "a chain link");
-        assert_eq!(small.as_ptr(), kept, "a small buffer is filled again");
-        let mut large = "x".repeat(1 << 20);
-        refill(&mut large, "{\"ok\":1}");
-        assert_eq!(large, "{\"ok\":1}");
-        assert!(
-            large.capacity() <= REFILL_CAPACITY_MAX,
-            "{}",
-            large.capacity()
-        );
     }
 
     #[test]
