@@ -5,7 +5,9 @@
 //! read out of the ledger again and again; `group`: rounds of 64 runs of
 //! writes at once in one worker, as figure 5), calls per run, runs (rounds),
 //! and the folder for the ledger (default `target`). Prints µs per call
-//! (for `group`, also how many commits shared a transaction and an fsync).
+//! (for `group`, also how many commits shared a transaction and an fsync;
+//! for the others, also the CPU µs per call of each thread of the process,
+//! which on a shared machine moves less from run to run than wall time).
 
 use std::time::Instant;
 
