@@ -39,10 +39,11 @@ use super::{
 /// Most writes applied in one transaction.
 pub const BATCH_WRITES_MAX: usize = 512;
 
-/// A job's result, with its writes handed back once applied: they are
-/// freed on the thread that allocated them, not the committer's (freeing
-/// another thread's allocations took a tenth of the committer's time and
-/// made the two threads contend for the allocator's locks).
+/// A job's result, with its writes handed back once applied, to the thread
+/// that allocated them: it reuses their buffers ([`super::spare`]) or frees
+/// them itself (freeing another thread's allocations took a tenth of the
+/// committer's time and made the two threads contend for the allocator's
+/// locks).
 type Answer = (Result<(), LedgerError>, Vec<WriteOp>);
 
 type Reply = mpsc::SyncSender<Answer>;
