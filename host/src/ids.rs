@@ -4,10 +4,10 @@
 
 use sha2::{Digest, Sha256};
 
+use crate::ledger::spare::filled;
+
 fn hash_fields(domain: &str, fields: &[&[u8]]) -> String {
-    let mut out = String::new();
-    hash_fields_into(&mut out, domain, fields);
-    out
+    filled(|out| hash_fields_into(out, domain, fields))
 }
 
 /// [`hash_fields`] into `out`'s buffer.
@@ -25,9 +25,7 @@ fn hash_fields_into(out: &mut String, domain: &str, fields: &[&[u8]]) {
 /// spelled for every recorded call, and `hex::encode` goes through an
 /// iterator of `char`s.
 pub fn to_hex(bytes: &[u8]) -> String {
-    let mut out = String::new();
-    to_hex_into(&mut out, bytes);
-    out
+    filled(|out| to_hex_into(out, bytes))
 }
 
 /// [`to_hex`] into `out`'s buffer (a recorded call's, reused: see
@@ -51,9 +49,7 @@ pub fn module_digest(bytes: &[u8]) -> String {
 /// The stable identity of a write: derived from the business key when the
 /// guest names one, else from the call's sequence number.
 pub fn operation_id(run_id: &str, effect: &str, seq: u64, key: Option<&str>) -> String {
-    let mut out = String::new();
-    operation_id_into(&mut out, run_id, effect, seq, key);
-    out
+    filled(|out| operation_id_into(out, run_id, effect, seq, key))
 }
 
 /// [`operation_id`] into `out`'s buffer.
@@ -80,9 +76,7 @@ pub fn operation_id_into(
 
 /// What divergence detection compares: the call's interface, function and request.
 pub fn request_hash(interface: &str, function: &str, request: &str) -> String {
-    let mut out = String::new();
-    request_hash_into(&mut out, interface, function, request);
-    out
+    filled(|out| request_hash_into(out, interface, function, request))
 }
 
 /// [`request_hash`] into `out`'s buffer.

@@ -21,9 +21,7 @@ pub fn link_finished(
     state: super::CallState,
     outcome: Option<&str>,
 ) -> String {
-    let mut out = String::new();
-    link_finished_into(&mut out, previous, call, state, outcome);
-    out
+    super::spare::filled(|out| link_finished_into(out, previous, call, state, outcome))
 }
 
 /// [`link_finished`] into `out`'s buffer.

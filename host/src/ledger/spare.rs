@@ -112,6 +112,14 @@ pub fn emptied(mut buffer: String) -> String {
     buffer
 }
 
+/// A new string, written by `fill` (which writes into a buffer it is given,
+/// to serve both a kept buffer and a new one).
+pub fn filled(fill: impl FnOnce(&mut String)) -> String {
+    let mut out = String::new();
+    fill(&mut out);
+    out
+}
+
 /// Sets `into` to `value`, in its own buffer unless that is larger than
 /// [`REFILL_CAPACITY_MAX`].
 pub fn refill(into: &mut String, value: &str) {
