@@ -221,6 +221,16 @@ impl Attempts<'_> {
     }
 }
 
+/// What [`Journal::request_hash`] keeps of the last live call's interface
+/// and function.
+struct RequestHashes {
+    interface: String,
+    function: String,
+    hasher: ids::RequestHasher,
+    /// The hash of an empty request.
+    empty: String,
+}
+
 /// One side of a divergence report.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct CallSummary {
@@ -386,10 +396,10 @@ pub struct Journal {
     outcome_pending: bool,
     /// The chain link of the last finished call (see `ledger::chain`).
     last_chain: String,
-    /// The request hash of the last live call without a request (clock,
-    /// random: the same interface and function again and again), by
-    /// interface and function, so that it is not hashed again each time.
-    empty_request_hash: Option<(String, String, String)>,
+    /// The interface and function of the last live call, their request
+    /// hasher, and the request hash of an empty request (clock, random:
+    /// the same call again and again, hashed once).
+    request_hashes: Option<RequestHashes>,
     /// When the last finished call was replayed: its index in `history`,
     /// whose link is copied into `last_chain` only if a live call follows
     /// (a replay of 100,000 calls need not copy 100,000 links).
@@ -432,7 +442,7 @@ impl Journal {
             pending: Vec::new(),
             outcome_pending: false,
             last_chain: String::new(),
-            empty_request_hash: None,
+            request_hashes: None,
             chain_at: None,
             control: None,
             started: std::time::Instant::now(),
@@ -671,11 +681,7 @@ impl Journal {
         // The record's strings go in the buffers of calls the committer
         // has handed back, where there are any.
         let mut buffers = spare::take();
-        Self::request_hash(
-            &mut self.empty_request_hash,
-            spec,
-            &mut buffers.request_hash,
-        );
+        Self::request_hash(&mut self.request_hashes, spec, &mut buffers.request_hash);
         // An observe call (a clock, a random number) acts on nothing outside
         // the host, so nothing outside needs to know it again: it has no
         // operation id, which saves a hash on the step's most frequent call.
@@ -878,28 +884,29 @@ impl Journal {
     }
 
     /// The request hash of a live call, into `out`'s buffer.
-    fn request_hash(
-        memo: &mut Option<(String, String, String)>,
-        spec: &CallSpec<'_>,
-        out: &mut String,
-    ) {
-        if !spec.request.is_empty() {
-            return ids::request_hash_into(out, spec.interface, spec.function, spec.request);
-        }
-        match memo {
-            Some((interface, function, hash))
-                if interface == spec.interface && function == spec.function =>
+    fn request_hash(memo: &mut Option<RequestHashes>, spec: &CallSpec<'_>, out: &mut String) {
+        let hashes = match memo {
+            Some(hashes)
+                if hashes.interface == spec.interface && hashes.function == spec.function =>
             {
-                spare::refill(out, hash);
+                hashes
             }
             _ => {
-                ids::request_hash_into(out, spec.interface, spec.function, "");
-                *memo = Some((
-                    spec.interface.to_string(),
-                    spec.function.to_string(),
-                    out.clone(),
-                ));
+                let hasher = ids::RequestHasher::new(spec.interface, spec.function);
+                let mut empty = String::new();
+                hasher.hash_into(&mut empty, "");
+                memo.insert(RequestHashes {
+                    interface: spec.interface.to_string(),
+                    function: spec.function.to_string(),
+                    hasher,
+                    empty,
+                })
             }
+        };
+        if spec.request.is_empty() {
+            spare::refill(out, &hashes.empty);
+        } else {
+            hashes.hasher.hash_into(out, spec.request);
         }
     }
 
