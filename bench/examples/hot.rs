@@ -38,10 +38,19 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         ..HostOptions::default()
     };
     let tmp = tempfile::tempdir_in(dir)?;
+    // KEEP=1 leaves the ledger behind, for a look at its pages.
+    let (_removed, tmp) = if std::env::var_os("KEEP").is_some() {
+        let kept = tmp.keep();
+        eprintln!("the ledger stays in {}", kept.display());
+        (None, kept)
+    } else {
+        let path = tmp.path().to_path_buf();
+        (Some(tmp), path)
+    };
     if mode == "group" {
-        return group(&tmp.path().join("hot.db"), &module, &config, count, runs);
+        return group(&tmp.join("hot.db"), &module, &config, count, runs);
     }
-    let mut host = Host::open(&tmp.path().join("hot.db"), options)?;
+    let mut host = Host::open(&tmp.join("hot.db"), options)?;
     let guest_mode = if mode == "replay" || mode == "load" {
         "observe"
     } else {
@@ -50,7 +59,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let input = serde_json::json!({"mode": guest_mode, "count": count}).to_string();
     let step = host.load(&module, "bench_guest.wasm")?;
     let recorded = host.run_loaded(&step, &input, None)?;
-    let reader = stephost::ledger::SqliteLedger::open(&tmp.path().join("hot.db"))?;
+    let reader = stephost::ledger::SqliteLedger::open(&tmp.join("hot.db"))?;
     let run = |host: &mut Host| -> Result<(), Box<dyn std::error::Error>> {
         if mode == "load" {
             use stephost::ledger::Ledger;
