@@ -91,32 +91,43 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
 
 /// CPU time (µs) of each thread of this process, by thread id, with its name.
 fn thread_cpu() -> std::collections::BTreeMap<u64, (String, f64)> {
-    // utime and stime, in clock ticks of 10 ms (USER_HZ = 100 on Linux):
-    // coarse, so runs should last seconds.
     let mut out = std::collections::BTreeMap::new();
     let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
         return out;
     };
     for task in tasks.flatten() {
-        let Ok(stat) = std::fs::read_to_string(task.path().join("stat")) else {
-            continue;
-        };
-        let (Some(open), Some(close)) = (stat.find('('), stat.rfind(')')) else {
-            continue;
-        };
-        let name = stat[open + 1..close].to_string();
-        let fields: Vec<&str> = stat[close + 2..].split(' ').collect();
-        let ticks = |i: usize| {
-            fields
-                .get(i)
-                .and_then(|f| f.parse::<f64>().ok())
-                .unwrap_or(0.0)
-        };
-        let tid = task.file_name().to_string_lossy().parse().unwrap_or(0);
-        // Fields 14 and 15 of the man page, counted from `state` (3) here.
-        out.insert(tid, (name, (ticks(11) + ticks(12)) * 1e4));
+        let stat = std::fs::read_to_string(task.path().join("stat")).unwrap_or_default();
+        if let Some(used) = cpu_of(&stat) {
+            let tid = task.file_name().to_string_lossy().parse().unwrap_or(0);
+            out.insert(tid, used);
+        }
     }
     out
+}
+
+/// CPU time (µs) of this process, every thread's, those that ended too.
+fn process_cpu_us() -> f64 {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    cpu_of(&stat).map_or(0.0, |(_, us)| us)
+}
+
+/// The name and CPU time (µs) in a `/proc` `stat` file: utime and stime,
+/// in clock ticks of 10 ms (USER_HZ = 100 on Linux), coarse, so runs
+/// should last seconds.
+fn cpu_of(stat: &str) -> Option<(String, f64)> {
+    let (open, close) = (stat.find('(')?, stat.rfind(')')?);
+    let fields: Vec<&str> = stat.get(close + 2..)?.split(' ').collect();
+    let ticks = |i: usize| {
+        fields
+            .get(i)
+            .and_then(|f| f.parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    // Fields 14 and 15 of the man page, counted from `state` (3) here.
+    Some((
+        stat[open + 1..close].to_string(),
+        (ticks(11) + ticks(12)) * 1e4,
+    ))
 }
 
 /// Prints CPU µs per call of each thread that used any between `before`
@@ -168,11 +179,13 @@ fn group(
     };
     let never = std::sync::atomic::AtomicBool::new(false);
     let mut per = Vec::new();
+    let mut cpu_us = 0.0;
     let mut shared = stephost::ledger::CommitCounts::default();
     for round in 0..=rounds {
         for _ in 0..RUNS {
             host.submit(module, "bench_guest.wasm", &input, None)?;
         }
+        let cpu = process_cpu_us();
         let t = Instant::now();
         let report = stephost::worker::run(db, &make, &worker, &never)?;
         if report.completed != RUNS {
@@ -184,6 +197,7 @@ fn group(
         // Round 0 fills the compiled-component cache.
         if round > 0 {
             per.push(t.elapsed().as_secs_f64() * 1e6 / (RUNS as u64 * count) as f64);
+            cpu_us += process_cpu_us() - cpu;
         }
     }
     per.sort_by(f64::total_cmp);
@@ -197,6 +211,12 @@ fn group(
         per[per.len() / 2],
         shared.per_transaction(),
         shared.per_fsync(),
+    );
+    // The worker's threads end with each round, so only the process's
+    // total is left to read.
+    println!(
+        "cpu µs per write: {:.2} (all threads)",
+        cpu_us / (f64::from(rounds) * (RUNS as u64 * count) as f64)
     );
     Ok(())
 }

@@ -31,7 +31,7 @@ const FLOOR_COMMITS: usize = 500;
 const WRITES: u64 = 2_000;
 /// Runs of `WRITES` writes for figure 1; the median one is shown.
 const WRITE_RUNS: usize = 3;
-/// Writes per warm-up run before figure 1 (see [`Bench::warm_wal`]).
+/// Writes per warm-up run before figure 1 (see `Bench::warm_wal`).
 const WARMUP_WRITES: u64 = 400;
 /// Most warm-up runs before figure 1.
 const WARMUP_RUNS_MAX: u64 = 10;
@@ -784,13 +784,13 @@ impl Bench {
              its component cache is warm; then, {} times, {GROUP_RUNS} runs of {GROUP_WRITES} \
              writes each are submitted, claimed, and held at a gate until all have started; the \
              first round grows the ledger's WAL file to its working size, as the floor's is \
-             grown before it is measured; over each of the others, writes/s over \
-             the window from the first run's first clock call after the gate to the last run's \
-             end (ms resolution): {} writes/s, the median shown (its window {:.0} ms); ratio = that rate / the rate of a single run of \
-             {SINGLE_WRITES} writes made just before ({single:.0} writes/s; figure 1's: {}); \
-             the floor is the mean of the floors just before and after. In that round, from the gate's opening \
-             to the last run's end the process used {cpu:.2} s of CPU in {:.2} s ({:.1} of {} \
-             cores busy). Over the worker's life (the warm run and all rounds), the runs' {} \
+             grown before it is measured; over each of the others, writes/s over the window \
+             from the first run's first clock call after the gate to the last run's end (ms \
+             resolution): {} writes/s, the median shown (its window {:.0} ms); ratio = that rate \
+             / the rate of a single run of {SINGLE_WRITES} writes made just before ({single:.0} \
+             writes/s; figure 1's: {}); the floor is the mean of the floors just before and \
+             after. In that round, from the gate's opening to the last run's end the process \
+             used {cpu:.2} s of CPU in {:.2} s ({:.1} of {} cores busy). Over the worker's life (the warm run and all rounds), the runs' {} \
              commits took {} transactions and {} fsyncs: {:.1} commits per fsync, {:.1} per \
              transaction",
             GROUP_ROUNDS + 1,
