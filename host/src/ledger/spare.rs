@@ -47,7 +47,7 @@ impl Buffers {
         }
     }
 
-    fn bytes(&self) -> usize {
+    fn strings(&self) -> [&String; 7] {
         [
             &self.interface,
             &self.function,
@@ -57,9 +57,18 @@ impl Buffers {
             &self.outcome,
             &self.chain,
         ]
-        .iter()
-        .map(|s| s.capacity())
-        .sum()
+    }
+
+    fn bytes(&self) -> usize {
+        self.strings().iter().map(|s| s.capacity()).sum()
+    }
+
+    /// Whether every buffer is one a refill keeps ([`emptied`]): a call
+    /// with a larger one would take the thread's budget for nothing.
+    fn reusable(&self) -> bool {
+        self.strings()
+            .iter()
+            .all(|s| s.capacity() <= REFILL_CAPACITY_MAX)
     }
 }
 
@@ -74,13 +83,16 @@ thread_local! {
 }
 
 /// Keeps the buffers of the calls among `ops`, writes applied and no longer
-/// needed, for this thread's next calls (up to [`KEPT_BYTES_MAX`]); drops
-/// the rest.
+/// needed, for this thread's next calls (up to [`KEPT_BYTES_MAX`], and
+/// none larger than [`REFILL_CAPACITY_MAX`]); drops the rest.
 pub fn keep(ops: Vec<WriteOp>) {
     KEPT.with_borrow_mut(|kept| {
         for op in ops {
             if let WriteOp::Call(call) | WriteOp::Started(call) = op {
                 let buffers = Buffers::of(call);
+                if !buffers.reusable() {
+                    continue;
+                }
                 let bytes = buffers.bytes();
                 if kept.bytes + bytes > KEPT_BYTES_MAX {
                     return;
@@ -170,6 +182,11 @@ mod tests {
             assert_eq!(buffers.request.as_ptr(), request, "the same buffer");
             assert_eq!(buffers.outcome, "{\"ok\":1}", "stale text, to be refilled");
             assert_eq!(take().request.capacity(), 0, "kept once");
+            // A call with a buffer a refill would let go is not kept.
+            keep(vec![WriteOp::Call(call(
+                &"x".repeat(REFILL_CAPACITY_MAX + 1),
+            ))]);
+            assert_eq!(take().request.capacity(), 0, "a large request is not kept");
             // Many calls: only so many bytes are kept.
             let many: Vec<WriteOp> = (0..100_000).map(|_| WriteOp::Call(call("{}"))).collect();
             keep(many);
