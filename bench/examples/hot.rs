@@ -5,11 +5,15 @@
 //! read out of the ledger again and again; `group`: rounds of 64 runs of
 //! writes at once in one worker, as figure 5), calls per run, runs (rounds),
 //! and the folder for the ledger (default `target`). Prints µs per call
-//! (for `group`, also how many commits shared a transaction and an fsync;
-//! for the others, also the CPU µs per call of each thread of the process,
-//! which on a shared machine moves less from run to run than wall time).
+//! and the CPU µs per call of each thread of the process, which on a shared
+//! machine moves less from run to run than wall time (for `group`, how many
+//! commits shared a transaction and an fsync, and the CPU µs per write of
+//! the whole process, since the worker's threads end with each round).
 
 use std::time::Instant;
+
+#[path = "../src/procstat.rs"]
+mod procstat;
 
 use stephost::config::Config;
 use stephost::runner::{Host, HostOptions};
@@ -97,37 +101,12 @@ fn thread_cpu() -> std::collections::BTreeMap<u64, (String, f64)> {
     };
     for task in tasks.flatten() {
         let stat = std::fs::read_to_string(task.path().join("stat")).unwrap_or_default();
-        if let Some(used) = cpu_of(&stat) {
+        if let Some(used) = procstat::cpu_of(&stat) {
             let tid = task.file_name().to_string_lossy().parse().unwrap_or(0);
             out.insert(tid, used);
         }
     }
     out
-}
-
-/// CPU time (µs) of this process, every thread's, those that ended too.
-fn process_cpu_us() -> f64 {
-    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
-    cpu_of(&stat).map_or(0.0, |(_, us)| us)
-}
-
-/// The name and CPU time (µs) in a `/proc` `stat` file: utime and stime,
-/// in clock ticks of 10 ms (USER_HZ = 100 on Linux), coarse, so runs
-/// should last seconds.
-fn cpu_of(stat: &str) -> Option<(String, f64)> {
-    let (open, close) = (stat.find('(')?, stat.rfind(')')?);
-    let fields: Vec<&str> = stat.get(close + 2..)?.split(' ').collect();
-    let ticks = |i: usize| {
-        fields
-            .get(i)
-            .and_then(|f| f.parse::<f64>().ok())
-            .unwrap_or(0.0)
-    };
-    // Fields 14 and 15 of the man page, counted from `state` (3) here.
-    Some((
-        stat[open + 1..close].to_string(),
-        (ticks(11) + ticks(12)) * 1e4,
-    ))
 }
 
 /// Prints CPU µs per call of each thread that used any between `before`
@@ -185,7 +164,7 @@ fn group(
         for _ in 0..RUNS {
             host.submit(module, "bench_guest.wasm", &input, None)?;
         }
-        let cpu = process_cpu_us();
+        let cpu = procstat::process_cpu_us().unwrap_or(0.0);
         let t = Instant::now();
         let report = stephost::worker::run(db, &make, &worker, &never)?;
         if report.completed != RUNS {
@@ -197,7 +176,7 @@ fn group(
         // Round 0 fills the compiled-component cache.
         if round > 0 {
             per.push(t.elapsed().as_secs_f64() * 1e6 / (RUNS as u64 * count) as f64);
-            cpu_us += process_cpu_us() - cpu;
+            cpu_us += procstat::process_cpu_us().unwrap_or(0.0) - cpu;
         }
     }
     per.sort_by(f64::total_cmp);

@@ -6,6 +6,8 @@
 //! and, for the CLI cold start, the `stephost` binary next to its own
 //! executable (or `--cli`). See `bench/README.md`.
 
+mod procstat;
+
 use std::error::Error;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -1215,18 +1217,9 @@ fn now_ns() -> u64 {
 /// CPU time (user + system) of this process so far, from /proc/self/stat
 /// (in USER_HZ ticks, which Linux fixes at 100 per second).
 fn cpu_seconds() -> Res<f64> {
-    let stat = std::fs::read_to_string("/proc/self/stat")?;
-    // The fields after the command name, which is in parentheses.
-    let rest = stat.rsplit_once(')').ok_or("bad /proc/self/stat")?.1;
-    let fields: Vec<&str> = rest.split_whitespace().collect();
-    // utime and stime are fields 14 and 15 of the line, 12 and 13 after `)`.
-    let ticks = |i: usize| -> Res<f64> {
-        Ok(fields
-            .get(i)
-            .ok_or("short /proc/self/stat")?
-            .parse::<f64>()?)
-    };
-    Ok((ticks(11)? + ticks(12)?) / 100.0)
+    Ok(procstat::process_cpu_us()
+        .ok_or("cannot read this process's CPU time from /proc/self/stat")?
+        / 1e6)
 }
 
 /// Resident memory of this process (`VmRSS` in /proc/self/status).
