@@ -265,7 +265,9 @@ fn checkpoint_once(path: &Path, shared: &Shared, conn: &mut Option<Connection>) 
 mod tests {
     use super::*;
 
-    /// `n` commits of one new page each.
+    /// `n` commits of one new page each (three WAL frames, mostly: the new
+    /// page, its parent and the database header; more when the parent
+    /// splits).
     fn commit_pages(conn: &Connection, n: usize) {
         let mut insert = conn
             .prepare("INSERT INTO t VALUES (zeroblob(3000))")
@@ -294,9 +296,14 @@ mod tests {
             .unwrap();
         let shared = checkpointer.shared.clone();
         // Past the threshold but short of where the writer checkpoints
-        // itself: the thread checkpoints.
-        let short = (CHECKPOINT_PAGES + FINISH_PAGES) / 2;
-        commit_pages(&writer, short as usize);
+        // itself: the thread checkpoints (however late it starts, since
+        // the writer stops here and does not copy the log first).
+        let mut short = 0;
+        while shared.log_pages.load(Ordering::Relaxed) < CHECKPOINT_PAGES {
+            commit_pages(&writer, 1);
+            short += 1;
+        }
+        assert!(shared.log_pages.load(Ordering::Relaxed) < FINISH_PAGES);
         for _ in 0..1000 {
             if shared.checkpoints.load(Ordering::Relaxed) > 0 {
                 break;
@@ -305,14 +312,29 @@ mod tests {
         }
         assert!(shared.checkpoints.load(Ordering::Relaxed) > 0);
         // A writer that never pauses: the log starts over along the way
-        // (it would hold 6,000 frames and more otherwise), however slow
-        // the thread, and the thread is asked again each time.
-        let mut most = 0;
+        // (it would hold 18,000 frames and more otherwise), however slow
+        // the thread, and the thread is asked again each time. The commit
+        // that takes the log past `WAIT_PAGES` (only a slow thread, on a
+        // loaded machine, lets it get there) waits for the thread and
+        // finishes the checkpoint, and the next commit starts the log over:
+        // the log passes `WAIT_PAGES` by less than one commit's frames.
+        let (mut most, mut step) = (0, 0);
+        let mut before = shared.log_pages.load(Ordering::Relaxed);
         for _ in 0..6000 {
             commit_pages(&writer, 1);
-            most = most.max(shared.log_pages.load(Ordering::Relaxed));
+            let pages = shared.log_pages.load(Ordering::Relaxed);
+            assert!(
+                before < WAIT_PAGES || pages < before,
+                "the log held {before} frames and did not start over: {pages}"
+            );
+            step = step.max(pages - before);
+            most = most.max(pages);
+            before = pages;
         }
-        assert!(most <= WAIT_PAGES + 1, "the log held {most} frames");
+        assert!(
+            most < WAIT_PAGES + step,
+            "the log held {most} frames, a commit adding at most {step}"
+        );
         for _ in 0..1000 {
             if shared.checkpoints.load(Ordering::Relaxed) > 1 {
                 break;
@@ -323,7 +345,7 @@ mod tests {
         let rows: i64 = writer
             .query_row("SELECT count(*) FROM t", [], |r| r.get(0))
             .unwrap();
-        assert_eq!(rows, 6000 + i64::from(short));
+        assert_eq!(rows, 6000 + short);
         // The thread stops with the last connection that holds it.
         drop(writer);
         drop(checkpointer);
