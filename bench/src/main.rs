@@ -6,6 +6,7 @@
 //! and, for the CLI cold start, the `stephost` binary next to its own
 //! executable (or `--cli`). See `bench/README.md`.
 
+mod ceiling;
 mod procstat;
 
 use std::error::Error;
@@ -53,6 +54,10 @@ const GROUP_WRITES: u64 = 50;
 const GROUP_ROUNDS: usize = 3;
 /// The single run that figure 5 is compared with.
 const SINGLE_WRITES: u64 = 500;
+/// Writes per run in figure 5's ceiling (`ceiling.rs`), measured
+/// `CEILING_ROUNDS` times per layout; the median one is shown.
+const CEILING_WRITES: u64 = 300;
+const CEILING_ROUNDS: usize = 3;
 const RESUME_CALLS: u64 = 10_000;
 const PENDING_RUNS: usize = 10_000;
 
@@ -808,6 +813,58 @@ impl Bench {
             worker.commits.fsyncs,
             worker.commits.per_fsync(),
             worker.commits.per_transaction(),
+        ));
+        self.group_ceiling(single)
+    }
+
+    /// Figure 5's ceiling: the same runs' writes through SQLite alone, in
+    /// the ledger's layout and in an appended one (see `ceiling.rs`),
+    /// compared with the same single run.
+    fn group_ceiling(&mut self, single: f64) -> Res<()> {
+        let mut shown = Vec::new();
+        for (layout, name) in [
+            (ceiling::Layout::Keyed, "keyed as the ledger's calls"),
+            (ceiling::Layout::Appended, "appended to one log"),
+        ] {
+            progress(&format!("5 ceiling: SQLite alone, rows {name}"));
+            let dir = tempfile::tempdir_in(&self.dir)?;
+            let mut rounds = (0..CEILING_ROUNDS)
+                .map(|round| {
+                    let dir = dir.path().join(round.to_string());
+                    std::fs::create_dir(&dir)?;
+                    ceiling::measure(&dir, layout, GROUP_RUNS, CEILING_WRITES)
+                })
+                .collect::<Res<Vec<_>>>()?;
+            let rates: Vec<String> = rounds
+                .iter()
+                .map(|c| format!("{:.0}", c.writes_per_s))
+                .collect();
+            rounds.sort_by(|a, b| a.writes_per_s.total_cmp(&b.writes_per_s));
+            let median = rounds[CEILING_ROUNDS / 2];
+            let mut row = Row::new(
+                &format!("5 … SQLite alone, rows {name}"),
+                median.writes_per_s,
+                "writes/s",
+            );
+            row.ratio = Some(median.writes_per_s / single);
+            self.rows.push(row);
+            shown.push(format!(
+                "{name}: {} writes/s, the median shown ({:.1} WAL pages and {:.0} writes per \
+                 fsync)",
+                rates.join(", "),
+                median.pages_per_write,
+                median.writes_per_fsync
+            ));
+        }
+        self.note(format!(
+            "5 … SQLite alone: the ceiling of group commit on this disk. {GROUP_RUNS} runs' \
+             {CEILING_WRITES} writes each, as rows like the ledger's (a `started` row, then \
+             its outcome), applied by one thread in transactions of half the runs each while a \
+             second thread fsyncs the WAL; a run's next write waits for the fsync of its \
+             previous one, so one half's fsync overlaps the other half's SQL. No guest, no \
+             host, no fence check: what SQLite and the disk allow. Ratio = that rate / the \
+             single run's of figure 5. {}",
+            shown.join("; ")
         ));
         Ok(())
     }

@@ -1,0 +1,280 @@
+//! What SQLite alone allows group commit on this disk: the ceiling that
+//! figure 5 is compared with.
+//!
+//! The writes of `runs` runs, as rows like the ledger's, are applied by one
+//! thread in transactions of half the runs each, while a second thread
+//! fsyncs the WAL. A run's next write goes into a transaction only once its
+//! previous one is fsync'd, as a run waits for its `started` row, so one
+//! half's fsync overlaps the other half's SQL. There is no guest, no host,
+//! no fence check and no savepoint: only the SQL, the WAL and the fsyncs,
+//! so no design that keeps the ledger's rows in SQLite on this disk writes
+//! faster in this layout.
+
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::Instant;
+
+use rusqlite::{Connection, params};
+
+/// Where the model's calls go.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Layout {
+    /// In a table keyed as the ledger's calls are (the run's number in the
+    /// high 32 bits, the call's sequence number in the low), the outcome an
+    /// `UPDATE` of its call's row: each transaction changes a page per run.
+    Keyed,
+    /// Every record (a call started, its outcome) appended to one table by
+    /// rowid: a transaction changes the table's last pages only.
+    Appended,
+}
+
+/// What one measurement found.
+#[derive(Debug, Clone, Copy)]
+pub struct Ceiling {
+    pub writes_per_s: f64,
+    pub writes_per_fsync: f64,
+    /// WAL pages written per write.
+    pub pages_per_write: f64,
+}
+
+const TABLE: &str = "CREATE TABLE calls (
+    key INTEGER PRIMARY KEY, class TEXT NOT NULL, interface TEXT NOT NULL,
+    function TEXT NOT NULL, operation_id TEXT NOT NULL, request TEXT NOT NULL,
+    request_hash TEXT NOT NULL, state TEXT NOT NULL, outcome TEXT,
+    started_at INTEGER NOT NULL, finished_at INTEGER, fence INTEGER NOT NULL,
+    chain TEXT, attempts TEXT) STRICT";
+
+const STARTED: &str = "INSERT INTO calls (key, class, interface, function, operation_id, \
+    request, request_hash, state, started_at, fence, chain) \
+    VALUES (?1, 'write', 'stephost:step/effects', 'noop.write', ?2, ?3, ?4, 'started', ?5, 1, ?6)";
+
+const FINISHED: &str = "UPDATE calls SET state = 'succeeded', outcome = ?1, finished_at = ?2, \
+    chain = ?3, attempts = ?4 WHERE key = ?5";
+
+const FINISHED_APPENDED: &str = "INSERT INTO calls (key, class, interface, function, \
+    operation_id, request, request_hash, state, outcome, started_at, finished_at, fence, chain, \
+    attempts) VALUES (NULL, 'write', '', '', '', '', '', 'succeeded', ?1, ?2, ?2, 1, ?3, ?4)";
+
+/// A recorded attempt, as the ledger keeps it in a call's row.
+const ATTEMPTS: &str = r#"[{"attempt":1,"kind":"send","started_at":1764500000000,"finished_at":1764500000000,"result":"ok","detail":null,"fence":1}]"#;
+
+/// Transactions committed and fsync'd so far.
+#[derive(Default)]
+struct Progress {
+    committed: u64,
+    synced: u64,
+    fsyncs: u64,
+    failed: Option<String>,
+    done: bool,
+}
+
+/// Applies `writes_per_run` writes of each of `runs` runs (an even number)
+/// in `layout`, in a new ledger-like database in `dir`.
+pub fn measure(
+    dir: &Path,
+    layout: Layout,
+    runs: usize,
+    writes_per_run: u64,
+) -> Result<Ceiling, Box<dyn std::error::Error>> {
+    let path = dir.join(format!("ceiling-{layout:?}.db"));
+    let mut conn = Connection::open(&path)?;
+    conn.pragma_update(None, "journal_mode", "WAL")?;
+    // Commits are made durable by the syncer's fsync of the WAL.
+    conn.pragma_update(None, "synchronous", "OFF")?;
+    conn.execute_batch(TABLE)?;
+    let pages = Arc::new(AtomicU64::new(0));
+    count_pages(&mut conn, pages.clone())?;
+    let wal = std::fs::File::open(dir.join(format!("ceiling-{layout:?}.db-wal")))?;
+    let shared = Arc::new((Mutex::new(Progress::default()), Condvar::new()));
+    let syncer = {
+        let shared = shared.clone();
+        std::thread::spawn(move || sync_when_committed(&wal, &shared))
+    };
+    let per_transaction = runs / 2;
+    let hex = "5e".repeat(32);
+    let t = Instant::now();
+    let applied = (|| -> Result<(), Box<dyn std::error::Error>> {
+        for transaction in 0..2 * writes_per_run {
+            // Its runs' previous writes were in the transaction before the
+            // last: it must be fsync'd.
+            wait(&shared, |p| p.synced + 1 >= transaction)?;
+            let first_run = (transaction % 2) as usize * per_transaction;
+            let seq = transaction / 2;
+            let tx = conn.unchecked_transaction()?;
+            for run in first_run..first_run + per_transaction {
+                let key = ((run as i64 + 1) << 32) + seq as i64;
+                let request = format!("{{\"i\":{seq}}}");
+                if seq > 0 {
+                    let previous = format!("{{\"i\":{}}}", seq - 1);
+                    match layout {
+                        Layout::Keyed => tx.prepare_cached(FINISHED)?.execute(params![
+                            previous,
+                            1_764_500_000_000i64,
+                            hex,
+                            ATTEMPTS,
+                            key - 1
+                        ])?,
+                        Layout::Appended => tx
+                            .prepare_cached(FINISHED_APPENDED)?
+                            .execute(params![previous, 1_764_500_000_000i64, hex, ATTEMPTS])?,
+                    };
+                }
+                let key = (layout == Layout::Keyed).then_some(key);
+                tx.prepare_cached(STARTED)?.execute(params![
+                    key,
+                    hex,
+                    request,
+                    hex,
+                    1_764_500_000_000i64,
+                    hex
+                ])?;
+            }
+            tx.commit()?;
+            let (lock, wake) = &*shared;
+            lock.lock().map_err(|_| "poisoned")?.committed += 1;
+            wake.notify_all();
+        }
+        wait(&shared, |p| p.synced == p.committed)
+    })();
+    let took = t.elapsed().as_secs_f64();
+    {
+        let (lock, wake) = &*shared;
+        lock.lock().map_err(|_| "poisoned")?.done = true;
+        wake.notify_all();
+    }
+    syncer.join().map_err(|_| "the syncer panicked")?;
+    applied?;
+    let fsyncs = shared.0.lock().map_err(|_| "poisoned")?.fsyncs;
+    let writes = (runs as u64 * writes_per_run) as f64;
+    Ok(Ceiling {
+        writes_per_s: writes / took,
+        writes_per_fsync: writes / fsyncs.max(1) as f64,
+        pages_per_write: pages.load(Ordering::Relaxed) as f64 / writes,
+    })
+}
+
+/// Waits until `ready` holds of the progress, or the syncer failed.
+fn wait(
+    shared: &(Mutex<Progress>, Condvar),
+    ready: impl Fn(&Progress) -> bool,
+) -> Result<(), Box<dyn std::error::Error>> {
+    let (lock, wake) = shared;
+    let mut progress = lock.lock().map_err(|_| "poisoned")?;
+    loop {
+        if let Some(e) = &progress.failed {
+            return Err(e.clone().into());
+        }
+        if ready(&progress) {
+            return Ok(());
+        }
+        progress = wake.wait(progress).map_err(|_| "poisoned")?;
+    }
+}
+
+/// The syncer: one fsync of the WAL for everything committed before it.
+fn sync_when_committed(wal: &std::fs::File, shared: &(Mutex<Progress>, Condvar)) {
+    let (lock, wake) = shared;
+    let Ok(mut progress) = lock.lock() else {
+        return;
+    };
+    loop {
+        while progress.committed == progress.synced && !progress.done {
+            match wake.wait(progress) {
+                Ok(p) => progress = p,
+                Err(_) => return,
+            }
+        }
+        if progress.committed == progress.synced {
+            return;
+        }
+        let committed = progress.committed;
+        drop(progress);
+        let synced = wal.sync_data();
+        let Ok(again) = lock.lock() else {
+            return;
+        };
+        progress = again;
+        match synced {
+            Ok(()) => {
+                progress.synced = committed;
+                progress.fsyncs += 1;
+            }
+            Err(e) => progress.failed = Some(format!("fsync of the WAL failed: {e}")),
+        }
+        wake.notify_all();
+    }
+}
+
+/// Counts the pages `conn`'s commits write to the WAL into `pages`, and
+/// checkpoints as SQLite does by default (the hook replaces its own), inside
+/// the commit that takes the log past 1,000 pages.
+fn count_pages(conn: &mut Connection, pages: Arc<AtomicU64>) -> rusqlite::Result<()> {
+    let mut before = 0;
+    conn.wal_hook(Some(move |wal: &mut rusqlite::hooks::Wal, now: i32| {
+        // A log that started over holds this commit's pages only.
+        let written = if now >= before { now - before } else { now };
+        pages.fetch_add(written as u64, Ordering::Relaxed);
+        before = now;
+        if now >= 1000 {
+            // A checkpoint that cannot finish is retried at the next commit.
+            let _ = wal.checkpoint_v2(rusqlite::wal::CheckpointMode::PASSIVE);
+        }
+        Ok(())
+    }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rows(dir: &Path, layout: Layout, sql: &str) -> i64 {
+        let conn = Connection::open(dir.join(format!("ceiling-{layout:?}.db"))).unwrap();
+        conn.query_row(sql, [], |r| r.get(0)).unwrap()
+    }
+
+    #[test]
+    fn every_write_of_every_run_is_recorded_once_with_its_outcome() {
+        let (runs, writes) = (4, 5);
+        for layout in [Layout::Keyed, Layout::Appended] {
+            let dir = tempfile::tempdir().unwrap();
+            let found = measure(dir.path(), layout, runs, writes).unwrap();
+            assert!(found.writes_per_s > 0.0 && found.pages_per_write > 0.0);
+            // Each run's last write is left started: its outcome would
+            // ride on its run's next write.
+            let started = rows(
+                dir.path(),
+                layout,
+                "SELECT count(*) FROM calls WHERE state = 'started'",
+            );
+            let finished = rows(
+                dir.path(),
+                layout,
+                "SELECT count(*) FROM calls WHERE state = 'succeeded'",
+            );
+            let outcomes = (runs as u64 * (writes - 1)) as i64;
+            assert_eq!(finished, outcomes, "{layout:?}");
+            match layout {
+                Layout::Keyed => assert_eq!(started, runs as i64, "outcomes update their rows"),
+                Layout::Appended => assert_eq!(started, (runs as u64 * writes) as i64),
+            }
+            if layout == Layout::Keyed {
+                let open = rows(
+                    dir.path(),
+                    layout,
+                    "SELECT count(*) FROM calls WHERE outcome IS NULL",
+                );
+                assert_eq!(
+                    open, runs as i64,
+                    "only each run's last write has no outcome"
+                );
+                let keys = rows(
+                    dir.path(),
+                    layout,
+                    "SELECT count(DISTINCT key >> 32) FROM calls",
+                );
+                assert_eq!(keys, runs as i64);
+            }
+        }
+    }
+}
