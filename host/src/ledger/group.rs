@@ -39,15 +39,6 @@ use super::{
 /// Most writes applied in one transaction.
 pub const BATCH_WRITES_MAX: usize = 512;
 
-/// Calls a group committer appends to the call log before it folds the
-/// log into the calls table (see `ledger::sqlite`, "The call log"). A fold
-/// writes each run's calls of the log to its place in `calls` at once: the
-/// more calls it moves, the fewer times each run's place is written, and
-/// the larger the log's key index that every logged call updates (4,096 was
-/// the fastest of 256 to 16,384 for 64 runs, measured with `stephost-bench`'s
-/// model of the committer's SQL).
-pub const FOLD_CALLS: usize = 4096;
-
 /// A job's result, with its writes handed back once applied, to the thread
 /// that allocated them: it reuses their buffers ([`super::spare`]) or frees
 /// them itself (freeing another thread's allocations took a tenth of the
@@ -127,12 +118,8 @@ impl GroupCommitter {
     fn spawn(db: &Path, sync: Option<SyncWal>) -> Result<Self, LedgerError> {
         let mut ledger = SqliteLedger::open(db)?;
         let counts = Arc::new(Counts::default());
-        // Calls left in the log by a process that stopped are counted too.
-        let mut logged = 0;
         let syncer = match sync {
             Some(sync) => {
-                ledger.log_calls();
-                logged = ledger.logged_calls()?;
                 // Opened once, while the committer's connection keeps the
                 // WAL from being removed: a write error the kernel reports
                 // to one fsync is reported to every file handle open at the
@@ -182,9 +169,6 @@ impl GroupCommitter {
                         batch.iter().map(|j| (&j.claim, j.ops.as_slice())).collect();
                     let (results, durable) = ledger.apply_batch(&ops, &mut failed);
                     drop(ops);
-                    if syncer.is_some() {
-                        logged += batch.iter().map(|j| calls_in(&j.ops)).sum::<usize>();
-                    }
                     counted
                         .commits
                         .fetch_add(batch.len() as u64, Ordering::Relaxed);
@@ -210,14 +194,6 @@ impl GroupCommitter {
                             ),
                         ),
                     }
-                    // After the answers: the writers go on meanwhile.
-                    if logged >= FOLD_CALLS {
-                        fold(&mut ledger);
-                        logged = 0;
-                    }
-                }
-                if logged > 0 {
-                    fold(&mut ledger);
                 }
                 if let Some((to_sync, thread)) = syncer {
                     drop(to_sync);
@@ -247,27 +223,6 @@ impl GroupCommitter {
         CommitHandle {
             queue: self.queue.clone().expect("queue present until drop"),
         }
-    }
-}
-
-/// Calls that `ops` record (each a row of the call log, for a group
-/// committer).
-fn calls_in(ops: &[WriteOp]) -> usize {
-    ops.iter()
-        .filter(|op| matches!(op, WriteOp::Call(_) | WriteOp::Started(_)))
-        .count()
-}
-
-/// Folds the call log into the calls table. A fold that fails leaves the
-/// log as it was, still read with the calls table, and is tried again after
-/// `FOLD_CALLS` more calls.
-fn fold(ledger: &mut SqliteLedger) {
-    if let Err(e) = ledger.fold_call_log() {
-        eprintln!(
-            "stephost: could not fold the call log of {} into its calls table ({e}); \
-             its calls stay in the log, where they are read, and the fold is tried again later",
-            ledger.path().display()
-        );
     }
 }
 
@@ -804,61 +759,6 @@ mod tests {
             resolved_by: None,
             chain: None,
         }
-    }
-
-    fn finished(seq: u64) -> WriteOp {
-        WriteOp::Outcome {
-            seq,
-            state: CallState::Succeeded,
-            outcome: Some(format!("{{\"ok\":{seq}}}")),
-            now_ms: 2,
-            chain: None,
-        }
-    }
-
-    #[test]
-    fn a_group_committer_logs_calls_and_a_fold_moves_them_into_the_calls_table() {
-        // The run's first call is recorded by a connection of its own (in
-        // the calls table), the next ones by a group committer (in the call
-        // log): the run reads whole from both, an outcome lands wherever its
-        // call is, and a fold moves the log with nothing lost.
-        let (_dir, mut setup, db, claim) = claimed_run();
-        setup.record_started(&claim, &started(1)).unwrap();
-        let committer = GroupCommitter::start(&db).unwrap();
-        let mut ledger = GroupLedger::new(SqliteLedger::open(&db).unwrap(), committer.handle());
-        ledger
-            .commit(&claim, &[finished(1), WriteOp::Started(started(2))])
-            .unwrap();
-        ledger
-            .commit(&claim, &[finished(2), WriteOp::Started(started(3))])
-            .unwrap();
-        assert_eq!(setup.logged_calls().unwrap(), 2);
-        let calls = setup.calls("r").unwrap();
-        let states: Vec<_> = calls.iter().map(|c| (c.seq, c.state)).collect();
-        assert_eq!(
-            states,
-            [
-                (1, CallState::Succeeded),
-                (2, CallState::Succeeded),
-                (3, CallState::Started)
-            ]
-        );
-        assert_eq!(calls[1].outcome.as_deref(), Some("{\"ok\":2}"));
-        assert_eq!(setup.fold_call_log().unwrap(), 2);
-        assert_eq!(setup.logged_calls().unwrap(), 0);
-        assert!(setup.calls("r").unwrap() == calls, "the fold changed the calls");
-        // Call 3 is in the calls table now; its outcome finds it there.
-        ledger.commit(&claim, &[finished(3)]).unwrap();
-        ledger.landed().unwrap();
-        assert_eq!(setup.calls("r").unwrap()[2].state, CallState::Succeeded);
-        ledger
-            .commit(&claim, &[WriteOp::Started(started(4))])
-            .unwrap();
-        drop(ledger);
-        // A committer that stops folds what it logged.
-        drop(committer);
-        assert_eq!(setup.logged_calls().unwrap(), 0);
-        assert_eq!(setup.calls("r").unwrap().len(), 4);
     }
 
     #[test]

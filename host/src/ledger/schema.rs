@@ -227,37 +227,6 @@ DROP TABLE v5_check;
 DROP TABLE calls;
 ALTER TABLE calls_v5 RENAME TO calls;
 "#,
-    // v6: calls committed by a group committer (many runs at once) are
-    // appended to a log and folded into `calls` later, in key order (see
-    // `ledger::sqlite`, "The call log"). In `calls`, the runs' next calls go
-    // to as many places of the table as there are runs, so a transaction
-    // of 32 runs' writes changed 32 pages or more (2.3 WAL pages a write);
-    // appended, they share the table's last pages, and the log's index on
-    // the key stays small, because the log does. A call is in one of the
-    // two tables, never both; readers read both.
-    r#"
-CREATE TABLE call_log (
-    key           INTEGER NOT NULL,
-    class         TEXT NOT NULL CHECK (class = 'observe' OR class = 'read'
-                      OR class = 'write' OR class = 'suspend'),
-    interface     TEXT NOT NULL,
-    function      TEXT NOT NULL,
-    operation_id  TEXT NOT NULL,
-    request       TEXT NOT NULL,
-    request_hash  TEXT NOT NULL,
-    state         TEXT NOT NULL CHECK (state = 'started' OR state = 'succeeded'
-                      OR state = 'failed' OR state = 'unknown'),
-    outcome       TEXT,
-    started_at    INTEGER NOT NULL,
-    finished_at   INTEGER,
-    fence         INTEGER NOT NULL,
-    resolved_by   TEXT,
-    resolved_at   INTEGER,
-    chain         TEXT,
-    attempts      TEXT
-) STRICT;
-CREATE UNIQUE INDEX call_log_by_key ON call_log(key);
-"#,
 ];
 
 /// The schema version this build writes.

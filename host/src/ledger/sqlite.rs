@@ -4,25 +4,6 @@
 //! fsync of the WAL. Other writes commit with `synchronous=NORMAL`: they are
 //! in the WAL, in order, and become durable with the next FULL commit, which
 //! is all the ordering invariant 2 needs.
-//!
-//! # The call log
-//!
-//! A call's row is keyed by its run's number and its sequence number, so a
-//! run's calls are next to each other and read in order. A group committer's
-//! transaction holds the next call of many runs at once: in the calls table
-//! that is a page per run, each written to the WAL whole. So a group
-//! committer appends its calls to `call_log` instead (rowid order, with a
-//! unique index on the key, small because the log is), records their
-//! outcomes there, and every [`crate::ledger::group::FOLD_CALLS`] calls
-//! moves the whole log into the calls table in one transaction (a fold),
-//! which writes each run's place once for many calls.
-//!
-//! A call is in one table or the other, never in both: a fold moves the log
-//! at once, and an outcome or an attempt updates its call in the table this
-//! connection writes new calls to, or else in the other. Every read of calls
-//! reads both tables, in one read transaction where it reads more than one
-//! call. A connection that commits a run's writes itself (a single run, a
-//! worker running one run at a time) writes to the calls table, as before.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -63,33 +44,6 @@ pub struct SqliteLedger {
     /// Whether commits are fsync'd now (`sync` is `Full`), for the
     /// checkpoint hook.
     fsyncs_at_commit: Arc<AtomicBool>,
-    /// Where this connection's batches put new calls.
-    calls_to: CallTable,
-}
-
-/// The two tables a call can be in (see "The call log" below).
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
-pub(crate) enum CallTable {
-    /// `calls`, keyed by run and sequence number.
-    Calls,
-    /// `call_log`, appended to and folded into `calls` later.
-    Log,
-}
-
-impl CallTable {
-    fn name(self) -> &'static str {
-        match self {
-            CallTable::Calls => "calls",
-            CallTable::Log => "call_log",
-        }
-    }
-
-    fn other(self) -> Self {
-        match self {
-            CallTable::Calls => CallTable::Log,
-            CallTable::Log => CallTable::Calls,
-        }
-    }
 }
 
 impl SqliteLedger {
@@ -141,7 +95,6 @@ impl SqliteLedger {
             path: path.to_path_buf(),
             sync: Sync::Full,
             fsyncs_at_commit,
-            calls_to: CallTable::Calls,
         };
         ledger.migrate(version)?;
         Ok(ledger)
@@ -157,11 +110,10 @@ impl SqliteLedger {
         let last: Option<i64> = self
             .conn
             .prepare_cached(&format!(
-                "SELECT max(key) & 4294967295 FROM (\
-                 SELECT max(key) AS key FROM calls WHERE {CALLS_OF_RUN} UNION ALL \
-                 SELECT max(key) FROM call_log WHERE {CALLS_OF_RUN})"
+                "SELECT seq FROM calls WHERE {CALLS_OF_RUN} ORDER BY key DESC LIMIT 1"
             ))?
-            .query_row([run_id], |r| r.get(0))?;
+            .query_row([run_id], |r| r.get(0))
+            .optional()?;
         Ok(last.unwrap_or(0).max(0) as usize)
     }
 
@@ -265,44 +217,6 @@ impl SqliteLedger {
         (results, durable)
     }
 
-    /// Has this connection's batches ([`SqliteLedger::apply_batch`]) append
-    /// new calls to the call log instead of `calls`: a group committer's,
-    /// whose transactions hold the calls of many runs.
-    pub fn log_calls(&mut self) {
-        self.calls_to = CallTable::Log;
-    }
-
-    /// Calls in the call log, not yet folded into `calls`.
-    pub fn logged_calls(&self) -> Result<usize, LedgerError> {
-        let n: i64 = self
-            .conn
-            .prepare_cached("SELECT count(*) FROM call_log")?
-            .query_row([], |r| r.get(0))?;
-        Ok(n as usize)
-    }
-
-    /// Moves every call of the call log into `calls`, in one transaction
-    /// (not fsync'd: the calls are durable in the log already, and the
-    /// move is, like any transaction, all there or not at all after a
-    /// crash). Returns how many calls moved.
-    pub fn fold_call_log(&mut self) -> Result<usize, LedgerError> {
-        self.set_sync(Sync::Normal)?;
-        let tx = WriteTx::begin(&self.conn)?;
-        let moved = tx
-            .prepare_cached(
-                "INSERT INTO calls (key, class, interface, function, operation_id, request, \
-                 request_hash, state, outcome, started_at, finished_at, fence, resolved_by, \
-                 resolved_at, chain, attempts) \
-                 SELECT key, class, interface, function, operation_id, request, request_hash, \
-                 state, outcome, started_at, finished_at, fence, resolved_by, resolved_at, \
-                 chain, attempts FROM call_log ORDER BY key",
-            )?
-            .execute([])?;
-        tx.prepare_cached("DELETE FROM call_log")?.execute([])?;
-        tx.commit()?;
-        Ok(moved)
-    }
-
     /// SQLite's write-ahead log of this ledger, where SQLite keeps it (next
     /// to the database file that a symlink names, for one): an fsync of it
     /// makes every transaction committed before durable.
@@ -336,7 +250,7 @@ impl SqliteLedger {
             }
             // An outer error ended the whole transaction (a full disk, an
             // I/O error), and every job before this one with it.
-            let result = tx.in_savepoint(|conn| apply_commit(conn, claim, ops, self.calls_to))?;
+            let result = tx.in_savepoint(|conn| apply_commit(conn, claim, ops))?;
             if let Err(e) = &result {
                 failed.add(claim, e);
             }
@@ -362,9 +276,7 @@ impl SqliteLedger {
         for (claim, ops) in batch {
             match failed.refusal(claim) {
                 Some(refusal) => results.push(Err(refusal)),
-                None if apply_commit(&tx, claim, ops, self.calls_to).is_ok() => {
-                    results.push(Ok(()))
-                }
+                None if apply_commit(&tx, claim, ops).is_ok() => results.push(Ok(())),
                 // Dropped, the transaction rolls back.
                 None => return Ok(None),
             }
@@ -494,14 +406,13 @@ impl WriteOp {
     fn apply(
         &self,
         conn: &Connection,
-        table: CallTable,
         run_no: i64,
         claim: &Claim,
         tried: &mut Tried,
     ) -> Result<(), LedgerError> {
         match self {
             WriteOp::Call(call) | WriteOp::Started(call) => {
-                insert_calls(conn, table, run_no, claim, &[(call, tried.take(call.seq))])
+                insert_calls(conn, run_no, claim, &[(call, tried.take(call.seq))])
             }
             WriteOp::Outcome {
                 seq,
@@ -513,7 +424,6 @@ impl WriteOp {
                 let attempts = tried.take(*seq);
                 update_outcome(
                     conn,
-                    table,
                     call_key(&claim.run_id, run_no, *seq)?,
                     claim,
                     *seq,
@@ -592,7 +502,7 @@ impl WriteOp {
 fn find_call(conn: &Connection, run_id: &str, seq: u64) -> Result<Option<CallRecord>, LedgerError> {
     let found = conn
         .query_row(
-            &format!("SELECT {CALL_COLUMNS} FROM {CALL_BY_KEY}"),
+            &format!("SELECT {CALL_COLUMNS} FROM calls WHERE key = {KEY_OF_CALL}"),
             params![run_id, seq as i64],
             call_from_row,
         )
@@ -622,27 +532,21 @@ fn settle_by_person(
     call.state = state;
     call.outcome = Some(outcome.to_string());
     let chain = chain_for(conn, run_id, &call)?;
-    for table in [CallTable::Calls, CallTable::Log] {
-        let changed = conn.execute(
-            &format!(
-                "UPDATE {} SET state = ?3, outcome = ?4, finished_at = ?5, resolved_by = ?6, \
-                 resolved_at = ?5, chain = ?7 WHERE key = {KEY_OF_CALL}",
-                table.name()
-            ),
-            params![
-                run_id,
-                call.seq as i64,
-                state.as_str(),
-                outcome,
-                now_ms,
-                by,
-                chain
-            ],
-        )?;
-        if changed != 0 {
-            break;
-        }
-    }
+    conn.execute(
+        &format!(
+            "UPDATE calls SET state = ?3, outcome = ?4, finished_at = ?5, resolved_by = ?6, \
+             resolved_at = ?5, chain = ?7 WHERE key = {KEY_OF_CALL}"
+        ),
+        params![
+            run_id,
+            call.seq as i64,
+            state.as_str(),
+            outcome,
+            now_ms,
+            by,
+            chain
+        ],
+    )?;
     conn.execute(
         "UPDATE runs SET status = 'running', error = NULL, wake_at = NULL, updated_at = ?1, \
          fence = fence + 1, version = version + 1, owner = NULL, lease_until = NULL \
@@ -664,7 +568,7 @@ fn chain_for(
     }
     let previous: Option<String> = if call.seq > 1 {
         conn.query_row(
-            &format!("SELECT chain FROM {CALL_BY_KEY}"),
+            &format!("SELECT chain FROM calls WHERE key = {KEY_OF_CALL}"),
             params![run_id, call.seq as i64 - 1],
             |r| r.get(0),
         )
@@ -729,17 +633,6 @@ fn call_key(run_id: &str, run_no: i64, seq: u64) -> Result<i64, LedgerError> {
 /// call of the next run: `resolve` and `approve` take it from the user).
 const KEY_OF_CALL: &str = "(SELECT (run_no << 32) + ?2 FROM runs \
      WHERE run_id = ?1 AND ?2 BETWEEN 1 AND 4294967295)";
-
-/// SQL for the row of call `?2` of run `?1`, in whichever table it is, as a
-/// `FROM` clause (with `CALL_COLUMNS`: the call's columns in both tables).
-const CALL_BY_KEY: &str = "(SELECT key, class, interface, function, operation_id, request, \
-     request_hash, state, outcome, started_at, finished_at, resolved_by, chain, attempts \
-     FROM calls WHERE key = (SELECT (run_no << 32) + ?2 FROM runs \
-     WHERE run_id = ?1 AND ?2 BETWEEN 1 AND 4294967295) UNION ALL \
-     SELECT key, class, interface, function, operation_id, request, \
-     request_hash, state, outcome, started_at, finished_at, resolved_by, chain, attempts \
-     FROM call_log WHERE key = (SELECT (run_no << 32) + ?2 FROM runs \
-     WHERE run_id = ?1 AND ?2 BETWEEN 1 AND 4294967295))";
 
 /// SQL matching the keys of run `?1`'s calls (none for an unknown run).
 const CALLS_OF_RUN: &str = "key BETWEEN (SELECT run_no << 32 FROM runs WHERE run_id = ?1) \
@@ -899,12 +792,7 @@ fn insert_run_record(conn: &Connection, run: &RunRecord) -> Result<(), LedgerErr
 
 /// A commit's writes: the run's row first if the commit creates it, then
 /// the fence check, then the rest.
-fn apply_commit(
-    conn: &Connection,
-    claim: &Claim,
-    ops: &[WriteOp],
-    table: CallTable,
-) -> Result<(), LedgerError> {
+fn apply_commit(conn: &Connection, claim: &Claim, ops: &[WriteOp]) -> Result<(), LedgerError> {
     if let Some(WriteOp::Create(run)) = ops.first() {
         if let Some(found) = conn
             .prepare_cached(SELECT_RUN)?
@@ -927,7 +815,7 @@ fn apply_commit(
         insert_run_record(conn, &run)?;
     }
     let run_no = check_fence(conn, claim)?;
-    apply_all(conn, run_no, claim, ops, table)
+    apply_all(conn, run_no, claim, ops)
 }
 
 fn add_counters(conn: &Connection, counters: &crate::journal::Counters) -> Result<(), LedgerError> {
@@ -958,41 +846,26 @@ fn calls_between(
     upto: usize,
     mut chunk: Vec<CallRecord>,
 ) -> Result<Vec<CallRecord>, Option<LedgerError>> {
+    let mut stmt = conn
+        .prepare_cached(&format!(
+            "SELECT {CALL_COLUMNS} FROM calls \
+             WHERE key > (SELECT (run_no << 32) + ?2 FROM runs WHERE run_id = ?1) \
+             AND key <= (SELECT (run_no << 32) + ?3 FROM runs WHERE run_id = ?1) ORDER BY key"
+        ))
+        .map_err(|e| Some(e.into()))?;
+    let mut rows = stmt
+        .query(params![run_id, after as i64, upto as i64])
+        .map_err(|e| Some(e.into()))?;
     let mut filled = 0;
-    // Both tables, in one read transaction: a fold moves calls from one to
-    // the other at once.
-    let tx = conn.unchecked_transaction().map_err(|e| Some(e.into()))?;
-    for table in [CallTable::Calls, CallTable::Log] {
-        static SQL: [std::sync::OnceLock<String>; 2] =
-            [const { std::sync::OnceLock::new() }; 2];
-        let sql = SQL[table as usize].get_or_init(|| {
-            format!(
-                "SELECT {CALL_COLUMNS} FROM {} \
-                 WHERE key > (SELECT (run_no << 32) + ?2 FROM runs WHERE run_id = ?1) \
-                 AND key <= (SELECT (run_no << 32) + ?3 FROM runs WHERE run_id = ?1) \
-                 ORDER BY key",
-                table.name()
-            )
-        });
-        let mut stmt = tx.prepare_cached(sql).map_err(|e| Some(e.into()))?;
-        let mut rows = stmt
-            .query(params![run_id, after as i64, upto as i64])
-            .map_err(|e| Some(e.into()))?;
-        while let Some(row) = rows.next().map_err(|e| Some(e.into()))? {
-            match chunk.get_mut(filled) {
-                Some(call) => fill_call(row, call),
-                None => call_from_row(row).map(|call| chunk.push(call)),
-            }
-            .map_err(|e| Some(e.into()))?;
-            filled += 1;
+    while let Some(row) = rows.next().map_err(|e| Some(e.into()))? {
+        match chunk.get_mut(filled) {
+            Some(call) => fill_call(row, call),
+            None => call_from_row(row).map(|call| chunk.push(call)),
         }
+        .map_err(|e| Some(e.into()))?;
+        filled += 1;
     }
     chunk.truncate(filled);
-    // Calls of both tables: in order again (a gap or a call in both is
-    // found by the reader, as damage).
-    if !chunk.is_sorted_by_key(|c| c.seq) {
-        chunk.sort_by_key(|c| c.seq);
-    }
     Ok(chunk)
 }
 
@@ -1011,7 +884,6 @@ fn apply_all(
     run_no: i64,
     claim: &Claim,
     ops: &[WriteOp],
-    table: CallTable,
 ) -> Result<(), LedgerError> {
     let mut tried = Tried::of(ops, claim.fence);
     let calls: Vec<(&CallRecord, Option<String>)> = ops
@@ -1023,19 +895,19 @@ fn apply_all(
         .collect();
     let mut chunks = calls.chunks_exact(CALL_CHUNK);
     for chunk in &mut chunks {
-        insert_calls(conn, table, run_no, claim, chunk)?;
+        insert_calls(conn, run_no, claim, chunk)?;
     }
     for row in chunks.remainder() {
-        insert_calls(conn, table, run_no, claim, std::slice::from_ref(row))?;
+        insert_calls(conn, run_no, claim, std::slice::from_ref(row))?;
     }
     for op in ops {
         if !matches!(op, WriteOp::Call(_)) {
-            op.apply(conn, table, run_no, claim, &mut tried)?;
+            op.apply(conn, run_no, claim, &mut tried)?;
         }
     }
     for (seq, json) in tried.0 {
         if let Some(json) = json {
-            append_attempts(conn, table, run_no, claim, seq, &json)?;
+            append_attempts(conn, run_no, claim, seq, &json)?;
         }
     }
     Ok(())
@@ -1076,22 +948,24 @@ impl Tried {
 /// one row (a `started` write, the rest of a chunk) or `CALL_CHUNK` of them.
 fn insert_calls(
     conn: &Connection,
-    table: CallTable,
     run_no: i64,
     claim: &Claim,
     calls: &[(&CallRecord, Option<String>)],
 ) -> Result<(), LedgerError> {
-    type Sql = std::sync::OnceLock<String>;
-    // One row or `CALL_CHUNK`, into either table.
-    static SQL: [[Sql; 2]; 2] = [[Sql::new(), Sql::new()], [Sql::new(), Sql::new()]];
+    static ONE: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    static CHUNK: std::sync::OnceLock<String> = std::sync::OnceLock::new();
     debug_assert!(calls.len() == 1 || calls.len() == CALL_CHUNK);
-    let sql = SQL[table as usize][usize::from(calls.len() == CALL_CHUNK)].get_or_init(|| {
+    let sql = if calls.len() == CALL_CHUNK {
+        &CHUNK
+    } else {
+        &ONE
+    }
+    .get_or_init(|| {
         let row = "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)";
         format!(
-            "INSERT INTO {} (key, class, interface, function, operation_id, \
+            "INSERT INTO calls (key, class, interface, function, operation_id, \
              request, request_hash, state, outcome, started_at, finished_at, fence, chain, \
              attempts) VALUES {}",
-            table.name(),
             vec![row; calls.len()].join(", ")
         )
     });
@@ -1128,7 +1002,6 @@ fn insert_calls(
 #[allow(clippy::too_many_arguments)]
 fn update_outcome(
     conn: &Connection,
-    table: CallTable,
     key: i64,
     claim: &Claim,
     seq: u64,
@@ -1138,33 +1011,24 @@ fn update_outcome(
     chain: &Option<String>,
     attempts: Option<&str>,
 ) -> Result<(), LedgerError> {
-    static SQL: [std::sync::OnceLock<String>; 2] = [const { std::sync::OnceLock::new() }; 2];
-    let mut changed = 0;
-    // The call is where this connection puts new calls, unless the log was
-    // folded since or another connection recorded it.
-    for table in [table, table.other()] {
-        let sql = SQL[table as usize].get_or_init(|| {
-            format!(
-                "UPDATE {} SET state = ?1, outcome = ?2, finished_at = ?3, fence = ?4, \
-                 chain = ?6, attempts = {} \
-                 WHERE key = ?5 AND state IN ('started', 'unknown')",
-                table.name(),
-                attempts::append_sql(7)
-            )
-        });
-        changed = conn.prepare_cached(sql)?.execute(params![
-            state.as_str(),
-            outcome,
-            now_ms,
-            claim.fence,
-            key,
-            chain,
-            attempts
-        ])?;
-        if changed != 0 {
-            break;
-        }
-    }
+    static SQL: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    let sql = SQL.get_or_init(|| {
+        format!(
+            "UPDATE calls SET state = ?1, outcome = ?2, finished_at = ?3, fence = ?4, \
+             chain = ?6, attempts = {} \
+             WHERE key = ?5 AND state IN ('started', 'unknown')",
+            attempts::append_sql(7)
+        )
+    });
+    let changed = conn.prepare_cached(sql)?.execute(params![
+        state.as_str(),
+        outcome,
+        now_ms,
+        claim.fence,
+        key,
+        chain,
+        attempts
+    ])?;
     if changed != 1 {
         return Err(LedgerError::Corrupt(format!(
             "run {}: call #{seq} is not awaiting an outcome",
@@ -1177,28 +1041,21 @@ fn update_outcome(
 /// Appends attempts (a JSON array) to a recorded call's.
 fn append_attempts(
     conn: &Connection,
-    table: CallTable,
     run_no: i64,
     claim: &Claim,
     seq: u64,
     json: &str,
 ) -> Result<(), LedgerError> {
-    static SQL: [std::sync::OnceLock<String>; 2] = [const { std::sync::OnceLock::new() }; 2];
-    let key = call_key(&claim.run_id, run_no, seq)?;
-    let mut changed = 0;
-    for table in [table, table.other()] {
-        let sql = SQL[table as usize].get_or_init(|| {
-            format!(
-                "UPDATE {} SET attempts = {} WHERE key = ?1",
-                table.name(),
-                attempts::append_sql(2)
-            )
-        });
-        changed = conn.prepare_cached(sql)?.execute(params![key, json])?;
-        if changed != 0 {
-            break;
-        }
-    }
+    static SQL: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    let sql = SQL.get_or_init(|| {
+        format!(
+            "UPDATE calls SET attempts = {} WHERE key = ?1",
+            attempts::append_sql(2)
+        )
+    });
+    let changed = conn
+        .prepare_cached(sql)?
+        .execute(params![call_key(&claim.run_id, run_no, seq)?, json])?;
     if changed != 1 {
         return Err(LedgerError::Corrupt(format!(
             "run {}: an attempt names call #{seq}, which is not recorded",
@@ -1411,24 +1268,16 @@ impl Ledger for SqliteLedger {
     }
 
     fn calls(&self, run_id: &str) -> Result<Vec<CallRecord>, LedgerError> {
-        // Both tables, in one read transaction (as `calls_between`).
-        let tx = self.conn.unchecked_transaction()?;
+        let mut stmt = self.conn.prepare_cached(&format!(
+            "SELECT {CALL_COLUMNS} FROM calls WHERE {CALLS_OF_RUN} ORDER BY key"
+        ))?;
         // Sized up front: a long run has 100,000s of calls, and growing the
         // vector by doubling copies them and faults in fresh pages again.
         // (Capped: a damaged row's huge seq must end in `Corrupt` below, not
         // in a failed allocation.)
         let mut calls = Vec::with_capacity(self.last_seq(run_id)?.min(1 << 20));
-        for table in [CallTable::Calls, CallTable::Log] {
-            let mut stmt = tx.prepare_cached(&format!(
-                "SELECT {CALL_COLUMNS} FROM {} WHERE {CALLS_OF_RUN} ORDER BY key",
-                table.name()
-            ))?;
-            for call in stmt.query_map([run_id], call_from_row)? {
-                calls.push(call?);
-            }
-        }
-        if !calls.is_sorted_by_key(|c| c.seq) {
-            calls.sort_by_key(|c| c.seq);
+        for call in stmt.query_map([run_id], call_from_row)? {
+            calls.push(call?);
         }
         // Sequence numbers must be 1..=n without gaps; anything else is damage.
         for (index, call) in calls.iter().enumerate() {
@@ -1447,9 +1296,8 @@ impl Ledger for SqliteLedger {
     /// `STREAM_READERS` threads, each on a read-only connection of its own,
     /// in chunks of `STREAM_CHUNK` calls taken in turn: the guest replays
     /// the first chunks while the next ones are read. Each chunk is read in
-    /// a read transaction of its own (a call a fold moves is seen in one of
-    /// its two tables, never both or neither), calls added meanwhile (past
-    /// the `total` read first) are not read, and
+    /// a read transaction of its own: recorded calls never change place,
+    /// calls added meanwhile (past the `total` read first) are not read, and
     /// the only call whose row may change meanwhile is the last one (its
     /// outcome, by the run's claimant), which a resume holds the claim of.
     fn history(&self, run_id: &str) -> Result<History, LedgerError> {
@@ -1513,7 +1361,7 @@ impl Ledger for SqliteLedger {
         let json: Option<String> = self
             .conn
             .prepare_cached(&format!(
-                "SELECT attempts FROM {CALL_BY_KEY}"
+                "SELECT attempts FROM calls WHERE key = {KEY_OF_CALL}"
             ))?
             .query_row(params![run_id, seq as i64], |r| r.get(0))
             .optional()?
@@ -1523,10 +1371,8 @@ impl Ledger for SqliteLedger {
 
     fn attempts(&self, run_id: &str) -> Result<Vec<AttemptRecord>, LedgerError> {
         let mut stmt = self.conn.prepare_cached(&format!(
-            "SELECT key & 4294967295, attempts FROM (\
-             SELECT key, attempts FROM calls WHERE {CALLS_OF_RUN} UNION ALL \
-             SELECT key, attempts FROM call_log WHERE {CALLS_OF_RUN}) \
-             WHERE attempts IS NOT NULL ORDER BY key"
+            "SELECT seq, attempts FROM calls WHERE {CALLS_OF_RUN} AND attempts IS NOT NULL \
+                 ORDER BY key"
         ))?;
         let mut rows = stmt.query([run_id])?;
         let mut all = Vec::new();
@@ -1559,7 +1405,7 @@ impl Ledger for SqliteLedger {
         }
         self.set_sync(Sync::when(ops.iter().any(WriteOp::durable)))?;
         let tx = WriteTx::begin(&self.conn)?;
-        apply_commit(&tx, claim, ops, CallTable::Calls)?;
+        apply_commit(&tx, claim, ops)?;
         tx.commit()
     }
 
@@ -1651,10 +1497,7 @@ impl Ledger for SqliteLedger {
 
     fn pending_approvals(&self) -> Result<Vec<(RunRecord, CallRecord)>, LedgerError> {
         let mut stmt = self.conn.prepare(
-            "SELECT r.run_id, c.key & 4294967295 FROM (\
-             SELECT key, interface, state, started_at FROM calls UNION ALL \
-             SELECT key, interface, state, started_at FROM call_log) c \
-             JOIN runs r ON r.run_no = c.key >> 32 \
+            "SELECT r.run_id, c.seq FROM calls c JOIN runs r ON r.run_no = c.run_no \
              WHERE c.interface = ?1 AND c.state = 'started' \
              AND r.status NOT IN ('completed', 'failed') ORDER BY c.started_at, r.run_id",
         )?;
@@ -1667,7 +1510,7 @@ impl Ledger for SqliteLedger {
         for (run_id, seq) in keys {
             let run = self.run(&run_id)?;
             let call = self.conn.query_row(
-                &format!("SELECT {CALL_COLUMNS} FROM {CALL_BY_KEY}"),
+                &format!("SELECT {CALL_COLUMNS} FROM calls WHERE key = {KEY_OF_CALL}"),
                 params![run_id, seq],
                 call_from_row,
             )?;
@@ -1954,47 +1797,6 @@ mod tests {
         let err = ledger.commit(&claim, &[log, stray]).unwrap_err();
         assert!(matches!(err, LedgerError::Corrupt(_)), "{err}");
         assert!(ledger.logs("r1").unwrap().is_empty());
-    }
-
-    #[test]
-    fn a_history_whose_calls_are_in_both_tables_reads_whole_and_in_order() {
-        // Calls of one run in the calls table and in the call log (a group
-        // committer's), interleaved, in every chunk a streaming reader reads
-        // and in a short history: read as if in one table, before and after
-        // a fold.
-        let n = (STREAM_CALLS_MIN + 3 * STREAM_CHUNK + 5) as u64;
-        let (_dir, mut ledger) = long_run(n);
-        let expected = ledger.calls("r1").unwrap();
-        let logged = "key & 4294967295 > 1000 AND (key & 4294967295) % 3 = 0";
-        ledger
-            .conn
-            .execute_batch(&format!(
-                "INSERT INTO call_log (key, class, interface, function, operation_id, request, \
-                 request_hash, state, outcome, started_at, finished_at, fence, resolved_by, \
-                 resolved_at, chain, attempts) \
-                 SELECT key, class, interface, function, operation_id, request, request_hash, \
-                 state, outcome, started_at, finished_at, fence, resolved_by, resolved_at, \
-                 chain, attempts FROM calls WHERE {logged}; \
-                 DELETE FROM calls WHERE {logged};"
-            ))
-            .unwrap();
-        let in_log = ledger.logged_calls().unwrap();
-        assert!(in_log > 1000, "{in_log} calls moved to the log");
-        let read = |ledger: &SqliteLedger| {
-            let mut history = ledger.history("r1").unwrap();
-            assert_eq!(history.len() as u64, n);
-            let streamed: Vec<CallRecord> = history.all().unwrap().cloned().collect();
-            assert!(streamed == expected, "streamed calls differ");
-            assert!(ledger.calls("r1").unwrap() == expected, "calls differ");
-            assert_eq!(ledger.last_seq("r1").unwrap() as u64, n);
-        };
-        read(&ledger);
-        // A call in the log is found by its key.
-        let logged_call = find_call(&ledger.conn, "r1", 3000).unwrap();
-        assert_eq!(logged_call.as_ref(), expected.get(2999));
-        assert_eq!(ledger.fold_call_log().unwrap(), in_log);
-        assert_eq!(ledger.logged_calls().unwrap(), 0);
-        read(&ledger);
     }
 
     #[test]
