@@ -141,3 +141,56 @@ fn a_worker_takes_the_next_run_as_soon_as_one_ends_not_after_its_poll_interval()
         .expect("the supplier's file");
     assert_eq!(orders.lines().count(), 3);
 }
+
+#[test]
+fn a_worker_runs_the_next_run_on_the_host_a_failed_run_gave_back() {
+    // One run at a time, so every run after the first is executed by the
+    // host (and ledger connection) of the run before: a trap in one must
+    // leave nothing behind for the next.
+    let dir = tempfile::tempdir().expect("temp dir");
+    let db = dir.path().join("runs.db");
+    let mut config = Config::parse(SUPPLIER_CONFIG).expect("config");
+    config.base_dir = dir.path().to_path_buf();
+    let options = move || HostOptions {
+        limits: config.limits.clone(),
+        effects: config.effects().expect("effects"),
+        ..HostOptions::default()
+    };
+    let mut host = Host::open(&db, options()).expect("host");
+    let supplier = std::fs::read(guests::SUPPLIER_ORDER).expect("the supplier step");
+    let panicker = std::fs::read(guests::PANICKER).expect("the panicking step");
+    let runs = [
+        ("1-order", &supplier, "supplier_order.wasm"),
+        ("2-panics", &panicker, "panicker.wasm"),
+        ("3-order", &supplier, "supplier_order.wasm"),
+        ("4-order", &supplier, "supplier_order.wasm"),
+    ];
+    // Submitted in this order, and named so that it is also the order of
+    // their ids (runs submitted within one millisecond are taken by id).
+    for (id, module, what) in runs {
+        host.submit(module, what, INPUT, Some(id)).expect("submit");
+    }
+    let worker = stephost::worker::WorkerOptions {
+        concurrency: 1,
+        exit_when_idle: true,
+        ..Default::default()
+    };
+    let never = std::sync::atomic::AtomicBool::new(false);
+    let report = stephost::worker::run(&db, &options, &worker, &never).expect("the worker ran");
+    assert_eq!((report.completed, report.failed), (3, 1), "{report:?}");
+    let first = host.ledger().calls("1-order").expect("calls");
+    for id in ["3-order", "4-order"] {
+        let run = host.ledger().run(id).expect("run");
+        assert_eq!(run.status, RunStatus::Completed, "{id}: {:?}", run.error);
+        let calls = host.ledger().calls(id).expect("calls");
+        let shape = |c: &[stephost::ledger::CallRecord]| {
+            c.iter()
+                .map(|c| (c.seq, c.interface.clone(), c.function.clone(), c.state))
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(shape(&calls), shape(&first), "{id} recorded its own calls");
+    }
+    let orders = std::fs::read_to_string(dir.path().join("supplier-orders.jsonl"))
+        .expect("the supplier's file");
+    assert_eq!(orders.lines().count(), 3);
+}
