@@ -95,8 +95,13 @@ fn a_run_in_a_pooled_slot_sees_nothing_the_run_before_it_left_in_memory() {
     }
 }
 
-#[test]
-fn a_worker_takes_the_next_run_as_soon_as_one_ends_not_after_its_poll_interval() {
+/// A folder with a new ledger's path in it, and host options for the
+/// supplier step whose receiver writes its orders into the folder.
+fn supplier_ledger() -> (
+    tempfile::TempDir,
+    std::path::PathBuf,
+    impl Fn() -> HostOptions + Send + Sync + 'static,
+) {
     let dir = tempfile::tempdir().expect("temp dir");
     let db = dir.path().join("runs.db");
     let mut config = Config::parse(SUPPLIER_CONFIG).expect("config");
@@ -106,6 +111,12 @@ fn a_worker_takes_the_next_run_as_soon_as_one_ends_not_after_its_poll_interval()
         effects: config.effects().expect("effects"),
         ..HostOptions::default()
     };
+    (dir, db, options)
+}
+
+#[test]
+fn a_worker_takes_the_next_run_as_soon_as_one_ends_not_after_its_poll_interval() {
+    let (dir, db, options) = supplier_ledger();
     let mut host = Host::open(&db, options()).expect("host");
     let module = std::fs::read(guests::SUPPLIER_ORDER).expect("the supplier step");
     for i in 0..3 {
@@ -147,15 +158,7 @@ fn a_worker_runs_the_next_run_on_the_host_a_failed_run_gave_back() {
     // One run at a time, so every run after the first is executed by the
     // host (and ledger connection) of the run before: a trap in one must
     // leave nothing behind for the next.
-    let dir = tempfile::tempdir().expect("temp dir");
-    let db = dir.path().join("runs.db");
-    let mut config = Config::parse(SUPPLIER_CONFIG).expect("config");
-    config.base_dir = dir.path().to_path_buf();
-    let options = move || HostOptions {
-        limits: config.limits.clone(),
-        effects: config.effects().expect("effects"),
-        ..HostOptions::default()
-    };
+    let (dir, db, options) = supplier_ledger();
     let mut host = Host::open(&db, options()).expect("host");
     let supplier = std::fs::read(guests::SUPPLIER_ORDER).expect("the supplier step");
     let panicker = std::fs::read(guests::PANICKER).expect("the panicking step");
