@@ -1,10 +1,10 @@
 //! A worker: claims runnable runs by compare-and-set and executes up to
 //! `concurrency` of them at once, each on a thread with its own ledger
 //! connection (a finished run's is kept for the next), renewing their
-//! leases in the background. A run whose lease
-//! cannot be renewed is stopped before its next external call; on shutdown
-//! the worker stops claiming, lets active runs reach their next call
-//! boundary, releases their claims and returns.
+//! leases in the background. A run whose lease cannot be renewed is
+//! stopped before its next external call; on shutdown the worker stops
+//! claiming, lets active runs reach their next call boundary, releases
+//! their claims and returns.
 
 use std::collections::HashMap;
 use std::path::Path;
