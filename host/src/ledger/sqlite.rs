@@ -628,6 +628,28 @@ fn call_key(run_id: &str, run_no: i64, seq: u64) -> Result<i64, LedgerError> {
     Ok((run_no << 32) + seq as i64)
 }
 
+/// The statement that lists runnable runs (`Ledger::runnable`): at time
+/// `?1`, at most `?2`.
+fn runnable_sql() -> &'static str {
+    static SQL: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    SQL.get_or_init(|| {
+        let held = "(owner IS NOT NULL AND lease_until >= ?1) AS held";
+        // Due waiting runs from their index by due time: by status, SQLite
+        // would read every waiting run to find the due ones.
+        format!(
+            "SELECT {RUN_COLUMNS} FROM (\
+             SELECT * FROM (SELECT {RUN_COLUMNS}, {held} FROM runs \
+             WHERE status = 'pending' ORDER BY created_at, run_id LIMIT ?2) \
+             UNION ALL SELECT * FROM (SELECT {RUN_COLUMNS}, {held} FROM runs \
+             WHERE status = 'running' ORDER BY held, created_at, run_id LIMIT ?2) \
+             UNION ALL SELECT * FROM (SELECT {RUN_COLUMNS}, {held} \
+             FROM runs INDEXED BY runs_waking WHERE status = 'waiting' AND wake_at <= ?1 \
+             ORDER BY created_at, run_id LIMIT ?2)) \
+             ORDER BY held, created_at, run_id LIMIT ?2"
+        )
+    })
+}
+
 /// SQL for the key of call `?2` of run `?1`: NULL for an unknown run, and
 /// for a sequence number no call can have (one past 32 bits would name a
 /// call of the next run: `resolve` and `approve` take it from the user).
@@ -1258,11 +1280,13 @@ impl Ledger for SqliteLedger {
     }
 
     fn runnable(&self, now_ms: i64, limit: usize) -> Result<Vec<RunRecord>, LedgerError> {
-        let mut stmt = self.conn.prepare_cached(&format!(
-            "SELECT {RUN_COLUMNS} FROM runs WHERE status IN ('pending', 'running') \
-             OR (status = 'waiting' AND wake_at IS NOT NULL AND wake_at <= ?1) \
-             ORDER BY (owner IS NOT NULL AND lease_until >= ?1), created_at, run_id LIMIT ?2"
-        ))?;
+        // Runs nobody holds first (pending, released, expired, due), oldest
+        // first; then runs under a live lease, whose owner may have died.
+        // Each kind is read from an index, at most `limit` of it, so that a
+        // backlog of pending or waiting runs is not read and sorted whole
+        // at every look. Pending and waiting runs have no owner (only a
+        // claim sets one, and makes the run `running`).
+        let mut stmt = self.conn.prepare_cached(runnable_sql())?;
         let rows = stmt.query_map(params![now_ms, limit as i64], run_from_row)?;
         Ok(rows.collect::<Result<_, _>>()?)
     }
@@ -1656,6 +1680,81 @@ mod tests {
             "{past:?}"
         );
         assert!(call_key("r", 1 << 31, 1).is_err());
+    }
+
+    #[test]
+    fn runnable_runs_come_unheld_first_oldest_first_each_kind_from_an_index() {
+        let (_dir, mut ledger) = new_ledger();
+        ledger.put_module("d1", b"\0asm").unwrap();
+        let now = 1_000;
+        // (run, created at, status, owner, lease until, wake at)
+        let runs = [
+            ("pending-new", 10, "pending", None, None, None),
+            ("pending-old", 5, "pending", None, None, None),
+            ("released", 7, "running", None, None, None),
+            ("expired", 3, "running", Some("w1"), Some(now - 1), None),
+            ("held", 1, "running", Some("w2"), Some(now + 1), None),
+            ("due", 8, "waiting", None, None, Some(now)),
+            ("not-due", 2, "waiting", None, None, Some(now + 1)),
+            ("done", 4, "completed", None, None, None),
+        ];
+        for (id, created, status, owner, lease, wake) in runs {
+            ledger
+                .create_run(NewRun::for_test(id, "d1", created))
+                .unwrap();
+            ledger
+                .conn
+                .execute(
+                    "UPDATE runs SET status = ?2, owner = ?3, lease_until = ?4, wake_at = ?5 \
+                     WHERE run_id = ?1",
+                    params![id, status, owner, lease, wake],
+                )
+                .unwrap();
+        }
+        let ids = |limit| -> Vec<String> {
+            let found = ledger.runnable(now, limit).unwrap();
+            found.into_iter().map(|r| r.run_id).collect()
+        };
+        let all = [
+            "expired",
+            "pending-old",
+            "released",
+            "due",
+            "pending-new",
+            "held",
+        ];
+        assert_eq!(ids(100), all);
+        assert_eq!(ids(2), all[..2]);
+        // No kind of run is read whole: each is searched in an index.
+        let plan: Vec<String> = ledger
+            .conn
+            .prepare(&format!("EXPLAIN QUERY PLAN {}", runnable_sql()))
+            .unwrap()
+            .query_map(params![now, 2], |r| r.get(3))
+            .unwrap()
+            .collect::<Result<_, _>>()
+            .unwrap();
+        let scans: Vec<&String> = plan.iter().filter(|p| p.starts_with("SCAN runs")).collect();
+        assert!(scans.is_empty(), "{plan:?}");
+        assert!(plan.iter().any(|p| p.contains("runs_waking")), "{plan:?}");
+        // A backlog of pending and of not yet due waiting runs is not read
+        // whole: the work of a look stays about that of `limit` runs.
+        ledger
+            .conn
+            .execute_batch(
+                "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 2000) \
+                 INSERT INTO runs (run_id, module_digest, input, status, created_at, updated_at, \
+                 version, fence, world, wake_at, run_no) \
+                 SELECT 'backlog-' || i, 'd1', '{}', \
+                 CASE WHEN i % 2 = 0 THEN 'pending' ELSE 'waiting' END, 100 + i, 100 + i, 1, 0, \
+                 'w', CASE WHEN i % 2 = 0 THEN NULL ELSE 1000000 END, 100 + i FROM n",
+            )
+            .unwrap();
+        let mut stmt = ledger.conn.prepare(runnable_sql()).unwrap();
+        let found = stmt.query_map(params![now, 8], |_| Ok(())).unwrap().count();
+        assert_eq!(found, 8);
+        let steps = stmt.get_status(rusqlite::StatementStatus::VmStep);
+        assert!(steps < 2000, "{steps} steps to list 8 of 2,000 runs");
     }
 
     #[test]
