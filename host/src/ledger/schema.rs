@@ -227,10 +227,11 @@ DROP TABLE v5_check;
 DROP TABLE calls;
 ALTER TABLE calls_v5 RENAME TO calls;
 "#,
-    // v6: waiting runs by when they are due, so that a worker's look for
-    // runnable runs reads the due ones only, not every waiting run.
+    // v6: runs by status and when they are due, so that a worker's look
+    // for runnable runs reads the due waiting runs only, not every waiting
+    // run.
     r#"
-CREATE INDEX runs_waking ON runs(wake_at) WHERE status = 'waiting';
+CREATE INDEX runs_waking ON runs(status, wake_at);
 "#,
 ];
 

@@ -62,6 +62,14 @@ impl SqliteLedger {
         // Every statement on the hot paths is prepared once and kept; the
         // default cache of 16 would evict some of them.
         conn.set_prepared_statement_cache_capacity(64);
+        // And kept: without the query planner stability guarantee, SQLite
+        // prepares a statement again whenever a parameter its plan looked
+        // at is bound to another value (a `LIMIT`, as in listing runnable
+        // runs), which costs more than the statement's work.
+        conn.set_db_config(
+            rusqlite::config::DbConfig::SQLITE_DBCONFIG_ENABLE_QPSG,
+            true,
+        )?;
         // Reading the header is the first thing that fails on a non-database file.
         let app_id: i64 = conn
             .query_row("PRAGMA application_id", [], |r| r.get(0))
@@ -1755,6 +1763,16 @@ mod tests {
         assert_eq!(found, 8);
         let steps = stmt.get_status(rusqlite::StatementStatus::VmStep);
         assert!(steps < 2000, "{steps} steps to list 8 of 2,000 runs");
+        // Nor is the statement prepared again at every look, with its own
+        // time and limit.
+        let prepared = stmt.get_status(rusqlite::StatementStatus::RePrepare);
+        for later in [now + 1, now + 2, now + 3] {
+            stmt.query_map(params![later, later - now + 8], |_| Ok(()))
+                .unwrap()
+                .count();
+        }
+        let again = stmt.get_status(rusqlite::StatementStatus::RePrepare) - prepared;
+        assert_eq!(again, 0, "prepared again for {again} of 3 looks");
     }
 
     #[test]
