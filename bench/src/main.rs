@@ -482,8 +482,7 @@ impl Bench {
             before = after;
         }
         let ratios: Vec<String> = runs.iter().map(|r| format!("{:.2}", r.0)).collect();
-        runs.sort_by(|a, b| a.0.total_cmp(&b.0));
-        let (_, per_write, before, after) = runs[WRITE_RUNS / 2];
+        let (_, per_write, before, after) = median_by(runs, |r| r.0);
         self.push_floor("around 1", before, after);
         self.single_write_us = Some(per_write);
         let row =
@@ -833,8 +832,7 @@ impl Bench {
             measured.push((writes / window_s, window_s, cpu, wall));
         }
         let rates: Vec<String> = measured.iter().map(|m| format!("{:.0}", m.0)).collect();
-        measured.sort_by(|a, b| a.0.total_cmp(&b.0));
-        let (rate, window_s, cpu, wall) = measured[GROUP_ROUNDS / 2];
+        let (rate, window_s, cpu, wall) = median_by(measured, |m| m.0);
         let mut row = Row::new("5 group commit", rate, "writes/s");
         row.floor_us = Some(floor);
         row.ratio = Some(rate / single);
@@ -882,7 +880,7 @@ impl Bench {
         ] {
             progress(&format!("5 ceiling: SQLite alone, rows {name}"));
             let dir = tempfile::tempdir_in(&self.dir)?;
-            let mut rounds = (0..CEILING_ROUNDS)
+            let rounds = (0..CEILING_ROUNDS)
                 .map(|round| {
                     let dir = dir.path().join(round.to_string());
                     std::fs::create_dir(&dir)?;
@@ -893,8 +891,7 @@ impl Bench {
                 .iter()
                 .map(|c| format!("{:.0}", c.writes_per_s))
                 .collect();
-            rounds.sort_by(|a, b| a.writes_per_s.total_cmp(&b.writes_per_s));
-            let median = rounds[CEILING_ROUNDS / 2];
+            let median = median_by(rounds, |c| c.writes_per_s);
             let mut row = Row::new(
                 &format!("5 … SQLite alone, rows {name}"),
                 median.writes_per_s,
@@ -1309,6 +1306,13 @@ fn mean_us(times: &[Duration]) -> f64 {
     times.iter().map(|d| us(*d)).sum::<f64>() / times.len().max(1) as f64
 }
 
+/// Of repeated measurements (at least one), the one whose `key` is the
+/// median (of an even count, the upper of the middle two).
+fn median_by<T: Copy>(mut measured: Vec<T>, key: impl Fn(&T) -> f64) -> T {
+    measured.sort_by(|a, b| key(a).total_cmp(&key(b)));
+    measured[measured.len() / 2]
+}
+
 fn median_us(times: &[Duration]) -> f64 {
     let mut v: Vec<f64> = times.iter().map(|d| us(*d)).collect();
     v.sort_by(f64::total_cmp);
@@ -1403,6 +1407,10 @@ mod tests {
         assert_eq!(median_us(&ms(&[4, 1, 2, 3])), 2_500.0);
         assert_eq!(mean_us(&ms(&[1, 2, 3])), 2_000.0);
         assert!(median_us(&[]).is_nan());
+        // The measurement with the median key, whole.
+        let runs = vec![(1.3, "b"), (0.9, "a"), (1.1, "c")];
+        assert_eq!(median_by(runs, |r| r.0), (1.1, "c"));
+        assert_eq!(median_by(vec![(2.0, 1), (1.0, 2)], |r| r.0), (2.0, 1));
     }
 
     #[test]
