@@ -705,7 +705,10 @@ impl Bench {
         // A first worker compiles the component into the disk cache; the
         // measured one loads it from there, as a restarted worker would.
         host.submit(&self.module, WHAT, r#"{"mode":"none"}"#, None)?;
-        worker::run(&db, &options, &worker_options, &never)?;
+        let warm = worker::run(&db, &options, &worker_options, &never)?;
+        if warm.completed != 1 {
+            return Err(format!("the short runs' first worker: {warm:?}").into());
+        }
         progress(&format!(
             "4 worker: {WORKER_RUNS} runs of 2 writes, {WORKER_SLOTS} at once"
         ));
