@@ -37,6 +37,8 @@ pub struct Ceiling {
     pub writes_per_fsync: f64,
     /// WAL pages written per write.
     pub pages_per_write: f64,
+    /// CPU time of the whole process per write, in µs.
+    pub cpu_us_per_write: f64,
 }
 
 const TABLE: &str = "CREATE TABLE calls (
@@ -58,7 +60,7 @@ const FINISHED_APPENDED: &str = "INSERT INTO calls (key, class, interface, funct
     attempts) VALUES (NULL, 'write', '', '', '', '', '', 'succeeded', ?1, ?2, ?2, 1, ?3, ?4)";
 
 /// A recorded attempt, as the ledger keeps it in a call's row.
-const ATTEMPTS: &str = r#"[{"attempt":1,"kind":"send","started_at":1764500000000,"finished_at":1764500000000,"result":"ok","detail":null,"fence":1}]"#;
+pub(crate) const ATTEMPTS: &str = r#"[{"attempt":1,"kind":"send","started_at":1764500000000,"finished_at":1764500000000,"result":"ok","detail":null,"fence":1}]"#;
 
 /// Transactions committed and fsync'd so far.
 #[derive(Default)]
@@ -94,6 +96,7 @@ pub fn measure(
     };
     let per_transaction = runs / 2;
     let hex = "5e".repeat(32);
+    let cpu = crate::cpu_seconds()?;
     let t = Instant::now();
     let applied = (|| -> Result<(), Box<dyn std::error::Error>> {
         for transaction in 0..2 * writes_per_run {
@@ -139,6 +142,7 @@ pub fn measure(
         wait(&shared, |p| p.synced == p.committed)
     })();
     let took = t.elapsed().as_secs_f64();
+    let cpu = crate::cpu_seconds()? - cpu;
     {
         let (lock, wake) = &*shared;
         lock.lock().map_err(|_| "poisoned")?.done = true;
@@ -152,6 +156,7 @@ pub fn measure(
         writes_per_s: writes / took,
         writes_per_fsync: writes / fsyncs.max(1) as f64,
         pages_per_write: pages.load(Ordering::Relaxed) as f64 / writes,
+        cpu_us_per_write: cpu * 1e6 / writes,
     })
 }
 
@@ -210,7 +215,7 @@ fn sync_when_committed(wal: &std::fs::File, shared: &(Mutex<Progress>, Condvar))
 /// Counts the pages `conn`'s commits write to the WAL into `pages`, and
 /// checkpoints as SQLite does by default (the hook replaces its own), inside
 /// the commit that takes the log past 1,000 pages.
-fn count_pages(conn: &mut Connection, pages: Arc<AtomicU64>) -> rusqlite::Result<()> {
+pub(crate) fn count_pages(conn: &mut Connection, pages: Arc<AtomicU64>) -> rusqlite::Result<()> {
     let mut before = 0;
     conn.wal_hook(Some(move |wal: &mut rusqlite::hooks::Wal, now: i32| {
         // A log that started over holds this commit's pages only.
