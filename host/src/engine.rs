@@ -15,9 +15,9 @@
 use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 
-use wasmtime::component::{Component, HasSelf, Linker};
+use wasmtime::component::{Component, HasSelf, InstancePre as ComponentPre, Linker};
 use wasmtime::{
     Config, Enabled, Engine, InstanceAllocationStrategy, InstancePre, Module,
     PoolingAllocationConfig,
@@ -83,6 +83,9 @@ pub struct Loaded {
     /// the guest SDK writes), when it has one.
     pub step: Option<String>,
     pub entry: Entry,
+    /// A step component pre-instantiated with the task linker (see
+    /// [`StepEngine::task_pre`]), once a run of it is executed as a task.
+    task: OnceLock<Result<ComponentPre<StepState>, String>>,
 }
 
 impl Loaded {
@@ -159,9 +162,27 @@ impl InstancePool {
     }
 }
 
+/// The linker for runs executed as tasks (see [`StepEngine::task_pre`]).
+fn task_linker(engine: &Engine) -> wasmtime::Result<Linker<StepState>> {
+    use crate::bindings::stephost::step;
+    let mut linker = Linker::new(engine);
+    wasmtime_wasi::p2::add_to_linker_async(&mut linker)?;
+    crate::imports::wasi::record_random_bytes_per_call(&mut linker)?;
+    step::llm::add_to_linker::<StepState, HasSelf<StepState>>(&mut linker, |s| s)?;
+    step::clock::add_to_linker::<StepState, HasSelf<StepState>>(&mut linker, |s| s)?;
+    step::random::add_to_linker::<StepState, HasSelf<StepState>>(&mut linker, |s| s)?;
+    step::log::add_to_linker::<StepState, HasSelf<StepState>>(&mut linker, |s| s)?;
+    step::timers::add_to_linker::<StepState, HasSelf<StepState>>(&mut linker, |s| s)?;
+    step::approvals::add_to_linker::<StepState, HasSelf<StepState>>(&mut linker, |s| s)?;
+    crate::imports::effects::add_task_call_to_linker(&mut linker)?;
+    Ok(linker)
+}
+
 pub struct StepEngine {
     engine: Engine,
     linker: Linker<StepState>,
+    /// The linker for runs executed as tasks, made when first needed.
+    task_linker: OnceLock<Result<Linker<StepState>, String>>,
     /// WASI preview1 for core command modules.
     preview1: wasmtime::Linker<Preview1State>,
     cache: Mutex<HashMap<String, Arc<Loaded>>>,
@@ -220,6 +241,7 @@ impl StepEngine {
         Ok(StepEngine {
             engine,
             linker,
+            task_linker: OnceLock::new(),
             preview1,
             cache: Mutex::new(HashMap::new()),
             digests: Mutex::new(HashMap::new()),
@@ -231,6 +253,31 @@ impl StepEngine {
 
     pub fn engine(&self) -> &Engine {
         &self.engine
+    }
+
+    /// `loaded` (a step component) pre-instantiated for runs executed as
+    /// tasks: the same imports as [`StepEngine::load`] links, but the
+    /// step's effect calls are async (a write's durable commit is awaited,
+    /// not waited for by a thread) and WASI's bindings are its async ones.
+    /// `None` for a command: it runs on a thread of its own.
+    pub fn task_pre<'a>(
+        &self,
+        loaded: &'a Loaded,
+    ) -> Option<Result<&'a ComponentPre<StepState>, String>> {
+        let Entry::Step(pre) = &loaded.entry else {
+            return None;
+        };
+        let pre = loaded.task.get_or_init(|| {
+            let linker = self
+                .task_linker
+                .get_or_init(|| task_linker(&self.engine).map_err(|e| format!("{e:#}")))
+                .as_ref()
+                .map_err(|e| format!("the task linker could not be made: {e}"))?;
+            linker
+                .instantiate_pre(pre.instance_pre().component())
+                .map_err(|e| format!("{e:#}"))
+        });
+        Some(pre.as_ref().map_err(Clone::clone))
     }
 
     /// Compiles and checks a step module, or returns it from the cache.
@@ -306,6 +353,7 @@ impl StepEngine {
             digest: digest.clone(),
             step: declared_step(bytes),
             entry,
+            task: OnceLock::new(),
         });
         self.cache_lock().insert(digest, loaded.clone());
         Ok(loaded)

@@ -21,8 +21,8 @@ use crate::crash;
 use crate::ids;
 use crate::ledger::spare;
 use crate::ledger::{
-    AttemptRecord, CallClass, CallRecord, CallState, Claim, History, Ledger, LedgerError,
-    LogRecord, RunRecord, WriteOp,
+    AttemptRecord, Answered, CallClass, CallRecord, CallState, Claim, History, Ledger,
+    LedgerError, LogRecord, PendingCommit, RunRecord, WriteOp,
 };
 
 /// Most buffered writes before they are committed anyway.
@@ -355,6 +355,36 @@ impl From<LedgerError> for Stop {
     }
 }
 
+/// Where [`Journal::begin`] left a call.
+pub enum Call {
+    /// Answered (recorded, replayed or refused).
+    Done(Outcome),
+    /// A write whose `started` commit another thread applies: wait for it,
+    /// then [`Journal::send`].
+    Durable(PendingWrite),
+}
+
+/// A write recorded as started, its commit not yet answered.
+pub struct PendingWrite {
+    write: WriteStarted,
+    commit: PendingCommit,
+}
+
+impl PendingWrite {
+    /// The write, and its commit to wait for (or await).
+    pub fn into_parts(self) -> (WriteStarted, PendingCommit) {
+        (self.write, self.commit)
+    }
+}
+
+/// A write's `started` record, and the buffers its outcome and chain link
+/// will be written in.
+pub struct WriteStarted {
+    started: CallRecord,
+    outcome_buffer: String,
+    chain_buffer: String,
+}
+
 /// Live runs write to the ledger under a claim; replays write nothing.
 pub enum Mode {
     Live {
@@ -564,22 +594,60 @@ impl Journal {
     }
 
     /// Passes one import call through the ledger. See the module docs.
+    /// A write whose `started` row another thread commits waits here, this
+    /// thread blocked (a task awaits it instead: see [`Journal::begin`]).
     pub fn call(&mut self, spec: &CallSpec<'_>, live: &mut dyn LiveCall) -> Result<Outcome, Stop> {
+        match self.begin(spec, live)? {
+            Call::Done(outcome) => Ok(outcome),
+            Call::Durable(pending) => {
+                let (write, commit) = pending.into_parts();
+                let answered = commit.wait();
+                self.send(write, answered, live)
+            }
+        }
+    }
+
+    /// [`Journal::call`] up to a write's durable `started` commit, if the
+    /// ledger leaves it pending: then the caller waits for it (or awaits
+    /// it) and hands its answer to [`Journal::send`], which sends the
+    /// request. Nothing else may go through the journal in between.
+    pub fn begin(&mut self, spec: &CallSpec<'_>, live: &mut dyn LiveCall) -> Result<Call, Stop> {
         if let Some(stop) = &self.stop {
             return Err(stop.clone());
         }
         let result = self.call_inner(spec, live);
+        self.stopping(result)
+    }
+
+    /// The rest of a write that [`Journal::begin`] left pending, once its
+    /// `started` commit is answered: sends the request (if the commit
+    /// succeeded) and records the outcome.
+    pub fn send(
+        &mut self,
+        write: WriteStarted,
+        answered: Answered,
+        live: &mut dyn LiveCall,
+    ) -> Result<Outcome, Stop> {
+        let result = match &mut self.mode {
+            Mode::Live { ledger, claim } => ledger
+                .settle_durable(claim, answered)
+                .map_err(Stop::from)
+                .and_then(|()| self.perform_write(write, live)),
+            Mode::Replay => Err(in_flight_in_replay(write.started.seq)),
+        };
+        self.stopping(result)
+    }
+
+    /// Keeps the first error that stopped the run: every later call fails
+    /// with it.
+    fn stopping<T>(&mut self, result: Result<T, Stop>) -> Result<T, Stop> {
         if let Err(stop) = &result {
             self.stop = Some(stop.clone());
         }
         result
     }
 
-    fn call_inner(
-        &mut self,
-        spec: &CallSpec<'_>,
-        live: &mut dyn LiveCall,
-    ) -> Result<Outcome, Stop> {
+    fn call_inner(&mut self, spec: &CallSpec<'_>, live: &mut dyn LiveCall) -> Result<Call, Stop> {
         let seq = self.next_seq;
         let calls_max = self.limits.calls_max.min(crate::ledger::CALLS_PER_RUN_MAX);
         if seq > calls_max {
@@ -623,7 +691,7 @@ impl Journal {
                             .entry("side_effect_duplicate_prevented_total")
                             .or_insert(0) += 1;
                     }
-                    parse_outcome(recorded)
+                    parse_outcome(recorded).map(Call::Done)
                 }
                 CallState::Unknown => Err(Stop::Parked {
                     seq,
@@ -641,9 +709,9 @@ impl Journal {
                     self.first_live_after
                         .get_or_insert_with(|| self.started.elapsed());
                     if recorded.class == CallClass::Suspend {
-                        return self.wait_for(&recorded, live);
+                        return self.wait_for(&recorded, live).map(Call::Done);
                     }
-                    self.reconcile(&recorded, live)
+                    self.reconcile(&recorded, live).map(Call::Done)
                 }
             };
         }
@@ -804,83 +872,119 @@ impl Journal {
                 self.pending.push(WriteOp::Started(record));
                 Self::flush_into(ledger.as_mut(), claim, &mut self.pending)?;
                 crash::point("after-started", seq);
-                return self.wait_for(&started, live);
+                return self.wait_for(&started, live).map(Call::Done);
             }
             // Writes: `started` is durable (one fsync, carrying everything
-            // buffered before it) before the request leaves; the outcome is
-            // committed without an fsync of its own, so it survives the
-            // process and becomes durable with the next durable commit.
+            // buffered before it) before the request leaves (see
+            // `perform_write`).
             CallClass::Write => {
-                let started = record.clone();
-                self.pending.push(WriteOp::Started(record));
-                Self::flush_into(ledger.as_mut(), claim, &mut self.pending)?;
-                crash::point("after-started", seq);
-                let mut attempts = Attempts {
-                    sink: Some(&mut self.pending),
-                    seq,
-                    next: 1,
-                    counters: &mut self.counters,
-                };
-                let outcome =
-                    live.perform(&OpContext::of(&self.run_id, &started, fence), &mut attempts);
-                crash::point("after-send", seq);
-                if let Some(reason) = live.take_unknown() {
-                    self.pending.push(WriteOp::Outcome {
-                        seq,
-                        state: CallState::Unknown,
-                        outcome: None,
-                        now_ms: crate::clock::now_ms(),
-                        chain: None,
-                    });
-                    Self::flush_into(ledger.as_mut(), claim, &mut self.pending)?;
-                    *self
-                        .counters
-                        .entry("side_effect_unknown_total")
-                        .or_insert(0) += 1;
-                    return Err(Stop::Parked {
-                        seq,
-                        name: spec.function.to_string(),
-                        reason,
-                    });
-                }
-                let json = outcome.to_json_in(outcome_buffer);
-                let chain = Self::seal(
-                    &mut self.last_chain,
-                    &started,
-                    outcome.state(),
-                    Some(&json),
+                let write = WriteStarted {
+                    started: record.clone(),
+                    outcome_buffer,
                     chain_buffer,
-                );
-                self.pending.push(WriteOp::Outcome {
-                    seq,
-                    state: outcome.state(),
-                    outcome: Some(json),
-                    now_ms: crate::clock::now_ms(),
-                    chain,
-                });
-                // To a deduplicating receiver, the outcome rides on the
-                // next commit (the next write's fsync'd `started`, a read,
-                // the run's end). Anything that depends on it and leaves
-                // the host goes after that commit; a crash before it leaves
-                // the call `started`, and resume resends it with the same
-                // operation id. Otherwise it is committed now (no fsync):
-                // it survives the process, so resume finds it recorded
-                // (in a worker, once the committer has applied it).
-                if live.resend_is_harmless() {
-                    self.outcome_pending = true;
-                } else {
-                    Self::flush_into(ledger.as_mut(), claim, &mut self.pending)?;
-                    ledger.landed()?;
-                }
-                crash::point("after-outcome", seq);
-                outcome
+                };
+                self.pending.push(WriteOp::Started(record));
+                return match ledger.commit_durable(claim, &mut self.pending)? {
+                    Some(commit) => Ok(Call::Durable(PendingWrite { write, commit })),
+                    None => self.perform_write(write, live).map(Call::Done),
+                };
             }
         };
+        self.call_done()?;
+        Ok(Call::Done(outcome))
+    }
+
+    /// A write whose `started` row is durable: sends the request, and
+    /// records the outcome, committed without an fsync of its own, so it
+    /// survives the process and becomes durable with the next durable
+    /// commit.
+    fn perform_write(
+        &mut self,
+        write: WriteStarted,
+        live: &mut dyn LiveCall,
+    ) -> Result<Outcome, Stop> {
+        let WriteStarted {
+            started,
+            outcome_buffer,
+            chain_buffer,
+        } = write;
+        let seq = started.seq;
+        crash::point("after-started", seq);
+        let Mode::Live { ledger, claim } = &mut self.mode else {
+            return Err(in_flight_in_replay(seq));
+        };
+        let mut attempts = Attempts {
+            sink: Some(&mut self.pending),
+            seq,
+            next: 1,
+            counters: &mut self.counters,
+        };
+        let outcome = live.perform(
+            &OpContext::of(&self.run_id, &started, claim.fence),
+            &mut attempts,
+        );
+        crash::point("after-send", seq);
+        if let Some(reason) = live.take_unknown() {
+            self.pending.push(WriteOp::Outcome {
+                seq,
+                state: CallState::Unknown,
+                outcome: None,
+                now_ms: crate::clock::now_ms(),
+                chain: None,
+            });
+            Self::flush_into(ledger.as_mut(), claim, &mut self.pending)?;
+            *self
+                .counters
+                .entry("side_effect_unknown_total")
+                .or_insert(0) += 1;
+            return Err(Stop::Parked {
+                seq,
+                name: started.function,
+                reason,
+            });
+        }
+        let json = outcome.to_json_in(outcome_buffer);
+        let chain = Self::seal(
+            &mut self.last_chain,
+            &started,
+            outcome.state(),
+            Some(&json),
+            chain_buffer,
+        );
+        self.pending.push(WriteOp::Outcome {
+            seq,
+            state: outcome.state(),
+            outcome: Some(json),
+            now_ms: crate::clock::now_ms(),
+            chain,
+        });
+        // To a deduplicating receiver, the outcome rides on the next
+        // commit (the next write's fsync'd `started`, a read, the run's
+        // end). Anything that depends on it and leaves the host goes after
+        // that commit; a crash before it leaves the call `started`, and
+        // resume resends it with the same operation id. Otherwise it is
+        // committed now (no fsync): it survives the process, so resume
+        // finds it recorded (in a worker, once the committer has applied
+        // it).
+        if live.resend_is_harmless() {
+            self.outcome_pending = true;
+        } else {
+            Self::flush_into(ledger.as_mut(), claim, &mut self.pending)?;
+            ledger.landed()?;
+        }
+        crash::point("after-outcome", seq);
+        self.call_done()?;
+        Ok(outcome)
+    }
+
+    /// After a live call: commits the buffer once it is full, and counts
+    /// the call.
+    fn call_done(&mut self) -> Result<(), Stop> {
         if self.pending.len() >= PENDING_WRITES_MAX {
             self.flush()?;
         }
         self.stats.live += 1;
-        Ok(outcome)
+        Ok(())
     }
 
     /// The request hash of a live call, into `out`'s buffer.

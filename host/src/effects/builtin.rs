@@ -20,6 +20,10 @@ impl Handler for Echo {
     fn idempotent(&self) -> bool {
         true
     }
+
+    fn blocks(&self) -> bool {
+        false
+    }
 }
 
 /// Answers every request with a fixed JSON document.
@@ -35,6 +39,10 @@ impl Handler for Static {
     fn idempotent(&self) -> bool {
         true
     }
+
+    fn blocks(&self) -> bool {
+        false
+    }
 }
 
 /// Refuses every request.
@@ -45,6 +53,10 @@ pub struct Reject {
 impl Handler for Reject {
     fn perform(&self, _request: &Request<'_>) -> Result<Reply, Failure> {
         Err(Failure::Rejected(self.message.clone()))
+    }
+
+    fn blocks(&self) -> bool {
+        false
     }
 }
 

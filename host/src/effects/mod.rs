@@ -125,6 +125,13 @@ pub trait Handler: Send + Sync {
     fn idempotent(&self) -> bool {
         false
     }
+
+    /// Whether a call may hold its thread for long (I/O, a child process,
+    /// waits between attempts): a run executed as a task then tells its
+    /// runtime, which moves the other runs off the thread meanwhile.
+    fn blocks(&self) -> bool {
+        true
+    }
 }
 
 /// The hex sha256 of a request body, sent as `Stephost-Payload-Sha256` and
@@ -164,6 +171,22 @@ pub struct Effect {
     pub class: CallClass,
     pub retry: RetryPolicy,
     pub handler: Box<dyn Handler>,
+}
+
+impl Effect {
+    /// Runs `f`, a call of this effect (or of none, a refusal), telling a
+    /// multi-threaded tokio runtime this thread runs on, if any, that it
+    /// may block ([`Handler::blocks`]).
+    pub fn call_on<R>(effect: Option<&Effect>, f: impl FnOnce() -> R) -> R {
+        use tokio::runtime::{Handle, RuntimeFlavor};
+        let blocks = effect.is_some_and(|e| e.handler.blocks());
+        match Handle::try_current() {
+            Ok(runtime) if blocks && runtime.runtime_flavor() == RuntimeFlavor::MultiThread => {
+                tokio::task::block_in_place(f)
+            }
+            _ => f(),
+        }
+    }
 }
 
 /// The effects granted to a step. Anything not named here is denied.

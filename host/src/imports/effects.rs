@@ -1,13 +1,19 @@
 //! `stephost:step/effects`: the single gate for side effects.
 
+use wasmtime::StoreContextMut;
+use wasmtime::component::Linker;
+
 use crate::bindings::CallError;
 use crate::bindings::stephost::step::effects::Host;
 use crate::effects::{Effect, EffectCall};
 use crate::imports::{StepState, lock, trap};
-use crate::journal::{CallErrorKind, CallSpec, Compute, Outcome};
-use crate::ledger::CallClass;
+use crate::journal::{Call, CallErrorKind, CallSpec, Compute, Outcome, Stop, WriteStarted};
+use crate::ledger::{Answered, CallClass};
 
 pub const INTERFACE: &str = "stephost:step/effects";
+
+/// The interface's instance name in the step world.
+const INSTANCE: &str = "stephost:step/effects@0.1.0";
 
 /// Longest business key accepted, in bytes.
 pub const KEY_BYTES_MAX: usize = 1024;
@@ -27,14 +33,60 @@ impl Host for StepState {
             effects.get(&name),
             &request,
             key.as_deref(),
-            || {
-                format!(
-                    "effect `{name}` is not granted to this step; grant it with \
-                     [effects.\"{name}\"] in stephost.toml"
-                )
-            },
+            || not_granted(&name),
         )
     }
+}
+
+fn not_granted(name: &str) -> String {
+    format!(
+        "effect `{name}` is not granted to this step; grant it with [effects.\"{name}\"] in \
+         stephost.toml"
+    )
+}
+
+/// `effects.call` for runs executed as tasks (see
+/// [`crate::engine::StepEngine::task_pre`]): a write's durable `started`
+/// commit, when another thread makes it, is awaited, so that the thread
+/// goes on with other runs meanwhile; a call of an effect that may block
+/// tells the runtime first ([`Effect::call_on`]).
+pub fn add_task_call_to_linker(linker: &mut Linker<StepState>) -> wasmtime::Result<()> {
+    linker.instance(INSTANCE)?.func_wrap_async(
+        "call",
+        |mut store: StoreContextMut<'_, StepState>,
+         (name, request, key): (String, String, Option<String>)| {
+            Box::new(async move {
+                let state = store.data_mut();
+                let effects = state.effects.clone();
+                let effect = effects.get(&name);
+                let began = Effect::call_on(effect, || {
+                    begin_call(
+                        state,
+                        INTERFACE,
+                        &name,
+                        effect,
+                        &request,
+                        key.as_deref(),
+                        || not_granted(&name),
+                    )
+                })
+                .map_err(trap)?;
+                let outcome = match began {
+                    Call::Done(outcome) => outcome,
+                    Call::Durable(pending) => {
+                        let (write, commit) = pending.into_parts();
+                        let answered = commit.await;
+                        let state = store.data_mut();
+                        Effect::call_on(effect, || {
+                            send_call(state, &name, effect, &request, write, answered)
+                        })
+                        .map_err(trap)?
+                    }
+                };
+                Ok((to_guest(outcome),))
+            })
+        },
+    )
 }
 
 /// One call through a configured effect (or its refusal), recorded by the
@@ -48,10 +100,34 @@ pub fn gated_call(
     key: Option<&str>,
     denied: impl FnOnce() -> String,
 ) -> wasmtime::Result<Result<String, CallError>> {
+    let outcome = Effect::call_on(effect, || {
+        match begin_call(state, interface, function, effect, request, key, denied)? {
+            Call::Done(outcome) => Ok(outcome),
+            Call::Durable(pending) => {
+                let (write, commit) = pending.into_parts();
+                send_call(state, function, effect, request, write, commit.wait())
+            }
+        }
+    })
+    .map_err(trap)?;
+    Ok(to_guest(outcome))
+}
+
+/// A call up to its write's durable commit, if that is left pending (see
+/// [`crate::journal::Journal::begin`]). A request refused before it is
+/// sent is still a recorded call: the guest saw the refusal and replay must
+/// show it again.
+fn begin_call(
+    state: &mut StepState,
+    interface: &str,
+    function: &str,
+    effect: Option<&Effect>,
+    request: &str,
+    key: Option<&str>,
+    denied: impl FnOnce() -> String,
+) -> Result<Call, Stop> {
     let mut journal = lock(&state.journal);
     let max = journal.limits().payload_bytes_max as usize;
-    // A request refused before it is sent is still a recorded call: the
-    // guest saw the refusal and replay must show it again.
     let refusal = if request.len() > max {
         Some(Outcome::error(
             CallErrorKind::Invalid,
@@ -75,7 +151,7 @@ pub fn gated_call(
     } else {
         None
     };
-    let outcome = match (refusal, effect) {
+    match (refusal, effect) {
         (None, Some(effect)) => {
             let spec = CallSpec {
                 class: effect.class,
@@ -84,15 +160,7 @@ pub fn gated_call(
                 request,
                 key,
             };
-            let mut call = EffectCall {
-                effect,
-                name: function,
-                body: request,
-                payload_bytes_max: max,
-                sleep: &state.sleep,
-                unknown: None,
-            };
-            journal.call(&spec, &mut call)
+            journal.begin(&spec, &mut effect_call(state, effect, function, request, max))
         }
         (refusal, _) => {
             let outcome = refusal.unwrap_or_else(|| {
@@ -111,11 +179,53 @@ pub fn gated_call(
                 request: &recorded,
                 key,
             };
-            journal.call(&spec, &mut Compute(|| outcome.clone()))
+            journal
+                .call(&spec, &mut Compute(|| outcome.clone()))
+                .map(Call::Done)
         }
     }
-    .map_err(trap)?;
-    Ok(to_guest(outcome))
+}
+
+/// The rest of a write [`begin_call`] left pending, once its commit is
+/// answered: the request is sent if the commit succeeded.
+fn send_call(
+    state: &StepState,
+    function: &str,
+    effect: Option<&Effect>,
+    request: &str,
+    write: WriteStarted,
+    answered: Answered,
+) -> Result<Outcome, Stop> {
+    let Some(effect) = effect else {
+        return Err(Stop::Corrupt(format!(
+            "a write of {function} was left pending though the effect is not granted"
+        )));
+    };
+    let mut journal = lock(&state.journal);
+    let max = journal.limits().payload_bytes_max as usize;
+    journal.send(
+        write,
+        answered,
+        &mut effect_call(state, effect, function, request, max),
+    )
+}
+
+/// The live I/O of one call of `effect`.
+fn effect_call<'a>(
+    state: &'a StepState,
+    effect: &'a Effect,
+    name: &'a str,
+    body: &'a str,
+    payload_bytes_max: usize,
+) -> EffectCall<'a> {
+    EffectCall {
+        effect,
+        name,
+        body,
+        payload_bytes_max,
+        sleep: &state.sleep,
+        unknown: None,
+    }
 }
 
 /// The guest's view of a recorded outcome.

@@ -30,6 +30,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, mpsc};
 use std::thread::JoinHandle;
 
+use super::reply;
 use super::sqlite::FailedExecutions;
 use super::{
     AttemptRecord, CallRecord, CallState, Claim, History, Ledger, LedgerError, LogRecord, NewRun,
@@ -46,7 +47,7 @@ pub const BATCH_WRITES_MAX: usize = 512;
 /// locks).
 type Answer = (Result<(), LedgerError>, Vec<WriteOp>);
 
-type Reply = mpsc::SyncSender<Answer>;
+type Reply = reply::Sender<Answer>;
 
 struct Job {
     claim: Claim,
@@ -327,8 +328,8 @@ impl CommitHandle {
         &self,
         claim: &Claim,
         ops: Vec<WriteOp>,
-    ) -> Result<mpsc::Receiver<Answer>, LedgerError> {
-        let (reply, result) = mpsc::sync_channel(1);
+    ) -> Result<reply::Receiver<Answer>, LedgerError> {
+        let (reply, result) = reply::channel();
         self.queue
             .send(Job {
                 claim: claim.clone(),
@@ -342,13 +343,51 @@ impl CommitHandle {
 
 /// The result of a job sent to the committer, once it has one; its writes,
 /// handed back, are kept for this thread's next calls to reuse.
-fn wait(result: &mpsc::Receiver<Answer>) -> Result<(), LedgerError> {
-    match result.recv() {
-        Ok((result, applied)) => {
+fn wait(result: reply::Receiver<Answer>) -> Result<(), LedgerError> {
+    received(result.wait())
+}
+
+/// An answer received (see [`wait`]).
+fn received(answer: Option<Answer>) -> Result<(), LedgerError> {
+    match answer {
+        Some((result, applied)) => {
             super::spare::keep(applied);
             result
         }
-        Err(_) => Err(LedgerError::Batch("the committer has stopped".into())),
+        None => Err(LedgerError::Batch("the committer has stopped".into())),
+    }
+}
+
+/// A durable commit sent to the committer and not answered yet (see
+/// [`Ledger::commit_durable`]): a thread waits for it, a task awaits it.
+pub struct PendingCommit(reply::Receiver<Answer>);
+
+impl PendingCommit {
+    /// Blocks this thread until the commit is answered.
+    pub fn wait(self) -> Answered {
+        Answered(self.0.wait())
+    }
+}
+
+impl std::future::Future for PendingCommit {
+    type Output = Answered;
+
+    fn poll(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Answered> {
+        std::pin::Pin::new(&mut self.0).poll(cx).map(Answered)
+    }
+}
+
+/// The committer's answer to a [`PendingCommit`], for
+/// [`Ledger::settle_durable`].
+pub struct Answered(Option<Answer>);
+
+impl Answered {
+    /// The commit's own result (its writes handed back for reuse).
+    pub fn into_result(self) -> Result<(), LedgerError> {
+        received(self.0)
     }
 }
 
@@ -364,7 +403,7 @@ pub struct GroupLedger {
     committer: Committer,
     /// Replies still to come for writes that need not be waited for, oldest
     /// first.
-    in_flight: std::collections::VecDeque<(Claim, mpsc::Receiver<Answer>)>,
+    in_flight: std::collections::VecDeque<(Claim, reply::Receiver<Answer>)>,
     /// Executions a commit of which failed: their later commits fail too,
     /// whichever connection they would take.
     failed: FailedExecutions,
@@ -415,7 +454,7 @@ impl GroupLedger {
     fn settle(&mut self) -> Result<(), LedgerError> {
         let mut first = Ok(());
         for (claim, reply) in self.in_flight.drain(..) {
-            let result = wait(&reply);
+            let result = wait(reply);
             if let Err(e) = &result {
                 self.failed.add(&claim, e);
             }
@@ -456,7 +495,7 @@ impl GroupLedger {
             return result;
         }
         let reply = self.handle()?.send(claim, ops)?;
-        let own = wait(&reply);
+        let own = wait(reply);
         self.settle()?;
         own
     }
@@ -466,7 +505,7 @@ impl GroupLedger {
     fn queue(&mut self, claim: &Claim, ops: Vec<WriteOp>) -> Result<(), LedgerError> {
         if self.in_flight.len() >= IN_FLIGHT_MAX {
             let (claim, oldest) = self.in_flight.pop_front().expect("in flight");
-            if let Err(e) = wait(&oldest) {
+            if let Err(e) = wait(oldest) {
                 self.failed.add(&claim, &e);
                 // The others fail or land in their own time; this one's
                 // failure stops the run.
@@ -581,6 +620,46 @@ impl Ledger for GroupLedger {
         }
         let taken = std::mem::replace(ops, Vec::with_capacity(ops.len()));
         let result = self.commit_in_order(claim, taken);
+        if let Err(e) = &result {
+            self.failed.add(claim, e);
+        }
+        result
+    }
+
+    /// A durable write sent to a worker's committer is not waited for
+    /// here (a run's own durable writes are committed on its connection,
+    /// as by `commit_taking`).
+    fn commit_durable(
+        &mut self,
+        claim: &Claim,
+        ops: &mut Vec<WriteOp>,
+    ) -> Result<Option<PendingCommit>, LedgerError> {
+        let creates = matches!(ops.first(), Some(WriteOp::Create(_)));
+        let Committer::Shared(handle) = &self.committer else {
+            return self.commit_taking(claim, ops).map(|()| None);
+        };
+        if ops.is_empty() || creates || !ops.iter().any(WriteOp::durable) {
+            return self.commit_taking(claim, ops).map(|()| None);
+        }
+        if let Some(refusal) = self.failed.refusal(claim) {
+            return Err(refusal);
+        }
+        let taken = std::mem::replace(ops, Vec::with_capacity(ops.len()));
+        match handle.send(claim, taken) {
+            Ok(reply) => Ok(Some(PendingCommit(reply))),
+            Err(e) => {
+                self.failed.add(claim, &e);
+                Err(e)
+            }
+        }
+    }
+
+    /// As `commit_taking` does once its durable write is answered: the
+    /// writes queued before it have landed too (the committer works in
+    /// order), and the first failure among them is this commit's.
+    fn settle_durable(&mut self, claim: &Claim, answered: Answered) -> Result<(), LedgerError> {
+        let own = answered.into_result();
+        let result = self.settle().and(own);
         if let Err(e) = &result {
             self.failed.add(claim, e);
         }

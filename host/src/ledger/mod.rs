@@ -17,13 +17,14 @@ pub mod chain;
 pub mod checkpoint;
 pub mod group;
 pub mod history;
+pub mod reply;
 pub mod schema;
 pub mod spare;
 pub mod sqlite;
 
 use serde::{Deserialize, Serialize};
 
-pub use group::{CommitCounts, GroupCommitter, GroupLedger};
+pub use group::{Answered, CommitCounts, GroupCommitter, GroupLedger, PendingCommit};
 pub use history::History;
 pub use sqlite::SqliteLedger;
 
@@ -547,6 +548,27 @@ pub trait Ledger: Send {
         self.commit(claim, ops)?;
         ops.clear();
         Ok(())
+    }
+
+    /// Like [`Ledger::commit_taking`], for a commit that must be durable
+    /// (a write's `started` row), except that a ledger whose commits
+    /// another thread applies may hand it back pending instead of waiting
+    /// for it: the caller waits for it (a thread blocks, a task awaits),
+    /// then settles its answer with [`Ledger::settle_durable`] before it
+    /// uses the ledger again.
+    fn commit_durable(
+        &mut self,
+        claim: &Claim,
+        ops: &mut Vec<WriteOp>,
+    ) -> Result<Option<PendingCommit>, LedgerError> {
+        self.commit_taking(claim, ops).map(|()| None)
+    }
+
+    /// The result of a commit [`Ledger::commit_durable`] left pending, once
+    /// it is answered.
+    fn settle_durable(&mut self, claim: &Claim, answered: Answered) -> Result<(), LedgerError> {
+        let _ = claim;
+        answered.into_result()
     }
 
     /// Returns once every write committed before is in the database (not
