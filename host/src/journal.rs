@@ -21,8 +21,8 @@ use crate::crash;
 use crate::ids;
 use crate::ledger::spare;
 use crate::ledger::{
-    AttemptRecord, Answered, CallClass, CallRecord, CallState, Claim, History, Ledger,
-    LedgerError, LogRecord, PendingCommit, RunRecord, WriteOp,
+    Answered, AttemptRecord, CallClass, CallRecord, CallState, Claim, History, Ledger, LedgerError,
+    LogRecord, PendingCommit, RunRecord, WriteOp,
 };
 
 /// Most buffered writes before they are committed anyway.

@@ -4,7 +4,7 @@ use std::path::Path;
 use std::sync::{Arc, Mutex};
 
 use serde::Serialize;
-use wasmtime::component::ResourceTable;
+use wasmtime::component::{InstancePre as ComponentPre, ResourceTable};
 use wasmtime::{Store, StoreLimits, StoreLimitsBuilder, Trap};
 use wasmtime_wasi::WasiCtxBuilder;
 use wasmtime_wasi::p2::pipe::MemoryOutputPipe;
@@ -412,6 +412,45 @@ impl Host {
     ) -> Result<RunReport, HostError> {
         let ledger = self.ledger.take().expect("ledger present");
         let result = self.execute(run, claim, ledger, loaded, control, start);
+        self.put_back(result)
+    }
+
+    /// [`Host::execute_claimed`] as a task of an async runtime (a worker's):
+    /// a step runs on a fiber, and each write's durable `started` commit,
+    /// which the worker's committer makes, is awaited, so that the thread
+    /// goes on with the worker's other runs meanwhile. A command runs as
+    /// with `execute_claimed`, the runtime told that it blocks.
+    pub async fn execute_claimed_task(
+        &mut self,
+        run_id: &str,
+        claim: Claim,
+        control: Arc<RunControl>,
+    ) -> Result<RunReport, HostError> {
+        let run = self.ledger().run(run_id)?;
+        let loaded = self.load_pinned(&run)?;
+        let pre = match self.engine.task_pre(&loaded) {
+            Some(pre) => pre.map_err(HostError::Internal)?.clone(),
+            None => {
+                return tokio::task::block_in_place(|| {
+                    self.execute_with(&run, claim, &loaded, Some(control), Start::Recorded)
+                });
+            }
+        };
+        let ledger = self.ledger.take().expect("ledger present");
+        let result = match self.journal_for(&run, claim, ledger, Some(control), Start::Recorded) {
+            Ok(journal) => {
+                let guest =
+                    invoke_task(&self.engine, &pre, &journal, &run.input, &self.options).await;
+                self.conclude(&run, journal, guest, None)
+            }
+            Err((ledger, error)) => Ok((ledger, Err(error))),
+        };
+        self.put_back(result)
+    }
+
+    /// The ledger of a finished execution back in the host; the run's
+    /// report.
+    fn put_back(&mut self, result: Executed) -> Result<RunReport, HostError> {
         let (mut ledger, report) = match result {
             Ok(done) => done,
             Err(ledger) => (
@@ -430,7 +469,6 @@ impl Host {
         report.and_then(|report| landed.map(|()| report).map_err(HostError::from))
     }
 
-    #[allow(clippy::type_complexity)]
     fn execute(
         &self,
         run: &RunRecord,
@@ -439,7 +477,33 @@ impl Host {
         loaded: &Loaded,
         control: Option<Arc<RunControl>>,
         start: Start,
-    ) -> Result<(Box<dyn Ledger>, Result<RunReport, HostError>), Box<dyn Ledger>> {
+    ) -> Executed {
+        let journal = match self.journal_for(run, claim, ledger, control, start) {
+            Ok(journal) => journal,
+            Err((ledger, error)) => return Ok((ledger, Err(error))),
+        };
+        let (guest, exit_code) = invoke(
+            &self.engine,
+            loaded,
+            &journal,
+            &run.input,
+            &self.options,
+            false,
+        );
+        self.conclude(run, journal, guest, exit_code)
+    }
+
+    /// The journal of an execution of `run` under `claim`, over its
+    /// recorded history; or the ledger back with the error that stopped it
+    /// before the step began.
+    fn journal_for(
+        &self,
+        run: &RunRecord,
+        claim: Claim,
+        ledger: Box<dyn Ledger>,
+        control: Option<Arc<RunControl>>,
+        start: Start,
+    ) -> Result<Arc<Mutex<Journal>>, (Box<dyn Ledger>, HostError)> {
         // Every ledger write needs a claim, so a run claimed for the first
         // time (fencing token 1) has recorded nothing: no history to read.
         let loaded_history = if claim.fence == 1 {
@@ -454,9 +518,8 @@ impl Host {
         };
         let (history, logs) = match loaded_history {
             Ok(v) => v,
-            Err(e) => return Ok((ledger, Err(e.into()))),
+            Err(e) => return Err((ledger, e.into())),
         };
-        let resumed = !history.is_empty();
         let mut journal = Journal::new(
             &run.run_id,
             Mode::Live { ledger, claim },
@@ -475,19 +538,24 @@ impl Host {
             let run_id = run.run_id.clone();
             journal.set_log_sink(Box::new(move |rec, replayed| sink(&run_id, rec, replayed)));
         }
-        let journal = Arc::new(Mutex::new(journal));
-        let (guest, exit_code) = invoke(
-            &self.engine,
-            loaded,
-            &journal,
-            &run.input,
-            &self.options,
-            false,
-        );
+        Ok(Arc::new(Mutex::new(journal)))
+    }
+
+    /// Records how an execution of `run` ended (the step's result, or the
+    /// stop its journal holds), with its buffered writes, in one durable
+    /// commit.
+    fn conclude(
+        &self,
+        run: &RunRecord,
+        journal: Arc<Mutex<Journal>>,
+        guest: GuestResult,
+        exit_code: Option<i32>,
+    ) -> Executed {
         let journal = match Arc::try_unwrap(journal) {
             Ok(m) => m.into_inner().unwrap_or_else(|p| p.into_inner()),
             Err(_) => unreachable_shared(),
         };
+        let resumed = journal.history_len() > 0;
         let stats = journal.stats;
         let stop = journal.stop().cloned();
         let limits = journal.limits().clone();
@@ -921,6 +989,31 @@ pub(crate) const TABLE_ELEMENTS_MAX: usize = 1_000_000;
 /// What a step returned (its output or error message), or the trap that
 /// ended it.
 type GuestResult = Result<Result<String, String>, wasmtime::Error>;
+
+/// An execution's end: the ledger back with the run's report, or the ledger
+/// alone if the journal was still shared.
+type Executed = Result<(Box<dyn Ledger>, Result<RunReport, HostError>), Box<dyn Ledger>>;
+
+/// Fuel a step run as a task burns between yields to the runtime's other
+/// runs: one that computes for long does not hold its thread.
+const TASK_YIELD_FUEL: u64 = 10_000_000;
+
+/// [`invoke`] of a step as a task (see [`Host::execute_claimed_task`]).
+async fn invoke_task(
+    engine: &StepEngine,
+    pre: &ComponentPre<StepState>,
+    journal: &Arc<Mutex<Journal>>,
+    input: &str,
+    options: &HostOptions,
+) -> GuestResult {
+    let wasi = wasi_builder(journal, options, false);
+    let mut store = new_store(engine, journal, wasi, options)?;
+    store.fuel_async_yield_interval(Some(TASK_YIELD_FUEL))?;
+    let instance = pre.instantiate_async(&mut store).await?;
+    let run = instance.get_typed_func::<(&str,), (Result<String, String>,)>(&mut store, "run")?;
+    let (result,) = run.call_async(&mut store, (input,)).await?;
+    Ok(result)
+}
 
 /// Instantiates the step in a fresh store and calls `run` (a step) or
 /// `wasi:cli/run` (a command, whose exit status comes back too).

@@ -16,6 +16,7 @@ use std::time::{Duration, Instant};
 use crate::engine::StepEngine;
 use crate::error::HostError;
 use crate::journal::RunControl;
+use crate::ledger::group::CommitHandle;
 use crate::ledger::{
     Claim, CommitCounts, GroupCommitter, GroupLedger, Ledger, LedgerError, RunStatus, SqliteLedger,
 };
@@ -96,7 +97,13 @@ pub fn run(
     };
     // Declared after the committer, so dropped before it: their ledgers
     // hold handles to its queue, which must close for it to stop.
-    let idle = IdleHosts::default();
+    let idle = Arc::new(IdleHosts::default());
+    // With a committer, runs are tasks on a few threads (see
+    // `Host::execute_claimed_task`); dropped first, once every run is done.
+    let tasks = match &committer {
+        Some(_) => Some(task_runtime(options.concurrency)?),
+        None => None,
+    };
     let active: Arc<Mutex<HashMap<String, Active>>> = Arc::default();
     let (done_tx, done_rx) = mpsc::channel::<Finished>();
     let mut report = WorkerReport::default();
@@ -187,8 +194,28 @@ pub fn run(
                         },
                     );
                     let tx = done_tx.clone();
+                    if let (Some(tasks), Some(committer)) = (&tasks, &committer) {
+                        let host = idle.take().map_or_else(
+                            || TaskHost::New {
+                                db: db.to_path_buf(),
+                                engine: engine.clone(),
+                                commits: committer.handle(),
+                                options: make_options(),
+                            },
+                            TaskHost::Idle,
+                        );
+                        spawn_task(
+                            tasks,
+                            host,
+                            idle.clone(),
+                            run.run_id.clone(),
+                            claim,
+                            control,
+                            tx,
+                        );
+                        continue;
+                    }
                     let engine = &engine;
-                    let committer = &committer;
                     let idle = &idle;
                     scope.spawn(move || {
                         let run_id = run.run_id.clone();
@@ -197,12 +224,7 @@ pub fn run(
                             .map_or_else(
                                 || {
                                     let direct = SqliteLedger::open(db)?;
-                                    let ledger: Box<dyn Ledger> = match committer {
-                                        Some(committer) => {
-                                            Box::new(GroupLedger::new(direct, committer.handle()))
-                                        }
-                                        None => Box::new(GroupLedger::pipelined(direct)),
-                                    };
+                                    let ledger = Box::new(GroupLedger::pipelined(direct));
                                     Ok(Host::with_engine(engine.clone(), ledger, make_options()))
                                 },
                                 Ok,
@@ -214,12 +236,7 @@ pub fn run(
                                     std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
                                         host.execute_claimed(&run_id, claim, control)
                                     }))
-                                    .unwrap_or_else(|_| {
-                                        Err(HostError::Internal(format!(
-                                            "executing run {run_id} panicked; its claim lapses \
-                                             and another worker resumes it"
-                                        )))
-                                    });
+                                    .unwrap_or_else(|_| Err(panicked(&run_id)));
                                 if result.is_ok() {
                                     idle.give_back(host);
                                 }
@@ -255,6 +272,83 @@ pub fn run(
     }
     let _ = ledger.add_counters(&counters(&report));
     Ok(report)
+}
+
+/// The runtime a worker's runs are tasks of: a thread per core (and no
+/// more than runs at once).
+fn task_runtime(concurrency: usize) -> Result<tokio::runtime::Runtime, HostError> {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(cores.min(concurrency).max(1))
+        .thread_name("stephost-run")
+        .build()
+        .map_err(|e| HostError::Internal(format!("cannot start the worker's runtime: {e}")))
+}
+
+/// The host a run's task executes on.
+enum TaskHost {
+    /// A finished run's, idle.
+    Idle(Host),
+    /// A new one, with a connection of its own whose writes go through
+    /// the worker's committer.
+    New {
+        db: std::path::PathBuf,
+        engine: Arc<StepEngine>,
+        commits: CommitHandle,
+        options: HostOptions,
+    },
+}
+
+impl TaskHost {
+    fn open(self) -> Result<Host, HostError> {
+        match self {
+            TaskHost::Idle(host) => Ok(host),
+            TaskHost::New {
+                db,
+                engine,
+                commits,
+                options,
+            } => {
+                let direct = SqliteLedger::open(&db)?;
+                let ledger = Box::new(GroupLedger::new(direct, commits));
+                Ok(Host::with_engine(engine, ledger, options))
+            }
+        }
+    }
+}
+
+/// Executes a claimed run as a task of `tasks` on `host`, given back to
+/// `idle` after a run without an error; its result goes to `done`.
+fn spawn_task(
+    tasks: &tokio::runtime::Runtime,
+    host: TaskHost,
+    idle: Arc<IdleHosts>,
+    run_id: String,
+    claim: Claim,
+    control: Arc<RunControl>,
+    done: mpsc::Sender<Finished>,
+) {
+    let id = run_id.clone();
+    let work = tasks.spawn(async move {
+        let mut host = host.open()?;
+        let result = host.execute_claimed_task(&id, claim, control).await;
+        if result.is_ok() {
+            idle.give_back(host);
+        }
+        result
+    });
+    // A panic must not leave the run looking active (renewed forever,
+    // never taken over).
+    tasks.spawn(async move {
+        let result = work.await.unwrap_or_else(|_| Err(panicked(&run_id)));
+        let _ = done.send((run_id, result));
+    });
+}
+
+fn panicked(run_id: &str) -> HostError {
+    HostError::Internal(format!(
+        "executing run {run_id} panicked; its claim lapses and another worker resumes it"
+    ))
 }
 
 /// Hosts of this worker's finished runs, for its next runs: a host's

@@ -160,7 +160,10 @@ fn begin_call(
                 request,
                 key,
             };
-            journal.begin(&spec, &mut effect_call(state, effect, function, request, max))
+            journal.begin(
+                &spec,
+                &mut effect_call(state, effect, function, request, max),
+            )
         }
         (refusal, _) => {
             let outcome = refusal.unwrap_or_else(|| {
