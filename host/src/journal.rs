@@ -361,7 +361,7 @@ pub enum Call {
     Done(Outcome),
     /// A write whose `started` commit another thread applies: wait for it,
     /// then [`Journal::send`].
-    Durable(PendingWrite),
+    Durable(Box<PendingWrite>),
 }
 
 /// A write recorded as started, its commit not yet answered.
@@ -372,7 +372,7 @@ pub struct PendingWrite {
 
 impl PendingWrite {
     /// The write, and its commit to wait for (or await).
-    pub fn into_parts(self) -> (WriteStarted, PendingCommit) {
+    pub fn into_parts(self: Box<Self>) -> (WriteStarted, PendingCommit) {
         (self.write, self.commit)
     }
 }
@@ -885,7 +885,7 @@ impl Journal {
                 };
                 self.pending.push(WriteOp::Started(record));
                 return match ledger.commit_durable(claim, &mut self.pending)? {
-                    Some(commit) => Ok(Call::Durable(PendingWrite { write, commit })),
+                    Some(commit) => Ok(Call::Durable(Box::new(PendingWrite { write, commit }))),
                     None => self.perform_write(write, live).map(Call::Done),
                 };
             }

@@ -503,7 +503,7 @@ impl Host {
         ledger: Box<dyn Ledger>,
         control: Option<Arc<RunControl>>,
         start: Start,
-    ) -> Result<Arc<Mutex<Journal>>, (Box<dyn Ledger>, HostError)> {
+    ) -> Result<Arc<Mutex<Journal>>, NotStarted> {
         // Every ledger write needs a claim, so a run claimed for the first
         // time (fencing token 1) has recorded nothing: no history to read.
         let loaded_history = if claim.fence == 1 {
@@ -993,6 +993,10 @@ type GuestResult = Result<Result<String, String>, wasmtime::Error>;
 /// An execution's end: the ledger back with the run's report, or the ledger
 /// alone if the journal was still shared.
 type Executed = Result<(Box<dyn Ledger>, Result<RunReport, HostError>), Box<dyn Ledger>>;
+
+/// The ledger back, and the error that stopped an execution before its
+/// step began.
+type NotStarted = (Box<dyn Ledger>, HostError);
 
 /// Fuel a step run as a task burns between yields to the runtime's other
 /// runs: one that computes for long does not hold its thread.

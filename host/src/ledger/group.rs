@@ -304,7 +304,7 @@ fn answer(answers: Answers, synced: Result<(), String>) {
             (Err(e), Ok(())) => Err(LedgerError::Batch(e.clone())),
             (_, result) => result,
         };
-        let _ = reply.send((result, ops));
+        reply.send((result, ops));
     }
 }
 
