@@ -173,6 +173,8 @@ fn group(
         shared.commits += report.commits.commits;
         shared.transactions += report.commits.transactions;
         shared.fsyncs += report.commits.fsyncs;
+        shared.applying_us += report.commits.applying_us;
+        shared.syncing_us += report.commits.syncing_us;
         // Round 0 fills the compiled-component cache.
         if round > 0 {
             per.push(t.elapsed().as_secs_f64() * 1e6 / (RUNS as u64 * count) as f64);
@@ -190,6 +192,12 @@ fn group(
         per[per.len() / 2],
         shared.per_transaction(),
         shared.per_fsync(),
+    );
+    let writes = f64::from(rounds + 1) * (RUNS as u64 * count) as f64;
+    println!(
+        "committer applying {:.1} µs, syncer in fsync {:.1} µs per write (all rounds)",
+        shared.applying_us as f64 / writes,
+        shared.syncing_us as f64 / writes,
     );
     // The worker's threads end with each round, so only the process's
     // total is left to read.

@@ -77,6 +77,10 @@ pub struct CommitCounts {
     pub transactions: u64,
     /// Fsyncs of the WAL that made them durable.
     pub fsyncs: u64,
+    /// Time the committer spent applying transactions, in µs.
+    pub applying_us: u64,
+    /// Time the syncer spent in fsyncs, in µs.
+    pub syncing_us: u64,
 }
 
 impl CommitCounts {
@@ -96,6 +100,8 @@ struct Counts {
     commits: AtomicU64,
     transactions: AtomicU64,
     fsyncs: AtomicU64,
+    applying_us: AtomicU64,
+    syncing_us: AtomicU64,
 }
 
 impl GroupCommitter {
@@ -143,7 +149,7 @@ impl GroupCommitter {
                 let thread = std::thread::Builder::new()
                     .name("stephost-sync".into())
                     .spawn(move || {
-                        sync_committed(&wal, sync, &committed, &to_answer, &counts.fsyncs);
+                        sync_committed(&wal, sync, &committed, &to_answer, &counts);
                         drop(to_answer);
                         let _ = answerer.join();
                     })
@@ -168,7 +174,11 @@ impl GroupCommitter {
                     }
                     let ops: Vec<(&Claim, &[WriteOp])> =
                         batch.iter().map(|j| (&j.claim, j.ops.as_slice())).collect();
+                    let began = std::time::Instant::now();
                     let (results, durable) = ledger.apply_batch(&ops, &mut failed);
+                    counted
+                        .applying_us
+                        .fetch_add(began.elapsed().as_micros() as u64, Ordering::Relaxed);
                     drop(ops);
                     counted
                         .commits
@@ -216,6 +226,8 @@ impl GroupCommitter {
             commits: self.counts.commits.load(Ordering::Relaxed),
             transactions: self.counts.transactions.load(Ordering::Relaxed),
             fsyncs: self.counts.fsyncs.load(Ordering::Relaxed),
+            applying_us: self.counts.applying_us.load(Ordering::Relaxed),
+            syncing_us: self.counts.syncing_us.load(Ordering::Relaxed),
         }
     }
 
@@ -267,7 +279,7 @@ fn sync_committed(
     mut sync: SyncWal,
     committed: &mpsc::Receiver<Answers>,
     answerer: &mpsc::Sender<Synced>,
-    fsyncs: &AtomicU64,
+    counts: &Counts,
 ) {
     let mut failed: Option<String> = None;
     while let Ok(first) = committed.recv() {
@@ -275,11 +287,18 @@ fn sync_committed(
         let mut waiting = vec![first];
         waiting.extend(committed.try_iter());
         if failed.is_none() {
-            fsyncs.fetch_add(1, Ordering::Relaxed);
+            counts.fsyncs.fetch_add(1, Ordering::Relaxed);
         }
-        if failed.is_none()
-            && let Err(e) = sync(&wal.file)
-        {
+        let began = std::time::Instant::now();
+        let synced = if failed.is_none() {
+            sync(&wal.file)
+        } else {
+            Ok(())
+        };
+        counts
+            .syncing_us
+            .fetch_add(began.elapsed().as_micros() as u64, Ordering::Relaxed);
+        if let Err(e) = synced {
             failed = Some(format!(
                 "the fsync of {} failed ({e}); writes since the last one may not be on disk, \
                  so this process makes nothing durable any more: restart it and resume the runs",
