@@ -349,3 +349,140 @@ fn runs_survive_workers_killed_at_random_with_one_effect_per_write() {
         }
     }
 }
+
+/// An HTTP receiver on 127.0.0.1 that holds each request until `parties`
+/// are held at once (or 20 s have passed), then answers them all `{}`;
+/// it keeps the most it held at once.
+struct Rendezvous {
+    url: String,
+    state: std::sync::Arc<(std::sync::Mutex<Held>, std::sync::Condvar)>,
+}
+
+#[derive(Default)]
+struct Held {
+    now: usize,
+    most: usize,
+    met: bool,
+}
+
+impl Rendezvous {
+    fn start(parties: usize) -> Rendezvous {
+        use std::io::{BufRead, BufReader, Read, Write};
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let state = std::sync::Arc::new((
+            std::sync::Mutex::new(Held::default()),
+            std::sync::Condvar::new(),
+        ));
+        let shared = state.clone();
+        std::thread::spawn(move || {
+            for stream in listener.incoming() {
+                let Ok(mut stream) = stream else { return };
+                let shared = shared.clone();
+                std::thread::spawn(move || {
+                    let mut reader = BufReader::new(stream.try_clone().unwrap());
+                    let mut length = 0;
+                    loop {
+                        let mut line = String::new();
+                        if reader.read_line(&mut line).unwrap_or(0) == 0 {
+                            return;
+                        }
+                        let lower = line.to_ascii_lowercase();
+                        if let Some(value) = lower.strip_prefix("content-length:") {
+                            length = value.trim().parse().unwrap_or(0);
+                        }
+                        if line == "\r\n" {
+                            break;
+                        }
+                    }
+                    let mut body = vec![0; length];
+                    let _ = reader.read_exact(&mut body);
+                    let (lock, wake) = &*shared;
+                    let mut held = lock.lock().unwrap();
+                    held.now += 1;
+                    held.most = held.most.max(held.now);
+                    if held.now >= parties {
+                        held.met = true;
+                        wake.notify_all();
+                    }
+                    let deadline = Instant::now() + Duration::from_secs(20);
+                    while !held.met && Instant::now() < deadline {
+                        held = wake
+                            .wait_timeout(held, Duration::from_millis(100))
+                            .unwrap()
+                            .0;
+                    }
+                    held.now -= 1;
+                    drop(held);
+                    let _ = stream.write_all(
+                        b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\
+                          Connection: close\r\n\r\n{}",
+                    );
+                });
+            }
+        });
+        Rendezvous { url, state }
+    }
+
+    fn most_at_once(&self) -> usize {
+        self.state.0.lock().unwrap().most
+    }
+}
+
+#[test]
+fn a_worker_keeps_its_runs_blocking_writes_in_flight_at_once() {
+    // Runs are tasks on a thread per core: a write that blocks (HTTP here)
+    // must not hold a thread the other runs need, or fewer than all of
+    // them could be waiting at the receiver at once on a machine with
+    // fewer cores than runs.
+    const RUNS: usize = 6;
+    let receiver = Rendezvous::start(RUNS);
+    let sb = Sandbox::with_config(
+        BIN,
+        &format!(
+            "[effects.orders]\nkind = \"http\"\nclass = \"write\"\nmethod = \"POST\"\n\
+             url = \"{}/orders\"\n",
+            receiver.url
+        ),
+    );
+    for i in 0..RUNS {
+        submit(&sb, 1, &format!("r{i}"));
+    }
+    let worker = sb.stephost(&["worker", "--concurrency", "6", "--exit-when-idle"]);
+    worker.expect_code(0);
+    let runs = statuses(&sb);
+    assert!(runs.iter().all(|(_, s, _)| s == "completed"), "{runs:?}");
+    assert_eq!(receiver.most_at_once(), RUNS, "{}", worker.stderr);
+}
+
+#[test]
+fn a_worker_running_many_runs_at_once_executes_command_programs_too() {
+    let sb = Sandbox::new(BIN);
+    for i in 0..3 {
+        sb.stephost(&[
+            "submit",
+            guests::COMMAND,
+            "--input",
+            r#""text""#,
+            "--run-id",
+            &format!("cmd-{i}"),
+        ])
+        .expect_code(0);
+        submit(&sb, 2, &format!("step-{i}"));
+    }
+    sb.stephost(&["worker", "--concurrency", "4", "--exit-when-idle"])
+        .expect_code(0);
+    for i in 0..3 {
+        let show = sb.show(&format!("cmd-{i}"));
+        assert_eq!(show["run"]["status"], "completed", "{show:#}");
+        let output: Value = serde_json::from_str(show["run"]["output"].as_str().unwrap()).unwrap();
+        assert!(
+            output
+                .as_str()
+                .is_some_and(|s| s.starts_with("plain text at ")),
+            "{output}"
+        );
+        assert_eq!(sb.show(&format!("step-{i}"))["run"]["status"], "completed");
+    }
+    assert_eq!(sb.received("orders.jsonl").len(), 6);
+}
