@@ -442,6 +442,8 @@ impl Host {
                 let guest =
                     invoke_task(&self.engine, &pre, &journal, &run.input, &self.options).await;
                 self.conclude(&run, journal, guest, None)
+                    .commit_task()
+                    .await
             }
             Err((ledger, error)) => Ok((ledger, Err(error))),
         };
@@ -490,7 +492,7 @@ impl Host {
             &self.options,
             false,
         );
-        self.conclude(run, journal, guest, exit_code)
+        self.conclude(run, journal, guest, exit_code).commit()
     }
 
     /// The journal of an execution of `run` under `claim`, over its
@@ -550,7 +552,7 @@ impl Host {
         journal: Arc<Mutex<Journal>>,
         guest: GuestResult,
         exit_code: Option<i32>,
-    ) -> Executed {
+    ) -> Ended {
         let journal = match Arc::try_unwrap(journal) {
             Ok(m) => m.into_inner().unwrap_or_else(|p| p.into_inner()),
             Err(_) => unreachable_shared(),
@@ -594,7 +596,7 @@ impl Host {
             unreachable_shared()
         };
         let end = match stop {
-            Some(Stop::Fenced(m)) => return Ok((ledger, Err(HostError::Fenced(m)))),
+            Some(Stop::Fenced(m)) => return Ended::Done(Ok((ledger, Err(HostError::Fenced(m))))),
             Some(Stop::Released { .. }) => {
                 pending.push(WriteOp::Counters(counters));
                 let released = ledger
@@ -603,7 +605,7 @@ impl Host {
                     .map_err(HostError::from)
                     .and_then(|()| Ok(ledger.run(&run.run_id)?))
                     .map(|record| RunReport::from_record(&record, stats));
-                return Ok((ledger, released));
+                return Ended::Done(Ok((ledger, released)));
             }
             Some(Stop::Suspended { wake_at_ms, .. }) => {
                 pending.push(WriteOp::Suspend {
@@ -611,26 +613,29 @@ impl Host {
                     now_ms: crate::clock::now_ms(),
                 });
                 pending.push(WriteOp::Counters(counters));
-                let suspended = ledger
-                    .commit_taking(&claim, &mut pending)
-                    .map_err(HostError::from)
-                    .and_then(|()| Ok(ledger.run(&run.run_id)?))
-                    .map(|record| RunReport::from_record(&record, stats));
-                return Ok((ledger, suspended));
+                return Ended::Commit(LastCommit {
+                    ledger,
+                    claim,
+                    ops: pending,
+                    run_id: run.run_id.clone(),
+                    stats,
+                });
             }
-            Some(Stop::Ledger(m)) => return Ok((ledger, Err(HostError::LedgerWrite(m)))),
+            Some(Stop::Ledger(m)) => {
+                return Ended::Done(Ok((ledger, Err(HostError::LedgerWrite(m)))));
+            }
             Some(Stop::LedgerRead { message, corrupt }) => {
-                return Ok((ledger, Err(Stop::read_error(message, corrupt))));
+                return Ended::Done(Ok((ledger, Err(Stop::read_error(message, corrupt)))));
             }
             // Damaged records: leave the run as it is for a person to look at.
             Some(Stop::Corrupt(m)) => {
-                return Ok((
+                return Ended::Done(Ok((
                     ledger,
                     Err(HostError::Ledger(crate::ledger::LedgerError::Corrupt(m))),
-                ));
+                )));
             }
             Some(Stop::ReplayEnd { reason, .. }) => {
-                return Ok((ledger, Err(HostError::Internal(reason))));
+                return Ended::Done(Ok((ledger, Err(HostError::Internal(reason)))));
             }
             Some(Stop::Diverged(d)) => diverged(
                 format!("diverged: {d}"),
@@ -678,12 +683,13 @@ impl Host {
         // metric counters, in one durable commit.
         pending.push(WriteOp::Finish(end, crate::clock::now_ms()));
         pending.push(WriteOp::Counters(counters));
-        let finished = ledger
-            .commit_taking(&claim, &mut pending)
-            .map_err(HostError::from)
-            .and_then(|()| Ok(ledger.run(&run.run_id)?));
-        let report = finished.map(|record| RunReport::from_record(&record, stats));
-        Ok((ledger, report))
+        Ended::Commit(LastCommit {
+            ledger,
+            claim,
+            ops: pending,
+            run_id: run.run_id.clone(),
+            stats,
+        })
     }
 
     /// Replays a recorded run offline: no I/O, no ledger writes. With
@@ -993,6 +999,72 @@ type GuestResult = Result<Result<String, String>, wasmtime::Error>;
 /// An execution's end: the ledger back with the run's report, or the ledger
 /// alone if the journal was still shared.
 type Executed = Result<(Box<dyn Ledger>, Result<RunReport, HostError>), Box<dyn Ledger>>;
+
+/// How an execution ends: done, or with its last durable commit (the
+/// run's end, or its suspension, with every buffered write) to make.
+enum Ended {
+    Done(Executed),
+    Commit(LastCommit),
+}
+
+/// An execution's last durable commit, and what follows it.
+struct LastCommit {
+    ledger: Box<dyn Ledger>,
+    claim: Claim,
+    ops: Vec<WriteOp>,
+    run_id: String,
+    stats: Stats,
+}
+
+impl Ended {
+    /// Makes the last commit, if any, waiting for it.
+    fn commit(self) -> Executed {
+        match self {
+            Ended::Done(executed) => executed,
+            Ended::Commit(mut last) => {
+                let committed = last.ledger.commit_taking(&last.claim, &mut last.ops);
+                last.report(committed)
+            }
+        }
+    }
+
+    /// Makes the last commit, if any, awaiting it when the ledger leaves it
+    /// pending (a run executed as a task: see
+    /// [`Host::execute_claimed_task`]).
+    async fn commit_task(self) -> Executed {
+        match self {
+            Ended::Done(executed) => executed,
+            Ended::Commit(mut last) => {
+                let committed = match last.ledger.commit_durable(&last.claim, &mut last.ops) {
+                    Ok(Some(pending)) => {
+                        let answered = pending.await;
+                        last.ledger.settle_durable(&last.claim, answered)
+                    }
+                    Ok(None) => Ok(()),
+                    Err(e) => Err(e),
+                };
+                last.report(committed)
+            }
+        }
+    }
+}
+
+impl LastCommit {
+    /// The run's report once the commit is made (or the commit's error).
+    fn report(self, committed: Result<(), LedgerError>) -> Executed {
+        let LastCommit {
+            ledger,
+            run_id,
+            stats,
+            ..
+        } = self;
+        let report = committed
+            .map_err(HostError::from)
+            .and_then(|()| Ok(ledger.run(&run_id)?))
+            .map(|record| RunReport::from_record(&record, stats));
+        Ok((ledger, report))
+    }
+}
 
 /// The ledger back, and the error that stopped an execution before its
 /// step began.

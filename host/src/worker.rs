@@ -1,10 +1,16 @@
 //! A worker: claims runnable runs by compare-and-set and executes up to
-//! `concurrency` of them at once, each on a thread with its own ledger
-//! connection (a finished run's is kept for the next), renewing their
-//! leases in the background. A run whose lease cannot be renewed is
-//! stopped before its next external call; on shutdown the worker stops
-//! claiming, lets active runs reach their next call boundary, releases
-//! their claims and returns.
+//! `concurrency` of them at once, renewing their leases in the background.
+//! A run whose lease cannot be renewed is stopped before its next external
+//! call; on shutdown the worker stops claiming, lets active runs reach their
+//! next call boundary, releases their claims and returns.
+//!
+//! With `concurrency` above 1, the runs' commits go through one group
+//! committer and the runs are tasks of an async runtime with a thread per
+//! core (see [`Host::execute_claimed_task`]): a run waiting for its write's
+//! fsync holds no thread, and the fsync's writers are woken by queueing
+//! their tasks. Each run has its own ledger connection (a finished run's is
+//! kept for the next). With `concurrency` 1, the run executes on a thread
+//! of its own, its durable writes committed on its own connection.
 
 use std::collections::HashMap;
 use std::path::Path;
