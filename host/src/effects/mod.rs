@@ -179,9 +179,11 @@ impl Effect {
     /// may block ([`Handler::blocks`]).
     pub fn call_on<R>(effect: Option<&Effect>, f: impl FnOnce() -> R) -> R {
         use tokio::runtime::{Handle, RuntimeFlavor};
-        let blocks = effect.is_some_and(|e| e.handler.blocks());
+        if !effect.is_some_and(|e| e.handler.blocks()) {
+            return f();
+        }
         match Handle::try_current() {
-            Ok(runtime) if blocks && runtime.runtime_flavor() == RuntimeFlavor::MultiThread => {
+            Ok(runtime) if runtime.runtime_flavor() == RuntimeFlavor::MultiThread => {
                 tokio::task::block_in_place(f)
             }
             _ => f(),
