@@ -486,3 +486,49 @@ fn a_worker_running_many_runs_at_once_executes_command_programs_too() {
     }
     assert_eq!(sb.received("orders.jsonl").len(), 6);
 }
+
+#[test]
+fn a_step_that_computes_for_long_does_not_hold_back_the_workers_other_runs() {
+    // Runs are tasks on a thread per core: four steps spinning until their
+    // fuel runs out, claimed first, must yield their threads to the runs
+    // behind them now and then, or those would wait for the spinners to end.
+    let sb = Sandbox::with_config(
+        BIN,
+        &format!(
+            "{}\n[limits]\nfuel_max = 30_000_000_000\n",
+            stephost_tests::BASE_CONFIG
+        ),
+    );
+    for i in 0..4 {
+        sb.stephost(&[
+            "submit",
+            guests::LOOPER,
+            "--input",
+            "{}",
+            "--run-id",
+            &format!("spin-{i}"),
+        ])
+        .expect_code(0);
+    }
+    for i in 0..2 {
+        submit(&sb, 3, &format!("r{i}"));
+    }
+    sb.stephost(&["worker", "--concurrency", "6", "--exit-when-idle"])
+        .expect_code(0);
+    let ended = |run_id: &str| {
+        let show = sb.show(run_id);
+        (
+            show["run"]["status"].as_str().unwrap().to_string(),
+            show["run"]["updated_at_ms"].as_i64().unwrap(),
+        )
+    };
+    let spinners: Vec<_> = (0..4).map(|i| ended(&format!("spin-{i}"))).collect();
+    let others: Vec<_> = (0..2).map(|i| ended(&format!("r{i}"))).collect();
+    assert!(spinners.iter().all(|(s, _)| s == "failed"), "{spinners:?}");
+    assert!(others.iter().all(|(s, _)| s == "completed"), "{others:?}");
+    let first_spinner_end = spinners.iter().map(|(_, at)| *at).min().unwrap();
+    assert!(
+        others.iter().all(|(_, at)| *at < first_spinner_end),
+        "the runs behind the spinners ended after one of them: {others:?} {spinners:?}"
+    );
+}
