@@ -427,11 +427,12 @@ impl Host {
         control: Arc<RunControl>,
     ) -> Result<RunReport, HostError> {
         let run = self.ledger().run(run_id)?;
-        let loaded = self.load_pinned(&run)?;
-        let pre = match self.engine.task_pre(&loaded) {
+        // A module not compiled yet takes its thread for a while.
+        let loaded = crate::effects::blocking(|| self.load_pinned(&run))?;
+        let pre = match crate::effects::blocking(|| self.engine.task_pre(&loaded)) {
             Some(pre) => pre.map_err(HostError::Internal)?.clone(),
             None => {
-                return tokio::task::block_in_place(|| {
+                return crate::effects::blocking(|| {
                     self.execute_with(&run, claim, &loaded, Some(control), Start::Recorded)
                 });
             }

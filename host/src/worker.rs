@@ -287,6 +287,8 @@ fn task_runtime(concurrency: usize) -> Result<tokio::runtime::Runtime, HostError
     tokio::runtime::Builder::new_multi_thread()
         .worker_threads(cores.min(concurrency).max(1))
         .thread_name("stephost-run")
+        // WASI clocks' sleeps and polls wait on the runtime's timers.
+        .enable_time()
         .build()
         .map_err(|e| HostError::Internal(format!("cannot start the worker's runtime: {e}")))
 }

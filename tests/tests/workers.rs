@@ -532,3 +532,33 @@ fn a_step_that_computes_for_long_does_not_hold_back_the_workers_other_runs() {
         "the runs behind the spinners ended after one of them: {others:?} {spinners:?}"
     );
 }
+
+#[test]
+fn a_worker_running_many_runs_at_once_runs_steps_that_sleep() {
+    // A WASI sleep waits on the runtime's timers; a short durable sleep
+    // sleeps in place.
+    let sb = Sandbox::new(BIN);
+    for i in 0..3 {
+        sb.stephost(&[
+            "submit",
+            guests::SLEEPER,
+            "--input",
+            r#"{"ms": 30, "wasi_sleep_ms": 20}"#,
+            "--run-id",
+            &format!("sleep-{i}"),
+        ])
+        .expect_code(0);
+    }
+    sb.stephost(&["worker", "--concurrency", "3", "--exit-when-idle"])
+        .expect_code(0);
+    for i in 0..3 {
+        let show = sb.show(&format!("sleep-{i}"));
+        assert_eq!(show["run"]["status"], "completed", "{show:#}");
+        let output: Value = serde_json::from_str(show["run"]["output"].as_str().unwrap()).unwrap();
+        let slept = output["after"].as_u64().unwrap() - output["before"].as_u64().unwrap();
+        // Due times are kept in ms: the wake-up may come up to 1 ms before
+        // 30 ms past the clock read just before the sleep.
+        assert!(slept >= 29_000_000, "{output}");
+    }
+    assert_eq!(sb.received("orders.jsonl").len(), 6);
+}

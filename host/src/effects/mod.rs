@@ -178,16 +178,25 @@ impl Effect {
     /// multi-threaded tokio runtime this thread runs on, if any, that it
     /// may block ([`Handler::blocks`]).
     pub fn call_on<R>(effect: Option<&Effect>, f: impl FnOnce() -> R) -> R {
-        use tokio::runtime::{Handle, RuntimeFlavor};
-        if !effect.is_some_and(|e| e.handler.blocks()) {
-            return f();
+        if effect.is_some_and(|e| e.handler.blocks()) {
+            blocking(f)
+        } else {
+            f()
         }
-        match Handle::try_current() {
-            Ok(runtime) if runtime.runtime_flavor() == RuntimeFlavor::MultiThread => {
-                tokio::task::block_in_place(f)
-            }
-            _ => f(),
+    }
+}
+
+/// Runs `f`, which may hold its thread for long (I/O, a sleep, a wait for
+/// an fsync, a compile), telling a multi-threaded tokio runtime this thread
+/// runs on, if any, so that it moves its other tasks to another thread
+/// meanwhile (a worker's runs: see `Host::execute_claimed_task`).
+pub fn blocking<R>(f: impl FnOnce() -> R) -> R {
+    use tokio::runtime::{Handle, RuntimeFlavor};
+    match Handle::try_current() {
+        Ok(runtime) if runtime.runtime_flavor() == RuntimeFlavor::MultiThread => {
+            tokio::task::block_in_place(f)
         }
+        _ => f(),
     }
 }
 

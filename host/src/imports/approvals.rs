@@ -129,7 +129,9 @@ impl Host for StepState {
                     ttl_ms: i64::try_from(ttl_seconds.saturating_mul(1000)).unwrap_or(i64::MAX),
                     expired: false,
                 };
-                let outcome = journal.call(&spec, &mut approval);
+                // Durable: as a task, the thread's other runs go on while
+                // its commit is made.
+                let outcome = crate::effects::blocking(|| journal.call(&spec, &mut approval));
                 if approval.expired {
                     journal.count("approvals_expired_total");
                 }

@@ -52,8 +52,9 @@ impl Host for StepState {
             request: &request,
             key: None,
         };
-        lock(&self.journal)
-            .call(&spec, &mut Sleep { ms })
+        // Durable, and it may sleep in place: as a task, the thread's
+        // other runs go on meanwhile.
+        crate::effects::blocking(|| lock(&self.journal).call(&spec, &mut Sleep { ms }))
             .map_err(trap)?;
         Ok(())
     }
