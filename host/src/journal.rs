@@ -503,17 +503,26 @@ impl Journal {
     /// Before live I/O: may this execution still act?
     fn check_control(&self, seq: u64) -> Result<(), Stop> {
         use std::sync::atomic::Ordering;
-        if let Some(control) = &self.control {
-            if control.lost.load(Ordering::SeqCst) {
-                return Err(Stop::Fenced(format!(
-                    "run {}: the claim's lease was lost before call #{seq}; another worker may \
-                     own the run, this one stops",
-                    self.run_id
-                )));
-            }
-            if control.drain.load(Ordering::SeqCst) {
-                return Err(Stop::Released { seq });
-            }
+        self.check_lease(seq)?;
+        if let Some(control) = &self.control
+            && control.drain.load(Ordering::SeqCst)
+        {
+            return Err(Stop::Released { seq });
+        }
+        Ok(())
+    }
+
+    /// Stops the run if its worker has lost the claim's lease.
+    fn check_lease(&self, seq: u64) -> Result<(), Stop> {
+        use std::sync::atomic::Ordering;
+        if let Some(control) = &self.control
+            && control.lost.load(Ordering::SeqCst)
+        {
+            return Err(Stop::Fenced(format!(
+                "run {}: the claim's lease was lost before call #{seq}; another worker may own \
+                 the run, this one stops",
+                self.run_id
+            )));
         }
         Ok(())
     }
@@ -628,12 +637,18 @@ impl Journal {
         answered: Answered,
         live: &mut dyn LiveCall,
     ) -> Result<Outcome, Stop> {
+        let seq = write.started.seq;
         let result = match &mut self.mode {
+            // The wait for the commit may have been long (a task waits for
+            // its turn on a thread too): a lease lost meanwhile stops the
+            // run before the request leaves; the call stays `started`, for
+            // the run's next owner to settle.
             Mode::Live { ledger, claim } => ledger
                 .settle_durable(claim, answered)
                 .map_err(Stop::from)
+                .and_then(|()| self.check_lease(seq))
                 .and_then(|()| self.perform_write(write, live)),
-            Mode::Replay => Err(in_flight_in_replay(write.started.seq)),
+            Mode::Replay => Err(in_flight_in_replay(seq)),
         };
         self.stopping(result)
     }
