@@ -853,9 +853,10 @@ impl Bench {
              / the rate of a single run of {SINGLE_WRITES} writes made just before ({single:.0} \
              writes/s; figure 1's: {}); the floor is the mean of the floors just before and \
              after. In that round, from the gate's opening to the last run's end the process \
-             used {cpu:.2} s of CPU in {:.2} s ({:.1} of {} cores busy). Over the worker's life (the warm run and all rounds), the runs' {} \
-             commits took {} transactions and {} fsyncs: {:.1} commits per fsync, {:.1} per \
-             transaction",
+             used {cpu:.2} s of CPU in {:.2} s ({:.1} of {} cores busy). Over the worker's \
+             life (the warm run and all rounds), the runs' {} commits took {} transactions and \
+             {} fsyncs: {:.1} commits per fsync, {:.1} per transaction; the committer spent \
+             {:.1} µs applying per commit, the syncer {:.1} µs in fsyncs",
             GROUP_ROUNDS + 1,
             rates.join(", "),
             window_s * 1e3,
@@ -869,6 +870,8 @@ impl Bench {
             worker.commits.fsyncs,
             worker.commits.per_fsync(),
             worker.commits.per_transaction(),
+            worker.commits.applying_us as f64 / worker.commits.commits.max(1) as f64,
+            worker.commits.syncing_us as f64 / worker.commits.commits.max(1) as f64,
         ));
         self.group_ceiling(single)
     }
