@@ -142,6 +142,9 @@ impl InstancePool {
             .table_elements(TABLE_ELEMENTS_MAX)
             .max_core_instance_size(8 << 20)
             .max_component_instance_size(8 << 20)
+            // A stack for each run executed as a task (a worker's), instead
+            // of wasmtime's default reservation of a thousand.
+            .total_stacks(n)
             .max_memory_size(
                 usize::try_from(self.memory_bytes_max.min(Self::MEMORY_BYTES_MAX))
                     .unwrap_or(usize::MAX),
