@@ -47,9 +47,10 @@ const STARTED: &str = "INSERT INTO calls (key, run, seq, class, interface, funct
     operation_id, request, request_hash, state, started_at, fence) \
     VALUES (?9, ?1, ?2, 'write', ?3, ?4, ?5, ?6, ?7, 'started', ?8, 1)";
 
-const FINISHED: &str = "INSERT INTO calls (run, seq, class, interface, function, operation_id, \
-    request, request_hash, state, outcome, started_at, finished_at, fence, chain, attempts) \
-    VALUES (?1, ?2, 'write', '', '', '', '', '', 'succeeded', ?3, ?4, ?4, 1, ?5, ?6)";
+/// `?7` is the key, `NULL` (a new rowid) when appended.
+const FINISHED: &str = "INSERT INTO calls (key, run, seq, class, interface, function, \
+    operation_id, request, request_hash, state, outcome, started_at, finished_at, fence, chain, \
+    attempts) VALUES (?7, ?1, ?2, 'write', '', '', '', '', '', 'succeeded', ?3, ?4, ?4, 1, ?5, ?6)";
 
 const FINISHED_KEYED: &str = "UPDATE calls SET state = 'succeeded', outcome = ?3, \
     finished_at = ?4, chain = ?5, attempts = ?6 WHERE key = ?7 AND run = ?1 AND seq = ?2";
@@ -383,31 +384,21 @@ fn commit(conn: Connection, layout: Layout, shared: &Shared) -> Res<()> {
                     outcome,
                     at,
                     chain,
-                } if layout == Layout::Keyed => {
-                    tx.prepare_cached(FINISHED_KEYED)?.execute(params![
+                } => {
+                    let sql = match layout {
+                        Layout::Keyed => FINISHED_KEYED,
+                        Layout::Appended => FINISHED,
+                    };
+                    tx.prepare_cached(sql)?.execute(params![
                         run,
                         *seq as i64,
                         outcome,
                         at,
                         chain,
                         crate::ceiling::ATTEMPTS,
-                        key(*run, *seq)
+                        (layout == Layout::Keyed).then(|| key(*run, *seq))
                     ])?
                 }
-                Record::Finished {
-                    run,
-                    seq,
-                    outcome,
-                    at,
-                    chain,
-                } => tx.prepare_cached(FINISHED)?.execute(params![
-                    run,
-                    *seq as i64,
-                    outcome,
-                    at,
-                    chain,
-                    crate::ceiling::ATTEMPTS
-                ])?,
             };
         }
         tx.commit()?;
