@@ -958,21 +958,14 @@ impl Journal {
                 reason,
             });
         }
-        let json = outcome.to_json_in(outcome_buffer);
-        let chain = Self::seal(
+        Self::push_outcome(
             &mut self.last_chain,
+            &mut self.pending,
             &started,
             outcome.state(),
-            Some(&json),
+            Some(outcome.to_json_in(outcome_buffer)),
             chain_buffer,
         );
-        self.pending.push(WriteOp::Outcome {
-            seq,
-            state: outcome.state(),
-            outcome: Some(json),
-            now_ms: crate::clock::now_ms(),
-            chain,
-        });
         // To a deduplicating receiver, the outcome rides on the next
         // commit (the next write's fsync'd `started`, a read, the run's
         // end). Anything that depends on it and leaves the host goes after
@@ -1040,6 +1033,27 @@ impl Journal {
         }
     }
 
+    /// Buffers the outcome of `call`, finished in `state` (with `outcome`,
+    /// its JSON, if any), its chain link sealed in `chain_buffer`: it rides
+    /// on the next commit.
+    fn push_outcome(
+        last_chain: &mut String,
+        pending: &mut Vec<WriteOp>,
+        call: &CallRecord,
+        state: CallState,
+        outcome: Option<String>,
+        chain_buffer: String,
+    ) {
+        let chain = Self::seal(last_chain, call, state, outcome.as_deref(), chain_buffer);
+        pending.push(WriteOp::Outcome {
+            seq: call.seq,
+            state,
+            outcome,
+            now_ms: crate::clock::now_ms(),
+            chain,
+        });
+    }
+
     /// The chain link of `call` finished with `state` and `outcome`, if the
     /// state is final; it becomes the link the next call follows.
     fn seal(
@@ -1087,21 +1101,14 @@ impl Journal {
         let op = OpContext::of(&self.run_id, recorded, claim.fence);
         match live.wait(&op, recorded.started_at_ms) {
             Wait::Ready(outcome) => {
-                let json = outcome.to_json();
-                let chain = Self::seal(
+                Self::push_outcome(
                     &mut self.last_chain,
+                    &mut self.pending,
                     recorded,
                     outcome.state(),
-                    Some(&json),
+                    Some(outcome.to_json()),
                     String::new(),
                 );
-                self.pending.push(WriteOp::Outcome {
-                    seq,
-                    state: outcome.state(),
-                    outcome: Some(json),
-                    now_ms: crate::clock::now_ms(),
-                    chain,
-                });
                 Self::flush_into(ledger.as_mut(), claim, &mut self.pending)?;
                 self.stats.live += 1;
                 Ok(outcome)
@@ -1193,21 +1200,14 @@ impl Journal {
             }
             Reconciled::Unknown(reason) => (CallState::Unknown, Err(reason)),
         };
-        let json = outcome.as_ref().ok().map(Outcome::to_json);
-        let chain = Self::seal(
+        Self::push_outcome(
             &mut self.last_chain,
+            &mut self.pending,
             recorded,
             state,
-            json.as_deref(),
+            outcome.as_ref().ok().map(Outcome::to_json),
             String::new(),
         );
-        self.pending.push(WriteOp::Outcome {
-            seq,
-            state,
-            outcome: json,
-            now_ms: crate::clock::now_ms(),
-            chain,
-        });
         Self::flush_into(ledger.as_mut(), claim, &mut self.pending)?;
         match outcome {
             Ok(outcome) => {
