@@ -26,16 +26,25 @@ impl Host for StepState {
         key: Option<String>,
     ) -> wasmtime::Result<Result<String, CallError>> {
         let effects = self.effects.clone();
-        gated_call(
-            self,
-            INTERFACE,
-            &name,
-            effects.get(&name),
-            &request,
-            key.as_deref(),
-            || not_granted(&name),
-        )
+        let call = Gated {
+            interface: INTERFACE,
+            function: &name,
+            effect: effects.get(&name),
+            request: &request,
+            key: key.as_deref(),
+        };
+        gated_call(self, &call, || not_granted(&name))
     }
+}
+
+/// One call of an effect (or of `llm.complete`) as the guest made it, and
+/// the effect it names, if granted.
+pub struct Gated<'a> {
+    pub interface: &'a str,
+    pub function: &'a str,
+    pub effect: Option<&'a Effect>,
+    pub request: &'a str,
+    pub key: Option<&'a str>,
 }
 
 fn not_granted(name: &str) -> String {
@@ -58,17 +67,15 @@ pub fn add_task_call_to_linker(linker: &mut Linker<StepState>) -> wasmtime::Resu
             Box::new(async move {
                 let state = store.data_mut();
                 let effects = state.effects.clone();
-                let effect = effects.get(&name);
-                let began = Effect::call_on(effect, || {
-                    begin_call(
-                        state,
-                        INTERFACE,
-                        &name,
-                        effect,
-                        &request,
-                        key.as_deref(),
-                        || not_granted(&name),
-                    )
+                let call = Gated {
+                    interface: INTERFACE,
+                    function: &name,
+                    effect: effects.get(&name),
+                    request: &request,
+                    key: key.as_deref(),
+                };
+                let began = Effect::call_on(call.effect, || {
+                    begin_call(state, &call, || not_granted(&name))
                 })
                 .map_err(trap)?;
                 let outcome = match began {
@@ -77,10 +84,8 @@ pub fn add_task_call_to_linker(linker: &mut Linker<StepState>) -> wasmtime::Resu
                         let (write, commit) = pending.into_parts();
                         let answered = commit.await;
                         let state = store.data_mut();
-                        Effect::call_on(effect, || {
-                            send_call(state, &name, effect, &request, write, answered)
-                        })
-                        .map_err(trap)?
+                        Effect::call_on(call.effect, || send_call(state, &call, write, answered))
+                            .map_err(trap)?
                     }
                 };
                 Ok((to_guest(outcome),))
@@ -93,20 +98,14 @@ pub fn add_task_call_to_linker(linker: &mut Linker<StepState>) -> wasmtime::Resu
 /// journal. Shared by `effects.call` and `llm.complete`.
 pub fn gated_call(
     state: &mut StepState,
-    interface: &str,
-    function: &str,
-    effect: Option<&Effect>,
-    request: &str,
-    key: Option<&str>,
+    call: &Gated<'_>,
     denied: impl FnOnce() -> String,
 ) -> wasmtime::Result<Result<String, CallError>> {
-    let outcome = Effect::call_on(effect, || {
-        match begin_call(state, interface, function, effect, request, key, denied)? {
-            Call::Done(outcome) => Ok(outcome),
-            Call::Durable(pending) => {
-                let (write, commit) = pending.into_parts();
-                send_call(state, function, effect, request, write, commit.wait())
-            }
+    let outcome = Effect::call_on(call.effect, || match begin_call(state, call, denied)? {
+        Call::Done(outcome) => Ok(outcome),
+        Call::Durable(pending) => {
+            let (write, commit) = pending.into_parts();
+            send_call(state, call, write, commit.wait())
         }
     })
     .map_err(trap)?;
@@ -119,13 +118,16 @@ pub fn gated_call(
 /// show it again.
 fn begin_call(
     state: &mut StepState,
-    interface: &str,
-    function: &str,
-    effect: Option<&Effect>,
-    request: &str,
-    key: Option<&str>,
+    call: &Gated<'_>,
     denied: impl FnOnce() -> String,
 ) -> Result<Call, Stop> {
+    let Gated {
+        interface,
+        function,
+        effect,
+        request,
+        key,
+    } = *call;
     let mut journal = lock(&state.journal);
     let max = journal.limits().payload_bytes_max as usize;
     let refusal = if request.len() > max {
@@ -193,12 +195,16 @@ fn begin_call(
 /// answered: the request is sent if the commit succeeded.
 fn send_call(
     state: &StepState,
-    function: &str,
-    effect: Option<&Effect>,
-    request: &str,
+    call: &Gated<'_>,
     write: WriteStarted,
     answered: Answered,
 ) -> Result<Outcome, Stop> {
+    let Gated {
+        function,
+        effect,
+        request,
+        ..
+    } = *call;
     let Some(effect) = effect else {
         return Err(Stop::Corrupt(format!(
             "a write of {function} was left pending though the effect is not granted"

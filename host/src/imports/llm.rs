@@ -4,21 +4,22 @@
 use crate::bindings::CallError;
 use crate::bindings::stephost::step::llm::Host;
 use crate::imports::StepState;
-use crate::imports::effects::gated_call;
+use crate::imports::effects::{Gated, gated_call};
 
 pub const INTERFACE: &str = "stephost:step/llm";
 
 impl Host for StepState {
     fn complete(&mut self, request: String) -> wasmtime::Result<Result<String, CallError>> {
         let effects = self.effects.clone();
-        gated_call(
-            self,
-            INTERFACE,
-            "complete",
-            effects.llm(),
-            &request,
-            None,
-            || "no model endpoint is configured; add an [llm] section to stephost.toml".to_string(),
-        )
+        let call = Gated {
+            interface: INTERFACE,
+            function: "complete",
+            effect: effects.llm(),
+            request: &request,
+            key: None,
+        };
+        gated_call(self, &call, || {
+            "no model endpoint is configured; add an [llm] section to stephost.toml".to_string()
+        })
     }
 }
