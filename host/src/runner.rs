@@ -397,9 +397,15 @@ impl Host {
         claim: Claim,
         control: Arc<RunControl>,
     ) -> Result<RunReport, HostError> {
+        let (run, loaded) = self.claimed(run_id)?;
+        self.execute_with(&run, claim, &loaded, Some(control), Start::Recorded)
+    }
+
+    /// A claimed run's record and its step, loaded (compiled if need be).
+    fn claimed(&self, run_id: &str) -> Result<(RunRecord, Arc<Loaded>), HostError> {
         let run = self.ledger().run(run_id)?;
         let loaded = self.load_pinned(&run)?;
-        self.execute_with(&run, claim, &loaded, Some(control), Start::Recorded)
+        Ok((run, loaded))
     }
 
     fn execute_with(
@@ -426,9 +432,8 @@ impl Host {
         claim: Claim,
         control: Arc<RunControl>,
     ) -> Result<RunReport, HostError> {
-        let run = self.ledger().run(run_id)?;
         // A module not compiled yet takes its thread for a while.
-        let loaded = crate::effects::blocking(|| self.load_pinned(&run))?;
+        let (run, loaded) = crate::effects::blocking(|| self.claimed(run_id))?;
         let pre = match crate::effects::blocking(|| self.engine.task_pre(&loaded)) {
             Some(pre) => pre.map_err(HostError::Internal)?.clone(),
             None => {
