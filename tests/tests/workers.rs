@@ -50,14 +50,17 @@ fn wait_until(what: &str, limit: Duration, mut done: impl FnMut() -> bool) {
 }
 
 fn submit(sb: &Sandbox, count: u32, run_id: &str) {
-    let out = sb.stephost(&[
-        "submit",
+    submit_step(
+        sb,
         guests::MULTI_WRITE,
-        "--input",
         &format!("{{\"count\":{count}}}"),
-        "--run-id",
         run_id,
-    ]);
+    );
+}
+
+/// Submits a run of `guest` on `input` as `run_id`.
+fn submit_step(sb: &Sandbox, guest: &str, input: &str, run_id: &str) {
+    let out = sb.stephost(&["submit", guest, "--input", input, "--run-id", run_id]);
     out.expect_code(0);
     assert_eq!(out.stdout.trim(), run_id);
 }
@@ -459,15 +462,7 @@ fn a_worker_keeps_its_runs_blocking_writes_in_flight_at_once() {
 fn a_worker_running_many_runs_at_once_executes_command_programs_too() {
     let sb = Sandbox::new(BIN);
     for i in 0..3 {
-        sb.stephost(&[
-            "submit",
-            guests::COMMAND,
-            "--input",
-            r#""text""#,
-            "--run-id",
-            &format!("cmd-{i}"),
-        ])
-        .expect_code(0);
+        submit_step(&sb, guests::COMMAND, r#""text""#, &format!("cmd-{i}"));
         submit(&sb, 2, &format!("step-{i}"));
     }
     sb.stephost(&["worker", "--concurrency", "4", "--exit-when-idle"])
@@ -500,15 +495,7 @@ fn a_step_that_computes_for_long_does_not_hold_back_the_workers_other_runs() {
         ),
     );
     for i in 0..4 {
-        sb.stephost(&[
-            "submit",
-            guests::LOOPER,
-            "--input",
-            "{}",
-            "--run-id",
-            &format!("spin-{i}"),
-        ])
-        .expect_code(0);
+        submit_step(&sb, guests::LOOPER, "{}", &format!("spin-{i}"));
     }
     for i in 0..2 {
         submit(&sb, 3, &format!("r{i}"));
@@ -539,15 +526,12 @@ fn a_worker_running_many_runs_at_once_runs_steps_that_sleep() {
     // sleeps in place.
     let sb = Sandbox::new(BIN);
     for i in 0..3 {
-        sb.stephost(&[
-            "submit",
+        submit_step(
+            &sb,
             guests::SLEEPER,
-            "--input",
             r#"{"ms": 30, "wasi_sleep_ms": 20}"#,
-            "--run-id",
             &format!("sleep-{i}"),
-        ])
-        .expect_code(0);
+        );
     }
     sb.stephost(&["worker", "--concurrency", "3", "--exit-when-idle"])
         .expect_code(0);
