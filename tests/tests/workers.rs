@@ -58,6 +58,13 @@ fn submit(sb: &Sandbox, count: u32, run_id: &str) {
     );
 }
 
+/// The output of `run_id`, which must have completed.
+fn completed_output(sb: &Sandbox, run_id: &str) -> Value {
+    let show = sb.show(run_id);
+    assert_eq!(show["run"]["status"], "completed", "{show:#}");
+    serde_json::from_str(show["run"]["output"].as_str().unwrap()).unwrap()
+}
+
 /// Submits a run of `guest` on `input` as `run_id`.
 fn submit_step(sb: &Sandbox, guest: &str, input: &str, run_id: &str) {
     let out = sb.stephost(&["submit", guest, "--input", input, "--run-id", run_id]);
@@ -468,9 +475,7 @@ fn a_worker_running_many_runs_at_once_executes_command_programs_too() {
     sb.stephost(&["worker", "--concurrency", "4", "--exit-when-idle"])
         .expect_code(0);
     for i in 0..3 {
-        let show = sb.show(&format!("cmd-{i}"));
-        assert_eq!(show["run"]["status"], "completed", "{show:#}");
-        let output: Value = serde_json::from_str(show["run"]["output"].as_str().unwrap()).unwrap();
+        let output = completed_output(&sb, &format!("cmd-{i}"));
         assert!(
             output
                 .as_str()
@@ -536,9 +541,7 @@ fn a_worker_running_many_runs_at_once_runs_steps_that_sleep() {
     sb.stephost(&["worker", "--concurrency", "3", "--exit-when-idle"])
         .expect_code(0);
     for i in 0..3 {
-        let show = sb.show(&format!("sleep-{i}"));
-        assert_eq!(show["run"]["status"], "completed", "{show:#}");
-        let output: Value = serde_json::from_str(show["run"]["output"].as_str().unwrap()).unwrap();
+        let output = completed_output(&sb, &format!("sleep-{i}"));
         let slept = output["after"].as_u64().unwrap() - output["before"].as_u64().unwrap();
         // Due times are kept in ms: the wake-up may come up to 1 ms before
         // 30 ms past the clock read just before the sleep.

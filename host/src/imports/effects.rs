@@ -5,7 +5,7 @@ use wasmtime::component::Linker;
 
 use crate::bindings::CallError;
 use crate::bindings::stephost::step::effects::Host;
-use crate::effects::{Effect, EffectCall};
+use crate::effects::{Effect, EffectCall, Effects};
 use crate::imports::{StepState, lock, trap};
 use crate::journal::{Call, CallErrorKind, CallSpec, Compute, Outcome, Stop, WriteStarted};
 use crate::ledger::{Answered, CallClass};
@@ -26,13 +26,7 @@ impl Host for StepState {
         key: Option<String>,
     ) -> wasmtime::Result<Result<String, CallError>> {
         let effects = self.effects.clone();
-        let call = Gated {
-            interface: INTERFACE,
-            function: &name,
-            effect: effects.get(&name),
-            request: &request,
-            key: key.as_deref(),
-        };
+        let call = Gated::effect(&effects, &name, &request, key.as_deref());
         gated_call(self, &call, || not_granted(&name))
     }
 }
@@ -45,6 +39,19 @@ pub struct Gated<'a> {
     pub effect: Option<&'a Effect>,
     pub request: &'a str,
     pub key: Option<&'a str>,
+}
+
+impl<'a> Gated<'a> {
+    /// A call of `effects.call` to the effect `name`.
+    fn effect(effects: &'a Effects, name: &'a str, request: &'a str, key: Option<&'a str>) -> Self {
+        Gated {
+            interface: INTERFACE,
+            function: name,
+            effect: effects.get(name),
+            request,
+            key,
+        }
+    }
 }
 
 fn not_granted(name: &str) -> String {
@@ -67,13 +74,7 @@ pub fn add_task_call_to_linker(linker: &mut Linker<StepState>) -> wasmtime::Resu
             Box::new(async move {
                 let state = store.data_mut();
                 let effects = state.effects.clone();
-                let call = Gated {
-                    interface: INTERFACE,
-                    function: &name,
-                    effect: effects.get(&name),
-                    request: &request,
-                    key: key.as_deref(),
-                };
+                let call = Gated::effect(&effects, &name, &request, key.as_deref());
                 let began = Effect::call_on(call.effect, || {
                     begin_call(state, &call, || not_granted(&name))
                 })
