@@ -942,7 +942,7 @@ impl Bench {
              second thread fsyncs the WAL; a run's next write waits for the fsync of its \
              previous one, so one half's fsync overlaps the other half's SQL. No guest, no \
              host, no fence check: what SQLite and the disk allow. 5 … runs as tasks: a model \
-             of a host that ran its runs as tasks: {GROUP_RUNS} instances of the bench guest \
+             of a minimal host that runs its runs as tasks: {GROUP_RUNS} instances of the bench guest \
              making {CEILING_WRITES} writes each, on a tokio runtime of {threads} threads \
              (wasmtime's async support), whose write import hashes, queues the `started` record \
              and waits for its fsync, the records applied by a committer thread in a \
@@ -1116,7 +1116,8 @@ impl Bench {
         self.note(format!(
             "7: per active run = (RSS while {GROUP_RUNS} runs wait at the gate in a warm \
              worker - RSS of the idle warm worker) / {GROUP_RUNS}: the store, the guest's \
-             memory, the run's thread and its own SQLite connection. Per pending run = RSS \
+             memory, the run's fiber stack (and, while it waits in the gate's command effect, a \
+             thread) and its own SQLite connection. Per pending run = RSS \
              growth over {PENDING_RUNS} `Host::submit` calls made after {PENDING_RUNS} others \
              ({:.0} KiB in all, {:.1} s); the first {PENDING_RUNS} grew RSS by {:.0} KiB \
              ({:.1} s): SQLite's page cache (bounded, 2 MiB per connection by default) filling \

@@ -1,5 +1,6 @@
-//! What group commit could reach if the host ran its runs as tasks on a few
-//! threads: a model, measured before building it.
+//! What group commit reaches with a minimal host that runs its runs as tasks
+//! on a few threads: a model (measured before the worker ran its runs so),
+//! beside which figure 5's real host is compared.
 //!
 //! The bench guest's `write` mode runs in `runs` instances at once, each a
 //! task on a tokio runtime of `threads` threads (wasmtime's async support: a

@@ -1,4 +1,5 @@
-//! The wasmtime engine, the linker with every import, and a cache of
+//! The wasmtime engine, the linkers with every import (one for runs on a
+//! thread of their own, one for runs executed as tasks), and a cache of
 //! compiled, pre-instantiated step components keyed by module digest (in
 //! memory, and optionally on disk so a new process skips the compile).
 //!
@@ -262,7 +263,8 @@ impl StepEngine {
     /// tasks: the same imports as [`StepEngine::load`] links, but the
     /// step's effect calls are async (a write's durable commit is awaited,
     /// not waited for by a thread) and WASI's bindings are its async ones.
-    /// `None` for a command: it runs on a thread of its own.
+    /// `None` for a command: it runs as on a thread of its own, the runtime
+    /// told that it blocks.
     pub fn task_pre<'a>(
         &self,
         loaded: &'a Loaded,

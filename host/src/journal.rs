@@ -603,8 +603,10 @@ impl Journal {
     }
 
     /// Passes one import call through the ledger. See the module docs.
-    /// A write whose `started` row another thread commits waits here, this
-    /// thread blocked (a task awaits it instead: see [`Journal::begin`]).
+    /// A write whose `started` commit the ledger leaves pending (a
+    /// worker's) is waited for here, this thread blocked; the effects import
+    /// splits the call instead ([`Journal::begin`], then [`Journal::send`]),
+    /// so that a run executed as a task awaits it.
     pub fn call(&mut self, spec: &CallSpec<'_>, live: &mut dyn LiveCall) -> Result<Outcome, Stop> {
         match self.begin(spec, live)? {
             Call::Done(outcome) => Ok(outcome),

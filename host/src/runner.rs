@@ -549,9 +549,9 @@ impl Host {
         Ok(Arc::new(Mutex::new(journal)))
     }
 
-    /// Records how an execution of `run` ended (the step's result, or the
-    /// stop its journal holds), with its buffered writes, in one durable
-    /// commit.
+    /// How an execution of `run` ended (the step's result, or the stop its
+    /// journal holds): done, or with the last durable commit to make, which
+    /// carries every buffered write (see [`Ended`]).
     fn conclude(
         &self,
         run: &RunRecord,
@@ -605,12 +605,16 @@ impl Host {
             Some(Stop::Fenced(m)) => return Ended::Done(Ok((ledger, Err(HostError::Fenced(m))))),
             Some(Stop::Released { .. }) => {
                 pending.push(WriteOp::Counters(counters));
-                let released = ledger
-                    .commit_taking(&claim, &mut pending)
-                    .and_then(|()| ledger.release(&claim))
-                    .map_err(HostError::from)
-                    .and_then(|()| Ok(ledger.run(&run.run_id)?))
-                    .map(|record| RunReport::from_record(&record, stats));
+                // At a worker's shutdown, as a task: the commit and the
+                // release wait for the committer, the runtime told.
+                let released = crate::effects::blocking(|| {
+                    ledger
+                        .commit_taking(&claim, &mut pending)
+                        .and_then(|()| ledger.release(&claim))
+                })
+                .map_err(HostError::from)
+                .and_then(|()| Ok(ledger.run(&run.run_id)?))
+                .map(|record| RunReport::from_record(&record, stats));
                 return Ended::Done(Ok((ledger, released)));
             }
             Some(Stop::Suspended { wake_at_ms, .. }) => {

@@ -395,7 +395,7 @@ fn renew_all(
     for a in active_lock(active).values() {
         match ledger.renew(&a.claim, now) {
             Ok(()) => {}
-            // The run just finished or was released by its own thread.
+            // The run just finished or was released by its own task or thread.
             Err(LedgerError::Fenced { held, newest, .. }) if held == newest => {}
             Err(LedgerError::Fenced { .. }) => {
                 if !a.control.lost.swap(true, Ordering::SeqCst) {

@@ -1,6 +1,7 @@
 //! Group commit for many runs in one process.
 //!
-//! Every run thread hands its writes to one committer thread, which applies
+//! Every run (a task of a worker's runtime, or a thread of its own) hands
+//! its writes to one committer thread, which applies
 //! whatever has queued up in one transaction and answers each writer with
 //! its own result. A batch holding a durable write (a `started` row, a run's
 //! end) is answered only once a syncer thread has fsync'd the WAL after its
@@ -231,7 +232,7 @@ impl GroupCommitter {
         }
     }
 
-    /// A handle for one run thread.
+    /// A handle for one run.
     pub fn handle(&self) -> CommitHandle {
         CommitHandle {
             queue: self.queue.clone().expect("queue present until drop"),
@@ -440,7 +441,7 @@ enum Committer {
     /// ledger's own connection once every write queued before them has
     /// landed: one fsync, and no thread between the step and it. Dropped,
     /// it applies whatever is still queued before its thread ends (after a
-    /// run thread's panic, say), failures unreported.
+    /// run's panic, say), failures unreported.
     Own(Option<GroupCommitter>),
 }
 

@@ -17,7 +17,7 @@ pub mod chain;
 pub mod checkpoint;
 pub mod group;
 pub mod history;
-pub mod reply;
+pub(crate) mod reply;
 pub mod schema;
 pub mod spare;
 pub mod sqlite;

@@ -1,11 +1,14 @@
 //! String buffers of recorded calls, reused instead of allocated anew.
 //!
-//! A run's thread allocates every recorded call's strings: interface,
-//! function, operation id, request, request hash, outcome and chain link.
-//! A committer applies them on its own thread and hands them back (see
+//! A run allocates every recorded call's strings: interface, function,
+//! operation id, request, request hash, outcome and chain link. A committer
+//! applies them on its own thread and hands them back (see
 //! [`super::group`]); they are kept here, per thread, and the next calls
-//! of the same thread refill their buffers. A buffered read or observe call
-//! then allocates none of them, and no thread frees what another allocated.
+//! made on the same thread refill their buffers. A buffered read or observe
+//! call then allocates none of them. A run on a thread of its own frees
+//! nothing another thread allocated; a run executed as a task may go on on
+//! another of its runtime's threads after an await, and keeps its buffers
+//! there.
 //! History readers refill the records of a replay the same way ([`refill`]).
 //!
 //! Memory stays bounded: at most [`KEPT_BYTES_MAX`] of buffers per thread,
