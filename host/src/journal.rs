@@ -364,6 +364,12 @@ pub enum Call {
     Durable(Box<PendingWrite>),
 }
 
+impl From<Outcome> for Call {
+    fn from(outcome: Outcome) -> Self {
+        Call::Done(outcome)
+    }
+}
+
 /// A write recorded as started, its commit not yet answered.
 pub struct PendingWrite {
     write: WriteStarted,

@@ -7,7 +7,9 @@ use crate::bindings::CallError;
 use crate::bindings::stephost::step::effects::Host;
 use crate::effects::{Effect, EffectCall, Effects};
 use crate::imports::{StepState, lock, trap};
-use crate::journal::{Call, CallErrorKind, CallSpec, Compute, Outcome, Stop, WriteStarted};
+use crate::journal::{
+    Call, CallErrorKind, CallSpec, Compute, Journal, LiveCall, Outcome, Stop, WriteStarted,
+};
 use crate::ledger::{Answered, CallClass};
 
 pub const INTERFACE: &str = "stephost:step/effects";
@@ -76,7 +78,7 @@ pub fn add_task_call_to_linker(linker: &mut Linker<StepState>) -> wasmtime::Resu
                 let effects = state.effects.clone();
                 let call = Gated::effect(&effects, &name, &request, key.as_deref());
                 let began = Effect::call_on(call.effect, || {
-                    begin_call(state, &call, || not_granted(&name))
+                    through_journal(state, &call, || not_granted(&name), Journal::begin)
                 })
                 .map_err(trap)?;
                 let outcome = match began {
@@ -102,26 +104,26 @@ pub fn gated_call(
     call: &Gated<'_>,
     denied: impl FnOnce() -> String,
 ) -> wasmtime::Result<Result<String, CallError>> {
-    let outcome = Effect::call_on(call.effect, || match begin_call(state, call, denied)? {
-        Call::Done(outcome) => Ok(outcome),
-        Call::Durable(pending) => {
-            let (write, commit) = pending.into_parts();
-            send_call(state, call, write, commit.wait())
-        }
+    let outcome = Effect::call_on(call.effect, || {
+        through_journal(state, call, denied, |journal, spec, live| {
+            journal.call(spec, live)
+        })
     })
     .map_err(trap)?;
     Ok(to_guest(outcome))
 }
 
-/// A call up to its write's durable commit, if that is left pending (see
-/// [`crate::journal::Journal::begin`]). A request refused before it is
-/// sent is still a recorded call: the guest saw the refusal and replay must
-/// show it again.
-fn begin_call(
+/// A call through the journal by `go` (all of it, [`Journal::call`], or up
+/// to a write's durable commit if that is left pending,
+/// [`Journal::begin`]), or its refusal. A request refused before it is sent
+/// is still a recorded call: the guest saw the refusal and replay must show
+/// it again.
+fn through_journal<T: From<Outcome>>(
     state: &mut StepState,
     call: &Gated<'_>,
     denied: impl FnOnce() -> String,
-) -> Result<Call, Stop> {
+    go: impl FnOnce(&mut Journal, &CallSpec<'_>, &mut dyn LiveCall) -> Result<T, Stop>,
+) -> Result<T, Stop> {
     let Gated {
         interface,
         function,
@@ -163,7 +165,8 @@ fn begin_call(
                 request,
                 key,
             };
-            journal.begin(
+            go(
+                &mut journal,
                 &spec,
                 &mut effect_call(state, effect, function, request, max),
             )
@@ -187,12 +190,12 @@ fn begin_call(
             };
             journal
                 .call(&spec, &mut Compute(|| outcome.clone()))
-                .map(Call::Done)
+                .map(T::from)
         }
     }
 }
 
-/// The rest of a write [`begin_call`] left pending, once its commit is
+/// The rest of a write [`Journal::begin`] left pending, once its commit is
 /// answered: the request is sent if the commit succeeded.
 fn send_call(
     state: &StepState,
