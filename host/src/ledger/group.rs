@@ -500,24 +500,28 @@ impl GroupLedger {
 
     /// Commits `ops`, or queues them (see [`Ledger::commit`] for this
     /// ledger).
-    fn commit_in_order(&mut self, claim: &Claim, ops: Vec<WriteOp>) -> Result<(), LedgerError> {
+    /// A commit to wait for (a durable one, or a new run's first) that the
+    /// worker's committer makes comes back pending.
+    fn commit_in_order(
+        &mut self,
+        claim: &Claim,
+        ops: Vec<WriteOp>,
+    ) -> Result<Option<PendingCommit>, LedgerError> {
         // A new run's own row is waited for: until it is in, another
         // process that started the same run id may own the run, and a
         // queued write would not stop this execution before the next.
         let creates = matches!(ops.first(), Some(WriteOp::Create(_)));
         if !creates && !ops.iter().any(WriteOp::durable) {
-            return self.queue(claim, ops);
+            return self.queue(claim, ops).map(|()| None);
         }
         if let Committer::Own(_) = self.committer {
             self.settle()?;
             let result = self.direct.commit(claim, &ops);
             super::spare::keep(ops);
-            return result;
+            return result.map(|()| None);
         }
         let reply = self.handle()?.send(claim, ops)?;
-        let own = wait(reply);
-        self.settle()?;
-        own
+        Ok(Some(PendingCommit(reply)))
     }
 
     /// Queues `ops` without waiting for them, once fewer than
@@ -632,8 +636,23 @@ impl Ledger for GroupLedger {
     }
 
     fn commit_taking(&mut self, claim: &Claim, ops: &mut Vec<WriteOp>) -> Result<(), LedgerError> {
+        match self.commit_durable(claim, ops)? {
+            Some(pending) => self.settle_durable(claim, pending.wait()),
+            None => Ok(()),
+        }
+    }
+
+    /// A commit to wait for that the worker's committer makes is not
+    /// waited for here: a task awaits it (a run's own durable writes are
+    /// committed on its connection at once, as are writes that need no
+    /// waiting).
+    fn commit_durable(
+        &mut self,
+        claim: &Claim,
+        ops: &mut Vec<WriteOp>,
+    ) -> Result<Option<PendingCommit>, LedgerError> {
         if ops.is_empty() {
-            return Ok(());
+            return Ok(None);
         }
         if let Some(refusal) = self.failed.refusal(claim) {
             return Err(refusal);
@@ -646,37 +665,9 @@ impl Ledger for GroupLedger {
         result
     }
 
-    /// A durable write sent to a worker's committer is not waited for
-    /// here (a run's own durable writes are committed on its connection,
-    /// as by `commit_taking`).
-    fn commit_durable(
-        &mut self,
-        claim: &Claim,
-        ops: &mut Vec<WriteOp>,
-    ) -> Result<Option<PendingCommit>, LedgerError> {
-        let creates = matches!(ops.first(), Some(WriteOp::Create(_)));
-        let Committer::Shared(handle) = &self.committer else {
-            return self.commit_taking(claim, ops).map(|()| None);
-        };
-        if ops.is_empty() || creates || !ops.iter().any(WriteOp::durable) {
-            return self.commit_taking(claim, ops).map(|()| None);
-        }
-        if let Some(refusal) = self.failed.refusal(claim) {
-            return Err(refusal);
-        }
-        let taken = std::mem::replace(ops, Vec::with_capacity(ops.len()));
-        match handle.send(claim, taken) {
-            Ok(reply) => Ok(Some(PendingCommit(reply))),
-            Err(e) => {
-                self.failed.add(claim, &e);
-                Err(e)
-            }
-        }
-    }
-
-    /// As `commit_taking` does once its durable write is answered: the
-    /// writes queued before it have landed too (the committer works in
-    /// order), and the first failure among them is this commit's.
+    /// Once a commit the committer made is answered: the writes queued
+    /// before it have landed too (the committer works in order), and the
+    /// first failure among them is this commit's.
     fn settle_durable(&mut self, claim: &Claim, answered: Answered) -> Result<(), LedgerError> {
         let own = answered.into_result();
         let result = self.settle().and(own);
