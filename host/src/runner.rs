@@ -365,10 +365,14 @@ impl Host {
         if let Some(loaded) = self.engine.cached(&run.module_digest) {
             return Ok(loaded);
         }
-        let module = self.ledger().module(&run.module_digest)?;
-        Ok(self
-            .engine
-            .load_digested(&module, run.module_digest.clone(), &run.module_digest)?)
+        // A compile takes its thread for a while: a run executed as a task
+        // tells its runtime.
+        crate::effects::blocking(|| {
+            let module = self.ledger().module(&run.module_digest)?;
+            Ok(self
+                .engine
+                .load_digested(&module, run.module_digest.clone(), &run.module_digest)?)
+        })
     }
 
     fn claim_and_execute(
@@ -432,9 +436,8 @@ impl Host {
         claim: Claim,
         control: Arc<RunControl>,
     ) -> Result<RunReport, HostError> {
-        // A module not compiled yet takes its thread for a while.
-        let (run, loaded) = crate::effects::blocking(|| self.claimed(run_id))?;
-        let pre = match crate::effects::blocking(|| self.engine.task_pre(&loaded)) {
+        let (run, loaded) = self.claimed(run_id)?;
+        let pre = match self.engine.task_pre(&loaded) {
             Some(pre) => pre.map_err(HostError::Internal)?.clone(),
             None => {
                 return crate::effects::blocking(|| {
