@@ -200,16 +200,16 @@ pub fn run(
                         },
                     );
                     let tx = done_tx.clone();
-                    if let (Some(tasks), Some(committer)) = (&tasks, &committer) {
-                        let host = idle.take().map_or_else(
-                            || TaskHost::New {
-                                db: db.to_path_buf(),
-                                engine: engine.clone(),
-                                commits: committer.handle(),
-                                options: make_options(),
-                            },
-                            TaskHost::Idle,
-                        );
+                    let host = idle.take().map_or_else(
+                        || RunHost::New {
+                            db: db.to_path_buf(),
+                            engine: engine.clone(),
+                            commits: committer.as_ref().map(GroupCommitter::handle),
+                            options: make_options(),
+                        },
+                        RunHost::Idle,
+                    );
+                    if let Some(tasks) = &tasks {
                         spawn_task(
                             tasks,
                             host,
@@ -221,33 +221,22 @@ pub fn run(
                         );
                         continue;
                     }
-                    let engine = &engine;
                     let idle = &idle;
                     scope.spawn(move || {
                         let run_id = run.run_id.clone();
-                        let result = idle
-                            .take()
-                            .map_or_else(
-                                || {
-                                    let direct = SqliteLedger::open(db)?;
-                                    let ledger = Box::new(GroupLedger::pipelined(direct));
-                                    Ok(Host::with_engine(engine.clone(), ledger, make_options()))
-                                },
-                                Ok,
-                            )
-                            .and_then(|mut host| {
-                                // A panic must not leave the run looking
-                                // active (renewed forever, never taken over).
-                                let result =
-                                    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                                        host.execute_claimed(&run_id, claim, control)
-                                    }))
-                                    .unwrap_or_else(|_| Err(panicked(&run_id)));
-                                if result.is_ok() {
-                                    idle.give_back(host);
-                                }
-                                result
-                            });
+                        let result = host.open().and_then(|mut host| {
+                            // A panic must not leave the run looking active
+                            // (renewed forever, never taken over).
+                            let result =
+                                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                                    host.execute_claimed(&run_id, claim, control)
+                                }))
+                                .unwrap_or_else(|_| Err(panicked(&run_id)));
+                            if result.is_ok() {
+                                idle.give_back(host);
+                            }
+                            result
+                        });
                         let _ = tx.send((run_id, result));
                     });
                 }
@@ -293,32 +282,35 @@ fn task_runtime(concurrency: usize) -> Result<tokio::runtime::Runtime, HostError
         .map_err(|e| HostError::Internal(format!("cannot start the worker's runtime: {e}")))
 }
 
-/// The host a run's task executes on.
-enum TaskHost {
+/// The host a run executes on.
+enum RunHost {
     /// A finished run's, idle.
     Idle(Host),
     /// A new one, with a connection of its own whose writes go through
-    /// the worker's committer.
+    /// the worker's committer, if it has one, or a committer of its own.
     New {
         db: std::path::PathBuf,
         engine: Arc<StepEngine>,
-        commits: CommitHandle,
+        commits: Option<CommitHandle>,
         options: HostOptions,
     },
 }
 
-impl TaskHost {
+impl RunHost {
     fn open(self) -> Result<Host, HostError> {
         match self {
-            TaskHost::Idle(host) => Ok(host),
-            TaskHost::New {
+            RunHost::Idle(host) => Ok(host),
+            RunHost::New {
                 db,
                 engine,
                 commits,
                 options,
             } => {
                 let direct = SqliteLedger::open(&db)?;
-                let ledger = Box::new(GroupLedger::new(direct, commits));
+                let ledger = Box::new(match commits {
+                    Some(commits) => GroupLedger::new(direct, commits),
+                    None => GroupLedger::pipelined(direct),
+                });
                 Ok(Host::with_engine(engine, ledger, options))
             }
         }
@@ -329,7 +321,7 @@ impl TaskHost {
 /// `idle` after a run without an error; its result goes to `done`.
 fn spawn_task(
     tasks: &tokio::runtime::Runtime,
-    host: TaskHost,
+    host: RunHost,
     idle: Arc<IdleHosts>,
     run_id: String,
     claim: Claim,
