@@ -166,20 +166,24 @@ impl InstancePool {
     }
 }
 
-/// The linker for runs executed as tasks (see [`StepEngine::task_pre`]).
+/// The linker for runs executed as tasks (see [`StepEngine::task_pre`]):
+/// WASI's async bindings, and the step world's imports with `effects.call`
+/// made async.
 fn task_linker(engine: &Engine) -> wasmtime::Result<Linker<StepState>> {
-    use crate::bindings::stephost::step;
     let mut linker = Linker::new(engine);
     wasmtime_wasi::p2::add_to_linker_async(&mut linker)?;
-    crate::imports::wasi::record_random_bytes_per_call(&mut linker)?;
-    step::llm::add_to_linker::<StepState, HasSelf<StepState>>(&mut linker, |s| s)?;
-    step::clock::add_to_linker::<StepState, HasSelf<StepState>>(&mut linker, |s| s)?;
-    step::random::add_to_linker::<StepState, HasSelf<StepState>>(&mut linker, |s| s)?;
-    step::log::add_to_linker::<StepState, HasSelf<StepState>>(&mut linker, |s| s)?;
-    step::timers::add_to_linker::<StepState, HasSelf<StepState>>(&mut linker, |s| s)?;
-    step::approvals::add_to_linker::<StepState, HasSelf<StepState>>(&mut linker, |s| s)?;
+    link_step_world(&mut linker)?;
+    linker.allow_shadowing(true);
     crate::imports::effects::add_task_call_to_linker(&mut linker)?;
+    linker.allow_shadowing(false);
     Ok(linker)
+}
+
+/// The step world's imports, and WASI's randomness recorded per call, on a
+/// linker that has WASI already.
+fn link_step_world(linker: &mut Linker<StepState>) -> wasmtime::Result<()> {
+    crate::imports::wasi::record_random_bytes_per_call(linker)?;
+    Step::add_to_linker::<StepState, HasSelf<StepState>>(linker, |s| s)
 }
 
 pub struct StepEngine {
@@ -230,10 +234,7 @@ impl StepEngine {
         let engine = Engine::new(&config).map_err(|e| ModuleError::Engine(format!("{e:#}")))?;
         let mut linker = Linker::new(&engine);
         wasmtime_wasi::p2::add_to_linker_sync(&mut linker)
-            .map_err(|e| ModuleError::Engine(format!("{e:#}")))?;
-        crate::imports::wasi::record_random_bytes_per_call(&mut linker)
-            .map_err(|e| ModuleError::Engine(format!("{e:#}")))?;
-        Step::add_to_linker::<StepState, HasSelf<StepState>>(&mut linker, |s| s)
+            .and_then(|()| link_step_world(&mut linker))
             .map_err(|e| ModuleError::Engine(format!("{e:#}")))?;
         let mut preview1 = wasmtime::Linker::new(&engine);
         wasmtime_wasi::p1::add_to_linker_sync(&mut preview1, |s: &mut Preview1State| &mut s.wasi)
