@@ -549,3 +549,33 @@ fn a_worker_running_many_runs_at_once_runs_steps_that_sleep() {
     }
     assert_eq!(sb.received("orders.jsonl").len(), 6);
 }
+
+#[test]
+fn runs_waiting_for_their_writes_fsync_hold_no_thread_so_many_share_each_fsync() {
+    // Sixteen runs at once on a thread per core, writing to an in-process
+    // effect: a run that waited for its write's fsync on its thread would
+    // let no more runs than threads share an fsync.
+    const RUNS: usize = 16;
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let sb = Sandbox::with_config(BIN, "[effects.fast]\nkind = \"echo\"\nclass = \"write\"\n");
+    for i in 0..RUNS {
+        submit_step(
+            &sb,
+            guests::MULTI_WRITE,
+            r#"{"count": 40, "effect": "fast"}"#,
+            &format!("r{i}"),
+        );
+    }
+    sb.stephost(&["worker", "--concurrency", "16", "--exit-when-idle"])
+        .expect_code(0);
+    assert!(statuses(&sb).iter().all(|(_, s, _)| s == "completed"));
+    let commits = sb.metric("group_commit_commit_total");
+    let fsyncs = sb.metric("group_commit_fsync_total");
+    assert!(commits >= (RUNS * 41) as i64, "{commits} commits");
+    if threads < RUNS {
+        assert!(
+            commits as f64 / fsyncs as f64 > threads as f64,
+            "{commits} commits in {fsyncs} fsyncs on {threads} threads"
+        );
+    }
+}
