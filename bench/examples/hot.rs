@@ -132,7 +132,7 @@ fn print_cpu(
     );
 }
 
-/// Rounds of 64 runs of `count` writes each, executed by one worker at
+/// Rounds of 64 runs (`GROUP_RUNS`) of `count` writes each, executed by one worker at
 /// once; prints µs per write (wall time of a round / writes in it).
 fn group(
     db: &std::path::Path,
@@ -141,7 +141,11 @@ fn group(
     count: u64,
     rounds: u32,
 ) -> Result<(), Box<dyn std::error::Error>> {
-    const RUNS: usize = 64;
+    // GROUP_RUNS=N runs N at once instead.
+    let runs: usize = std::env::var("GROUP_RUNS")
+        .ok()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(64);
     let make = || HostOptions {
         limits: config.limits.clone(),
         effects: config.effects().expect("effects parsed before"),
@@ -151,7 +155,7 @@ fn group(
     let mut host = Host::open(db, make())?;
     let input = serde_json::json!({"mode": "write", "count": count}).to_string();
     let worker = stephost::worker::WorkerOptions {
-        concurrency: RUNS,
+        concurrency: runs,
         exit_when_idle: true,
         poll_ms: 1,
         ..Default::default()
@@ -161,13 +165,13 @@ fn group(
     let mut cpu_us = 0.0;
     let mut shared = stephost::ledger::CommitCounts::default();
     for round in 0..=rounds {
-        for _ in 0..RUNS {
+        for _ in 0..runs {
             host.submit(module, "bench_guest.wasm", &input, None)?;
         }
         let cpu = procstat::process_cpu_us().unwrap_or(0.0);
         let t = Instant::now();
         let report = stephost::worker::run(db, &make, &worker, &never)?;
-        if report.completed != RUNS {
+        if report.completed != runs {
             return Err(format!("round {round}: {report:?}").into());
         }
         shared.commits += report.commits.commits;
@@ -177,7 +181,7 @@ fn group(
         shared.syncing_us += report.commits.syncing_us;
         // Round 0 fills the compiled-component cache.
         if round > 0 {
-            per.push(t.elapsed().as_secs_f64() * 1e6 / (RUNS as u64 * count) as f64);
+            per.push(t.elapsed().as_secs_f64() * 1e6 / (runs as u64 * count) as f64);
             cpu_us += procstat::process_cpu_us().unwrap_or(0.0) - cpu;
         }
     }
@@ -186,14 +190,14 @@ fn group(
         return Err("give at least one round".into());
     }
     println!(
-        "group: µs per write: min {:.2}, median {:.2} ({rounds} rounds of {RUNS} runs of {count}); \
+        "group: µs per write: min {:.2}, median {:.2} ({rounds} rounds of {runs} runs of {count}); \
          {:.1} commits per transaction, {:.1} per fsync",
         per[0],
         per[per.len() / 2],
         shared.per_transaction(),
         shared.per_fsync(),
     );
-    let writes = f64::from(rounds + 1) * (RUNS as u64 * count) as f64;
+    let writes = f64::from(rounds + 1) * (runs as u64 * count) as f64;
     println!(
         "committer applying {:.1} µs, syncer in fsync {:.1} µs per write (all rounds)",
         shared.applying_us as f64 / writes,
@@ -203,7 +207,7 @@ fn group(
     // total is left to read.
     println!(
         "cpu µs per write: {:.2} (all threads)",
-        cpu_us / (f64::from(rounds) * (RUNS as u64 * count) as f64)
+        cpu_us / (f64::from(rounds) * (runs as u64 * count) as f64)
     );
     Ok(())
 }

@@ -21,9 +21,11 @@ use rusqlite::{Connection, params};
 /// Where the model's calls go.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Layout {
-    /// In a table keyed as the ledger's calls are (the run's number in the
-    /// high 32 bits, the call's sequence number in the low), the outcome an
-    /// `UPDATE` of its call's row: each transaction changes a page per run.
+    /// As the ledger keeps its calls: rows stored in the order they were
+    /// recorded, found by a unique index of their key (the run's number in
+    /// the high 32 bits, the call's sequence number in the low), the
+    /// outcome an `UPDATE` of its call's row: each transaction changes the
+    /// table's last pages and an index page per run.
     Keyed,
     /// Every record (a call started, its outcome) appended to one table by
     /// rowid: a transaction changes the table's last pages only.
@@ -47,6 +49,25 @@ const TABLE: &str = "CREATE TABLE calls (
     request_hash TEXT NOT NULL, state TEXT NOT NULL, outcome TEXT,
     started_at INTEGER NOT NULL, finished_at INTEGER, fence INTEGER NOT NULL,
     chain TEXT, attempts TEXT) STRICT";
+
+/// Creates the model's `calls` table from `table` (whose first column is
+/// `key INTEGER PRIMARY KEY`) in `layout`: appended, the key is the rowid
+/// (a record inserted with no key gets the next one); keyed as the ledger's
+/// calls (schema v7), rows are stored by rowid and the key is a column of
+/// its own with a unique index.
+pub(crate) fn create_calls(conn: &Connection, layout: Layout, table: &str) -> rusqlite::Result<()> {
+    match layout {
+        Layout::Appended => conn.execute_batch(table),
+        Layout::Keyed => conn.execute_batch(&format!(
+            "{}; CREATE UNIQUE INDEX calls_by_key ON calls(key);",
+            table.replacen(
+                "key INTEGER PRIMARY KEY,",
+                "id INTEGER PRIMARY KEY, key INTEGER NOT NULL,",
+                1
+            )
+        )),
+    }
+}
 
 const STARTED: &str = "INSERT INTO calls (key, class, interface, function, operation_id, \
     request, request_hash, state, started_at, fence, chain) \
@@ -85,7 +106,7 @@ pub fn measure(
     conn.pragma_update(None, "journal_mode", "WAL")?;
     // Commits are made durable by the syncer's fsync of the WAL.
     conn.pragma_update(None, "synchronous", "OFF")?;
-    conn.execute_batch(TABLE)?;
+    create_calls(&conn, layout, TABLE)?;
     let pages = Arc::new(AtomicU64::new(0));
     count_pages(&mut conn, pages.clone())?;
     let wal = std::fs::File::open(dir.join(format!("ceiling-{layout:?}.db-wal")))?;

@@ -264,7 +264,7 @@ pub fn measure(
     conn.pragma_update(None, "journal_mode", "WAL")?;
     // Commits are made durable by the syncer's fsync of the WAL.
     conn.pragma_update(None, "synchronous", "OFF")?;
-    conn.execute_batch(TABLE)?;
+    crate::ceiling::create_calls(&conn, layout, TABLE)?;
     let pages = Arc::new(AtomicU64::new(0));
     crate::ceiling::count_pages(&mut conn, pages.clone())?;
     let wal = std::fs::File::open(dir.join("tasks.db-wal"))?;

@@ -1777,7 +1777,8 @@ mod tests {
 
     #[test]
     fn runs_committing_in_turn_each_read_back_their_own_calls_in_order() {
-        // Calls are keyed by their run's number and their sequence number:
+        // Calls are stored in the order they were recorded and found by
+        // their key (their run's number and their sequence number):
         // interleaved commits of two runs, one of them created after the
         // other's calls, must not mix or reorder them.
         let (_dir, mut ledger) = new_ledger();
@@ -1805,6 +1806,75 @@ mod tests {
         assert_eq!(ledger.last_seq("r0").unwrap(), 3);
         assert_eq!(ledger.last_seq("nobody").unwrap(), 0);
         assert!(ledger.calls("nobody").unwrap().is_empty());
+        // Stored as they were committed: the two runs' rows alternate.
+        let stored: Vec<(String, i64)> = ledger
+            .conn
+            .prepare(
+                "SELECT r.run_id, c.seq FROM calls c JOIN runs r ON r.run_no = c.run_no \
+                 ORDER BY c.id",
+            )
+            .unwrap()
+            .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
+            .unwrap()
+            .collect::<Result<_, _>>()
+            .unwrap();
+        let order: Vec<(&str, i64)> = stored.iter().map(|(r, s)| (r.as_str(), *s)).collect();
+        assert_eq!(
+            order,
+            [
+                ("r1", 1),
+                ("r0", 1),
+                ("r1", 2),
+                ("r0", 2),
+                ("r1", 3),
+                ("r0", 3),
+                ("r1", 4)
+            ]
+        );
+    }
+
+    #[test]
+    fn every_statement_that_finds_calls_by_run_or_key_uses_the_key_index() {
+        // Calls are stored in the order they were recorded; without the
+        // index of their keys, finding one would read the whole table.
+        let (_dir, ledger) = new_ledger();
+        let statements = [
+            format!("SELECT {CALL_COLUMNS} FROM calls WHERE key = {KEY_OF_CALL}"),
+            format!("SELECT {CALL_COLUMNS} FROM calls WHERE {CALLS_OF_RUN} ORDER BY key"),
+            format!("SELECT seq FROM calls WHERE {CALLS_OF_RUN} ORDER BY key DESC LIMIT 1"),
+            format!(
+                "SELECT {CALL_COLUMNS} FROM calls \
+                 WHERE key > (SELECT (run_no << 32) + ?2 FROM runs WHERE run_id = ?1) \
+                 AND key <= (SELECT (run_no << 32) + ?3 FROM runs WHERE run_id = ?1) ORDER BY key"
+            ),
+            format!(
+                "UPDATE calls SET outcome = ?3 WHERE key = {KEY_OF_CALL} \
+                 AND state IN ('started', 'unknown')"
+            ),
+            format!("DELETE FROM calls WHERE key = {KEY_OF_CALL}"),
+        ];
+        for sql in &statements {
+            let mut explain = ledger
+                .conn
+                .prepare(&format!("EXPLAIN QUERY PLAN {sql}"))
+                .unwrap();
+            // Planned with its parameters unbound (NULL), as SQLite plans
+            // a statement before any value is bound.
+            let mut rows = explain.raw_query();
+            let mut plan = Vec::new();
+            while let Some(row) = rows.next().unwrap() {
+                plan.push(row.get::<_, String>(3).unwrap());
+            }
+            assert!(
+                plan.iter()
+                    .any(|step| step.contains("SEARCH calls USING INDEX calls_by_key")),
+                "{sql}: {plan:?}"
+            );
+            assert!(
+                !plan.iter().any(|step| step.starts_with("SCAN calls")),
+                "{sql}: {plan:?}"
+            );
+        }
     }
 
     #[test]
@@ -2051,6 +2121,97 @@ mod tests {
             )
             .unwrap();
         assert_eq!((version, calls), (4, 1));
+    }
+
+    #[test]
+    fn a_v6_ledger_keeps_its_calls_found_by_key_and_stores_new_ones_after_them() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("v6.db");
+        {
+            let conn = old_ledger(&path, 6);
+            // Two runs whose calls were recorded interleaved; v6 stored
+            // them by key, each run's together.
+            conn.execute_batch(
+                "INSERT INTO modules VALUES ('d1', x'0061736d', 4, 1);
+                 INSERT INTO runs (run_id, module_digest, input, status, created_at,
+                     updated_at, version, fence, world, run_no)
+                 VALUES ('r1', 'd1', '{}', 'pending', 1, 2, 3, 0, 'w', 1),
+                        ('r2', 'd1', '{}', 'pending', 1, 2, 3, 0, 'w', 2);",
+            )
+            .unwrap();
+            for (run_no, seq) in [(2, 1), (1, 1), (2, 2), (1, 2), (1, 3)] {
+                conn.execute(
+                    "INSERT INTO calls (key, class, interface, function, operation_id, request, \
+                     request_hash, state, outcome, started_at, finished_at, fence, chain, \
+                     attempts) VALUES ((?1 << 32) + ?2, 'write', 'i', 'f', 'op' || ?1 || ?2, \
+                     '{}', 'h', 'succeeded', '{\"ok\":' || ?2 || '}', 1, 2, 1, 'c', \
+                     '[{\"attempt\":1,\"kind\":\"send\",\"started_at\":1,\"finished_at\":2,\
+                     \"result\":\"ok\",\"detail\":null,\"fence\":1}]')",
+                    params![run_no, seq],
+                )
+                .unwrap();
+            }
+        }
+        let mut ledger = SqliteLedger::open(&path).unwrap();
+        let version: i64 = ledger
+            .conn
+            .query_row("PRAGMA user_version", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(version, schema::current_version());
+        for (run, count) in [("r1", 3), ("r2", 2)] {
+            let calls = ledger.calls(run).unwrap();
+            let found: Vec<(u64, String, Option<String>)> = calls
+                .iter()
+                .map(|c| (c.seq, c.operation_id.clone(), c.outcome.clone()))
+                .collect();
+            let run_no = &run[1..];
+            let expected: Vec<(u64, String, Option<String>)> = (1..=count)
+                .map(|seq| {
+                    (
+                        seq,
+                        format!("op{run_no}{seq}"),
+                        Some(format!("{{\"ok\":{seq}}}")),
+                    )
+                })
+                .collect();
+            assert_eq!(found, expected, "{run}");
+            assert_eq!(ledger.call_attempts(run, 1).unwrap().len(), 1);
+        }
+        // The rows came over in key order; a call recorded now is stored
+        // after them, and found by its key.
+        let claim = claim_fresh(&mut ledger, "r2", "me");
+        ledger
+            .commit(&claim, &[WriteOp::Call(clock_call(3))])
+            .unwrap();
+        let keys: Vec<i64> = ledger
+            .conn
+            .prepare("SELECT key FROM calls ORDER BY id")
+            .unwrap()
+            .query_map([], |r| r.get(0))
+            .unwrap()
+            .collect::<Result<_, _>>()
+            .unwrap();
+        let key = |run: i64, seq: i64| (run << 32) + seq;
+        assert_eq!(
+            keys,
+            [
+                key(1, 1),
+                key(1, 2),
+                key(1, 3),
+                key(2, 1),
+                key(2, 2),
+                key(2, 3)
+            ]
+        );
+        assert_eq!(ledger.calls("r2").unwrap()[2], clock_call(3));
+        // Keys stay unique.
+        let again = ledger.conn.execute(
+            "INSERT INTO calls (key, class, interface, function, operation_id, request, \
+             request_hash, state, started_at, fence) \
+             VALUES ((2 << 32) + 3, 'read', 'i', 'f', 'op', '{}', 'h', 'started', 1, 1)",
+            [],
+        );
+        assert!(again.is_err(), "a second call with the same key was stored");
     }
 
     #[test]
