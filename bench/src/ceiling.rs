@@ -53,13 +53,16 @@ const TABLE: &str = "CREATE TABLE calls (
 /// Creates the model's `calls` table from `table` (whose first column is
 /// `key INTEGER PRIMARY KEY`) in `layout`: appended, the key is the rowid
 /// (a record inserted with no key gets the next one); keyed as the ledger's
-/// calls (schema v7), rows are stored by rowid and the key is a column of
-/// its own with a unique index.
+/// calls (schema v8), rows are stored by rowid, the key is a column of its
+/// own, and each call begins a span of its run (`call_spans`, see
+/// [`stephost::ledger::spans`]), as each does in a group commit, where
+/// another run's call comes between two of a run's.
 pub(crate) fn create_calls(conn: &Connection, layout: Layout, table: &str) -> rusqlite::Result<()> {
     match layout {
         Layout::Appended => conn.execute_batch(table),
         Layout::Keyed => conn.execute_batch(&format!(
-            "{}; CREATE UNIQUE INDEX calls_by_key ON calls(key);",
+            "{}; CREATE TABLE call_spans (run_no INTEGER NOT NULL, first_seq INTEGER NOT NULL, \
+             first_id INTEGER NOT NULL, PRIMARY KEY (run_no, first_seq)) STRICT, WITHOUT ROWID;",
             table.replacen(
                 "key INTEGER PRIMARY KEY,",
                 "id INTEGER PRIMARY KEY, key INTEGER NOT NULL,",
@@ -69,12 +72,22 @@ pub(crate) fn create_calls(conn: &Connection, layout: Layout, table: &str) -> ru
     }
 }
 
+/// Records the span that the call just inserted with key `?1` begins.
+pub(crate) const SPAN: &str = "INSERT INTO call_spans (run_no, first_seq, first_id) \
+    VALUES (?1 >> 32, ?1 & 4294967295, last_insert_rowid())";
+
+/// The outcome of the call whose key is `?5`, found as the ledger finds it.
+fn finished_keyed() -> String {
+    format!(
+        "UPDATE calls SET state = 'succeeded', outcome = ?1, finished_at = ?2, chain = ?3, \
+         attempts = ?4 WHERE {}",
+        stephost::ledger::spans::call_at_key(5)
+    )
+}
+
 const STARTED: &str = "INSERT INTO calls (key, class, interface, function, operation_id, \
     request, request_hash, state, started_at, fence, chain) \
     VALUES (?1, 'write', 'stephost:step/effects', 'noop.write', ?2, ?3, ?4, 'started', ?5, 1, ?6)";
-
-const FINISHED: &str = "UPDATE calls SET state = 'succeeded', outcome = ?1, finished_at = ?2, \
-    chain = ?3, attempts = ?4 WHERE key = ?5";
 
 const FINISHED_APPENDED: &str = "INSERT INTO calls (key, class, interface, function, \
     operation_id, request, request_hash, state, outcome, started_at, finished_at, fence, chain, \
@@ -117,6 +130,7 @@ pub fn measure(
     };
     let per_transaction = runs / 2;
     let hex = "5e".repeat(32);
+    let finished = finished_keyed();
     let cpu = crate::cpu_seconds()?;
     let t = Instant::now();
     let applied = (|| -> Result<(), Box<dyn std::error::Error>> {
@@ -133,7 +147,7 @@ pub fn measure(
                 if seq > 0 {
                     let previous = format!("{{\"i\":{}}}", seq - 1);
                     match layout {
-                        Layout::Keyed => tx.prepare_cached(FINISHED)?.execute(params![
+                        Layout::Keyed => tx.prepare_cached(&finished)?.execute(params![
                             previous,
                             1_764_500_000_000i64,
                             hex,
@@ -145,15 +159,18 @@ pub fn measure(
                             .execute(params![previous, 1_764_500_000_000i64, hex, ATTEMPTS])?,
                     };
                 }
-                let key = (layout == Layout::Keyed).then_some(key);
+                let keyed = (layout == Layout::Keyed).then_some(key);
                 tx.prepare_cached(STARTED)?.execute(params![
-                    key,
+                    keyed,
                     hex,
                     request,
                     hex,
                     1_764_500_000_000i64,
                     hex
                 ])?;
+                if layout == Layout::Keyed {
+                    tx.prepare_cached(SPAN)?.execute([key])?;
+                }
             }
             tx.commit()?;
             let (lock, wake) = &*shared;

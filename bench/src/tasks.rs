@@ -53,8 +53,15 @@ const FINISHED: &str = "INSERT INTO calls (key, run, seq, class, interface, func
     operation_id, request, request_hash, state, outcome, started_at, finished_at, fence, chain, \
     attempts) VALUES (?7, ?1, ?2, 'write', '', '', '', '', '', 'succeeded', ?3, ?4, ?4, 1, ?5, ?6)";
 
-const FINISHED_KEYED: &str = "UPDATE calls SET state = 'succeeded', outcome = ?3, \
-    finished_at = ?4, chain = ?5, attempts = ?6 WHERE key = ?7 AND run = ?1 AND seq = ?2";
+/// `?7` is the key, found as the ledger finds it (`?1` and `?2` are the
+/// run and the sequence number, checked too).
+fn finished_keyed() -> String {
+    format!(
+        "UPDATE calls SET state = 'succeeded', outcome = ?3, finished_at = ?4, chain = ?5, \
+         attempts = ?6 WHERE {} AND run = ?1 AND seq = ?2",
+        stephost::ledger::spans::call_at_key(7)
+    )
+}
 
 /// The WIT `call-error` (`types.wit`), for the import's signature.
 #[derive(ComponentType, Lift, Lower)]
@@ -342,6 +349,7 @@ pub fn measure(
 /// The committer: appends what is queued in one transaction, then hands
 /// its writers to the syncer, and goes on with the next batch.
 fn commit(conn: Connection, layout: Layout, shared: &Shared) -> Res<()> {
+    let finished = finished_keyed();
     let (lock, wake) = &shared.queue;
     loop {
         let (records, waiters) = {
@@ -368,17 +376,24 @@ fn commit(conn: Connection, layout: Layout, shared: &Shared) -> Res<()> {
                     request,
                     request_hash,
                     at,
-                } => tx.prepare_cached(STARTED)?.execute(params![
-                    run,
-                    *seq as i64,
-                    INTERFACE,
-                    function,
-                    operation_id,
-                    request,
-                    request_hash,
-                    at,
-                    (layout == Layout::Keyed).then(|| key(*run, *seq))
-                ])?,
+                } => {
+                    let keyed = (layout == Layout::Keyed).then(|| key(*run, *seq));
+                    tx.prepare_cached(STARTED)?.execute(params![
+                        run,
+                        *seq as i64,
+                        INTERFACE,
+                        function,
+                        operation_id,
+                        request,
+                        request_hash,
+                        at,
+                        keyed
+                    ])?;
+                    // Each begins a span: other runs' calls came between.
+                    if let Some(key) = keyed {
+                        tx.prepare_cached(crate::ceiling::SPAN)?.execute([key])?;
+                    }
+                }
                 Record::Finished {
                     run,
                     seq,
@@ -387,7 +402,7 @@ fn commit(conn: Connection, layout: Layout, shared: &Shared) -> Res<()> {
                     chain,
                 } => {
                     let sql = match layout {
-                        Layout::Keyed => FINISHED_KEYED,
+                        Layout::Keyed => finished.as_str(),
                         Layout::Appended => FINISHED,
                     };
                     tx.prepare_cached(sql)?.execute(params![
@@ -398,9 +413,9 @@ fn commit(conn: Connection, layout: Layout, shared: &Shared) -> Res<()> {
                         chain,
                         crate::ceiling::ATTEMPTS,
                         (layout == Layout::Keyed).then(|| key(*run, *seq))
-                    ])?
+                    ])?;
                 }
-            };
+            }
         }
         tx.commit()?;
         let (unsynced, wake_syncer) = &shared.unsynced;

@@ -19,6 +19,7 @@ pub mod group;
 pub mod history;
 pub(crate) mod reply;
 pub mod schema;
+pub mod spans;
 pub mod spare;
 pub mod sqlite;
 
@@ -391,6 +392,11 @@ pub enum LedgerError {
          ledger at most 2,147,483,647 runs"
     )]
     KeysExhausted { run_id: String, seq: u64, max: u64 },
+    #[error(
+        "call #{seq} of run {run_id} is already recorded, or older than the run's last calls: \
+         a run's calls are only ever appended, by one execution at a time"
+    )]
+    NotAppended { run_id: String, seq: u64 },
     #[error("ledger data is corrupt: {0}")]
     Corrupt(String),
     #[error("ledger I/O failed: {0}")]

@@ -278,6 +278,27 @@ DROP TABLE calls;
 ALTER TABLE calls_v7 RENAME TO calls;
 CREATE UNIQUE INDEX calls_by_key ON calls(key);
 "#,
+    // v8: calls are found through spans, not an index of every key (see
+    // `ledger/spans.rs`): a span is a run's calls with consecutive
+    // sequence numbers stored at consecutive rowids, recorded where it
+    // begins. The index cost a run that writes alone a second WAL page in
+    // every commit; a span is written only where another run's call came
+    // between two of a run's. The spans of the rows already stored are
+    // where a run's rowid and sequence number stop moving together.
+    r#"
+CREATE TABLE call_spans (
+    run_no     INTEGER NOT NULL,
+    first_seq  INTEGER NOT NULL,
+    first_id   INTEGER NOT NULL,
+    PRIMARY KEY (run_no, first_seq)
+) STRICT, WITHOUT ROWID;
+INSERT INTO call_spans (run_no, first_seq, first_id)
+SELECT run_no, seq, id FROM (
+    SELECT run_no, seq, id, lag(id) OVER w AS before_id, lag(seq) OVER w AS before_seq
+    FROM calls WINDOW w AS (PARTITION BY run_no ORDER BY seq))
+WHERE before_id IS NULL OR id - before_id <> seq - before_seq;
+DROP INDEX calls_by_key;
+"#,
 ];
 
 /// The schema version this build writes.

@@ -15,6 +15,7 @@ use rusqlite::{Connection, OpenFlags, OptionalExtension, Row, TransactionBehavio
 use super::attempts;
 use super::checkpoint::Checkpointer;
 use super::schema::{self, APPLICATION_ID};
+use super::spans::{self, CALL_AT};
 use super::spare::refill;
 use super::{
     AttemptRecord, CallClass, CallRecord, CallState, Claim, History, Ledger, LedgerError,
@@ -115,14 +116,15 @@ impl SqliteLedger {
     /// The highest sequence number among the run's calls (their count, in
     /// a sound ledger); 0 for none.
     fn last_seq(&self, run_id: &str) -> Result<usize, LedgerError> {
-        let last: Option<i64> = self
+        let run_no: Option<i64> = self
             .conn
-            .prepare_cached(&format!(
-                "SELECT seq FROM calls WHERE {CALLS_OF_RUN} ORDER BY key DESC LIMIT 1"
-            ))?
+            .prepare_cached("SELECT run_no FROM runs WHERE run_id = ?1")?
             .query_row([run_id], |r| r.get(0))
             .optional()?;
-        Ok(last.unwrap_or(0).max(0) as usize)
+        match run_no {
+            Some(run_no) => Ok(spans::last_seq(&self.conn, run_no)? as usize),
+            None => Ok(0),
+        }
     }
 
     fn migrate(&mut self, from: i64) -> Result<(), LedgerError> {
@@ -510,7 +512,7 @@ impl WriteOp {
 fn find_call(conn: &Connection, run_id: &str, seq: u64) -> Result<Option<CallRecord>, LedgerError> {
     let found = conn
         .query_row(
-            &format!("SELECT {CALL_COLUMNS} FROM calls WHERE key = {KEY_OF_CALL}"),
+            &format!("SELECT {CALL_COLUMNS} FROM calls WHERE {CALL_AT}"),
             params![run_id, seq as i64],
             call_from_row,
         )
@@ -543,7 +545,7 @@ fn settle_by_person(
     conn.execute(
         &format!(
             "UPDATE calls SET state = ?3, outcome = ?4, finished_at = ?5, resolved_by = ?6, \
-             resolved_at = ?5, chain = ?7 WHERE key = {KEY_OF_CALL}"
+             resolved_at = ?5, chain = ?7 WHERE {CALL_AT}"
         ),
         params![
             run_id,
@@ -576,7 +578,7 @@ fn chain_for(
     }
     let previous: Option<String> = if call.seq > 1 {
         conn.query_row(
-            &format!("SELECT chain FROM calls WHERE key = {KEY_OF_CALL}"),
+            &format!("SELECT chain FROM calls WHERE {CALL_AT}"),
             params![run_id, call.seq as i64 - 1],
             |r| r.get(0),
         )
@@ -657,16 +659,6 @@ fn runnable_sql() -> &'static str {
         )
     })
 }
-
-/// SQL for the key of call `?2` of run `?1`: NULL for an unknown run, and
-/// for a sequence number no call can have (one past 32 bits would name a
-/// call of the next run: `resolve` and `approve` take it from the user).
-const KEY_OF_CALL: &str = "(SELECT (run_no << 32) + ?2 FROM runs \
-     WHERE run_id = ?1 AND ?2 BETWEEN 1 AND 4294967295)";
-
-/// SQL matching the keys of run `?1`'s calls (none for an unknown run).
-const CALLS_OF_RUN: &str = "key BETWEEN (SELECT run_no << 32 FROM runs WHERE run_id = ?1) \
-     AND (SELECT (run_no << 32) + 4294967295 FROM runs WHERE run_id = ?1)";
 
 /// The statement that reads one run (prepared once per connection).
 const SELECT_RUN: &str = "SELECT run_id, module_digest, input, status, output, error, created_at, \
@@ -877,11 +869,7 @@ fn calls_between(
     mut chunk: Vec<CallRecord>,
 ) -> Result<Vec<CallRecord>, Option<LedgerError>> {
     let mut stmt = conn
-        .prepare_cached(&format!(
-            "SELECT {CALL_COLUMNS} FROM calls \
-             WHERE key > (SELECT (run_no << 32) + ?2 FROM runs WHERE run_id = ?1) \
-             AND key <= (SELECT (run_no << 32) + ?3 FROM runs WHERE run_id = ?1) ORDER BY key"
-        ))
+        .prepare_cached(&spans::calls_between_sql(CALL_COLUMNS, "TRUE"))
         .map_err(|e| Some(e.into()))?;
     let mut rows = stmt
         .query(params![run_id, after as i64, upto as i64])
@@ -903,35 +891,48 @@ fn calls_between(
 /// costs about a quarter more per row).
 const CALL_CHUNK: usize = 8;
 
-/// Applies `ops`: first the buffered call rows, `CALL_CHUNK` to a
-/// statement, then the other writes in order. Nothing in one commit depends
-/// on coming before a buffered call row (outcomes update `started` rows),
-/// and the commit is all or nothing. A call's attempts go into its row: with
-/// the row when it is inserted here, else with its outcome, else appended
-/// at the end.
+/// Applies `ops`: first the writes of calls (buffered calls' and `started`
+/// rows, and outcomes of `started` rows), in the order of their sequence
+/// numbers, consecutive rows `CALL_CHUNK` to a statement; then the other
+/// writes in order. The commit is all or nothing, and a run's calls are
+/// appended in order (see [`spans`]). A call's outcome comes before the
+/// next call's row: the previous call's row, which the outcome makes
+/// longer, is still the last on its page then, where SQLite appends a page
+/// when it is full rather than spreading rows over three. A call's attempts
+/// go into its row: with the row when it is inserted here, else with its
+/// outcome, else appended at the end.
 fn apply_all(
     conn: &Connection,
     run_no: i64,
     claim: &Claim,
     ops: &[WriteOp],
 ) -> Result<(), LedgerError> {
+    let call_seq = |op: &WriteOp| match op {
+        WriteOp::Call(call) | WriteOp::Started(call) => Some(call.seq),
+        WriteOp::Outcome { seq, .. } => Some(*seq),
+        _ => None,
+    };
     let mut tried = Tried::of(ops, claim.fence);
-    let calls: Vec<(&CallRecord, Option<String>)> = ops
+    let mut writes: Vec<(u64, &WriteOp)> = ops
         .iter()
-        .filter_map(|op| match op {
-            WriteOp::Call(call) => Some((call, tried.take(call.seq))),
-            _ => None,
-        })
+        .filter_map(|op| call_seq(op).map(|seq| (seq, op)))
         .collect();
-    let mut chunks = calls.chunks_exact(CALL_CHUNK);
-    for chunk in &mut chunks {
-        insert_calls(conn, run_no, claim, chunk)?;
+    // Stable, and nearly always sorted already.
+    writes.sort_by_key(|(seq, _)| *seq);
+    let mut rows: Vec<(&CallRecord, Option<String>)> = Vec::new();
+    for (seq, op) in writes {
+        match op {
+            WriteOp::Call(call) | WriteOp::Started(call) => rows.push((call, tried.take(seq))),
+            _ => {
+                insert_rows(conn, run_no, claim, &rows)?;
+                rows.clear();
+                op.apply(conn, run_no, claim, &mut tried)?;
+            }
+        }
     }
-    for row in chunks.remainder() {
-        insert_calls(conn, run_no, claim, std::slice::from_ref(row))?;
-    }
+    insert_rows(conn, run_no, claim, &rows)?;
     for op in ops {
-        if !matches!(op, WriteOp::Call(_)) {
+        if call_seq(op).is_none() {
             op.apply(conn, run_no, claim, &mut tried)?;
         }
     }
@@ -939,6 +940,23 @@ fn apply_all(
         if let Some(json) = json {
             append_attempts(conn, run_no, claim, seq, &json)?;
         }
+    }
+    Ok(())
+}
+
+/// Inserts call rows, `CALL_CHUNK` to a statement and the rest one each.
+fn insert_rows(
+    conn: &Connection,
+    run_no: i64,
+    claim: &Claim,
+    rows: &[(&CallRecord, Option<String>)],
+) -> Result<(), LedgerError> {
+    let mut chunks = rows.chunks_exact(CALL_CHUNK);
+    for chunk in &mut chunks {
+        insert_calls(conn, run_no, claim, chunk)?;
+    }
+    for row in chunks.remainder() {
+        insert_calls(conn, run_no, claim, std::slice::from_ref(row))?;
     }
     Ok(())
 }
@@ -985,24 +1003,36 @@ fn insert_calls(
     static ONE: std::sync::OnceLock<String> = std::sync::OnceLock::new();
     static CHUNK: std::sync::OnceLock<String> = std::sync::OnceLock::new();
     debug_assert!(calls.len() == 1 || calls.len() == CALL_CHUNK);
+    // A chunk's rows take consecutive rowids: in one span only if their
+    // sequence numbers are consecutive too (a run records its calls in
+    // order, so they are); otherwise each is placed on its own.
+    if calls.windows(2).any(|w| w[1].0.seq != w[0].0.seq + 1) {
+        for row in calls {
+            insert_calls(conn, run_no, claim, std::slice::from_ref(row))?;
+        }
+        return Ok(());
+    }
     let sql = if calls.len() == CALL_CHUNK {
         &CHUNK
     } else {
         &ONE
     }
     .get_or_init(|| {
-        let row = "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)";
+        let row = "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)";
         format!(
-            "INSERT INTO calls (key, class, interface, function, operation_id, \
+            "INSERT INTO calls (id, key, class, interface, function, operation_id, \
              request, request_hash, state, outcome, started_at, finished_at, fence, chain, \
              attempts) VALUES {}",
             vec![row; calls.len()].join(", ")
         )
     });
     let mut stmt = conn.prepare_cached(sql)?;
+    let first = call_key(&claim.run_id, run_no, calls[0].0.seq)?;
+    let first_id = spans::place(conn, &claim.run_id, run_no, first)?;
     let mut n = 0;
-    for (call, attempts) in calls {
-        let values: [&dyn rusqlite::ToSql; 14] = [
+    for (at, (call, attempts)) in calls.iter().enumerate() {
+        let values: [&dyn rusqlite::ToSql; 15] = [
+            &(first_id + at as i64),
             &call_key(&claim.run_id, run_no, call.seq)?,
             &call.class.as_str(),
             &call.interface,
@@ -1046,8 +1076,9 @@ fn update_outcome(
         format!(
             "UPDATE calls SET state = ?1, outcome = ?2, finished_at = ?3, fence = ?4, \
              chain = ?6, attempts = {} \
-             WHERE key = ?5 AND state IN ('started', 'unknown')",
-            attempts::append_sql(7)
+             WHERE {} AND state IN ('started', 'unknown')",
+            attempts::append_sql(7),
+            spans::call_at_key(5)
         )
     });
     let changed = conn.prepare_cached(sql)?.execute(params![
@@ -1079,8 +1110,9 @@ fn append_attempts(
     static SQL: std::sync::OnceLock<String> = std::sync::OnceLock::new();
     let sql = SQL.get_or_init(|| {
         format!(
-            "UPDATE calls SET attempts = {} WHERE key = ?1",
-            attempts::append_sql(2)
+            "UPDATE calls SET attempts = {} WHERE {}",
+            attempts::append_sql(2),
+            spans::call_at_key(1)
         )
     });
     let changed = conn
@@ -1300,15 +1332,16 @@ impl Ledger for SqliteLedger {
     }
 
     fn calls(&self, run_id: &str) -> Result<Vec<CallRecord>, LedgerError> {
-        let mut stmt = self.conn.prepare_cached(&format!(
-            "SELECT {CALL_COLUMNS} FROM calls WHERE {CALLS_OF_RUN} ORDER BY key"
-        ))?;
+        let last = self.last_seq(run_id)?;
+        let mut stmt = self
+            .conn
+            .prepare_cached(&spans::calls_between_sql(CALL_COLUMNS, "TRUE"))?;
         // Sized up front: a long run has 100,000s of calls, and growing the
         // vector by doubling copies them and faults in fresh pages again.
         // (Capped: a damaged row's huge seq must end in `Corrupt` below, not
         // in a failed allocation.)
-        let mut calls = Vec::with_capacity(self.last_seq(run_id)?.min(1 << 20));
-        for call in stmt.query_map([run_id], call_from_row)? {
+        let mut calls = Vec::with_capacity(last.min(1 << 20));
+        for call in stmt.query_map(params![run_id, 0, last as i64], call_from_row)? {
             calls.push(call?);
         }
         // Sequence numbers must be 1..=n without gaps; anything else is damage.
@@ -1392,9 +1425,7 @@ impl Ledger for SqliteLedger {
     fn call_attempts(&self, run_id: &str, seq: u64) -> Result<Vec<AttemptRecord>, LedgerError> {
         let json: Option<String> = self
             .conn
-            .prepare_cached(&format!(
-                "SELECT attempts FROM calls WHERE key = {KEY_OF_CALL}"
-            ))?
+            .prepare_cached(&format!("SELECT attempts FROM calls WHERE {CALL_AT}"))?
             .query_row(params![run_id, seq as i64], |r| r.get(0))
             .optional()?
             .flatten();
@@ -1402,11 +1433,12 @@ impl Ledger for SqliteLedger {
     }
 
     fn attempts(&self, run_id: &str) -> Result<Vec<AttemptRecord>, LedgerError> {
-        let mut stmt = self.conn.prepare_cached(&format!(
-            "SELECT seq, attempts FROM calls WHERE {CALLS_OF_RUN} AND attempts IS NOT NULL \
-                 ORDER BY key"
+        let last = self.last_seq(run_id)?;
+        let mut stmt = self.conn.prepare_cached(&spans::calls_between_sql(
+            "c.seq, c.attempts",
+            "c.attempts IS NOT NULL",
         ))?;
-        let mut rows = stmt.query([run_id])?;
+        let mut rows = stmt.query(params![run_id, 0, last as i64])?;
         let mut all = Vec::new();
         while let Some(row) = rows.next()? {
             let seq = row.get::<_, i64>(0)? as u64;
@@ -1542,7 +1574,7 @@ impl Ledger for SqliteLedger {
         for (run_id, seq) in keys {
             let run = self.run(&run_id)?;
             let call = self.conn.query_row(
-                &format!("SELECT {CALL_COLUMNS} FROM calls WHERE key = {KEY_OF_CALL}"),
+                &format!("SELECT {CALL_COLUMNS} FROM calls WHERE {CALL_AT}"),
                 params![run_id, seq],
                 call_from_row,
             )?;
@@ -1833,25 +1865,203 @@ mod tests {
         );
     }
 
+    /// Spans of run `run_no`, as (first seq, first rowid).
+    fn spans_of(ledger: &SqliteLedger, run_no: i64) -> Vec<(i64, i64)> {
+        ledger
+            .conn
+            .prepare("SELECT first_seq, first_id FROM call_spans WHERE run_no = ?1 ORDER BY 1")
+            .unwrap()
+            .query_map([run_no], |r| Ok((r.get(0)?, r.get(1)?)))
+            .unwrap()
+            .collect::<Result<_, _>>()
+            .unwrap()
+    }
+
     #[test]
-    fn every_statement_that_finds_calls_by_run_or_key_uses_the_key_index() {
-        // Calls are stored in the order they were recorded; without the
-        // index of their keys, finding one would read the whole table.
+    fn a_run_writing_alone_keeps_one_span_and_one_whose_calls_alternate_a_span_each() {
+        let (_dir, mut ledger) = new_ledger();
+        seed(&mut ledger);
+        ledger.create_run(NewRun::for_test("r2", "d1", 2)).unwrap();
+        let one = claim_fresh(&mut ledger, "r1", "me");
+        let two = claim_fresh(&mut ledger, "r2", "me");
+        for seq in 1..=20 {
+            ledger
+                .commit(&one, &[WriteOp::Call(clock_call(seq))])
+                .unwrap();
+        }
+        assert_eq!(spans_of(&ledger, 1), [(1, 1)]);
+        for seq in 21..=24 {
+            ledger
+                .commit(&one, &[WriteOp::Call(clock_call(seq))])
+                .unwrap();
+            ledger
+                .commit(&two, &[WriteOp::Call(clock_call(seq - 20))])
+                .unwrap();
+        }
+        // r1's 21st call came after its 20th; each later one after r2's.
+        assert_eq!(spans_of(&ledger, 1), [(1, 1), (22, 23), (23, 25), (24, 27)]);
+        assert_eq!(spans_of(&ledger, 2), [(1, 22), (2, 24), (3, 26), (4, 28)]);
+        assert_eq!(
+            ledger.calls("r1").unwrap(),
+            (1..=24).map(clock_call).collect::<Vec<_>>()
+        );
+        assert_eq!(
+            ledger.calls("r2").unwrap(),
+            (1..=4).map(clock_call).collect::<Vec<_>>()
+        );
+        assert_eq!(
+            (
+                ledger.last_seq("r1").unwrap(),
+                ledger.last_seq("r2").unwrap()
+            ),
+            (24, 4)
+        );
+        for seq in 1..=24 {
+            assert_eq!(
+                find_call(&ledger.conn, "r1", seq).unwrap(),
+                Some(clock_call(seq))
+            );
+        }
+        assert_eq!(find_call(&ledger.conn, "r1", 25).unwrap(), None);
+        assert_eq!(find_call(&ledger.conn, "r2", 5).unwrap(), None);
+        assert_eq!(find_call(&ledger.conn, "r2", 0).unwrap(), None);
+    }
+
+    #[test]
+    fn calls_committed_in_any_interleaving_are_found_read_and_counted_as_recorded() {
+        // Three runs commit chunks of 1 to 20 calls in a pseudo-random order
+        // (a fixed seed): every call must be found by its sequence number,
+        // every range read whole and in order, and every count right.
+        let (_dir, mut ledger) = new_ledger();
+        seed(&mut ledger);
+        let runs = ["r1", "r2", "r3"];
+        for run in &runs[1..] {
+            ledger.create_run(NewRun::for_test(run, "d1", 2)).unwrap();
+        }
+        let claims: Vec<Claim> = runs
+            .iter()
+            .map(|r| claim_fresh(&mut ledger, r, "me"))
+            .collect();
+        let mut next = [1u64; 3];
+        let mut state = 0x2545_f491_4f6c_dd1du64;
+        let mut random = |below: u64| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state % below
+        };
+        for _ in 0..150 {
+            let run = random(3) as usize;
+            let count = 1 + random(20);
+            let ops: Vec<WriteOp> = (next[run]..next[run] + count)
+                .map(|seq| WriteOp::Call(clock_call(seq)))
+                .collect();
+            ledger.commit(&claims[run], &ops).unwrap();
+            next[run] += count;
+        }
+        for (run, id) in runs.iter().enumerate() {
+            let last = next[run] - 1;
+            assert!(last > 100, "{id}: {last}");
+            assert_eq!(ledger.last_seq(id).unwrap() as u64, last, "{id}");
+            assert_eq!(
+                ledger.calls(id).unwrap(),
+                (1..=last).map(clock_call).collect::<Vec<_>>()
+            );
+            for seq in 1..=last {
+                assert_eq!(
+                    find_call(&ledger.conn, id, seq).unwrap(),
+                    Some(clock_call(seq))
+                );
+            }
+            for _ in 0..50 {
+                let after = random(last);
+                let upto = after + 1 + random(last - after);
+                let read =
+                    calls_between(&ledger.conn, id, after as usize, upto as usize, Vec::new())
+                        .unwrap();
+                let seqs: Vec<u64> = read.iter().map(|c| c.seq).collect();
+                assert_eq!(
+                    seqs,
+                    (after + 1..=upto).collect::<Vec<_>>(),
+                    "{id} ({after}, {upto}]"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn a_v7_ledger_gets_the_spans_of_its_interleaved_calls() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("v7.db");
+        {
+            let conn = old_ledger(&path, 7);
+            conn.execute_batch(
+                "INSERT INTO modules VALUES ('d1', x'0061736d', 4, 1);
+                 INSERT INTO runs (run_id, module_digest, input, status, created_at,
+                     updated_at, version, fence, world, run_no)
+                 VALUES ('r1', 'd1', '{}', 'pending', 1, 2, 3, 0, 'w', 1),
+                        ('r2', 'd1', '{}', 'pending', 1, 2, 3, 0, 'w', 2);",
+            )
+            .unwrap();
+            // r1's calls 1-3 alone, then alternating with r2's.
+            for (id, run_no, seq) in [
+                (1, 1, 1),
+                (2, 1, 2),
+                (3, 1, 3),
+                (4, 2, 1),
+                (5, 1, 4),
+                (6, 2, 2),
+                (7, 1, 5),
+                (8, 1, 6),
+            ] {
+                conn.execute(
+                    "INSERT INTO calls (id, key, class, interface, function, operation_id, \
+                     request, request_hash, state, outcome, started_at, finished_at, fence) \
+                     VALUES (?1, (?2 << 32) + ?3, 'observe', 'i', 'f', 'op', '{}', 'h', \
+                     'succeeded', ?3, 1, 2, 1)",
+                    params![id, run_no, seq],
+                )
+                .unwrap();
+            }
+        }
+        let mut ledger = SqliteLedger::open(&path).unwrap();
+        assert_eq!(spans_of(&ledger, 1), [(1, 1), (4, 5), (5, 7)]);
+        assert_eq!(spans_of(&ledger, 2), [(1, 4), (2, 6)]);
+        let outcomes = |ledger: &SqliteLedger, run| -> Vec<(u64, String)> {
+            ledger
+                .calls(run)
+                .unwrap()
+                .into_iter()
+                .map(|c| (c.seq, c.outcome.unwrap()))
+                .collect()
+        };
+        assert_eq!(
+            outcomes(&ledger, "r1"),
+            (1..=6).map(|s| (s, s.to_string())).collect::<Vec<_>>()
+        );
+        assert_eq!(outcomes(&ledger, "r2"), [(1, "1".into()), (2, "2".into())]);
+        // The next call of r1 comes right after its last: no new span.
+        let claim = claim_fresh(&mut ledger, "r1", "me");
+        ledger
+            .commit(&claim, &[WriteOp::Call(clock_call(7))])
+            .unwrap();
+        assert_eq!(spans_of(&ledger, 1), [(1, 1), (4, 5), (5, 7)]);
+        assert_eq!(ledger.last_seq("r1").unwrap(), 7);
+    }
+
+    #[test]
+    fn every_statement_that_finds_calls_reads_their_rows_by_rowid_through_spans() {
+        // Calls are stored in the order they were recorded; a statement that
+        // found them any other way would read the whole table.
         let (_dir, ledger) = new_ledger();
         let statements = [
-            format!("SELECT {CALL_COLUMNS} FROM calls WHERE key = {KEY_OF_CALL}"),
-            format!("SELECT {CALL_COLUMNS} FROM calls WHERE {CALLS_OF_RUN} ORDER BY key"),
-            format!("SELECT seq FROM calls WHERE {CALLS_OF_RUN} ORDER BY key DESC LIMIT 1"),
+            format!("SELECT {CALL_COLUMNS} FROM calls WHERE {CALL_AT}"),
+            spans::calls_between_sql(CALL_COLUMNS, "TRUE"),
             format!(
-                "SELECT {CALL_COLUMNS} FROM calls \
-                 WHERE key > (SELECT (run_no << 32) + ?2 FROM runs WHERE run_id = ?1) \
-                 AND key <= (SELECT (run_no << 32) + ?3 FROM runs WHERE run_id = ?1) ORDER BY key"
+                "UPDATE calls SET outcome = ?3 WHERE {} AND state IN ('started', 'unknown')",
+                spans::call_at_key(4)
             ),
-            format!(
-                "UPDATE calls SET outcome = ?3 WHERE key = {KEY_OF_CALL} \
-                 AND state IN ('started', 'unknown')"
-            ),
-            format!("DELETE FROM calls WHERE key = {KEY_OF_CALL}"),
+            format!("DELETE FROM calls WHERE {CALL_AT}"),
         ];
         for sql in &statements {
             let mut explain = ledger
@@ -1866,12 +2076,21 @@ mod tests {
                 plan.push(row.get::<_, String>(3).unwrap());
             }
             assert!(
-                plan.iter()
-                    .any(|step| step.contains("SEARCH calls USING INDEX calls_by_key")),
+                plan.iter().any(|step| step.starts_with("SEARCH c ")
+                    || step.starts_with("SEARCH calls ")
+                        && step.contains("USING INTEGER PRIMARY KEY")),
                 "{sql}: {plan:?}"
             );
             assert!(
-                !plan.iter().any(|step| step.starts_with("SCAN calls")),
+                plan.iter()
+                    .any(|step| step.contains(" s USING PRIMARY KEY (run_no=?")
+                        || step.contains("call_spans USING PRIMARY KEY (run_no=?")),
+                "{sql}: {plan:?}"
+            );
+            assert!(
+                !plan
+                    .iter()
+                    .any(|step| step.starts_with("SCAN ") || step.starts_with("USE TEMP B-TREE")),
                 "{sql}: {plan:?}"
             );
         }
@@ -2021,7 +2240,7 @@ mod tests {
             ledger
                 .conn
                 .execute(
-                    &format!("DELETE FROM calls WHERE key = {KEY_OF_CALL}"),
+                    &format!("DELETE FROM calls WHERE {CALL_AT}"),
                     params!["r1", missing as i64],
                 )
                 .unwrap();
@@ -2204,14 +2423,16 @@ mod tests {
             ]
         );
         assert_eq!(ledger.calls("r2").unwrap()[2], clock_call(3));
-        // Keys stay unique.
-        let again = ledger.conn.execute(
-            "INSERT INTO calls (key, class, interface, function, operation_id, request, \
-             request_hash, state, started_at, fence) \
-             VALUES ((2 << 32) + 3, 'read', 'i', 'f', 'op', '{}', 'h', 'started', 1, 1)",
-            [],
-        );
-        assert!(again.is_err(), "a second call with the same key was stored");
+        // A call already recorded is refused, before and after the
+        // migration's rows.
+        for seq in [3, 1] {
+            let again = ledger.commit(&claim, &[WriteOp::Call(clock_call(seq))]);
+            assert!(
+                matches!(again, Err(LedgerError::NotAppended { seq: s, .. }) if s == seq),
+                "{again:?}"
+            );
+        }
+        assert_eq!(ledger.calls("r2").unwrap().len(), 3);
     }
 
     #[test]

@@ -1,0 +1,150 @@
+//! Where a call's row is: spans of a run's calls stored one after another.
+//!
+//! The calls table keeps its rows in the order they were recorded (by
+//! rowid, `id`), so that a group commit's rows, many runs' calls at once,
+//! share the table's last page (schema v7). A call is named by its key, its
+//! run's number in the high 32 bits and its sequence number in the low.
+//! Rather than an index entry for every key, which would cost a run that
+//! writes alone a second page in every commit, `call_spans` (schema v8)
+//! records where each *span* of a run's calls begins: calls of one run with
+//! consecutive sequence numbers stored at consecutive rowids. A run that
+//! writes alone has one span; a run whose calls alternate with other runs'
+//! (a worker's group commit) has a span per call, which is what an index
+//! would have cost it.
+//!
+//! The invariant: for every call row, the span of its run with the greatest
+//! first sequence number not above the call's gives the call's rowid as
+//! `first_id + (seq - first_seq)`. It holds because calls are only ever
+//! appended to their run (each sequence number past the run's last) at the
+//! table's end: a call stored right after its run's previous call extends
+//! that call's span; any other starts a span of its own
+//! ([`place`]). Every lookup checks that the row it computes has the key it
+//! looks for, so a row that is not there (a damaged ledger's gap) is found
+//! missing, never mistaken for another.
+
+use rusqlite::{Connection, OptionalExtension, params};
+
+use super::LedgerError;
+
+/// SQL for the rowid and key of call `?2` of run `?1` (a condition on the
+/// calls table): false for an unknown run, a call not recorded, and a
+/// sequence number no call can have.
+pub const CALL_AT: &str = "id = (SELECT s.first_id + ?2 - s.first_seq FROM call_spans s \
+     WHERE s.run_no = (SELECT run_no FROM runs WHERE run_id = ?1) AND s.first_seq <= ?2 \
+     ORDER BY s.first_seq DESC LIMIT 1) \
+     AND key = (SELECT (run_no << 32) + ?2 FROM runs \
+     WHERE run_id = ?1 AND ?2 BETWEEN 1 AND 4294967295)";
+
+/// [`CALL_AT`] for the call whose key is parameter `?{param}`.
+pub fn call_at_key(param: usize) -> String {
+    format!(
+        "id = (SELECT s.first_id + (?{param} & 4294967295) - s.first_seq FROM call_spans s \
+         WHERE s.run_no = ?{param} >> 32 AND s.first_seq <= (?{param} & 4294967295) \
+         ORDER BY s.first_seq DESC LIMIT 1) AND key = ?{param}"
+    )
+}
+
+/// SQL for the calls of run `?1` numbered `?2 + 1 ..= ?3`, as `c`, in order:
+/// from the span that holds call `?2 + 1` on, each span's rows are a rowid
+/// range, ending where the run's next span begins, or at `?3`. The loop
+/// over spans in their key's order, each a rowid range in order, gives the
+/// calls in order without a sort. `columns` names the calls table's
+/// columns to select, `filter` is a further condition on `c` (`TRUE` for
+/// none).
+pub fn calls_between_sql(columns: &str, filter: &str) -> String {
+    format!(
+        "SELECT {columns} FROM call_spans s JOIN calls c \
+         ON c.id >= s.first_id + max(?2 + 1 - s.first_seq, 0) \
+         AND c.id < s.first_id - s.first_seq + min(?3 + 1, coalesce((SELECT n.first_seq \
+             FROM call_spans n WHERE n.run_no = s.run_no AND n.first_seq > s.first_seq \
+             ORDER BY n.first_seq LIMIT 1), ?3 + 1)) \
+         WHERE s.run_no = (SELECT run_no FROM runs WHERE run_id = ?1) \
+         AND s.first_seq >= coalesce((SELECT m.first_seq FROM call_spans m \
+             WHERE m.run_no = (SELECT run_no FROM runs WHERE run_id = ?1) \
+             AND m.first_seq <= ?2 + 1 ORDER BY m.first_seq DESC LIMIT 1), 1) \
+         AND s.first_seq <= ?3 \
+         AND c.key = (s.run_no << 32) + s.first_seq + (c.id - s.first_id) \
+         AND ({filter}) \
+         ORDER BY s.first_seq, c.id"
+    )
+}
+
+/// The highest sequence number among the calls of the run numbered
+/// `run_no` (their count, in a sound ledger); 0 for none. Its last span's
+/// rows are consecutive rowids, so the end is found by probing rowids:
+/// doubling steps, then halving (about 2 log n lookups).
+pub fn last_seq(conn: &Connection, run_no: i64) -> Result<u64, LedgerError> {
+    let last: Option<(i64, i64)> = conn
+        .prepare_cached(
+            "SELECT first_seq, first_id FROM call_spans WHERE run_no = ?1 \
+             ORDER BY first_seq DESC LIMIT 1",
+        )?
+        .query_row([run_no], |r| Ok((r.get(0)?, r.get(1)?)))
+        .optional()?;
+    let Some((first_seq, first_id)) = last else {
+        return Ok(0);
+    };
+    let mut key_at = conn.prepare_cached("SELECT key FROM calls WHERE id = ?1")?;
+    let mut holds = |k: i64| -> Result<bool, LedgerError> {
+        let key: Option<i64> = key_at.query_row([first_id + k], |r| r.get(0)).optional()?;
+        Ok(key == Some((run_no << 32) + first_seq + k))
+    };
+    if !holds(0)? {
+        return Err(LedgerError::Corrupt(format!(
+            "the calls of run number {run_no}: a span begins with call #{first_seq} at row \
+             {first_id}, which does not hold it"
+        )));
+    }
+    // `holds(known)` and, once found, `!holds(past)`.
+    let (mut known, mut past) = (0i64, 1i64);
+    while holds(past)? {
+        known = past;
+        past = past.saturating_mul(2);
+    }
+    while past - known > 1 {
+        let mid = known + (past - known) / 2;
+        if holds(mid)? {
+            known = mid;
+        } else {
+            past = mid;
+        }
+    }
+    Ok((first_seq + known) as u64)
+}
+
+/// The rowid for a new call of the run numbered `run_no`, whose key is
+/// `key`, at the table's end; records the span it begins, if it begins
+/// one. Refuses a call already recorded, or older than the run's last
+/// span: calls are only appended to their run.
+pub fn place(conn: &Connection, run_id: &str, run_no: i64, key: i64) -> Result<i64, LedgerError> {
+    let seq = key & 0xffff_ffff;
+    let last: Option<(i64, i64)> = conn
+        .prepare_cached("SELECT id, key FROM calls ORDER BY id DESC LIMIT 1")?
+        .query_row([], |r| Ok((r.get(0)?, r.get(1)?)))
+        .optional()?;
+    let id = last.map_or(1, |(id, _)| id + 1);
+    // Right after the run's previous call: in its span.
+    if seq > 1 && last.is_some_and(|(_, last_key)| last_key == key - 1) {
+        return Ok(id);
+    }
+    // The run's last span, and whether the call is in it already.
+    let span: Option<(i64, bool)> = conn
+        .prepare_cached(
+            "SELECT s.first_seq, EXISTS (SELECT 1 FROM calls \
+                 WHERE id = s.first_id + ?2 - s.first_seq AND key = (?1 << 32) + ?2) \
+             FROM call_spans s WHERE s.run_no = ?1 ORDER BY s.first_seq DESC LIMIT 1",
+        )?
+        .query_row(params![run_no, seq], |r| Ok((r.get(0)?, r.get(1)?)))
+        .optional()?;
+    if span.is_some_and(|(first_seq, in_it)| seq < first_seq || in_it) {
+        return Err(LedgerError::NotAppended {
+            run_id: run_id.to_string(),
+            seq: seq as u64,
+        });
+    }
+    conn.prepare_cached(
+        "INSERT INTO call_spans (run_no, first_seq, first_id) VALUES (?1, ?2, ?3)",
+    )?
+    .execute(params![run_no, seq, id])?;
+    Ok(id)
+}
