@@ -282,9 +282,14 @@ CREATE UNIQUE INDEX calls_by_key ON calls(key);
     // `ledger/spans.rs`): a span is a run's calls with consecutive
     // sequence numbers stored at consecutive rowids, recorded where it
     // begins. The index cost a run that writes alone a second WAL page in
-    // every commit; a span is written only where another run's call came
-    // between two of a run's. The spans of the rows already stored are
-    // where a run's rowid and sequence number stop moving together.
+    // every commit; a span is written only by a run's first call and where
+    // another run's call came between two of a run's. The spans of the
+    // rows already stored are where a run's rowid and sequence number stop
+    // moving together. A call row's fencing token is renamed
+    // `writer_fence`, so that an older stephost still running when the
+    // ledger is migrated cannot write a call row at all (each of its
+    // writes of calls names `fence`): a row it wrote without a span would
+    // be lost to every reader.
     r#"
 CREATE TABLE call_spans (
     run_no     INTEGER NOT NULL,
@@ -298,6 +303,7 @@ SELECT run_no, seq, id FROM (
     FROM calls WINDOW w AS (PARTITION BY run_no ORDER BY seq))
 WHERE before_id IS NULL OR id - before_id <> seq - before_seq;
 DROP INDEX calls_by_key;
+ALTER TABLE calls RENAME COLUMN fence TO writer_fence;
 "#,
 ];
 

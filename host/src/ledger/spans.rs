@@ -18,9 +18,12 @@
 //! appended to their run (each sequence number past the run's last) at the
 //! table's end: a call stored right after its run's previous call extends
 //! that call's span; any other starts a span of its own
-//! ([`place`]). Every lookup checks that the row it computes has the key it
-//! looks for, so a row that is not there (a damaged ledger's gap) is found
-//! missing, never mistaken for another.
+//! ([`place`]). A trigger (schema v8) refuses any row the spans would not
+//! find where it is stored. Every lookup checks that the row it computes
+//! has the key it looks for, so a row that is not there (a damaged
+//! ledger's gap) is found missing, never mistaken for another; and rowids
+//! are dense (rows are only appended, at the end), so where a run's last
+//! span ends is checked too ([`last_seq`]).
 
 use rusqlite::{Connection, OptionalExtension, params};
 
@@ -72,7 +75,10 @@ pub fn calls_between_sql(columns: &str, filter: &str) -> String {
 /// The highest sequence number among the calls of the run numbered
 /// `run_no` (their count, in a sound ledger); 0 for none. Its last span's
 /// rows are consecutive rowids, so the end is found by probing rowids:
-/// doubling steps, then halving (about 2 log n lookups).
+/// doubling steps, then halving (about 2 log n lookups). The row after the
+/// end must be another run's, or past the table's end: a row missing
+/// there, or one of this run's, is a damaged ledger (`Corrupt`), not the
+/// end of the run's calls.
 pub fn last_seq(conn: &Connection, run_no: i64) -> Result<u64, LedgerError> {
     let last: Option<(i64, i64)> = conn
         .prepare_cached(
@@ -109,13 +115,41 @@ pub fn last_seq(conn: &Connection, run_no: i64) -> Result<u64, LedgerError> {
             past = mid;
         }
     }
+    let after: Option<i64> = key_at
+        .query_row([first_id + known + 1], |r| r.get(0))
+        .optional()?;
+    let sound = match after {
+        Some(key) => key >> 32 != run_no,
+        None => {
+            let end: Option<i64> = conn
+                .prepare_cached("SELECT max(id) FROM calls")?
+                .query_row([], |r| r.get(0))?;
+            end.is_none_or(|end| first_id + known + 1 > end)
+        }
+    };
+    if !sound {
+        return Err(LedgerError::Corrupt(format!(
+            "the calls of run number {run_no}: call #{} is not where its span puts it \
+             (row {}), which is {}",
+            first_seq + known + 1,
+            first_id + known + 1,
+            if after.is_some() {
+                "another of the run's calls"
+            } else {
+                "missing"
+            }
+        )));
+    }
     Ok((first_seq + known) as u64)
 }
 
 /// The rowid for a new call of the run numbered `run_no`, whose key is
 /// `key`, at the table's end; records the span it begins, if it begins
 /// one. Refuses a call already recorded, or older than the run's last
-/// span: calls are only appended to their run.
+/// span: calls are only appended to their run. Right after the run's
+/// previous call (the table's last row) nothing is looked up: a run's
+/// calls are stored in the order of their numbers, so that call was its
+/// last (and the schema's trigger refuses the row if it is not).
 pub fn place(conn: &Connection, run_id: &str, run_no: i64, key: i64) -> Result<i64, LedgerError> {
     let seq = key & 0xffff_ffff;
     let last: Option<(i64, i64)> = conn

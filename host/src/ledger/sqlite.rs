@@ -1021,8 +1021,8 @@ fn insert_calls(
         let row = "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)";
         format!(
             "INSERT INTO calls (id, key, class, interface, function, operation_id, \
-             request, request_hash, state, outcome, started_at, finished_at, fence, chain, \
-             attempts) VALUES {}",
+             request, request_hash, state, outcome, started_at, finished_at, writer_fence, \
+             chain, attempts) VALUES {}",
             vec![row; calls.len()].join(", ")
         )
     });
@@ -1074,7 +1074,7 @@ fn update_outcome(
     static SQL: std::sync::OnceLock<String> = std::sync::OnceLock::new();
     let sql = SQL.get_or_init(|| {
         format!(
-            "UPDATE calls SET state = ?1, outcome = ?2, finished_at = ?3, fence = ?4, \
+            "UPDATE calls SET state = ?1, outcome = ?2, finished_at = ?3, writer_fence = ?4, \
              chain = ?6, attempts = {} \
              WHERE {} AND state IN ('started', 'unknown')",
             attempts::append_sql(7),
@@ -1338,8 +1338,7 @@ impl Ledger for SqliteLedger {
             .prepare_cached(&spans::calls_between_sql(CALL_COLUMNS, "TRUE"))?;
         // Sized up front: a long run has 100,000s of calls, and growing the
         // vector by doubling copies them and faults in fresh pages again.
-        // (Capped: a damaged row's huge seq must end in `Corrupt` below, not
-        // in a failed allocation.)
+        // (Capped, in case a damaged ledger's count is huge.)
         let mut calls = Vec::with_capacity(last.min(1 << 20));
         for call in stmt.query_map(params![run_id, 0, last as i64], call_from_row)? {
             calls.push(call?);
@@ -1928,6 +1927,66 @@ mod tests {
     }
 
     #[test]
+    fn a_missing_call_where_a_runs_last_span_seems_to_end_is_corrupt_not_the_end() {
+        // The end of a run's last span is found by probing rowids; a row
+        // missing at a probe (here each of several places) must not pass
+        // for the end of the run's calls, whose history would then be cut
+        // short and written over.
+        for missing in [2, 3, 5, 9, 10] {
+            let (_dir, mut ledger) = new_ledger();
+            seed(&mut ledger);
+            ledger.create_run(NewRun::for_test("r2", "d1", 2)).unwrap();
+            let one = claim_fresh(&mut ledger, "r1", "me");
+            let ops: Vec<WriteOp> = (1..=10).map(|s| WriteOp::Call(clock_call(s))).collect();
+            ledger.commit(&one, &ops).unwrap();
+            let two = claim_fresh(&mut ledger, "r2", "me");
+            ledger
+                .commit(&two, &[WriteOp::Call(clock_call(1))])
+                .unwrap();
+            ledger
+                .conn
+                .execute(
+                    &format!("DELETE FROM calls WHERE {CALL_AT}"),
+                    params!["r1", missing],
+                )
+                .unwrap();
+            let err = ledger.calls("r1").unwrap_err();
+            assert!(matches!(err, LedgerError::Corrupt(_)), "#{missing}: {err}");
+            assert!(ledger.history("r1").is_err(), "#{missing}");
+            assert_eq!(ledger.calls("r2").unwrap(), [clock_call(1)]);
+        }
+    }
+
+    #[test]
+    fn an_older_stephost_still_running_cannot_write_a_call_row_after_the_migration() {
+        let (_dir, mut ledger) = new_ledger();
+        seed(&mut ledger);
+        let claim = claim_fresh(&mut ledger, "r1", "me");
+        ledger
+            .commit(&claim, &[WriteOp::Call(clock_call(1))])
+            .unwrap();
+        // As schema v7 and older builds insert a call and record an outcome:
+        // each would leave a row no span finds, or write past the spans.
+        for sql in [
+            "INSERT INTO calls (key, class, interface, function, operation_id, request, \
+             request_hash, state, outcome, started_at, finished_at, fence, chain, attempts) \
+             VALUES ((1 << 32) + 2, 'read', 'i', 'f', 'op', '{}', 'h', 'started', NULL, 1, \
+             NULL, 1, NULL, NULL)",
+            "UPDATE calls SET state = 'succeeded', outcome = '{}', finished_at = 2, fence = 1 \
+             WHERE key = (1 << 32) + 1",
+        ] {
+            let err = ledger.conn.execute(sql, []).unwrap_err();
+            let missing = err.to_string();
+            assert!(
+                missing.contains("no such column: fence")
+                    || missing.contains("has no column named fence"),
+                "{missing}"
+            );
+        }
+        assert_eq!(ledger.calls("r1").unwrap(), [clock_call(1)]);
+    }
+
+    #[test]
     fn calls_committed_in_any_interleaving_are_found_read_and_counted_as_recorded() {
         // Three runs commit chunks of 1 to 20 calls in a pseudo-random order
         // (a fixed seed): every call must be found by its sequence number,
@@ -1994,15 +2053,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("v7.db");
         {
-            let conn = old_ledger(&path, 7);
-            conn.execute_batch(
-                "INSERT INTO modules VALUES ('d1', x'0061736d', 4, 1);
-                 INSERT INTO runs (run_id, module_digest, input, status, created_at,
-                     updated_at, version, fence, world, run_no)
-                 VALUES ('r1', 'd1', '{}', 'pending', 1, 2, 3, 0, 'w', 1),
-                        ('r2', 'd1', '{}', 'pending', 1, 2, 3, 0, 'w', 2);",
-            )
-            .unwrap();
+            let conn = old_ledger_with_two_runs(&path, 7);
             // r1's calls 1-3 alone, then alternating with r2's.
             for (id, run_no, seq) in [
                 (1, 1, 1),
@@ -2311,6 +2362,21 @@ mod tests {
         conn
     }
 
+    /// [`old_ledger`] with module `d1` and pending runs `r1` and `r2`,
+    /// numbered 1 and 2.
+    fn old_ledger_with_two_runs(path: &Path, version: usize) -> Connection {
+        let conn = old_ledger(path, version);
+        conn.execute_batch(
+            "INSERT INTO modules VALUES ('d1', x'0061736d', 4, 1);
+             INSERT INTO runs (run_id, module_digest, input, status, created_at,
+                 updated_at, version, fence, world, run_no)
+             VALUES ('r1', 'd1', '{}', 'pending', 1, 2, 3, 0, 'w', 1),
+                    ('r2', 'd1', '{}', 'pending', 1, 2, 3, 0, 'w', 2);",
+        )
+        .unwrap();
+        conn
+    }
+
     #[test]
     fn a_v4_ledger_with_a_call_whose_run_is_missing_is_refused_not_trimmed() {
         let dir = tempfile::tempdir().unwrap();
@@ -2347,17 +2413,9 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("v6.db");
         {
-            let conn = old_ledger(&path, 6);
+            let conn = old_ledger_with_two_runs(&path, 6);
             // Two runs whose calls were recorded interleaved; v6 stored
             // them by key, each run's together.
-            conn.execute_batch(
-                "INSERT INTO modules VALUES ('d1', x'0061736d', 4, 1);
-                 INSERT INTO runs (run_id, module_digest, input, status, created_at,
-                     updated_at, version, fence, world, run_no)
-                 VALUES ('r1', 'd1', '{}', 'pending', 1, 2, 3, 0, 'w', 1),
-                        ('r2', 'd1', '{}', 'pending', 1, 2, 3, 0, 'w', 2);",
-            )
-            .unwrap();
             for (run_no, seq) in [(2, 1), (1, 1), (2, 2), (1, 2), (1, 3)] {
                 conn.execute(
                     "INSERT INTO calls (key, class, interface, function, operation_id, request, \
