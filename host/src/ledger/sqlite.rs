@@ -2340,13 +2340,20 @@ mod tests {
             let mut ledger = SqliteLedger::open(&path).unwrap();
             seed(&mut ledger);
         }
-        let ledger = SqliteLedger::open(&path).unwrap();
+        let ledger = open_migrated(&path);
         assert_eq!(ledger.run("r1").unwrap().input, "{}");
+    }
+
+    /// Opens the ledger at `path`, which must then be at this build's
+    /// schema version.
+    fn open_migrated(path: &Path) -> SqliteLedger {
+        let ledger = SqliteLedger::open(path).unwrap();
         let version: i64 = ledger
             .conn
             .query_row("PRAGMA user_version", [], |r| r.get(0))
             .unwrap();
         assert_eq!(version, schema::current_version());
+        ledger
     }
 
     /// A ledger at schema `version`, as the build that wrote it left it.
@@ -2429,12 +2436,7 @@ mod tests {
                 .unwrap();
             }
         }
-        let mut ledger = SqliteLedger::open(&path).unwrap();
-        let version: i64 = ledger
-            .conn
-            .query_row("PRAGMA user_version", [], |r| r.get(0))
-            .unwrap();
-        assert_eq!(version, schema::current_version());
+        let mut ledger = open_migrated(&path);
         for (run, count) in [("r1", 3), ("r2", 2)] {
             let calls = ledger.calls(run).unwrap();
             let found: Vec<(u64, String, Option<String>)> = calls
@@ -2514,12 +2516,7 @@ mod tests {
             )
             .unwrap();
         }
-        let mut ledger = SqliteLedger::open(&path).unwrap();
-        let version: i64 = ledger
-            .conn
-            .query_row("PRAGMA user_version", [], |r| r.get(0))
-            .unwrap();
-        assert_eq!(version, schema::current_version());
+        let mut ledger = open_migrated(&path);
         let run = ledger.run("r1").unwrap();
         assert_eq!(
             (run.status, run.output.as_deref(), run.exit_code, run.fence),
