@@ -2,7 +2,7 @@
 //! `cargo build -p stephost-bench --example hot && perf record target/debug/examples/hot write 2000 10 /dev/shm`.
 //! Arguments: mode (`write`, `read`, `observe`, `none`, or `replay`: one
 //! recorded run of clock calls replayed again and again; `load`: its calls
-//! read out of the ledger again and again; `group`: rounds of 64 runs (`GROUP_RUNS`) of
+//! read out of the ledger again and again; `group`: rounds of 64 runs (or `GROUP_RUNS=N`) of
 //! writes at once in one worker, as figure 5), calls per run, runs (rounds),
 //! and the folder for the ledger (default `target`). Prints µs per call
 //! and the CPU µs per call of each thread of the process, which on a shared
@@ -132,7 +132,7 @@ fn print_cpu(
     );
 }
 
-/// Rounds of 64 runs (`GROUP_RUNS`) of `count` writes each, executed by one worker at
+/// Rounds of 64 runs (or `GROUP_RUNS=N`) of `count` writes each, executed by one worker at
 /// once; prints µs per write (wall time of a round / writes in it).
 fn group(
     db: &std::path::Path,

@@ -21,11 +21,11 @@ use rusqlite::{Connection, params};
 /// Where the model's calls go.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Layout {
-    /// As the ledger keeps its calls: rows stored in the order they were
-    /// recorded, found by a unique index of their key (the run's number in
-    /// the high 32 bits, the call's sequence number in the low), the
-    /// outcome an `UPDATE` of its call's row: each transaction changes the
-    /// table's last pages and an index page per run.
+    /// As the ledger keeps its calls (schema v8): rows stored in the order
+    /// they were recorded, each call beginning a span of its run
+    /// (`call_spans`), the outcome an `UPDATE` of its call's row found
+    /// through the spans: each transaction changes the table's last pages
+    /// and a page of span rows per run.
     Keyed,
     /// Every record (a call started, its outcome) appended to one table by
     /// rowid: a transaction changes the table's last pages only.

@@ -18,8 +18,9 @@
 //! appended to their run (each sequence number past the run's last) at the
 //! table's end: a call stored right after its run's previous call extends
 //! that call's span; any other starts a span of its own
-//! ([`place`]). A trigger (schema v8) refuses any row the spans would not
-//! find where it is stored. Every lookup checks that the row it computes
+//! ([`place`]), the only writer of call rows (schema v8 renames a call
+//! row's `fence` to `writer_fence`, so that an older build still running
+//! cannot write one). Every lookup checks that the row it computes
 //! has the key it looks for, so a row that is not there (a damaged
 //! ledger's gap) is found missing, never mistaken for another; and rowids
 //! are dense (rows are only appended, at the end), so where a run's last
@@ -148,8 +149,8 @@ pub fn last_seq(conn: &Connection, run_no: i64) -> Result<u64, LedgerError> {
 /// one. Refuses a call already recorded, or older than the run's last
 /// span: calls are only appended to their run. Right after the run's
 /// previous call (the table's last row) nothing is looked up: a run's
-/// calls are stored in the order of their numbers, so that call was its
-/// last (and the schema's trigger refuses the row if it is not).
+/// calls are stored in the order of their numbers (the order this module's
+/// callers write them in), so that call was its last.
 pub fn place(conn: &Connection, run_id: &str, run_no: i64, key: i64) -> Result<i64, LedgerError> {
     let seq = key & 0xffff_ffff;
     let last: Option<(i64, i64)> = conn

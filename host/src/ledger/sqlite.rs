@@ -1808,8 +1808,8 @@ mod tests {
 
     #[test]
     fn runs_committing_in_turn_each_read_back_their_own_calls_in_order() {
-        // Calls are stored in the order they were recorded and found by
-        // their key (their run's number and their sequence number):
+        // Calls are stored in the order they were recorded and found
+        // through their run's spans (their key checked):
         // interleaved commits of two runs, one of them created after the
         // other's calls, must not mix or reorder them.
         let (_dir, mut ledger) = new_ledger();
