@@ -127,6 +127,38 @@ impl SqliteLedger {
         }
     }
 
+    /// The calls of `run_id` numbered `1..=last` (its count, from
+    /// `last_seq`), each present once, in order: anything else is damage.
+    fn calls_upto(&self, run_id: &str, last: usize) -> Result<Vec<CallRecord>, LedgerError> {
+        let mut stmt = self
+            .conn
+            .prepare_cached(&spans::calls_between_sql(CALL_COLUMNS, "TRUE"))?;
+        // Sized up front: a long run has 100,000s of calls, and growing the
+        // vector by doubling copies them and faults in fresh pages again.
+        // (Capped, in case a damaged ledger's count is huge.)
+        let mut calls = Vec::with_capacity(last.min(1 << 20));
+        for call in stmt.query_map(params![run_id, 0, last as i64], call_from_row)? {
+            calls.push(call?);
+        }
+        // Sequence numbers must be 1..=last without gaps.
+        for (index, call) in calls.iter().enumerate() {
+            if call.seq != index as u64 + 1 {
+                return Err(LedgerError::Corrupt(format!(
+                    "run {run_id}: call #{} found where #{} was expected",
+                    call.seq,
+                    index + 1
+                )));
+            }
+        }
+        if calls.len() != last {
+            return Err(LedgerError::Corrupt(format!(
+                "run {run_id}: {} calls found where {last} were expected",
+                calls.len()
+            )));
+        }
+        Ok(calls)
+    }
+
     fn migrate(&mut self, from: i64) -> Result<(), LedgerError> {
         if from >= schema::current_version() {
             return Ok(());
@@ -1332,28 +1364,7 @@ impl Ledger for SqliteLedger {
     }
 
     fn calls(&self, run_id: &str) -> Result<Vec<CallRecord>, LedgerError> {
-        let last = self.last_seq(run_id)?;
-        let mut stmt = self
-            .conn
-            .prepare_cached(&spans::calls_between_sql(CALL_COLUMNS, "TRUE"))?;
-        // Sized up front: a long run has 100,000s of calls, and growing the
-        // vector by doubling copies them and faults in fresh pages again.
-        // (Capped, in case a damaged ledger's count is huge.)
-        let mut calls = Vec::with_capacity(last.min(1 << 20));
-        for call in stmt.query_map(params![run_id, 0, last as i64], call_from_row)? {
-            calls.push(call?);
-        }
-        // Sequence numbers must be 1..=n without gaps; anything else is damage.
-        for (index, call) in calls.iter().enumerate() {
-            if call.seq != index as u64 + 1 {
-                return Err(LedgerError::Corrupt(format!(
-                    "run {run_id}: call #{} found where #{} was expected",
-                    call.seq,
-                    index + 1
-                )));
-            }
-        }
-        Ok(calls)
+        self.calls_upto(run_id, self.last_seq(run_id)?)
     }
 
     /// A history of `STREAM_CALLS_MIN` calls or more is read by
@@ -1367,7 +1378,7 @@ impl Ledger for SqliteLedger {
     fn history(&self, run_id: &str) -> Result<History, LedgerError> {
         let total = self.last_seq(run_id)?;
         if total < STREAM_CALLS_MIN {
-            return Ok(History::loaded(run_id, self.calls(run_id)?));
+            return Ok(History::loaded(run_id, self.calls_upto(run_id, total)?));
         }
         let mut incoming = Vec::with_capacity(STREAM_READERS);
         let mut spent = Vec::with_capacity(STREAM_READERS);
