@@ -17,6 +17,7 @@ pub mod chain;
 pub mod checkpoint;
 pub mod group;
 pub mod history;
+pub(crate) mod known;
 pub(crate) mod reply;
 pub mod schema;
 pub mod spans;

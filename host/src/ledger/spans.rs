@@ -18,7 +18,7 @@
 //! appended to their run (each sequence number past the run's last) at the
 //! table's end: a call stored right after its run's previous call extends
 //! that call's span; any other starts a span of its own
-//! ([`place`]), the only writer of call rows (schema v8 renames a call
+//! ([`Placed::place`]), the only writer of call rows (schema v8 renames a call
 //! row's `fence` to `writer_fence`, so that an older build still running
 //! cannot write one). Every lookup checks that the row it computes
 //! has the key it looks for, so a row that is not there (a damaged
@@ -144,25 +144,133 @@ pub fn last_seq(conn: &Connection, run_no: i64) -> Result<u64, LedgerError> {
     Ok((first_seq + known) as u64)
 }
 
-/// The rowid for a new call of the run numbered `run_no`, whose key is
-/// `key`, at the table's end; records the span it begins, if it begins
-/// one. Refuses a call already recorded, or older than the run's last
-/// span: calls are only appended to their run. Right after the run's
-/// previous call (the table's last row) nothing is looked up: a run's
-/// calls are stored in the order of their numbers (the order this module's
-/// callers write them in), so that call was its last.
-pub fn place(conn: &Connection, run_id: &str, run_no: i64, key: i64) -> Result<i64, LedgerError> {
-    let seq = key & 0xffff_ffff;
-    let last: Option<(i64, i64)> = conn
-        .prepare_cached("SELECT id, key FROM calls ORDER BY id DESC LIMIT 1")?
-        .query_row([], |r| Ok((r.get(0)?, r.get(1)?)))
-        .optional()?;
-    let id = last.map_or(1, |(id, _)| id + 1);
-    // Right after the run's previous call: in its span.
-    if seq > 1 && last.is_some_and(|(_, last_key)| last_key == key - 1) {
-        return Ok(id);
+/// What one connection knows of where the calls it wrote are, so that
+/// placing a run's next call, and finding the rowid of a call it wrote to
+/// record its outcome, look nothing up: the table's last row, and for each
+/// run it wrote to, its calls from some sequence number to its last at
+/// consecutive rowids (a part of the run's last span). In a worker's group
+/// commit, where every call of a run begins a span of its own, this saves
+/// two of a write's statements. It is exact only while no other connection
+/// writes, which [`super::known::Known`] checks; what it does not know is
+/// looked up.
+#[derive(Default)]
+pub struct Placed(std::cell::RefCell<Tails>);
+
+#[derive(Default)]
+struct Tails {
+    /// The table's last row: rowid and key.
+    last_row: Option<(i64, i64)>,
+    /// By run number: the run's calls `from_seq ..= last_seq` are at rowids
+    /// `from_id ..`, and `last_seq` is the run's last call.
+    runs: std::collections::HashMap<i64, Tail>,
+}
+
+#[derive(Clone, Copy)]
+struct Tail {
+    from_seq: i64,
+    from_id: i64,
+    last_seq: i64,
+}
+
+/// Runs remembered at most; past it, all are forgotten (and looked up
+/// again when they next write).
+const RUNS_KNOWN_MAX: usize = 4096;
+
+impl Placed {
+    /// Forgets everything.
+    pub fn clear(&self) {
+        *self.0.borrow_mut() = Tails::default();
     }
-    // The run's last span, and whether the call is in it already.
+
+    /// The rowid of call `seq` of the run numbered `run_no`, if this
+    /// connection wrote it and knows where; `None` means look it up.
+    pub fn id_of(&self, run_no: i64, seq: u64) -> Option<i64> {
+        let known = self.0.borrow();
+        let tail = known.runs.get(&run_no)?;
+        let seq = seq as i64;
+        (tail.from_seq..=tail.last_seq)
+            .contains(&seq)
+            .then(|| tail.from_id + seq - tail.from_seq)
+    }
+
+    /// The rowid for `count` new calls of the run numbered `run_no`, the
+    /// first of which has the key `key`, at the table's end; records the
+    /// span they begin, if they begin one. Refuses a call already
+    /// recorded, or older than the run's last span: calls are only
+    /// appended to their run. Right after the run's previous call (the
+    /// table's last row) nothing is looked up: a run's calls are stored in
+    /// the order of their numbers (the order this module's callers write
+    /// them in), so that call was its last. Nor is anything looked up for a
+    /// run whose last call this connection knows.
+    pub fn place(
+        &self,
+        conn: &Connection,
+        run_id: &str,
+        run_no: i64,
+        key: i64,
+        count: usize,
+    ) -> Result<i64, LedgerError> {
+        let seq = key & 0xffff_ffff;
+        let mut known = self.0.borrow_mut();
+        let last = match known.last_row {
+            Some(row) => Some(row),
+            None => conn
+                .prepare_cached("SELECT id, key FROM calls ORDER BY id DESC LIMIT 1")?
+                .query_row([], |r| Ok((r.get(0)?, r.get(1)?)))
+                .optional()?,
+        };
+        let id = last.map_or(1, |(id, _)| id + 1);
+        let known_tail = known.runs.get(&run_no).copied();
+        let tail = if seq > 1 && last.is_some_and(|(_, last_key)| last_key == key - 1) {
+            // Right after the run's previous call: in its span.
+            match known_tail {
+                Some(tail) if tail.last_seq == seq - 1 => tail,
+                _ => Tail {
+                    from_seq: seq - 1,
+                    from_id: id - 1,
+                    last_seq: seq - 1,
+                },
+            }
+        } else {
+            let appended = match known_tail {
+                Some(tail) => seq > tail.last_seq,
+                None => !recorded_or_older(conn, run_no, seq)?,
+            };
+            if !appended {
+                return Err(LedgerError::NotAppended {
+                    run_id: run_id.to_string(),
+                    seq: seq as u64,
+                });
+            }
+            conn.prepare_cached(
+                "INSERT INTO call_spans (run_no, first_seq, first_id) VALUES (?1, ?2, ?3)",
+            )?
+            .execute(params![run_no, seq, id])?;
+            Tail {
+                from_seq: seq,
+                from_id: id,
+                last_seq: seq,
+            }
+        };
+        let count = count.max(1) as i64;
+        if known.runs.len() >= RUNS_KNOWN_MAX && known_tail.is_none() {
+            known.runs.clear();
+        }
+        known.runs.insert(
+            run_no,
+            Tail {
+                last_seq: seq + count - 1,
+                ..tail
+            },
+        );
+        known.last_row = Some((id + count - 1, key + count - 1));
+        Ok(id)
+    }
+}
+
+/// Whether call `seq` of the run numbered `run_no` is recorded already, or
+/// older than the run's last span.
+fn recorded_or_older(conn: &Connection, run_no: i64, seq: i64) -> Result<bool, LedgerError> {
     let span: Option<(i64, bool)> = conn
         .prepare_cached(
             "SELECT s.first_seq, EXISTS (SELECT 1 FROM calls \
@@ -171,15 +279,5 @@ pub fn place(conn: &Connection, run_id: &str, run_no: i64, key: i64) -> Result<i
         )?
         .query_row(params![run_no, seq], |r| Ok((r.get(0)?, r.get(1)?)))
         .optional()?;
-    if span.is_some_and(|(first_seq, in_it)| seq < first_seq || in_it) {
-        return Err(LedgerError::NotAppended {
-            run_id: run_id.to_string(),
-            seq: seq as u64,
-        });
-    }
-    conn.prepare_cached(
-        "INSERT INTO call_spans (run_no, first_seq, first_id) VALUES (?1, ?2, ?3)",
-    )?
-    .execute(params![run_no, seq, id])?;
-    Ok(id)
+    Ok(span.is_some_and(|(first_seq, in_it)| seq < first_seq || in_it))
 }

@@ -14,6 +14,7 @@ use rusqlite::{Connection, OpenFlags, OptionalExtension, Row, TransactionBehavio
 
 use super::attempts;
 use super::checkpoint::Checkpointer;
+use super::known::Known;
 use super::schema::{self, APPLICATION_ID};
 use super::spans::{self, CALL_AT};
 use super::spare::refill;
@@ -45,6 +46,8 @@ pub struct SqliteLedger {
     /// Whether commits are fsync'd now (`sync` is `Full`), for the
     /// checkpoint hook.
     fsyncs_at_commit: Arc<AtomicBool>,
+    /// What this connection knows from its own writes.
+    known: Known,
 }
 
 impl SqliteLedger {
@@ -104,6 +107,7 @@ impl SqliteLedger {
             path: path.to_path_buf(),
             sync: Sync::Full,
             fsyncs_at_commit,
+            known: Known::default(),
         };
         ledger.migrate(version)?;
         Ok(ledger)
@@ -284,6 +288,7 @@ impl SqliteLedger {
             return Ok(results);
         }
         let tx = WriteTx::begin(&self.conn)?;
+        self.known.begin(&tx)?;
         let mut results = Vec::with_capacity(batch.len());
         for (claim, ops) in batch {
             if let Some(refusal) = failed.refusal(claim) {
@@ -292,13 +297,15 @@ impl SqliteLedger {
             }
             // An outer error ended the whole transaction (a full disk, an
             // I/O error), and every job before this one with it.
-            let result = tx.in_savepoint(|conn| apply_commit(conn, claim, ops))?;
+            let result = tx.in_savepoint(|conn| apply_commit(conn, &self.known, claim, ops))?;
             if let Err(e) = &result {
+                self.known.forget();
                 failed.add(claim, e);
             }
             results.push(result);
         }
         tx.commit()?;
+        self.known.committed(&self.conn);
         Ok(results)
     }
 
@@ -314,16 +321,20 @@ impl SqliteLedger {
         failed: &FailedExecutions,
     ) -> Result<Option<Vec<Result<(), LedgerError>>>, LedgerError> {
         let tx = WriteTx::begin(&self.conn)?;
+        self.known.begin(&tx)?;
         let mut results = Vec::with_capacity(batch.len());
         for (claim, ops) in batch {
             match failed.refusal(claim) {
                 Some(refusal) => results.push(Err(refusal)),
-                None if apply_commit(&tx, claim, ops).is_ok() => results.push(Ok(())),
+                None if apply_commit(&tx, &self.known, claim, ops).is_ok() => {
+                    results.push(Ok(()));
+                }
                 // Dropped, the transaction rolls back.
                 None => return Ok(None),
             }
         }
         tx.commit()?;
+        self.known.committed(&self.conn);
         Ok(Some(results))
     }
 }
@@ -448,13 +459,14 @@ impl WriteOp {
     fn apply(
         &self,
         conn: &Connection,
+        placed: &spans::Placed,
         run_no: i64,
         claim: &Claim,
         tried: &mut Tried,
     ) -> Result<(), LedgerError> {
         match self {
             WriteOp::Call(call) | WriteOp::Started(call) => {
-                insert_calls(conn, run_no, claim, &[(call, tried.take(call.seq))])
+                insert_calls(conn, placed, run_no, claim, &[(call, tried.take(call.seq))])
             }
             WriteOp::Outcome {
                 seq,
@@ -466,6 +478,7 @@ impl WriteOp {
                 let attempts = tried.take(*seq);
                 update_outcome(
                     conn,
+                    placed.id_of(run_no, *seq),
                     call_key(&claim.run_id, run_no, *seq)?,
                     claim,
                     *seq,
@@ -637,7 +650,14 @@ fn not_a_ledger(path: &str, e: rusqlite::Error) -> LedgerError {
 
 /// Checks that `claim` still holds its run; returns the run's number, which
 /// its calls' keys begin with.
-fn check_fence(tx: &Connection, claim: &Claim) -> Result<i64, LedgerError> {
+fn check_fence(tx: &Connection, known: &Known, claim: &Claim) -> Result<i64, LedgerError> {
+    // As this connection last read it, if nothing changed the ledger since
+    // (see `known`); a token that differs is read again.
+    if let Some((fence, run_no)) = known.fence(&claim.run_id)
+        && fence == claim.fence
+    {
+        return Ok(run_no);
+    }
     // A read, not a write: the runs row stays clean, so a commit carries
     // only the pages of its own rows. Leases are renewed separately
     // (`renew`), by the worker's renewal loop and the journal.
@@ -652,7 +672,10 @@ fn check_fence(tx: &Connection, claim: &Claim) -> Result<i64, LedgerError> {
             held: claim.fence,
             newest,
         }),
-        Some((_, run_no)) => Ok(run_no),
+        Some((fence, run_no)) => {
+            known.read_fence(&claim.run_id, fence, run_no);
+            Ok(run_no)
+        }
     }
 }
 
@@ -846,7 +869,12 @@ fn insert_run_record(conn: &Connection, run: &RunRecord) -> Result<(), LedgerErr
 
 /// A commit's writes: the run's row first if the commit creates it, then
 /// the fence check, then the rest.
-fn apply_commit(conn: &Connection, claim: &Claim, ops: &[WriteOp]) -> Result<(), LedgerError> {
+fn apply_commit(
+    conn: &Connection,
+    known: &Known,
+    claim: &Claim,
+    ops: &[WriteOp],
+) -> Result<(), LedgerError> {
     if let Some(WriteOp::Create(run)) = ops.first() {
         if let Some(found) = conn
             .prepare_cached(SELECT_RUN)?
@@ -868,8 +896,8 @@ fn apply_commit(conn: &Connection, claim: &Claim, ops: &[WriteOp]) -> Result<(),
         };
         insert_run_record(conn, &run)?;
     }
-    let run_no = check_fence(conn, claim)?;
-    apply_all(conn, run_no, claim, ops)
+    let run_no = check_fence(conn, known, claim)?;
+    apply_all(conn, &known.placed, run_no, claim, ops)
 }
 
 fn add_counters(conn: &Connection, counters: &crate::journal::Counters) -> Result<(), LedgerError> {
@@ -935,6 +963,7 @@ const CALL_CHUNK: usize = 8;
 /// outcome, else appended at the end.
 fn apply_all(
     conn: &Connection,
+    placed: &spans::Placed,
     run_no: i64,
     claim: &Claim,
     ops: &[WriteOp],
@@ -956,16 +985,16 @@ fn apply_all(
         match op {
             WriteOp::Call(call) | WriteOp::Started(call) => rows.push((call, tried.take(seq))),
             _ => {
-                insert_rows(conn, run_no, claim, &rows)?;
+                insert_rows(conn, placed, run_no, claim, &rows)?;
                 rows.clear();
-                op.apply(conn, run_no, claim, &mut tried)?;
+                op.apply(conn, placed, run_no, claim, &mut tried)?;
             }
         }
     }
-    insert_rows(conn, run_no, claim, &rows)?;
+    insert_rows(conn, placed, run_no, claim, &rows)?;
     for op in ops {
         if call_seq(op).is_none() {
-            op.apply(conn, run_no, claim, &mut tried)?;
+            op.apply(conn, placed, run_no, claim, &mut tried)?;
         }
     }
     for (seq, json) in tried.0 {
@@ -979,16 +1008,17 @@ fn apply_all(
 /// Inserts call rows, `CALL_CHUNK` to a statement and the rest one each.
 fn insert_rows(
     conn: &Connection,
+    placed: &spans::Placed,
     run_no: i64,
     claim: &Claim,
     rows: &[(&CallRecord, Option<String>)],
 ) -> Result<(), LedgerError> {
     let mut chunks = rows.chunks_exact(CALL_CHUNK);
     for chunk in &mut chunks {
-        insert_calls(conn, run_no, claim, chunk)?;
+        insert_calls(conn, placed, run_no, claim, chunk)?;
     }
     for row in chunks.remainder() {
-        insert_calls(conn, run_no, claim, std::slice::from_ref(row))?;
+        insert_calls(conn, placed, run_no, claim, std::slice::from_ref(row))?;
     }
     Ok(())
 }
@@ -1028,6 +1058,7 @@ impl Tried {
 /// one row (a `started` write, the rest of a chunk) or `CALL_CHUNK` of them.
 fn insert_calls(
     conn: &Connection,
+    placed: &spans::Placed,
     run_no: i64,
     claim: &Claim,
     calls: &[(&CallRecord, Option<String>)],
@@ -1040,7 +1071,7 @@ fn insert_calls(
     // order, so they are); otherwise each is placed on its own.
     if calls.windows(2).any(|w| w[1].0.seq != w[0].0.seq + 1) {
         for row in calls {
-            insert_calls(conn, run_no, claim, std::slice::from_ref(row))?;
+            insert_calls(conn, placed, run_no, claim, std::slice::from_ref(row))?;
         }
         return Ok(());
     }
@@ -1060,7 +1091,7 @@ fn insert_calls(
     });
     let mut stmt = conn.prepare_cached(sql)?;
     let first = call_key(&claim.run_id, run_no, calls[0].0.seq)?;
-    let first_id = spans::place(conn, &claim.run_id, run_no, first)?;
+    let first_id = placed.place(conn, &claim.run_id, run_no, first, calls.len())?;
     let mut n = 0;
     for (at, (call, attempts)) in calls.iter().enumerate() {
         let values: [&dyn rusqlite::ToSql; 15] = [
@@ -1090,10 +1121,12 @@ fn insert_calls(
 }
 
 /// Records the outcome of a `started` (or `unknown`) call, with the
-/// attempts that led to it.
+/// attempts that led to it: at rowid `id` if the connection knows it (see
+/// [`spans::Placed`]), else found by its key.
 #[allow(clippy::too_many_arguments)]
 fn update_outcome(
     conn: &Connection,
+    id: Option<i64>,
     key: i64,
     claim: &Claim,
     seq: u64,
@@ -1103,17 +1136,17 @@ fn update_outcome(
     chain: &Option<String>,
     attempts: Option<&str>,
 ) -> Result<(), LedgerError> {
-    static SQL: std::sync::OnceLock<String> = std::sync::OnceLock::new();
-    let sql = SQL.get_or_init(|| {
+    static BY_KEY: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    static BY_ID: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    let update = |at: &str| {
         format!(
             "UPDATE calls SET state = ?1, outcome = ?2, finished_at = ?3, writer_fence = ?4, \
              chain = ?6, attempts = {} \
-             WHERE {} AND state IN ('started', 'unknown')",
+             WHERE {at} AND state IN ('started', 'unknown')",
             attempts::append_sql(7),
-            spans::call_at_key(5)
         )
-    });
-    let changed = conn.prepare_cached(sql)?.execute(params![
+    };
+    let values = params![
         state.as_str(),
         outcome,
         now_ms,
@@ -1121,7 +1154,23 @@ fn update_outcome(
         key,
         chain,
         attempts
-    ])?;
+    ];
+    // The row at a known rowid must still have the call's key; if it does
+    // not, or the call is not awaiting an outcome, the call is looked up
+    // by its key, as if the rowid were not known.
+    if let Some(id) = id {
+        let sql = BY_ID.get_or_init(|| update("id = ?8 AND key = ?5"));
+        let mut stmt = conn.prepare_cached(sql)?;
+        for (at, value) in values.iter().enumerate() {
+            stmt.raw_bind_parameter(at + 1, value)?;
+        }
+        stmt.raw_bind_parameter(8, id)?;
+        if stmt.raw_execute()? == 1 {
+            return Ok(());
+        }
+    }
+    let sql = BY_KEY.get_or_init(|| update(&spans::call_at_key(5)));
+    let changed = conn.prepare_cached(sql)?.execute(values)?;
     if changed != 1 {
         return Err(LedgerError::Corrupt(format!(
             "run {}: call #{seq} is not awaiting an outcome",
@@ -1479,8 +1528,11 @@ impl Ledger for SqliteLedger {
         }
         self.set_sync(Sync::when(ops.iter().any(WriteOp::durable)))?;
         let tx = WriteTx::begin(&self.conn)?;
-        apply_commit(&tx, claim, ops)?;
-        tx.commit()
+        self.known.begin(&tx)?;
+        apply_commit(&tx, &self.known, claim, ops)?;
+        tx.commit()?;
+        self.known.committed(&self.conn);
+        Ok(())
     }
 
     fn decide_approval(
@@ -2653,6 +2705,123 @@ mod tests {
             .create_claimed(other, "b", 30_000, &|_| true)
             .unwrap_err();
         assert!(matches!(err, LedgerError::RunExists { .. }), "{err}");
+    }
+
+    #[test]
+    fn what_a_connection_remembers_of_its_writes_is_forgotten_once_anything_else_writes() {
+        let (dir, mut ledger) = new_ledger();
+        seed(&mut ledger);
+        let first = claim_fresh(&mut ledger, "r1", "a");
+        ledger
+            .commit(&first, &[WriteOp::Call(clock_call(1))])
+            .unwrap();
+        // Another connection takes the run over: the first claim is stale,
+        // though this connection read its token a moment ago.
+        let mut other = SqliteLedger::open(&dir.path().join("l.db")).unwrap();
+        let second = other.claim("r1", "b", 30_000, 2_000, &|_| false).unwrap();
+        let err = ledger
+            .commit(&first, &[WriteOp::Call(clock_call(2))])
+            .unwrap_err();
+        assert!(
+            matches!(
+                err,
+                LedgerError::Fenced {
+                    held: 1,
+                    newest: 2,
+                    ..
+                }
+            ),
+            "{err}"
+        );
+        ledger
+            .commit(&second, &[WriteOp::Call(clock_call(2))])
+            .unwrap();
+        // This connection takes it over itself, outside a commit.
+        let third = ledger.claim("r1", "c", 30_000, 3_000, &|_| false).unwrap();
+        let err = ledger
+            .commit(&second, &[WriteOp::Call(clock_call(3))])
+            .unwrap_err();
+        assert!(
+            matches!(
+                err,
+                LedgerError::Fenced {
+                    held: 2,
+                    newest: 3,
+                    ..
+                }
+            ),
+            "{err}"
+        );
+        ledger
+            .commit(&third, &[WriteOp::Call(clock_call(3))])
+            .unwrap();
+        // Another connection appends the run's next call: this one, which
+        // knew the run's last call as #3, must not record #4 again.
+        other
+            .commit(&third, &[WriteOp::Call(clock_call(4))])
+            .unwrap();
+        let err = ledger
+            .commit(&third, &[WriteOp::Call(clock_call(4))])
+            .unwrap_err();
+        assert!(
+            matches!(err, LedgerError::NotAppended { seq: 4, .. }),
+            "{err}"
+        );
+        ledger
+            .commit(&third, &[WriteOp::Call(clock_call(5))])
+            .unwrap();
+        assert_eq!(
+            ledger.calls("r1").unwrap(),
+            (1..=5).map(clock_call).collect::<Vec<_>>()
+        );
+    }
+
+    #[test]
+    fn a_batch_undone_and_applied_again_job_by_job_leaves_no_gap_among_its_rows() {
+        let (_dir, mut ledger) = new_ledger();
+        seed(&mut ledger);
+        ledger.create_run(NewRun::for_test("r2", "d1", 2)).unwrap();
+        ledger.create_run(NewRun::for_test("r3", "d1", 3)).unwrap();
+        let one = claim_fresh(&mut ledger, "r1", "me");
+        let two = claim_fresh(&mut ledger, "r2", "me");
+        let three = claim_fresh(&mut ledger, "r3", "me");
+        // r2's job records its call, then fails (an outcome for a call it
+        // never made): the batch is undone and applied again, each job in a
+        // savepoint, and r2's undone row must not leave a hole in the table.
+        let failing = [
+            WriteOp::Call(clock_call(1)),
+            WriteOp::Outcome {
+                seq: 5,
+                state: CallState::Succeeded,
+                outcome: Some("{}".into()),
+                now_ms: 1,
+                chain: None,
+            },
+        ];
+        let calls = |seq: u64| [WriteOp::Call(clock_call(seq))];
+        let (c1, c3, c4) = (calls(1), calls(1), calls(2));
+        let batch: [(&Claim, &[WriteOp]); 4] =
+            [(&one, &c1), (&two, &failing), (&three, &c3), (&one, &c4)];
+        let (results, _) = ledger.apply_batch(&batch, &mut FailedExecutions::default());
+        let failed: Vec<bool> = results.iter().map(Result::is_err).collect();
+        assert_eq!(failed, [false, true, false, false]);
+        ledger.commit(&three, &calls(2)).unwrap();
+        assert_eq!(
+            ledger.calls("r1").unwrap(),
+            (1..=2).map(clock_call).collect::<Vec<_>>()
+        );
+        assert!(ledger.calls("r2").unwrap().is_empty());
+        assert_eq!(
+            ledger.calls("r3").unwrap(),
+            (1..=2).map(clock_call).collect::<Vec<_>>()
+        );
+        let (rows, last): (i64, i64) = ledger
+            .conn
+            .query_row("SELECT count(*), max(id) FROM calls", [], |r| {
+                Ok((r.get(0)?, r.get(1)?))
+            })
+            .unwrap();
+        assert_eq!((rows, last), (4, 4), "rowids are dense");
     }
 
     #[test]
