@@ -2707,6 +2707,15 @@ mod tests {
         assert!(matches!(err, LedgerError::RunExists { .. }), "{err}");
     }
 
+    /// `err` is `Fenced`: a write with token `held` refused, `newest` the
+    /// run's token.
+    fn assert_fenced(err: &LedgerError, held: i64, newest: i64) {
+        assert!(
+            matches!(err, LedgerError::Fenced { held: h, newest: n, .. } if (*h, *n) == (held, newest)),
+            "{err}"
+        );
+    }
+
     #[test]
     fn what_a_connection_remembers_of_its_writes_is_forgotten_once_anything_else_writes() {
         let (dir, mut ledger) = new_ledger();
@@ -2722,17 +2731,7 @@ mod tests {
         let err = ledger
             .commit(&first, &[WriteOp::Call(clock_call(2))])
             .unwrap_err();
-        assert!(
-            matches!(
-                err,
-                LedgerError::Fenced {
-                    held: 1,
-                    newest: 2,
-                    ..
-                }
-            ),
-            "{err}"
-        );
+        assert_fenced(&err, 1, 2);
         ledger
             .commit(&second, &[WriteOp::Call(clock_call(2))])
             .unwrap();
@@ -2741,17 +2740,7 @@ mod tests {
         let err = ledger
             .commit(&second, &[WriteOp::Call(clock_call(3))])
             .unwrap_err();
-        assert!(
-            matches!(
-                err,
-                LedgerError::Fenced {
-                    held: 2,
-                    newest: 3,
-                    ..
-                }
-            ),
-            "{err}"
-        );
+        assert_fenced(&err, 2, 3);
         ledger
             .commit(&third, &[WriteOp::Call(clock_call(3))])
             .unwrap();
@@ -2848,17 +2837,7 @@ mod tests {
             chain: None,
         };
         let err = ledger.record_started(&old, &call).unwrap_err();
-        assert!(
-            matches!(
-                err,
-                LedgerError::Fenced {
-                    held: 1,
-                    newest: 2,
-                    ..
-                }
-            ),
-            "{err}"
-        );
+        assert_fenced(&err, 1, 2);
         assert!(ledger.calls("r1").unwrap().is_empty());
         ledger.record_started(&new, &call).unwrap();
         assert_eq!(ledger.calls("r1").unwrap(), vec![call]);
