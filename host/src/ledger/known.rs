@@ -30,8 +30,9 @@ use super::LedgerError;
 use super::spans::Placed;
 
 /// Runs whose fencing token is remembered at most; past it, all are
-/// forgotten (and looked up again when they next write).
-const FENCES_KNOWN_MAX: usize = 4096;
+/// forgotten (and looked up again when they next write). Two in the tests,
+/// whose runs then forget and look up as a busy worker's would.
+const FENCES_KNOWN_MAX: usize = if cfg!(test) { 2 } else { 4096 };
 
 #[derive(Default)]
 pub struct Known {

@@ -173,8 +173,9 @@ struct Tail {
 }
 
 /// Runs remembered at most; past it, all are forgotten (and looked up
-/// again when they next write).
-const RUNS_KNOWN_MAX: usize = 4096;
+/// again when they next write). Two in the tests, whose runs then
+/// forget and look up as a busy worker's would.
+const RUNS_KNOWN_MAX: usize = if cfg!(test) { 2 } else { 4096 };
 
 impl Placed {
     /// Forgets everything.
@@ -193,9 +194,10 @@ impl Placed {
             .then(|| tail.from_id + seq - tail.from_seq)
     }
 
-    /// The rowid for `count` new calls of the run numbered `run_no`, the
-    /// first of which has the key `key`, at the table's end; records the
-    /// span they begin, if they begin one. Refuses a call already
+    /// Where `count` new calls of the run numbered `run_no` go, the first
+    /// of which has the key `key`: at the table's end, from the placement's
+    /// rowid on; records the span they begin, if they begin one (and once
+    /// the calls' rows are inserted, [`Placed::inserted`] remembers them). Refuses a call already
     /// recorded, or older than the run's last span: calls are only
     /// appended to their run. Right after the run's previous call (the
     /// table's last row) nothing is looked up: a run's calls are stored in
@@ -209,9 +211,9 @@ impl Placed {
         run_no: i64,
         key: i64,
         count: usize,
-    ) -> Result<i64, LedgerError> {
+    ) -> Result<Placement, LedgerError> {
         let seq = key & 0xffff_ffff;
-        let mut known = self.0.borrow_mut();
+        let known = self.0.borrow();
         let last = match known.last_row {
             Some(row) => Some(row),
             None => conn
@@ -253,19 +255,36 @@ impl Placed {
             }
         };
         let count = count.max(1) as i64;
-        if known.runs.len() >= RUNS_KNOWN_MAX && known_tail.is_none() {
-            known.runs.clear();
-        }
-        known.runs.insert(
+        Ok(Placement {
+            id,
             run_no,
-            Tail {
+            tail: Tail {
                 last_seq: seq + count - 1,
                 ..tail
             },
-        );
-        known.last_row = Some((id + count - 1, key + count - 1));
-        Ok(id)
+            last_row: (id + count - 1, key + count - 1),
+        })
     }
+
+    /// The calls `placement` placed were inserted: remembered only now, so
+    /// that a failed insert leaves nothing remembered that is not there.
+    pub fn inserted(&self, placement: Placement) {
+        let mut known = self.0.borrow_mut();
+        if known.runs.len() >= RUNS_KNOWN_MAX && !known.runs.contains_key(&placement.run_no) {
+            known.runs.clear();
+        }
+        known.runs.insert(placement.run_no, placement.tail);
+        known.last_row = Some(placement.last_row);
+    }
+}
+
+/// Where new calls go ([`Placed::place`]).
+pub struct Placement {
+    /// The first call's rowid; the others follow it.
+    pub id: i64,
+    run_no: i64,
+    tail: Tail,
+    last_row: (i64, i64),
 }
 
 /// Whether call `seq` of the run numbered `run_no` is recorded already, or

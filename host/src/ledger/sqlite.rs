@@ -1091,7 +1091,8 @@ fn insert_calls(
     });
     let mut stmt = conn.prepare_cached(sql)?;
     let first = call_key(&claim.run_id, run_no, calls[0].0.seq)?;
-    let first_id = placed.place(conn, &claim.run_id, run_no, first, calls.len())?;
+    let placement = placed.place(conn, &claim.run_id, run_no, first, calls.len())?;
+    let first_id = placement.id;
     let mut n = 0;
     for (at, (call, attempts)) in calls.iter().enumerate() {
         let values: [&dyn rusqlite::ToSql; 15] = [
@@ -1117,6 +1118,7 @@ fn insert_calls(
         }
     }
     stmt.raw_execute()?;
+    placed.inserted(placement);
     Ok(())
 }
 
@@ -2763,6 +2765,74 @@ mod tests {
             ledger.calls("r1").unwrap(),
             (1..=5).map(clock_call).collect::<Vec<_>>()
         );
+    }
+
+    #[test]
+    fn outcomes_land_on_their_calls_rows_whether_or_not_the_connection_remembers_them() {
+        // Three runs (more than the tests' connection remembers: see
+        // `RUNS_KNOWN_MAX`) each record ten calls in one commit (a chunk of
+        // eight and two), then their outcomes, run after run.
+        let (_dir, mut ledger) = new_ledger();
+        seed(&mut ledger);
+        ledger.create_run(NewRun::for_test("r2", "d1", 2)).unwrap();
+        ledger.create_run(NewRun::for_test("r3", "d1", 3)).unwrap();
+        let claims: Vec<Claim> = ["r1", "r2", "r3"]
+            .iter()
+            .map(|run| claim_fresh(&mut ledger, run, "me"))
+            .collect();
+        let started = |seq: u64| {
+            let mut call = clock_call(seq);
+            call.state = CallState::Started;
+            call.outcome = None;
+            call.finished_at_ms = None;
+            call.chain = None;
+            WriteOp::Call(call)
+        };
+        for claim in &claims {
+            let ops: Vec<WriteOp> = (1..=10).map(started).collect();
+            ledger.commit(claim, &ops).unwrap();
+        }
+        for seq in 1..=10 {
+            for claim in &claims {
+                let outcome = WriteOp::Outcome {
+                    seq,
+                    state: CallState::Succeeded,
+                    outcome: Some(format!("{{\"ok\":{seq}}}")),
+                    now_ms: seq as i64,
+                    chain: Some(format!("c{seq}")),
+                };
+                ledger.commit(claim, &[outcome]).unwrap();
+            }
+        }
+        for run in ["r1", "r2", "r3"] {
+            assert_eq!(
+                ledger.calls(run).unwrap(),
+                (1..=10).map(clock_call).collect::<Vec<_>>()
+            );
+        }
+        // A commit that fails after its call's row was placed (an outcome
+        // for a call never made) is undone whole: the next one takes the
+        // same rowid, as nothing it remembered of the undone one is kept.
+        let failing = [
+            started(11),
+            WriteOp::Outcome {
+                seq: 15,
+                state: CallState::Succeeded,
+                outcome: None,
+                now_ms: 1,
+                chain: None,
+            },
+        ];
+        assert!(ledger.commit(&claims[0], &failing).is_err());
+        ledger.commit(&claims[0], &[started(11)]).unwrap();
+        assert_eq!(ledger.last_seq("r1").unwrap(), 11);
+        let (rows, last): (i64, i64) = ledger
+            .conn
+            .query_row("SELECT count(*), max(id) FROM calls", [], |r| {
+                Ok((r.get(0)?, r.get(1)?))
+            })
+            .unwrap();
+        assert_eq!((rows, last), (31, 31), "rowids are dense");
     }
 
     #[test]
