@@ -18,8 +18,10 @@
 //! - its last such transaction was not committed (undone, or it failed).
 //!
 //! A savepoint undone within a transaction forgets everything as well
-//! ([`Known::forget`]). What is not known is looked up, as before, so a
-//! connection that forgets often is only as fast as one that never knew.
+//! ([`Known::forget`]), and a call's place is remembered only once its row
+//! is inserted ([`Placed::inserted`]). What is not known is looked up, as
+//! before, so a connection that forgets often is only as fast as one that
+//! never knew (but for the `PRAGMA` that checks, once a transaction).
 
 use std::cell::RefCell;
 use std::collections::HashMap;

@@ -18,9 +18,9 @@
 //! appended to their run (each sequence number past the run's last) at the
 //! table's end: a call stored right after its run's previous call extends
 //! that call's span; any other starts a span of its own
-//! ([`Placed::place`]), the only writer of call rows (schema v8 renames a call
-//! row's `fence` to `writer_fence`, so that an older build still running
-//! cannot write one). Every lookup checks that the row it computes
+//! ([`Placed::place`]), the only writer of call rows (schema v8 renames a
+//! call row's `fence` to `writer_fence`, so that an older build still
+//! running cannot write one). Every lookup checks that the row it computes
 //! has the key it looks for, so a row that is not there (a damaged
 //! ledger's gap) is found missing, never mistaken for another; and rowids
 //! are dense (rows are only appended, at the end), so where a run's last
@@ -195,15 +195,15 @@ impl Placed {
     }
 
     /// Where `count` new calls of the run numbered `run_no` go, the first
-    /// of which has the key `key`: at the table's end, from the placement's
-    /// rowid on; records the span they begin, if they begin one (and once
-    /// the calls' rows are inserted, [`Placed::inserted`] remembers them). Refuses a call already
-    /// recorded, or older than the run's last span: calls are only
-    /// appended to their run. Right after the run's previous call (the
-    /// table's last row) nothing is looked up: a run's calls are stored in
-    /// the order of their numbers (the order this module's callers write
-    /// them in), so that call was its last. Nor is anything looked up for a
-    /// run whose last call this connection knows.
+    /// of which has the key `key`: at the table's end, from the
+    /// placement's rowid on. Records the span they begin, if they begin
+    /// one; once their rows are inserted, [`Placed::inserted`] remembers
+    /// them. Refuses a call already recorded, or older than the run's last
+    /// span: calls are only appended to their run. Right after the run's
+    /// previous call (the table's last row) nothing is looked up: a run's
+    /// calls are stored in the order of their numbers (the order this
+    /// module's callers write them in), so that call was its last. Nor is
+    /// anything looked up for a run whose last call this connection knows.
     pub fn place(
         &self,
         conn: &Connection,
