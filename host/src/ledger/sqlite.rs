@@ -2767,19 +2767,44 @@ mod tests {
         );
     }
 
+    /// A ledger with runs r1, r2 and r3, each claimed.
+    fn three_claimed_runs() -> (tempfile::TempDir, SqliteLedger, [Claim; 3]) {
+        let (dir, mut ledger) = new_ledger();
+        seed(&mut ledger);
+        ledger.create_run(NewRun::for_test("r2", "d1", 2)).unwrap();
+        ledger.create_run(NewRun::for_test("r3", "d1", 3)).unwrap();
+        let claims = ["r1", "r2", "r3"].map(|run| claim_fresh(&mut ledger, run, "me"));
+        (dir, ledger, claims)
+    }
+
+    /// An outcome for call `seq`, which a run never made.
+    fn outcome_of_a_call_never_made(seq: u64) -> WriteOp {
+        WriteOp::Outcome {
+            seq,
+            state: CallState::Succeeded,
+            outcome: Some("{}".into()),
+            now_ms: 1,
+            chain: None,
+        }
+    }
+
+    /// The calls table holds `rows` rows, at rowids 1 to `rows`.
+    fn assert_dense(ledger: &SqliteLedger, rows: i64) {
+        let found: (i64, i64) = ledger
+            .conn
+            .query_row("SELECT count(*), max(id) FROM calls", [], |r| {
+                Ok((r.get(0)?, r.get(1)?))
+            })
+            .unwrap();
+        assert_eq!(found, (rows, rows), "rowids are dense");
+    }
+
     #[test]
     fn outcomes_land_on_their_calls_rows_whether_or_not_the_connection_remembers_them() {
         // Three runs (more than the tests' connection remembers: see
         // `RUNS_KNOWN_MAX`) each record ten calls in one commit (a chunk of
         // eight and two), then their outcomes, run after run.
-        let (_dir, mut ledger) = new_ledger();
-        seed(&mut ledger);
-        ledger.create_run(NewRun::for_test("r2", "d1", 2)).unwrap();
-        ledger.create_run(NewRun::for_test("r3", "d1", 3)).unwrap();
-        let claims: Vec<Claim> = ["r1", "r2", "r3"]
-            .iter()
-            .map(|run| claim_fresh(&mut ledger, run, "me"))
-            .collect();
+        let (_dir, mut ledger, claims) = three_claimed_runs();
         let started = |seq: u64| {
             let mut call = clock_call(seq);
             call.state = CallState::Started;
@@ -2813,49 +2838,22 @@ mod tests {
         // A commit that fails after its call's row was placed (an outcome
         // for a call never made) is undone whole: the next one takes the
         // same rowid, as nothing it remembered of the undone one is kept.
-        let failing = [
-            started(11),
-            WriteOp::Outcome {
-                seq: 15,
-                state: CallState::Succeeded,
-                outcome: None,
-                now_ms: 1,
-                chain: None,
-            },
-        ];
+        let failing = [started(11), outcome_of_a_call_never_made(15)];
         assert!(ledger.commit(&claims[0], &failing).is_err());
         ledger.commit(&claims[0], &[started(11)]).unwrap();
         assert_eq!(ledger.last_seq("r1").unwrap(), 11);
-        let (rows, last): (i64, i64) = ledger
-            .conn
-            .query_row("SELECT count(*), max(id) FROM calls", [], |r| {
-                Ok((r.get(0)?, r.get(1)?))
-            })
-            .unwrap();
-        assert_eq!((rows, last), (31, 31), "rowids are dense");
+        assert_dense(&ledger, 31);
     }
 
     #[test]
     fn a_batch_undone_and_applied_again_job_by_job_leaves_no_gap_among_its_rows() {
-        let (_dir, mut ledger) = new_ledger();
-        seed(&mut ledger);
-        ledger.create_run(NewRun::for_test("r2", "d1", 2)).unwrap();
-        ledger.create_run(NewRun::for_test("r3", "d1", 3)).unwrap();
-        let one = claim_fresh(&mut ledger, "r1", "me");
-        let two = claim_fresh(&mut ledger, "r2", "me");
-        let three = claim_fresh(&mut ledger, "r3", "me");
+        let (_dir, mut ledger, [one, two, three]) = three_claimed_runs();
         // r2's job records its call, then fails (an outcome for a call it
         // never made): the batch is undone and applied again, each job in a
         // savepoint, and r2's undone row must not leave a hole in the table.
         let failing = [
             WriteOp::Call(clock_call(1)),
-            WriteOp::Outcome {
-                seq: 5,
-                state: CallState::Succeeded,
-                outcome: Some("{}".into()),
-                now_ms: 1,
-                chain: None,
-            },
+            outcome_of_a_call_never_made(5),
         ];
         let calls = |seq: u64| [WriteOp::Call(clock_call(seq))];
         let (c1, c3, c4) = (calls(1), calls(1), calls(2));
@@ -2874,13 +2872,7 @@ mod tests {
             ledger.calls("r3").unwrap(),
             (1..=2).map(clock_call).collect::<Vec<_>>()
         );
-        let (rows, last): (i64, i64) = ledger
-            .conn
-            .query_row("SELECT count(*), max(id) FROM calls", [], |r| {
-                Ok((r.get(0)?, r.get(1)?))
-            })
-            .unwrap();
-        assert_eq!((rows, last), (4, 4), "rowids are dense");
+        assert_dense(&ledger, 4);
     }
 
     #[test]
