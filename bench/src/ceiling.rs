@@ -23,9 +23,10 @@ use rusqlite::{Connection, params};
 pub enum Layout {
     /// As the ledger keeps its calls (schema v8): rows stored in the order
     /// they were recorded, each call beginning a span of its run
-    /// (`call_spans`), the outcome an `UPDATE` of its call's row found
-    /// through the spans: each transaction changes the table's last pages
-    /// and a page of span rows per run.
+    /// (`call_spans`), the outcome an `UPDATE` of its call's row at the
+    /// rowid the row took, as the ledger's committer remembers it: each
+    /// transaction changes the table's last pages and a page of span rows
+    /// per run.
     Keyed,
     /// Every record (a call started, its outcome) appended to one table by
     /// rowid: a transaction changes the table's last pages only.
@@ -76,14 +77,11 @@ pub(crate) fn create_calls(conn: &Connection, layout: Layout, table: &str) -> ru
 pub(crate) const SPAN: &str = "INSERT INTO call_spans (run_no, first_seq, first_id) \
     VALUES (?1 >> 32, ?1 & 4294967295, last_insert_rowid())";
 
-/// The outcome of the call whose key is `?5`, found as the ledger finds it.
-fn finished_keyed() -> String {
-    format!(
-        "UPDATE calls SET state = 'succeeded', outcome = ?1, finished_at = ?2, chain = ?3, \
-         attempts = ?4 WHERE {}",
-        stephost::ledger::spans::call_at_key(5)
-    )
-}
+/// The outcome of the call whose key is `?5`, at the rowid `?6` its row
+/// took: as the ledger finds a call that its connection wrote itself
+/// (`ledger::known`), its key checked.
+const FINISHED_KEYED: &str = "UPDATE calls SET state = 'succeeded', outcome = ?1, \
+    finished_at = ?2, chain = ?3, attempts = ?4 WHERE id = ?6 AND key = ?5";
 
 const STARTED: &str = "INSERT INTO calls (key, class, interface, function, operation_id, \
     request, request_hash, state, started_at, fence, chain) \
@@ -130,7 +128,8 @@ pub fn measure(
     };
     let per_transaction = runs / 2;
     let hex = "5e".repeat(32);
-    let finished = finished_keyed();
+    // The rowid of each run's last call, as the ledger remembers it.
+    let mut last_ids = vec![0i64; runs];
     let cpu = crate::cpu_seconds()?;
     let t = Instant::now();
     let applied = (|| -> Result<(), Box<dyn std::error::Error>> {
@@ -141,19 +140,29 @@ pub fn measure(
             let first_run = (transaction % 2) as usize * per_transaction;
             let seq = transaction / 2;
             let tx = conn.unchecked_transaction()?;
-            for run in first_run..first_run + per_transaction {
+            let these = last_ids.iter_mut().enumerate().skip(first_run);
+            for (run, last_id) in these.take(per_transaction) {
                 let key = ((run as i64 + 1) << 32) + seq as i64;
                 let request = format!("{{\"i\":{seq}}}");
                 if seq > 0 {
                     let previous = format!("{{\"i\":{}}}", seq - 1);
                     match layout {
-                        Layout::Keyed => tx.prepare_cached(&finished)?.execute(params![
-                            previous,
-                            1_764_500_000_000i64,
-                            hex,
-                            ATTEMPTS,
-                            key - 1
-                        ])?,
+                        Layout::Keyed => {
+                            let changed = tx.prepare_cached(FINISHED_KEYED)?.execute(params![
+                                previous,
+                                1_764_500_000_000i64,
+                                hex,
+                                ATTEMPTS,
+                                key - 1,
+                                *last_id
+                            ])?;
+                            if changed != 1 {
+                                return Err(
+                                    format!("run {run}: no row for call {}", seq - 1).into()
+                                );
+                            }
+                            changed
+                        }
                         Layout::Appended => tx
                             .prepare_cached(FINISHED_APPENDED)?
                             .execute(params![previous, 1_764_500_000_000i64, hex, ATTEMPTS])?,
@@ -169,6 +178,7 @@ pub fn measure(
                     hex
                 ])?;
                 if layout == Layout::Keyed {
+                    *last_id = tx.last_insert_rowid();
                     tx.prepare_cached(SPAN)?.execute([key])?;
                 }
             }

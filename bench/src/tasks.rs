@@ -53,15 +53,13 @@ const FINISHED: &str = "INSERT INTO calls (key, run, seq, class, interface, func
     operation_id, request, request_hash, state, outcome, started_at, finished_at, fence, chain, \
     attempts) VALUES (?7, ?1, ?2, 'write', '', '', '', '', '', 'succeeded', ?3, ?4, ?4, 1, ?5, ?6)";
 
-/// `?7` is the key, found as the ledger finds it (`?1` and `?2` are the
-/// run and the sequence number, checked too).
-fn finished_keyed() -> String {
-    format!(
-        "UPDATE calls SET state = 'succeeded', outcome = ?3, finished_at = ?4, chain = ?5, \
-         attempts = ?6 WHERE {} AND run = ?1 AND seq = ?2",
-        stephost::ledger::spans::call_at_key(7)
-    )
-}
+/// `?7` is the key, `?8` the rowid its row took: found as the ledger
+/// finds a call that its connection wrote itself (`ledger::known`), its
+/// key checked (`?1` and `?2` are the run and the sequence number, checked
+/// too).
+const FINISHED_KEYED: &str = "UPDATE calls SET state = 'succeeded', outcome = ?3, \
+    finished_at = ?4, chain = ?5, attempts = ?6 WHERE id = ?8 AND key = ?7 AND run = ?1 \
+    AND seq = ?2";
 
 /// The WIT `call-error` (`types.wit`), for the import's signature.
 #[derive(ComponentType, Lift, Lower)]
@@ -349,7 +347,8 @@ pub fn measure(
 /// The committer: appends what is queued in one transaction, then hands
 /// its writers to the syncer, and goes on with the next batch.
 fn commit(conn: Connection, layout: Layout, shared: &Shared) -> Res<()> {
-    let finished = finished_keyed();
+    // The rowid of each run's last call, as the ledger remembers it.
+    let mut last_ids = std::collections::HashMap::new();
     let (lock, wake) = &shared.queue;
     loop {
         let (records, waiters) = {
@@ -391,6 +390,7 @@ fn commit(conn: Connection, layout: Layout, shared: &Shared) -> Res<()> {
                     ])?;
                     // Each begins a span: other runs' calls came between.
                     if let Some(key) = keyed {
+                        last_ids.insert(*run, tx.last_insert_rowid());
                         tx.prepare_cached(crate::ceiling::SPAN)?.execute([key])?;
                     }
                 }
@@ -401,19 +401,30 @@ fn commit(conn: Connection, layout: Layout, shared: &Shared) -> Res<()> {
                     at,
                     chain,
                 } => {
-                    let sql = match layout {
-                        Layout::Keyed => finished.as_str(),
-                        Layout::Appended => FINISHED,
+                    let changed = match layout {
+                        Layout::Keyed => tx.prepare_cached(FINISHED_KEYED)?.execute(params![
+                            run,
+                            *seq as i64,
+                            outcome,
+                            at,
+                            chain,
+                            crate::ceiling::ATTEMPTS,
+                            key(*run, *seq),
+                            last_ids.get(run).copied()
+                        ])?,
+                        Layout::Appended => tx.prepare_cached(FINISHED)?.execute(params![
+                            run,
+                            *seq as i64,
+                            outcome,
+                            at,
+                            chain,
+                            crate::ceiling::ATTEMPTS,
+                            None::<i64>
+                        ])?,
                     };
-                    tx.prepare_cached(sql)?.execute(params![
-                        run,
-                        *seq as i64,
-                        outcome,
-                        at,
-                        chain,
-                        crate::ceiling::ATTEMPTS,
-                        (layout == Layout::Keyed).then(|| key(*run, *seq))
-                    ])?;
+                    if changed != 1 {
+                        return Err(format!("run {run}: no row for call {seq}").into());
+                    }
                 }
             }
         }
