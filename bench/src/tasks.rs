@@ -48,10 +48,12 @@ const STARTED: &str = "INSERT INTO calls (key, run, seq, class, interface, funct
     operation_id, request, request_hash, state, started_at, fence) \
     VALUES (?9, ?1, ?2, 'write', ?3, ?4, ?5, ?6, ?7, 'started', ?8, 1)";
 
-/// `?7` is the key, `NULL` (a new rowid) when appended.
+/// Appended: `?7` and `?8` (the keyed layout's key and rowid) are `NULL`,
+/// so the record takes a new rowid.
 const FINISHED: &str = "INSERT INTO calls (key, run, seq, class, interface, function, \
     operation_id, request, request_hash, state, outcome, started_at, finished_at, fence, chain, \
-    attempts) VALUES (?7, ?1, ?2, 'write', '', '', '', '', '', 'succeeded', ?3, ?4, ?4, 1, ?5, ?6)";
+    attempts) VALUES (coalesce(?7, ?8), ?1, ?2, 'write', '', '', '', '', '', 'succeeded', ?3, ?4, \
+    ?4, 1, ?5, ?6)";
 
 /// `?7` is the key, `?8` the rowid its row took: found as the ledger
 /// finds a call that its connection wrote itself (`ledger::known`), its
@@ -401,27 +403,23 @@ fn commit(conn: Connection, layout: Layout, shared: &Shared) -> Res<()> {
                     at,
                     chain,
                 } => {
-                    let changed = match layout {
-                        Layout::Keyed => tx.prepare_cached(FINISHED_KEYED)?.execute(params![
-                            run,
-                            *seq as i64,
-                            outcome,
-                            at,
-                            chain,
-                            crate::ceiling::ATTEMPTS,
-                            key(*run, *seq),
-                            last_ids.get(run).copied()
-                        ])?,
-                        Layout::Appended => tx.prepare_cached(FINISHED)?.execute(params![
-                            run,
-                            *seq as i64,
-                            outcome,
-                            at,
-                            chain,
-                            crate::ceiling::ATTEMPTS,
-                            None::<i64>
-                        ])?,
+                    let (sql, found) = match layout {
+                        Layout::Keyed => (
+                            FINISHED_KEYED,
+                            (Some(key(*run, *seq)), last_ids.get(run).copied()),
+                        ),
+                        Layout::Appended => (FINISHED, (None, None)),
                     };
+                    let changed = tx.prepare_cached(sql)?.execute(params![
+                        run,
+                        *seq as i64,
+                        outcome,
+                        at,
+                        chain,
+                        crate::ceiling::ATTEMPTS,
+                        found.0,
+                        found.1
+                    ])?;
                     if changed != 1 {
                         return Err(format!("run {run}: no row for call {seq}").into());
                     }
