@@ -151,8 +151,8 @@ pub fn last_seq(conn: &Connection, run_no: i64) -> Result<u64, LedgerError> {
 /// consecutive rowids (a part of the run's last span). In a worker's group
 /// commit, where every call of a run begins a span of its own, this saves
 /// two of a write's statements. It is exact only while no other connection
-/// writes, which [`super::known::Known`] checks; what it does not know is
-/// looked up.
+/// writes, which the connection's `ledger::known::Known` checks; what it
+/// does not know is looked up.
 #[derive(Default)]
 pub struct Placed(std::cell::RefCell<Tails>);
 
