@@ -15,7 +15,9 @@
 //!   connection's last such transaction (`PRAGMA data_version` changed);
 //! - this connection changed rows outside such transactions (a claim, a
 //!   renewal, a person's decision: `total_changes` moved);
-//! - its last such transaction was not committed (undone, or it failed).
+//! - its last such transaction was not committed (undone, or it failed:
+//!   a second guard, since what it remembered of its own rows came with
+//!   changes that moved `total_changes` too).
 //!
 //! A savepoint undone within a transaction forgets everything as well
 //! ([`Known::forget`]), and a call's place is remembered only once its row
