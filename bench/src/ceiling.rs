@@ -62,8 +62,11 @@ pub(crate) fn create_calls(conn: &Connection, layout: Layout, table: &str) -> ru
     match layout {
         Layout::Appended => conn.execute_batch(table),
         Layout::Keyed => conn.execute_batch(&format!(
-            "{}; CREATE TABLE call_spans (run_no INTEGER NOT NULL, first_seq INTEGER NOT NULL, \
-             first_id INTEGER NOT NULL, PRIMARY KEY (run_no, first_seq)) STRICT, WITHOUT ROWID;",
+            "{}; CREATE TABLE call_spans (epoch INTEGER NOT NULL, run_no INTEGER NOT NULL, \
+             first_seq INTEGER NOT NULL, first_id INTEGER NOT NULL, \
+             PRIMARY KEY (epoch, run_no, first_seq)) STRICT, WITHOUT ROWID; \
+             CREATE TABLE run_epochs (run_no INTEGER NOT NULL, first_seq INTEGER NOT NULL, \
+             epoch INTEGER NOT NULL, PRIMARY KEY (run_no, first_seq)) STRICT, WITHOUT ROWID;",
             table.replacen(
                 "key INTEGER PRIMARY KEY,",
                 "id INTEGER PRIMARY KEY, key INTEGER NOT NULL,",
@@ -73,9 +76,24 @@ pub(crate) fn create_calls(conn: &Connection, layout: Layout, table: &str) -> ru
     }
 }
 
-/// Records the span that the call just inserted with key `?1` begins.
-pub(crate) const SPAN: &str = "INSERT INTO call_spans (run_no, first_seq, first_id) \
-    VALUES (?1 >> 32, ?1 & 4294967295, last_insert_rowid())";
+/// Records the span that the call just inserted with key `?1` begins, in
+/// its epoch (see [`stephost::ledger::spans::EPOCH_BITS`]); with `?2`, the
+/// rowid of the run's call before (0 for none), also the run's first span
+/// in that epoch, if it is.
+pub(crate) fn span_statements() -> [String; 2] {
+    let bits = stephost::ledger::spans::EPOCH_BITS;
+    [
+        format!(
+            "INSERT INTO call_spans (epoch, run_no, first_seq, first_id) \
+             VALUES (last_insert_rowid() >> {bits}, ?1 >> 32, ?1 & 4294967295, last_insert_rowid())"
+        ),
+        format!(
+            "INSERT INTO run_epochs (run_no, first_seq, epoch) \
+             SELECT ?1 >> 32, ?1 & 4294967295, last_insert_rowid() >> {bits} \
+             WHERE ?2 = 0 OR ?2 >> {bits} <> last_insert_rowid() >> {bits}"
+        ),
+    ]
+}
 
 /// The outcome of the call whose key is `?5`, at the rowid `?6` its row
 /// took: as the ledger finds a call that its connection wrote itself
@@ -130,6 +148,7 @@ pub fn measure(
     let hex = "5e".repeat(32);
     // The rowid of each run's last call, as the ledger remembers it.
     let mut last_ids = vec![0i64; runs];
+    let [span, run_epoch] = span_statements();
     let cpu = crate::cpu_seconds()?;
     let t = Instant::now();
     let applied = (|| -> Result<(), Box<dyn std::error::Error>> {
@@ -178,8 +197,10 @@ pub fn measure(
                     hex
                 ])?;
                 if layout == Layout::Keyed {
+                    tx.prepare_cached(&run_epoch)?
+                        .execute(params![key, *last_id])?;
+                    tx.prepare_cached(&span)?.execute([key])?;
                     *last_id = tx.last_insert_rowid();
-                    tx.prepare_cached(SPAN)?.execute([key])?;
                 }
             }
             tx.commit()?;
@@ -328,6 +349,24 @@ mod tests {
                     "SELECT count(DISTINCT key >> 32) FROM calls",
                 );
                 assert_eq!(keys, runs as i64);
+                // Each call begins a span; each run has one epoch at least,
+                // and a span in each of its epochs.
+                let spans = rows(dir.path(), layout, "SELECT count(*) FROM call_spans");
+                assert_eq!(spans, (runs as u64 * writes) as i64);
+                let epochs_without_spans = rows(
+                    dir.path(),
+                    layout,
+                    "SELECT count(*) FROM run_epochs e WHERE NOT EXISTS (SELECT 1 \
+                     FROM call_spans s WHERE s.epoch = e.epoch AND s.run_no = e.run_no \
+                     AND s.first_seq = e.first_seq)",
+                );
+                assert_eq!(epochs_without_spans, 0);
+                let runs_with_epochs = rows(
+                    dir.path(),
+                    layout,
+                    "SELECT count(DISTINCT run_no) FROM run_epochs",
+                );
+                assert_eq!(runs_with_epochs, runs as i64);
             }
         }
     }

@@ -351,6 +351,7 @@ pub fn measure(
 fn commit(conn: Connection, layout: Layout, shared: &Shared) -> Res<()> {
     // The rowid of each run's last call, as the ledger remembers it.
     let mut last_ids = std::collections::HashMap::new();
+    let [span, run_epoch] = crate::ceiling::span_statements();
     let (lock, wake) = &shared.queue;
     loop {
         let (records, waiters) = {
@@ -392,8 +393,11 @@ fn commit(conn: Connection, layout: Layout, shared: &Shared) -> Res<()> {
                     ])?;
                     // Each begins a span: other runs' calls came between.
                     if let Some(key) = keyed {
+                        let before = last_ids.get(run).copied().unwrap_or(0);
+                        tx.prepare_cached(&run_epoch)?
+                            .execute(params![key, before])?;
+                        tx.prepare_cached(&span)?.execute([key])?;
                         last_ids.insert(*run, tx.last_insert_rowid());
-                        tx.prepare_cached(crate::ceiling::SPAN)?.execute([key])?;
                     }
                 }
                 Record::Finished {

@@ -305,6 +305,35 @@ WHERE before_id IS NULL OR id - before_id <> seq - before_seq;
 DROP INDEX calls_by_key;
 ALTER TABLE calls RENAME COLUMN fence TO writer_fence;
 "#,
+    // v9: spans are kept by epoch first (a range of 1,024 rowids, where the
+    // span's first call is), then run: a worker's group commit begins a
+    // span for nearly every call of its runs, and keyed by run first, a
+    // transaction's spans landed on a page per run; by epoch first, they
+    // share a page or two. `run_epochs` records, for each run, the first
+    // sequence number it has in each epoch, which is how a run's spans are
+    // found. An older stephost still running cannot write a span (its
+    // insert names no epoch) and so no call.
+    r#"
+CREATE TABLE call_spans_v9 (
+    epoch      INTEGER NOT NULL,
+    run_no     INTEGER NOT NULL,
+    first_seq  INTEGER NOT NULL,
+    first_id   INTEGER NOT NULL,
+    PRIMARY KEY (epoch, run_no, first_seq)
+) STRICT, WITHOUT ROWID;
+INSERT INTO call_spans_v9 (epoch, run_no, first_seq, first_id)
+SELECT first_id >> 10, run_no, first_seq, first_id FROM call_spans;
+CREATE TABLE run_epochs (
+    run_no     INTEGER NOT NULL,
+    first_seq  INTEGER NOT NULL,
+    epoch      INTEGER NOT NULL,
+    PRIMARY KEY (run_no, first_seq)
+) STRICT, WITHOUT ROWID;
+INSERT INTO run_epochs (run_no, first_seq, epoch)
+SELECT run_no, min(first_seq), epoch FROM call_spans_v9 GROUP BY run_no, epoch;
+DROP TABLE call_spans;
+ALTER TABLE call_spans_v9 RENAME TO call_spans;
+"#,
 ];
 
 /// The schema version this build writes.

@@ -12,29 +12,51 @@
 //! (a worker's group commit) has a span per call, which is what an index
 //! would have cost it.
 //!
+//! Spans are kept by epoch first (schema v9, [`EPOCH_BITS`]): a
+//! transaction's spans, one for each of the many runs whose calls it
+//! holds, share a page or two of `call_spans` instead of landing on a page
+//! per run, and `run_epochs` records the first sequence number each run
+//! has in each epoch, through which a run's spans are found.
+//!
 //! The invariant: for every call row, the span of its run with the greatest
 //! first sequence number not above the call's gives the call's rowid as
-//! `first_id + (seq - first_seq)`. It holds because calls are only ever
-//! appended to their run (each sequence number past the run's last) at the
-//! table's end: a call stored right after its run's previous call extends
-//! that call's span; any other starts a span of its own
-//! ([`Placed::place`]), the only writer of call rows (schema v8 renames a
-//! call row's `fence` to `writer_fence`, so that an older build still
-//! running cannot write one). Every lookup checks that the row it computes
-//! has the key it looks for, so a row that is not there (a damaged
-//! ledger's gap) is found missing, never mistaken for another; and rowids
-//! are dense (rows are only appended, at the end), so where a run's last
-//! span ends is checked too ([`last_seq`]).
+//! `first_id + (seq - first_seq)`; that span is in the run's epoch with the
+//! greatest first sequence number not above the call's. It holds because
+//! calls are only ever appended to their run (each sequence number past
+//! the run's last) at the table's end: a call stored right after its run's
+//! previous call extends that call's span; any other starts a span of its
+//! own, in the epoch of its rowid, never before the epoch of the run's
+//! span before. [`Placed::place`] is the only writer of call rows: schema
+//! v8 renamed a call row's `fence` to `writer_fence`, and schema v9 gave a
+//! span an epoch, so that an older build still running cannot write one.
+//! Every lookup checks that the row it computes has the key it looks for,
+//! so a row that is not there (a damaged ledger's gap) is found missing,
+//! never mistaken for another; and rowids are dense (rows are only
+//! appended, at the end), so where a run's last span ends is checked too
+//! ([`last_seq`]).
 
 use rusqlite::{Connection, OptionalExtension, params};
 
 use super::LedgerError;
 
+/// Spans are kept by epoch first: the range of `1 << EPOCH_BITS` rowids
+/// where a span's first call is (schema v9). A transaction's new spans,
+/// of many runs at once, then share a page or two of `call_spans`, not a
+/// page per run. `run_epochs` holds the first sequence number of each
+/// epoch a run has spans in: the span of a run holding a call is in the
+/// epoch whose first sequence number is the greatest not above the call's,
+/// since a run's spans take rowids, and so epochs, in the order of their
+/// numbers. Four rowids in the tests, so that they cross epochs often.
+pub const EPOCH_BITS: i64 = if cfg!(test) { 2 } else { 10 };
+
 /// SQL for the rowid and key of call `?2` of run `?1` (a condition on the
 /// calls table): false for an unknown run, a call not recorded, and a
 /// sequence number no call can have.
 pub const CALL_AT: &str = "id = (SELECT s.first_id + ?2 - s.first_seq FROM call_spans s \
-     WHERE s.run_no = (SELECT run_no FROM runs WHERE run_id = ?1) AND s.first_seq <= ?2 \
+     WHERE s.epoch = (SELECT e.epoch FROM run_epochs e \
+         WHERE e.run_no = (SELECT run_no FROM runs WHERE run_id = ?1) AND e.first_seq <= ?2 \
+         ORDER BY e.first_seq DESC LIMIT 1) \
+     AND s.run_no = (SELECT run_no FROM runs WHERE run_id = ?1) AND s.first_seq <= ?2 \
      ORDER BY s.first_seq DESC LIMIT 1) \
      AND key = (SELECT (run_no << 32) + ?2 FROM runs \
      WHERE run_id = ?1 AND ?2 BETWEEN 1 AND 4294967295)";
@@ -43,34 +65,55 @@ pub const CALL_AT: &str = "id = (SELECT s.first_id + ?2 - s.first_seq FROM call_
 pub fn call_at_key(param: usize) -> String {
     format!(
         "id = (SELECT s.first_id + (?{param} & 4294967295) - s.first_seq FROM call_spans s \
-         WHERE s.run_no = ?{param} >> 32 AND s.first_seq <= (?{param} & 4294967295) \
+         WHERE s.epoch = (SELECT e.epoch FROM run_epochs e WHERE e.run_no = ?{param} >> 32 \
+             AND e.first_seq <= (?{param} & 4294967295) ORDER BY e.first_seq DESC LIMIT 1) \
+         AND s.run_no = ?{param} >> 32 AND s.first_seq <= (?{param} & 4294967295) \
          ORDER BY s.first_seq DESC LIMIT 1) AND key = ?{param}"
     )
 }
 
 /// SQL for the calls of run `?1` numbered `?2 + 1 ..= ?3`, as `c`, in order:
-/// from the span that holds call `?2 + 1` on, each span's rows are a rowid
-/// range, ending where the run's next span begins, or at `?3`. The loop
-/// over spans in their key's order, each a rowid range in order, gives the
-/// calls in order without a sort. `columns` names the calls table's
-/// columns to select, `filter` is a further condition on `c` (`TRUE` for
-/// none).
+/// from the epoch and the span that hold call `?2 + 1` on, each span's rows
+/// are a rowid range, ending where the run's next span begins (in its
+/// epoch, or the next), or at `?3`. The loops over the run's epochs and
+/// each one's spans in their keys' order, each span a rowid range in
+/// order, give the calls in order without a sort. `columns` names the
+/// calls table's columns to select, `filter` is a further condition on `c`
+/// (`TRUE` for none).
 pub fn calls_between_sql(columns: &str, filter: &str) -> String {
     format!(
-        "SELECT {columns} FROM call_spans s JOIN calls c \
+        "SELECT {columns} FROM run_epochs e \
+         JOIN call_spans s ON s.epoch = e.epoch AND s.run_no = e.run_no \
+         JOIN calls c \
          ON c.id >= s.first_id + max(?2 + 1 - s.first_seq, 0) \
          AND c.id < s.first_id - s.first_seq + min(?3 + 1, coalesce((SELECT n.first_seq \
-             FROM call_spans n WHERE n.run_no = s.run_no AND n.first_seq > s.first_seq \
-             ORDER BY n.first_seq LIMIT 1), ?3 + 1)) \
-         WHERE s.run_no = (SELECT run_no FROM runs WHERE run_id = ?1) \
-         AND s.first_seq >= coalesce((SELECT m.first_seq FROM call_spans m \
+             FROM call_spans n WHERE n.epoch = s.epoch AND n.run_no = s.run_no \
+             AND n.first_seq > s.first_seq ORDER BY n.first_seq LIMIT 1), (SELECT f.first_seq \
+             FROM run_epochs f WHERE f.run_no = e.run_no AND f.first_seq > e.first_seq \
+             ORDER BY f.first_seq LIMIT 1), ?3 + 1)) \
+         WHERE e.run_no = (SELECT run_no FROM runs WHERE run_id = ?1) \
+         AND e.first_seq >= coalesce((SELECT m.first_seq FROM run_epochs m \
              WHERE m.run_no = (SELECT run_no FROM runs WHERE run_id = ?1) \
              AND m.first_seq <= ?2 + 1 ORDER BY m.first_seq DESC LIMIT 1), 1) \
+         AND e.first_seq <= ?3 \
+         AND s.first_seq >= coalesce((SELECT h.first_seq FROM call_spans h \
+             WHERE h.epoch = e.epoch AND h.run_no = e.run_no AND h.first_seq <= ?2 + 1 \
+             ORDER BY h.first_seq DESC LIMIT 1), 1) \
          AND s.first_seq <= ?3 \
          AND c.key = (s.run_no << 32) + s.first_seq + (c.id - s.first_id) \
          AND ({filter}) \
-         ORDER BY s.first_seq, c.id"
+         ORDER BY e.first_seq, s.first_seq, c.id"
     )
+}
+
+/// The epoch of the last span of the run numbered `run_no`, if it has any.
+fn last_epoch(conn: &Connection, run_no: i64) -> Result<Option<i64>, LedgerError> {
+    Ok(conn
+        .prepare_cached(
+            "SELECT epoch FROM run_epochs WHERE run_no = ?1 ORDER BY first_seq DESC LIMIT 1",
+        )?
+        .query_row([run_no], |r| r.get(0))
+        .optional()?)
 }
 
 /// The highest sequence number among the calls of the run numbered
@@ -81,15 +124,20 @@ pub fn calls_between_sql(columns: &str, filter: &str) -> String {
 /// there, or one of this run's, is a damaged ledger (`Corrupt`), not the
 /// end of the run's calls.
 pub fn last_seq(conn: &Connection, run_no: i64) -> Result<u64, LedgerError> {
+    let Some(epoch) = last_epoch(conn, run_no)? else {
+        return Ok(0);
+    };
     let last: Option<(i64, i64)> = conn
         .prepare_cached(
-            "SELECT first_seq, first_id FROM call_spans WHERE run_no = ?1 \
+            "SELECT first_seq, first_id FROM call_spans WHERE epoch = ?1 AND run_no = ?2 \
              ORDER BY first_seq DESC LIMIT 1",
         )?
-        .query_row([run_no], |r| Ok((r.get(0)?, r.get(1)?)))
+        .query_row([epoch, run_no], |r| Ok((r.get(0)?, r.get(1)?)))
         .optional()?;
     let Some((first_seq, first_id)) = last else {
-        return Ok(0);
+        return Err(LedgerError::Corrupt(format!(
+            "the calls of run number {run_no}: it has spans in epoch {epoch}, which holds none"
+        )));
     };
     let mut key_at = conn.prepare_cached("SELECT key FROM calls WHERE id = ?1")?;
     let mut holds = |k: i64| -> Result<bool, LedgerError> {
@@ -170,6 +218,8 @@ struct Tail {
     from_seq: i64,
     from_id: i64,
     last_seq: i64,
+    /// The epoch of the run's last span, if known.
+    epoch: Option<i64>,
 }
 
 /// Runs remembered at most; past it, all are forgotten (and looked up
@@ -231,12 +281,22 @@ impl Placed {
                     from_seq: seq - 1,
                     from_id: id - 1,
                     last_seq: seq - 1,
+                    epoch: None,
                 },
             }
         } else {
-            let appended = match known_tail {
-                Some(tail) => seq > tail.last_seq,
-                None => !recorded_or_older(conn, run_no, seq)?,
+            let (appended, last_epoch) = match known_tail {
+                Some(tail) => (
+                    seq > tail.last_seq,
+                    match tail.epoch {
+                        Some(epoch) => Some(epoch),
+                        None => last_epoch(conn, run_no)?,
+                    },
+                ),
+                None => {
+                    let (recorded, epoch) = recorded_or_older(conn, run_no, seq)?;
+                    (!recorded, epoch)
+                }
             };
             if !appended {
                 return Err(LedgerError::NotAppended {
@@ -244,14 +304,23 @@ impl Placed {
                     seq: seq as u64,
                 });
             }
+            let epoch = id >> EPOCH_BITS;
+            if last_epoch != Some(epoch) {
+                conn.prepare_cached(
+                    "INSERT INTO run_epochs (run_no, first_seq, epoch) VALUES (?1, ?2, ?3)",
+                )?
+                .execute(params![run_no, seq, epoch])?;
+            }
             conn.prepare_cached(
-                "INSERT INTO call_spans (run_no, first_seq, first_id) VALUES (?1, ?2, ?3)",
+                "INSERT INTO call_spans (epoch, run_no, first_seq, first_id) \
+                 VALUES (?1, ?2, ?3, ?4)",
             )?
-            .execute(params![run_no, seq, id])?;
+            .execute(params![epoch, run_no, seq, id])?;
             Tail {
                 from_seq: seq,
                 from_id: id,
                 last_seq: seq,
+                epoch: Some(epoch),
             }
         };
         let count = count.max(1) as i64;
@@ -288,15 +357,28 @@ pub struct Placement {
 }
 
 /// Whether call `seq` of the run numbered `run_no` is recorded already, or
-/// older than the run's last span.
-fn recorded_or_older(conn: &Connection, run_no: i64, seq: i64) -> Result<bool, LedgerError> {
+/// older than the run's last span; and the epoch of that span.
+fn recorded_or_older(
+    conn: &Connection,
+    run_no: i64,
+    seq: i64,
+) -> Result<(bool, Option<i64>), LedgerError> {
+    let Some(epoch) = last_epoch(conn, run_no)? else {
+        return Ok((false, None));
+    };
     let span: Option<(i64, bool)> = conn
         .prepare_cached(
             "SELECT s.first_seq, EXISTS (SELECT 1 FROM calls \
-                 WHERE id = s.first_id + ?2 - s.first_seq AND key = (?1 << 32) + ?2) \
-             FROM call_spans s WHERE s.run_no = ?1 ORDER BY s.first_seq DESC LIMIT 1",
+                 WHERE id = s.first_id + ?3 - s.first_seq AND key = (?2 << 32) + ?3) \
+             FROM call_spans s WHERE s.epoch = ?1 AND s.run_no = ?2 \
+             ORDER BY s.first_seq DESC LIMIT 1",
         )?
-        .query_row(params![run_no, seq], |r| Ok((r.get(0)?, r.get(1)?)))
+        .query_row(params![epoch, run_no, seq], |r| Ok((r.get(0)?, r.get(1)?)))
         .optional()?;
-    Ok(span.is_some_and(|(first_seq, in_it)| seq < first_seq || in_it))
+    match span {
+        Some((first_seq, in_it)) => Ok((seq < first_seq || in_it, Some(epoch))),
+        None => Err(LedgerError::Corrupt(format!(
+            "the calls of run number {run_no}: it has spans in epoch {epoch}, which holds none"
+        ))),
+    }
 }

@@ -2166,6 +2166,85 @@ mod tests {
     }
 
     #[test]
+    fn a_v8_ledger_gets_its_spans_by_epoch_and_every_call_is_found_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("v8.db");
+        // Two runs' calls alternating over 2,100 rows, each call a span of
+        // its own: three of v9's migrated epochs (1,024 rowids each).
+        let per_run = 1050u64;
+        {
+            let conn = old_ledger_with_two_runs(&path, 8);
+            let tx = conn.unchecked_transaction().unwrap();
+            for id in 1..=2 * per_run as i64 {
+                let (run_no, seq) = (2 - id % 2, (id + 1) / 2);
+                tx.execute(
+                    "INSERT INTO calls (id, key, class, interface, function, operation_id, \
+                     request, request_hash, state, outcome, started_at, finished_at, \
+                     writer_fence) VALUES (?1, (?2 << 32) + ?3, 'observe', 'i', 'f', 'op', \
+                     '{}', 'h', 'succeeded', ?3, 1, 2, 1)",
+                    params![id, run_no, seq],
+                )
+                .unwrap();
+                tx.execute(
+                    "INSERT INTO call_spans (run_no, first_seq, first_id) VALUES (?1, ?2, ?3)",
+                    params![run_no, seq, id],
+                )
+                .unwrap();
+            }
+            tx.commit().unwrap();
+        }
+        let mut ledger = SqliteLedger::open(&path).unwrap();
+        let epochs: Vec<(i64, i64)> = ledger
+            .conn
+            .prepare("SELECT first_seq, epoch FROM run_epochs WHERE run_no = 1 ORDER BY 1")
+            .unwrap()
+            .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
+            .unwrap()
+            .collect::<Result<_, _>>()
+            .unwrap();
+        // r1's calls are at the odd rowids: #512 at 1023, #513 at 1025.
+        assert_eq!(epochs, [(1, 0), (513, 1), (1025, 2)]);
+        for run in ["r1", "r2"] {
+            let outcomes: Vec<String> = ledger
+                .calls(run)
+                .unwrap()
+                .into_iter()
+                .map(|c| c.outcome.unwrap())
+                .collect();
+            assert_eq!(
+                outcomes,
+                (1..=per_run).map(|s| s.to_string()).collect::<Vec<_>>()
+            );
+            assert_eq!(ledger.last_seq(run).unwrap(), per_run as usize);
+        }
+        for seq in [1, 511, 512, 513, 514, 1024, 1025, per_run] {
+            let call = find_call(&ledger.conn, "r2", seq).unwrap().unwrap();
+            assert_eq!(call.outcome, Some(seq.to_string()));
+        }
+        // The runs go on in the epochs of this build.
+        let claim = claim_fresh(&mut ledger, "r1", "me");
+        ledger
+            .commit(&claim, &[WriteOp::Call(clock_call(per_run + 1))])
+            .unwrap();
+        assert_eq!(ledger.last_seq("r1").unwrap(), per_run as usize + 1);
+        assert_eq!(
+            ledger.calls("r1").unwrap().last(),
+            Some(&clock_call(per_run + 1))
+        );
+        assert_eq!(
+            ledger
+                .conn
+                .query_row(
+                    "SELECT count(*) FROM run_epochs WHERE run_no = 1",
+                    [],
+                    |r| r.get::<_, i64>(0)
+                )
+                .unwrap(),
+            4
+        );
+    }
+
+    #[test]
     fn every_statement_that_finds_calls_reads_their_rows_by_rowid_through_spans() {
         // Calls are stored in the order they were recorded; a statement that
         // found them any other way would read the whole table.
@@ -2198,9 +2277,16 @@ mod tests {
                 "{sql}: {plan:?}"
             );
             assert!(
+                plan.iter().any(
+                    |step| step.contains(" s USING PRIMARY KEY (epoch=? AND run_no=?")
+                        || step.contains("call_spans USING PRIMARY KEY (epoch=? AND run_no=?")
+                ),
+                "{sql}: {plan:?}"
+            );
+            assert!(
                 plan.iter()
-                    .any(|step| step.contains(" s USING PRIMARY KEY (run_no=?")
-                        || step.contains("call_spans USING PRIMARY KEY (run_no=?")),
+                    .any(|step| step.contains(" e USING PRIMARY KEY (run_no=?")
+                        || step.contains("run_epochs USING PRIMARY KEY (run_no=?")),
                 "{sql}: {plan:?}"
             );
             assert!(
