@@ -312,8 +312,19 @@ ALTER TABLE calls RENAME COLUMN fence TO writer_fence;
     // share a page or two. `run_epochs` records, for each run, the first
     // sequence number it has in each epoch, which is how a run's spans are
     // found. An older stephost still running cannot write a span (its
-    // insert names no epoch) and so no call.
+    // insert names no epoch), so it fails at the first call that would
+    // begin one; a call that extends a span needs none and is found.
     r#"
+-- Epochs are found in the order of a run's calls, so a run's spans must
+-- take rowids in that order. Every build since v8 stores them so; v7's
+-- (never released) could store a commit's buffered calls before its
+-- started one. Such a ledger is refused, not migrated into lookups that
+-- would miss calls.
+CREATE TEMP TABLE v9_check (ok INTEGER CONSTRAINT spans_in_rowid_order CHECK (ok));
+INSERT INTO v9_check SELECT NOT EXISTS (SELECT 1 FROM (SELECT first_id,
+    lag(first_id) OVER (PARTITION BY run_no ORDER BY first_seq) AS before_id FROM call_spans)
+    WHERE first_id < before_id);
+DROP TABLE v9_check;
 CREATE TABLE call_spans_v9 (
     epoch      INTEGER NOT NULL,
     run_no     INTEGER NOT NULL,

@@ -47,6 +47,9 @@ use super::LedgerError;
 /// epoch whose first sequence number is the greatest not above the call's,
 /// since a run's spans take rowids, and so epochs, in the order of their
 /// numbers. Four rowids in the tests, so that they cross epochs often.
+/// Never to be made larger than the v9 migration's 10: a new span's epoch
+/// could then equal an older one's of the same run and its lookups find
+/// both.
 pub const EPOCH_BITS: i64 = if cfg!(test) { 2 } else { 10 };
 
 /// SQL for the rowid and key of call `?2` of run `?1` (a condition on the

@@ -189,6 +189,14 @@ impl SqliteLedger {
                 continue;
             }
             if let Err(e) = tx.execute_batch(sql) {
+                if e.to_string().contains("spans_in_rowid_order") {
+                    return Err(LedgerError::Corrupt(format!(
+                        "migrating the ledger to schema v{} found a run whose calls are not \
+                         stored in the order of their numbers (written by an unreleased build); \
+                         the ledger was left at v{index}",
+                        index + 1
+                    )));
+                }
                 if e.to_string().contains("every_call_has_its_run") {
                     return Err(LedgerError::Corrupt(format!(
                         "migrating the ledger to schema v{} found calls whose run is \
@@ -2242,6 +2250,43 @@ mod tests {
                 .unwrap(),
             4
         );
+    }
+
+    #[test]
+    fn a_v8_ledger_with_a_run_stored_out_of_order_is_refused_not_migrated() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("v8.db");
+        {
+            let conn = old_ledger_with_two_runs(&path, 8);
+            // r1's call 3 was stored before its call 2.
+            for (id, seq) in [(1, 1), (2, 3), (3, 2)] {
+                conn.execute(
+                    "INSERT INTO calls (id, key, class, interface, function, operation_id, \
+                     request, request_hash, state, started_at, writer_fence) \
+                     VALUES (?1, (1 << 32) + ?2, 'observe', 'i', 'f', 'op', '{}', 'h', \
+                     'succeeded', 1, 1)",
+                    params![id, seq],
+                )
+                .unwrap();
+                conn.execute(
+                    "INSERT INTO call_spans (run_no, first_seq, first_id) VALUES (1, ?1, ?2)",
+                    params![seq, id],
+                )
+                .unwrap();
+            }
+        }
+        let err = SqliteLedger::open(&path)
+            .err()
+            .expect("the migration is refused");
+        assert!(
+            matches!(err, LedgerError::Corrupt(ref m) if m.contains("not stored in the order")),
+            "{err}"
+        );
+        let version: i64 = Connection::open(&path)
+            .unwrap()
+            .query_row("PRAGMA user_version", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(version, 8);
     }
 
     #[test]
