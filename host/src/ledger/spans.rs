@@ -109,6 +109,39 @@ pub fn calls_between_sql(columns: &str, filter: &str) -> String {
     )
 }
 
+/// The last span of a run: its epoch, and where it begins.
+struct LastSpan {
+    epoch: i64,
+    first_seq: i64,
+    first_id: i64,
+}
+
+/// The last span of the run numbered `run_no`, if it has any; a run with
+/// an epoch that holds none of its spans is a damaged ledger.
+fn last_span(conn: &Connection, run_no: i64) -> Result<Option<LastSpan>, LedgerError> {
+    let Some(epoch) = last_epoch(conn, run_no)? else {
+        return Ok(None);
+    };
+    conn.prepare_cached(
+        "SELECT first_seq, first_id FROM call_spans WHERE epoch = ?1 AND run_no = ?2 \
+         ORDER BY first_seq DESC LIMIT 1",
+    )?
+    .query_row([epoch, run_no], |r| {
+        Ok(LastSpan {
+            epoch,
+            first_seq: r.get(0)?,
+            first_id: r.get(1)?,
+        })
+    })
+    .optional()?
+    .map(Some)
+    .ok_or_else(|| {
+        LedgerError::Corrupt(format!(
+            "the calls of run number {run_no}: it has spans in epoch {epoch}, which holds none"
+        ))
+    })
+}
+
 /// The epoch of the last span of the run numbered `run_no`, if it has any.
 fn last_epoch(conn: &Connection, run_no: i64) -> Result<Option<i64>, LedgerError> {
     Ok(conn
@@ -127,20 +160,13 @@ fn last_epoch(conn: &Connection, run_no: i64) -> Result<Option<i64>, LedgerError
 /// there, or one of this run's, is a damaged ledger (`Corrupt`), not the
 /// end of the run's calls.
 pub fn last_seq(conn: &Connection, run_no: i64) -> Result<u64, LedgerError> {
-    let Some(epoch) = last_epoch(conn, run_no)? else {
+    let Some(LastSpan {
+        first_seq,
+        first_id,
+        ..
+    }) = last_span(conn, run_no)?
+    else {
         return Ok(0);
-    };
-    let last: Option<(i64, i64)> = conn
-        .prepare_cached(
-            "SELECT first_seq, first_id FROM call_spans WHERE epoch = ?1 AND run_no = ?2 \
-             ORDER BY first_seq DESC LIMIT 1",
-        )?
-        .query_row([epoch, run_no], |r| Ok((r.get(0)?, r.get(1)?)))
-        .optional()?;
-    let Some((first_seq, first_id)) = last else {
-        return Err(LedgerError::Corrupt(format!(
-            "the calls of run number {run_no}: it has spans in epoch {epoch}, which holds none"
-        )));
     };
     let mut key_at = conn.prepare_cached("SELECT key FROM calls WHERE id = ?1")?;
     let mut holds = |k: i64| -> Result<bool, LedgerError> {
@@ -366,22 +392,15 @@ fn recorded_or_older(
     run_no: i64,
     seq: i64,
 ) -> Result<(bool, Option<i64>), LedgerError> {
-    let Some(epoch) = last_epoch(conn, run_no)? else {
+    let Some(last) = last_span(conn, run_no)? else {
         return Ok((false, None));
     };
-    let span: Option<(i64, bool)> = conn
-        .prepare_cached(
-            "SELECT s.first_seq, EXISTS (SELECT 1 FROM calls \
-                 WHERE id = s.first_id + ?3 - s.first_seq AND key = (?2 << 32) + ?3) \
-             FROM call_spans s WHERE s.epoch = ?1 AND s.run_no = ?2 \
-             ORDER BY s.first_seq DESC LIMIT 1",
-        )?
-        .query_row(params![epoch, run_no, seq], |r| Ok((r.get(0)?, r.get(1)?)))
-        .optional()?;
-    match span {
-        Some((first_seq, in_it)) => Ok((seq < first_seq || in_it, Some(epoch))),
-        None => Err(LedgerError::Corrupt(format!(
-            "the calls of run number {run_no}: it has spans in epoch {epoch}, which holds none"
-        ))),
+    if seq < last.first_seq {
+        return Ok((true, Some(last.epoch)));
     }
+    let in_it: Option<i64> = conn
+        .prepare_cached("SELECT key FROM calls WHERE id = ?1")?
+        .query_row([last.first_id + seq - last.first_seq], |r| r.get(0))
+        .optional()?;
+    Ok((in_it == Some((run_no << 32) + seq), Some(last.epoch)))
 }
