@@ -12,11 +12,17 @@
 //!
 //! With `"gate": true`, the step first calls `gate.read`, which returns when
 //! the bench opens the gate: so many runs can be started together. With
+//! `"start_at_ns": T` (the host's wall clock, ns), it first sleeps until T
+//! (a WASI sleep: a worker's runs wait on its runtime's timers, holding no
+//! thread and starting no process), and returns the clock it read before
+//! sleeping as `arrived_ns`: many runs start together without a process
+//! each to let them go. With
 //! `"stamps": true`, `write`, `read` and `observe` read the recorded clock
 //! once before and once after their N calls and return the values as
 //! `first_ns` and `last_ns`.
 //!
-//! Output: `{"calls": N}`, plus `first_ns`/`last_ns` as above.
+//! Output: `{"calls": N}`, plus `first_ns`/`last_ns` and `arrived_ns` as
+//! above.
 
 use serde::Deserialize;
 use serde_json::{Value, json};
@@ -31,6 +37,8 @@ struct Input {
     stamps: bool,
     #[serde(default)]
     gate: bool,
+    #[serde(default)]
+    start_at_ns: Option<u64>,
 }
 
 fn effects(ctx: &mut Ctx, name: &str, count: u64) -> Result<(), Error> {
@@ -54,6 +62,15 @@ fn run(ctx: &mut Ctx, input: Input) -> Result<Value, Error> {
     if input.gate {
         effects(ctx, "gate.read", 1)?;
     }
+    let arrived_ns = input.start_at_ns.map(|at| {
+        let arrived = ctx.now_nanos();
+        let mut now = arrived;
+        while now < at {
+            std::thread::sleep(std::time::Duration::from_nanos(at - now));
+            now = ctx.now_nanos();
+        }
+        arrived
+    });
     let calls: fn(&mut Ctx, u64) -> Result<(), Error> = match input.mode.as_str() {
         "none" => return Ok(json!({ "calls": 0 })),
         "stamp" => return Ok(json!({ "calls": 1, "first_ns": ctx.now_nanos() })),
@@ -75,6 +92,9 @@ fn run(ctx: &mut Ctx, input: Input) -> Result<Value, Error> {
     if let (Some(first), Some(last)) = (first_ns, last_ns) {
         output["first_ns"] = json!(first);
         output["last_ns"] = json!(last);
+    }
+    if let Some(arrived) = arrived_ns {
+        output["arrived_ns"] = json!(arrived);
     }
     Ok(output)
 }
