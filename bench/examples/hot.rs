@@ -3,7 +3,10 @@
 //! Arguments: mode (`write`, `read`, `observe`, `none`, or `replay`: one
 //! recorded run of clock calls replayed again and again; `load`: its calls
 //! read out of the ledger again and again; `group`: rounds of 64 runs (or `GROUP_RUNS=N`) of
-//! writes at once in one worker, as figure 5), calls per run, runs (rounds),
+//! writes at once in one worker, as figure 5; `short`: that many runs
+//! submitted, then executed by one worker 4 at once (or `GROUP_RUNS=N`), as
+//! figure 4's worker row, printing runs/s and the process's CPU per run),
+//! calls per run, runs (rounds),
 //! and the folder for the ledger (default `target`). Prints µs per call
 //! and the CPU µs per call of each thread of the process, which on a shared
 //! machine moves less from run to run than wall time (for `group`, how many
@@ -53,6 +56,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     };
     if mode == "group" {
         return group(&tmp.join("hot.db"), &module, &config, count, runs);
+    }
+    if mode == "short" {
+        return short(&tmp.join("hot.db"), &module, &config, count, runs);
     }
     let mut host = Host::open(&tmp.join("hot.db"), options)?;
     let guest_mode = if mode == "replay" || mode == "load" {
@@ -134,6 +140,58 @@ fn print_cpu(
 
 /// Rounds of 64 runs (or `GROUP_RUNS=N`) of `count` writes each, executed by one worker at
 /// once; prints µs per write (wall time of a round / writes in it).
+/// `short`: `runs` runs of `count` writes, submitted first, then executed
+/// by one worker, 4 at once (or `GROUP_RUNS=N`), as figure 4's worker row.
+fn short(
+    db: &std::path::Path,
+    module: &[u8],
+    config: &Config,
+    count: u64,
+    runs: u32,
+) -> Result<(), Box<dyn std::error::Error>> {
+    let slots: usize = std::env::var("GROUP_RUNS")
+        .ok()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(4);
+    let make = || HostOptions {
+        limits: config.limits.clone(),
+        effects: config.effects().expect("effects parsed before"),
+        cache_dir: Some(db.with_extension("cache")),
+        ..HostOptions::default()
+    };
+    let mut host = Host::open(db, make())?;
+    let worker = stephost::worker::WorkerOptions {
+        concurrency: slots,
+        exit_when_idle: true,
+        poll_ms: 1,
+        ..Default::default()
+    };
+    let never = std::sync::atomic::AtomicBool::new(false);
+    // A first worker fills the compiled-component cache.
+    host.submit(module, "bench_guest.wasm", r#"{"mode":"none"}"#, None)?;
+    stephost::worker::run(db, &make, &worker, &never)?;
+    let input = serde_json::json!({"mode": "write", "count": count}).to_string();
+    for _ in 0..runs {
+        host.submit(module, "bench_guest.wasm", &input, None)?;
+    }
+    let cpu = procstat::process_cpu_us().unwrap_or(0.0);
+    let t = Instant::now();
+    let report = stephost::worker::run(db, &make, &worker, &never)?;
+    let took = t.elapsed().as_secs_f64();
+    let cpu = procstat::process_cpu_us().unwrap_or(0.0) - cpu;
+    if report.completed != runs as usize {
+        return Err(format!("{report:?}").into());
+    }
+    println!(
+        "short: {:.0} runs/s ({runs} runs of {count} writes, {slots} at once); {:.0} µs of CPU \
+         a run; {:.1} commits per fsync",
+        f64::from(runs) / took,
+        cpu / f64::from(runs),
+        report.commits.per_fsync(),
+    );
+    Ok(())
+}
+
 fn group(
     db: &std::path::Path,
     module: &[u8],
