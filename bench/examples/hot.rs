@@ -138,8 +138,6 @@ fn print_cpu(
     );
 }
 
-/// Rounds of 64 runs (or `GROUP_RUNS=N`) of `count` writes each, executed by one worker at
-/// once; prints µs per write (wall time of a round / writes in it).
 /// `short`: `runs` runs of `count` writes, submitted first, then executed
 /// by one worker, 4 at once (or `GROUP_RUNS=N`), as figure 4's worker row.
 fn short(
@@ -149,23 +147,10 @@ fn short(
     count: u64,
     runs: u32,
 ) -> Result<(), Box<dyn std::error::Error>> {
-    let slots: usize = std::env::var("GROUP_RUNS")
-        .ok()
-        .and_then(|n| n.parse().ok())
-        .unwrap_or(4);
-    let make = || HostOptions {
-        limits: config.limits.clone(),
-        effects: config.effects().expect("effects parsed before"),
-        cache_dir: Some(db.with_extension("cache")),
-        ..HostOptions::default()
-    };
+    let slots = group_runs(4);
+    let make = || worker_host_options(db, config);
     let mut host = Host::open(db, make())?;
-    let worker = stephost::worker::WorkerOptions {
-        concurrency: slots,
-        exit_when_idle: true,
-        poll_ms: 1,
-        ..Default::default()
-    };
+    let worker = worker_options(slots);
     let never = std::sync::atomic::AtomicBool::new(false);
     // A first worker fills the compiled-component cache.
     host.submit(module, "bench_guest.wasm", r#"{"mode":"none"}"#, None)?;
@@ -192,6 +177,8 @@ fn short(
     Ok(())
 }
 
+/// Rounds of 64 runs (or `GROUP_RUNS=N`) of `count` writes each, executed by one worker at
+/// once; prints µs per write (wall time of a round / writes in it).
 fn group(
     db: &std::path::Path,
     module: &[u8],
@@ -199,25 +186,11 @@ fn group(
     count: u64,
     rounds: u32,
 ) -> Result<(), Box<dyn std::error::Error>> {
-    // GROUP_RUNS=N runs N at once instead.
-    let runs: usize = std::env::var("GROUP_RUNS")
-        .ok()
-        .and_then(|n| n.parse().ok())
-        .unwrap_or(64);
-    let make = || HostOptions {
-        limits: config.limits.clone(),
-        effects: config.effects().expect("effects parsed before"),
-        cache_dir: Some(db.with_extension("cache")),
-        ..HostOptions::default()
-    };
+    let runs = group_runs(64);
+    let make = || worker_host_options(db, config);
     let mut host = Host::open(db, make())?;
     let input = serde_json::json!({"mode": "write", "count": count}).to_string();
-    let worker = stephost::worker::WorkerOptions {
-        concurrency: runs,
-        exit_when_idle: true,
-        poll_ms: 1,
-        ..Default::default()
-    };
+    let worker = worker_options(runs);
     let never = std::sync::atomic::AtomicBool::new(false);
     let mut per = Vec::new();
     let mut cpu_us = 0.0;
@@ -268,4 +241,33 @@ fn group(
         cpu_us / (f64::from(rounds) * (runs as u64 * count) as f64)
     );
     Ok(())
+}
+
+/// Runs at once: `GROUP_RUNS=N`, or `default`.
+fn group_runs(default: usize) -> usize {
+    std::env::var("GROUP_RUNS")
+        .ok()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(default)
+}
+
+/// A worker's hosts: the effects of `config`, a compiled-component cache
+/// next to `db`.
+fn worker_host_options(db: &std::path::Path, config: &Config) -> HostOptions {
+    HostOptions {
+        limits: config.limits.clone(),
+        effects: config.effects().expect("effects parsed before"),
+        cache_dir: Some(db.with_extension("cache")),
+        ..HostOptions::default()
+    }
+}
+
+/// A worker of `concurrency` runs at once that stops when nothing is left.
+fn worker_options(concurrency: usize) -> stephost::worker::WorkerOptions {
+    stephost::worker::WorkerOptions {
+        concurrency,
+        exit_when_idle: true,
+        poll_ms: 1,
+        ..Default::default()
+    }
 }
