@@ -114,12 +114,6 @@ pub fn run(
     let (done_tx, done_rx) = mpsc::channel::<Finished>();
     let mut report = WorkerReport::default();
     let mut last_renewal = Instant::now();
-    // Runs listed as runnable and not tried yet: a listing serves the
-    // claims of many runs' ends (listing reads every candidate's whole
-    // row). One listed a while ago may have been claimed or finished by
-    // another worker since; its claim then fails as a conflict, as it
-    // would have anyway.
-    let mut candidates = std::collections::VecDeque::new();
     let renew_every = Duration::from_millis((options.lease_ms / 3).max(10) as u64);
 
     std::thread::scope(|scope| -> Result<(), HostError> {
@@ -149,16 +143,18 @@ pub fn run(
             let mut claimed = 0;
             if free > 0 {
                 let now = crate::clock::now_ms();
-                if candidates.is_empty() {
-                    match ledger.runnable(now, options.concurrency * 4 + 8) {
-                        Ok(listed) => candidates.extend(listed),
-                        // A busy ledger: look again on the next round.
-                        Err(e) => eprintln!("stephost worker: listing runnable runs: {e}"),
+                let candidates = match ledger.runnable(now, free * 4 + 8) {
+                    Ok(c) => c,
+                    // A busy ledger: look again on the next round.
+                    Err(e) => {
+                        eprintln!("stephost worker: listing runnable runs: {e}");
+                        Vec::new()
                     }
-                }
-                while claimed < free
-                    && let Some(run) = candidates.pop_front()
-                {
+                };
+                for run in candidates {
+                    if claimed == free {
+                        break;
+                    }
                     if active_lock(&active).contains_key(&run.run_id) {
                         continue;
                     }
