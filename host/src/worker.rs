@@ -167,7 +167,7 @@ pub fn run(
                     if !claimable {
                         continue;
                     }
-                    let claim = match ledger.claim(
+                    let claim = match ledger.claim_due(
                         &run.run_id,
                         &options.worker_id,
                         options.lease_ms,

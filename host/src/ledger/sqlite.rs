@@ -271,6 +271,102 @@ impl SqliteLedger {
         (results, durable)
     }
 
+    /// Claims `run_id` for a worker, as [`Ledger::claim`], only if it is
+    /// due now: pending, running (its lease is checked as a claim checks
+    /// it), or waiting for a time that has come; a run waiting for a later
+    /// time or for a decision, or parked, is refused as `NotClaimable`.
+    /// A worker lists runnable runs before it claims them; in the meantime
+    /// another worker may have claimed one and left it waiting or parked,
+    /// and claiming it then would replay it only to stop where it stopped.
+    pub fn claim_due(
+        &mut self,
+        run_id: &str,
+        owner: &str,
+        lease_ms: i64,
+        now_ms: i64,
+        owner_alive: &dyn Fn(&str) -> bool,
+    ) -> Result<Claim, LedgerError> {
+        self.claim_if(run_id, owner, lease_ms, now_ms, owner_alive, true)
+    }
+
+    /// [`Ledger::claim`], refusing a run that is not due if `due_only`.
+    fn claim_if(
+        &mut self,
+        run_id: &str,
+        owner: &str,
+        lease_ms: i64,
+        now_ms: i64,
+        owner_alive: &dyn Fn(&str) -> bool,
+        due_only: bool,
+    ) -> Result<Claim, LedgerError> {
+        let current = self.run(run_id)?;
+        let due = match current.status {
+            RunStatus::Pending | RunStatus::Running => true,
+            RunStatus::Waiting => current.wake_at_ms.is_some_and(|at| at <= now_ms),
+            _ => false,
+        };
+        if matches!(
+            current.status,
+            RunStatus::Completed | RunStatus::Failed | RunStatus::Diverged
+        ) || (due_only && !due)
+        {
+            return Err(LedgerError::NotClaimable {
+                run_id: run_id.to_string(),
+                status: current.status.as_str().to_string(),
+            });
+        }
+
+        if let (Some(holder), Some(until)) = (&current.owner, current.lease_until_ms)
+            && until > now_ms
+            && holder != owner
+            && owner_alive(holder)
+        {
+            return Err(LedgerError::ClaimedElsewhere {
+                run_id: run_id.to_string(),
+                owner: holder.clone(),
+                lease_until_ms: until,
+            });
+        }
+        // Compare-and-set on the version read above: a concurrent claimant
+        // that got there first makes this update match no row. No fsync of
+        // its own: the claim is ordered before the claimant's first durable
+        // commit, and nothing leaves the host before that.
+        self.set_sync(Sync::Normal)?;
+        let lease_until_ms = now_ms + lease_ms;
+        let changed = self
+            .conn
+            .prepare_cached(
+                "UPDATE runs SET owner = ?1, lease_until = ?2, fence = fence + 1, \
+             version = version + 1, updated_at = ?3, \
+             status = CASE WHEN status IN ('pending', 'waiting') THEN 'running' ELSE status END, \
+             wake_at = NULL \
+             WHERE run_id = ?4 AND version = ?5 \
+             AND status <> 'completed' AND status <> 'failed' AND status <> 'diverged'",
+            )?
+            .execute(params![
+                owner,
+                lease_until_ms,
+                now_ms,
+                run_id,
+                current.version
+            ])?;
+        if changed == 0 {
+            let found = self.run(run_id)?;
+            return Err(LedgerError::VersionConflict {
+                run_id: run_id.to_string(),
+                expected: current.version,
+                found: found.version,
+            });
+        }
+        Ok(Claim {
+            run_id: run_id.to_string(),
+            owner: owner.to_string(),
+            fence: current.fence + 1,
+            lease_ms,
+            lease_until_ms,
+        })
+    }
+
     /// SQLite's write-ahead log of this ledger, where SQLite keeps it (next
     /// to the database file that a symlink names, for one): an fsync of it
     /// makes every transaction committed before durable.
@@ -1304,65 +1400,7 @@ impl Ledger for SqliteLedger {
         now_ms: i64,
         owner_alive: &dyn Fn(&str) -> bool,
     ) -> Result<Claim, LedgerError> {
-        let current = self.run(run_id)?;
-        if matches!(
-            current.status,
-            RunStatus::Completed | RunStatus::Failed | RunStatus::Diverged
-        ) {
-            return Err(LedgerError::NotClaimable {
-                run_id: run_id.to_string(),
-                status: current.status.as_str().to_string(),
-            });
-        }
-        if let (Some(holder), Some(until)) = (&current.owner, current.lease_until_ms)
-            && until > now_ms
-            && holder != owner
-            && owner_alive(holder)
-        {
-            return Err(LedgerError::ClaimedElsewhere {
-                run_id: run_id.to_string(),
-                owner: holder.clone(),
-                lease_until_ms: until,
-            });
-        }
-        // Compare-and-set on the version read above: a concurrent claimant
-        // that got there first makes this update match no row. No fsync of
-        // its own: the claim is ordered before the claimant's first durable
-        // commit, and nothing leaves the host before that.
-        self.set_sync(Sync::Normal)?;
-        let lease_until_ms = now_ms + lease_ms;
-        let changed = self
-            .conn
-            .prepare_cached(
-                "UPDATE runs SET owner = ?1, lease_until = ?2, fence = fence + 1, \
-             version = version + 1, updated_at = ?3, \
-             status = CASE WHEN status IN ('pending', 'waiting') THEN 'running' ELSE status END, \
-             wake_at = NULL \
-             WHERE run_id = ?4 AND version = ?5 \
-             AND status <> 'completed' AND status <> 'failed' AND status <> 'diverged'",
-            )?
-            .execute(params![
-                owner,
-                lease_until_ms,
-                now_ms,
-                run_id,
-                current.version
-            ])?;
-        if changed == 0 {
-            let found = self.run(run_id)?;
-            return Err(LedgerError::VersionConflict {
-                run_id: run_id.to_string(),
-                expected: current.version,
-                found: found.version,
-            });
-        }
-        Ok(Claim {
-            run_id: run_id.to_string(),
-            owner: owner.to_string(),
-            fence: current.fence + 1,
-            lease_ms,
-            lease_until_ms,
-        })
+        self.claim_if(run_id, owner, lease_ms, now_ms, owner_alive, false)
     }
 
     fn release(&mut self, claim: &Claim) -> Result<(), LedgerError> {
@@ -1792,6 +1830,74 @@ mod tests {
             "{past:?}"
         );
         assert!(call_key("r", 1 << 31, 1).is_err());
+    }
+
+    #[test]
+    fn a_workers_claim_takes_only_a_run_that_is_due() {
+        // A worker lists runnable runs, then claims them; in between,
+        // another worker may have claimed one and left it waiting or
+        // parked. `claim_due` refuses such a run; `claim`, which a resume
+        // on request uses, takes it.
+        let (_dir, mut ledger) = new_ledger();
+        ledger.put_module("d1", b"\0asm").unwrap();
+        let now = 1_000;
+        // (run, status, wake at, due)
+        let runs = [
+            ("pending", "pending", None, true),
+            ("released", "running", None, true),
+            ("due", "waiting", Some(now), true),
+            ("later", "waiting", Some(now + 1), false),
+            ("decision", "waiting", None, false),
+            ("parked", "parked", None, false),
+        ];
+        for (id, status, wake, due) in runs {
+            ledger.create_run(NewRun::for_test(id, "d1", 1)).unwrap();
+            ledger
+                .conn
+                .execute(
+                    "UPDATE runs SET status = ?2, wake_at = ?3 WHERE run_id = ?1",
+                    params![id, status, wake],
+                )
+                .unwrap();
+            let claimed = ledger.claim_due(id, "w1", 30_000, now, &|_| true);
+            if due {
+                let claim = claimed.unwrap_or_else(|e| panic!("{id}: {e}"));
+                assert_eq!(claim.fence, 1, "{id}");
+                let run = ledger.run(id).unwrap();
+                assert_eq!(run.status, RunStatus::Running, "{id}");
+                assert_eq!(run.owner.as_deref(), Some("w1"), "{id}");
+                continue;
+            }
+            match claimed {
+                Err(LedgerError::NotClaimable { status: s, .. }) => assert_eq!(s, status, "{id}"),
+                other => panic!("{id}: claimed though not due: {other:?}"),
+            }
+            let run = ledger.run(id).unwrap();
+            assert_eq!(run.version, 0, "{id}: refused, the run is untouched");
+            assert_eq!(run.owner, None, "{id}");
+            ledger
+                .claim(id, "w1", 30_000, now, &|_| true)
+                .unwrap_or_else(|e| panic!("{id}: a plain claim: {e}"));
+        }
+        ledger
+            .create_run(NewRun::for_test("done", "d1", 1))
+            .unwrap();
+        ledger
+            .conn
+            .execute(
+                "UPDATE runs SET status = 'completed' WHERE run_id = 'done'",
+                [],
+            )
+            .unwrap();
+        for claimed in [
+            ledger.claim_due("done", "w1", 30_000, now, &|_| true),
+            ledger.claim("done", "w1", 30_000, now, &|_| true),
+        ] {
+            assert!(
+                matches!(claimed, Err(LedgerError::NotClaimable { .. })),
+                "{claimed:?}"
+            );
+        }
     }
 
     #[test]
