@@ -797,7 +797,7 @@ impl Bench {
         // far enough ahead for all of them to be claimed and started by
         // then; a round in which one arrived late is made again with twice
         // the lead.
-        let round = |host: &mut Host| -> Res<(Vec<String>, f64, Duration)> {
+        let round = |host: &mut Host| -> Res<(Vec<String>, f64, Duration, Duration)> {
             let mut lead = GROUP_LEAD;
             loop {
                 let start_at = now_ns() + lead.as_nanos() as u64;
@@ -821,7 +821,7 @@ impl Bench {
                     .filter(|&late| late)
                     .count();
                 if late == 0 {
-                    return Ok((ids, cpu, wall));
+                    return Ok((ids, cpu, wall, lead));
                 }
                 if lead >= GROUP_LEAD * 16 {
                     return Err(format!(
@@ -856,7 +856,8 @@ impl Bench {
         // last run's end; the round with the median rate is the figure.
         let host = Host::open(&db, self.options())?;
         let mut measured = Vec::with_capacity(GROUP_ROUNDS);
-        for (ids, cpu, wall) in rounds {
+        let leads: Vec<String> = rounds.iter().map(|r| r.3.as_millis().to_string()).collect();
+        for (ids, cpu, wall, _) in rounds {
             let mut first_ns = u64::MAX;
             let mut last_first_ns = 0;
             let mut last_ms = 0i64;
@@ -883,10 +884,12 @@ impl Bench {
              its component cache is warm; then, {} times, {GROUP_RUNS} runs of {GROUP_WRITES} \
              writes each are submitted and claimed, each told to start at the same time, {} ms \
              after the first submission (the bench guest sleeps until then, on the worker's \
-             timers; a round in which a run arrived late is made again with twice the lead); the \
+             timers; a round in which a run arrived late is made again with twice the lead, up \
+             to {} ms; the measured rounds' leads: {} ms); the \
              first round grows the ledger's WAL file to its working size, as the floor's is \
              grown before it is measured; over each of the others, writes/s over the window \
-             from the first run's first clock call after its sleep to the last run's end (ms \
+             from the earliest of the runs' clock reads just before their writes to the last \
+             run's end (ms \
              resolution): {} writes/s, the median shown (its window {:.0} ms; its runs' first \
              calls within {spread_ms:.1} ms of each other); ratio = that rate \
              / the rate of a single run of {SINGLE_WRITES} writes made just before ({single:.0} \
@@ -898,6 +901,8 @@ impl Bench {
              {:.1} µs applying per commit, the syncer {:.1} µs in fsyncs",
             GROUP_ROUNDS + 1,
             GROUP_LEAD.as_millis(),
+            (GROUP_LEAD * 16).as_millis(),
+            leads.join(", "),
             rates.join(", "),
             window_s * 1e3,
             self.single_write_us
@@ -1403,8 +1408,6 @@ fn now_ns() -> u64 {
         .map_or(0, |d| d.as_nanos() as u64)
 }
 
-/// CPU time (user + system) of this process so far, from /proc/self/stat
-/// (in USER_HZ ticks, which Linux fixes at 100 per second).
 /// A number a finished run of the bench guest returned under `key`.
 fn output_u64(host: &Host, run_id: &str, key: &str) -> Res<u64> {
     let run = host.ledger().run(run_id)?;
@@ -1414,6 +1417,8 @@ fn output_u64(host: &Host, run_id: &str, key: &str) -> Res<u64> {
         .ok_or_else(|| format!("run {run_id} returned no {key}: {output}").into())
 }
 
+/// CPU time (user + system) of this process so far, from /proc/self/stat
+/// (in USER_HZ ticks, which Linux fixes at 100 per second).
 fn cpu_seconds() -> Res<f64> {
     Ok(procstat::process_cpu_us()
         .ok_or("cannot read this process's CPU time from /proc/self/stat")?

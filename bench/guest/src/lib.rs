@@ -12,11 +12,12 @@
 //!
 //! With `"gate": true`, the step first calls `gate.read`, which returns when
 //! the bench opens the gate: so many runs can be started together. With
-//! `"start_at_ns": T` (the host's wall clock, ns), it first sleeps until T
-//! (a WASI sleep: a worker's runs wait on its runtime's timers, holding no
-//! thread and starting no process), and returns the clock it read before
-//! sleeping as `arrived_ns`: many runs start together without a process
-//! each to let them go. With
+//! `"start_at_ns": T` (the host's wall clock, ns), it then sleeps until T
+//! (a WASI sleep, starting no process: a worker running several runs at
+//! once waits on its runtime's timers, holding no thread; a run on a thread
+//! of its own sleeps on it), and returns the clock it read before sleeping
+//! as `arrived_ns`: many runs start together without a process each to let
+//! them go. With
 //! `"stamps": true`, `write`, `read` and `observe` read the recorded clock
 //! once before and once after their N calls and return the values as
 //! `first_ns` and `last_ns`.
