@@ -1832,6 +1832,29 @@ mod tests {
         assert!(call_key("r", 1 << 31, 1).is_err());
     }
 
+    /// A new run of module `d1`, created at `created`, put straight into
+    /// `status` with an owner and lease and a wake time.
+    fn run_in_state(
+        ledger: &mut SqliteLedger,
+        id: &str,
+        created: i64,
+        status: &str,
+        (owner, lease_until): (Option<&str>, Option<i64>),
+        wake_at: Option<i64>,
+    ) {
+        ledger
+            .create_run(NewRun::for_test(id, "d1", created))
+            .unwrap();
+        ledger
+            .conn
+            .execute(
+                "UPDATE runs SET status = ?2, owner = ?3, lease_until = ?4, wake_at = ?5 \
+                 WHERE run_id = ?1",
+                params![id, status, owner, lease_until, wake_at],
+            )
+            .unwrap();
+    }
+
     #[test]
     fn a_workers_claim_takes_only_a_run_that_is_due() {
         // A worker lists runnable runs, then claims them; in between,
@@ -1851,14 +1874,7 @@ mod tests {
             ("parked", "parked", None, false),
         ];
         for (id, status, wake, due) in runs {
-            ledger.create_run(NewRun::for_test(id, "d1", 1)).unwrap();
-            ledger
-                .conn
-                .execute(
-                    "UPDATE runs SET status = ?2, wake_at = ?3 WHERE run_id = ?1",
-                    params![id, status, wake],
-                )
-                .unwrap();
+            run_in_state(&mut ledger, id, 1, status, (None, None), wake);
             let claimed = ledger.claim_due(id, "w1", 30_000, now, &|_| true);
             if due {
                 let claim = claimed.unwrap_or_else(|e| panic!("{id}: {e}"));
@@ -1879,16 +1895,7 @@ mod tests {
                 .claim(id, "w1", 30_000, now, &|_| true)
                 .unwrap_or_else(|e| panic!("{id}: a plain claim: {e}"));
         }
-        ledger
-            .create_run(NewRun::for_test("done", "d1", 1))
-            .unwrap();
-        ledger
-            .conn
-            .execute(
-                "UPDATE runs SET status = 'completed' WHERE run_id = 'done'",
-                [],
-            )
-            .unwrap();
+        run_in_state(&mut ledger, "done", 1, "completed", (None, None), None);
         for claimed in [
             ledger.claim_due("done", "w1", 30_000, now, &|_| true),
             ledger.claim("done", "w1", 30_000, now, &|_| true),
@@ -1917,17 +1924,7 @@ mod tests {
             ("done", 4, "completed", None, None, None),
         ];
         for (id, created, status, owner, lease, wake) in runs {
-            ledger
-                .create_run(NewRun::for_test(id, "d1", created))
-                .unwrap();
-            ledger
-                .conn
-                .execute(
-                    "UPDATE runs SET status = ?2, owner = ?3, lease_until = ?4, wake_at = ?5 \
-                     WHERE run_id = ?1",
-                    params![id, status, owner, lease, wake],
-                )
-                .unwrap();
+            run_in_state(&mut ledger, id, created, status, (owner, lease), wake);
         }
         let ids = |limit| -> Vec<String> {
             let found = ledger.runnable(now, limit).unwrap();
