@@ -63,6 +63,9 @@ const GROUP_ROUNDS: usize = 3;
 /// How far ahead of their submission figure 5's runs are told to start:
 /// time for a warm worker to claim and start 64 runs.
 const GROUP_LEAD: Duration = Duration::from_millis(250);
+/// How far ahead figure 7's runs are told to start; RSS is read three
+/// quarters of the way there, while they sleep.
+const MEMORY_LEAD: Duration = Duration::from_millis(400);
 /// The single run that figure 5 is compared with.
 const SINGLE_WRITES: u64 = 500;
 /// Writes per run in figure 5's ceiling (`ceiling.rs`), measured
@@ -813,13 +816,7 @@ impl Bench {
                 let t = Instant::now();
                 wait_completed(host, &ids)?;
                 let (cpu, wall) = (cpu_seconds()? - cpu, t.elapsed());
-                let late = ids
-                    .iter()
-                    .map(|id| Ok(output_u64(host, id, "arrived_ns")? > start_at))
-                    .collect::<Res<Vec<bool>>>()?
-                    .into_iter()
-                    .filter(|&late| late)
-                    .count();
+                let late = arrived_after(host, &ids, start_at)?;
                 if late == 0 {
                     return Ok((ids, cpu, wall, lead));
                 }
@@ -1120,18 +1117,42 @@ impl Bench {
             "7 memory: RSS of a warm worker, idle and with {GROUP_RUNS} runs in flight"
         ));
         let db = self.dir.join("memory.db");
-        let input = json!({"mode": "none", "gate": true}).to_string();
+        // The runs sleep until a time far enough ahead for all of them to
+        // be claimed and started; RSS is read three quarters of the way
+        // there. A try in which a run arrived after that is made again
+        // with twice the lead.
         let ((idle, busy), _) = self.with_warm_worker(&db, "bench-memory", |host| {
             let idle = rss_bytes()?;
-            let gate = Gate::close(&self.gate)?;
-            let ids = (0..GROUP_RUNS)
-                .map(|_| Ok(host.submit(&self.module, WHAT, &input, None)?.run_id))
-                .collect::<Res<Vec<_>>>()?;
-            gate.wait_arrived(GROUP_RUNS)?;
-            let busy = rss_bytes()?;
-            gate.open()?;
-            wait_completed(host, &ids)?;
-            Ok((idle, busy))
+            let mut lead = MEMORY_LEAD;
+            loop {
+                let start_at = now_ns() + lead.as_nanos() as u64;
+                let input = json!({"mode": "none", "start_at_ns": start_at}).to_string();
+                let ids = (0..GROUP_RUNS)
+                    .map(|_| Ok(host.submit(&self.module, WHAT, &input, None)?.run_id))
+                    .collect::<Res<Vec<_>>>()?;
+                let measure_at = start_at - (lead / 4).as_nanos() as u64;
+                std::thread::sleep(Duration::from_nanos(measure_at.saturating_sub(now_ns())));
+                let measured_at = now_ns();
+                let busy = rss_bytes()?;
+                wait_completed(host, &ids)?;
+                let late = arrived_after(host, &ids, measured_at)?;
+                if late == 0 {
+                    return Ok((idle, busy));
+                }
+                if lead >= MEMORY_LEAD * 8 {
+                    return Err(format!(
+                        "figure 7: {late} of {GROUP_RUNS} runs had not started when RSS was read, \
+                         {} ms after they were submitted",
+                        (lead * 3 / 4).as_millis()
+                    )
+                    .into());
+                }
+                progress(&format!(
+                    "7 memory: {late} runs started late; again, {} ms ahead",
+                    (lead * 2).as_millis()
+                ));
+                lead *= 2;
+            }
         })?;
         let per_active = (busy as f64 - idle as f64) / GROUP_RUNS as f64;
         self.rows
@@ -1159,10 +1180,10 @@ impl Bench {
                 .target("≈ 0 (< 32)", per_pending < 32.0),
         );
         self.note(format!(
-            "7: per active run = (RSS while {GROUP_RUNS} runs wait at the gate in a warm \
-             worker - RSS of the idle warm worker) / {GROUP_RUNS}: the store, the guest's \
-             memory, the run's fiber stack (and, while it waits in the gate's command effect, a \
-             thread) and its own SQLite connection. Per pending run = RSS \
+            "7: per active run = (RSS while {GROUP_RUNS} runs of a warm worker sleep in their \
+             step, on the worker's timers - RSS of the idle warm worker) / {GROUP_RUNS}: the \
+             store, the guest's memory, the run's fiber stack and its own SQLite connection. Per \
+             pending run = RSS \
              growth over {PENDING_RUNS} `Host::submit` calls made after {PENDING_RUNS} others \
              ({:.0} KiB in all, {:.1} s); the first {PENDING_RUNS} grew RSS by {:.0} KiB \
              ({:.1} s): SQLite's page cache (bounded, 2 MiB per connection by default) filling \
@@ -1406,6 +1427,18 @@ fn now_ns() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_nanos() as u64)
+}
+
+/// How many of the finished runs `ids` of the bench guest arrived (read
+/// the clock before their sleep) after `t_ns`.
+fn arrived_after(host: &Host, ids: &[String], t_ns: u64) -> Res<usize> {
+    let mut late = 0;
+    for id in ids {
+        if output_u64(host, id, "arrived_ns")? > t_ns {
+            late += 1;
+        }
+    }
+    Ok(late)
 }
 
 /// A number a finished run of the bench guest returned under `key`.

@@ -59,7 +59,6 @@ fn observe(ctx: &mut Ctx, count: u64) -> Result<(), Error> {
 }
 
 fn run(ctx: &mut Ctx, input: Input) -> Result<Value, Error> {
-    let count = input.count;
     if input.gate {
         effects(ctx, "gate.read", 1)?;
     }
@@ -72,6 +71,16 @@ fn run(ctx: &mut Ctx, input: Input) -> Result<Value, Error> {
         }
         arrived
     });
+    let mut output = calls(ctx, &input)?;
+    if let Some(arrived) = arrived_ns {
+        output["arrived_ns"] = json!(arrived);
+    }
+    Ok(output)
+}
+
+/// The calls of `input`'s mode, and what they return.
+fn calls(ctx: &mut Ctx, input: &Input) -> Result<Value, Error> {
+    let count = input.count;
     let calls: fn(&mut Ctx, u64) -> Result<(), Error> = match input.mode.as_str() {
         "none" => return Ok(json!({ "calls": 0 })),
         "stamp" => return Ok(json!({ "calls": 1, "first_ns": ctx.now_nanos() })),
@@ -93,9 +102,6 @@ fn run(ctx: &mut Ctx, input: Input) -> Result<Value, Error> {
     if let (Some(first), Some(last)) = (first_ns, last_ns) {
         output["first_ns"] = json!(first);
         output["last_ns"] = json!(last);
-    }
-    if let Some(arrived) = arrived_ns {
-        output["arrived_ns"] = json!(arrived);
     }
     Ok(output)
 }
