@@ -300,20 +300,8 @@ impl SqliteLedger {
         due_only: bool,
     ) -> Result<Claim, LedgerError> {
         let current = self.run(run_id)?;
-        let due = match current.status {
-            RunStatus::Pending | RunStatus::Running => true,
-            RunStatus::Waiting => current.wake_at_ms.is_some_and(|at| at <= now_ms),
-            _ => false,
-        };
-        if matches!(
-            current.status,
-            RunStatus::Completed | RunStatus::Failed | RunStatus::Diverged
-        ) || (due_only && !due)
-        {
-            return Err(LedgerError::NotClaimable {
-                run_id: run_id.to_string(),
-                status: current.status.as_str().to_string(),
-            });
+        if finished(&current) || (due_only && !due(&current, now_ms)) {
+            return Err(not_claimable(&current));
         }
 
         if let (Some(holder), Some(until)) = (&current.owner, current.lease_until_ms)
@@ -333,25 +321,19 @@ impl SqliteLedger {
         // commit, and nothing leaves the host before that.
         self.set_sync(Sync::Normal)?;
         let lease_until_ms = now_ms + lease_ms;
-        let changed = self
-            .conn
-            .prepare_cached(
-                "UPDATE runs SET owner = ?1, lease_until = ?2, fence = fence + 1, \
-             version = version + 1, updated_at = ?3, \
-             status = CASE WHEN status IN ('pending', 'waiting') THEN 'running' ELSE status END, \
-             wake_at = NULL \
-             WHERE run_id = ?4 AND version = ?5 \
-             AND status <> 'completed' AND status <> 'failed' AND status <> 'diverged'",
-            )?
-            .execute(params![
-                owner,
-                lease_until_ms,
-                now_ms,
-                run_id,
-                current.version
-            ])?;
+        let changed = claim_row(
+            &self.conn,
+            run_id,
+            owner,
+            (lease_until_ms, now_ms),
+            current.version,
+            due_only,
+        )?;
         if changed == 0 {
             let found = self.run(run_id)?;
+            if due_only && !due(&found, now_ms) {
+                return Err(not_claimable(&found));
+            }
             return Err(LedgerError::VersionConflict {
                 run_id: run_id.to_string(),
                 expected: current.version,
@@ -817,6 +799,65 @@ fn runnable_sql() -> &'static str {
              ORDER BY held, created_at, run_id LIMIT ?2"
         )
     })
+}
+
+/// Whether a run has ended for good.
+fn finished(run: &RunRecord) -> bool {
+    matches!(
+        run.status,
+        RunStatus::Completed | RunStatus::Failed | RunStatus::Diverged
+    )
+}
+
+/// Whether a worker may take a run now: as [`runnable_sql`] lists them,
+/// pending, running (its lease is checked apart), or waiting for a time
+/// that has come.
+fn due(run: &RunRecord, now_ms: i64) -> bool {
+    match run.status {
+        RunStatus::Pending | RunStatus::Running => true,
+        RunStatus::Waiting => run.wake_at_ms.is_some_and(|at| at <= now_ms),
+        _ => false,
+    }
+}
+
+fn not_claimable(run: &RunRecord) -> LedgerError {
+    LedgerError::NotClaimable {
+        run_id: run.run_id.clone(),
+        status: run.status.as_str().to_string(),
+    }
+}
+
+/// The claim's compare-and-set: `run_id` gets `owner` until `lease_until`
+/// if its version is still `version` and it has not ended, and, with
+/// `due_only`, if it is still due (as [`due`] says): the statements that
+/// suspend, park or finish a run change its status without a new version,
+/// so the version alone would not see them.
+fn claim_row(
+    conn: &Connection,
+    run_id: &str,
+    owner: &str,
+    (lease_until_ms, now_ms): (i64, i64),
+    version: i64,
+    due_only: bool,
+) -> rusqlite::Result<usize> {
+    conn.prepare_cached(
+        "UPDATE runs SET owner = ?1, lease_until = ?2, fence = fence + 1, \
+         version = version + 1, updated_at = ?3, \
+         status = CASE WHEN status IN ('pending', 'waiting') THEN 'running' ELSE status END, \
+         wake_at = NULL \
+         WHERE run_id = ?4 AND version = ?5 \
+         AND status <> 'completed' AND status <> 'failed' AND status <> 'diverged' \
+         AND (NOT ?6 OR status IN ('pending', 'running') \
+              OR (status = 'waiting' AND wake_at <= ?3))",
+    )?
+    .execute(params![
+        owner,
+        lease_until_ms,
+        now_ms,
+        run_id,
+        version,
+        due_only
+    ])
 }
 
 /// The statement that reads one run (prepared once per connection).
@@ -1859,23 +1900,41 @@ mod tests {
     fn a_workers_claim_takes_only_a_run_that_is_due() {
         // A worker lists runnable runs, then claims them; in between,
         // another worker may have claimed one and left it waiting or
-        // parked. `claim_due` refuses such a run; `claim`, which a resume
-        // on request uses, takes it.
+        // parked. `claim_due` refuses such a run, in its compare-and-set
+        // too; `claim`, which a resume on request uses, takes it. A
+        // running run whose lease lapsed or whose owner's process is gone
+        // is due.
         let (_dir, mut ledger) = new_ledger();
         ledger.put_module("d1", b"\0asm").unwrap();
         let now = 1_000;
-        // (run, status, wake at, due)
+        // Only w2's process is alive.
+        let alive = |owner: &str| owner == "w2";
+        // (run, status, owner and lease, wake at, due)
         let runs = [
-            ("pending", "pending", None, true),
-            ("released", "running", None, true),
-            ("due", "waiting", Some(now), true),
-            ("later", "waiting", Some(now + 1), false),
-            ("decision", "waiting", None, false),
-            ("parked", "parked", None, false),
+            ("pending", "pending", (None, None), None, true),
+            ("released", "running", (None, None), None, true),
+            (
+                "expired",
+                "running",
+                (Some("w2"), Some(now - 1)),
+                None,
+                true,
+            ),
+            (
+                "owner-gone",
+                "running",
+                (Some("w3"), Some(now + 1)),
+                None,
+                true,
+            ),
+            ("due", "waiting", (None, None), Some(now), true),
+            ("later", "waiting", (None, None), Some(now + 1), false),
+            ("decision", "waiting", (None, None), None, false),
+            ("parked", "parked", (None, None), None, false),
         ];
-        for (id, status, wake, due) in runs {
-            run_in_state(&mut ledger, id, 1, status, (None, None), wake);
-            let claimed = ledger.claim_due(id, "w1", 30_000, now, &|_| true);
+        for (id, status, held, wake, due) in runs {
+            run_in_state(&mut ledger, id, 1, status, held, wake);
+            let claimed = ledger.claim_due(id, "w1", 30_000, now, &alive);
             if due {
                 let claim = claimed.unwrap_or_else(|e| panic!("{id}: {e}"));
                 assert_eq!(claim.fence, 1, "{id}");
@@ -1891,6 +1950,13 @@ mod tests {
             let run = ledger.run(id).unwrap();
             assert_eq!(run.version, 0, "{id}: refused, the run is untouched");
             assert_eq!(run.owner, None, "{id}");
+            // The compare-and-set checks it too: a run that began to wait
+            // or was parked after the claimant read it keeps its version.
+            let (lease, version) = ((now + 30_000, now), run.version);
+            assert_eq!(
+                claim_row(&ledger.conn, id, "w1", lease, version, true).unwrap(),
+                0
+            );
             ledger
                 .claim(id, "w1", 30_000, now, &|_| true)
                 .unwrap_or_else(|e| panic!("{id}: a plain claim: {e}"));
