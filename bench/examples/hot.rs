@@ -5,7 +5,7 @@
 //! read out of the ledger again and again; `group`: rounds of 64 runs (or `GROUP_RUNS=N`) of
 //! writes at once in one worker, as figure 5; `short`: that many runs
 //! submitted, then executed by one worker 4 at once (or `GROUP_RUNS=N`), as
-//! figure 4's worker row with `short 2 2000`, printing runs/s and the
+//! figure 4's worker row with `short 2 1000`, printing runs/s and the
 //! process's CPU per run),
 //! calls per run, runs (rounds),
 //! and the folder for the ledger (default `target`). Prints µs per call

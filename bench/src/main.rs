@@ -849,8 +849,9 @@ impl Bench {
         let floor = (floor_before + floor_after) / 2.0;
         self.push_floor("around 5", floor_before, floor_after);
 
-        // Each round's rate, from its first run's first clock call to its
-        // last run's end; the round with the median rate is the figure.
+        // Each round's rate, from the earliest of its runs' clock reads just
+        // before their writes (`first_ns`) to its last run's end; the round
+        // with the median rate is the figure.
         let host = Host::open(&db, self.options())?;
         let mut measured = Vec::with_capacity(GROUP_ROUNDS);
         let leads: Vec<String> = rounds.iter().map(|r| r.3.as_millis().to_string()).collect();
@@ -1121,7 +1122,7 @@ impl Bench {
         // be claimed and started; RSS is read three quarters of the way
         // there. A try in which a run arrived after that is made again
         // with twice the lead.
-        let ((idle, busy), _) = self.with_warm_worker(&db, "bench-memory", |host| {
+        let ((idle, busy, lead), _) = self.with_warm_worker(&db, "bench-memory", |host| {
             let idle = rss_bytes()?;
             let mut lead = MEMORY_LEAD;
             loop {
@@ -1137,7 +1138,7 @@ impl Bench {
                 wait_completed(host, &ids)?;
                 let late = arrived_after(host, &ids, measured_at)?;
                 if late == 0 {
-                    return Ok((idle, busy));
+                    return Ok((idle, busy, lead));
                 }
                 if lead >= MEMORY_LEAD * 8 {
                     return Err(format!(
@@ -1182,13 +1183,17 @@ impl Bench {
         self.note(format!(
             "7: per active run = (RSS while {GROUP_RUNS} runs of a warm worker sleep in their \
              step, on the worker's timers - RSS of the idle warm worker) / {GROUP_RUNS}: the \
-             store, the guest's memory, the run's fiber stack and its own SQLite connection. Per \
-             pending run = RSS \
+             store, the guest's memory, the run's fiber stack and its own SQLite connection; \
+             the runs were told to start {} ms after the first submission and RSS was read \
+             three quarters of the way there (a try in which a run had not arrived by then is \
+             made again with twice the lead, up to {} ms). Per pending run = RSS \
              growth over {PENDING_RUNS} `Host::submit` calls made after {PENDING_RUNS} others \
              ({:.0} KiB in all, {:.1} s); the first {PENDING_RUNS} grew RSS by {:.0} KiB \
              ({:.1} s): SQLite's page cache (bounded, 2 MiB per connection by default) filling \
              up. Pending runs exist only as ledger rows; pending stands in for suspended, since \
              neither holds an instance",
+            lead.as_millis(),
+            (MEMORY_LEAD * 8).as_millis(),
             second / 1024.0,
             second_took.as_secs_f64(),
             first / 1024.0,
@@ -1296,9 +1301,9 @@ fn wait_completed(host: &Host, ids: &[String]) -> Res<()> {
     Ok(())
 }
 
-/// Starts many runs together: while the bench holds `gate.lock`
-/// exclusively, every `gate.read` call waits; opening the gate lets them all
-/// go at once.
+/// Holds runs at a call: while the bench holds `gate.lock` exclusively,
+/// every `gate.read` call waits; opening the gate lets them all go (figure 6
+/// stops a run there).
 struct Gate {
     dir: PathBuf,
     lock: std::fs::File,

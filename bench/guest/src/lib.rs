@@ -1,6 +1,7 @@
 //! Benchmark guest for `stephost-bench`.
 //!
-//! Input: `{"mode": M, "count": N, "stamps": false, "gate": false}`. Modes:
+//! Input: `{"mode": M, "count": N, "stamps": false, "gate": false,
+//! "start_at_ns": null}`. Modes:
 //! - `write`: N sequential calls of the effect `noop.write`;
 //! - `read`: N sequential calls of the effect `noop.read`;
 //! - `observe`: N calls of the recorded clock (`ctx.now_nanos()`);
@@ -22,7 +23,8 @@
 //! once before and once after their N calls and return the values as
 //! `first_ns` and `last_ns`.
 //!
-//! Output: `{"calls": N}`, plus `first_ns`/`last_ns` and `arrived_ns` as
+//! Output: `{"calls": N}` (the calls of the mode, not the gate's or the
+//! sleep's clock reads), plus `first_ns`/`last_ns` and `arrived_ns` as
 //! above.
 
 use serde::Deserialize;
