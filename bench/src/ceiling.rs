@@ -44,7 +44,7 @@ pub struct Ceiling {
     pub cpu_us_per_write: f64,
 }
 
-const TABLE: &str = "CREATE TABLE calls (
+pub(crate) const TABLE: &str = "CREATE TABLE calls (
     key INTEGER PRIMARY KEY, class TEXT NOT NULL, interface TEXT NOT NULL,
     function TEXT NOT NULL, operation_id TEXT NOT NULL, request TEXT NOT NULL,
     request_hash TEXT NOT NULL, state TEXT NOT NULL, outcome TEXT,
@@ -98,7 +98,7 @@ pub(crate) fn span_statements() -> [String; 2] {
 /// The outcome of the call whose key is `?5`, at the rowid `?6` its row
 /// took: as the ledger finds a call that its connection wrote itself
 /// (`ledger::known`), its key checked.
-const FINISHED_KEYED: &str = "UPDATE calls SET state = 'succeeded', outcome = ?1, \
+pub(crate) const FINISHED_KEYED: &str = "UPDATE calls SET state = 'succeeded', outcome = ?1, \
     finished_at = ?2, chain = ?3, attempts = ?4 WHERE id = ?6 AND key = ?5";
 
 const STARTED: &str = "INSERT INTO calls (key, class, interface, function, operation_id, \

@@ -6,6 +6,7 @@
 //! and, for the CLI cold start, the `stephost` binary next to its own
 //! executable (or `--cli`). See `bench/README.md`.
 
+mod alone;
 mod ceiling;
 mod procstat;
 mod tasks;
@@ -407,6 +408,7 @@ impl Bench {
 
         if args.wants(1) {
             self.write_effect(&mut host, none_us)?;
+            self.write_models()?;
         }
         if args.wants(2) {
             self.observe_and_read(&mut host, none_us, floor)?;
@@ -476,29 +478,48 @@ impl Bench {
             .collect()
     }
 
-    /// Figure 1: sequential durable writes to an in-process no-op.
-    fn write_effect(&mut self, host: &mut Host, none_us: f64) -> Res<()> {
-        // Each run between two floors; the run with the median ratio is
-        // the figure (one slow spell of the disk moves one run, not it).
-        let mut before = floor_us(&self.dir, "before 1")?;
+    /// `WRITE_RUNS` runs of `measure` (which returns µs per write), each
+    /// between two floors and compared with their mean: the run with the
+    /// median ratio (one slow spell of the disk moves one run, not it), and
+    /// every run's ratio.
+    fn between_floors<T: Copy>(
+        &mut self,
+        tag: &str,
+        mut measure: impl FnMut(&mut Self, usize) -> Res<(f64, T)>,
+    ) -> Res<(Between<T>, String)> {
+        let mut before = floor_us(&self.dir, &format!("before {tag}"))?;
         let mut runs = Vec::with_capacity(WRITE_RUNS);
         for run in 1..=WRITE_RUNS {
-            progress(&format!(
-                "1 write effect: run {run} of {WRITE_RUNS}, {WRITES} writes"
-            ));
-            let (took, _, _) = self.run(host, json!({"mode": "write", "count": WRITES}))?;
-            let after = floor_us(&self.dir, &format!("after 1 run {run}"))?;
-            let per_write = (us(took) - none_us) / WRITES as f64;
-            runs.push((
-                per_write / ((before + after) / 2.0),
+            let (per_write, found) = measure(self, run)?;
+            let after = floor_us(&self.dir, &format!("after {tag} run {run}"))?;
+            runs.push(Between {
+                ratio: per_write / ((before + after) / 2.0),
                 per_write,
                 before,
                 after,
-            ));
+                found,
+            });
             before = after;
         }
-        let ratios: Vec<String> = runs.iter().map(|r| format!("{:.2}", r.0)).collect();
-        let (_, per_write, before, after) = median_by(runs, |r| r.0);
+        let ratios: Vec<String> = runs.iter().map(|r| format!("{:.2}", r.ratio)).collect();
+        Ok((median_by(runs, |r| r.ratio), ratios.join(", ")))
+    }
+
+    /// Figure 1: sequential durable writes to an in-process no-op.
+    fn write_effect(&mut self, host: &mut Host, none_us: f64) -> Res<()> {
+        let (median, ratios) = self.between_floors("1", |bench, run| {
+            progress(&format!(
+                "1 write effect: run {run} of {WRITE_RUNS}, {WRITES} writes"
+            ));
+            let (took, _, _) = bench.run(host, json!({"mode": "write", "count": WRITES}))?;
+            Ok(((us(took) - none_us) / WRITES as f64, ()))
+        })?;
+        let Between {
+            per_write,
+            before,
+            after,
+            ..
+        } = median;
         self.push_floor("around 1", before, after);
         self.single_write_us = Some(per_write);
         let row =
@@ -508,12 +529,52 @@ impl Bench {
         self.note(format!(
             "1: (wall time of a run of {WRITES} writes - mean of a `none` run, {none_us:.0} µs) / \
              {WRITES}; the `none` run holds the run's own start and end commits; {WRITE_RUNS} \
-             runs, each between two floors and compared with their mean (ratios {}), the median \
-             one shown; {} writes made before took the ledger's WAL past its first checkpoint, \
-             so these overwrite it",
-            ratios.join(", "),
+             runs, each between two floors and compared with their mean (ratios {ratios}), the \
+             median one shown; {} writes made before took the ledger's WAL past its first \
+             checkpoint, so these overwrite it",
             self.warmup_writes
         ));
+        Ok(())
+    }
+
+    /// The rows after figure 1: what one run writing alone allows, modelled
+    /// (see `alone.rs`): the ledger's rows in SQLite alone, then the bench
+    /// guest through a minimal host.
+    fn write_models(&mut self) -> Res<()> {
+        for (model, tag) in [
+            ("SQLite alone, a run's rows", "1 sql"),
+            ("the guest, minimal host", "1 guest"),
+        ] {
+            let (median, ratios) = self.between_floors(tag, |bench, run| {
+                progress(&format!(
+                    "1 model: {model}, run {run} of {WRITE_RUNS}, {WRITES} writes"
+                ));
+                let dir = tempfile::tempdir_in(&bench.dir)?;
+                let found = if tag == "1 sql" {
+                    alone::sql(dir.path(), WRITES)?
+                } else {
+                    alone::guest(&bench.module, dir.path(), WRITES)?
+                };
+                Ok((found.us_per_write, found))
+            })?;
+            let Between {
+                per_write,
+                before,
+                after,
+                found,
+                ..
+            } = median;
+            self.rows.push(
+                Row::new(&format!("1 … {model}"), per_write, "µs/write")
+                    .over_floor((before + after) / 2.0),
+            );
+            self.note(format!(
+                "1 … {model}: {WRITES} writes, each a commit of the ledger's statements for a run \
+                 writing alone, fsync'd by SQLite; {WRITE_RUNS} runs between floors (ratios \
+                 {ratios}), the median one shown: {:.2} WAL pages and {:.0} µs of CPU a write",
+                found.pages_per_write, found.cpu_us_per_write
+            ));
+        }
         Ok(())
     }
 
@@ -1381,6 +1442,16 @@ fn counter(host: &Host, name: &str) -> Res<i64> {
         .into_iter()
         .find(|(n, _)| n == name)
         .map_or(0, |(_, v)| v))
+}
+
+/// One run of a figure measured between two floors.
+#[derive(Debug, Clone, Copy)]
+struct Between<T> {
+    ratio: f64,
+    per_write: f64,
+    before: f64,
+    after: f64,
+    found: T,
 }
 
 /// The floor: one small INSERT per transaction, WAL, synchronous=FULL, in a

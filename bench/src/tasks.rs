@@ -66,7 +66,7 @@ const FINISHED_KEYED: &str = "UPDATE calls SET state = 'succeeded', outcome = ?3
 /// The WIT `call-error` (`types.wit`), for the import's signature.
 #[derive(ComponentType, Lift, Lower)]
 #[component(variant)]
-enum CallError {
+pub(crate) enum CallError {
     #[component(name = "rejected")]
     Rejected(String),
     #[component(name = "denied")]

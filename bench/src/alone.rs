@@ -1,0 +1,484 @@
+//! What figure 1 allows: one run writing alone, modelled in two steps,
+//! beside which the real host's write effect is compared.
+//!
+//! Each model makes its writes one after another, each a transaction of
+//! the ledger's statements for a run writing alone: the previous call's
+//! outcome as an `UPDATE` of its row (found at the rowid it took, as the
+//! ledger's connection remembers it) and the new call's `started` row, in
+//! the ledger's layout (rows by rowid; the run's first call begins its
+//! span, and the others extend it). Each commit is fsync'd by SQLite itself
+//! (`synchronous = FULL`) on the thread that writes, and the WAL is
+//! checkpointed inside the commit that takes it past 1,000 pages, as the
+//! ledger's connection does for a run writing alone.
+//!
+//! - [`sql`]: the statements alone, with precomputed values: no guest, no
+//!   host, no hashes. What the ledger's rows cost beside the floor's.
+//! - [`guest`]: the bench guest's `write` mode in wasmtime, whose import
+//!   `effects.call` does the part of the host's work that a write cannot go
+//!   without: the operation id, the request hash and the chain link (the
+//!   ledger's own functions), then that transaction, before it answers.
+//!   Not done: the fence check, the ledger's bookkeeping, metrics, limits,
+//!   the instance pool. So it is a ceiling for a host that runs a guest,
+//!   not a figure of it.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+
+use rusqlite::{Connection, TransactionBehavior, params};
+use stephost::ids::{self, RequestHasher};
+use stephost::ledger::chain;
+use stephost::ledger::{CallClass, CallRecord, CallState};
+use wasmtime::component::{Component, Linker};
+use wasmtime::{Config, Engine, Store, StoreContextMut};
+
+use crate::ceiling::{self, Layout};
+use crate::tasks::CallError;
+
+type Res<T> = Result<T, Box<dyn std::error::Error>>;
+
+const EFFECTS: &str = "stephost:step/effects@0.1.0";
+const INTERFACE: &str = "stephost:step/effects";
+
+/// The run's only number: its calls' keys are `(1 << 32) + seq`.
+const RUN: i64 = 1;
+
+const STARTED: &str = "INSERT INTO calls (key, class, interface, function, operation_id, \
+    request, request_hash, state, started_at, fence) \
+    VALUES (?1, 'write', ?2, ?3, ?4, ?5, ?6, 'started', ?7, 1)";
+
+const SQL_DB: &str = "alone-sql.db";
+const GUEST_DB: &str = "alone-guest.db";
+
+/// Writes made before the measured ones, in rounds of this many, until
+/// the WAL stops growing: it has passed its first checkpoint and started
+/// over, as a long-lived ledger's has (see figure 1's warm-up).
+const WARMUP_WRITES: u64 = 400;
+const WARMUP_ROUNDS_MAX: u64 = 10;
+
+/// What one measurement found.
+#[derive(Debug, Clone, Copy)]
+pub struct Alone {
+    pub us_per_write: f64,
+    /// WAL pages written per write.
+    pub pages_per_write: f64,
+    /// CPU time of the whole process per write, in µs.
+    pub cpu_us_per_write: f64,
+}
+
+/// The previous call's outcome, which rides on the next write.
+struct Finished {
+    seq: u64,
+    outcome: String,
+    at: i64,
+    chain: String,
+}
+
+/// One run's ledger: a connection and where its last call's row is.
+struct Writer {
+    conn: Connection,
+    pages: Arc<AtomicU64>,
+    /// The rowid of the last call's row, as the ledger remembers it.
+    last_id: i64,
+}
+
+impl Writer {
+    fn open(dir: &Path, name: &str) -> Res<Self> {
+        let mut conn = Connection::open(dir.join(name))?;
+        conn.pragma_update(None, "journal_mode", "WAL")?;
+        conn.pragma_update(None, "synchronous", "FULL")?;
+        ceiling::create_calls(&conn, Layout::Keyed, ceiling::TABLE)?;
+        let pages = Arc::new(AtomicU64::new(0));
+        ceiling::count_pages(&mut conn, pages.clone())?;
+        Ok(Writer {
+            conn,
+            pages,
+            last_id: 0,
+        })
+    }
+
+    /// One fsync'd commit: `finished`'s outcome, then call `seq`'s
+    /// `started` row (the run's first call also begins its span).
+    fn write(
+        &mut self,
+        finished: Option<&Finished>,
+        seq: u64,
+        function: &str,
+        operation_id: &str,
+        request: &str,
+        request_hash: &str,
+    ) -> Res<()> {
+        let tx = self
+            .conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)?;
+        if let Some(f) = finished {
+            let changed = tx
+                .prepare_cached(ceiling::FINISHED_KEYED)?
+                .execute(params![
+                    f.outcome,
+                    f.at,
+                    f.chain,
+                    ceiling::ATTEMPTS,
+                    key(f.seq),
+                    self.last_id
+                ])?;
+            if changed != 1 {
+                return Err(format!("no row for call {}", f.seq).into());
+            }
+        }
+        tx.prepare_cached(STARTED)?.execute(params![
+            key(seq),
+            INTERFACE,
+            function,
+            operation_id,
+            request,
+            request_hash,
+            now_ms()
+        ])?;
+        if self.last_id == 0 {
+            let [span, run_epoch] = ceiling::span_statements();
+            tx.prepare_cached(&run_epoch)?
+                .execute(params![key(seq), 0])?;
+            tx.prepare_cached(&span)?.execute([key(seq)])?;
+        }
+        self.last_id = tx.last_insert_rowid();
+        tx.commit()?;
+        Ok(())
+    }
+
+    /// The last outcome, in a commit of its own (a run's end).
+    fn end(&mut self, finished: Option<&Finished>) -> Res<()> {
+        let Some(f) = finished else { return Ok(()) };
+        let changed = self.conn.execute(
+            ceiling::FINISHED_KEYED,
+            params![
+                f.outcome,
+                f.at,
+                f.chain,
+                ceiling::ATTEMPTS,
+                key(f.seq),
+                self.last_id
+            ],
+        )?;
+        if changed != 1 {
+            return Err(format!("no row for call {}", f.seq).into());
+        }
+        Ok(())
+    }
+}
+
+fn key(seq: u64) -> i64 {
+    (RUN << 32) + seq as i64
+}
+
+fn now_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64)
+}
+
+/// Rounds of writes by `round` (which makes `WARMUP_WRITES` more) until
+/// one leaves the WAL at `wal` no larger than it found it.
+fn warm(wal: &Path, mut round: impl FnMut() -> Res<()>) -> Res<()> {
+    let size = || std::fs::metadata(wal).map_or(0, |m| m.len());
+    let mut before = size();
+    for _ in 0..WARMUP_ROUNDS_MAX {
+        round()?;
+        let after = size();
+        if after <= before {
+            break;
+        }
+        before = after;
+    }
+    Ok(())
+}
+
+/// Measures `measured` (which makes `writes` writes, counting the WAL
+/// pages it writes in `pages`): its wall time, CPU and WAL pages per write.
+fn measure(pages: &AtomicU64, writes: u64, measured: impl FnOnce() -> Res<()>) -> Res<Alone> {
+    let pages_before = pages.load(Ordering::Relaxed);
+    let cpu = crate::cpu_seconds()?;
+    let t = Instant::now();
+    measured()?;
+    let took = t.elapsed().as_secs_f64();
+    let cpu = crate::cpu_seconds()? - cpu;
+    let n = writes as f64;
+    Ok(Alone {
+        us_per_write: took * 1e6 / n,
+        pages_per_write: (pages.load(Ordering::Relaxed) - pages_before) as f64 / n,
+        cpu_us_per_write: cpu * 1e6 / n,
+    })
+}
+
+/// `writes` writes of the ledger's rows for one run, with no guest and no
+/// host, into a new database in `dir`.
+pub fn sql(dir: &Path, writes: u64) -> Res<Alone> {
+    let mut writer = Writer::open(dir, SQL_DB)?;
+    let pages = writer.pages.clone();
+    let hex = "5e".repeat(32);
+    let mut seq = 0;
+    let mut finished: Option<Finished> = None;
+    let mut make = |n: u64| -> Res<()> {
+        for _ in 0..n {
+            seq += 1;
+            let request = format!("{{\"i\":{}}}", seq - 1);
+            writer.write(finished.as_ref(), seq, "noop.write", &hex, &request, &hex)?;
+            finished = Some(Finished {
+                seq,
+                outcome: "{}".to_string(),
+                at: now_ms(),
+                chain: hex.clone(),
+            });
+        }
+        Ok(())
+    };
+    warm(&dir.join(format!("{SQL_DB}-wal")), || make(WARMUP_WRITES))?;
+    measure(&pages, writes, || make(writes))
+}
+
+/// One run's state in its store: its ledger and the call it made last.
+struct Run {
+    writer: Writer,
+    run_id: String,
+    seq: u64,
+    chain: String,
+    hasher: Option<(String, RequestHasher)>,
+    /// The call started last, once its `started` row is in.
+    call: Option<CallRecord>,
+    /// Its outcome, once known: it rides on the run's next write.
+    finished: Option<Finished>,
+}
+
+impl Run {
+    /// Records call `seq + 1`'s `started` row (after the previous call's
+    /// outcome) in one fsync'd commit.
+    fn start(&mut self, name: &str, request: String, key: Option<&str>) -> Res<()> {
+        self.seq += 1;
+        let mut operation_id = String::with_capacity(64);
+        ids::operation_id_into(&mut operation_id, &self.run_id, name, self.seq, key);
+        if self
+            .hasher
+            .as_ref()
+            .is_none_or(|(for_name, _)| for_name != name)
+        {
+            self.hasher = Some((name.to_string(), RequestHasher::new(INTERFACE, name)));
+        }
+        let mut request_hash = String::with_capacity(64);
+        if let Some((_, hasher)) = &self.hasher {
+            hasher.hash_into(&mut request_hash, &request);
+        }
+        let finished = self.finished.take();
+        self.writer.write(
+            finished.as_ref(),
+            self.seq,
+            name,
+            &operation_id,
+            &request,
+            &request_hash,
+        )?;
+        self.call = Some(CallRecord {
+            seq: self.seq,
+            class: CallClass::Write,
+            interface: INTERFACE.to_string(),
+            function: name.to_string(),
+            operation_id,
+            request,
+            request_hash,
+            state: CallState::Started,
+            outcome: None,
+            started_at_ms: now_ms(),
+            finished_at_ms: None,
+            resolved_by: None,
+            chain: None,
+        });
+        Ok(())
+    }
+
+    /// The outcome of the call started last, kept for the run's next write.
+    fn finish(&mut self, outcome: &str) {
+        let Some(call) = &self.call else { return };
+        let mut link = String::with_capacity(64);
+        chain::link_finished_into(
+            &mut link,
+            &self.chain,
+            call,
+            CallState::Succeeded,
+            Some(outcome),
+        );
+        self.chain.clone_from(&link);
+        self.finished = Some(Finished {
+            seq: call.seq,
+            outcome: outcome.to_string(),
+            at: now_ms(),
+            chain: link,
+        });
+    }
+}
+
+/// The bench guest (`guest`, a component's bytes) making `writes` writes
+/// in one run, through a minimal host, into a new database in `dir`.
+pub fn guest(guest: &[u8], dir: &Path, writes: u64) -> Res<Alone> {
+    let mut config = Config::new();
+    config.consume_fuel(true);
+    config.wasm_component_model(true);
+    let engine = Engine::new(&config)?;
+    let component = Component::new(&engine, guest)?;
+    let mut linker: Linker<Run> = Linker::new(&engine);
+    linker.instance(EFFECTS)?.func_wrap(
+        "call",
+        |mut store: StoreContextMut<'_, Run>,
+         (name, request, key): (String, String, Option<String>)| {
+            let run = store.data_mut();
+            run.start(&name, request, key.as_deref())
+                .map_err(|e| wasmtime::format_err!("the ledger failed: {e}"))?;
+            // The no-op handler's response.
+            let response = "{}".to_string();
+            run.finish(&response);
+            Ok((Ok::<String, CallError>(response),))
+        },
+    )?;
+    linker.define_unknown_imports_as_traps(&component)?;
+    let mut store = Store::new(
+        &engine,
+        Run {
+            writer: Writer::open(dir, GUEST_DB)?,
+            run_id: "run-alone".to_string(),
+            seq: 0,
+            chain: String::new(),
+            hasher: None,
+            call: None,
+            finished: None,
+        },
+    );
+    store.set_fuel(u64::MAX)?;
+    let instance = linker.instantiate(&mut store, &component)?;
+    let run = instance.get_typed_func::<(String,), (Result<String, String>,)>(&mut store, "run")?;
+    let pages = store.data().writer.pages.clone();
+    let mut call_run = |n: u64| -> Res<()> {
+        let input = serde_json::json!({ "mode": "write", "count": n }).to_string();
+        let (output,) = run.call(&mut store, (input,))?;
+        output.map_err(|e| format!("the step failed: {e}"))?;
+        Ok(())
+    };
+    warm(&dir.join(format!("{GUEST_DB}-wal")), || {
+        call_run(WARMUP_WRITES)
+    })?;
+    let found = measure(&pages, writes, || call_run(writes))?;
+    let run = store.data_mut();
+    let finished = run.finished.take();
+    run.writer.end(finished.as_ref())?;
+    Ok(found)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn count(conn: &Connection, sql: &str) -> i64 {
+        conn.query_row(sql, [], |r| r.get(0)).unwrap()
+    }
+
+    /// The calls recorded in `conn`, in their order, as the ledger would
+    /// hold them.
+    fn calls(conn: &Connection) -> Vec<CallRecord> {
+        conn.prepare(
+            "SELECT key, function, operation_id, request, request_hash, state, outcome, chain \
+             FROM calls ORDER BY id",
+        )
+        .unwrap()
+        .query_map([], |r| {
+            let state: String = r.get(5)?;
+            Ok(CallRecord {
+                seq: (r.get::<_, i64>(0)? - (RUN << 32)) as u64,
+                class: CallClass::Write,
+                interface: INTERFACE.to_string(),
+                function: r.get(1)?,
+                operation_id: r.get(2)?,
+                request: r.get(3)?,
+                request_hash: r.get(4)?,
+                state: if state == "succeeded" {
+                    CallState::Succeeded
+                } else {
+                    CallState::Started
+                },
+                outcome: r.get(6)?,
+                started_at_ms: 0,
+                finished_at_ms: None,
+                resolved_by: None,
+                chain: r.get(7)?,
+            })
+        })
+        .unwrap()
+        .collect::<Result<Vec<_>, _>>()
+        .unwrap()
+    }
+
+    /// Each model's run has one span, its calls numbered from 1 in the
+    /// order of their rows.
+    fn one_span_in_order(conn: &Connection, calls: &[CallRecord]) {
+        let seqs: Vec<u64> = calls.iter().map(|c| c.seq).collect();
+        assert_eq!(seqs, (1..=calls.len() as u64).collect::<Vec<_>>());
+        assert_eq!(count(conn, "SELECT count(*) FROM call_spans"), 1);
+        assert_eq!(count(conn, "SELECT count(*) FROM run_epochs"), 1);
+    }
+
+    #[test]
+    fn the_rows_alone_are_each_write_once_with_the_outcome_of_the_one_before() {
+        let dir = tempfile::tempdir().unwrap();
+        let found = sql(dir.path(), 5).unwrap();
+        assert!(found.us_per_write > 0.0 && found.pages_per_write > 0.0);
+        let conn = Connection::open(dir.path().join(SQL_DB)).unwrap();
+        let calls = calls(&conn);
+        assert!(calls.len() as u64 > WARMUP_WRITES, "the warm-up wrote too");
+        one_span_in_order(&conn, &calls);
+        let (last, before) = calls.split_last().unwrap();
+        assert!(before.iter().all(|c| c.outcome.as_deref() == Some("{}")));
+        // Its outcome would ride on the run's next write.
+        assert_eq!(
+            (last.state, last.outcome.as_deref()),
+            (CallState::Started, None)
+        );
+    }
+
+    #[test]
+    fn the_guest_through_the_minimal_host_records_each_write_once_in_a_chain_that_holds() {
+        let guest = std::fs::read(env!("BENCH_GUEST")).unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let found = super::guest(&guest, dir.path(), 5).unwrap();
+        assert!(found.us_per_write > 0.0 && found.pages_per_write > 0.0);
+        let conn = Connection::open(dir.path().join(GUEST_DB)).unwrap();
+        let calls = calls(&conn);
+        assert!(calls.len() as u64 > WARMUP_WRITES, "the warm-up wrote too");
+        one_span_in_order(&conn, &calls);
+        // The last round's five writes, as the guest made them.
+        let last: Vec<&str> = calls[calls.len() - 5..]
+            .iter()
+            .map(|c| c.request.as_str())
+            .collect();
+        assert_eq!(
+            last,
+            [
+                "{\"i\":0}",
+                "{\"i\":1}",
+                "{\"i\":2}",
+                "{\"i\":3}",
+                "{\"i\":4}"
+            ]
+        );
+        for call in &calls {
+            assert_eq!(
+                call.operation_id,
+                ids::operation_id("run-alone", "noop.write", call.seq, None)
+            );
+            assert_eq!(
+                call.request_hash,
+                ids::request_hash(INTERFACE, "noop.write", &call.request)
+            );
+            assert_eq!(call.outcome.as_deref(), Some("{}"));
+        }
+        // Every call finished, the last one's outcome included, and each
+        // link follows the one before.
+        assert_eq!(chain::verify(&calls), Ok(calls.len()));
+    }
+}
