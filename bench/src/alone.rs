@@ -11,9 +11,9 @@
 //! checkpointed inside the commit that takes it past 1,000 pages, as the
 //! ledger's connection does for a run writing alone.
 //!
-//! - [`sql`]: the statements alone, with precomputed values: no guest, no
+//! - [`Sql`]: the statements alone, with precomputed values: no guest, no
 //!   host, no hashes. What the ledger's rows cost beside the floor's.
-//! - [`guest`]: the bench guest's `write` mode in wasmtime, whose import
+//! - [`Guest`]: the bench guest's `write` mode in wasmtime, whose import
 //!   `effects.call` does the part of the host's work that a write cannot go
 //!   without: the operation id, the request hash and the chain link (the
 //!   ledger's own functions), then that transaction, before it answers.
@@ -24,13 +24,13 @@
 use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Instant, SystemTime, UNIX_EPOCH};
+use std::time::{SystemTime, UNIX_EPOCH};
 
 use rusqlite::{Connection, TransactionBehavior, params};
 use stephost::ids::{self, RequestHasher};
 use stephost::ledger::chain;
 use stephost::ledger::{CallClass, CallRecord, CallState};
-use wasmtime::component::{Component, Linker};
+use wasmtime::component::{Component, Linker, TypedFunc};
 use wasmtime::{Config, Engine, Store, StoreContextMut};
 
 use crate::ceiling::{self, Layout};
@@ -56,16 +56,6 @@ const GUEST_DB: &str = "alone-guest.db";
 /// over, as a long-lived ledger's has (see figure 1's warm-up).
 const WARMUP_WRITES: u64 = 400;
 const WARMUP_ROUNDS_MAX: u64 = 10;
-
-/// What one measurement found.
-#[derive(Debug, Clone, Copy)]
-pub struct Alone {
-    pub us_per_write: f64,
-    /// WAL pages written per write.
-    pub pages_per_write: f64,
-    /// CPU time of the whole process per write, in µs.
-    pub cpu_us_per_write: f64,
-}
 
 /// The previous call's outcome, which rides on the next write.
 struct Finished {
@@ -178,63 +168,84 @@ fn now_ms() -> i64 {
         .map_or(0, |d| d.as_millis() as i64)
 }
 
-/// Rounds of writes by `round` (which makes `WARMUP_WRITES` more) until
-/// one leaves the WAL at `wal` no larger than it found it.
-fn warm(wal: &Path, mut round: impl FnMut() -> Res<()>) -> Res<()> {
+/// Rounds of writes by `round` (which makes `WARMUP_WRITES` more, or
+/// commits) until one leaves the WAL at `wal` no larger than it found it:
+/// the log has passed its first checkpoint and started over.
+pub(crate) fn warm(wal: &Path, round: &mut dyn FnMut() -> Res<()>) -> Res<()> {
     let size = || std::fs::metadata(wal).map_or(0, |m| m.len());
     let mut before = size();
     for _ in 0..WARMUP_ROUNDS_MAX {
         round()?;
         let after = size();
         if after <= before {
-            break;
+            return Ok(());
         }
         before = after;
     }
-    Ok(())
+    Err(format!("{}: the WAL still grew after the warm-up", wal.display()).into())
 }
 
-/// Measures `measured` (which makes `writes` writes, counting the WAL
-/// pages it writes in `pages`): its wall time, CPU and WAL pages per write.
-fn measure(pages: &AtomicU64, writes: u64, measured: impl FnOnce() -> Res<()>) -> Res<Alone> {
-    let pages_before = pages.load(Ordering::Relaxed);
-    let cpu = crate::cpu_seconds()?;
-    let t = Instant::now();
-    measured()?;
-    let took = t.elapsed().as_secs_f64();
-    let cpu = crate::cpu_seconds()? - cpu;
-    let n = writes as f64;
-    Ok(Alone {
-        us_per_write: took * 1e6 / n,
-        pages_per_write: (pages.load(Ordering::Relaxed) - pages_before) as f64 / n,
-        cpu_us_per_write: cpu * 1e6 / n,
-    })
+/// A model, which writes on demand.
+pub trait Model {
+    /// Makes `n` more writes.
+    fn writes(&mut self, n: u64) -> Res<()>;
+
+    /// WAL pages its commits have written.
+    fn pages(&self) -> u64;
 }
 
-/// `writes` writes of the ledger's rows for one run, with no guest and no
-/// host, into a new database in `dir`.
-pub fn sql(dir: &Path, writes: u64) -> Res<Alone> {
-    let mut writer = Writer::open(dir, SQL_DB)?;
-    let pages = writer.pages.clone();
-    let hex = "5e".repeat(32);
-    let mut seq = 0;
-    let mut finished: Option<Finished> = None;
-    let mut make = |n: u64| -> Res<()> {
+/// The ledger's rows for one run, with no guest and no host.
+pub struct Sql {
+    writer: Writer,
+    hex: String,
+    seq: u64,
+    finished: Option<Finished>,
+}
+
+impl Sql {
+    /// A new database in `dir`, warmed.
+    pub fn open(dir: &Path) -> Res<Self> {
+        let mut sql = Sql {
+            writer: Writer::open(dir, SQL_DB)?,
+            hex: "5e".repeat(32),
+            seq: 0,
+            finished: None,
+        };
+        warm(&dir.join(format!("{SQL_DB}-wal")), &mut || {
+            sql.writes(WARMUP_WRITES)
+        })?;
+        Ok(sql)
+    }
+}
+
+impl Model for Sql {
+    fn writes(&mut self, n: u64) -> Res<()> {
         for _ in 0..n {
-            seq += 1;
-            let request = format!("{{\"i\":{}}}", seq - 1);
-            writer.write(finished.as_ref(), seq, "noop.write", &hex, &request, &hex)?;
-            finished = Some(Finished {
-                seq,
+            self.seq += 1;
+            let request = format!("{{\"i\":{}}}", self.seq - 1);
+            let finished = self.finished.take();
+            let hex = &self.hex;
+            self.writer.write(
+                finished.as_ref(),
+                self.seq,
+                "noop.write",
+                hex,
+                &request,
+                hex,
+            )?;
+            self.finished = Some(Finished {
+                seq: self.seq,
                 outcome: "{}".to_string(),
                 at: now_ms(),
                 chain: hex.clone(),
             });
         }
         Ok(())
-    };
-    warm(&dir.join(format!("{SQL_DB}-wal")), || make(WARMUP_WRITES))?;
-    measure(&pages, writes, || make(writes))
+    }
+
+    fn pages(&self) -> u64 {
+        self.writer.pages.load(Ordering::Relaxed)
+    }
 }
 
 /// One run's state in its store: its ledger and the call it made last.
@@ -316,59 +327,78 @@ impl Run {
     }
 }
 
-/// The bench guest (`guest`, a component's bytes) making `writes` writes
-/// in one run, through a minimal host, into a new database in `dir`.
-pub fn guest(guest: &[u8], dir: &Path, writes: u64) -> Res<Alone> {
-    let mut config = Config::new();
-    config.consume_fuel(true);
-    config.wasm_component_model(true);
-    let engine = Engine::new(&config)?;
-    let component = Component::new(&engine, guest)?;
-    let mut linker: Linker<Run> = Linker::new(&engine);
-    linker.instance(EFFECTS)?.func_wrap(
-        "call",
-        |mut store: StoreContextMut<'_, Run>,
-         (name, request, key): (String, String, Option<String>)| {
-            let run = store.data_mut();
-            run.start(&name, request, key.as_deref())
-                .map_err(|e| wasmtime::format_err!("the ledger failed: {e}"))?;
-            // The no-op handler's response.
-            let response = "{}".to_string();
-            run.finish(&response);
-            Ok((Ok::<String, CallError>(response),))
-        },
-    )?;
-    linker.define_unknown_imports_as_traps(&component)?;
-    let mut store = Store::new(
-        &engine,
-        Run {
-            writer: Writer::open(dir, GUEST_DB)?,
-            run_id: "run-alone".to_string(),
-            seq: 0,
-            chain: String::new(),
-            hasher: None,
-            call: None,
-            finished: None,
-        },
-    );
-    store.set_fuel(u64::MAX)?;
-    let instance = linker.instantiate(&mut store, &component)?;
-    let run = instance.get_typed_func::<(String,), (Result<String, String>,)>(&mut store, "run")?;
-    let pages = store.data().writer.pages.clone();
-    let mut call_run = |n: u64| -> Res<()> {
+/// The bench guest through a minimal host: an instance, which runs its
+/// `write` mode on demand.
+pub struct Guest {
+    store: Store<Run>,
+    run: TypedFunc<(String,), (Result<String, String>,)>,
+}
+
+impl Guest {
+    /// The bench guest (`guest`, a component's bytes) instantiated, with a
+    /// new database in `dir`, warmed.
+    pub fn open(guest: &[u8], dir: &Path) -> Res<Self> {
+        let mut config = Config::new();
+        config.consume_fuel(true);
+        config.wasm_component_model(true);
+        let engine = Engine::new(&config)?;
+        let component = Component::new(&engine, guest)?;
+        let mut linker: Linker<Run> = Linker::new(&engine);
+        linker.instance(EFFECTS)?.func_wrap(
+            "call",
+            |mut store: StoreContextMut<'_, Run>,
+             (name, request, key): (String, String, Option<String>)| {
+                let run = store.data_mut();
+                run.start(&name, request, key.as_deref())
+                    .map_err(|e| wasmtime::format_err!("the ledger failed: {e}"))?;
+                // The no-op handler's response.
+                let response = "{}".to_string();
+                run.finish(&response);
+                Ok((Ok::<String, CallError>(response),))
+            },
+        )?;
+        linker.define_unknown_imports_as_traps(&component)?;
+        let mut store = Store::new(
+            &engine,
+            Run {
+                writer: Writer::open(dir, GUEST_DB)?,
+                run_id: "run-alone".to_string(),
+                seq: 0,
+                chain: String::new(),
+                hasher: None,
+                call: None,
+                finished: None,
+            },
+        );
+        store.set_fuel(u64::MAX)?;
+        let instance = linker.instantiate(&mut store, &component)?;
+        let run = instance.get_typed_func(&mut store, "run")?;
+        let mut guest = Guest { store, run };
+        warm(&dir.join(format!("{GUEST_DB}-wal")), &mut || {
+            guest.writes(WARMUP_WRITES)
+        })?;
+        Ok(guest)
+    }
+
+    /// Records the last call's outcome, as a run's end would.
+    pub fn end(mut self) -> Res<()> {
+        let run = self.store.data_mut();
+        let finished = run.finished.take();
+        run.writer.end(finished.as_ref())
+    }
+}
+
+impl Model for Guest {
+    fn writes(&mut self, n: u64) -> Res<()> {
         let input = serde_json::json!({ "mode": "write", "count": n }).to_string();
-        let (output,) = run.call(&mut store, (input,))?;
+        let (output,) = self.run.call(&mut self.store, (input,))?;
         output.map_err(|e| format!("the step failed: {e}"))?;
         Ok(())
-    };
-    warm(&dir.join(format!("{GUEST_DB}-wal")), || {
-        call_run(WARMUP_WRITES)
-    })?;
-    let found = measure(&pages, writes, || call_run(writes))?;
-    let run = store.data_mut();
-    let finished = run.finished.take();
-    run.writer.end(finished.as_ref())?;
-    Ok(found)
+    }
+
+    fn pages(&self) -> u64 {
+        self.store.data().writer.pages.load(Ordering::Relaxed)
+    }
 }
 
 #[cfg(test)]
@@ -426,8 +456,10 @@ mod tests {
     #[test]
     fn the_rows_alone_are_each_write_once_with_the_outcome_of_the_one_before() {
         let dir = tempfile::tempdir().unwrap();
-        let found = sql(dir.path(), 5).unwrap();
-        assert!(found.us_per_write > 0.0 && found.pages_per_write > 0.0);
+        let mut sql = Sql::open(dir.path()).unwrap();
+        let pages = sql.pages();
+        sql.writes(5).unwrap();
+        assert!(sql.pages() > pages);
         let conn = Connection::open(dir.path().join(SQL_DB)).unwrap();
         let calls = calls(&conn);
         assert!(calls.len() as u64 > WARMUP_WRITES, "the warm-up wrote too");
@@ -445,8 +477,11 @@ mod tests {
     fn the_guest_through_the_minimal_host_records_each_write_once_in_a_chain_that_holds() {
         let guest = std::fs::read(env!("BENCH_GUEST")).unwrap();
         let dir = tempfile::tempdir().unwrap();
-        let found = super::guest(&guest, dir.path(), 5).unwrap();
-        assert!(found.us_per_write > 0.0 && found.pages_per_write > 0.0);
+        let mut model = Guest::open(&guest, dir.path()).unwrap();
+        let pages = model.pages();
+        model.writes(5).unwrap();
+        assert!(model.pages() > pages);
+        model.end().unwrap();
         let conn = Connection::open(dir.path().join(GUEST_DB)).unwrap();
         let calls = calls(&conn);
         assert!(calls.len() as u64 > WARMUP_WRITES, "the warm-up wrote too");

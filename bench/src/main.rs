@@ -8,6 +8,7 @@
 
 mod alone;
 mod ceiling;
+mod floor;
 mod procstat;
 mod tasks;
 
@@ -24,18 +25,20 @@ use stephost::replay::ReplayVerdict;
 use stephost::runner::{Host, HostOptions, RunReport};
 use stephost::worker::{self, WorkerOptions, WorkerReport};
 
+use crate::floor::{Floor, floor_us};
+
 type Res<T> = Result<T, Box<dyn Error>>;
 
 /// Name of the guest in error messages.
 const WHAT: &str = "bench_guest.wasm";
 
 // The counts. The whole suite must finish in well under 5 minutes on 2 cores.
-/// More than the measured commits, so that these reuse the WAL's blocks.
-const FLOOR_WARMUP: usize = 600;
-const FLOOR_COMMITS: usize = 500;
-const WRITES: u64 = 2_000;
-/// Runs of `WRITES` writes for figure 1; the median one is shown.
-const WRITE_RUNS: usize = 3;
+/// Rounds of figure 1 (and of the models beside it), each between floors.
+const WRITE_ROUNDS: usize = 10;
+/// Writes of each round's run.
+const ROUND_WRITES: u64 = 200;
+/// Commits of each floor measured between them.
+const ROUND_FLOOR_COMMITS: usize = 100;
 /// Writes per warm-up run before figure 1 (see `Bench::warm_wal`).
 const WARMUP_WRITES: u64 = 400;
 /// Most warm-up runs before figure 1.
@@ -188,11 +191,12 @@ fn main_inner() -> Res<()> {
         "machine": machine,
         "elapsed_s": elapsed.as_secs_f64(),
         "counts": {
-            "floor_warmup_commits": FLOOR_WARMUP,
-            "floor_commits": FLOOR_COMMITS,
+            "floor_warmup_commits": floor::FLOOR_WARMUP,
+            "floor_commits": floor::FLOOR_COMMITS,
             "warmup_writes": bench.warmup_writes,
-            "writes": WRITES,
-            "write_runs": WRITE_RUNS,
+            "write_rounds": WRITE_ROUNDS,
+            "round_writes": ROUND_WRITES,
+            "round_floor_commits": ROUND_FLOOR_COMMITS,
             "observes": OBSERVES,
             "reads": bench.reads,
             "replay_calls": REPLAY_CALLS,
@@ -408,7 +412,6 @@ impl Bench {
 
         if args.wants(1) {
             self.write_effect(&mut host, none_us)?;
-            self.write_models()?;
         }
         if args.wants(2) {
             self.observe_and_read(&mut host, none_us, floor)?;
@@ -478,102 +481,111 @@ impl Bench {
             .collect()
     }
 
-    /// `WRITE_RUNS` runs of `measure` (which returns µs per write), each
-    /// between two floors and compared with their mean: the run with the
-    /// median ratio (one slow spell of the disk moves one run, not it), and
-    /// every run's ratio.
-    fn between_floors<T: Copy>(
-        &mut self,
-        tag: &str,
-        mut measure: impl FnMut(&mut Self, usize) -> Res<(f64, T)>,
-    ) -> Res<(Between<T>, String)> {
-        let mut before = floor_us(&self.dir, &format!("before {tag}"))?;
-        let mut runs = Vec::with_capacity(WRITE_RUNS);
-        for run in 1..=WRITE_RUNS {
-            let (per_write, found) = measure(self, run)?;
-            let after = floor_us(&self.dir, &format!("after {tag} run {run}"))?;
-            runs.push(Between {
-                ratio: per_write / ((before + after) / 2.0),
-                per_write,
-                before,
-                after,
-                found,
-            });
-            before = after;
-        }
-        let ratios: Vec<String> = runs.iter().map(|r| format!("{:.2}", r.ratio)).collect();
-        Ok((median_by(runs, |r| r.ratio), ratios.join(", ")))
-    }
-
-    /// Figure 1: sequential durable writes to an in-process no-op.
+    /// Figure 1 and the two models beside it (`alone.rs`), measured in
+    /// `WRITE_ROUNDS` rounds: in each, a run of `ROUND_WRITES` writes of the
+    /// host and as many writes of each model, in an order that turns round
+    /// by round, each between two floors of `ROUND_FLOOR_COMMITS` commits
+    /// on one long-lived floor database. So each is compared with floors
+    /// measured within milliseconds of it, on the same disk in the same
+    /// state. A subject's ratio in a round is its µs per write over the mean
+    /// of the floors either side; the round with the median ratio is shown
+    /// (a slow spell of the disk moves a round, not the figure).
     fn write_effect(&mut self, host: &mut Host, none_us: f64) -> Res<()> {
-        let (median, ratios) = self.between_floors("1", |bench, run| {
+        const SUBJECTS: [&str; 3] = [
+            "1 write effect",
+            "1 … SQLite alone, a run's rows",
+            "1 … the guest, minimal host",
+        ];
+        let models = tempfile::tempdir_in(&self.dir)?;
+        let mut floor = Floor::long_lived(&self.dir, "1", alone::warm)?;
+        let mut sql = alone::Sql::open(models.path())?;
+        let mut guest = alone::Guest::open(&self.module, models.path())?;
+        let mut rounds: [Vec<Between>; 3] = Default::default();
+        let mut cpu = [0.0; 3];
+        let mut pages = [0; 3];
+        let mut before = floor.us_per_commit(ROUND_FLOOR_COMMITS)?;
+        for round in 0..WRITE_ROUNDS {
             progress(&format!(
-                "1 write effect: run {run} of {WRITE_RUNS}, {WRITES} writes"
+                "1 write effect and its models: round {} of {WRITE_ROUNDS}, {ROUND_WRITES} \
+                 writes each",
+                round + 1
             ));
-            let (took, _, _) = bench.run(host, json!({"mode": "write", "count": WRITES}))?;
-            Ok(((us(took) - none_us) / WRITES as f64, ()))
-        })?;
-        let Between {
-            per_write,
-            before,
-            after,
-            ..
-        } = median;
-        self.push_floor("around 1", before, after);
-        self.single_write_us = Some(per_write);
-        let row =
-            Row::new("1 write effect", per_write, "µs/write").over_floor((before + after) / 2.0);
-        let met = row.ratio.is_some_and(|r| r <= 1.1);
-        self.rows.push(row.target("≤ 1.1× floor", met));
-        self.note(format!(
-            "1: (wall time of a run of {WRITES} writes - mean of a `none` run, {none_us:.0} µs) / \
-             {WRITES}; the `none` run holds the run's own start and end commits; {WRITE_RUNS} \
-             runs, each between two floors and compared with their mean (ratios {ratios}), the \
-             median one shown; {} writes made before took the ledger's WAL past its first \
-             checkpoint, so these overwrite it",
-            self.warmup_writes
-        ));
-        Ok(())
-    }
-
-    /// The rows after figure 1: what one run writing alone allows, modelled
-    /// (see `alone.rs`): the ledger's rows in SQLite alone, then the bench
-    /// guest through a minimal host.
-    fn write_models(&mut self) -> Res<()> {
-        for (model, tag) in [
-            ("SQLite alone, a run's rows", "1 sql"),
-            ("the guest, minimal host", "1 guest"),
-        ] {
-            let (median, ratios) = self.between_floors(tag, |bench, run| {
-                progress(&format!(
-                    "1 model: {model}, run {run} of {WRITE_RUNS}, {WRITES} writes"
-                ));
-                let dir = tempfile::tempdir_in(&bench.dir)?;
-                let found = if tag == "1 sql" {
-                    alone::sql(dir.path(), WRITES)?
-                } else {
-                    alone::guest(&bench.module, dir.path(), WRITES)?
+            for turn in 0..SUBJECTS.len() {
+                let subject = (round + turn) % SUBJECTS.len();
+                let model: Option<&mut dyn alone::Model> = match subject {
+                    0 => None,
+                    1 => Some(&mut sql),
+                    _ => Some(&mut guest),
                 };
-                Ok((found.us_per_write, found))
-            })?;
-            let Between {
-                per_write,
-                before,
-                after,
-                found,
-                ..
-            } = median;
-            self.rows.push(
-                Row::new(&format!("1 … {model}"), per_write, "µs/write")
-                    .over_floor((before + after) / 2.0),
-            );
-            self.note(format!(
-                "1 … {model}: {WRITES} writes, each a commit of the ledger's statements for a run \
-                 writing alone, fsync'd by SQLite; {WRITE_RUNS} runs between floors (ratios \
-                 {ratios}), the median one shown: {:.2} WAL pages and {:.0} µs of CPU a write",
-                found.pages_per_write, found.cpu_us_per_write
-            ));
+                let cpu_before = cpu_seconds()?;
+                let per_write = match model {
+                    None => {
+                        let input = json!({"mode": "write", "count": ROUND_WRITES});
+                        let (took, _, _) = self.run(host, input)?;
+                        (us(took) - none_us) / ROUND_WRITES as f64
+                    }
+                    Some(model) => {
+                        let pages_before = model.pages();
+                        let t = Instant::now();
+                        model.writes(ROUND_WRITES)?;
+                        let took = us(t.elapsed());
+                        pages[subject] += model.pages() - pages_before;
+                        took / ROUND_WRITES as f64
+                    }
+                };
+                cpu[subject] += cpu_seconds()? - cpu_before;
+                let after = floor.us_per_commit(ROUND_FLOOR_COMMITS)?;
+                rounds[subject].push(Between {
+                    ratio: per_write / ((before + after) / 2.0),
+                    per_write,
+                    before,
+                    after,
+                });
+                before = after;
+            }
+        }
+        guest.end()?;
+        let writes = (WRITE_ROUNDS as u64 * ROUND_WRITES) as f64;
+        for (subject, name) in SUBJECTS.into_iter().enumerate() {
+            let ratios: Vec<String> = rounds[subject]
+                .iter()
+                .map(|r| format!("{:.2}", r.ratio))
+                .collect();
+            let median = median_by(rounds[subject].clone(), |r| r.ratio);
+            let floor_us = (median.before + median.after) / 2.0;
+            let row = Row::new(name, median.per_write, "µs/write").over_floor(floor_us);
+            let cpu_us = cpu[subject] * 1e6 / writes;
+            if subject == 0 {
+                self.push_floor("around 1", median.before, median.after);
+                self.single_write_us = Some(median.per_write);
+                let met = row.ratio.is_some_and(|r| r <= 1.1);
+                self.rows.push(row.target("≤ 1.1× floor", met));
+                self.note(format!(
+                    "1: {WRITE_ROUNDS} rounds; in each, a run of {ROUND_WRITES} writes and as \
+                     many writes of each model below, in an order that turns round by round, \
+                     each between two floors of {ROUND_FLOOR_COMMITS} commits (one long-lived \
+                     floor database, its WAL past its first checkpoint); a run's µs per write \
+                     = (its wall time - mean of a `none` run, {none_us:.0} µs, which holds the \
+                     run's own start and end commits) / {ROUND_WRITES}; its ratio over the mean \
+                     of the floors either side, by round: {}; the median round shown. {:.0} µs \
+                     of CPU a write (USER_HZ ticks: coarse), the run's start and end included. \
+                     {} writes made before took the ledger's WAL past its first checkpoint, so \
+                     these overwrite it",
+                    ratios.join(", "),
+                    cpu_us,
+                    self.warmup_writes
+                ));
+            } else {
+                self.rows.push(row);
+                self.note(format!(
+                    "{name} (a model, see bench/src/alone.rs): its ratio by round, measured \
+                     beside figure 1's: {}; the median round shown. {:.2} WAL pages and {:.0} \
+                     µs of CPU a write (coarse)",
+                    ratios.join(", "),
+                    pages[subject] as f64 / writes,
+                    cpu_us
+                ));
+            }
         }
         Ok(())
     }
@@ -1444,49 +1456,13 @@ fn counter(host: &Host, name: &str) -> Res<i64> {
         .map_or(0, |(_, v)| v))
 }
 
-/// One run of a figure measured between two floors.
+/// A round of figure 1 (or a model), measured between two floors (µs).
 #[derive(Debug, Clone, Copy)]
-struct Between<T> {
+struct Between {
     ratio: f64,
     per_write: f64,
     before: f64,
     after: f64,
-    found: T,
-}
-
-/// The floor: one small INSERT per transaction, WAL, synchronous=FULL, in a
-/// fresh database in `dir`; mean µs per commit in the steady state.
-///
-/// The warm-up grows the WAL file, then a checkpoint restarts it, so the
-/// measured commits overwrite WAL blocks that exist instead of extending
-/// the file: extending it costs a metadata write with every fsync (about
-/// twice the time on this machine class), which a long-lived ledger pays only
-/// until its WAL reaches its steady size.
-fn floor_us(dir: &Path, tag: &str) -> Res<f64> {
-    let path = dir.join(format!("floor-{}.db", tag.replace(' ', "-")));
-    for suffix in ["", "-wal", "-shm"] {
-        let mut file = path.clone().into_os_string();
-        file.push(suffix);
-        let _ = std::fs::remove_file(file);
-    }
-    let conn = rusqlite::Connection::open(&path)?;
-    conn.pragma_update(None, "journal_mode", "WAL")?;
-    conn.pragma_update(None, "synchronous", "FULL")?;
-    conn.execute_batch("CREATE TABLE t (id INTEGER PRIMARY KEY, v TEXT NOT NULL)")?;
-    let commit = |i: usize| -> rusqlite::Result<()> {
-        conn.execute_batch("BEGIN IMMEDIATE")?;
-        conn.execute("INSERT INTO t (v) VALUES (?1)", [format!("row {i}")])?;
-        conn.execute_batch("COMMIT")
-    };
-    for i in 0..FLOOR_WARMUP {
-        commit(i)?;
-    }
-    conn.query_row("PRAGMA wal_checkpoint(RESTART)", [], |_| Ok(()))?;
-    let t = Instant::now();
-    for i in 0..FLOOR_COMMITS {
-        commit(i)?;
-    }
-    Ok(us(t.elapsed()) / FLOOR_COMMITS as f64)
 }
 
 /// µs from `t0_ns` to the clock value a `stamp` run's first call read.
