@@ -11,10 +11,13 @@
 //! transaction that writes calls ([`Known::begin`]), which holds the
 //! ledger's write lock until it ends and so keeps every other writer out,
 //! everything is forgotten if
-//! - another connection, of this process or another, committed since this
-//!   connection's last such transaction (`PRAGMA data_version` changed);
+//! - the database changed since this connection's last such transaction
+//!   committed: another connection, of this process or another, committed,
+//!   or this one did outside such transactions (the data version that
+//!   `SQLITE_FCNTL_DATA_VERSION` reads changed: it moves with every
+//!   commit of any connection, read once the transaction has seen them);
 //! - this connection changed rows outside such transactions (a claim, a
-//!   renewal, a person's decision: `total_changes` moved);
+//!   renewal, a person's decision: `total_changes` moved, a second guard);
 //! - its last such transaction was not committed (undone, or it failed:
 //!   a second guard, since what it remembered of its own rows came with
 //!   changes that moved `total_changes` too).
@@ -23,7 +26,8 @@
 //! ([`Known::forget`]), and a call's place is remembered only once its row
 //! is inserted ([`Placed::inserted`]). What is not known is looked up, as
 //! before, so a connection that forgets often is only as fast as one that
-//! never knew (but for the `PRAGMA` that checks, once a transaction).
+//! never knew (but for reading the data version, twice a transaction:
+//! a file control, not a statement).
 
 use std::cell::RefCell;
 use std::collections::HashMap;
@@ -48,11 +52,11 @@ pub struct Known {
     fences: RefCell<HashMap<String, (i64, i64)>>,
 }
 
-/// What the connection's last transaction that writes calls saw.
+/// What the connection's last transaction that writes calls left.
 #[derive(Default)]
 struct Since {
-    /// `data_version` at its start.
-    version: Option<i64>,
+    /// The database's data version once it committed.
+    version: Option<u32>,
     /// The connection's `total_changes` once it committed.
     changes: u64,
     /// It began and has not been committed (yet).
@@ -64,14 +68,11 @@ impl Known {
     /// the write lock): forgets everything unless the ledger is as this
     /// connection's last such transaction left it.
     pub fn begin(&self, conn: &Connection) -> Result<(), LedgerError> {
-        let version: i64 = conn
-            .prepare_cached("PRAGMA data_version")?
-            .query_row([], |r| r.get(0))?;
+        let version = data_version(conn)?;
         let mut since = self.since.borrow_mut();
         if since.open || since.version != Some(version) || since.changes != conn.total_changes() {
             self.forget();
         }
-        since.version = Some(version);
         since.open = true;
         Ok(())
     }
@@ -81,6 +82,8 @@ impl Known {
         let mut since = self.since.borrow_mut();
         since.open = false;
         since.changes = conn.total_changes();
+        // Unreadable, nothing is known at the next transaction's start.
+        since.version = data_version(conn).ok();
     }
 
     /// Forgets everything (a savepoint was undone).
@@ -103,4 +106,18 @@ impl Known {
         }
         fences.insert(run_id.to_string(), (fence, run_no));
     }
+}
+
+/// The main database's data version (`SQLITE_FCNTL_DATA_VERSION`): it
+/// changes with every commit, this connection's own included, and with
+/// every other connection's once this one's transaction has seen it. Read
+/// by a file control, it costs no statement (`PRAGMA data_version` would,
+/// and would not count this connection's own commits).
+fn data_version(conn: &Connection) -> Result<u32, LedgerError> {
+    let mut version = 0;
+    conn.file_control(
+        Some(rusqlite::MAIN_DB),
+        rusqlite::FileControl::DataVersion(&mut version),
+    )?;
+    Ok(version)
 }
