@@ -27,19 +27,17 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use rusqlite::{Connection, TransactionBehavior, params};
-use stephost::ids::{self, RequestHasher};
-use stephost::ledger::chain;
-use stephost::ledger::{CallClass, CallRecord, CallState};
+use stephost::ledger::CallRecord;
 use wasmtime::component::{Component, Linker, TypedFunc};
 use wasmtime::{Config, Engine, Store, StoreContextMut};
 
 use crate::ceiling::{self, Layout};
+use crate::minimal::{Calls, INTERFACE};
 use crate::tasks::CallError;
 
 type Res<T> = Result<T, Box<dyn std::error::Error>>;
 
 const EFFECTS: &str = "stephost:step/effects@0.1.0";
-const INTERFACE: &str = "stephost:step/effects";
 
 /// The run's only number: its calls' keys are `(1 << 32) + seq`.
 const RUN: i64 = 1;
@@ -63,6 +61,26 @@ struct Finished {
     outcome: String,
     at: i64,
     chain: String,
+}
+
+impl Finished {
+    /// Its `UPDATE` of its call's row, at rowid `id`.
+    fn record(&self, conn: &Connection, id: i64) -> Res<()> {
+        let changed = conn
+            .prepare_cached(ceiling::FINISHED_KEYED)?
+            .execute(params![
+                self.outcome,
+                self.at,
+                self.chain,
+                ceiling::ATTEMPTS,
+                key(self.seq),
+                id
+            ])?;
+        if changed != 1 {
+            return Err(format!("no row for call {}", self.seq).into());
+        }
+        Ok(())
+    }
 }
 
 /// One run's ledger: a connection and where its last call's row is.
@@ -103,19 +121,7 @@ impl Writer {
             .conn
             .transaction_with_behavior(TransactionBehavior::Immediate)?;
         if let Some(f) = finished {
-            let changed = tx
-                .prepare_cached(ceiling::FINISHED_KEYED)?
-                .execute(params![
-                    f.outcome,
-                    f.at,
-                    f.chain,
-                    ceiling::ATTEMPTS,
-                    key(f.seq),
-                    self.last_id
-                ])?;
-            if changed != 1 {
-                return Err(format!("no row for call {}", f.seq).into());
-            }
+            f.record(&tx, self.last_id)?;
         }
         tx.prepare_cached(STARTED)?.execute(params![
             key(seq),
@@ -139,22 +145,10 @@ impl Writer {
 
     /// The last outcome, in a commit of its own (a run's end).
     fn end(&mut self, finished: Option<&Finished>) -> Res<()> {
-        let Some(f) = finished else { return Ok(()) };
-        let changed = self.conn.execute(
-            ceiling::FINISHED_KEYED,
-            params![
-                f.outcome,
-                f.at,
-                f.chain,
-                ceiling::ATTEMPTS,
-                key(f.seq),
-                self.last_id
-            ],
-        )?;
-        if changed != 1 {
-            return Err(format!("no row for call {}", f.seq).into());
+        match finished {
+            Some(f) => f.record(&self.conn, self.last_id),
+            None => Ok(()),
         }
-        Ok(())
     }
 }
 
@@ -251,10 +245,7 @@ impl Model for Sql {
 /// One run's state in its store: its ledger and the call it made last.
 struct Run {
     writer: Writer,
-    run_id: String,
-    seq: u64,
-    chain: String,
-    hasher: Option<(String, RequestHasher)>,
+    calls: Calls,
     /// The call started last, once its `started` row is in.
     call: Option<CallRecord>,
     /// Its outcome, once known: it rides on the run's next write.
@@ -262,62 +253,27 @@ struct Run {
 }
 
 impl Run {
-    /// Records call `seq + 1`'s `started` row (after the previous call's
-    /// outcome) in one fsync'd commit.
+    /// Records the run's next call's `started` row (after the previous
+    /// call's outcome) in one fsync'd commit.
     fn start(&mut self, name: &str, request: String, key: Option<&str>) -> Res<()> {
-        self.seq += 1;
-        let mut operation_id = String::with_capacity(64);
-        ids::operation_id_into(&mut operation_id, &self.run_id, name, self.seq, key);
-        if self
-            .hasher
-            .as_ref()
-            .is_none_or(|(for_name, _)| for_name != name)
-        {
-            self.hasher = Some((name.to_string(), RequestHasher::new(INTERFACE, name)));
-        }
-        let mut request_hash = String::with_capacity(64);
-        if let Some((_, hasher)) = &self.hasher {
-            hasher.hash_into(&mut request_hash, &request);
-        }
+        let call = self.calls.start(name, request, key, now_ms());
         let finished = self.finished.take();
         self.writer.write(
             finished.as_ref(),
-            self.seq,
-            name,
-            &operation_id,
-            &request,
-            &request_hash,
+            call.seq,
+            &call.function,
+            &call.operation_id,
+            &call.request,
+            &call.request_hash,
         )?;
-        self.call = Some(CallRecord {
-            seq: self.seq,
-            class: CallClass::Write,
-            interface: INTERFACE.to_string(),
-            function: name.to_string(),
-            operation_id,
-            request,
-            request_hash,
-            state: CallState::Started,
-            outcome: None,
-            started_at_ms: now_ms(),
-            finished_at_ms: None,
-            resolved_by: None,
-            chain: None,
-        });
+        self.call = Some(call);
         Ok(())
     }
 
     /// The outcome of the call started last, kept for the run's next write.
     fn finish(&mut self, outcome: &str) {
         let Some(call) = &self.call else { return };
-        let mut link = String::with_capacity(64);
-        chain::link_finished_into(
-            &mut link,
-            &self.chain,
-            call,
-            CallState::Succeeded,
-            Some(outcome),
-        );
-        self.chain.clone_from(&link);
+        let link = self.calls.link(call, outcome);
         self.finished = Some(Finished {
             seq: call.seq,
             outcome: outcome.to_string(),
@@ -362,10 +318,7 @@ impl Guest {
             &engine,
             Run {
                 writer: Writer::open(dir, GUEST_DB)?,
-                run_id: "run-alone".to_string(),
-                seq: 0,
-                chain: String::new(),
-                hasher: None,
+                calls: Calls::new("run-alone".to_string()),
                 call: None,
                 finished: None,
             },
@@ -404,6 +357,9 @@ impl Model for Guest {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use stephost::ids;
+    use stephost::ledger::chain;
+    use stephost::ledger::{CallClass, CallState};
 
     fn count(conn: &Connection, sql: &str) -> i64 {
         conn.query_row(sql, [], |r| r.get(0)).unwrap()

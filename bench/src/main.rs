@@ -9,6 +9,7 @@
 mod alone;
 mod ceiling;
 mod floor;
+mod minimal;
 mod procstat;
 mod tasks;
 

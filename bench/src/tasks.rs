@@ -23,19 +23,17 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use rusqlite::{Connection, params};
-use stephost::ids::{self, RequestHasher};
-use stephost::ledger::chain;
-use stephost::ledger::{CallClass, CallRecord, CallState};
+use stephost::ledger::CallRecord;
 use tokio::sync::oneshot;
 use wasmtime::component::{Component, ComponentType, Lift, Linker, Lower};
 use wasmtime::{Config, Engine, Store, StoreContextMut};
 
 use crate::ceiling::{Ceiling, Layout};
+use crate::minimal::{Calls, INTERFACE};
 
 type Res<T> = Result<T, Box<dyn std::error::Error>>;
 
 const EFFECTS: &str = "stephost:step/effects@0.1.0";
-const INTERFACE: &str = "stephost:step/effects";
 
 const TABLE: &str = "CREATE TABLE calls (
     key INTEGER PRIMARY KEY, run INTEGER NOT NULL, seq INTEGER NOT NULL, class TEXT NOT NULL,
@@ -122,10 +120,7 @@ struct Shared {
 /// One run's state in its store.
 struct Run {
     no: i64,
-    run_id: String,
-    seq: u64,
-    chain: String,
-    hasher: Option<(String, RequestHasher)>,
+    calls: Calls,
     /// The call whose `started` record was queued last.
     call: Option<CallRecord>,
     /// Its outcome's record, once known: it rides on the run's next write.
@@ -137,45 +132,17 @@ impl Run {
     /// Queues the call's `started` record (after the previous call's
     /// outcome); the receiver completes once an fsync covers it.
     fn start(&mut self, name: &str, request: String, key: Option<&str>) -> oneshot::Receiver<()> {
-        self.seq += 1;
-        let mut operation_id = String::with_capacity(64);
-        ids::operation_id_into(&mut operation_id, &self.run_id, name, self.seq, key);
-        if self
-            .hasher
-            .as_ref()
-            .is_none_or(|(for_name, _)| for_name != name)
-        {
-            self.hasher = Some((name.to_string(), RequestHasher::new(INTERFACE, name)));
-        }
-        let mut request_hash = String::with_capacity(64);
-        if let Some((_, hasher)) = &self.hasher {
-            hasher.hash_into(&mut request_hash, &request);
-        }
-        let at = now_ms();
+        let call = self.calls.start(name, request, key, now_ms());
         let record = Record::Started {
             run: self.no,
-            seq: self.seq,
-            function: name.to_string(),
-            operation_id: operation_id.clone(),
-            request: request.clone(),
-            request_hash: request_hash.clone(),
-            at,
+            seq: call.seq,
+            function: call.function.clone(),
+            operation_id: call.operation_id.clone(),
+            request: call.request.clone(),
+            request_hash: call.request_hash.clone(),
+            at: call.started_at_ms,
         };
-        self.call = Some(CallRecord {
-            seq: self.seq,
-            class: CallClass::Write,
-            interface: INTERFACE.to_string(),
-            function: name.to_string(),
-            operation_id,
-            request,
-            request_hash,
-            state: CallState::Started,
-            outcome: None,
-            started_at_ms: at,
-            finished_at_ms: None,
-            resolved_by: None,
-            chain: None,
-        });
+        self.call = Some(call);
         let (sender, receiver) = oneshot::channel();
         let (lock, wake) = &self.shared.queue;
         let mut queue = lock.lock().expect("queue");
@@ -190,15 +157,7 @@ impl Run {
     /// The outcome of the call started last, kept for the run's next write.
     fn finish(&mut self, outcome: &str) {
         let Some(call) = &self.call else { return };
-        let mut link = String::with_capacity(64);
-        chain::link_finished_into(
-            &mut link,
-            &self.chain,
-            call,
-            CallState::Succeeded,
-            Some(outcome),
-        );
-        self.chain.clone_from(&link);
+        let link = self.calls.link(call, outcome);
         self.finished = Some(Record::Finished {
             run: self.no,
             seq: call.seq,
@@ -296,10 +255,7 @@ pub fn measure(
                 &engine,
                 Run {
                     no: no as i64,
-                    run_id: format!("run-tasks-{no:04}"),
-                    seq: 0,
-                    chain: String::new(),
-                    hasher: None,
+                    calls: Calls::new(format!("run-tasks-{no:04}")),
                     call: None,
                     finished: None,
                     shared: shared.clone(),
@@ -473,6 +429,9 @@ fn sync(wal: &std::fs::File, shared: &Shared) -> Res<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use stephost::ids;
+    use stephost::ledger::chain;
+    use stephost::ledger::{CallClass, CallState};
 
     /// The model's calls of run `no`, from its rows, as the ledger would
     /// hold them once finished.
