@@ -28,16 +28,14 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use rusqlite::{Connection, TransactionBehavior, params};
 use stephost::ledger::CallRecord;
-use wasmtime::component::{Component, Linker, TypedFunc};
-use wasmtime::{Config, Engine, Store, StoreContextMut};
+use wasmtime::component::{Linker, TypedFunc};
+use wasmtime::{Store, StoreContextMut};
 
 use crate::ceiling::{self, Layout};
-use crate::minimal::{Calls, INTERFACE};
+use crate::minimal::{Calls, EFFECTS, INTERFACE};
 use crate::tasks::CallError;
 
 type Res<T> = Result<T, Box<dyn std::error::Error>>;
-
-const EFFECTS: &str = "stephost:step/effects@0.1.0";
 
 /// The run's only number: its calls' keys are `(1 << 32) + seq`.
 const RUN: i64 = 1;
@@ -294,11 +292,7 @@ impl Guest {
     /// The bench guest (`guest`, a component's bytes) instantiated, with a
     /// new database in `dir`, warmed.
     pub fn open(guest: &[u8], dir: &Path) -> Res<Self> {
-        let mut config = Config::new();
-        config.consume_fuel(true);
-        config.wasm_component_model(true);
-        let engine = Engine::new(&config)?;
-        let component = Component::new(&engine, guest)?;
+        let (engine, component) = crate::minimal::compile(guest)?;
         let mut linker: Linker<Run> = Linker::new(&engine);
         linker.instance(EFFECTS)?.func_wrap(
             "call",

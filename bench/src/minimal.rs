@@ -6,9 +6,24 @@
 use stephost::ids::{self, RequestHasher};
 use stephost::ledger::chain;
 use stephost::ledger::{CallClass, CallRecord, CallState};
+use wasmtime::component::Component;
+use wasmtime::{Config, Engine};
 
-/// The interface of the effects a model's guest calls.
+/// The interface of the effects a model's guest calls, and its instance's
+/// name in the guest's imports.
 pub const INTERFACE: &str = "stephost:step/effects";
+pub const EFFECTS: &str = "stephost:step/effects@0.1.0";
+
+/// An engine as the models run the guest in (fuel on, as the host's), and
+/// the guest (a component's bytes) compiled in it.
+pub fn compile(guest: &[u8]) -> wasmtime::Result<(Engine, Component)> {
+    let mut config = Config::new();
+    config.consume_fuel(true);
+    config.wasm_component_model(true);
+    let engine = Engine::new(&config)?;
+    let component = Component::new(&engine, guest)?;
+    Ok((engine, component))
+}
 
 /// One run's calls: their numbers, hashes and chain.
 pub struct Calls {

@@ -25,15 +25,13 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 use rusqlite::{Connection, params};
 use stephost::ledger::CallRecord;
 use tokio::sync::oneshot;
-use wasmtime::component::{Component, ComponentType, Lift, Linker, Lower};
-use wasmtime::{Config, Engine, Store, StoreContextMut};
+use wasmtime::component::{ComponentType, Lift, Linker, Lower};
+use wasmtime::{Store, StoreContextMut};
 
 use crate::ceiling::{Ceiling, Layout};
-use crate::minimal::{Calls, INTERFACE};
+use crate::minimal::{Calls, EFFECTS, INTERFACE};
 
 type Res<T> = Result<T, Box<dyn std::error::Error>>;
-
-const EFFECTS: &str = "stephost:step/effects@0.1.0";
 
 const TABLE: &str = "CREATE TABLE calls (
     key INTEGER PRIMARY KEY, run INTEGER NOT NULL, seq INTEGER NOT NULL, class TEXT NOT NULL,
@@ -201,11 +199,7 @@ pub fn measure(
     writes: u64,
     threads: usize,
 ) -> Res<Ceiling> {
-    let mut config = Config::new();
-    config.consume_fuel(true);
-    config.wasm_component_model(true);
-    let engine = Engine::new(&config)?;
-    let component = Component::new(&engine, guest)?;
+    let (engine, component) = crate::minimal::compile(guest)?;
     let mut linker: Linker<Run> = Linker::new(&engine);
     linker.instance(EFFECTS)?.func_wrap_async(
         "call",
