@@ -29,7 +29,7 @@
 //! never knew (but for reading the data version, twice a transaction:
 //! a file control, not a statement).
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 
 use rusqlite::Connection;
@@ -50,6 +50,8 @@ pub struct Known {
     /// By run id: the run's fencing token and number, as this connection
     /// read them.
     fences: RefCell<HashMap<String, (i64, i64)>>,
+    /// How many times it forgot everything.
+    forgotten: Cell<u64>,
 }
 
 /// What the connection's last transaction that writes calls left.
@@ -66,8 +68,15 @@ struct Since {
 impl Known {
     /// At the start of a transaction of `conn` that writes calls (holding
     /// the write lock): forgets everything unless the ledger is as this
-    /// connection's last such transaction left it.
+    /// connection's last such transaction left it. The transaction must
+    /// have begun (`BEGIN IMMEDIATE`): the data version it reads counts
+    /// other connections' commits only once a transaction has seen them.
     pub fn begin(&self, conn: &Connection) -> Result<(), LedgerError> {
+        debug_assert_eq!(
+            conn.transaction_state(Some(rusqlite::MAIN_DB))?,
+            rusqlite::TransactionState::Write,
+            "Known::begin outside a write transaction"
+        );
         let version = data_version(conn)?;
         let mut since = self.since.borrow_mut();
         if since.open || since.version != Some(version) || since.changes != conn.total_changes() {
@@ -90,6 +99,13 @@ impl Known {
     pub fn forget(&self) {
         self.placed.clear();
         self.fences.borrow_mut().clear();
+        self.forgotten.set(self.forgotten.get() + 1);
+    }
+
+    /// How many times it forgot everything.
+    #[cfg(test)]
+    pub fn forgotten(&self) -> u64 {
+        self.forgotten.get()
     }
 
     /// The fencing token and number of `run_id`, if known.

@@ -3067,6 +3067,40 @@ mod tests {
         );
     }
 
+    #[test]
+    fn a_connection_keeps_what_it_knows_across_its_own_commits_only() {
+        let (dir, mut ledger) = new_ledger();
+        seed(&mut ledger);
+        let claim = claim_fresh(&mut ledger, "r1", "a");
+        ledger
+            .commit(&claim, &[WriteOp::Call(clock_call(1))])
+            .unwrap();
+        let forgotten = ledger.known.forgotten();
+        for seq in 2..=4 {
+            ledger
+                .commit(&claim, &[WriteOp::Call(clock_call(seq))])
+                .unwrap();
+        }
+        assert_eq!(ledger.known.forgotten(), forgotten, "its own commits");
+        // Another connection's commit is seen at the next transaction.
+        let mut other = SqliteLedger::open(&dir.path().join("l.db")).unwrap();
+        other
+            .commit(&claim, &[WriteOp::Call(clock_call(5))])
+            .unwrap();
+        ledger
+            .commit(&claim, &[WriteOp::Call(clock_call(6))])
+            .unwrap();
+        assert_eq!(ledger.known.forgotten(), forgotten + 1, "another's commit");
+        ledger
+            .commit(&claim, &[WriteOp::Call(clock_call(7))])
+            .unwrap();
+        assert_eq!(ledger.known.forgotten(), forgotten + 1);
+        assert_eq!(
+            ledger.calls("r1").unwrap(),
+            (1..=7).map(clock_call).collect::<Vec<_>>()
+        );
+    }
+
     /// A ledger with runs r1, r2 and r3, each claimed.
     fn three_claimed_runs() -> (tempfile::TempDir, SqliteLedger, [Claim; 3]) {
         let (dir, mut ledger) = new_ledger();
