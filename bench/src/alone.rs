@@ -26,7 +26,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use rusqlite::{Connection, TransactionBehavior, params};
+use rusqlite::{Connection, params};
 use stephost::ledger::CallRecord;
 use wasmtime::component::{Linker, TypedFunc};
 use wasmtime::{Store, StoreContextMut};
@@ -50,8 +50,8 @@ const GUEST_DB: &str = "alone-guest.db";
 /// Writes made before the measured ones, in rounds of this many, until
 /// the WAL stops growing: it has passed its first checkpoint and started
 /// over, as a long-lived ledger's has (see figure 1's warm-up).
-const WARMUP_WRITES: u64 = 400;
-const WARMUP_ROUNDS_MAX: u64 = 10;
+pub(crate) const WARMUP_WRITES: u64 = 400;
+pub(crate) const WARMUP_ROUNDS_MAX: u64 = 10;
 
 /// The previous call's outcome, which rides on the next write.
 struct Finished {
@@ -75,7 +75,12 @@ impl Finished {
                 id
             ])?;
         if changed != 1 {
-            return Err(format!("no row for call {}", self.seq).into());
+            return Err(format!(
+                "the model's call #{} is not at rowid {id} ({changed} rows updated): the \
+                 model lost track of its rows",
+                self.seq
+            )
+            .into());
         }
         Ok(())
     }
@@ -115,30 +120,42 @@ impl Writer {
         request: &str,
         request_hash: &str,
     ) -> Res<()> {
-        let tx = self
-            .conn
-            .transaction_with_behavior(TransactionBehavior::Immediate)?;
-        if let Some(f) = finished {
-            f.record(&tx, self.last_id)?;
+        // `BEGIN` and `COMMIT` prepared once and kept, as the ledger's are.
+        let conn = &self.conn;
+        conn.prepare_cached("BEGIN IMMEDIATE")?.execute([])?;
+        let written = (|| -> Res<i64> {
+            if let Some(f) = finished {
+                f.record(conn, self.last_id)?;
+            }
+            conn.prepare_cached(STARTED)?.execute(params![
+                key(seq),
+                INTERFACE,
+                function,
+                operation_id,
+                request,
+                request_hash,
+                now_ms()
+            ])?;
+            let id = conn.last_insert_rowid();
+            if self.last_id == 0 {
+                let [span, run_epoch] = ceiling::span_statements();
+                conn.prepare_cached(&run_epoch)?
+                    .execute(params![key(seq), 0])?;
+                conn.prepare_cached(&span)?.execute([key(seq)])?;
+            }
+            Ok(id)
+        })();
+        match written {
+            Ok(id) => {
+                conn.prepare_cached("COMMIT")?.execute([])?;
+                self.last_id = id;
+                Ok(())
+            }
+            Err(e) => {
+                conn.prepare_cached("ROLLBACK")?.execute([])?;
+                Err(e)
+            }
         }
-        tx.prepare_cached(STARTED)?.execute(params![
-            key(seq),
-            INTERFACE,
-            function,
-            operation_id,
-            request,
-            request_hash,
-            now_ms()
-        ])?;
-        if self.last_id == 0 {
-            let [span, run_epoch] = ceiling::span_statements();
-            tx.prepare_cached(&run_epoch)?
-                .execute(params![key(seq), 0])?;
-            tx.prepare_cached(&span)?.execute([key(seq)])?;
-        }
-        self.last_id = tx.last_insert_rowid();
-        tx.commit()?;
-        Ok(())
     }
 
     /// The last outcome, in a commit of its own (a run's end).
@@ -162,19 +179,33 @@ fn now_ms() -> i64 {
 
 /// Rounds of writes by `round` (which makes `WARMUP_WRITES` more, or
 /// commits) until one leaves the WAL at `wal` no larger than it found it:
-/// the log has passed its first checkpoint and started over.
-pub(crate) fn warm(wal: &Path, round: &mut dyn FnMut() -> Res<()>) -> Res<()> {
+/// the log has passed its first checkpoint and started over. The rounds
+/// made, or `None` if it still grew after `WARMUP_ROUNDS_MAX` of them.
+pub(crate) fn warm(wal: &Path, round: &mut dyn FnMut() -> Res<()>) -> Res<Option<u64>> {
     let size = || std::fs::metadata(wal).map_or(0, |m| m.len());
     let mut before = size();
-    for _ in 0..WARMUP_ROUNDS_MAX {
+    for rounds in 1..=WARMUP_ROUNDS_MAX {
         round()?;
         let after = size();
         if after <= before {
-            return Ok(());
+            return Ok(Some(rounds));
         }
         before = after;
     }
-    Err(format!("{}: the WAL still grew after the warm-up", wal.display()).into())
+    Ok(None)
+}
+
+/// [`warm`] for a model or a floor, whose WAL must have stopped growing.
+pub(crate) fn warm_fully(wal: &Path, round: &mut dyn FnMut() -> Res<()>) -> Res<()> {
+    match warm(wal, round)? {
+        Some(_) => Ok(()),
+        None => Err(format!(
+            "{}: the WAL still grew after {WARMUP_ROUNDS_MAX} warm-up rounds; is a \
+             checkpoint kept from finishing (another process reading this file)?",
+            wal.display()
+        )
+        .into()),
+    }
 }
 
 /// A model, which writes on demand.
@@ -203,7 +234,7 @@ impl Sql {
             seq: 0,
             finished: None,
         };
-        warm(&dir.join(format!("{SQL_DB}-wal")), &mut || {
+        warm_fully(&dir.join(format!("{SQL_DB}-wal")), &mut || {
             sql.writes(WARMUP_WRITES)
         })?;
         Ok(sql)
@@ -300,7 +331,7 @@ impl Guest {
              (name, request, key): (String, String, Option<String>)| {
                 let run = store.data_mut();
                 run.start(&name, request, key.as_deref())
-                    .map_err(|e| wasmtime::format_err!("the ledger failed: {e}"))?;
+                    .map_err(|e| wasmtime::format_err!("the model's database failed: {e}"))?;
                 // The no-op handler's response.
                 let response = "{}".to_string();
                 run.finish(&response);
@@ -321,7 +352,7 @@ impl Guest {
         let instance = linker.instantiate(&mut store, &component)?;
         let run = instance.get_typed_func(&mut store, "run")?;
         let mut guest = Guest { store, run };
-        warm(&dir.join(format!("{GUEST_DB}-wal")), &mut || {
+        warm_fully(&dir.join(format!("{GUEST_DB}-wal")), &mut || {
             guest.writes(WARMUP_WRITES)
         })?;
         Ok(guest)

@@ -34,16 +34,13 @@ type Res<T> = Result<T, Box<dyn Error>>;
 const WHAT: &str = "bench_guest.wasm";
 
 // The counts. The whole suite must finish in well under 5 minutes on 2 cores.
-/// Rounds of figure 1 (and of the models beside it), each between floors.
-const WRITE_ROUNDS: usize = 10;
+/// Rounds of figure 1 (and of the models beside it), each between floors:
+/// an odd number, so that one round's is the median.
+const WRITE_ROUNDS: usize = 11;
 /// Writes of each round's run.
 const ROUND_WRITES: u64 = 200;
 /// Commits of each floor measured between them.
 const ROUND_FLOOR_COMMITS: usize = 100;
-/// Writes per warm-up run before figure 1 (see `Bench::warm_wal`).
-const WARMUP_WRITES: u64 = 400;
-/// Most warm-up runs before figure 1.
-const WARMUP_RUNS_MAX: u64 = 10;
 const OBSERVES: u64 = 20_000;
 const READS: u64 = 20_000;
 /// How long one run of reads may take, by a probe; fewer reads if need be
@@ -456,23 +453,21 @@ impl Bench {
     fn warm_wal(&mut self, host: &mut Host, db: &str) -> Res<()> {
         let mut wal = self.dir.join(db).into_os_string();
         wal.push("-wal");
-        let size = || std::fs::metadata(&wal).map_or(0, |m| m.len());
-        let mut before = size();
-        for runs in 1..=WARMUP_RUNS_MAX {
-            self.run(host, json!({"mode": "write", "count": WARMUP_WRITES}))?;
-            let after = size();
-            if after <= before {
-                self.warmup_writes = runs * WARMUP_WRITES;
-                return Ok(());
-            }
-            before = after;
+        let input = json!({"mode": "write", "count": alone::WARMUP_WRITES});
+        let warmed = alone::warm(Path::new(&wal), &mut || {
+            self.run(host, input.clone()).map(|_| ())
+        })?;
+        let rounds = warmed.unwrap_or(alone::WARMUP_ROUNDS_MAX);
+        self.warmup_writes = rounds * alone::WARMUP_WRITES;
+        // The figure itself is still measured, with a note (the models'
+        // and the floor's warm-ups fail instead: nothing to show there).
+        if warmed.is_none() {
+            self.note(format!(
+                "warm-up: the ledger's WAL still grew after {} writes; figure 1 may include \
+                 writes that grow it",
+                self.warmup_writes
+            ));
         }
-        self.warmup_writes = WARMUP_RUNS_MAX * WARMUP_WRITES;
-        self.note(format!(
-            "warm-up: the ledger's WAL still grew after {} writes; figure 1 may include \
-             writes that grow it",
-            self.warmup_writes
-        ));
         Ok(())
     }
 
@@ -485,7 +480,8 @@ impl Bench {
     /// Figure 1 and the two models beside it (`alone.rs`), measured in
     /// `WRITE_ROUNDS` rounds: in each, a run of `ROUND_WRITES` writes of the
     /// host and as many writes of each model, in an order that turns round
-    /// by round, each between two floors of `ROUND_FLOOR_COMMITS` commits
+    /// by round and runs backwards every other round (so that each subject
+    /// follows each other), each between two floors of `ROUND_FLOOR_COMMITS` commits
     /// on one long-lived floor database. So each is compared with floors
     /// measured within milliseconds of it, on the same disk in the same
     /// state. A subject's ratio in a round is its µs per write over the mean
@@ -498,7 +494,7 @@ impl Bench {
             "1 … the guest, minimal host",
         ];
         let models = tempfile::tempdir_in(&self.dir)?;
-        let mut floor = Floor::long_lived(&self.dir, "1", alone::warm)?;
+        let mut floor = Floor::long_lived(&self.dir, "1", alone::warm_fully)?;
         let mut sql = alone::Sql::open(models.path())?;
         let mut guest = alone::Guest::open(&self.module, models.path())?;
         let mut rounds: [Vec<Between>; 3] = Default::default();
@@ -512,6 +508,13 @@ impl Bench {
                 round + 1
             ));
             for turn in 0..SUBJECTS.len() {
+                // The order turns from round to round, and runs backwards
+                // every other round: over six rounds, each of the six.
+                let turn = if round % 2 == 0 {
+                    turn
+                } else {
+                    SUBJECTS.len() - 1 - turn
+                };
                 let subject = (round + turn) % SUBJECTS.len();
                 let model: Option<&mut dyn alone::Model> = match subject {
                     0 => None,
@@ -553,8 +556,8 @@ impl Bench {
                 .map(|r| format!("{:.2}", r.ratio))
                 .collect();
             let median = median_by(rounds[subject].clone(), |r| r.ratio);
-            let floor_us = (median.before + median.after) / 2.0;
-            let row = Row::new(name, median.per_write, "µs/write").over_floor(floor_us);
+            let floor_mean = (median.before + median.after) / 2.0;
+            let row = Row::new(name, median.per_write, "µs/write").over_floor(floor_mean);
             let cpu_us = cpu[subject] * 1e6 / writes;
             if subject == 0 {
                 self.push_floor("around 1", median.before, median.after);
@@ -563,9 +566,9 @@ impl Bench {
                 self.rows.push(row.target("≤ 1.1× floor", met));
                 self.note(format!(
                     "1: {WRITE_ROUNDS} rounds; in each, a run of {ROUND_WRITES} writes and as \
-                     many writes of each model below, in an order that turns round by round, \
-                     each between two floors of {ROUND_FLOOR_COMMITS} commits (one long-lived \
-                     floor database, its WAL past its first checkpoint); a run's µs per write \
+                     many writes of each model below, in an order that turns round by round \
+                     and runs backwards every other round, each between two floors of {ROUND_FLOOR_COMMITS} commits (one long-lived \
+                     floor database, its WAL past its first checkpoint, its statements prepared once); a run's µs per write \
                      = (its wall time - mean of a `none` run, {none_us:.0} µs, which holds the \
                      run's own start and end commits) / {ROUND_WRITES}; its ratio over the mean \
                      of the floors either side, by round: {}; the median round shown. {:.0} µs \
