@@ -47,10 +47,12 @@ const STARTED: &str = "INSERT INTO calls (key, class, interface, function, opera
 const SQL_DB: &str = "alone-sql.db";
 const GUEST_DB: &str = "alone-guest.db";
 
-/// Writes made before the measured ones, in rounds of this many, until
-/// the WAL stops growing: it has passed its first checkpoint and started
-/// over, as a long-lived ledger's has (see figure 1's warm-up).
+/// Writes made before the measured ones (the ledger's, before figure 1,
+/// and each model's), in rounds of this many, until the WAL stops growing:
+/// it has passed its first checkpoint and started over, as a long-lived
+/// ledger's has (see [`warm`]).
 pub(crate) const WARMUP_WRITES: u64 = 400;
+/// Most warm-up rounds.
 pub(crate) const WARMUP_ROUNDS_MAX: u64 = 10;
 
 /// The previous call's outcome, which rides on the next write.

@@ -567,8 +567,9 @@ impl Bench {
                 self.note(format!(
                     "1: {WRITE_ROUNDS} rounds; in each, a run of {ROUND_WRITES} writes and as \
                      many writes of each model below, in an order that turns round by round \
-                     and runs backwards every other round, each between two floors of {ROUND_FLOOR_COMMITS} commits (one long-lived \
-                     floor database, its WAL past its first checkpoint, its statements prepared once); a run's µs per write \
+                     and runs backwards every other round, each between two floors of \
+                     {ROUND_FLOOR_COMMITS} commits (one long-lived floor database, its WAL past \
+                     its first checkpoint, its statements prepared once); a run's µs per write \
                      = (its wall time - mean of a `none` run, {none_us:.0} µs, which holds the \
                      run's own start and end commits) / {ROUND_WRITES}; its ratio over the mean \
                      of the floors either side, by round: {}; the median round shown. {:.0} µs \
