@@ -9,8 +9,9 @@ use rusqlite::Connection;
 
 type Res<T> = Result<T, Box<dyn std::error::Error>>;
 
-/// Commits made before a fresh floor is measured: more than the measured
-/// ones, so that these reuse the WAL's blocks.
+/// Commits made before a fresh floor is measured (more than the measured
+/// ones, so that these reuse the WAL's blocks), and in each warm-up round
+/// of a long-lived one.
 pub const FLOOR_WARMUP: usize = 600;
 /// Commits a fresh floor measures.
 pub const FLOOR_COMMITS: usize = 500;
@@ -62,8 +63,8 @@ impl Floor {
 
     /// Makes `n` commits. Its three statements are prepared once and kept,
     /// as the ledger's are: the floor is a transaction's cost, not parsing
-    /// SQL (until the round after 798256d, each commit parsed all three: a
-    /// few µs of CPU that every ratio was measured against).
+    /// SQL (until 5ced2a9, each commit parsed all three: a few µs of CPU
+    /// that every ratio was measured against).
     pub fn commits(&mut self, n: usize) -> Res<()> {
         for _ in 0..n {
             self.made += 1;

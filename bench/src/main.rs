@@ -183,7 +183,7 @@ fn main_inner() -> Res<()> {
     let elapsed = started.elapsed();
 
     bench.print_table();
-    let machine = machine_info(&root);
+    let machine = machine_info(&root, &scratch);
     let results = json!({
         "suite": "stephost-bench",
         "machine": machine,
@@ -1549,7 +1549,7 @@ fn rss_bytes() -> Res<u64> {
     Ok(kib * 1024)
 }
 
-fn machine_info(root: &Path) -> Value {
+fn machine_info(root: &Path, ledger_dir: &Path) -> Value {
     let read = |p: &str| std::fs::read_to_string(p).ok();
     let cpu = read("/proc/cpuinfo").and_then(|c| {
         c.lines()
@@ -1581,7 +1581,7 @@ fn machine_info(root: &Path) -> Value {
         "date": stephost::clock::format_time(ms),
         "commit": git(&["rev-parse", "--short", "HEAD"]),
         "dirty": git(&["status", "--porcelain"]).map(|s| !s.is_empty()),
-        "ledger_dir": root.join("target").display().to_string(),
+        "ledger_dir": ledger_dir.display().to_string(),
         "profile": if cfg!(debug_assertions) { "dev (opt-level 2)" } else { "release" },
     })
 }
