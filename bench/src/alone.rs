@@ -24,9 +24,9 @@
 use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{SystemTime, UNIX_EPOCH};
 
 use rusqlite::{Connection, params};
+use stephost::clock::now_ms;
 use stephost::ledger::CallRecord;
 use wasmtime::component::{Linker, TypedFunc};
 use wasmtime::{Store, StoreContextMut};
@@ -171,12 +171,6 @@ impl Writer {
 
 fn key(seq: u64) -> i64 {
     (RUN << 32) + seq as i64
-}
-
-fn now_ms() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as i64)
 }
 
 /// Rounds of writes by `round` (which makes `WARMUP_WRITES` more, or

@@ -20,9 +20,10 @@
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
-use std::time::{Instant, SystemTime, UNIX_EPOCH};
+use std::time::Instant;
 
 use rusqlite::{Connection, params};
+use stephost::clock::now_ms;
 use stephost::ledger::CallRecord;
 use tokio::sync::oneshot;
 use wasmtime::component::{ComponentType, Lift, Linker, Lower};
@@ -174,12 +175,6 @@ impl Run {
             .extend(self.finished.take());
         wake.notify_one();
     }
-}
-
-fn now_ms() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as i64)
 }
 
 /// A call's key in the keyed layout: the run's number in the high 32 bits,
