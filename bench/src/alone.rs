@@ -379,8 +379,8 @@ impl Model for Guest {
 mod tests {
     use super::*;
     use stephost::ids;
+    use stephost::ledger::CallState;
     use stephost::ledger::chain;
-    use stephost::ledger::{CallClass, CallState};
 
     fn count(conn: &Connection, sql: &str) -> i64 {
         conn.query_row(sql, [], |r| r.get(0)).unwrap()
@@ -395,26 +395,12 @@ mod tests {
         )
         .unwrap()
         .query_map([], |r| {
-            let state: String = r.get(5)?;
-            Ok(CallRecord {
-                seq: (r.get::<_, i64>(0)? - (RUN << 32)) as u64,
-                class: CallClass::Write,
-                interface: INTERFACE.to_string(),
-                function: r.get(1)?,
-                operation_id: r.get(2)?,
-                request: r.get(3)?,
-                request_hash: r.get(4)?,
-                state: if state == "succeeded" {
-                    CallState::Succeeded
-                } else {
-                    CallState::Started
-                },
-                outcome: r.get(6)?,
-                started_at_ms: 0,
-                finished_at_ms: None,
-                resolved_by: None,
-                chain: r.get(7)?,
-            })
+            let state = match r.get::<_, String>(5)?.as_str() {
+                "succeeded" => CallState::Succeeded,
+                _ => CallState::Started,
+            };
+            let seq = (r.get::<_, i64>(0)? - (RUN << 32)) as u64;
+            crate::minimal::call_from_row(r, seq, state)
         })
         .unwrap()
         .collect::<Result<Vec<_>, _>>()

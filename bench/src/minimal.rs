@@ -99,3 +99,29 @@ impl Calls {
         link
     }
 }
+
+/// Call `seq` as a model's row holds it (its columns `function`,
+/// `operation_id`, `request`, `request_hash`, `outcome` and `chain`), in
+/// `state`: for the models' tests.
+#[cfg(test)]
+pub fn call_from_row(
+    r: &rusqlite::Row<'_>,
+    seq: u64,
+    state: CallState,
+) -> rusqlite::Result<CallRecord> {
+    Ok(CallRecord {
+        seq,
+        class: CallClass::Write,
+        interface: INTERFACE.to_string(),
+        function: r.get("function")?,
+        operation_id: r.get("operation_id")?,
+        request: r.get("request")?,
+        request_hash: r.get("request_hash")?,
+        state,
+        outcome: r.get("outcome")?,
+        started_at_ms: 0,
+        finished_at_ms: None,
+        resolved_by: None,
+        chain: r.get("chain")?,
+    })
+}

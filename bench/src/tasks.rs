@@ -419,8 +419,8 @@ fn sync(wal: &std::fs::File, shared: &Shared) -> Res<u64> {
 mod tests {
     use super::*;
     use stephost::ids;
+    use stephost::ledger::CallState;
     use stephost::ledger::chain;
-    use stephost::ledger::{CallClass, CallState};
 
     /// The model's calls of run `no`, from its rows, as the ledger would
     /// hold them once finished.
@@ -432,21 +432,8 @@ mod tests {
             )
             .unwrap()
             .query_map([no], |r| {
-                Ok(CallRecord {
-                    seq: r.get::<_, i64>(0)? as u64,
-                    class: CallClass::Write,
-                    interface: INTERFACE.to_string(),
-                    function: r.get(1)?,
-                    operation_id: r.get(2)?,
-                    request: r.get(3)?,
-                    request_hash: r.get(4)?,
-                    state: CallState::Succeeded,
-                    outcome: r.get(5)?,
-                    started_at_ms: 0,
-                    finished_at_ms: None,
-                    resolved_by: None,
-                    chain: r.get(6)?,
-                })
+                let seq = r.get::<_, i64>(0)? as u64;
+                crate::minimal::call_from_row(r, seq, CallState::Succeeded)
             })
             .unwrap()
             .collect::<Result<Vec<_>, _>>()
