@@ -1,0 +1,1006 @@
+//! The conformance suite every ledger backend passes, written once. A
+//! backend runs all of it with one line in its tests:
+//!
+//! ```ignore
+//! stephost_core::conformance_tests!(my_backend::test_ledger);
+//! ```
+//!
+//! where `test_ledger()` returns a [`TestLedger`]: a pool over a new,
+//! empty ledger, and whatever must live as long as it. Each case is a
+//! public function here, so a failing one names what broke.
+
+use std::any::Any;
+use std::sync::{Arc, Barrier};
+
+use crate::approvals::{self, Verdict};
+use crate::journal::Counters;
+use crate::lifecycle::{self, ClaimMode};
+use crate::records::{
+    AttemptRecord, CallClass, CallRecord, CallState, Claim, LogRecord, NewRun, RunEnd, RunRecord,
+    RunStatus,
+};
+use crate::settle::{self, Resolution};
+use crate::store::{Pool, RunQuery, Store, StoreError, WriteOp};
+
+/// A pool over a new, empty ledger, and what must outlive it.
+pub struct TestLedger {
+    pub pool: Arc<dyn Pool>,
+    pub guard: Box<dyn Any + Send>,
+}
+
+impl TestLedger {
+    pub fn store(&self) -> Box<dyn Store> {
+        self.pool.store().expect("a store from the pool")
+    }
+}
+
+/// Expands into one `#[test]` per conformance case, each on a new ledger
+/// from `$make` (a function returning a [`TestLedger`]).
+#[macro_export]
+macro_rules! conformance_tests {
+    ($make:expr) => {
+        $crate::conformance_tests!(@cases $make;
+            modules_are_kept_once_by_digest_and_an_unknown_one_is_refused,
+            a_run_is_inserted_once_and_listed_by_its_filters,
+            sixteen_racing_claimants_have_one_winner_per_version,
+            a_live_lease_refuses_a_claim_until_it_runs_out_or_its_owner_is_gone,
+            a_stale_writer_is_refused_on_every_write_path,
+            due_runs_come_earliest_first_and_workers_claim_only_due_ones,
+            a_durable_commit_is_visible_to_another_store_once_answered,
+            an_execution_creating_its_run_fails_whole_if_the_id_exists,
+            calls_are_only_appended_and_outcomes_land_on_their_calls,
+            attempts_and_logs_read_back_in_order,
+            a_person_approves_a_waiting_call_once_and_the_run_is_due_with_a_new_fence,
+            an_expired_or_misaimed_approval_is_refused,
+            a_persons_decision_supersedes_a_concurrent_execution,
+            an_unknown_call_is_resolved_once_and_only_if_unknown,
+            a_timer_waits_out_of_memory_until_it_is_due,
+            renewal_extends_a_live_claim_and_release_makes_the_run_due,
+            repin_moves_an_unheld_run_and_refuses_a_held_or_finished_one,
+            a_long_history_streams_back_whole_and_in_order,
+            large_bodies_and_conversations_read_back_byte_for_byte,
+            counters_add_up_across_commits_and_stores
+        );
+    };
+    (@cases $make:expr; $($case:ident),* $(,)?) => {
+        $(
+            #[test]
+            fn $case() {
+                $crate::conformance::$case(&$make);
+            }
+        )*
+    };
+}
+
+type Make = dyn Fn() -> TestLedger;
+
+const WORLD: &str = "stephost:step/step@0.1.0";
+const T0: i64 = 1_800_000_000_000;
+const LEASE_MS: i64 = 30_000;
+const ALIVE: &dyn Fn(&str) -> bool = &|_| true;
+const DEAD: &dyn Fn(&str) -> bool = &|_| false;
+
+fn new_run(store: &dyn Store, run_id: &str, created_at_ms: i64) -> RunRecord {
+    let run = NewRun {
+        run_id,
+        module_digest: "module-a",
+        step: Some("step@1"),
+        world: WORLD,
+        input: "{\"n\":1}",
+        now_ms: created_at_ms,
+    }
+    .record(None);
+    store.insert_run(&run).expect("insert a run")
+}
+
+fn claim(store: &dyn Store, run_id: &str, owner: &str, now_ms: i64) -> Claim {
+    lifecycle::claim(store, run_id, owner, LEASE_MS, now_ms, ClaimMode::Any, DEAD)
+        .expect("claim the run")
+}
+
+fn call(seq: u64, class: CallClass, state: CallState) -> CallRecord {
+    let request = format!("{{\"i\":{seq}}}");
+    CallRecord {
+        seq,
+        class,
+        interface: "stephost:step/effects".into(),
+        function: "orders".into(),
+        operation_id: crate::ids::operation_id("r", "orders", seq, None),
+        request_hash: crate::ids::request_hash("stephost:step/effects", "orders", &request),
+        request,
+        state,
+        outcome: state.has_outcome().then(|| format!("{{\"ok\":{seq}}}")),
+        started_at_ms: T0 + seq as i64,
+        finished_at_ms: state.has_outcome().then_some(T0 + seq as i64),
+        resolved_by: None,
+        chain: None,
+    }
+}
+
+fn finished(seq: u64) -> WriteOp {
+    WriteOp::Call(call(seq, CallClass::Observe, CallState::Succeeded))
+}
+
+fn commit(pool: &dyn Pool, claim: &Claim, ops: Vec<WriteOp>) -> Result<(), StoreError> {
+    let mut writer = pool.writer().expect("a writer");
+    writer.commit(claim, ops).wait()?;
+    writer.landed()
+}
+
+fn end(end: RunEnd, now_ms: i64) -> WriteOp {
+    WriteOp::End(lifecycle::ended(&end, now_ms))
+}
+
+fn calls_of(store: &dyn Store, run_id: &str) -> Vec<CallRecord> {
+    store.calls(run_id, 1, usize::MAX).expect("read calls")
+}
+
+/// A run waiting at an approval (call #1) that expires after `ttl_seconds`.
+fn waiting_for_approval(ledger: &TestLedger, run_id: &str, ttl_seconds: u64) -> Claim {
+    let store = ledger.store();
+    new_run(store.as_ref(), run_id, T0);
+    let claimed = claim(store.as_ref(), run_id, "w1", T0);
+    let request = serde_json::json!({
+        "subject": "refund 40 EUR",
+        "details": {"amount": 40},
+        "details_sha256": "d",
+        "ttl_seconds": ttl_seconds,
+    })
+    .to_string();
+    let mut asked = call(1, CallClass::Suspend, CallState::Started);
+    asked.interface = approvals::INTERFACE.into();
+    asked.function = "request".into();
+    asked.request_hash = crate::ids::request_hash(approvals::INTERFACE, "request", &request);
+    asked.request = request;
+    commit(ledger.pool.as_ref(), &claimed, vec![WriteOp::Started(asked)]).expect("ask");
+    claimed
+}
+
+pub fn modules_are_kept_once_by_digest_and_an_unknown_one_is_refused(make: &Make) {
+    let ledger = make();
+    let store = ledger.store();
+    store.put_module("d1", b"\0asm bytes").unwrap();
+    store.put_module("d1", b"\0asm bytes").unwrap();
+    assert_eq!(store.module("d1").unwrap(), b"\0asm bytes");
+    assert!(matches!(
+        store.module("d2"),
+        Err(StoreError::UnknownModule(d)) if d == "d2"
+    ));
+}
+
+pub fn a_run_is_inserted_once_and_listed_by_its_filters(make: &Make) {
+    let ledger = make();
+    let store = ledger.store();
+    let first = new_run(store.as_ref(), "r1", T0);
+    assert_eq!(store.run("r1").unwrap(), first);
+    // Inserting the same id again returns the run that is there.
+    let mut other = first.clone();
+    other.input = "{\"n\":2}".into();
+    assert_eq!(store.insert_run(&other).unwrap(), first);
+    assert!(matches!(store.run("nope"), Err(StoreError::UnknownRun(_))));
+    for i in 2..=5 {
+        new_run(store.as_ref(), &format!("r{i}"), T0 + i);
+    }
+    let mut moved = store.run("r5").unwrap();
+    moved.module_digest = "module-b".into();
+    moved.version += 1;
+    store.swap_run(moved.version - 1, &moved).unwrap();
+    claim(store.as_ref(), "r4", "w", T0);
+    let ids = |query: &RunQuery| -> Vec<String> {
+        store
+            .runs(query)
+            .unwrap()
+            .into_iter()
+            .map(|r| r.run_id)
+            .collect()
+    };
+    assert_eq!(ids(&RunQuery::default()), ["r5", "r4", "r3", "r2", "r1"]);
+    let page = RunQuery {
+        limit: Some(2),
+        ..RunQuery::default()
+    };
+    assert_eq!(ids(&page), ["r5", "r4"]);
+    let next = RunQuery {
+        after_run_id: Some("r4".into()),
+        ..page.clone()
+    };
+    assert_eq!(ids(&next), ["r3", "r2"]);
+    let pending = RunQuery {
+        status: Some(RunStatus::Pending),
+        ..RunQuery::default()
+    };
+    assert_eq!(ids(&pending), ["r5", "r3", "r2", "r1"]);
+    let module_b = RunQuery {
+        module_digest: Some("module-b".into()),
+        ..RunQuery::default()
+    };
+    assert_eq!(ids(&module_b), ["r5"]);
+    let window = RunQuery {
+        created_after_ms: Some(T0 + 1),
+        created_before_ms: Some(T0 + 4),
+        step: Some("step@1".into()),
+        ..RunQuery::default()
+    };
+    assert_eq!(ids(&window), ["r3", "r2"]);
+    let mut counts = store.status_counts().unwrap();
+    counts.sort_by_key(|(s, _)| s.as_str());
+    assert_eq!(counts, [(RunStatus::Pending, 4), (RunStatus::Running, 1)]);
+}
+
+pub fn sixteen_racing_claimants_have_one_winner_per_version(make: &Make) {
+    const CLAIMANTS: usize = 16;
+    const ROUNDS: i64 = 4;
+    let ledger = make();
+    new_run(ledger.store().as_ref(), "race", T0);
+    let mut fences = Vec::new();
+    for round in 0..ROUNDS {
+        // Each round starts after the last winner's lease has run out.
+        let now = T0 + round * (LEASE_MS + 1);
+        let barrier = Arc::new(Barrier::new(CLAIMANTS));
+        let results: Vec<Result<Claim, StoreError>> = std::thread::scope(|scope| {
+            let handles: Vec<_> = (0..CLAIMANTS)
+                .map(|i| {
+                    let pool = ledger.pool.clone();
+                    let barrier = barrier.clone();
+                    scope.spawn(move || {
+                        let store = pool.store().expect("a store");
+                        let run = store.run("race").expect("read the run");
+                        barrier.wait();
+                        lifecycle::claim_read(
+                            store.as_ref(),
+                            &run,
+                            &format!("claimant-{i}"),
+                            LEASE_MS,
+                            now,
+                            ClaimMode::Due,
+                            ALIVE,
+                        )
+                    })
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        let winners: Vec<&Claim> = results.iter().filter_map(|r| r.as_ref().ok()).collect();
+        assert_eq!(winners.len(), 1, "round {round}: {results:?}");
+        for lost in results.iter().filter_map(|r| r.as_ref().err()) {
+            assert!(
+                matches!(
+                    lost,
+                    StoreError::VersionConflict { .. } | StoreError::Unavailable(_)
+                ),
+                "round {round}: {lost:?}"
+            );
+        }
+        let run = ledger.store().run("race").unwrap();
+        assert_eq!(run.fence, winners[0].fence);
+        assert_eq!(run.owner.as_deref(), Some(winners[0].owner.as_str()));
+        fences.push(run.fence);
+    }
+    assert!(fences.windows(2).all(|w| w[0] < w[1]), "{fences:?}");
+}
+
+pub fn a_live_lease_refuses_a_claim_until_it_runs_out_or_its_owner_is_gone(make: &Make) {
+    let ledger = make();
+    let store = ledger.store();
+    new_run(store.as_ref(), "held", T0);
+    let first = claim(store.as_ref(), "held", "w1", T0);
+    let try_claim = |now: i64, alive: &dyn Fn(&str) -> bool| {
+        lifecycle::claim(store.as_ref(), "held", "w2", LEASE_MS, now, ClaimMode::Due, alive)
+    };
+    assert!(matches!(
+        try_claim(T0 + 1, ALIVE),
+        Err(StoreError::ClaimedElsewhere { owner, .. }) if owner == "w1"
+    ));
+    let second = try_claim(first.lease_until_ms, ALIVE).expect("the lease ran out");
+    assert_eq!(second.fence, first.fence + 1);
+    let third = lifecycle::claim(
+        store.as_ref(),
+        "held",
+        "w3",
+        LEASE_MS,
+        T0 + 2,
+        ClaimMode::Due,
+        DEAD,
+    )
+    .expect("the owner is gone");
+    assert_eq!(third.fence, second.fence + 1);
+}
+
+pub fn a_stale_writer_is_refused_on_every_write_path(make: &Make) {
+    let ledger = make();
+    let pool = ledger.pool.as_ref();
+    let store = ledger.store();
+    new_run(store.as_ref(), "f", T0);
+    let stale = claim(store.as_ref(), "f", "w1", T0);
+    commit(pool, &stale, vec![finished(1)]).unwrap();
+    let newest = claim(store.as_ref(), "f", "w2", T0 + 1);
+    commit(pool, &newest, vec![WriteOp::Started(call(2, CallClass::Write, CallState::Started))])
+        .unwrap();
+    let paths: Vec<(&str, WriteOp)> = vec![
+        ("a finished call", finished(3)),
+        ("a started write", WriteOp::Started(call(3, CallClass::Write, CallState::Started))),
+        (
+            "an outcome",
+            WriteOp::Outcome {
+                seq: 2,
+                state: CallState::Succeeded,
+                outcome: Some("{\"ok\":1}".into()),
+                now_ms: T0,
+                chain: None,
+            },
+        ),
+        (
+            "an attempt",
+            WriteOp::Attempt(AttemptRecord {
+                seq: 2,
+                attempt: 1,
+                kind: "send".into(),
+                started_at_ms: T0,
+                finished_at_ms: T0,
+                result: "ok".into(),
+                detail: None,
+            }),
+        ),
+        (
+            "a log line",
+            WriteOp::Log(LogRecord {
+                after_seq: 2,
+                level: "info".into(),
+                message: "zombie".into(),
+                at_ms: T0,
+            }),
+        ),
+        (
+            "a lease",
+            WriteOp::Lease {
+                until_ms: T0 + 99_999,
+                due_at_ms: Some(T0 + 99_999),
+            },
+        ),
+        (
+            "the run's end",
+            end(
+                RunEnd::Completed {
+                    output: "{}".into(),
+                    exit_code: None,
+                },
+                T0,
+            ),
+        ),
+        ("counters", WriteOp::Counters(Counters::from([("zombie_total", 1)]))),
+    ];
+    let before = store.run("f").unwrap();
+    for (what, op) in paths {
+        let err = commit(pool, &stale, vec![op]).expect_err(what);
+        assert_eq!(
+            err,
+            StoreError::Fenced {
+                run_id: "f".into(),
+                held: stale.fence,
+                newest: newest.fence,
+            },
+            "{what}"
+        );
+    }
+    // A commit whose first ops would apply fails whole.
+    let err = commit(pool, &stale, vec![finished(3), finished(4)]).unwrap_err();
+    assert!(matches!(err, StoreError::Fenced { .. }));
+    assert_eq!(store.run("f").unwrap(), before);
+    let calls = calls_of(store.as_ref(), "f");
+    assert_eq!(calls.len(), 2);
+    assert_eq!(calls[1].state, CallState::Started);
+    assert!(store.logs("f").unwrap().is_empty());
+    assert!(store.attempts("f", None).unwrap().is_empty());
+    assert!(!store.counters().unwrap().iter().any(|(n, _)| n == "zombie_total"));
+    // Renewal and release through the store refuse or ignore the stale claim.
+    assert!(matches!(
+        lifecycle::renew(store.as_ref(), &stale, T0 + 5),
+        Err(StoreError::Fenced { .. })
+    ));
+    lifecycle::release(store.as_ref(), &stale, T0 + 5).unwrap();
+    assert_eq!(store.run("f").unwrap().owner.as_deref(), Some("w2"));
+}
+
+pub fn due_runs_come_earliest_first_and_workers_claim_only_due_ones(make: &Make) {
+    let ledger = make();
+    let pool = ledger.pool.as_ref();
+    let store = ledger.store();
+    let now = T0 + 100_000;
+    // pending (due since creation), a released run (due at its release),
+    // a timer due, one not due, a held run, and runs never due.
+    new_run(store.as_ref(), "pending", T0 + 10);
+    for id in ["released", "timer-due", "timer-later", "held", "parked", "done"] {
+        new_run(store.as_ref(), id, T0);
+    }
+    let released = claim(store.as_ref(), "released", "w", T0 + 20);
+    lifecycle::release(store.as_ref(), &released, T0 + 30).unwrap();
+    for (id, wake) in [("timer-due", now - 5), ("timer-later", now + 60_000)] {
+        let c = claim(store.as_ref(), id, "w", T0);
+        commit(pool, &c, vec![end(RunEnd::Waiting { wake_at_ms: Some(wake) }, T0)]).unwrap();
+    }
+    claim(store.as_ref(), "held", "w-live", now - 1_000);
+    let c = claim(store.as_ref(), "parked", "w", T0);
+    commit(pool, &c, vec![end(RunEnd::Parked { error: "e".into() }, T0)]).unwrap();
+    let c = claim(store.as_ref(), "done", "w", T0);
+    commit(
+        pool,
+        &c,
+        vec![end(
+            RunEnd::Completed {
+                output: "{}".into(),
+                exit_code: None,
+            },
+            T0,
+        )],
+    )
+    .unwrap();
+    let listed: Vec<String> = store
+        .due_runs(100)
+        .unwrap()
+        .into_iter()
+        .map(|r| r.run_id)
+        .collect();
+    assert_eq!(
+        listed,
+        ["pending", "released", "timer-due", "held", "timer-later"]
+    );
+    assert_eq!(store.due_runs(2).unwrap().len(), 2);
+    let claimable: Vec<&str> = listed
+        .iter()
+        .filter(|id| {
+            let run = store.run(id).unwrap();
+            lifecycle::check_claimable(&run, "w2", now, ClaimMode::Due, ALIVE).is_ok()
+        })
+        .map(String::as_str)
+        .collect();
+    assert_eq!(claimable, ["pending", "released", "timer-due"]);
+    for id in ["parked", "done", "timer-later"] {
+        let err = lifecycle::claim(store.as_ref(), id, "w2", LEASE_MS, now, ClaimMode::Due, ALIVE)
+            .unwrap_err();
+        assert!(matches!(err, StoreError::NotClaimable { .. }), "{id}: {err:?}");
+    }
+}
+
+pub fn a_durable_commit_is_visible_to_another_store_once_answered(make: &Make) {
+    let ledger = make();
+    let store = ledger.store();
+    new_run(store.as_ref(), "d", T0);
+    let c = claim(store.as_ref(), "d", "w", T0);
+    let mut writer = ledger.pool.writer().unwrap();
+    // Buffered calls ride on the durable `started` row's commit.
+    writer
+        .commit(
+            &c,
+            vec![
+                finished(1),
+                finished(2),
+                WriteOp::Started(call(3, CallClass::Write, CallState::Started)),
+            ],
+        )
+        .wait()
+        .unwrap();
+    // Before the request would leave: a store opened now sees all of it.
+    let other = ledger.store();
+    let calls = calls_of(other.as_ref(), "d");
+    assert_eq!(calls.len(), 3);
+    assert_eq!(calls[2].state, CallState::Started);
+    assert_eq!(calls[2].operation_id, call(3, CallClass::Write, CallState::Started).operation_id);
+}
+
+pub fn an_execution_creating_its_run_fails_whole_if_the_id_exists(make: &Make) {
+    let ledger = make();
+    let store = ledger.store();
+    let new = NewRun {
+        run_id: "c",
+        module_digest: "module-a",
+        step: None,
+        world: WORLD,
+        input: "{}",
+        now_ms: T0,
+    };
+    let first = lifecycle::first_claim("c", "w1", LEASE_MS, T0);
+    commit(
+        ledger.pool.as_ref(),
+        &first,
+        vec![WriteOp::Create(Box::new(new.record(Some(&first)))), finished(1)],
+    )
+    .unwrap();
+    let run = store.run("c").unwrap();
+    assert_eq!((run.status, run.fence, run.owner.as_deref()), (RunStatus::Running, 1, Some("w1")));
+    assert_eq!(calls_of(store.as_ref(), "c").len(), 1);
+    let other = lifecycle::first_claim("c", "w2", LEASE_MS, T0);
+    let err = commit(
+        ledger.pool.as_ref(),
+        &other,
+        vec![WriteOp::Create(Box::new(new.record(Some(&other)))), finished(2)],
+    )
+    .unwrap_err();
+    assert!(matches!(err, StoreError::ClaimedElsewhere { .. }), "{err:?}");
+    assert_eq!(store.run("c").unwrap(), run);
+    assert_eq!(calls_of(store.as_ref(), "c").len(), 1);
+}
+
+pub fn calls_are_only_appended_and_outcomes_land_on_their_calls(make: &Make) {
+    let ledger = make();
+    let pool = ledger.pool.as_ref();
+    let store = ledger.store();
+    new_run(store.as_ref(), "a", T0);
+    let c = claim(store.as_ref(), "a", "w", T0);
+    commit(pool, &c, vec![finished(1), WriteOp::Started(call(2, CallClass::Write, CallState::Started))])
+        .unwrap();
+    for (what, seq) in [("again", 2), ("a gap", 4), ("before the last", 1)] {
+        let err = commit(pool, &c, vec![finished(seq)]).unwrap_err();
+        assert!(matches!(err, StoreError::NotAppended { .. }), "{what}: {err:?}");
+    }
+    commit(
+        pool,
+        &c,
+        vec![WriteOp::Outcome {
+            seq: 2,
+            state: CallState::Succeeded,
+            outcome: Some("{\"ok\":\"R-1\"}".into()),
+            now_ms: T0 + 50,
+            chain: Some("link-2".into()),
+        }],
+    )
+    .unwrap();
+    let calls = calls_of(store.as_ref(), "a");
+    let expected = CallRecord {
+        state: CallState::Succeeded,
+        outcome: Some("{\"ok\":\"R-1\"}".into()),
+        finished_at_ms: Some(T0 + 50),
+        chain: Some("link-2".into()),
+        ..call(2, CallClass::Write, CallState::Started)
+    };
+    assert_eq!(calls[1], expected);
+    assert_eq!(calls[0], call(1, CallClass::Observe, CallState::Succeeded));
+    commit(pool, &c, vec![finished(3)]).unwrap();
+    let page = store.calls("a", 2, 1).unwrap();
+    assert_eq!(page.len(), 1);
+    assert_eq!(page[0].seq, 2);
+}
+
+pub fn attempts_and_logs_read_back_in_order(make: &Make) {
+    let ledger = make();
+    let pool = ledger.pool.as_ref();
+    let store = ledger.store();
+    new_run(store.as_ref(), "t", T0);
+    let c = claim(store.as_ref(), "t", "w", T0);
+    let attempt = |seq: u64, attempt: u32, result: &str| {
+        WriteOp::Attempt(AttemptRecord {
+            seq,
+            attempt,
+            kind: if attempt == 1 { "send" } else { "lookup" }.into(),
+            started_at_ms: T0 + attempt as i64,
+            finished_at_ms: T0 + attempt as i64 + 1,
+            result: result.into(),
+            detail: (result != "ok").then(|| format!("detail {attempt}")),
+        })
+    };
+    let log = |after_seq: u64, message: &str| {
+        WriteOp::Log(LogRecord {
+            after_seq,
+            level: "info".into(),
+            message: message.into(),
+            at_ms: T0,
+        })
+    };
+    // A read's attempts come before its row in the commit; a write's
+    // after its `started` row, in a later commit.
+    commit(
+        pool,
+        &c,
+        vec![
+            attempt(1, 1, "retryable"),
+            attempt(1, 2, "ok"),
+            WriteOp::Call(call(1, CallClass::Read, CallState::Succeeded)),
+            log(1, "first"),
+            WriteOp::Started(call(2, CallClass::Write, CallState::Started)),
+        ],
+    )
+    .unwrap();
+    commit(pool, &c, vec![attempt(2, 1, "retryable"), log(1, "second")]).unwrap();
+    commit(
+        pool,
+        &c,
+        vec![
+            attempt(2, 2, "ok"),
+            WriteOp::Outcome {
+                seq: 2,
+                state: CallState::Succeeded,
+                outcome: Some("{\"ok\":2}".into()),
+                now_ms: T0,
+                chain: None,
+            },
+            log(2, "third"),
+        ],
+    )
+    .unwrap();
+    let all: Vec<(u64, u32, String)> = store
+        .attempts("t", None)
+        .unwrap()
+        .into_iter()
+        .map(|a| (a.seq, a.attempt, a.result))
+        .collect();
+    assert_eq!(
+        all,
+        [
+            (1, 1, "retryable".to_string()),
+            (1, 2, "ok".to_string()),
+            (2, 1, "retryable".to_string()),
+            (2, 2, "ok".to_string())
+        ]
+    );
+    let second = store.attempts("t", Some(2)).unwrap();
+    assert_eq!(second.len(), 2);
+    assert_eq!(second[0].detail.as_deref(), Some("detail 1"));
+    assert_eq!(second[1].kind, "lookup");
+    let logs: Vec<(u64, String)> = store
+        .logs("t")
+        .unwrap()
+        .into_iter()
+        .map(|l| (l.after_seq, l.message))
+        .collect();
+    assert_eq!(
+        logs,
+        [
+            (1, "first".to_string()),
+            (1, "second".to_string()),
+            (2, "third".to_string())
+        ]
+    );
+}
+
+pub fn a_person_approves_a_waiting_call_once_and_the_run_is_due_with_a_new_fence(make: &Make) {
+    let ledger = make();
+    let store = ledger.store();
+    let asked = waiting_for_approval(&ledger, "ap", 3_600);
+    commit(
+        ledger.pool.as_ref(),
+        &asked,
+        vec![end(
+            RunEnd::Waiting {
+                wake_at_ms: Some(T0 + 3_600_000),
+            },
+            T0,
+        )],
+    )
+    .unwrap();
+    let open = store
+        .open_calls(CallState::Started, Some(approvals::INTERFACE))
+        .unwrap();
+    assert_eq!(open.len(), 1);
+    assert_eq!((open[0].run.run_id.as_str(), open[0].call.seq), ("ap", 1));
+    let before = store.run("ap").unwrap();
+    assert!(!lifecycle::is_due(&before, T0 + 10));
+    settle::decide_approval(store.as_ref(), "ap", 1, Verdict::Approved, "ana", Some("ok"), T0 + 10)
+        .unwrap();
+    let run = store.run("ap").unwrap();
+    assert_eq!(run.status, RunStatus::Running);
+    assert_eq!(run.owner, None);
+    assert_eq!(run.fence, before.fence + 1);
+    assert!(lifecycle::is_due(&run, T0 + 10));
+    let decided = &calls_of(store.as_ref(), "ap")[0];
+    assert_eq!(decided.state, CallState::Succeeded);
+    assert_eq!(decided.resolved_by.as_deref(), Some("ana"));
+    let link = crate::chain::link_finished("", decided, decided.state, decided.outcome.as_deref());
+    assert_eq!(decided.chain.as_deref(), Some(link.as_str()));
+    let outcome: serde_json::Value =
+        serde_json::from_str(decided.outcome.as_deref().unwrap()).unwrap();
+    let decision: serde_json::Value =
+        serde_json::from_str(outcome["ok"].as_str().unwrap()).unwrap();
+    assert_eq!(decision["verdict"], "approved");
+    assert_eq!(decision["by"], "ana");
+    assert!(store
+        .open_calls(CallState::Started, Some(approvals::INTERFACE))
+        .unwrap()
+        .is_empty());
+    let again =
+        settle::decide_approval(store.as_ref(), "ap", 1, Verdict::Rejected, "bo", None, T0 + 11);
+    assert!(matches!(again, Err(StoreError::NotDecidable { .. })), "{again:?}");
+    let counted = store
+        .counters()
+        .unwrap()
+        .into_iter()
+        .find(|(n, _)| n == "approvals_decided_total");
+    assert_eq!(counted, Some(("approvals_decided_total".to_string(), 1)));
+}
+
+pub fn an_expired_or_misaimed_approval_is_refused(make: &Make) {
+    let ledger = make();
+    let store = ledger.store();
+    waiting_for_approval(&ledger, "ex", 1);
+    let late =
+        settle::decide_approval(store.as_ref(), "ex", 1, Verdict::Approved, "ana", None, T0 + 1_001);
+    assert!(matches!(late, Err(StoreError::NotDecidable { ref reason, .. }) if reason.contains("expired")), "{late:?}");
+    let missing =
+        settle::decide_approval(store.as_ref(), "ex", 9, Verdict::Approved, "ana", None, T0);
+    assert!(matches!(missing, Err(StoreError::NotDecidable { .. })), "{missing:?}");
+    let nobody = settle::decide_approval(store.as_ref(), "ex", 1, Verdict::Approved, " ", None, T0);
+    assert!(matches!(nobody, Err(StoreError::NotDecidable { .. })), "{nobody:?}");
+    assert_eq!(calls_of(store.as_ref(), "ex")[0].state, CallState::Started);
+    // A call that is not an approval is not decided as one.
+    new_run(store.as_ref(), "w", T0);
+    let c = claim(store.as_ref(), "w", "w", T0);
+    commit(
+        ledger.pool.as_ref(),
+        &c,
+        vec![WriteOp::Started(call(1, CallClass::Write, CallState::Started))],
+    )
+    .unwrap();
+    let misaimed =
+        settle::decide_approval(store.as_ref(), "w", 1, Verdict::Approved, "ana", None, T0);
+    assert!(matches!(misaimed, Err(StoreError::NotDecidable { .. })), "{misaimed:?}");
+}
+
+pub fn a_persons_decision_supersedes_a_concurrent_execution(make: &Make) {
+    let ledger = make();
+    let store = ledger.store();
+    // The execution is still running (it has not suspended yet).
+    let running = waiting_for_approval(&ledger, "sup", 3_600);
+    settle::decide_approval(store.as_ref(), "sup", 1, Verdict::Rejected, "ana", None, T0 + 5)
+        .unwrap();
+    let stale = commit(
+        ledger.pool.as_ref(),
+        &running,
+        vec![end(RunEnd::Waiting { wake_at_ms: None }, T0 + 6)],
+    );
+    assert!(matches!(stale, Err(StoreError::Fenced { .. })), "{stale:?}");
+    let run = store.run("sup").unwrap();
+    assert_eq!(run.status, RunStatus::Running);
+    assert!(lifecycle::is_due(&run, T0 + 6));
+}
+
+pub fn an_unknown_call_is_resolved_once_and_only_if_unknown(make: &Make) {
+    let ledger = make();
+    let pool = ledger.pool.as_ref();
+    let store = ledger.store();
+    new_run(store.as_ref(), "u", T0);
+    let c = claim(store.as_ref(), "u", "w", T0);
+    commit(pool, &c, vec![finished(1), WriteOp::Started(call(2, CallClass::Write, CallState::Started))])
+        .unwrap();
+    let early = settle::resolve(
+        store.as_ref(),
+        "u",
+        2,
+        &Resolution::Succeeded("{}".into()),
+        "ana",
+        T0,
+    );
+    assert!(matches!(early, Err(StoreError::NotUnknown { .. })), "{early:?}");
+    commit(
+        pool,
+        &c,
+        vec![
+            WriteOp::Outcome {
+                seq: 2,
+                state: CallState::Unknown,
+                outcome: None,
+                now_ms: T0,
+                chain: None,
+            },
+            end(RunEnd::Parked { error: "unknown_outcome".into() }, T0),
+        ],
+    )
+    .unwrap();
+    let open = store.open_calls(CallState::Unknown, None).unwrap();
+    assert_eq!(open.len(), 1);
+    assert_eq!(open[0].run.status, RunStatus::Parked);
+    settle::resolve(
+        store.as_ref(),
+        "u",
+        2,
+        &Resolution::Failed("the supplier never got it".into()),
+        "ana",
+        T0 + 9,
+    )
+    .unwrap();
+    let call = &calls_of(store.as_ref(), "u")[1];
+    assert_eq!(call.state, CallState::Failed);
+    assert_eq!(call.resolved_by.as_deref(), Some("ana"));
+    assert!(call.outcome.as_deref().unwrap().contains("the supplier never got it"));
+    let run = store.run("u").unwrap();
+    assert_eq!((run.status, run.error.as_deref()), (RunStatus::Running, None));
+    assert_eq!(run.fence, c.fence + 1);
+    let again = settle::resolve(
+        store.as_ref(),
+        "u",
+        2,
+        &Resolution::Succeeded("{}".into()),
+        "bo",
+        T0 + 10,
+    );
+    assert!(
+        matches!(again, Err(StoreError::NotUnknown { ref state, .. }) if state == "failed"),
+        "{again:?}"
+    );
+    assert!(store.open_calls(CallState::Unknown, None).unwrap().is_empty());
+}
+
+pub fn a_timer_waits_out_of_memory_until_it_is_due(make: &Make) {
+    let ledger = make();
+    let store = ledger.store();
+    new_run(store.as_ref(), "sleep", T0);
+    let c = claim(store.as_ref(), "sleep", "w", T0);
+    let wake = T0 + 60_000;
+    commit(
+        ledger.pool.as_ref(),
+        &c,
+        vec![
+            WriteOp::Started(call(1, CallClass::Suspend, CallState::Started)),
+            end(RunEnd::Waiting { wake_at_ms: Some(wake) }, T0),
+        ],
+    )
+    .unwrap();
+    let run = store.run("sleep").unwrap();
+    assert_eq!((run.status, run.owner.as_deref(), run.wake_at_ms), (RunStatus::Waiting, None, Some(wake)));
+    let early = lifecycle::claim(store.as_ref(), "sleep", "w2", LEASE_MS, wake - 1, ClaimMode::Due, ALIVE);
+    assert!(matches!(early, Err(StoreError::NotClaimable { .. })), "{early:?}");
+    let woken = lifecycle::claim(store.as_ref(), "sleep", "w2", LEASE_MS, wake, ClaimMode::Due, ALIVE)
+        .expect("due at its wake time");
+    let run = store.run("sleep").unwrap();
+    assert_eq!((run.status, run.wake_at_ms, run.fence), (RunStatus::Running, None, woken.fence));
+}
+
+pub fn renewal_extends_a_live_claim_and_release_makes_the_run_due(make: &Make) {
+    let ledger = make();
+    let store = ledger.store();
+    new_run(store.as_ref(), "l", T0);
+    let c = claim(store.as_ref(), "l", "w", T0);
+    assert!(lifecycle::renew(store.as_ref(), &c, T0 + 20_000).unwrap());
+    let run = store.run("l").unwrap();
+    assert_eq!(run.lease_until_ms, Some(T0 + 20_000 + LEASE_MS));
+    // A renewal inside a commit, as an execution makes it.
+    commit(
+        ledger.pool.as_ref(),
+        &c,
+        vec![
+            finished(1),
+            WriteOp::Lease {
+                until_ms: T0 + 90_000,
+                due_at_ms: Some(T0 + 90_000),
+            },
+        ],
+    )
+    .unwrap();
+    let run = store.run("l").unwrap();
+    assert_eq!(run.lease_until_ms, Some(T0 + 90_000));
+    assert!(!lifecycle::is_due(&run, T0 + 89_999));
+    lifecycle::release(store.as_ref(), &c, T0 + 30_000).unwrap();
+    let run = store.run("l").unwrap();
+    assert_eq!((run.owner.as_deref(), run.lease_until_ms), (None, None));
+    assert!(lifecycle::is_due(&run, T0 + 30_000));
+    // Once given up, there is nothing to renew.
+    assert!(!lifecycle::renew(store.as_ref(), &c, T0 + 31_000).unwrap());
+}
+
+pub fn repin_moves_an_unheld_run_and_refuses_a_held_or_finished_one(make: &Make) {
+    let ledger = make();
+    let store = ledger.store();
+    new_run(store.as_ref(), "p", T0);
+    lifecycle::repin(store.as_ref(), "p", "module-a", "module-b", Some("step@2"), T0, ALIVE).unwrap();
+    let run = store.run("p").unwrap();
+    assert_eq!((run.module_digest.as_str(), run.step.as_deref()), ("module-b", Some("step@2")));
+    let stale = lifecycle::repin(store.as_ref(), "p", "module-a", "module-c", None, T0, ALIVE);
+    assert!(matches!(stale, Err(StoreError::RepinConflict { .. })), "{stale:?}");
+    claim(store.as_ref(), "p", "w", T0);
+    let held = lifecycle::repin(store.as_ref(), "p", "module-b", "module-c", None, T0 + 1, ALIVE);
+    assert!(matches!(held, Err(StoreError::RepinConflict { .. })), "{held:?}");
+    new_run(store.as_ref(), "q", T0);
+    let c = claim(store.as_ref(), "q", "w", T0);
+    commit(
+        ledger.pool.as_ref(),
+        &c,
+        vec![end(RunEnd::Failed { error: "e".into(), exit_code: None }, T0)],
+    )
+    .unwrap();
+    let finished = lifecycle::repin(store.as_ref(), "q", "module-a", "module-b", None, T0, ALIVE);
+    assert!(matches!(finished, Err(StoreError::RepinConflict { .. })), "{finished:?}");
+}
+
+pub fn a_long_history_streams_back_whole_and_in_order(make: &Make) {
+    const CALLS: u64 = 10_000;
+    let ledger = make();
+    let store = ledger.store();
+    new_run(store.as_ref(), "long", T0);
+    let c = claim(store.as_ref(), "long", "w", T0);
+    let mut writer = ledger.pool.writer().unwrap();
+    let mut seq = 0;
+    while seq < CALLS - 1 {
+        let ops: Vec<WriteOp> = (seq + 1..=(seq + 1000).min(CALLS - 1)).map(finished).collect();
+        seq += ops.len() as u64;
+        writer.commit(&c, ops).wait().unwrap();
+    }
+    let last = call(CALLS, CallClass::Write, CallState::Started);
+    writer
+        .commit(
+            &c,
+            vec![
+                WriteOp::Started(last.clone()),
+                WriteOp::Attempt(AttemptRecord {
+                    seq: CALLS,
+                    attempt: 1,
+                    kind: "send".into(),
+                    started_at_ms: T0,
+                    finished_at_ms: T0,
+                    result: "retryable".into(),
+                    detail: None,
+                }),
+            ],
+        )
+        .wait()
+        .unwrap();
+    writer.landed().unwrap();
+    let mut history = store.history("long").unwrap();
+    assert_eq!(history.len() as u64, CALLS);
+    assert_eq!(history.last_attempts(), 1, "the last call, in flight, has one attempt");
+    for i in 0..CALLS as usize {
+        let got = history.get(i).unwrap().expect("every call arrives");
+        assert_eq!(got.seq, i as u64 + 1);
+    }
+    assert!(history.get(CALLS as usize).unwrap().is_none());
+    assert_eq!(history.into_calls().unwrap().pop(), Some(last));
+    let middle = store.calls("long", 5_000, 3).unwrap();
+    assert_eq!(middle.iter().map(|c| c.seq).collect::<Vec<_>>(), [5_000, 5_001, 5_002]);
+}
+
+pub fn large_bodies_and_conversations_read_back_byte_for_byte(make: &Make) {
+    let ledger = make();
+    let store = ledger.store();
+    new_run(store.as_ref(), "big", T0);
+    let c = claim(store.as_ref(), "big", "w", T0);
+    let large = |seq: u64, request: String, outcome: String| {
+        let mut call = call(seq, CallClass::Read, CallState::Succeeded);
+        call.request_hash = crate::ids::request_hash(&call.interface, &call.function, &request);
+        call.request = request;
+        call.outcome = Some(outcome);
+        call
+    };
+    let answer = format!("{{\"ok\":\"{}\"}}", "a long answer ".repeat(300));
+    let mut conversation = Vec::new();
+    let mut expected = Vec::new();
+    for seq in 1..=6u64 {
+        conversation.push(format!(
+            "{{\"role\":\"user\",\"content\":\"{} {seq}\"}}",
+            "tell me more ".repeat(40)
+        ));
+        let request = format!("{{\"messages\": [{}],\n\"max_tokens\": 9}}", conversation.join(","));
+        expected.push(large(seq, request, answer.clone()));
+    }
+    // A body that holds the part mark is kept whole.
+    expected.push(large(7, format!("\"\u{1}{}\"", "m".repeat(2_000)), "{\"ok\":1}".into()));
+    commit(
+        ledger.pool.as_ref(),
+        &c,
+        expected.iter().cloned().map(WriteOp::Call).collect(),
+    )
+    .unwrap();
+    assert_eq!(calls_of(store.as_ref(), "big"), expected);
+    assert_eq!(store.history("big").unwrap().into_calls().unwrap(), expected);
+}
+
+pub fn counters_add_up_across_commits_and_stores(make: &Make) {
+    let ledger = make();
+    let store = ledger.store();
+    new_run(store.as_ref(), "n", T0);
+    let c = claim(store.as_ref(), "n", "w", T0);
+    store
+        .add_counters(&Counters::from([("a_total", 2), ("b_total", 1)]))
+        .unwrap();
+    commit(
+        ledger.pool.as_ref(),
+        &c,
+        vec![WriteOp::Counters(Counters::from([("a_total", 3)]))],
+    )
+    .unwrap();
+    ledger
+        .store()
+        .add_counters(&Counters::from([("b_total", 4)]))
+        .unwrap();
+    let mut counters = store.counters().unwrap();
+    counters.sort();
+    assert_eq!(
+        counters,
+        [("a_total".to_string(), 5), ("b_total".to_string(), 5)]
+    );
+}

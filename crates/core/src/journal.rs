@@ -1,0 +1,1233 @@
+//! The one durable wrapper every import call passes through.
+//!
+//! ```text
+//! seq += 1
+//! recorded = history[seq]
+//! if recorded:                      # replay
+//!     check interface, function, request hash   -> divergence
+//!     if recorded.outcome: return it
+//!     reconcile(recorded)                       # started, no outcome
+//! else:                             # live
+//!     record started (durable)  -> perform (attempts recorded) -> record outcome
+//! ```
+//! Live I/O happens only inside [`LiveCall::perform`] and
+//! [`LiveCall::reconcile`], which only this module calls.
+//!
+//! Observe and read calls are buffered and ride on the next commit; a
+//! write's `started` row is committed durably, with everything buffered
+//! before it, before the request leaves the host.
+
+use std::collections::HashMap;
+
+use serde::Serialize;
+
+use crate::crash;
+use crate::history::History;
+use crate::ids;
+use crate::limits::Limits;
+use crate::outcome::{CallErrorKind, Outcome};
+use crate::records::{AttemptRecord, CallClass, CallRecord, CallState, Claim, LogRecord, RunRecord};
+use crate::store::{Commit, PendingCommit, StoreError, WriteOp, Writer};
+
+/// Most buffered writes before they are committed anyway.
+pub const PENDING_WRITES_MAX: usize = 1024;
+
+/// Metric counters accumulated during an execution, added to the ledger's
+/// with its end.
+pub type Counters = std::collections::BTreeMap<&'static str, i64>;
+
+/// What the wrapper needs to know about a call.
+#[derive(Debug, Clone, Copy)]
+pub struct CallSpec<'a> {
+    pub class: CallClass,
+    pub interface: &'a str,
+    pub function: &'a str,
+    /// The request as recorded and hashed (JSON text).
+    pub request: &'a str,
+    /// The guest's business key, for the operation id.
+    pub key: Option<&'a str>,
+}
+
+/// The identity of the operation being performed, handed to live I/O.
+#[derive(Debug, Clone)]
+pub struct OpContext<'a> {
+    pub run_id: &'a str,
+    pub seq: u64,
+    /// The call's class as recorded (on reconciliation) or as configured.
+    pub class: CallClass,
+    pub operation_id: &'a str,
+    pub fence: i64,
+}
+
+impl<'a> OpContext<'a> {
+    /// The operation of a call recorded (or being recorded) for run `run_id`.
+    fn of(run_id: &'a str, recorded: &'a CallRecord, fence: i64) -> Self {
+        OpContext {
+            run_id,
+            seq: recorded.seq,
+            class: recorded.class,
+            operation_id: &recorded.operation_id,
+            fence,
+        }
+    }
+}
+
+/// The answer of reconciliation for a call found started without an outcome.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Reconciled {
+    /// The receiver knows the outcome: record it.
+    Outcome(Outcome),
+    /// Performing again cannot act twice (a read, or a deduplicating receiver).
+    PerformAgain,
+    /// Nobody can say; a person must resolve the call.
+    Unknown(String),
+}
+
+/// What a suspending call (timer, approval) says when asked whether it
+/// can complete now.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Wait {
+    Ready(Outcome),
+    /// Not yet: the run leaves memory; a worker looks again at `wake_at_ms`
+    /// (or when a person decides).
+    Until {
+        wake_at_ms: Option<i64>,
+        reason: String,
+    },
+}
+
+/// Live I/O for one call.
+pub trait LiveCall {
+    fn perform(&mut self, op: &OpContext<'_>, attempts: &mut Attempts<'_>) -> Outcome;
+
+    /// For `suspend` calls: may the call complete now? `started_at_ms` is
+    /// when it was first recorded.
+    fn wait(&mut self, _op: &OpContext<'_>, _started_at_ms: i64) -> Wait {
+        Wait::Ready(Outcome::error(
+            CallErrorKind::Invalid,
+            "this call cannot suspend",
+        ))
+    }
+
+    fn reconcile(&mut self, _op: &OpContext<'_>, _attempts: &mut Attempts<'_>) -> Reconciled {
+        Reconciled::PerformAgain
+    }
+
+    /// After `perform`: the reason, if the outcome could not be established.
+    fn take_unknown(&mut self) -> Option<String> {
+        None
+    }
+
+    /// Whether this call can settle a recorded write left in flight (only
+    /// a configured effect can ask its receiver).
+    fn reconciles_writes(&self) -> bool {
+        false
+    }
+
+    /// Whether sending this write again with the same operation id cannot
+    /// act twice (the receiver deduplicates). Such a write's outcome rides
+    /// on the next commit instead of a commit of its own: if the process
+    /// dies first, resume resends it and the receiver answers as before.
+    fn resend_is_harmless(&self) -> bool {
+        false
+    }
+}
+
+/// A call whose value is computed in-process (clock, random, denials).
+pub struct Compute<F: FnMut() -> Outcome>(pub F);
+
+impl<F: FnMut() -> Outcome> LiveCall for Compute<F> {
+    fn perform(&mut self, _op: &OpContext<'_>, _attempts: &mut Attempts<'_>) -> Outcome {
+        (self.0)()
+    }
+}
+
+/// Records each attempt of a call as it happens, and counts events for the
+/// metrics.
+pub struct Attempts<'a> {
+    /// Where attempt rows go (the journal's write buffer); none for
+    /// in-process calls.
+    sink: Option<&'a mut Vec<WriteOp>>,
+    seq: u64,
+    next: u32,
+    counters: &'a mut Counters,
+}
+
+impl Attempts<'_> {
+    /// Adds one to the counter `name`.
+    pub fn count(&mut self, name: &'static str) {
+        *self.counters.entry(name).or_insert(0) += 1;
+    }
+
+    pub fn record(
+        &mut self,
+        kind: &'static str,
+        started_at_ms: i64,
+        result: &'static str,
+        detail: Option<&str>,
+    ) {
+        let number = self.next;
+        self.next += 1;
+        if let Some(sink) = self.sink.as_mut() {
+            sink.push(WriteOp::Attempt(AttemptRecord {
+                seq: self.seq,
+                attempt: number,
+                kind: kind.to_string(),
+                started_at_ms,
+                finished_at_ms: crate::clock::now_ms(),
+                result: result.to_string(),
+                detail: detail.map(str::to_string),
+            }));
+        }
+    }
+}
+
+/// What [`Journal::request_hash`] keeps of the last live call's interface
+/// and function: a step calls the same function again and again.
+struct RequestHashes {
+    interface: String,
+    function: String,
+    hasher: ids::RequestHasher,
+    /// The hash of an empty request (clock, random).
+    empty: String,
+}
+
+/// One side of a divergence report.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct CallSummary {
+    pub interface: String,
+    pub function: String,
+    pub request: String,
+}
+
+/// The first call where a replay differs from the recording.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Divergence {
+    pub seq: u64,
+    /// `None` when the new module makes a call the recording does not have.
+    pub recorded: Option<CallSummary>,
+    /// `None` when the new module ends before a recorded call.
+    pub new: Option<CallSummary>,
+}
+
+impl std::fmt::Display for Divergence {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "call #{} diverged", self.seq)?;
+        let side = |s: &Option<CallSummary>| match s {
+            Some(c) => format!("{} {} {}", c.interface, c.function, c.request),
+            None => "(no call)".to_string(),
+        };
+        write!(
+            f,
+            "\n  recorded: {}\n  new:      {}",
+            side(&self.recorded),
+            side(&self.new)
+        )
+    }
+}
+
+/// Why a run cannot go on; the first one sticks.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Stop {
+    #[error("ledger write failed: {0}")]
+    Ledger(String),
+    /// The run's recorded calls could not be read (`corrupt`: they are
+    /// damaged, e.g. a call is missing).
+    #[error("reading the run's recorded calls failed: {message}")]
+    LedgerRead { message: String, corrupt: bool },
+    /// A recorded value is not what its call returns: the ledger is damaged.
+    #[error("{0}")]
+    Corrupt(String),
+    #[error("{0}")]
+    Fenced(String),
+    #[error("{0}")]
+    Diverged(Box<Divergence>),
+    #[error("call #{seq} ({name}) has an unknown outcome: {reason}")]
+    Parked {
+        seq: u64,
+        name: String,
+        reason: String,
+    },
+    #[error("replay stopped at call #{seq}: {reason}")]
+    ReplayEnd { seq: u64, reason: String },
+    #[error("{0}")]
+    Limit(String),
+    /// The run waits for a timer or a person; it leaves memory.
+    #[error("waiting at call #{seq}: {reason}")]
+    Suspended {
+        seq: u64,
+        wake_at_ms: Option<i64>,
+        reason: String,
+    },
+    /// The worker is shutting down: the run stops at this call boundary and
+    /// its claim is released for another worker.
+    #[error("released at call #{seq}: the worker is shutting down")]
+    Released { seq: u64 },
+}
+
+impl Stop {
+    /// Why a run stops when its recorded calls cannot be read.
+    pub fn reading_history(e: StoreError) -> Stop {
+        match e {
+            StoreError::Corrupt(message) => Stop::LedgerRead {
+                message,
+                corrupt: true,
+            },
+            StoreError::Fenced { .. } => Stop::from(e),
+            other => Stop::LedgerRead {
+                message: other.to_string(),
+                corrupt: false,
+            },
+        }
+    }
+}
+
+impl From<StoreError> for Stop {
+    fn from(e: StoreError) -> Self {
+        match e {
+            // A newer claim, or another process that started the same run
+            // id first: this execution stops without writing.
+            StoreError::Fenced { .. } | StoreError::ClaimedElsewhere { .. } => {
+                Stop::Fenced(e.to_string())
+            }
+            other => Stop::Ledger(other.to_string()),
+        }
+    }
+}
+
+/// Signals from a worker to a run it executes, checked at every call
+/// boundary before any live I/O.
+#[derive(Debug, Default)]
+pub struct RunControl {
+    /// The claim's lease could not be renewed: another worker may own the
+    /// run now, so this one must not act.
+    pub lost: std::sync::atomic::AtomicBool,
+    /// Stop at the next call boundary and release the claim.
+    pub drain: std::sync::atomic::AtomicBool,
+}
+
+/// Where [`Journal::begin`] left a call.
+pub enum Call {
+    /// Answered (recorded, replayed or refused).
+    Done(Outcome),
+    /// A write whose `started` commit another thread applies: wait for it,
+    /// then [`Journal::send`].
+    Durable(Box<PendingWrite>),
+}
+
+impl From<Outcome> for Call {
+    fn from(outcome: Outcome) -> Self {
+        Call::Done(outcome)
+    }
+}
+
+/// A write recorded as started, its commit not yet answered.
+pub struct PendingWrite {
+    started: CallRecord,
+    commit: PendingCommit,
+}
+
+impl PendingWrite {
+    /// The write, and its commit to wait for (or await).
+    pub fn into_parts(self: Box<Self>) -> (WriteStarted, PendingCommit) {
+        (WriteStarted(self.started), self.commit)
+    }
+}
+
+/// A write's `started` record, on its way out once its commit is answered.
+pub struct WriteStarted(CallRecord);
+
+/// Live runs write to the ledger under a claim; replays write nothing.
+pub enum Mode {
+    Live {
+        writer: Box<dyn Writer>,
+        claim: Claim,
+    },
+    Replay,
+}
+
+/// Counts for the run report.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct Stats {
+    /// Calls answered from the recording.
+    pub replayed: u64,
+    /// Calls performed (or reconciled) in this execution.
+    pub live: u64,
+}
+
+pub type LogSink = Box<dyn FnMut(&LogRecord, bool) + Send>;
+
+/// The per-run state of the durable wrapper.
+pub struct Journal {
+    run_id: String,
+    mode: Mode,
+    history: History,
+    next_seq: u64,
+    limits: Limits,
+    stop: Option<Stop>,
+    logs_recorded: HashMap<u64, usize>,
+    log_sink: Option<LogSink>,
+    /// In a replay: whether the recording is of a finished run, so that a
+    /// call past its end is a divergence rather than the end of the record.
+    recording_complete: bool,
+    counters: Counters,
+    /// Writes not yet committed: they ride on the next commit.
+    pending: Vec<WriteOp>,
+    /// Whether `pending` may hold the outcome of a write (to a receiver
+    /// that deduplicates), which is committed before a read leaves.
+    outcome_pending: bool,
+    /// The chain link of the last finished call (see [`crate::chain`]).
+    last_chain: String,
+    request_hashes: Option<RequestHashes>,
+    /// When the last finished call was replayed: its index in `history`,
+    /// whose link is copied into `last_chain` only if a live call follows
+    /// (a replay of 100,000 calls need not copy 100,000 links).
+    chain_at: Option<usize>,
+    control: Option<std::sync::Arc<RunControl>>,
+    started: std::time::Instant,
+    /// When the lease was last renewed by this execution.
+    lease_checked: std::time::Instant,
+    /// Time from the start of this execution to its first live call.
+    pub first_live_after: Option<std::time::Duration>,
+    pub stats: Stats,
+}
+
+impl Journal {
+    /// A journal over `history` (the run's recorded calls, in order).
+    /// `logs` already in the ledger keep replayed log lines from being
+    /// written twice.
+    pub fn new(
+        run_id: &str,
+        mode: Mode,
+        history: History,
+        logs: &[LogRecord],
+        limits: Limits,
+    ) -> Self {
+        let mut logs_recorded = HashMap::new();
+        for log in logs {
+            *logs_recorded.entry(log.after_seq).or_insert(0) += 1;
+        }
+        Journal {
+            run_id: run_id.to_string(),
+            mode,
+            history,
+            next_seq: 1,
+            limits,
+            stop: None,
+            logs_recorded,
+            log_sink: None,
+            recording_complete: false,
+            counters: Counters::new(),
+            pending: Vec::new(),
+            outcome_pending: false,
+            last_chain: String::new(),
+            request_hashes: None,
+            chain_at: None,
+            control: None,
+            started: std::time::Instant::now(),
+            lease_checked: std::time::Instant::now(),
+            first_live_after: None,
+            stats: Stats::default(),
+        }
+    }
+
+    /// Records the run itself with the execution's first commit: a run
+    /// started in this process costs no transaction before its guest
+    /// starts. That commit comes before the first read or write leaves the
+    /// host, or with the first buffered calls, or at the run's end,
+    /// whichever is first.
+    pub fn create_run_with_first_commit(&mut self, run: RunRecord) {
+        self.pending.insert(0, WriteOp::Create(Box::new(run)));
+    }
+
+    /// Whether `pending` still records the run itself.
+    fn creates_run(pending: &[WriteOp]) -> bool {
+        matches!(pending.first(), Some(WriteOp::Create(_)))
+    }
+
+    pub fn set_control(&mut self, control: std::sync::Arc<RunControl>) {
+        self.control = Some(control);
+    }
+
+    /// Before live I/O: may this execution still act?
+    fn check_control(&self, seq: u64) -> Result<(), Stop> {
+        use std::sync::atomic::Ordering;
+        self.check_lease(seq)?;
+        if let Some(control) = &self.control
+            && control.drain.load(Ordering::SeqCst)
+        {
+            return Err(Stop::Released { seq });
+        }
+        Ok(())
+    }
+
+    /// Stops the run if its worker has lost the claim's lease.
+    fn check_lease(&self, seq: u64) -> Result<(), Stop> {
+        use std::sync::atomic::Ordering;
+        if let Some(control) = &self.control
+            && control.lost.load(Ordering::SeqCst)
+        {
+            return Err(Stop::Fenced(format!(
+                "run {}: the claim's lease was lost before call #{seq}; another worker may own \
+                 the run, this one stops",
+                self.run_id
+            )));
+        }
+        Ok(())
+    }
+
+    pub fn set_recording_complete(&mut self, complete: bool) {
+        self.recording_complete = complete;
+    }
+
+    pub fn set_log_sink(&mut self, sink: LogSink) {
+        self.log_sink = Some(sink);
+    }
+
+    pub fn run_id(&self) -> &str {
+        &self.run_id
+    }
+
+    pub fn limits(&self) -> &Limits {
+        &self.limits
+    }
+
+    /// The first condition that stopped the run, if any.
+    pub fn stop(&self) -> Option<&Stop> {
+        self.stop.as_ref()
+    }
+
+    /// Records a stop found outside a call (for instance by a WASI adapter
+    /// that cannot trap), so that the run ends with it.
+    pub fn set_stop(&mut self, stop: Stop) {
+        if self.stop.is_none() {
+            self.stop = Some(stop);
+        }
+    }
+
+    /// Calls made so far in this execution.
+    pub fn calls_made(&self) -> u64 {
+        self.next_seq - 1
+    }
+
+    pub fn history_len(&self) -> u64 {
+        self.history.len() as u64
+    }
+
+    /// The first recorded call this execution has not reached, if any.
+    pub fn unreached(&mut self) -> Result<Option<Divergence>, StoreError> {
+        let next = self.history.get(self.next_seq as usize - 1)?;
+        Ok(next.map(|next| Divergence {
+            seq: next.seq,
+            recorded: Some(summary(next)),
+            new: None,
+        }))
+    }
+
+    /// The recorded writes from `seq` on that were left `started` (sent or
+    /// not, nobody knows): a run that diverges before settling them must
+    /// not leave them looking as if they might still be resumed.
+    pub fn in_flight_writes_from(&mut self, seq: u64) -> Result<Vec<u64>, StoreError> {
+        Ok(self
+            .history
+            .all()?
+            .iter()
+            .filter(|c| {
+                c.seq >= seq && c.class == CallClass::Write && c.state == CallState::Started
+            })
+            .map(|c| c.seq)
+            .collect())
+    }
+
+    /// The counters this execution accumulated.
+    pub fn counters(&self) -> &Counters {
+        &self.counters
+    }
+
+    pub fn into_mode(self) -> Mode {
+        self.mode
+    }
+
+    /// Adds one to a metric counter.
+    pub fn count(&mut self, name: &'static str) {
+        *self.counters.entry(name).or_insert(0) += 1;
+    }
+
+    /// Passes one import call through the ledger. See the module docs.
+    /// A write whose `started` commit the ledger leaves pending (a
+    /// worker's) is waited for here, this thread blocked; the effects import
+    /// splits the call instead ([`Journal::begin`], then [`Journal::send`]),
+    /// so that a run executed as a task awaits it.
+    pub fn call(&mut self, spec: &CallSpec<'_>, live: &mut dyn LiveCall) -> Result<Outcome, Stop> {
+        match self.begin(spec, live)? {
+            Call::Done(outcome) => Ok(outcome),
+            Call::Durable(pending) => {
+                let (write, commit) = pending.into_parts();
+                let answered = commit.wait();
+                self.send(write, answered, live)
+            }
+        }
+    }
+
+    /// [`Journal::call`] up to a write's durable `started` commit, if the
+    /// ledger leaves it pending: then the caller waits for it (or awaits
+    /// it) and hands its answer to [`Journal::send`], which sends the
+    /// request. Nothing else may go through the journal in between.
+    pub fn begin(&mut self, spec: &CallSpec<'_>, live: &mut dyn LiveCall) -> Result<Call, Stop> {
+        if let Some(stop) = &self.stop {
+            return Err(stop.clone());
+        }
+        let result = self.call_inner(spec, live);
+        self.stopping(result)
+    }
+
+    /// The rest of a write that [`Journal::begin`] left pending, once its
+    /// `started` commit is answered: sends the request (if the commit
+    /// succeeded) and records the outcome.
+    pub fn send(
+        &mut self,
+        write: WriteStarted,
+        answered: Result<(), StoreError>,
+        live: &mut dyn LiveCall,
+    ) -> Result<Outcome, Stop> {
+        let seq = write.0.seq;
+        // The wait for the commit may have been long (a task waits for its
+        // turn on a thread too): a lease lost meanwhile stops the run before
+        // the request leaves; the call stays `started`, for the run's next
+        // owner to settle.
+        let result = answered
+            .map_err(Stop::from)
+            .and_then(|()| self.check_lease(seq))
+            .and_then(|()| self.perform_write(write.0, live));
+        self.stopping(result)
+    }
+
+    /// Keeps the first error that stopped the run: every later call fails
+    /// with it.
+    fn stopping<T>(&mut self, result: Result<T, Stop>) -> Result<T, Stop> {
+        if let Err(stop) = &result {
+            self.stop = Some(stop.clone());
+        }
+        result
+    }
+
+    fn call_inner(&mut self, spec: &CallSpec<'_>, live: &mut dyn LiveCall) -> Result<Call, Stop> {
+        let seq = self.next_seq;
+        let calls_max = self
+            .limits
+            .calls_max
+            .min(crate::records::CALLS_PER_RUN_MAX);
+        if seq > calls_max {
+            return Err(Stop::Limit(format!(
+                "the run made more than calls_max = {calls_max} import calls"
+            )));
+        }
+        let recorded = self
+            .history
+            .get(seq as usize - 1)
+            .map_err(Stop::reading_history)?
+            .is_some();
+        if recorded {
+            return self.replayed(spec, live, seq);
+        }
+        let Mode::Live { .. } = &self.mode else {
+            if self.recording_complete {
+                return Err(Stop::Diverged(Box::new(Divergence {
+                    seq,
+                    recorded: None,
+                    new: Some(new_side(spec)),
+                })));
+            }
+            return Err(Stop::ReplayEnd {
+                seq,
+                reason: format!(
+                    "the recording has {} call(s) and the module makes another: {} {} {}",
+                    self.history.len(),
+                    spec.interface,
+                    spec.function,
+                    spec.request
+                ),
+            });
+        };
+        self.going_live(seq)?;
+        self.next_seq += 1;
+        let record = self.new_record(spec, seq);
+        match spec.class {
+            // Observe calls: one buffered row, durable with the next durable
+            // commit.
+            CallClass::Observe => {
+                let outcome = self.perform_buffered(record, live, false)?;
+                self.call_done()?;
+                Ok(Call::Done(outcome))
+            }
+            // Reads: buffered too; if the process dies first, the read is
+            // simply performed again.
+            CallClass::Read => {
+                self.before_read_leaves()?;
+                crash::point("after-started", seq);
+                let outcome = self.perform_buffered(record, live, true)?;
+                crash::point("after-outcome", seq);
+                self.call_done()?;
+                Ok(Call::Done(outcome))
+            }
+            // Suspensions: recorded durably, then asked whether they can
+            // complete now; if not, the run leaves memory.
+            CallClass::Suspend => {
+                self.pending.push(WriteOp::Started(record.clone()));
+                self.flush_now()?;
+                crash::point("after-started", seq);
+                self.wait_for(&record, live).map(Call::Done)
+            }
+            // Writes: `started` is durable (one fsync, carrying everything
+            // buffered before it) before the request leaves (see
+            // `perform_write`).
+            CallClass::Write => {
+                self.pending.push(WriteOp::Started(record.clone()));
+                self.outcome_pending = false;
+                let Mode::Live { writer, claim } = &mut self.mode else {
+                    unreachable!("checked live above")
+                };
+                match writer.commit(claim, std::mem::take(&mut self.pending)) {
+                    Commit::Done(result) => {
+                        result?;
+                        self.perform_write(record, live).map(Call::Done)
+                    }
+                    Commit::Pending(commit) => Ok(Call::Durable(Box::new(PendingWrite {
+                        started: record,
+                        commit,
+                    }))),
+                }
+            }
+        }
+    }
+
+    /// A call the recording holds: its outcome, or its reconciliation if
+    /// it was left in flight.
+    fn replayed(
+        &mut self,
+        spec: &CallSpec<'_>,
+        live: &mut dyn LiveCall,
+        seq: u64,
+    ) -> Result<Call, Stop> {
+        let index = seq as usize - 1;
+        let recorded = self
+            .history
+            .arrived(index)
+            .expect("the caller found the call recorded");
+        // The same request text has the same hash; only a difference
+        // needs the hash to decide (a fixture may carry hashes only).
+        let same_request = recorded.request == spec.request
+            || recorded.request_hash == ids::request_hash(spec.interface, spec.function, spec.request);
+        if recorded.interface != spec.interface || recorded.function != spec.function || !same_request
+        {
+            return Err(Stop::Diverged(Box::new(Divergence {
+                seq,
+                recorded: Some(summary(recorded)),
+                new: Some(new_side(spec)),
+            })));
+        }
+        self.next_seq += 1;
+        match recorded.state {
+            CallState::Succeeded | CallState::Failed => {
+                self.stats.replayed += 1;
+                self.chain_at = Some(index);
+                let outcome = parse_outcome(recorded)?;
+                if recorded.class == CallClass::Write && matches!(self.mode, Mode::Live { .. }) {
+                    self.count("side_effect_duplicate_prevented_total");
+                }
+                Ok(Call::Done(outcome))
+            }
+            CallState::Unknown => Err(Stop::Parked {
+                seq,
+                name: spec.function.to_string(),
+                reason: "it was parked as unknown and has not been resolved".to_string(),
+            }),
+            CallState::Started => {
+                let recorded = recorded.clone();
+                self.follow_recorded_chain();
+                if !matches!(self.mode, Mode::Live { .. }) {
+                    return Err(in_flight_in_replay(seq));
+                }
+                self.going_live(seq)?;
+                if recorded.class == CallClass::Suspend {
+                    return self.wait_for(&recorded, live).map(Call::Done);
+                }
+                self.reconcile(&recorded, live).map(Call::Done)
+            }
+        }
+    }
+
+    /// Before the first live I/O of a call: may this execution still act,
+    /// and is its lease fresh?
+    fn going_live(&mut self, seq: u64) -> Result<(), Stop> {
+        self.check_control(seq)?;
+        self.keep_lease()?;
+        self.first_live_after
+            .get_or_insert_with(|| self.started.elapsed());
+        self.follow_recorded_chain();
+        Ok(())
+    }
+
+    /// The `started` row of live call `seq`.
+    fn new_record(&mut self, spec: &CallSpec<'_>, seq: u64) -> CallRecord {
+        let mut request_hash = String::new();
+        Self::request_hash(&mut self.request_hashes, spec, &mut request_hash);
+        // An observe call (a clock, a random number) acts on nothing outside
+        // the host, so nothing outside needs to know it again: it has no
+        // operation id, which saves a hash on the step's most frequent call.
+        let operation_id = if spec.class == CallClass::Observe {
+            String::new()
+        } else {
+            ids::operation_id(&self.run_id, spec.function, seq, spec.key)
+        };
+        CallRecord {
+            seq,
+            class: spec.class,
+            interface: spec.interface.to_string(),
+            function: spec.function.to_string(),
+            operation_id,
+            request: spec.request.to_string(),
+            request_hash,
+            state: CallState::Started,
+            outcome: None,
+            started_at_ms: crate::clock::now_ms(),
+            finished_at_ms: None,
+            resolved_by: None,
+            chain: None,
+        }
+    }
+
+    /// An observe or read call, performed and buffered finished (with its
+    /// attempts, for a read): it rides on the next commit.
+    fn perform_buffered(
+        &mut self,
+        mut record: CallRecord,
+        live: &mut dyn LiveCall,
+        with_attempts: bool,
+    ) -> Result<Outcome, Stop> {
+        let fence = self.fence();
+        let seq = record.seq;
+        let mut attempts = Attempts {
+            sink: with_attempts.then_some(&mut self.pending),
+            seq,
+            next: 1,
+            counters: &mut self.counters,
+        };
+        let outcome = live.perform(&OpContext::of(&self.run_id, &record, fence), &mut attempts);
+        if with_attempts {
+            crash::point("after-send", seq);
+        }
+        record.state = outcome.state();
+        record.outcome = Some(outcome.to_json());
+        record.finished_at_ms = Some(if with_attempts {
+            crate::clock::now_ms()
+        } else {
+            record.started_at_ms
+        });
+        record.chain = Self::seal(
+            &mut self.last_chain,
+            &record,
+            record.state,
+            record.outcome.as_deref(),
+        );
+        self.pending.push(WriteOp::Call(record));
+        Ok(outcome)
+    }
+
+    /// Before a read leaves the host (it may take long: an LLM, a slow
+    /// API): a write's outcome waiting in memory is committed, so that a
+    /// crash during the read does not lose it (were it lost, resume would
+    /// resend the write, which its receiver deduplicates); so is a new
+    /// run's own row, which must be in before the read leaves: the run is
+    /// listed while it waits, and another process that started the same
+    /// id stops this one first.
+    fn before_read_leaves(&mut self) -> Result<(), Stop> {
+        let creates = Self::creates_run(&self.pending);
+        if self.outcome_pending || creates {
+            self.flush()?;
+            if creates {
+                self.landed()?;
+            }
+        }
+        Ok(())
+    }
+
+    fn fence(&self) -> i64 {
+        match &self.mode {
+            Mode::Live { claim, .. } => claim.fence,
+            Mode::Replay => 0,
+        }
+    }
+
+    /// A write whose `started` row is durable: sends the request, and
+    /// records the outcome, committed without an fsync of its own, so it
+    /// survives the process and becomes durable with the next durable
+    /// commit.
+    fn perform_write(
+        &mut self,
+        started: CallRecord,
+        live: &mut dyn LiveCall,
+    ) -> Result<Outcome, Stop> {
+        let seq = started.seq;
+        crash::point("after-started", seq);
+        let fence = self.fence();
+        let mut attempts = Attempts {
+            sink: Some(&mut self.pending),
+            seq,
+            next: 1,
+            counters: &mut self.counters,
+        };
+        let outcome = live.perform(&OpContext::of(&self.run_id, &started, fence), &mut attempts);
+        crash::point("after-send", seq);
+        if let Some(reason) = live.take_unknown() {
+            self.pending.push(WriteOp::Outcome {
+                seq,
+                state: CallState::Unknown,
+                outcome: None,
+                now_ms: crate::clock::now_ms(),
+                chain: None,
+            });
+            self.flush_now()?;
+            self.count("side_effect_unknown_total");
+            return Err(Stop::Parked {
+                seq,
+                name: started.function,
+                reason,
+            });
+        }
+        Self::push_outcome(
+            &mut self.last_chain,
+            &mut self.pending,
+            &started,
+            outcome.state(),
+            Some(outcome.to_json()),
+        );
+        // To a deduplicating receiver, the outcome rides on the next
+        // commit (the next write's fsync'd `started`, a read, the run's
+        // end). Anything that depends on it and leaves the host goes after
+        // that commit; a crash before it leaves the call `started`, and
+        // resume resends it with the same operation id. Otherwise it is
+        // committed now (no fsync): it survives the process, so resume
+        // finds it recorded.
+        if live.resend_is_harmless() {
+            self.outcome_pending = true;
+        } else {
+            self.flush()?;
+            self.landed()?;
+        }
+        crash::point("after-outcome", seq);
+        self.call_done()?;
+        Ok(outcome)
+    }
+
+    /// After a live call: commits the buffer once it is full, and counts
+    /// the call.
+    fn call_done(&mut self) -> Result<(), Stop> {
+        if self.pending.len() >= PENDING_WRITES_MAX {
+            self.flush()?;
+        }
+        self.stats.live += 1;
+        Ok(())
+    }
+
+    /// The request hash of a live call, into `out`.
+    fn request_hash(memo: &mut Option<RequestHashes>, spec: &CallSpec<'_>, out: &mut String) {
+        let hashes = match memo {
+            Some(hashes)
+                if hashes.interface == spec.interface && hashes.function == spec.function =>
+            {
+                hashes
+            }
+            _ => {
+                let hasher = ids::RequestHasher::new(spec.interface, spec.function);
+                let mut empty = String::new();
+                hasher.hash_into(&mut empty, "");
+                memo.insert(RequestHashes {
+                    interface: spec.interface.to_string(),
+                    function: spec.function.to_string(),
+                    hasher,
+                    empty,
+                })
+            }
+        };
+        if spec.request.is_empty() {
+            out.clone_from(&hashes.empty);
+        } else {
+            hashes.hasher.hash_into(out, spec.request);
+        }
+    }
+
+    /// Makes the link of the last replayed call the one the next call follows.
+    fn follow_recorded_chain(&mut self) {
+        if let Some(index) = self.chain_at.take() {
+            self.last_chain = self
+                .history
+                .arrived(index)
+                .and_then(|call| call.chain.clone())
+                .unwrap_or_default();
+        }
+    }
+
+    /// Buffers the outcome of `call`, finished in `state` (with `outcome`,
+    /// its JSON, if any): it rides on the next commit.
+    fn push_outcome(
+        last_chain: &mut String,
+        pending: &mut Vec<WriteOp>,
+        call: &CallRecord,
+        state: CallState,
+        outcome: Option<String>,
+    ) {
+        let chain = Self::seal(last_chain, call, state, outcome.as_deref());
+        pending.push(WriteOp::Outcome {
+            seq: call.seq,
+            state,
+            outcome,
+            now_ms: crate::clock::now_ms(),
+            chain,
+        });
+    }
+
+    /// The chain link of `call` finished with `state` and `outcome`, if the
+    /// state is final; it becomes the link the next call follows.
+    fn seal(
+        last_chain: &mut String,
+        call: &CallRecord,
+        state: CallState,
+        outcome: Option<&str>,
+    ) -> Option<String> {
+        if !state.has_outcome() {
+            return None;
+        }
+        let mut link = String::new();
+        crate::chain::link_finished_into(&mut link, last_chain, call, state, outcome);
+        last_chain.clone_from(&link);
+        Some(link)
+    }
+
+    /// Renews the claim's lease (and checks its fence) once half of it has
+    /// passed since the last renewal, so a long stretch of buffered reads and
+    /// observes does not let the lease lapse unnoticed. The renewal rides on
+    /// a commit of its own, with the buffered calls.
+    fn keep_lease(&mut self) -> Result<(), Stop> {
+        let Mode::Live { claim, .. } = &self.mode else {
+            return Ok(());
+        };
+        if (self.lease_checked.elapsed().as_millis() as i64).saturating_mul(2) < claim.lease_ms {
+            return Ok(());
+        }
+        let (until_ms, due_at_ms) =
+            crate::lifecycle::renewed_lease(claim, crate::clock::now_ms());
+        self.pending.push(WriteOp::Lease {
+            until_ms,
+            due_at_ms,
+        });
+        self.flush()?;
+        self.lease_checked = std::time::Instant::now();
+        Ok(())
+    }
+
+    /// Asks a suspend call whether it can complete; records the outcome if
+    /// so, or stops the run until it can.
+    fn wait_for(
+        &mut self,
+        recorded: &CallRecord,
+        live: &mut dyn LiveCall,
+    ) -> Result<Outcome, Stop> {
+        let seq = recorded.seq;
+        let op = OpContext::of(&self.run_id, recorded, self.fence());
+        match live.wait(&op, recorded.started_at_ms) {
+            Wait::Ready(outcome) => {
+                Self::push_outcome(
+                    &mut self.last_chain,
+                    &mut self.pending,
+                    recorded,
+                    outcome.state(),
+                    Some(outcome.to_json()),
+                );
+                self.flush_now()?;
+                self.stats.live += 1;
+                Ok(outcome)
+            }
+            Wait::Until { wake_at_ms, reason } => Err(Stop::Suspended {
+                seq,
+                wake_at_ms,
+                reason,
+            }),
+        }
+    }
+
+    /// Commits the buffered writes (no fsync unless one of them is
+    /// durable). A writer that applies them on another thread may answer
+    /// later (with a later commit, or [`Journal::landed`]).
+    pub fn flush(&mut self) -> Result<(), Stop> {
+        self.outcome_pending = false;
+        if self.pending.is_empty() {
+            return Ok(());
+        }
+        match &mut self.mode {
+            Mode::Live { writer, claim } => {
+                Ok(writer.commit(claim, std::mem::take(&mut self.pending)).wait()?)
+            }
+            Mode::Replay => Ok(()),
+        }
+    }
+
+    /// [`Journal::flush`], and waits until the commit is applied.
+    fn flush_now(&mut self) -> Result<(), Stop> {
+        self.flush()?;
+        self.landed()
+    }
+
+    /// Waits until every commit handed to the writer is applied.
+    fn landed(&mut self) -> Result<(), Stop> {
+        match &mut self.mode {
+            Mode::Live { writer, .. } => Ok(writer.landed()?),
+            Mode::Replay => Ok(()),
+        }
+    }
+
+    /// The buffered writes, for the runner to commit with the run's end.
+    pub fn take_pending(&mut self) -> Vec<WriteOp> {
+        std::mem::take(&mut self.pending)
+    }
+
+    /// A call recorded as started with no outcome: the previous execution
+    /// died between recording it and recording its outcome (invariant 4).
+    fn reconcile(
+        &mut self,
+        recorded: &CallRecord,
+        live: &mut dyn LiveCall,
+    ) -> Result<Outcome, Stop> {
+        let seq = recorded.seq;
+        let op = OpContext::of(&self.run_id, recorded, self.fence());
+        // Attempt numbers go on from those of the executions before.
+        let mut attempts = Attempts {
+            sink: Some(&mut self.pending),
+            seq,
+            next: self.history.last_attempts() + 1,
+            counters: &mut self.counters,
+        };
+        let reconciled = if recorded.class == CallClass::Write && !live.reconciles_writes() {
+            Reconciled::Unknown(format!(
+                "the write's effect `{}` is not configured now, so its receiver cannot be \
+                 asked; grant it again and resume, or resolve the call",
+                recorded.function
+            ))
+        } else {
+            live.reconcile(&op, &mut attempts)
+        };
+        let (state, outcome) = match reconciled {
+            Reconciled::Outcome(outcome) => (outcome.state(), Ok(outcome)),
+            Reconciled::PerformAgain => {
+                let outcome = live.perform(&op, &mut attempts);
+                crash::point("after-send", seq);
+                match live.take_unknown() {
+                    Some(reason) => (CallState::Unknown, Err(reason)),
+                    None => (outcome.state(), Ok(outcome)),
+                }
+            }
+            Reconciled::Unknown(reason) => (CallState::Unknown, Err(reason)),
+        };
+        Self::push_outcome(
+            &mut self.last_chain,
+            &mut self.pending,
+            recorded,
+            state,
+            outcome.as_ref().ok().map(Outcome::to_json),
+        );
+        self.flush_now()?;
+        match outcome {
+            Ok(outcome) => {
+                crash::point("after-outcome", seq);
+                self.stats.live += 1;
+                Ok(outcome)
+            }
+            Err(reason) => {
+                self.count("side_effect_unknown_total");
+                Err(Stop::Parked {
+                    seq,
+                    name: recorded.function.clone(),
+                    reason,
+                })
+            }
+        }
+    }
+
+    /// A line from the step's log. Not a ledger call: lines already in the
+    /// ledger (from an earlier execution of the same prefix) are not written
+    /// again, and are passed to the sink marked as replayed.
+    pub fn log(&mut self, level: &str, message: &str) -> Result<(), Stop> {
+        if let Some(stop) = &self.stop {
+            return Err(stop.clone());
+        }
+        let after_seq = self.next_seq - 1;
+        let max = self.limits.payload_bytes_max as usize;
+        let message = truncate(message, max);
+        let record = LogRecord {
+            after_seq,
+            level: level.to_string(),
+            message: message.to_string(),
+            at_ms: crate::clock::now_ms(),
+        };
+        let replayed = match self.logs_recorded.get_mut(&after_seq) {
+            Some(n) if *n > 0 => {
+                *n -= 1;
+                true
+            }
+            _ => false,
+        };
+        if !replayed && matches!(self.mode, Mode::Live { .. }) {
+            self.pending.push(WriteOp::Log(record.clone()));
+        }
+        let replayed = replayed || matches!(self.mode, Mode::Replay);
+        if let Some(sink) = self.log_sink.as_mut() {
+            sink(&record, replayed);
+        }
+        Ok(())
+    }
+}
+
+/// A replay reached a call the recording holds as in flight or waiting.
+fn in_flight_in_replay(seq: u64) -> Stop {
+    Stop::ReplayEnd {
+        seq,
+        reason: "the recording ends with this call in flight or waiting".to_string(),
+    }
+}
+
+fn summary(call: &CallRecord) -> CallSummary {
+    CallSummary {
+        interface: call.interface.clone(),
+        function: call.function.clone(),
+        request: call.request.clone(),
+    }
+}
+
+fn new_side(spec: &CallSpec<'_>) -> CallSummary {
+    CallSummary {
+        interface: spec.interface.to_string(),
+        function: spec.function.to_string(),
+        request: spec.request.to_string(),
+    }
+}
+
+fn parse_outcome(call: &CallRecord) -> Result<Outcome, Stop> {
+    Outcome::parse(call.outcome.as_deref().unwrap_or("null")).map_err(|e| {
+        Stop::Corrupt(format!(
+            "call #{} has an unreadable outcome ({e}); the ledger is damaged",
+            call.seq
+        ))
+    })
+}
+
+/// Cuts `s` to at most `max` bytes on a character boundary.
+pub fn truncate(s: &str, max: usize) -> &str {
+    if s.len() <= max {
+        return s;
+    }
+    let mut end = max;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    &s[..end]
+}

@@ -1,0 +1,40 @@
+//! stephost-core: what every part of stephost agrees on, with no engine
+//! and no database driver in it.
+//!
+//! - [`records`]: runs, calls, attempts and log lines as the ledger holds them.
+//! - [`lifecycle`]: when a run is due, who may claim it, and what a claim,
+//!   an end, a renewal or a repin make of its row.
+//! - [`settle`] and [`approvals`]: a person's decisions.
+//! - [`ids`], [`chain`], [`payload`]: operation ids and hashes, the
+//!   tamper-evident chain, content-addressed bodies.
+//! - [`store`]: the storage roles (pool, store, writer) every backend fills;
+//!   [`memory`] is one in memory, [`conformance`] the suite they all pass.
+//! - [`journal`]: the one durable wrapper every import call passes through,
+//!   over a [`history`] of recorded calls; [`outcome`] is what it records.
+
+pub mod approvals;
+pub mod chain;
+pub mod clock;
+#[cfg(any(test, feature = "conformance"))]
+pub mod conformance;
+pub mod crash;
+pub mod history;
+pub mod ids;
+pub mod journal;
+pub mod lifecycle;
+pub mod limits;
+pub mod memory;
+pub mod outcome;
+pub mod payload;
+pub mod records;
+pub mod settle;
+pub mod store;
+
+pub use history::History;
+pub use limits::Limits;
+pub use outcome::{CallErrorKind, CallErrorRecord, Outcome};
+pub use records::{
+    AttemptRecord, CallClass, CallRecord, CallState, Claim, LogRecord, NewRun, RunEnd, RunRecord,
+    RunStatus,
+};
+pub use store::{Pool, Store, StoreError, StoreResult, WriteOp, Writer};

@@ -1,0 +1,485 @@
+//! The lifecycle rules of a run, written once for every backend: when a run
+//! is due, who may claim it, and what a claim, a renewal, a release, an
+//! execution's end and a repin make of its row. Backends store the rows
+//! these functions compute and compare-and-set on [`RunRecord::version`];
+//! they decide nothing themselves.
+
+use crate::records::{Claim, RunEnd, RunRecord, RunStatus};
+use crate::store::{Store, StoreError};
+
+/// When a worker should next look at a run, as its row says (`None`: never
+/// by itself; only a person's decision or a claim changes it). Backends
+/// keep this in an index; [`is_due`] is the same rule at a given time.
+///
+/// - pending: due since it was created;
+/// - running with no owner (released, or decided by a person): due now;
+/// - running under a claim: due once the lease runs out;
+/// - waiting: due at its wake time (a timer, an approval's expiry);
+/// - parked, completed, failed, diverged: never.
+pub fn due_at(run: &RunRecord) -> Option<i64> {
+    due_at_of(
+        run.status,
+        run.owner.is_some(),
+        run.lease_until_ms,
+        run.wake_at_ms,
+        run.created_at_ms,
+        run.updated_at_ms,
+    )
+}
+
+/// [`due_at`] from the fields it reads.
+pub fn due_at_of(
+    status: RunStatus,
+    owned: bool,
+    lease_until_ms: Option<i64>,
+    wake_at_ms: Option<i64>,
+    created_at_ms: i64,
+    updated_at_ms: i64,
+) -> Option<i64> {
+    match status {
+        RunStatus::Pending => Some(created_at_ms),
+        RunStatus::Running if owned => Some(lease_until_ms.unwrap_or(updated_at_ms)),
+        RunStatus::Running => Some(updated_at_ms),
+        RunStatus::Waiting => wake_at_ms,
+        RunStatus::Parked | RunStatus::Completed | RunStatus::Failed | RunStatus::Diverged => None,
+    }
+}
+
+/// Whether a worker may take the run at `now_ms` by the clock alone.
+pub fn is_due(run: &RunRecord, now_ms: i64) -> bool {
+    due_at(run).is_some_and(|at| at <= now_ms)
+}
+
+/// Who asks for a claim.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ClaimMode {
+    /// A worker: only a run that is due (or whose owner is gone).
+    Due,
+    /// A person resuming a run: any unfinished run that no live owner holds
+    /// (a waiting run is looked at again; a parked one stops again at its
+    /// unknown call unless it was resolved).
+    Any,
+}
+
+/// Whether `owner` holds the run under a lease that has not run out, and
+/// is alive as far as `owner_alive` can tell (it tells only of processes
+/// on this machine; any other owner is judged by its lease alone).
+pub fn held_by_other(
+    run: &RunRecord,
+    owner: &str,
+    now_ms: i64,
+    owner_alive: &dyn Fn(&str) -> bool,
+) -> bool {
+    match (&run.owner, run.lease_until_ms) {
+        (Some(holder), Some(until)) => holder != owner && until > now_ms && owner_alive(holder),
+        _ => false,
+    }
+}
+
+/// Why `owner` may not claim `run` now, if it may not.
+pub fn check_claimable(
+    run: &RunRecord,
+    owner: &str,
+    now_ms: i64,
+    mode: ClaimMode,
+    owner_alive: &dyn Fn(&str) -> bool,
+) -> Result<(), StoreError> {
+    let not_claimable = || StoreError::NotClaimable {
+        run_id: run.run_id.clone(),
+        status: run.status.as_str().to_string(),
+    };
+    if run.status.is_finished() {
+        return Err(not_claimable());
+    }
+    if held_by_other(run, owner, now_ms, owner_alive) {
+        return Err(StoreError::ClaimedElsewhere {
+            run_id: run.run_id.clone(),
+            owner: run.owner.clone().unwrap_or_default(),
+            lease_until_ms: run.lease_until_ms.unwrap_or_default(),
+        });
+    }
+    if mode == ClaimMode::Due {
+        // A running run whose owner is gone is due whatever its lease says.
+        let due = match run.status {
+            RunStatus::Running => true,
+            _ => is_due(run, now_ms),
+        };
+        if !due {
+            return Err(not_claimable());
+        }
+    }
+    Ok(())
+}
+
+/// The run's row once `owner` claims it, and the claim: running, a new
+/// fencing token, a lease of `lease_ms` from `now_ms`.
+pub fn claimed(run: &RunRecord, owner: &str, lease_ms: i64, now_ms: i64) -> (RunRecord, Claim) {
+    let lease_until_ms = now_ms.saturating_add(lease_ms);
+    let row = RunRecord {
+        status: RunStatus::Running,
+        owner: Some(owner.to_string()),
+        lease_until_ms: Some(lease_until_ms),
+        fence: run.fence + 1,
+        version: run.version + 1,
+        wake_at_ms: None,
+        updated_at_ms: now_ms,
+        ..run.clone()
+    };
+    let claim = Claim {
+        run_id: run.run_id.clone(),
+        owner: owner.to_string(),
+        fence: row.fence,
+        lease_ms,
+        lease_until_ms,
+    };
+    (row, claim)
+}
+
+/// The first claim of a run started in this process: fencing token 1.
+pub fn first_claim(run_id: &str, owner: &str, lease_ms: i64, now_ms: i64) -> Claim {
+    Claim {
+        run_id: run_id.to_string(),
+        owner: owner.to_string(),
+        fence: 1,
+        lease_ms,
+        lease_until_ms: now_ms.saturating_add(lease_ms),
+    }
+}
+
+/// The fenced error for a claim that is no longer the run's newest.
+pub fn fenced(run: &RunRecord, claim: &Claim) -> StoreError {
+    StoreError::Fenced {
+        run_id: run.run_id.clone(),
+        held: claim.fence,
+        newest: run.fence,
+    }
+}
+
+/// Whether `claim` still holds `run`: the newest fencing token, and the
+/// run still running under it.
+pub fn holds(run: &RunRecord, claim: &Claim) -> bool {
+    run.fence == claim.fence
+        && run.status == RunStatus::Running
+        && run.owner.as_deref() == Some(claim.owner.as_str())
+}
+
+/// The columns an execution's end writes into its run's row (the claim is
+/// given up with it).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EndRow {
+    pub status: RunStatus,
+    pub output: Option<String>,
+    pub error: Option<String>,
+    pub exit_code: Option<i32>,
+    pub wake_at_ms: Option<i64>,
+    pub due_at_ms: Option<i64>,
+    pub updated_at_ms: i64,
+}
+
+/// What `end` makes of the run's row at `now_ms`.
+pub fn ended(end: &RunEnd, now_ms: i64) -> EndRow {
+    let (status, output, error, exit_code, wake_at_ms) = match end {
+        RunEnd::Completed { output, exit_code } => (
+            RunStatus::Completed,
+            Some(output.clone()),
+            None,
+            *exit_code,
+            None,
+        ),
+        RunEnd::Failed { error, exit_code } => {
+            (RunStatus::Failed, None, Some(error.clone()), *exit_code, None)
+        }
+        RunEnd::Parked { error } => (RunStatus::Parked, None, Some(error.clone()), None, None),
+        RunEnd::Diverged { error } => (RunStatus::Diverged, None, Some(error.clone()), None, None),
+        RunEnd::Waiting { wake_at_ms } => (RunStatus::Waiting, None, None, None, *wake_at_ms),
+    };
+    let due_at_ms = due_at_of(status, false, None, wake_at_ms, now_ms, now_ms);
+    EndRow {
+        status,
+        output,
+        error,
+        exit_code,
+        wake_at_ms,
+        due_at_ms,
+        updated_at_ms: now_ms,
+    }
+}
+
+/// The lease a renewal at `now_ms` gives `claim`, and when the run is due
+/// under it.
+pub fn renewed_lease(claim: &Claim, now_ms: i64) -> (i64, Option<i64>) {
+    let until = now_ms.saturating_add(claim.lease_ms);
+    (until, Some(until))
+}
+
+/// The run's row once a person decides one of its calls: runnable at once,
+/// with a new fencing token, so that an execution still running (which
+/// cannot know of the decision) can write nothing more, not even a stale
+/// end, and the next one starts from the decision.
+pub fn settled(run: &RunRecord, now_ms: i64) -> RunRecord {
+    RunRecord {
+        status: RunStatus::Running,
+        error: None,
+        wake_at_ms: None,
+        owner: None,
+        lease_until_ms: None,
+        fence: run.fence + 1,
+        version: run.version + 1,
+        updated_at_ms: now_ms,
+        ..run.clone()
+    }
+}
+
+/// How many times a compare-and-set is tried again after another writer
+/// changed the run in between (a renewal, an execution's end).
+pub const CAS_TRIES_MAX: usize = 8;
+
+/// Claims `run_id` for `owner` by compare-and-set on the run's version.
+pub fn claim(
+    store: &dyn Store,
+    run_id: &str,
+    owner: &str,
+    lease_ms: i64,
+    now_ms: i64,
+    mode: ClaimMode,
+    owner_alive: &dyn Fn(&str) -> bool,
+) -> Result<Claim, StoreError> {
+    let run = store.run(run_id)?;
+    claim_read(store, &run, owner, lease_ms, now_ms, mode, owner_alive)
+}
+
+/// [`claim`] of a run already read: one compare-and-set on the version
+/// read, which fails with [`StoreError::VersionConflict`] if the run
+/// changed since.
+pub fn claim_read(
+    store: &dyn Store,
+    run: &RunRecord,
+    owner: &str,
+    lease_ms: i64,
+    now_ms: i64,
+    mode: ClaimMode,
+    owner_alive: &dyn Fn(&str) -> bool,
+) -> Result<Claim, StoreError> {
+    check_claimable(run, owner, now_ms, mode, owner_alive)?;
+    let (row, claim) = claimed(run, owner, lease_ms, now_ms);
+    store.swap_run(run.version, &row)?;
+    Ok(claim)
+}
+
+/// Extends `claim`'s lease to `now_ms` + its lease time. `Ok(false)`: the
+/// claim ended by its own holder meanwhile (the run finished, waits or was
+/// released), so there is nothing to renew; [`StoreError::Fenced`]: another
+/// claim took the run.
+pub fn renew(store: &dyn Store, claim: &Claim, now_ms: i64) -> Result<bool, StoreError> {
+    for _ in 0..CAS_TRIES_MAX {
+        let run = store.run(&claim.run_id)?;
+        if run.fence != claim.fence {
+            return Err(fenced(&run, claim));
+        }
+        if !holds(&run, claim) {
+            return Ok(false);
+        }
+        let (until, _) = renewed_lease(claim, now_ms);
+        let row = RunRecord {
+            lease_until_ms: Some(until),
+            version: run.version + 1,
+            ..run.clone()
+        };
+        match store.swap_run(run.version, &row) {
+            Ok(()) => return Ok(true),
+            Err(StoreError::VersionConflict { .. }) => continue,
+            Err(e) => return Err(e),
+        }
+    }
+    Err(busy(&claim.run_id))
+}
+
+/// Gives `claim` up (owner and lease cleared, the run due at once) if it is
+/// still the run's newest; a claim already ended or taken over is left.
+pub fn release(store: &dyn Store, claim: &Claim, now_ms: i64) -> Result<(), StoreError> {
+    for _ in 0..CAS_TRIES_MAX {
+        let run = store.run(&claim.run_id)?;
+        if !holds(&run, claim) {
+            return Ok(());
+        }
+        let row = RunRecord {
+            owner: None,
+            lease_until_ms: None,
+            version: run.version + 1,
+            updated_at_ms: now_ms,
+            ..run.clone()
+        };
+        match store.swap_run(run.version, &row) {
+            Ok(()) => return Ok(()),
+            Err(StoreError::VersionConflict { .. }) => continue,
+            Err(e) => return Err(e),
+        }
+    }
+    Err(busy(&claim.run_id))
+}
+
+/// Pins an unfinished run that no live owner holds to module `to` (after
+/// a replay proved it compatible), by compare-and-set on the module it was
+/// pinned to (`from`) and the version read.
+pub fn repin(
+    store: &dyn Store,
+    run_id: &str,
+    from: &str,
+    to: &str,
+    step: Option<&str>,
+    now_ms: i64,
+    owner_alive: &dyn Fn(&str) -> bool,
+) -> Result<(), StoreError> {
+    let conflict = || StoreError::RepinConflict {
+        run_id: run_id.to_string(),
+    };
+    let run = store.run(run_id)?;
+    if run.status.is_finished()
+        || run.module_digest != from
+        || held_by_other(&run, "", now_ms, owner_alive)
+    {
+        return Err(conflict());
+    }
+    let row = RunRecord {
+        module_digest: to.to_string(),
+        step: step.map(str::to_string),
+        version: run.version + 1,
+        updated_at_ms: now_ms,
+        ..run.clone()
+    };
+    store.swap_run(run.version, &row).map_err(|e| match e {
+        StoreError::VersionConflict { .. } => conflict(),
+        other => other,
+    })
+}
+
+fn busy(run_id: &str) -> StoreError {
+    StoreError::Unavailable(format!(
+        "run {run_id} kept changing while its row was being updated; try again"
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::records::NewRun;
+
+    fn run(status: RunStatus) -> RunRecord {
+        let mut run = NewRun {
+            run_id: "r",
+            module_digest: "m",
+            step: None,
+            world: "w",
+            input: "{}",
+            now_ms: 1_000,
+        }
+        .record(None);
+        run.status = status;
+        run
+    }
+
+    #[test]
+    fn each_status_is_due_as_the_rule_says() {
+        assert_eq!(due_at(&run(RunStatus::Pending)), Some(1_000));
+        let mut held = run(RunStatus::Running);
+        held.owner = Some("w1".into());
+        held.lease_until_ms = Some(5_000);
+        assert_eq!(due_at(&held), Some(5_000));
+        assert!(!is_due(&held, 4_999));
+        assert!(is_due(&held, 5_000));
+        let mut released = run(RunStatus::Running);
+        released.updated_at_ms = 2_000;
+        assert_eq!(due_at(&released), Some(2_000));
+        let mut waiting = run(RunStatus::Waiting);
+        assert_eq!(due_at(&waiting), None, "waits for a person only");
+        waiting.wake_at_ms = Some(9_000);
+        assert_eq!(due_at(&waiting), Some(9_000));
+        for status in [
+            RunStatus::Parked,
+            RunStatus::Completed,
+            RunStatus::Failed,
+            RunStatus::Diverged,
+        ] {
+            assert_eq!(due_at(&run(status)), None, "{status:?}");
+        }
+    }
+
+    #[test]
+    fn a_live_owners_unexpired_lease_refuses_a_claim_and_a_dead_owners_does_not() {
+        let mut held = run(RunStatus::Running);
+        held.owner = Some("w1".into());
+        held.lease_until_ms = Some(5_000);
+        let alive = |_: &str| true;
+        let dead = |_: &str| false;
+        for mode in [ClaimMode::Due, ClaimMode::Any] {
+            assert!(matches!(
+                check_claimable(&held, "w2", 4_000, mode, &alive),
+                Err(StoreError::ClaimedElsewhere { .. })
+            ));
+            assert!(check_claimable(&held, "w2", 4_000, mode, &dead).is_ok());
+            assert!(check_claimable(&held, "w2", 5_000, mode, &alive).is_ok());
+            assert!(check_claimable(&held, "w1", 4_000, mode, &alive).is_ok());
+        }
+    }
+
+    #[test]
+    fn a_worker_claims_only_due_runs_and_a_person_any_unfinished_one() {
+        let alive = |_: &str| true;
+        let mut asleep = run(RunStatus::Waiting);
+        asleep.wake_at_ms = Some(9_000);
+        assert!(check_claimable(&asleep, "w", 8_999, ClaimMode::Due, &alive).is_err());
+        assert!(check_claimable(&asleep, "w", 9_000, ClaimMode::Due, &alive).is_ok());
+        assert!(check_claimable(&asleep, "w", 0, ClaimMode::Any, &alive).is_ok());
+        let parked = run(RunStatus::Parked);
+        assert!(check_claimable(&parked, "w", 0, ClaimMode::Due, &alive).is_err());
+        assert!(check_claimable(&parked, "w", 0, ClaimMode::Any, &alive).is_ok());
+        for finished in [RunStatus::Completed, RunStatus::Failed, RunStatus::Diverged] {
+            for mode in [ClaimMode::Due, ClaimMode::Any] {
+                assert!(matches!(
+                    check_claimable(&run(finished), "w", 0, mode, &alive),
+                    Err(StoreError::NotClaimable { .. })
+                ));
+            }
+        }
+    }
+
+    #[test]
+    fn a_claim_moves_fence_and_version_and_a_decision_moves_them_again() {
+        let pending = run(RunStatus::Pending);
+        let (row, claim) = claimed(&pending, "w", 100, 2_000);
+        assert_eq!(row.status, RunStatus::Running);
+        assert_eq!((row.fence, row.version), (1, 1));
+        assert_eq!(claim.fence, 1);
+        assert_eq!(due_at(&row), Some(2_100));
+        let decided = settled(&row, 3_000);
+        assert_eq!((decided.fence, decided.version), (2, 2));
+        assert_eq!(decided.owner, None);
+        assert!(is_due(&decided, 3_000));
+    }
+
+    #[test]
+    fn an_end_gives_the_claim_up_and_only_a_wait_with_a_time_is_due_again() {
+        let done = ended(
+            &RunEnd::Completed {
+                output: "{}".into(),
+                exit_code: None,
+            },
+            5,
+        );
+        assert_eq!(
+            (done.status, done.due_at_ms),
+            (RunStatus::Completed, None)
+        );
+        let timer = ended(
+            &RunEnd::Waiting {
+                wake_at_ms: Some(90),
+            },
+            5,
+        );
+        assert_eq!((timer.status, timer.due_at_ms), (RunStatus::Waiting, Some(90)));
+        let person = ended(&RunEnd::Waiting { wake_at_ms: None }, 5);
+        assert_eq!(person.due_at_ms, None);
+        let parked = ended(&RunEnd::Parked { error: "e".into() }, 5);
+        assert_eq!((parked.status, parked.due_at_ms), (RunStatus::Parked, None));
+    }
+}

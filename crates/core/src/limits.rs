@@ -1,0 +1,29 @@
+//! Limits on what one run may consume. Each is a named field with its unit
+//! last; `[limits]` in `stephost.toml` overrides the defaults.
+
+use serde::Deserialize;
+
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Limits {
+    /// Linear memory a guest may grow to, in bytes.
+    pub memory_bytes_max: u64,
+    /// Wasm instructions (roughly) a run may execute, across resumes.
+    /// 10 billion is about 5 to 10 seconds of guest compute.
+    pub fuel_max: u64,
+    /// Largest input, output, effect request or response, in bytes.
+    pub payload_bytes_max: u64,
+    /// Most import calls one run may make.
+    pub calls_max: u64,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            memory_bytes_max: 256 * 1024 * 1024,
+            fuel_max: 10_000_000_000,
+            payload_bytes_max: 1024 * 1024,
+            calls_max: 100_000,
+        }
+    }
+}

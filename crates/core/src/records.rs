@@ -1,0 +1,301 @@
+//! What the ledger holds: runs, their calls, each call's attempts, and the
+//! lines a step logged. Plain data, the same for every backend.
+
+use serde::{Deserialize, Serialize};
+
+/// The most calls one run can record (a sequence number fits 32 bits in
+/// every backend). `calls_max` is capped at it.
+pub const CALLS_PER_RUN_MAX: u64 = u32::MAX as u64;
+
+/// The class of a call decides how it is recorded and how it is resumed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CallClass {
+    /// Clock, random, host values: recorded in one write, no external effect.
+    Observe,
+    /// External reads: safe to perform again if interrupted.
+    Read,
+    /// External side effects: `started` durably before the request leaves.
+    Write,
+    /// Approvals and durable timers: the run may leave memory until they
+    /// resolve. Recorded as `started` durably, like a write.
+    Suspend,
+}
+
+impl CallClass {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CallClass::Observe => "observe",
+            CallClass::Read => "read",
+            CallClass::Write => "write",
+            CallClass::Suspend => "suspend",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "observe" => Some(CallClass::Observe),
+            "read" => Some(CallClass::Read),
+            "write" => Some(CallClass::Write),
+            "suspend" => Some(CallClass::Suspend),
+            _ => None,
+        }
+    }
+}
+
+/// Where a call stands in the ledger.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CallState {
+    /// Recorded before the request left; no outcome yet.
+    Started,
+    /// The guest saw a successful result.
+    Succeeded,
+    /// The guest saw an error result (`call-error`).
+    Failed,
+    /// The outcome could not be established; a person must resolve it.
+    Unknown,
+}
+
+impl CallState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CallState::Started => "started",
+            CallState::Succeeded => "succeeded",
+            CallState::Failed => "failed",
+            CallState::Unknown => "unknown",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "started" => Some(CallState::Started),
+            "succeeded" => Some(CallState::Succeeded),
+            "failed" => Some(CallState::Failed),
+            "unknown" => Some(CallState::Unknown),
+            _ => None,
+        }
+    }
+
+    /// Whether the guest has seen (or will see) a result for the call.
+    pub fn has_outcome(self) -> bool {
+        matches!(self, CallState::Succeeded | CallState::Failed)
+    }
+}
+
+/// One import call as the ledger holds it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CallRecord {
+    pub seq: u64,
+    pub class: CallClass,
+    /// WIT interface, e.g. `stephost:step/effects` or `wasi:clocks/wall-clock`.
+    pub interface: String,
+    /// Function within the interface; for effects, the effect name.
+    pub function: String,
+    /// The stable operation id (hex sha256); also the Idempotency-Key.
+    /// Empty for observe calls, which act on nothing outside the host.
+    pub operation_id: String,
+    /// The request as the guest made it (JSON text).
+    pub request: String,
+    /// sha256 over interface, function and request.
+    pub request_hash: String,
+    pub state: CallState,
+    /// The guest-visible result as JSON text (see [`crate::Outcome`]), once known.
+    pub outcome: Option<String>,
+    pub started_at_ms: i64,
+    pub finished_at_ms: Option<i64>,
+    /// Who decided the outcome of a call that waited for a person.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resolved_by: Option<String>,
+    /// The tamper-evident link over this call and all before it (see
+    /// [`crate::chain`]); set once the call is finished.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub chain: Option<String>,
+}
+
+/// The lifecycle of a run (the transitions are in [`crate::lifecycle`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RunStatus {
+    /// Submitted, never claimed yet.
+    Pending,
+    /// Claimed and executing, or interrupted (its owner died) and resumable.
+    Running,
+    /// Out of memory until a timer is due or a person decides an approval.
+    Waiting,
+    /// The step returned output.
+    Completed,
+    /// The step returned an error, trapped, or hit a limit.
+    Failed,
+    /// A call's outcome is unknown; a person must resolve it.
+    Parked,
+    /// Resuming found the step making different calls than recorded.
+    Diverged,
+}
+
+impl RunStatus {
+    pub const ALL: [RunStatus; 7] = [
+        RunStatus::Pending,
+        RunStatus::Running,
+        RunStatus::Waiting,
+        RunStatus::Completed,
+        RunStatus::Failed,
+        RunStatus::Parked,
+        RunStatus::Diverged,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RunStatus::Pending => "pending",
+            RunStatus::Running => "running",
+            RunStatus::Waiting => "waiting",
+            RunStatus::Completed => "completed",
+            RunStatus::Failed => "failed",
+            RunStatus::Parked => "parked",
+            RunStatus::Diverged => "diverged",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|status| status.as_str() == s)
+    }
+
+    /// Whether no execution will change the run again: it completed,
+    /// failed, or diverged from its recording.
+    pub fn is_finished(self) -> bool {
+        matches!(
+            self,
+            RunStatus::Completed | RunStatus::Failed | RunStatus::Diverged
+        )
+    }
+}
+
+/// A run as the ledger holds it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RunRecord {
+    pub run_id: String,
+    pub module_digest: String,
+    pub input: String,
+    pub status: RunStatus,
+    pub output: Option<String>,
+    /// For failed, parked and diverged runs: what happened (`kind: message`).
+    pub error: Option<String>,
+    pub created_at_ms: i64,
+    pub updated_at_ms: i64,
+    /// Compare-and-set version: every change of the run's row bumps it.
+    pub version: i64,
+    pub owner: Option<String>,
+    pub lease_until_ms: Option<i64>,
+    /// The newest fencing token; only its holder may write the run's calls.
+    pub fence: i64,
+    /// For a waiting run: when a worker should look at it again.
+    pub wake_at_ms: Option<i64>,
+    /// The step world (WIT package and version) the run was started under.
+    pub world: String,
+    /// The step's declared `name@version`, when its module declares one.
+    pub step: Option<String>,
+    /// For a finished run of a WASI command: its exit status.
+    #[serde(default)]
+    pub exit_code: Option<i32>,
+}
+
+/// The right to write a run's rows, as granted by a claim
+/// ([`crate::lifecycle::claim`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Claim {
+    pub run_id: String,
+    pub owner: String,
+    pub fence: i64,
+    /// A renewal extends the lease to now + `lease_ms`.
+    pub lease_ms: i64,
+    pub lease_until_ms: i64,
+}
+
+/// One attempt at performing a call (retries and reconciliation lookups).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AttemptRecord {
+    pub seq: u64,
+    pub attempt: u32,
+    /// `send` or `lookup`.
+    pub kind: String,
+    pub started_at_ms: i64,
+    pub finished_at_ms: i64,
+    /// `ok`, `rejected`, `retryable`, `invalid`, `found`, `not_found`.
+    pub result: String,
+    pub detail: Option<String>,
+}
+
+/// A line the step logged.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LogRecord {
+    /// The number of calls the run had made when it logged.
+    pub after_seq: u64,
+    pub level: String,
+    pub message: String,
+    pub at_ms: i64,
+}
+
+/// A new run, as a caller asks for it.
+#[derive(Debug, Clone)]
+pub struct NewRun<'a> {
+    pub run_id: &'a str,
+    pub module_digest: &'a str,
+    pub step: Option<&'a str>,
+    /// The world the module targets.
+    pub world: &'a str,
+    pub input: &'a str,
+    pub now_ms: i64,
+}
+
+impl NewRun<'_> {
+    /// The run's first row: pending, or running under `claim` (its first
+    /// claim: version and fencing token 1).
+    pub fn record(&self, claim: Option<&Claim>) -> RunRecord {
+        let (status, fence) = match claim {
+            Some(claim) => (RunStatus::Running, claim.fence),
+            None => (RunStatus::Pending, 0),
+        };
+        RunRecord {
+            run_id: self.run_id.to_string(),
+            module_digest: self.module_digest.to_string(),
+            input: self.input.to_string(),
+            status,
+            output: None,
+            error: None,
+            created_at_ms: self.now_ms,
+            updated_at_ms: self.now_ms,
+            version: fence,
+            owner: claim.map(|c| c.owner.clone()),
+            lease_until_ms: claim.map(|c| c.lease_until_ms),
+            fence,
+            wake_at_ms: None,
+            world: self.world.to_string(),
+            step: self.step.map(str::to_string),
+            exit_code: None,
+        }
+    }
+}
+
+/// How an execution left its run.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RunEnd {
+    /// `exit_code` is a WASI command's exit status (`None` for a step).
+    Completed {
+        output: String,
+        exit_code: Option<i32>,
+    },
+    Failed {
+        error: String,
+        exit_code: Option<i32>,
+    },
+    Parked {
+        error: String,
+    },
+    Diverged {
+        error: String,
+    },
+    /// Out of memory until `wake_at_ms` (or until a person decides).
+    Waiting {
+        wake_at_ms: Option<i64>,
+    },
+}

@@ -1,0 +1,364 @@
+//! The storage roles every ledger backend fills (see `DESIGN.md`, "Storage
+//! roles"):
+//!
+//! - a [`Pool`], opened from a URL, hands out the two below;
+//! - a [`Store`]: reads, listings, and compare-and-set writes of a run's
+//!   row (claims, renewals, releases, repins) and a person's
+//!   [`Settlement`]; the CLI, the server and a worker's claim loop use it;
+//! - a [`Writer`]: one execution's commits, fenced in the same transaction
+//!   as every write.
+//!
+//! Durability contract of every backend:
+//! - a commit holding a durable op ([`WriteOp::durable`]: a write's
+//!   `started` row, the run's end) is on disk when it is answered: nothing
+//!   leaves the host before;
+//! - other commits are ordered before the next durable one but need not be
+//!   durable on their own: nothing outside the process has seen their
+//!   effect until a later durable commit;
+//! - a commit under a claim whose fencing token is not the run's newest
+//!   writes nothing and fails with [`StoreError::Fenced`];
+//! - a backend that applies commits on another thread applies one
+//!   execution's commits in order, and once one fails, none after it.
+//!
+//! Backends decide no domain rule: what a claim, an end or a decision makes
+//! of a row is computed by [`crate::lifecycle`] and [`crate::settle`].
+
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use crate::history::History;
+use crate::journal::Counters;
+use crate::lifecycle::EndRow;
+use crate::records::{AttemptRecord, CallRecord, CallState, Claim, LogRecord, RunRecord, RunStatus};
+
+/// What went wrong in a ledger, in words that name no driver.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum StoreError {
+    #[error(
+        "{location} is not a stephost ledger ({detail}); point --ledger at a stephost ledger or \
+         at a new one"
+    )]
+    NotALedger { location: String, detail: String },
+    #[error(
+        "ledger {location} has schema version {found}, newer than this stephost understands \
+         ({supported}); upgrade stephost"
+    )]
+    TooNew {
+        location: String,
+        found: i64,
+        supported: i64,
+    },
+    #[error(
+        "ledger {location} was written by an earlier development format of stephost (format \
+         {found}), which this release does not read; no release ever wrote it: keep it for the \
+         build that made it, and start a new ledger for this one"
+    )]
+    OldFormat { location: String, found: String },
+    #[error("no run {0} in the ledger (list runs with `stephost runs`)")]
+    UnknownRun(String),
+    #[error("run {run_id} already exists with another module or input; choose another --run-id")]
+    RunExists { run_id: String },
+    #[error(
+        "run {run_id} is claimed by {owner} until {}; wait for that worker, or for its lease to \
+         run out",
+        crate::clock::format_time(*lease_until_ms)
+    )]
+    ClaimedElsewhere {
+        run_id: String,
+        owner: String,
+        lease_until_ms: i64,
+    },
+    #[error(
+        "run {run_id}: fencing token {held} is stale (newest is {newest}); another worker owns \
+         the run, this one stops"
+    )]
+    Fenced {
+        run_id: String,
+        held: i64,
+        newest: i64,
+    },
+    #[error("run {run_id} changed meanwhile (version {expected} expected, {found} found); try again")]
+    VersionConflict {
+        run_id: String,
+        expected: i64,
+        found: i64,
+    },
+    #[error(
+        "call #{seq} of run {run_id} changed meanwhile ({} expected, {found} found)",
+        expected.as_str()
+    )]
+    CallConflict {
+        run_id: String,
+        seq: u64,
+        expected: CallState,
+        found: String,
+    },
+    #[error(
+        "call #{seq} of run {run_id} is {state}, not unknown; only an unknown call can be resolved"
+    )]
+    NotUnknown {
+        run_id: String,
+        seq: u64,
+        state: String,
+    },
+    #[error("call #{seq} of run {run_id} cannot be decided: {reason}")]
+    NotDecidable {
+        run_id: String,
+        seq: u64,
+        reason: String,
+    },
+    #[error(
+        "run {run_id} could not be repinned: it finished, changed module, or is held by a live \
+         worker; try again"
+    )]
+    RepinConflict { run_id: String },
+    #[error("run {run_id} is {status}; there is nothing to claim")]
+    NotClaimable { run_id: String, status: String },
+    #[error("module {0} is not stored in the ledger")]
+    UnknownModule(String),
+    #[error(
+        "call #{seq} of run {run_id} is already recorded: a run's calls are only ever appended, \
+         by one execution at a time"
+    )]
+    NotAppended { run_id: String, seq: u64 },
+    #[error("ledger data is corrupt: {0}")]
+    Corrupt(String),
+    /// The ledger could not be reached or written (I/O, a lost connection,
+    /// a lock held too long): the operation may succeed if tried again.
+    #[error("ledger unavailable: {0}")]
+    Unavailable(String),
+    /// The ledger URL or its options are wrong.
+    #[error("{0}")]
+    Config(String),
+}
+
+pub type StoreResult<T> = Result<T, StoreError>;
+
+/// A write under a claim: one unit of a commit.
+#[derive(Debug, Clone)]
+pub enum WriteOp {
+    /// A run started in this process, claimed by the commit's writer, which
+    /// this commit records (always its first op). Fails the commit as
+    /// claimed elsewhere if the run exists by then.
+    Create(Box<RunRecord>),
+    /// A finished call row: an observe call with its value, or a read with
+    /// its outcome. Not durable on its own.
+    Call(CallRecord),
+    /// A write or suspend call, before it leaves the host: durable.
+    Started(CallRecord),
+    /// The outcome of a call recorded `started`.
+    Outcome {
+        seq: u64,
+        state: CallState,
+        outcome: Option<String>,
+        now_ms: i64,
+        /// The call's chain link, when the state is final.
+        chain: Option<String>,
+    },
+    /// An attempt of a call in this commit or an earlier one; a backend
+    /// keeps a call's attempts in order with it.
+    Attempt(AttemptRecord),
+    Log(LogRecord),
+    /// The claim's lease, renewed until `until_ms` (the run due then).
+    Lease { until_ms: i64, due_at_ms: Option<i64> },
+    /// The execution's end (or its wait), giving the claim up: durable.
+    End(EndRow),
+    /// Metric counters to add (an execution's, with its end).
+    Counters(Counters),
+}
+
+impl WriteOp {
+    /// Whether the op must be on disk before its writer goes on.
+    pub fn durable(&self) -> bool {
+        matches!(self, WriteOp::Started(_) | WriteOp::End(_))
+    }
+}
+
+/// A person's decision on a call (an approval, or a call whose outcome was
+/// unknown), as [`crate::settle`] computes it: the call's new state and the
+/// run's new row, written together by compare-and-set on the call's state
+/// and the run's version.
+#[derive(Debug, Clone)]
+pub struct Settlement {
+    pub run_id: String,
+    pub seq: u64,
+    /// The state the call must still be in.
+    pub expected_state: CallState,
+    pub state: CallState,
+    pub outcome: String,
+    pub chain: Option<String>,
+    pub by: String,
+    pub at_ms: i64,
+    /// The version the run's row must still have.
+    pub expected_version: i64,
+    /// The run's row after the decision.
+    pub run: RunRecord,
+    pub counters: Counters,
+}
+
+/// Which runs a listing returns, newest first.
+#[derive(Debug, Clone, Default)]
+pub struct RunQuery {
+    pub status: Option<RunStatus>,
+    pub module_digest: Option<String>,
+    /// The step's declared `name@version`.
+    pub step: Option<String>,
+    pub created_after_ms: Option<i64>,
+    pub created_before_ms: Option<i64>,
+    /// Only runs created before this one in the listing's order (a page's
+    /// last run id, for the next page).
+    pub after_run_id: Option<String>,
+    pub limit: Option<usize>,
+}
+
+impl RunQuery {
+    /// Whether `run` passes the filters (not the page bounds).
+    pub fn matches(&self, run: &RunRecord) -> bool {
+        self.status.is_none_or(|s| run.status == s)
+            && self
+                .module_digest
+                .as_deref()
+                .is_none_or(|d| run.module_digest == d)
+            && self.step.as_deref().is_none_or(|s| run.step.as_deref() == Some(s))
+            && self.created_after_ms.is_none_or(|t| run.created_at_ms > t)
+            && self.created_before_ms.is_none_or(|t| run.created_at_ms < t)
+    }
+}
+
+/// A call waiting for a person, with its run: the approvals inbox and the
+/// queue of calls whose outcome is unknown.
+#[derive(Debug, Clone)]
+pub struct OpenCall {
+    pub run: RunRecord,
+    pub call: CallRecord,
+}
+
+/// Hands out stores and writers over one ledger.
+pub trait Pool: Send + Sync {
+    /// What the pool was opened from, for messages (no secrets).
+    fn location(&self) -> String;
+    fn store(&self) -> StoreResult<Box<dyn Store>>;
+    /// A writer for one execution at a time. A pool opened for several
+    /// concurrent runs may let its writers' commits share transactions and
+    /// fsyncs (group commit).
+    fn writer(&self) -> StoreResult<Box<dyn Writer>>;
+}
+
+/// Reads, listings and compare-and-set writes.
+pub trait Store: Send {
+    /// Stores module bytes under their digest (idempotent).
+    fn put_module(&self, digest: &str, bytes: &[u8]) -> StoreResult<()>;
+    fn module(&self, digest: &str) -> StoreResult<Vec<u8>>;
+
+    /// Inserts `run` (durably) unless a run with its id exists; returns the
+    /// run's row as stored: `run`, or the one that was there.
+    fn insert_run(&self, run: &RunRecord) -> StoreResult<RunRecord>;
+    fn run(&self, run_id: &str) -> StoreResult<RunRecord>;
+    /// Runs that pass `query`'s filters, newest first.
+    fn runs(&self, query: &RunQuery) -> StoreResult<Vec<RunRecord>>;
+    /// How many runs are in each status.
+    fn status_counts(&self) -> StoreResult<Vec<(RunStatus, u64)>>;
+    /// Runs by the time they are due ([`crate::lifecycle::due_at`]), earliest
+    /// first, at most `limit`: every due run comes before any not yet due.
+    fn due_runs(&self, limit: usize) -> StoreResult<Vec<RunRecord>>;
+    /// Replaces the run's row with `run` (durably) if its version is still
+    /// `expected_version`; else [`StoreError::VersionConflict`] with the
+    /// version found.
+    fn swap_run(&self, expected_version: i64, run: &RunRecord) -> StoreResult<()>;
+
+    /// Calls from `from_seq` on, in order, at most `limit`.
+    fn calls(&self, run_id: &str, from_seq: u64, limit: usize) -> StoreResult<Vec<CallRecord>>;
+    /// Every call of the run, in order, as an execution replays them.
+    fn history(&self, run_id: &str) -> StoreResult<History>;
+    /// The attempts of the run's calls (of call `seq` alone, if given), in
+    /// order.
+    fn attempts(&self, run_id: &str, seq: Option<u64>) -> StoreResult<Vec<AttemptRecord>>;
+    fn logs(&self, run_id: &str) -> StoreResult<Vec<LogRecord>>;
+    /// Calls in `state` (of `interface`, if given) of runs not finished,
+    /// oldest first.
+    fn open_calls(&self, state: CallState, interface: Option<&str>) -> StoreResult<Vec<OpenCall>>;
+
+    /// Writes a person's decision (durably); see [`Settlement`].
+    fn settle(&self, settlement: &Settlement) -> StoreResult<()>;
+
+    /// Adds to the metric counters (kept in the ledger across restarts).
+    fn add_counters(&self, counters: &Counters) -> StoreResult<()>;
+    fn counters(&self) -> StoreResult<Vec<(String, i64)>>;
+}
+
+/// One execution's commits.
+pub trait Writer: Send {
+    /// Applies `ops` for the claim's run in one transaction, fenced, in
+    /// order after the writer's earlier commits. A backend may apply a
+    /// commit with no durable op later, on another thread: then its error,
+    /// if any, is the answer of a later commit or of [`Writer::landed`].
+    fn commit(&mut self, claim: &Claim, ops: Vec<WriteOp>) -> Commit;
+
+    /// Returns once every commit handed in before is applied (not
+    /// necessarily on disk), with the first error among them.
+    fn landed(&mut self) -> StoreResult<()>;
+}
+
+/// A commit's answer: already known, or pending on another thread.
+pub enum Commit {
+    Done(StoreResult<()>),
+    Pending(PendingCommit),
+}
+
+impl Commit {
+    /// The answer, waiting for it on this thread if need be.
+    pub fn wait(self) -> StoreResult<()> {
+        match self {
+            Commit::Done(result) => result,
+            Commit::Pending(pending) => pending.wait(),
+        }
+    }
+}
+
+/// A commit another thread applies; wait for it ([`PendingCommit::wait`])
+/// or await it (a run executed as a task).
+pub struct PendingCommit(tokio::sync::oneshot::Receiver<StoreResult<()>>);
+
+/// The sending half of a [`PendingCommit`], for the thread that applies it.
+pub struct CommitReply(tokio::sync::oneshot::Sender<StoreResult<()>>);
+
+impl PendingCommit {
+    pub fn new() -> (CommitReply, PendingCommit) {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        (CommitReply(tx), PendingCommit(rx))
+    }
+
+    pub fn wait(self) -> StoreResult<()> {
+        self.0.blocking_recv().unwrap_or_else(|_| Err(committer_gone()))
+    }
+
+    /// The answer if it has come.
+    pub fn try_answer(&mut self) -> Option<StoreResult<()>> {
+        match self.0.try_recv() {
+            Ok(result) => Some(result),
+            Err(tokio::sync::oneshot::error::TryRecvError::Empty) => None,
+            Err(tokio::sync::oneshot::error::TryRecvError::Closed) => Some(Err(committer_gone())),
+        }
+    }
+}
+
+impl CommitReply {
+    pub fn send(self, result: StoreResult<()>) {
+        let _ = self.0.send(result);
+    }
+}
+
+impl Future for PendingCommit {
+    type Output = StoreResult<()>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        Pin::new(&mut self.0)
+            .poll(cx)
+            .map(|r| r.unwrap_or_else(|_| Err(committer_gone())))
+    }
+}
+
+fn committer_gone() -> StoreError {
+    StoreError::Unavailable("the ledger's committer stopped before answering".into())
+}
