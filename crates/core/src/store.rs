@@ -234,6 +234,14 @@ pub struct OpenCall {
     pub call: CallRecord,
 }
 
+/// How a pool is opened.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PoolOptions {
+    /// Let the writers' commits share transactions and fsyncs (a worker
+    /// with several runs at once); otherwise each writer commits on its own.
+    pub group_commit: bool,
+}
+
 /// Hands out stores and writers over one ledger.
 pub trait Pool: Send + Sync {
     /// What the pool was opened from, for messages (no secrets).
@@ -243,6 +251,22 @@ pub trait Pool: Send + Sync {
     /// concurrent runs may let its writers' commits share transactions and
     /// fsyncs (group commit).
     fn writer(&self) -> StoreResult<Box<dyn Writer>>;
+    /// How the writers' commits have shared transactions and fsyncs so far
+    /// (zeros for a pool whose writers commit on their own).
+    fn commit_counts(&self) -> CommitCounts {
+        CommitCounts::default()
+    }
+}
+
+/// How commits shared transactions and fsyncs (group commit).
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct CommitCounts {
+    /// Commits handed in by writers.
+    pub commits: u64,
+    /// Transactions they were applied in.
+    pub transactions: u64,
+    /// Fsyncs that made them durable.
+    pub fsyncs: u64,
 }
 
 /// Reads, listings and compare-and-set writes.

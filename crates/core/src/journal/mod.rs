@@ -687,7 +687,8 @@ impl Journal {
                 let Mode::Live { writer, claim } = &mut self.mode else {
                     unreachable!("checked live above")
                 };
-                match writer.commit(claim, std::mem::take(&mut self.pending)) {
+                let ops = Self::take_ops(&mut self.pending, claim);
+                match writer.commit(claim, ops) {
                     Commit::Done(result) => {
                         result?;
                         self.perform_write(record, live).map(Call::Done)
@@ -1066,7 +1067,8 @@ impl Journal {
         }
         match &mut self.mode {
             Mode::Live { writer, claim } => {
-                Ok(writer.commit(claim, std::mem::take(&mut self.pending)).wait()?)
+                let ops = Self::take_ops(&mut self.pending, claim);
+                Ok(writer.commit(claim, ops).wait()?)
             }
             Mode::Replay => Ok(()),
         }
@@ -1088,7 +1090,21 @@ impl Journal {
 
     /// The buffered writes, for the runner to commit with the run's end.
     pub fn take_pending(&mut self) -> Vec<WriteOp> {
-        std::mem::take(&mut self.pending)
+        match &self.mode {
+            Mode::Live { claim, .. } => Self::take_ops(&mut self.pending, claim),
+            Mode::Replay => std::mem::take(&mut self.pending),
+        }
+    }
+
+    /// The buffered writes, to commit now. A new run's row, if they record
+    /// it, gets a lease from now: not from when its execution began.
+    fn take_ops(pending: &mut Vec<WriteOp>, claim: &Claim) -> Vec<WriteOp> {
+        let mut ops = std::mem::take(pending);
+        if let Some(WriteOp::Create(run)) = ops.first_mut() {
+            let (until, _) = crate::lifecycle::renewed_lease(claim, crate::clock::now_ms());
+            run.lease_until_ms = Some(run.lease_until_ms.unwrap_or(until).max(until));
+        }
+        ops
     }
 
     /// A call recorded as started with no outcome: the previous execution

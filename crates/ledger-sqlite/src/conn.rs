@@ -1,0 +1,97 @@
+//! A connection to the ledger file: opened in WAL mode, its schema checked
+//! (and created, for a new file), its errors put in storage-neutral words.
+
+use std::path::Path;
+
+use rusqlite::{Connection, ErrorCode, OpenFlags};
+use stephost_core::StoreError;
+
+use crate::schema;
+
+/// How long a connection waits for another's write lock before it gives up
+/// with [`StoreError::Unavailable`], in milliseconds.
+pub const BUSY_TIMEOUT_MS: u64 = 10_000;
+
+/// Whether a commit is fsync'd.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Sync {
+    /// `synchronous = FULL`: the WAL is fsync'd at commit.
+    Full,
+    /// `synchronous = NORMAL`: ordered before the next fsync'd commit.
+    Normal,
+}
+
+impl Sync {
+    pub fn when(durable: bool) -> Self {
+        if durable { Sync::Full } else { Sync::Normal }
+    }
+}
+
+/// A connection and the sync mode it is in.
+pub struct Conn {
+    pub conn: Connection,
+    sync: Sync,
+}
+
+impl Conn {
+    /// Opens the ledger at `path`, creating it if absent and migrating it
+    /// to this build's schema.
+    pub fn open(path: &Path) -> Result<Self, StoreError> {
+        let location = path.display().to_string();
+        let conn = Connection::open_with_flags(
+            path,
+            OpenFlags::SQLITE_OPEN_READ_WRITE
+                | OpenFlags::SQLITE_OPEN_CREATE
+                | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+        )
+        .map_err(|e| not_a_ledger(&location, e))?;
+        conn.busy_timeout(std::time::Duration::from_millis(BUSY_TIMEOUT_MS))
+            .map_err(error)?;
+        // Checked before anything is written: another application's file
+        // (or one of an earlier format) is left as it is.
+        schema::check(&conn, &location)?;
+        conn.pragma_update(None, "journal_mode", "WAL")
+            .map_err(|e| not_a_ledger(&location, e))?;
+        conn.pragma_update(None, "synchronous", "FULL").map_err(error)?;
+        schema::migrate(&conn, &location)?;
+        Ok(Conn {
+            conn,
+            sync: Sync::Full,
+        })
+    }
+
+    /// Puts the connection in `sync` mode for its next commit.
+    pub fn set_sync(&mut self, sync: Sync) -> Result<(), StoreError> {
+        if self.sync != sync {
+            let value = match sync {
+                Sync::Full => "FULL",
+                Sync::Normal => "NORMAL",
+            };
+            self.conn
+                .pragma_update(None, "synchronous", value)
+                .map_err(error)?;
+            self.sync = sync;
+        }
+        Ok(())
+    }
+}
+
+/// A driver error in storage-neutral words.
+pub fn error(e: rusqlite::Error) -> StoreError {
+    match e.sqlite_error_code() {
+        Some(ErrorCode::DatabaseCorrupt | ErrorCode::NotADatabase) => {
+            StoreError::Corrupt(e.to_string())
+        }
+        _ => StoreError::Unavailable(e.to_string()),
+    }
+}
+
+pub fn not_a_ledger(location: &str, e: rusqlite::Error) -> StoreError {
+    match e.sqlite_error_code() {
+        Some(ErrorCode::NotADatabase) => StoreError::NotALedger {
+            location: location.to_string(),
+            detail: "not an SQLite database".into(),
+        },
+        _ => StoreError::Unavailable(format!("cannot open {location}: {e}")),
+    }
+}

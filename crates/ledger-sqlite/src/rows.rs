@@ -1,0 +1,283 @@
+//! Rows and records: the SQL that reads and writes a run, a call and its
+//! attempts, and the bodies kept apart by digest.
+
+use rusqlite::{Connection, OptionalExtension, Row, params};
+use serde::{Deserialize, Serialize};
+use stephost_core::lifecycle;
+use stephost_core::payload;
+use stephost_core::{AttemptRecord, CallClass, CallRecord, CallState, RunRecord, RunStatus, StoreError};
+
+use crate::conn::error;
+
+pub const RUN_COLUMNS: &str = "run_id, module_digest, input, status, output, error, created_at, \
+     updated_at, version, owner, lease_until, fence, wake_at, world, step, exit_code";
+
+pub fn run_from_row(r: &Row<'_>) -> rusqlite::Result<RunRecord> {
+    let status: String = r.get(3)?;
+    Ok(RunRecord {
+        run_id: r.get(0)?,
+        module_digest: r.get(1)?,
+        input: r.get(2)?,
+        status: RunStatus::parse(&status).ok_or_else(|| bad_value(3, &status))?,
+        output: r.get(4)?,
+        error: r.get(5)?,
+        created_at_ms: r.get(6)?,
+        updated_at_ms: r.get(7)?,
+        version: r.get(8)?,
+        owner: r.get(9)?,
+        lease_until_ms: r.get(10)?,
+        fence: r.get(11)?,
+        wake_at_ms: r.get(12)?,
+        world: r.get(13)?,
+        step: r.get(14)?,
+        exit_code: r.get(15)?,
+    })
+}
+
+fn bad_value(column: usize, value: &str) -> rusqlite::Error {
+    rusqlite::Error::FromSqlConversionFailure(
+        column,
+        rusqlite::types::Type::Text,
+        format!("unexpected value {value:?}").into(),
+    )
+}
+
+/// The run `run_id`, if it exists.
+pub fn find_run(conn: &Connection, run_id: &str) -> Result<Option<RunRecord>, StoreError> {
+    conn.prepare_cached(&format!("SELECT {RUN_COLUMNS} FROM runs WHERE run_id = ?1"))
+        .and_then(|mut s| s.query_row([run_id], run_from_row).optional())
+        .map_err(error)
+}
+
+pub fn run(conn: &Connection, run_id: &str) -> Result<RunRecord, StoreError> {
+    find_run(conn, run_id)?.ok_or_else(|| StoreError::UnknownRun(run_id.to_string()))
+}
+
+/// Inserts `run`'s row; `false` if a run with its id exists.
+pub fn insert_run(conn: &Connection, run: &RunRecord) -> Result<bool, StoreError> {
+    let inserted = conn
+        .prepare_cached(
+            "INSERT INTO runs (run_id, module_digest, input, status, output, error, created_at, \
+             updated_at, version, owner, lease_until, fence, wake_at, due_at, world, step, \
+             exit_code) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, \
+             ?15, ?16, ?17) ON CONFLICT (run_id) DO NOTHING",
+        )
+        .and_then(|mut s| {
+            s.execute(params![
+                run.run_id,
+                run.module_digest,
+                run.input,
+                run.status.as_str(),
+                run.output,
+                run.error,
+                run.created_at_ms,
+                run.updated_at_ms,
+                run.version,
+                run.owner,
+                run.lease_until_ms,
+                run.fence,
+                run.wake_at_ms,
+                lifecycle::due_at(run),
+                run.world,
+                run.step,
+                run.exit_code
+            ])
+        })
+        .map_err(error)?;
+    Ok(inserted == 1)
+}
+
+/// Replaces `run`'s row if its version is still `expected`: the number of
+/// rows changed (0 or 1).
+pub fn swap_run(conn: &Connection, expected: i64, run: &RunRecord) -> Result<usize, StoreError> {
+    conn.prepare_cached(
+        "UPDATE runs SET module_digest = ?2, input = ?3, status = ?4, output = ?5, error = ?6, \
+         created_at = ?7, updated_at = ?8, version = ?9, owner = ?10, lease_until = ?11, \
+         fence = ?12, wake_at = ?13, due_at = ?14, world = ?15, step = ?16, exit_code = ?17 \
+         WHERE run_id = ?1 AND version = ?18",
+    )
+    .and_then(|mut s| {
+        s.execute(params![
+            run.run_id,
+            run.module_digest,
+            run.input,
+            run.status.as_str(),
+            run.output,
+            run.error,
+            run.created_at_ms,
+            run.updated_at_ms,
+            run.version,
+            run.owner,
+            run.lease_until_ms,
+            run.fence,
+            run.wake_at_ms,
+            lifecycle::due_at(run),
+            run.world,
+            run.step,
+            run.exit_code,
+            expected
+        ])
+    })
+    .map_err(error)
+}
+
+/// The error for a compare-and-set on `run_id`'s version that changed no row.
+pub fn version_conflict(conn: &Connection, run_id: &str, expected: i64) -> StoreError {
+    match run(conn, run_id) {
+        Ok(found) => StoreError::VersionConflict {
+            run_id: run_id.to_string(),
+            expected,
+            found: found.version,
+        },
+        Err(e) => e,
+    }
+}
+
+pub const CALL_COLUMNS: &str = "seq, class, interface, function, operation_id, request, \
+     request_split, request_hash, state, outcome, outcome_split, started_at, finished_at, \
+     resolved_by, chain";
+
+/// A call row as read, its bodies not yet loaded from `payloads`.
+pub struct CallRow {
+    pub call: CallRecord,
+    request_split: bool,
+    outcome_split: bool,
+}
+
+pub fn call_from_row(r: &Row<'_>) -> rusqlite::Result<CallRow> {
+    let class: String = r.get(1)?;
+    let state: String = r.get(8)?;
+    Ok(CallRow {
+        call: CallRecord {
+            seq: r.get::<_, i64>(0)? as u64,
+            class: CallClass::parse(&class).ok_or_else(|| bad_value(1, &class))?,
+            interface: r.get(2)?,
+            function: r.get(3)?,
+            operation_id: r.get(4)?,
+            request: r.get(5)?,
+            request_hash: r.get(7)?,
+            state: CallState::parse(&state).ok_or_else(|| bad_value(8, &state))?,
+            outcome: r.get(9)?,
+            started_at_ms: r.get(11)?,
+            finished_at_ms: r.get(12)?,
+            resolved_by: r.get(13)?,
+            chain: r.get(14)?,
+        },
+        request_split: r.get(6)?,
+        outcome_split: r.get(10)?,
+    })
+}
+
+impl CallRow {
+    /// The call with its bodies whole.
+    pub fn load(self, conn: &Connection) -> Result<CallRecord, StoreError> {
+        let CallRow {
+            mut call,
+            request_split,
+            outcome_split,
+        } = self;
+        if request_split {
+            call.request = payload::load(&call.request, true, |d| part(conn, d))?;
+        }
+        if outcome_split && let Some(outcome) = &call.outcome {
+            call.outcome = Some(payload::load(outcome, true, |d| part(conn, d))?);
+        }
+        Ok(call)
+    }
+}
+
+fn part(conn: &Connection, digest: &str) -> Result<Option<String>, StoreError> {
+    conn.prepare_cached("SELECT body FROM payloads WHERE digest = ?1")
+        .and_then(|mut s| s.query_row([digest], |r| r.get(0)).optional())
+        .map_err(error)
+}
+
+/// `body` as stored: its text for the row (and whether it is split), its
+/// parts kept in `payloads`.
+pub fn store_body(conn: &Connection, body: &str) -> Result<(String, bool), StoreError> {
+    let stored = payload::store(body);
+    for part in &stored.parts {
+        conn.prepare_cached("INSERT INTO payloads (digest, body) VALUES (?1, ?2) ON CONFLICT DO NOTHING")
+            .and_then(|mut s| s.execute(params![part.digest, part.body]))
+            .map_err(error)?;
+    }
+    let split = stored.is_split();
+    Ok((stored.text, split))
+}
+
+/// Calls of `run_id` from `from_seq` on, in order, at most `limit`.
+pub fn calls(
+    conn: &Connection,
+    run_id: &str,
+    from_seq: u64,
+    limit: usize,
+) -> Result<Vec<CallRecord>, StoreError> {
+    let rows: Vec<CallRow> = conn
+        .prepare_cached(&format!(
+            "SELECT {CALL_COLUMNS} FROM calls WHERE run_id = ?1 AND seq >= ?2 ORDER BY seq LIMIT ?3"
+        ))
+        .and_then(|mut s| {
+            s.query_map(
+                params![run_id, from_seq as i64, i64::try_from(limit).unwrap_or(i64::MAX)],
+                call_from_row,
+            )?
+            .collect()
+        })
+        .map_err(error)?;
+    rows.into_iter().map(|row| row.load(conn)).collect()
+}
+
+/// One attempt as a call row's `attempts` array holds it.
+#[derive(Serialize, Deserialize)]
+struct StoredAttempt {
+    attempt: u32,
+    kind: String,
+    started_at: i64,
+    finished_at: i64,
+    result: String,
+    detail: Option<String>,
+}
+
+/// The JSON array of `attempts`.
+pub fn attempts_json(attempts: &[&AttemptRecord]) -> String {
+    let stored: Vec<StoredAttempt> = attempts
+        .iter()
+        .map(|a| StoredAttempt {
+            attempt: a.attempt,
+            kind: a.kind.clone(),
+            started_at: a.started_at_ms,
+            finished_at: a.finished_at_ms,
+            result: a.result.clone(),
+            detail: a.detail.clone(),
+        })
+        .collect();
+    serde_json::to_string(&stored).unwrap_or_else(|_| "[]".into())
+}
+
+/// The attempts of call `seq` from its row's `attempts` array.
+pub fn attempts_from_json(seq: u64, text: &str) -> Result<Vec<AttemptRecord>, StoreError> {
+    let stored: Vec<StoredAttempt> = serde_json::from_str(text).map_err(|e| {
+        StoreError::Corrupt(format!("the attempts of call #{seq} are unreadable: {e}"))
+    })?;
+    Ok(stored
+        .into_iter()
+        .map(|a| AttemptRecord {
+            seq,
+            attempt: a.attempt,
+            kind: a.kind,
+            started_at_ms: a.started_at,
+            finished_at_ms: a.finished_at,
+            result: a.result,
+            detail: a.detail,
+        })
+        .collect())
+}
+
+/// SQL that appends the JSON array `?` to a row's `attempts` array.
+pub const APPEND_ATTEMPTS: &str = "CASE WHEN attempts IS NULL THEN ?{n} \
+     ELSE substr(attempts, 1, length(attempts) - 1) || ',' || substr(?{n}, 2) END";
+
+/// [`APPEND_ATTEMPTS`] with its parameter numbered `n`.
+pub fn append_attempts(n: usize) -> String {
+    APPEND_ATTEMPTS.replace("{n}", &n.to_string())
+}

@@ -1,0 +1,97 @@
+//! The ledger's schema: plain SQL migration files, applied in order, each in
+//! its own transaction.
+//!
+//! A ledger file is marked with `PRAGMA application_id` so that stephost
+//! never writes into a database that is not its own, and `PRAGMA
+//! user_version` holds the schema version. A ledger newer than this build is
+//! refused; so is one of the development format no release wrote, which
+//! carries another application id.
+
+use rusqlite::Connection;
+use stephost_core::StoreError;
+
+use crate::conn::{error, not_a_ledger};
+
+/// `STPL` in ASCII: a stephost ledger of this format.
+pub const APPLICATION_ID: i64 = 0x5354_504C;
+
+/// `STEP` in ASCII: the development format before it, schema versions 1–9.
+pub const OLD_APPLICATION_ID: i64 = 0x5354_4550;
+
+/// Migration `i` takes the schema from version `i` to `i + 1`.
+pub const MIGRATIONS: &[&str] = &[include_str!("../migrations/0001_ledger.sql")];
+
+/// The schema version this build writes.
+pub const VERSION: i64 = MIGRATIONS.len() as i64;
+
+fn pragma(conn: &Connection, location: &str, name: &str) -> Result<i64, StoreError> {
+    conn.pragma_query_value(None, name, |r| r.get(0))
+        .map_err(|e| not_a_ledger(location, e))
+}
+
+/// Refuses a file that is not a stephost ledger of this format (or an
+/// empty file, which becomes one).
+pub fn check(conn: &Connection, location: &str) -> Result<(), StoreError> {
+    let id = pragma(conn, location, "application_id")?;
+    let version = pragma(conn, location, "user_version")?;
+    match id {
+        APPLICATION_ID if version > VERSION => Err(StoreError::TooNew {
+            location: location.to_string(),
+            found: version,
+            supported: VERSION,
+        }),
+        APPLICATION_ID => Ok(()),
+        OLD_APPLICATION_ID => Err(StoreError::OldFormat {
+            location: location.to_string(),
+            found: format!("schema version {version}"),
+        }),
+        0 => {
+            let tables: i64 = conn
+                .query_row("SELECT count(*) FROM sqlite_master", [], |r| r.get(0))
+                .map_err(|e| not_a_ledger(location, e))?;
+            if tables > 0 {
+                return Err(StoreError::NotALedger {
+                    location: location.to_string(),
+                    detail: "an SQLite database of another application".into(),
+                });
+            }
+            Ok(())
+        }
+        other => Err(StoreError::NotALedger {
+            location: location.to_string(),
+            detail: format!("an SQLite database with application id {other:#x}"),
+        }),
+    }
+}
+
+/// Brings the schema to [`VERSION`]. Two processes opening a new file at
+/// once are serialized by the write lock; the second finds it migrated.
+pub fn migrate(conn: &Connection, location: &str) -> Result<(), StoreError> {
+    loop {
+        conn.execute_batch("BEGIN IMMEDIATE").map_err(error)?;
+        let step = migrate_one(conn, location);
+        let end = if matches!(step, Ok(true)) { "COMMIT" } else { "ROLLBACK" };
+        let ended = conn.execute_batch(end).map_err(error);
+        match step {
+            Ok(true) => ended?,
+            Ok(false) => return Ok(()),
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+/// Applies the next migration, if any: `false` once at [`VERSION`].
+fn migrate_one(conn: &Connection, location: &str) -> Result<bool, StoreError> {
+    check(conn, location)?;
+    let version = pragma(conn, location, "user_version")?;
+    if version >= VERSION {
+        return Ok(false);
+    }
+    conn.execute_batch(MIGRATIONS[version as usize])
+        .map_err(error)?;
+    conn.pragma_update(None, "application_id", APPLICATION_ID)
+        .map_err(error)?;
+    conn.pragma_update(None, "user_version", version + 1)
+        .map_err(error)?;
+    Ok(true)
+}
