@@ -152,7 +152,12 @@ fn waiting_for_approval(ledger: &TestLedger, run_id: &str, ttl_seconds: u64) -> 
     asked.function = "request".into();
     asked.request_hash = crate::ids::request_hash(approvals::INTERFACE, "request", &request);
     asked.request = request;
-    commit(ledger.pool.as_ref(), &claimed, vec![WriteOp::Started(asked)]).expect("ask");
+    commit(
+        ledger.pool.as_ref(),
+        &claimed,
+        vec![WriteOp::Started(asked)],
+    )
+    .expect("ask");
     claimed
 }
 
@@ -184,7 +189,7 @@ pub fn a_run_is_inserted_once_and_listed_by_its_filters(make: &Make) {
     let mut moved = store.run("r5").unwrap();
     moved.module_digest = "module-b".into();
     moved.version += 1;
-    store.swap_run(moved.version - 1, &moved).unwrap();
+    store.swap_run(moved.version - 1, &moved, true).unwrap();
     claim(store.as_ref(), "r4", "w", T0);
     let ids = |query: &RunQuery| -> Vec<String> {
         store
@@ -285,7 +290,15 @@ pub fn a_live_lease_refuses_a_claim_until_it_runs_out_or_its_owner_is_gone(make:
     new_run(store.as_ref(), "held", T0);
     let first = claim(store.as_ref(), "held", "w1", T0);
     let try_claim = |now: i64, alive: &dyn Fn(&str) -> bool| {
-        lifecycle::claim(store.as_ref(), "held", "w2", LEASE_MS, now, ClaimMode::Due, alive)
+        lifecycle::claim(
+            store.as_ref(),
+            "held",
+            "w2",
+            LEASE_MS,
+            now,
+            ClaimMode::Due,
+            alive,
+        )
     };
     assert!(matches!(
         try_claim(T0 + 1, ALIVE),
@@ -314,11 +327,22 @@ pub fn a_stale_writer_is_refused_on_every_write_path(make: &Make) {
     let stale = claim(store.as_ref(), "f", "w1", T0);
     commit(pool, &stale, vec![finished(1)]).unwrap();
     let newest = claim(store.as_ref(), "f", "w2", T0 + 1);
-    commit(pool, &newest, vec![WriteOp::Started(call(2, CallClass::Write, CallState::Started))])
-        .unwrap();
+    commit(
+        pool,
+        &newest,
+        vec![WriteOp::Started(call(
+            2,
+            CallClass::Write,
+            CallState::Started,
+        ))],
+    )
+    .unwrap();
     let paths: Vec<(&str, WriteOp)> = vec![
         ("a finished call", finished(3)),
-        ("a started write", WriteOp::Started(call(3, CallClass::Write, CallState::Started))),
+        (
+            "a started write",
+            WriteOp::Started(call(3, CallClass::Write, CallState::Started)),
+        ),
         (
             "an outcome",
             WriteOp::Outcome {
@@ -367,7 +391,10 @@ pub fn a_stale_writer_is_refused_on_every_write_path(make: &Make) {
                 T0,
             ),
         ),
-        ("counters", WriteOp::Counters(Counters::from([("zombie_total", 1)]))),
+        (
+            "counters",
+            WriteOp::Counters(Counters::from([("zombie_total", 1)])),
+        ),
     ];
     let before = store.run("f").unwrap();
     for (what, op) in paths {
@@ -391,7 +418,13 @@ pub fn a_stale_writer_is_refused_on_every_write_path(make: &Make) {
     assert_eq!(calls[1].state, CallState::Started);
     assert!(store.logs("f").unwrap().is_empty());
     assert!(store.attempts("f", None).unwrap().is_empty());
-    assert!(!store.counters().unwrap().iter().any(|(n, _)| n == "zombie_total"));
+    assert!(
+        !store
+            .counters()
+            .unwrap()
+            .iter()
+            .any(|(n, _)| n == "zombie_total")
+    );
     // Renewal and release through the store refuse or ignore the stale claim.
     assert!(matches!(
         lifecycle::renew(store.as_ref(), &stale, T0 + 5),
@@ -409,18 +442,40 @@ pub fn due_runs_come_earliest_first_and_workers_claim_only_due_ones(make: &Make)
     // pending (due since creation), a released run (due at its release),
     // a timer due, one not due, a held run, and runs never due.
     new_run(store.as_ref(), "pending", T0 + 10);
-    for id in ["released", "timer-due", "timer-later", "held", "parked", "done"] {
+    for id in [
+        "released",
+        "timer-due",
+        "timer-later",
+        "held",
+        "parked",
+        "done",
+    ] {
         new_run(store.as_ref(), id, T0);
     }
     let released = claim(store.as_ref(), "released", "w", T0 + 20);
     lifecycle::release(store.as_ref(), &released, T0 + 30).unwrap();
     for (id, wake) in [("timer-due", now - 5), ("timer-later", now + 60_000)] {
         let c = claim(store.as_ref(), id, "w", T0);
-        commit(pool, &c, vec![end(RunEnd::Waiting { wake_at_ms: Some(wake) }, T0)]).unwrap();
+        commit(
+            pool,
+            &c,
+            vec![end(
+                RunEnd::Waiting {
+                    wake_at_ms: Some(wake),
+                },
+                T0,
+            )],
+        )
+        .unwrap();
     }
     claim(store.as_ref(), "held", "w-live", now - 1_000);
     let c = claim(store.as_ref(), "parked", "w", T0);
-    commit(pool, &c, vec![end(RunEnd::Parked { error: "e".into() }, T0)]).unwrap();
+    commit(
+        pool,
+        &c,
+        vec![end(RunEnd::Parked { error: "e".into() }, T0)],
+    )
+    .unwrap();
     let c = claim(store.as_ref(), "done", "w", T0);
     commit(
         pool,
@@ -455,9 +510,20 @@ pub fn due_runs_come_earliest_first_and_workers_claim_only_due_ones(make: &Make)
         .collect();
     assert_eq!(claimable, ["pending", "released", "timer-due"]);
     for id in ["parked", "done", "timer-later"] {
-        let err = lifecycle::claim(store.as_ref(), id, "w2", LEASE_MS, now, ClaimMode::Due, ALIVE)
-            .unwrap_err();
-        assert!(matches!(err, StoreError::NotClaimable { .. }), "{id}: {err:?}");
+        let err = lifecycle::claim(
+            store.as_ref(),
+            id,
+            "w2",
+            LEASE_MS,
+            now,
+            ClaimMode::Due,
+            ALIVE,
+        )
+        .unwrap_err();
+        assert!(
+            matches!(err, StoreError::NotClaimable { .. }),
+            "{id}: {err:?}"
+        );
     }
 }
 
@@ -484,7 +550,10 @@ pub fn a_durable_commit_is_visible_to_another_store_once_answered(make: &Make) {
     let calls = calls_of(other.as_ref(), "d");
     assert_eq!(calls.len(), 3);
     assert_eq!(calls[2].state, CallState::Started);
-    assert_eq!(calls[2].operation_id, call(3, CallClass::Write, CallState::Started).operation_id);
+    assert_eq!(
+        calls[2].operation_id,
+        call(3, CallClass::Write, CallState::Started).operation_id
+    );
 }
 
 pub fn an_execution_creating_its_run_fails_whole_if_the_id_exists(make: &Make) {
@@ -502,20 +571,32 @@ pub fn an_execution_creating_its_run_fails_whole_if_the_id_exists(make: &Make) {
     commit(
         ledger.pool.as_ref(),
         &first,
-        vec![WriteOp::Create(Box::new(new.record(Some(&first)))), finished(1)],
+        vec![
+            WriteOp::Create(Box::new(new.record(Some(&first)))),
+            finished(1),
+        ],
     )
     .unwrap();
     let run = store.run("c").unwrap();
-    assert_eq!((run.status, run.fence, run.owner.as_deref()), (RunStatus::Running, 1, Some("w1")));
+    assert_eq!(
+        (run.status, run.fence, run.owner.as_deref()),
+        (RunStatus::Running, 1, Some("w1"))
+    );
     assert_eq!(calls_of(store.as_ref(), "c").len(), 1);
     let other = lifecycle::first_claim("c", "w2", LEASE_MS, T0);
     let err = commit(
         ledger.pool.as_ref(),
         &other,
-        vec![WriteOp::Create(Box::new(new.record(Some(&other)))), finished(2)],
+        vec![
+            WriteOp::Create(Box::new(new.record(Some(&other)))),
+            finished(2),
+        ],
     )
     .unwrap_err();
-    assert!(matches!(err, StoreError::ClaimedElsewhere { .. }), "{err:?}");
+    assert!(
+        matches!(err, StoreError::ClaimedElsewhere { .. }),
+        "{err:?}"
+    );
     assert_eq!(store.run("c").unwrap(), run);
     assert_eq!(calls_of(store.as_ref(), "c").len(), 1);
 }
@@ -526,11 +607,21 @@ pub fn calls_are_only_appended_and_outcomes_land_on_their_calls(make: &Make) {
     let store = ledger.store();
     new_run(store.as_ref(), "a", T0);
     let c = claim(store.as_ref(), "a", "w", T0);
-    commit(pool, &c, vec![finished(1), WriteOp::Started(call(2, CallClass::Write, CallState::Started))])
-        .unwrap();
+    commit(
+        pool,
+        &c,
+        vec![
+            finished(1),
+            WriteOp::Started(call(2, CallClass::Write, CallState::Started)),
+        ],
+    )
+    .unwrap();
     for (what, seq) in [("again", 2), ("a gap", 4), ("before the last", 1)] {
         let err = commit(pool, &c, vec![finished(seq)]).unwrap_err();
-        assert!(matches!(err, StoreError::NotAppended { .. }), "{what}: {err:?}");
+        assert!(
+            matches!(err, StoreError::NotAppended { .. }),
+            "{what}: {err:?}"
+        );
     }
     commit(
         pool,
@@ -673,8 +764,16 @@ pub fn a_person_approves_a_waiting_call_once_and_the_run_is_due_with_a_new_fence
     assert_eq!((open[0].run.run_id.as_str(), open[0].call.seq), ("ap", 1));
     let before = store.run("ap").unwrap();
     assert!(!lifecycle::is_due(&before, T0 + 10));
-    settle::decide_approval(store.as_ref(), "ap", 1, Verdict::Approved, "ana", Some("ok"), T0 + 10)
-        .unwrap();
+    settle::decide_approval(
+        store.as_ref(),
+        "ap",
+        1,
+        Verdict::Approved,
+        "ana",
+        Some("ok"),
+        T0 + 10,
+    )
+    .unwrap();
     let run = store.run("ap").unwrap();
     assert_eq!(run.status, RunStatus::Running);
     assert_eq!(run.owner, None);
@@ -691,13 +790,25 @@ pub fn a_person_approves_a_waiting_call_once_and_the_run_is_due_with_a_new_fence
         serde_json::from_str(outcome["ok"].as_str().unwrap()).unwrap();
     assert_eq!(decision["verdict"], "approved");
     assert_eq!(decision["by"], "ana");
-    assert!(store
-        .open_calls(CallState::Started, Some(approvals::INTERFACE))
-        .unwrap()
-        .is_empty());
-    let again =
-        settle::decide_approval(store.as_ref(), "ap", 1, Verdict::Rejected, "bo", None, T0 + 11);
-    assert!(matches!(again, Err(StoreError::NotDecidable { .. })), "{again:?}");
+    assert!(
+        store
+            .open_calls(CallState::Started, Some(approvals::INTERFACE))
+            .unwrap()
+            .is_empty()
+    );
+    let again = settle::decide_approval(
+        store.as_ref(),
+        "ap",
+        1,
+        Verdict::Rejected,
+        "bo",
+        None,
+        T0 + 11,
+    );
+    assert!(
+        matches!(again, Err(StoreError::NotDecidable { .. })),
+        "{again:?}"
+    );
     let counted = store
         .counters()
         .unwrap()
@@ -710,14 +821,30 @@ pub fn an_expired_or_misaimed_approval_is_refused(make: &Make) {
     let ledger = make();
     let store = ledger.store();
     waiting_for_approval(&ledger, "ex", 1);
-    let late =
-        settle::decide_approval(store.as_ref(), "ex", 1, Verdict::Approved, "ana", None, T0 + 1_001);
-    assert!(matches!(late, Err(StoreError::NotDecidable { ref reason, .. }) if reason.contains("expired")), "{late:?}");
+    let late = settle::decide_approval(
+        store.as_ref(),
+        "ex",
+        1,
+        Verdict::Approved,
+        "ana",
+        None,
+        T0 + 1_001,
+    );
+    assert!(
+        matches!(late, Err(StoreError::NotDecidable { ref reason, .. }) if reason.contains("expired")),
+        "{late:?}"
+    );
     let missing =
         settle::decide_approval(store.as_ref(), "ex", 9, Verdict::Approved, "ana", None, T0);
-    assert!(matches!(missing, Err(StoreError::NotDecidable { .. })), "{missing:?}");
+    assert!(
+        matches!(missing, Err(StoreError::NotDecidable { .. })),
+        "{missing:?}"
+    );
     let nobody = settle::decide_approval(store.as_ref(), "ex", 1, Verdict::Approved, " ", None, T0);
-    assert!(matches!(nobody, Err(StoreError::NotDecidable { .. })), "{nobody:?}");
+    assert!(
+        matches!(nobody, Err(StoreError::NotDecidable { .. })),
+        "{nobody:?}"
+    );
     assert_eq!(calls_of(store.as_ref(), "ex")[0].state, CallState::Started);
     // A call that is not an approval is not decided as one.
     new_run(store.as_ref(), "w", T0);
@@ -725,12 +852,19 @@ pub fn an_expired_or_misaimed_approval_is_refused(make: &Make) {
     commit(
         ledger.pool.as_ref(),
         &c,
-        vec![WriteOp::Started(call(1, CallClass::Write, CallState::Started))],
+        vec![WriteOp::Started(call(
+            1,
+            CallClass::Write,
+            CallState::Started,
+        ))],
     )
     .unwrap();
     let misaimed =
         settle::decide_approval(store.as_ref(), "w", 1, Verdict::Approved, "ana", None, T0);
-    assert!(matches!(misaimed, Err(StoreError::NotDecidable { .. })), "{misaimed:?}");
+    assert!(
+        matches!(misaimed, Err(StoreError::NotDecidable { .. })),
+        "{misaimed:?}"
+    );
 }
 
 pub fn a_persons_decision_supersedes_a_concurrent_execution(make: &Make) {
@@ -738,8 +872,16 @@ pub fn a_persons_decision_supersedes_a_concurrent_execution(make: &Make) {
     let store = ledger.store();
     // The execution is still running (it has not suspended yet).
     let running = waiting_for_approval(&ledger, "sup", 3_600);
-    settle::decide_approval(store.as_ref(), "sup", 1, Verdict::Rejected, "ana", None, T0 + 5)
-        .unwrap();
+    settle::decide_approval(
+        store.as_ref(),
+        "sup",
+        1,
+        Verdict::Rejected,
+        "ana",
+        None,
+        T0 + 5,
+    )
+    .unwrap();
     let stale = commit(
         ledger.pool.as_ref(),
         &running,
@@ -757,8 +899,15 @@ pub fn an_unknown_call_is_resolved_once_and_only_if_unknown(make: &Make) {
     let store = ledger.store();
     new_run(store.as_ref(), "u", T0);
     let c = claim(store.as_ref(), "u", "w", T0);
-    commit(pool, &c, vec![finished(1), WriteOp::Started(call(2, CallClass::Write, CallState::Started))])
-        .unwrap();
+    commit(
+        pool,
+        &c,
+        vec![
+            finished(1),
+            WriteOp::Started(call(2, CallClass::Write, CallState::Started)),
+        ],
+    )
+    .unwrap();
     let early = settle::resolve(
         store.as_ref(),
         "u",
@@ -767,7 +916,10 @@ pub fn an_unknown_call_is_resolved_once_and_only_if_unknown(make: &Make) {
         "ana",
         T0,
     );
-    assert!(matches!(early, Err(StoreError::NotUnknown { .. })), "{early:?}");
+    assert!(
+        matches!(early, Err(StoreError::NotUnknown { .. })),
+        "{early:?}"
+    );
     commit(
         pool,
         &c,
@@ -779,7 +931,12 @@ pub fn an_unknown_call_is_resolved_once_and_only_if_unknown(make: &Make) {
                 now_ms: T0,
                 chain: None,
             },
-            end(RunEnd::Parked { error: "unknown_outcome".into() }, T0),
+            end(
+                RunEnd::Parked {
+                    error: "unknown_outcome".into(),
+                },
+                T0,
+            ),
         ],
     )
     .unwrap();
@@ -798,9 +955,17 @@ pub fn an_unknown_call_is_resolved_once_and_only_if_unknown(make: &Make) {
     let call = &calls_of(store.as_ref(), "u")[1];
     assert_eq!(call.state, CallState::Failed);
     assert_eq!(call.resolved_by.as_deref(), Some("ana"));
-    assert!(call.outcome.as_deref().unwrap().contains("the supplier never got it"));
+    assert!(
+        call.outcome
+            .as_deref()
+            .unwrap()
+            .contains("the supplier never got it")
+    );
     let run = store.run("u").unwrap();
-    assert_eq!((run.status, run.error.as_deref()), (RunStatus::Running, None));
+    assert_eq!(
+        (run.status, run.error.as_deref()),
+        (RunStatus::Running, None)
+    );
     assert_eq!(run.fence, c.fence + 1);
     let again = settle::resolve(
         store.as_ref(),
@@ -814,7 +979,12 @@ pub fn an_unknown_call_is_resolved_once_and_only_if_unknown(make: &Make) {
         matches!(again, Err(StoreError::NotUnknown { ref state, .. }) if state == "failed"),
         "{again:?}"
     );
-    assert!(store.open_calls(CallState::Unknown, None).unwrap().is_empty());
+    assert!(
+        store
+            .open_calls(CallState::Unknown, None)
+            .unwrap()
+            .is_empty()
+    );
 }
 
 pub fn a_timer_waits_out_of_memory_until_it_is_due(make: &Make) {
@@ -828,18 +998,48 @@ pub fn a_timer_waits_out_of_memory_until_it_is_due(make: &Make) {
         &c,
         vec![
             WriteOp::Started(call(1, CallClass::Suspend, CallState::Started)),
-            end(RunEnd::Waiting { wake_at_ms: Some(wake) }, T0),
+            end(
+                RunEnd::Waiting {
+                    wake_at_ms: Some(wake),
+                },
+                T0,
+            ),
         ],
     )
     .unwrap();
     let run = store.run("sleep").unwrap();
-    assert_eq!((run.status, run.owner.as_deref(), run.wake_at_ms), (RunStatus::Waiting, None, Some(wake)));
-    let early = lifecycle::claim(store.as_ref(), "sleep", "w2", LEASE_MS, wake - 1, ClaimMode::Due, ALIVE);
-    assert!(matches!(early, Err(StoreError::NotClaimable { .. })), "{early:?}");
-    let woken = lifecycle::claim(store.as_ref(), "sleep", "w2", LEASE_MS, wake, ClaimMode::Due, ALIVE)
-        .expect("due at its wake time");
+    assert_eq!(
+        (run.status, run.owner.as_deref(), run.wake_at_ms),
+        (RunStatus::Waiting, None, Some(wake))
+    );
+    let early = lifecycle::claim(
+        store.as_ref(),
+        "sleep",
+        "w2",
+        LEASE_MS,
+        wake - 1,
+        ClaimMode::Due,
+        ALIVE,
+    );
+    assert!(
+        matches!(early, Err(StoreError::NotClaimable { .. })),
+        "{early:?}"
+    );
+    let woken = lifecycle::claim(
+        store.as_ref(),
+        "sleep",
+        "w2",
+        LEASE_MS,
+        wake,
+        ClaimMode::Due,
+        ALIVE,
+    )
+    .expect("due at its wake time");
     let run = store.run("sleep").unwrap();
-    assert_eq!((run.status, run.wake_at_ms, run.fence), (RunStatus::Running, None, woken.fence));
+    assert_eq!(
+        (run.status, run.wake_at_ms, run.fence),
+        (RunStatus::Running, None, woken.fence)
+    );
 }
 
 pub fn renewal_extends_a_live_claim_and_release_makes_the_run_due(make: &Make) {
@@ -878,24 +1078,59 @@ pub fn repin_moves_an_unheld_run_and_refuses_a_held_or_finished_one(make: &Make)
     let ledger = make();
     let store = ledger.store();
     new_run(store.as_ref(), "p", T0);
-    lifecycle::repin(store.as_ref(), "p", "module-a", "module-b", Some("step@2"), T0, ALIVE).unwrap();
+    lifecycle::repin(
+        store.as_ref(),
+        "p",
+        "module-a",
+        "module-b",
+        Some("step@2"),
+        T0,
+        ALIVE,
+    )
+    .unwrap();
     let run = store.run("p").unwrap();
-    assert_eq!((run.module_digest.as_str(), run.step.as_deref()), ("module-b", Some("step@2")));
+    assert_eq!(
+        (run.module_digest.as_str(), run.step.as_deref()),
+        ("module-b", Some("step@2"))
+    );
     let stale = lifecycle::repin(store.as_ref(), "p", "module-a", "module-c", None, T0, ALIVE);
-    assert!(matches!(stale, Err(StoreError::RepinConflict { .. })), "{stale:?}");
+    assert!(
+        matches!(stale, Err(StoreError::RepinConflict { .. })),
+        "{stale:?}"
+    );
     claim(store.as_ref(), "p", "w", T0);
-    let held = lifecycle::repin(store.as_ref(), "p", "module-b", "module-c", None, T0 + 1, ALIVE);
-    assert!(matches!(held, Err(StoreError::RepinConflict { .. })), "{held:?}");
+    let held = lifecycle::repin(
+        store.as_ref(),
+        "p",
+        "module-b",
+        "module-c",
+        None,
+        T0 + 1,
+        ALIVE,
+    );
+    assert!(
+        matches!(held, Err(StoreError::RepinConflict { .. })),
+        "{held:?}"
+    );
     new_run(store.as_ref(), "q", T0);
     let c = claim(store.as_ref(), "q", "w", T0);
     commit(
         ledger.pool.as_ref(),
         &c,
-        vec![end(RunEnd::Failed { error: "e".into(), exit_code: None }, T0)],
+        vec![end(
+            RunEnd::Failed {
+                error: "e".into(),
+                exit_code: None,
+            },
+            T0,
+        )],
     )
     .unwrap();
     let finished = lifecycle::repin(store.as_ref(), "q", "module-a", "module-b", None, T0, ALIVE);
-    assert!(matches!(finished, Err(StoreError::RepinConflict { .. })), "{finished:?}");
+    assert!(
+        matches!(finished, Err(StoreError::RepinConflict { .. })),
+        "{finished:?}"
+    );
 }
 
 pub fn a_long_history_streams_back_whole_and_in_order(make: &Make) {
@@ -907,7 +1142,9 @@ pub fn a_long_history_streams_back_whole_and_in_order(make: &Make) {
     let mut writer = ledger.pool.writer().unwrap();
     let mut seq = 0;
     while seq < CALLS - 1 {
-        let ops: Vec<WriteOp> = (seq + 1..=(seq + 1000).min(CALLS - 1)).map(finished).collect();
+        let ops: Vec<WriteOp> = (seq + 1..=(seq + 1000).min(CALLS - 1))
+            .map(finished)
+            .collect();
         seq += ops.len() as u64;
         writer.commit(&c, ops).wait().unwrap();
     }
@@ -933,7 +1170,11 @@ pub fn a_long_history_streams_back_whole_and_in_order(make: &Make) {
     writer.landed().unwrap();
     let mut history = store.history("long").unwrap();
     assert_eq!(history.len() as u64, CALLS);
-    assert_eq!(history.last_attempts(), 1, "the last call, in flight, has one attempt");
+    assert_eq!(
+        history.last_attempts(),
+        1,
+        "the last call, in flight, has one attempt"
+    );
     for i in 0..CALLS as usize {
         let got = history.get(i).unwrap().expect("every call arrives");
         assert_eq!(got.seq, i as u64 + 1);
@@ -941,7 +1182,10 @@ pub fn a_long_history_streams_back_whole_and_in_order(make: &Make) {
     assert!(history.get(CALLS as usize).unwrap().is_none());
     assert_eq!(history.into_calls().unwrap().pop(), Some(last));
     let middle = store.calls("long", 5_000, 3).unwrap();
-    assert_eq!(middle.iter().map(|c| c.seq).collect::<Vec<_>>(), [5_000, 5_001, 5_002]);
+    assert_eq!(
+        middle.iter().map(|c| c.seq).collect::<Vec<_>>(),
+        [5_000, 5_001, 5_002]
+    );
 }
 
 pub fn large_bodies_and_conversations_read_back_byte_for_byte(make: &Make) {
@@ -964,11 +1208,18 @@ pub fn large_bodies_and_conversations_read_back_byte_for_byte(make: &Make) {
             "{{\"role\":\"user\",\"content\":\"{} {seq}\"}}",
             "tell me more ".repeat(40)
         ));
-        let request = format!("{{\"messages\": [{}],\n\"max_tokens\": 9}}", conversation.join(","));
+        let request = format!(
+            "{{\"messages\": [{}],\n\"max_tokens\": 9}}",
+            conversation.join(",")
+        );
         expected.push(large(seq, request, answer.clone()));
     }
     // A body that holds the part mark is kept whole.
-    expected.push(large(7, format!("\"\u{1}{}\"", "m".repeat(2_000)), "{\"ok\":1}".into()));
+    expected.push(large(
+        7,
+        format!("\"\u{1}{}\"", "m".repeat(2_000)),
+        "{\"ok\":1}".into(),
+    ));
     commit(
         ledger.pool.as_ref(),
         &c,
@@ -976,7 +1227,10 @@ pub fn large_bodies_and_conversations_read_back_byte_for_byte(make: &Make) {
     )
     .unwrap();
     assert_eq!(calls_of(store.as_ref(), "big"), expected);
-    assert_eq!(store.history("big").unwrap().into_calls().unwrap(), expected);
+    assert_eq!(
+        store.history("big").unwrap().into_calls().unwrap(),
+        expected
+    );
 }
 
 pub fn counters_add_up_across_commits_and_stores(make: &Make) {

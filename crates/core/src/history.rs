@@ -42,7 +42,7 @@ impl History {
         for (index, call) in calls.iter().enumerate() {
             if call.seq != index as u64 + 1 {
                 return Err(StoreError::Corrupt(format!(
-                    "run {run_id}: call #{} stands where #{} belongs",
+                    "run {run_id}: call #{} found where #{} was expected",
                     call.seq,
                     index + 1
                 )));
@@ -132,7 +132,7 @@ impl History {
             let expected = self.calls.len() as u64 + 1;
             if call.seq != expected {
                 return Err(StoreError::Corrupt(format!(
-                    "run {}: call #{} stands where #{expected} belongs",
+                    "run {}: call #{} found where #{expected} was expected",
                     self.run_id, call.seq
                 )));
             }

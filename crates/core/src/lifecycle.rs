@@ -61,17 +61,23 @@ pub enum ClaimMode {
     Any,
 }
 
-/// Whether `owner` holds the run under a lease that has not run out, and
-/// is alive as far as `owner_alive` can tell (it tells only of processes
-/// on this machine; any other owner is judged by its lease alone).
+/// Whether someone other than `owner` holds the run under a lease that has
+/// not run out, and is alive as far as `owner_alive` can tell (it tells
+/// only of processes on this machine; any other owner is judged by its
+/// lease alone).
 pub fn held_by_other(
     run: &RunRecord,
     owner: &str,
     now_ms: i64,
     owner_alive: &dyn Fn(&str) -> bool,
 ) -> bool {
+    held(run, now_ms, owner_alive) && run.owner.as_deref() != Some(owner)
+}
+
+/// Whether anyone holds the run under a live lease.
+pub fn held(run: &RunRecord, now_ms: i64, owner_alive: &dyn Fn(&str) -> bool) -> bool {
     match (&run.owner, run.lease_until_ms) {
-        (Some(holder), Some(until)) => holder != owner && until > now_ms && owner_alive(holder),
+        (Some(holder), Some(until)) => until > now_ms && owner_alive(holder),
         _ => false,
     }
 }
@@ -91,7 +97,13 @@ pub fn check_claimable(
     if run.status.is_finished() {
         return Err(not_claimable());
     }
-    if held_by_other(run, owner, now_ms, owner_alive) {
+    // A worker leaves alone even a run it holds itself: its execution is
+    // running, or ended abandoned and the run waits for the lease to lapse.
+    let refused = match mode {
+        ClaimMode::Due => held(run, now_ms, owner_alive),
+        ClaimMode::Any => held_by_other(run, owner, now_ms, owner_alive),
+    };
+    if refused {
         return Err(StoreError::ClaimedElsewhere {
             run_id: run.run_id.clone(),
             owner: run.owner.clone().unwrap_or_default(),
@@ -186,9 +198,13 @@ pub fn ended(end: &RunEnd, now_ms: i64) -> EndRow {
             *exit_code,
             None,
         ),
-        RunEnd::Failed { error, exit_code } => {
-            (RunStatus::Failed, None, Some(error.clone()), *exit_code, None)
-        }
+        RunEnd::Failed { error, exit_code } => (
+            RunStatus::Failed,
+            None,
+            Some(error.clone()),
+            *exit_code,
+            None,
+        ),
         RunEnd::Parked { error } => (RunStatus::Parked, None, Some(error.clone()), None, None),
         RunEnd::Diverged { error } => (RunStatus::Diverged, None, Some(error.clone()), None, None),
         RunEnd::Waiting { wake_at_ms } => (RunStatus::Waiting, None, None, None, *wake_at_ms),
@@ -262,7 +278,7 @@ pub fn claim_read(
 ) -> Result<Claim, StoreError> {
     check_claimable(run, owner, now_ms, mode, owner_alive)?;
     let (row, claim) = claimed(run, owner, lease_ms, now_ms);
-    store.swap_run(run.version, &row)?;
+    store.swap_run(run.version, &row, false)?;
     Ok(claim)
 }
 
@@ -285,7 +301,7 @@ pub fn renew(store: &dyn Store, claim: &Claim, now_ms: i64) -> Result<bool, Stor
             version: run.version + 1,
             ..run.clone()
         };
-        match store.swap_run(run.version, &row) {
+        match store.swap_run(run.version, &row, false) {
             Ok(()) => return Ok(true),
             Err(StoreError::VersionConflict { .. }) => continue,
             Err(e) => return Err(e),
@@ -309,7 +325,7 @@ pub fn release(store: &dyn Store, claim: &Claim, now_ms: i64) -> Result<(), Stor
             updated_at_ms: now_ms,
             ..run.clone()
         };
-        match store.swap_run(run.version, &row) {
+        match store.swap_run(run.version, &row, false) {
             Ok(()) => return Ok(()),
             Err(StoreError::VersionConflict { .. }) => continue,
             Err(e) => return Err(e),
@@ -347,10 +363,12 @@ pub fn repin(
         updated_at_ms: now_ms,
         ..run.clone()
     };
-    store.swap_run(run.version, &row).map_err(|e| match e {
-        StoreError::VersionConflict { .. } => conflict(),
-        other => other,
-    })
+    store
+        .swap_run(run.version, &row, true)
+        .map_err(|e| match e {
+            StoreError::VersionConflict { .. } => conflict(),
+            other => other,
+        })
 }
 
 fn busy(run_id: &str) -> StoreError {
@@ -418,8 +436,11 @@ mod tests {
             ));
             assert!(check_claimable(&held, "w2", 4_000, mode, &dead).is_ok());
             assert!(check_claimable(&held, "w2", 5_000, mode, &alive).is_ok());
-            assert!(check_claimable(&held, "w1", 4_000, mode, &alive).is_ok());
         }
+        // A person may take a run over from their own process's stale
+        // claim; a worker waits for the lease of its own abandoned run.
+        assert!(check_claimable(&held, "w1", 4_000, ClaimMode::Any, &alive).is_ok());
+        assert!(check_claimable(&held, "w1", 4_000, ClaimMode::Due, &alive).is_err());
     }
 
     #[test]
@@ -466,17 +487,17 @@ mod tests {
             },
             5,
         );
-        assert_eq!(
-            (done.status, done.due_at_ms),
-            (RunStatus::Completed, None)
-        );
+        assert_eq!((done.status, done.due_at_ms), (RunStatus::Completed, None));
         let timer = ended(
             &RunEnd::Waiting {
                 wake_at_ms: Some(90),
             },
             5,
         );
-        assert_eq!((timer.status, timer.due_at_ms), (RunStatus::Waiting, Some(90)));
+        assert_eq!(
+            (timer.status, timer.due_at_ms),
+            (RunStatus::Waiting, Some(90))
+        );
         let person = ended(&RunEnd::Waiting { wake_at_ms: None }, 5);
         assert_eq!(person.due_at_ms, None);
         let parked = ended(&RunEnd::Parked { error: "e".into() }, 5);

@@ -8,7 +8,9 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use crate::history::History;
 use crate::journal::Counters;
 use crate::lifecycle;
-use crate::records::{AttemptRecord, CallRecord, CallState, Claim, LogRecord, RunRecord, RunStatus};
+use crate::records::{
+    AttemptRecord, CallRecord, CallState, Claim, LogRecord, RunRecord, RunStatus,
+};
 use crate::store::{
     Commit, OpenCall, Pool, RunQuery, Settlement, Store, StoreError, StoreResult, WriteOp, Writer,
 };
@@ -110,9 +112,7 @@ impl Store for MemoryPool {
             .filter_map(|r| r.run.clone())
             .filter(|r| query.matches(r))
             .collect();
-        runs.sort_by(|a, b| {
-            (b.created_at_ms, &b.run_id).cmp(&(a.created_at_ms, &a.run_id))
-        });
+        runs.sort_by(|a, b| (b.created_at_ms, &b.run_id).cmp(&(a.created_at_ms, &a.run_id)));
         if let Some(after) = &query.after_run_id {
             match runs.iter().position(|r| &r.run_id == after) {
                 Some(at) => {
@@ -131,7 +131,10 @@ impl Store for MemoryPool {
         let state = self.lock();
         let mut counts: BTreeMap<&str, (RunStatus, u64)> = BTreeMap::new();
         for run in state.runs.values().filter_map(|r| r.run.as_ref()) {
-            counts.entry(run.status.as_str()).or_insert((run.status, 0)).1 += 1;
+            counts
+                .entry(run.status.as_str())
+                .or_insert((run.status, 0))
+                .1 += 1;
         }
         Ok(counts.into_values().collect())
     }
@@ -148,7 +151,7 @@ impl Store for MemoryPool {
         Ok(due.into_iter().take(limit).map(|(_, r)| r).collect())
     }
 
-    fn swap_run(&self, expected_version: i64, run: &RunRecord) -> StoreResult<()> {
+    fn swap_run(&self, expected_version: i64, run: &RunRecord, _durable: bool) -> StoreResult<()> {
         let mut state = self.lock();
         let rows = state
             .runs

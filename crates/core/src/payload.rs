@@ -165,7 +165,10 @@ mod tests {
         for part in &stored.parts {
             kept.insert(part.digest.clone(), part.body.clone());
         }
-        let loaded = load(&stored.text, stored.is_split(), |d| Ok(kept.get(d).cloned())).unwrap();
+        let loaded = load(&stored.text, stored.is_split(), |d| {
+            Ok(kept.get(d).cloned())
+        })
+        .unwrap();
         assert_eq!(loaded, body);
         stored
     }
@@ -208,7 +211,10 @@ mod tests {
         }
         assert_eq!(kept.len(), 20, "each message once");
         let stored = texts + kept.values().map(String::len).sum::<usize>();
-        assert!(stored * 2 < bodies, "{stored} bytes stored for {bodies} bytes of requests");
+        assert!(
+            stored * 2 < bodies,
+            "{stored} bytes stored for {bodies} bytes of requests"
+        );
     }
 
     #[test]

@@ -39,7 +39,9 @@ pub fn decide_approval(
         reason,
     };
     if verdict == Verdict::Expired {
-        return Err(refuse("a person approves or rejects; expiry is the clock's".into()));
+        return Err(refuse(
+            "a person approves or rejects; expiry is the clock's".into(),
+        ));
     }
     if by.trim().is_empty() {
         return Err(refuse("the decision must name who made it".into()));

@@ -25,12 +25,15 @@
 
 use std::future::Future;
 use std::pin::Pin;
-use std::task::{Context, Poll};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::task::{Context, Poll, Waker};
 
 use crate::history::History;
 use crate::journal::Counters;
 use crate::lifecycle::EndRow;
-use crate::records::{AttemptRecord, CallRecord, CallState, Claim, LogRecord, RunRecord, RunStatus};
+use crate::records::{
+    AttemptRecord, CallRecord, CallState, Claim, LogRecord, RunRecord, RunStatus,
+};
 
 /// What went wrong in a ledger, in words that name no driver.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -78,7 +81,9 @@ pub enum StoreError {
         held: i64,
         newest: i64,
     },
-    #[error("run {run_id} changed meanwhile (version {expected} expected, {found} found); try again")]
+    #[error(
+        "run {run_id} changed meanwhile (version {expected} expected, {found} found); try again"
+    )]
     VersionConflict {
         run_id: String,
         expected: i64,
@@ -161,7 +166,10 @@ pub enum WriteOp {
     Attempt(AttemptRecord),
     Log(LogRecord),
     /// The claim's lease, renewed until `until_ms` (the run due then).
-    Lease { until_ms: i64, due_at_ms: Option<i64> },
+    Lease {
+        until_ms: i64,
+        due_at_ms: Option<i64>,
+    },
     /// The execution's end (or its wait), giving the claim up: durable.
     End(EndRow),
     /// Metric counters to add (an execution's, with its end).
@@ -220,7 +228,10 @@ impl RunQuery {
                 .module_digest
                 .as_deref()
                 .is_none_or(|d| run.module_digest == d)
-            && self.step.as_deref().is_none_or(|s| run.step.as_deref() == Some(s))
+            && self
+                .step
+                .as_deref()
+                .is_none_or(|s| run.step.as_deref() == Some(s))
             && self.created_after_ms.is_none_or(|t| run.created_at_ms > t)
             && self.created_before_ms.is_none_or(|t| run.created_at_ms < t)
     }
@@ -286,10 +297,13 @@ pub trait Store: Send {
     /// Runs by the time they are due ([`crate::lifecycle::due_at`]), earliest
     /// first, at most `limit`: every due run comes before any not yet due.
     fn due_runs(&self, limit: usize) -> StoreResult<Vec<RunRecord>>;
-    /// Replaces the run's row with `run` (durably) if its version is still
+    /// Replaces the run's row with `run` if its version is still
     /// `expected_version`; else [`StoreError::VersionConflict`] with the
-    /// version found.
-    fn swap_run(&self, expected_version: i64, run: &RunRecord) -> StoreResult<()>;
+    /// version found. Durable when it returns if `durable`; otherwise
+    /// ordered before the next durable write (a claim needs no fsync of its
+    /// own: nothing leaves the host before the claimant's first durable
+    /// commit, which carries it).
+    fn swap_run(&self, expected_version: i64, run: &RunRecord, durable: bool) -> StoreResult<()>;
 
     /// Calls from `from_seq` on, in order, at most `limit`.
     fn calls(&self, run_id: &str, from_seq: u64, limit: usize) -> StoreResult<Vec<CallRecord>>;
@@ -341,45 +355,101 @@ impl Commit {
 }
 
 /// A commit another thread applies; wait for it ([`PendingCommit::wait`])
-/// or await it (a run executed as a task).
-pub struct PendingCommit(tokio::sync::oneshot::Receiver<StoreResult<()>>);
+/// or await it (a run executed as a task). Waiting blocks the thread, also
+/// a runtime's; awaiting does not.
+pub struct PendingCommit(Arc<Slot>);
 
 /// The sending half of a [`PendingCommit`], for the thread that applies it.
-pub struct CommitReply(tokio::sync::oneshot::Sender<StoreResult<()>>);
+/// Dropped unanswered, the commit is answered as lost.
+pub struct CommitReply(Arc<Slot>);
+
+#[derive(Default)]
+struct Slot {
+    state: Mutex<SlotState>,
+    answered: Condvar,
+}
+
+#[derive(Default)]
+struct SlotState {
+    answer: Option<StoreResult<()>>,
+    closed: bool,
+    waker: Option<Waker>,
+}
+
+impl Slot {
+    fn lock(&self) -> MutexGuard<'_, SlotState> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn finish(&self, answer: Option<StoreResult<()>>) {
+        let waker = {
+            let mut state = self.lock();
+            if state.answer.is_some() || state.closed {
+                return;
+            }
+            match answer {
+                Some(answer) => state.answer = Some(answer),
+                None => state.closed = true,
+            }
+            state.waker.take()
+        };
+        self.answered.notify_all();
+        if let Some(waker) = waker {
+            waker.wake();
+        }
+    }
+}
 
 impl PendingCommit {
     pub fn new() -> (CommitReply, PendingCommit) {
-        let (tx, rx) = tokio::sync::oneshot::channel();
-        (CommitReply(tx), PendingCommit(rx))
+        let slot = Arc::new(Slot::default());
+        (CommitReply(slot.clone()), PendingCommit(slot))
     }
 
+    /// The answer, blocking this thread until it comes.
     pub fn wait(self) -> StoreResult<()> {
-        self.0.blocking_recv().unwrap_or_else(|_| Err(committer_gone()))
-    }
-
-    /// The answer if it has come.
-    pub fn try_answer(&mut self) -> Option<StoreResult<()>> {
-        match self.0.try_recv() {
-            Ok(result) => Some(result),
-            Err(tokio::sync::oneshot::error::TryRecvError::Empty) => None,
-            Err(tokio::sync::oneshot::error::TryRecvError::Closed) => Some(Err(committer_gone())),
+        let mut state = self.0.lock();
+        loop {
+            if let Some(answer) = state.answer.take() {
+                return answer;
+            }
+            if state.closed {
+                return Err(committer_gone());
+            }
+            state = self
+                .0
+                .answered
+                .wait(state)
+                .unwrap_or_else(|p| p.into_inner());
         }
     }
 }
 
 impl CommitReply {
     pub fn send(self, result: StoreResult<()>) {
-        let _ = self.0.send(result);
+        self.0.finish(Some(result));
+    }
+}
+
+impl Drop for CommitReply {
+    fn drop(&mut self) {
+        self.0.finish(None);
     }
 }
 
 impl Future for PendingCommit {
     type Output = StoreResult<()>;
 
-    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        Pin::new(&mut self.0)
-            .poll(cx)
-            .map(|r| r.unwrap_or_else(|_| Err(committer_gone())))
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let mut state = self.0.lock();
+        if let Some(answer) = state.answer.take() {
+            return Poll::Ready(answer);
+        }
+        if state.closed {
+            return Poll::Ready(Err(committer_gone()));
+        }
+        state.waker = Some(cx.waker().clone());
+        Poll::Pending
     }
 }
 

@@ -130,7 +130,10 @@ pub fn apply(conn: &Connection, claim: &Claim, ops: &[WriteOp]) -> Result<(), St
                 })
                 .map_err(error)?;
             }
-            WriteOp::Lease { until_ms, due_at_ms } => {
+            WriteOp::Lease {
+                until_ms,
+                due_at_ms,
+            } => {
                 conn.prepare_cached(
                     "UPDATE runs SET lease_until = ?2, due_at = ?3, version = version + 1 \
                      WHERE run_id = ?1",
@@ -171,7 +174,11 @@ pub fn apply(conn: &Connection, claim: &Claim, ops: &[WriteOp]) -> Result<(), St
                 rows::append_attempts(3)
             ))
             .and_then(|mut s| {
-                s.execute(params![claim.run_id, seq as i64, rows::attempts_json(&tried)])
+                s.execute(params![
+                    claim.run_id,
+                    seq as i64,
+                    rows::attempts_json(&tried)
+                ])
             })
             .map_err(error)?;
         if changed != 1 {

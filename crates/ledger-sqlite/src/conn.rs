@@ -52,7 +52,8 @@ impl Conn {
         schema::check(&conn, &location)?;
         conn.pragma_update(None, "journal_mode", "WAL")
             .map_err(|e| not_a_ledger(&location, e))?;
-        conn.pragma_update(None, "synchronous", "FULL").map_err(error)?;
+        conn.pragma_update(None, "synchronous", "FULL")
+            .map_err(error)?;
         schema::migrate(&conn, &location)?;
         Ok(Conn {
             conn,

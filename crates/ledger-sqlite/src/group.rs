@@ -131,7 +131,9 @@ fn run(conn: &mut Conn, queue: &mpsc::Receiver<Job>, counts: &Counts) {
         }
         let durable = batch.iter().any(|job| commit::durable(&job.ops));
         let answers = apply_batch(conn, &batch, durable);
-        counts.commits.fetch_add(batch.len() as u64, Ordering::Relaxed);
+        counts
+            .commits
+            .fetch_add(batch.len() as u64, Ordering::Relaxed);
         counts.transactions.fetch_add(1, Ordering::Relaxed);
         if durable {
             counts.fsyncs.fetch_add(1, Ordering::Relaxed);

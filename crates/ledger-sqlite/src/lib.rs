@@ -76,10 +76,7 @@ impl Pool for SqlitePool {
     }
 
     fn commit_counts(&self) -> CommitCounts {
-        self.group
-            .as_ref()
-            .map(|g| g.counts())
-            .unwrap_or_default()
+        self.group.as_ref().map(|g| g.counts()).unwrap_or_default()
     }
 }
 
@@ -115,4 +112,3 @@ impl Writer for DirectWriter {
         Ok(())
     }
 }
-

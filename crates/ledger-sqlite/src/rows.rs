@@ -5,7 +5,9 @@ use rusqlite::{Connection, OptionalExtension, Row, params};
 use serde::{Deserialize, Serialize};
 use stephost_core::lifecycle;
 use stephost_core::payload;
-use stephost_core::{AttemptRecord, CallClass, CallRecord, CallState, RunRecord, RunStatus, StoreError};
+use stephost_core::{
+    AttemptRecord, CallClass, CallRecord, CallState, RunRecord, RunStatus, StoreError,
+};
 
 use crate::conn::error;
 
@@ -197,9 +199,11 @@ fn part(conn: &Connection, digest: &str) -> Result<Option<String>, StoreError> {
 pub fn store_body(conn: &Connection, body: &str) -> Result<(String, bool), StoreError> {
     let stored = payload::store(body);
     for part in &stored.parts {
-        conn.prepare_cached("INSERT INTO payloads (digest, body) VALUES (?1, ?2) ON CONFLICT DO NOTHING")
-            .and_then(|mut s| s.execute(params![part.digest, part.body]))
-            .map_err(error)?;
+        conn.prepare_cached(
+            "INSERT INTO payloads (digest, body) VALUES (?1, ?2) ON CONFLICT DO NOTHING",
+        )
+        .and_then(|mut s| s.execute(params![part.digest, part.body]))
+        .map_err(error)?;
     }
     let split = stored.is_split();
     Ok((stored.text, split))
@@ -218,7 +222,11 @@ pub fn calls(
         ))
         .and_then(|mut s| {
             s.query_map(
-                params![run_id, from_seq as i64, i64::try_from(limit).unwrap_or(i64::MAX)],
+                params![
+                    run_id,
+                    from_seq as i64,
+                    i64::try_from(limit).unwrap_or(i64::MAX)
+                ],
                 call_from_row,
             )?
             .collect()

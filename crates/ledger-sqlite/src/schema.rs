@@ -70,7 +70,11 @@ pub fn migrate(conn: &Connection, location: &str) -> Result<(), StoreError> {
     loop {
         conn.execute_batch("BEGIN IMMEDIATE").map_err(error)?;
         let step = migrate_one(conn, location);
-        let end = if matches!(step, Ok(true)) { "COMMIT" } else { "ROLLBACK" };
+        let end = if matches!(step, Ok(true)) {
+            "COMMIT"
+        } else {
+            "ROLLBACK"
+        };
         let ended = conn.execute_batch(end).map_err(error);
         match step {
             Ok(true) => ended?,

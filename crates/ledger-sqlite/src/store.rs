@@ -6,7 +6,9 @@ use rusqlite::{OptionalExtension, params, params_from_iter};
 use stephost_core::History;
 use stephost_core::journal::Counters;
 use stephost_core::store::{OpenCall, RunQuery, Settlement, Store, StoreResult};
-use stephost_core::{AttemptRecord, CallRecord, CallState, LogRecord, RunRecord, RunStatus, StoreError};
+use stephost_core::{
+    AttemptRecord, CallRecord, CallState, LogRecord, RunRecord, RunStatus, StoreError,
+};
 
 use crate::commit::add_counters;
 use crate::conn::{Conn, Sync, error};
@@ -27,8 +29,17 @@ impl SqliteStore {
 
     /// Runs `f` in a write transaction, fsync'd at commit.
     fn write<T>(&self, f: impl FnOnce(&rusqlite::Connection) -> StoreResult<T>) -> StoreResult<T> {
+        self.write_synced(Sync::Full, f)
+    }
+
+    /// Runs `f` in a write transaction, committed in `sync` mode.
+    fn write_synced<T>(
+        &self,
+        sync: Sync,
+        f: impl FnOnce(&rusqlite::Connection) -> StoreResult<T>,
+    ) -> StoreResult<T> {
         let mut conn = self.conn.borrow_mut();
-        conn.set_sync(Sync::Full)?;
+        conn.set_sync(sync)?;
         let conn = &conn.conn;
         conn.execute_batch("BEGIN IMMEDIATE").map_err(error)?;
         match f(conn) {
@@ -99,7 +110,11 @@ impl Store for SqliteStore {
             sql.push_str(&clause.replace('?', &format!("?{}", values.len())));
         };
         if let Some(status) = query.status {
-            bind(&mut sql, " AND status = ?", status.as_str().to_string().into());
+            bind(
+                &mut sql,
+                " AND status = ?",
+                status.as_str().to_string().into(),
+            );
         }
         if let Some(digest) = &query.module_digest {
             bind(&mut sql, " AND module_digest = ?", digest.clone().into());
@@ -122,11 +137,18 @@ impl Store for SqliteStore {
         }
         sql.push_str(" ORDER BY created_at DESC, run_id DESC");
         if let Some(limit) = query.limit {
-            bind(&mut sql, " LIMIT ?", (limit.min(i64::MAX as usize) as i64).into());
+            bind(
+                &mut sql,
+                " LIMIT ?",
+                (limit.min(i64::MAX as usize) as i64).into(),
+            );
         }
         self.read(|conn| {
             conn.prepare_cached(&sql)
-                .and_then(|mut s| s.query_map(params_from_iter(values), rows::run_from_row)?.collect())
+                .and_then(|mut s| {
+                    s.query_map(params_from_iter(values), rows::run_from_row)?
+                        .collect()
+                })
                 .map_err(error)
         })
     }
@@ -162,10 +184,12 @@ impl Store for SqliteStore {
         })
     }
 
-    fn swap_run(&self, expected_version: i64, run: &RunRecord) -> StoreResult<()> {
-        self.write(|conn| match rows::swap_run(conn, expected_version, run)? {
-            1 => Ok(()),
-            _ => Err(rows::version_conflict(conn, &run.run_id, expected_version)),
+    fn swap_run(&self, expected_version: i64, run: &RunRecord, durable: bool) -> StoreResult<()> {
+        self.write_synced(Sync::when(durable), |conn| {
+            match rows::swap_run(conn, expected_version, run)? {
+                1 => Ok(()),
+                _ => Err(rows::version_conflict(conn, &run.run_id, expected_version)),
+            }
         })
     }
 
@@ -244,7 +268,9 @@ impl Store for SqliteStore {
                     let run = rows::run(conn, &run_id)?;
                     let call = rows::calls(conn, &run_id, seq as u64, 1)?
                         .pop()
-                        .ok_or_else(|| StoreError::Corrupt(format!("call #{seq} of {run_id} vanished")))?;
+                        .ok_or_else(|| {
+                            StoreError::Corrupt(format!("call #{seq} of {run_id} vanished"))
+                        })?;
                     Ok(OpenCall { run, call })
                 })
                 .collect()

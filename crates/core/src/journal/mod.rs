@@ -25,8 +25,10 @@ use crate::crash;
 use crate::history::History;
 use crate::ids;
 use crate::limits::Limits;
-use crate::outcome::{CallErrorKind, Outcome};
-use crate::records::{AttemptRecord, CallClass, CallRecord, CallState, Claim, LogRecord, RunRecord};
+pub use crate::outcome::{CallErrorKind, CallErrorRecord, Outcome};
+use crate::records::{
+    AttemptRecord, CallClass, CallRecord, CallState, Claim, LogRecord, RunRecord,
+};
 use crate::store::{Commit, PendingCommit, StoreError, WriteOp, Writer};
 
 /// Most buffered writes before they are committed anyway.
@@ -613,10 +615,7 @@ impl Journal {
 
     fn call_inner(&mut self, spec: &CallSpec<'_>, live: &mut dyn LiveCall) -> Result<Call, Stop> {
         let seq = self.next_seq;
-        let calls_max = self
-            .limits
-            .calls_max
-            .min(crate::records::CALLS_PER_RUN_MAX);
+        let calls_max = self.limits.calls_max.min(crate::records::CALLS_PER_RUN_MAX);
         if seq > calls_max {
             return Err(Stop::Limit(format!(
                 "the run made more than calls_max = {calls_max} import calls"
@@ -718,8 +717,11 @@ impl Journal {
         // The same request text has the same hash; only a difference
         // needs the hash to decide (a fixture may carry hashes only).
         let same_request = recorded.request == spec.request
-            || recorded.request_hash == ids::request_hash(spec.interface, spec.function, spec.request);
-        if recorded.interface != spec.interface || recorded.function != spec.function || !same_request
+            || recorded.request_hash
+                == ids::request_hash(spec.interface, spec.function, spec.request);
+        if recorded.interface != spec.interface
+            || recorded.function != spec.function
+            || !same_request
         {
             return Err(Stop::Diverged(Box::new(Divergence {
                 seq,
@@ -1016,8 +1018,7 @@ impl Journal {
         if (self.lease_checked.elapsed().as_millis() as i64).saturating_mul(2) < claim.lease_ms {
             return Ok(());
         }
-        let (until_ms, due_at_ms) =
-            crate::lifecycle::renewed_lease(claim, crate::clock::now_ms());
+        let (until_ms, due_at_ms) = crate::lifecycle::renewed_lease(claim, crate::clock::now_ms());
         self.pending.push(WriteOp::Lease {
             until_ms,
             due_at_ms,

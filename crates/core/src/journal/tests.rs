@@ -131,11 +131,9 @@ impl LiveCall for Receiver {
         self.performed += 1;
         if let Some(store) = &self.store {
             let calls = store.calls(op.run_id, op.seq, 1).unwrap();
-            self.saw_started = Some(
-                calls
-                    .first()
-                    .is_some_and(|c| c.state == CallState::Started && c.operation_id == op.operation_id),
-            );
+            self.saw_started = Some(calls.first().is_some_and(|c| {
+                c.state == CallState::Started && c.operation_id == op.operation_id
+            }));
         }
         attempts.record("send", 0, "ok", None);
         Outcome::Ok(serde_json::json!(format!("receipt-{}", op.seq)))
@@ -179,26 +177,52 @@ fn live_calls_are_recorded_and_a_resume_replays_them_without_performing() {
     let mut first = fx.execution();
     let mut receiver = Receiver::default();
     assert_eq!(observe(&mut first, 7), Outcome::Ok(7.into()));
-    first.call(&spec(CallClass::Read, "stock", "{}"), &mut receiver).unwrap();
+    first
+        .call(&spec(CallClass::Read, "stock", "{}"), &mut receiver)
+        .unwrap();
     let written = first
-        .call(&spec(CallClass::Write, "orders", "{\"n\":1}"), &mut receiver)
+        .call(
+            &spec(CallClass::Write, "orders", "{\"n\":1}"),
+            &mut receiver,
+        )
         .unwrap();
     assert_eq!(receiver.performed, 2);
-    assert_eq!(first.stats, Stats { replayed: 0, live: 3 });
+    assert_eq!(
+        first.stats,
+        Stats {
+            replayed: 0,
+            live: 3
+        }
+    );
     fx.crash(first);
 
     let mut resumed = fx.execution();
     let mut again = Receiver::default();
     // A clock read again returns the recorded value, not the new one.
     assert_eq!(observe(&mut resumed, 99), Outcome::Ok(7.into()));
-    resumed.call(&spec(CallClass::Read, "stock", "{}"), &mut again).unwrap();
+    resumed
+        .call(&spec(CallClass::Read, "stock", "{}"), &mut again)
+        .unwrap();
     let replayed = resumed
         .call(&spec(CallClass::Write, "orders", "{\"n\":1}"), &mut again)
         .unwrap();
     assert_eq!(replayed, written);
-    assert_eq!(again.performed + again.reconciled, 0, "no I/O for recorded calls");
-    assert_eq!(resumed.stats, Stats { replayed: 3, live: 0 });
-    assert_eq!(resumed.counters()["side_effect_duplicate_prevented_total"], 1);
+    assert_eq!(
+        again.performed + again.reconciled,
+        0,
+        "no I/O for recorded calls"
+    );
+    assert_eq!(
+        resumed.stats,
+        Stats {
+            replayed: 3,
+            live: 0
+        }
+    );
+    assert_eq!(
+        resumed.counters()["side_effect_duplicate_prevented_total"],
+        1
+    );
     assert_eq!(crate::chain::verify(&fx.calls()), Ok(3));
 }
 
@@ -252,12 +276,18 @@ fn a_different_request_at_a_recorded_call_is_a_divergence_naming_both_sides() {
     let mut journal = fx.execution();
     let mut receiver = Receiver::default();
     journal
-        .call(&spec(CallClass::Write, "orders", "{\"qty\":1}"), &mut receiver)
+        .call(
+            &spec(CallClass::Write, "orders", "{\"qty\":1}"),
+            &mut receiver,
+        )
         .unwrap();
     fx.crash(journal);
     let mut resumed = fx.execution();
     let stop = resumed
-        .call(&spec(CallClass::Write, "orders", "{\"qty\":2}"), &mut receiver)
+        .call(
+            &spec(CallClass::Write, "orders", "{\"qty\":2}"),
+            &mut receiver,
+        )
         .unwrap_err();
     let Stop::Diverged(d) = &stop else {
         panic!("{stop:?}")
@@ -267,7 +297,10 @@ fn a_different_request_at_a_recorded_call_is_a_divergence_naming_both_sides() {
     assert_eq!(d.new.as_ref().unwrap().request, "{\"qty\":2}");
     assert_eq!(receiver.performed, 1, "nothing sent for the divergent call");
     // The first stop sticks: every later call fails with it.
-    assert_eq!(resumed.call(&spec(CallClass::Read, "x", "{}"), &mut receiver), Err(stop));
+    assert_eq!(
+        resumed.call(&spec(CallClass::Read, "x", "{}"), &mut receiver),
+        Err(stop)
+    );
 }
 
 #[test]
@@ -280,10 +313,17 @@ fn a_replay_past_the_recording_ends_there_or_diverges_if_the_run_had_finished() 
         let mut replay = fx.replay(complete);
         observe(&mut replay, 5);
         let stop = replay
-            .call(&spec(CallClass::Write, "orders", "{}"), &mut Receiver::default())
+            .call(
+                &spec(CallClass::Write, "orders", "{}"),
+                &mut Receiver::default(),
+            )
             .unwrap_err();
         assert_eq!(matches!(stop, Stop::Diverged(_)), diverges, "{stop:?}");
-        assert_eq!(matches!(stop, Stop::ReplayEnd { .. }), !diverges, "{stop:?}");
+        assert_eq!(
+            matches!(stop, Stop::ReplayEnd { .. }),
+            !diverges,
+            "{stop:?}"
+        );
     }
     // A replay that stops before a recorded call names it.
     let mut short = fx.replay(true);
@@ -298,8 +338,14 @@ fn write_left_in_flight() -> Fixture {
     let Mode::Live { mut writer, claim } = journal.into_mode() else {
         unreachable!()
     };
-    let mut started = Journal::new(RUN, Mode::Replay, History::empty(RUN), &[], Limits::default())
-        .new_record(&spec(CallClass::Write, "orders", "{}"), 1);
+    let mut started = Journal::new(
+        RUN,
+        Mode::Replay,
+        History::empty(RUN),
+        &[],
+        Limits::default(),
+    )
+    .new_record(&spec(CallClass::Write, "orders", "{}"), 1);
     started.operation_id = ids::operation_id(RUN, "orders", 1, None);
     writer
         .commit(&claim, vec![WriteOp::Started(started)])
@@ -337,7 +383,10 @@ fn a_write_left_in_flight_is_settled_by_its_receiver_or_sent_again_or_parked() {
                 assert_eq!(call.state, CallState::Succeeded);
             }
             Err(()) => {
-                assert!(matches!(result, Err(Stop::Parked { seq: 1, .. })), "{result:?}");
+                assert!(
+                    matches!(result, Err(Stop::Parked { seq: 1, .. })),
+                    "{result:?}"
+                );
                 assert_eq!(call.state, CallState::Unknown);
                 assert_eq!(journal.counters()["side_effect_unknown_total"], 1);
             }
@@ -372,7 +421,12 @@ fn a_call_parked_as_unknown_parks_the_run_again_until_a_person_resolves_it() {
         ..Receiver::default()
     };
     let _ = journal.call(&spec(CallClass::Write, "orders", "{}"), &mut receiver);
-    fx.end(journal, RunEnd::Parked { error: "unknown".into() });
+    fx.end(
+        journal,
+        RunEnd::Parked {
+            error: "unknown".into(),
+        },
+    );
     let mut again = fx.execution();
     let mut receiver = Receiver::default();
     let stop = again
@@ -423,11 +477,20 @@ fn a_suspend_call_stops_the_run_until_it_is_ready_then_records_its_outcome_once(
     let fx = Fixture::new();
     let sleep = spec(CallClass::Suspend, "sleep", "{\"ms\":1000}");
     let mut journal = fx.execution();
-    let stop = journal.call(&sleep, &mut Timer { ready: false }).unwrap_err();
-    let Stop::Suspended { seq: 1, wake_at_ms, .. } = stop else {
+    let stop = journal
+        .call(&sleep, &mut Timer { ready: false })
+        .unwrap_err();
+    let Stop::Suspended {
+        seq: 1, wake_at_ms, ..
+    } = stop
+    else {
         panic!("{stop:?}")
     };
-    assert_eq!(fx.calls()[0].state, CallState::Started, "durable before it waits");
+    assert_eq!(
+        fx.calls()[0].state,
+        CallState::Started,
+        "durable before it waits"
+    );
     fx.end(journal, RunEnd::Waiting { wake_at_ms });
     assert_eq!(fx.store.run(RUN).unwrap().status, RunStatus::Waiting);
     let mut woken = fx.execution();
@@ -458,7 +521,13 @@ fn log_lines_already_recorded_are_not_written_again() {
     resumed.log("info", "after").unwrap();
     resumed.log("info", "new").unwrap();
     fx.end(resumed, completed());
-    let logs: Vec<String> = fx.store.logs(RUN).unwrap().into_iter().map(|l| l.message).collect();
+    let logs: Vec<String> = fx
+        .store
+        .logs(RUN)
+        .unwrap()
+        .into_iter()
+        .map(|l| l.message)
+        .collect();
     assert_eq!(logs, ["before", "after", "new"]);
     assert_eq!(
         *seen.lock().unwrap(),
@@ -530,7 +599,10 @@ fn calls_past_calls_max_stop_the_run_with_the_limit_named() {
     let stop = journal
         .call(&spec, &mut Compute(|| Outcome::Ok(3.into())))
         .unwrap_err();
-    assert!(matches!(stop, Stop::Limit(ref m) if m.contains("calls_max = 2")), "{stop:?}");
+    assert!(
+        matches!(stop, Stop::Limit(ref m) if m.contains("calls_max = 2")),
+        "{stop:?}"
+    );
 }
 
 #[test]
@@ -545,7 +617,10 @@ fn the_chain_goes_on_from_the_recorded_calls_across_a_resume() {
     observe(&mut second, 2);
     observe(&mut second, 3);
     second
-        .call(&spec(CallClass::Write, "orders", "{}"), &mut Receiver::default())
+        .call(
+            &spec(CallClass::Write, "orders", "{}"),
+            &mut Receiver::default(),
+        )
         .unwrap();
     fx.end(second, completed());
     assert_eq!(crate::chain::verify(&fx.calls()), Ok(4));

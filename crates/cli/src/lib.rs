@@ -1,0 +1,706 @@
+//! The `stephost` command line. Thin: parses arguments, loads
+//! configuration, calls the host's service layer, prints (see [`print`]),
+//! and maps the result to an exit code (see [`stephost_host::exit`]).
+
+mod print;
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use clap::{Parser, Subcommand};
+use stephost_core::LogRecord;
+use stephost_core::approvals::Verdict;
+use stephost_core::settle::Resolution;
+use stephost_core::store::{PoolOptions, RunQuery};
+use stephost_host::config::Config;
+use stephost_host::replay::{Fixture, replay_fixture};
+use stephost_host::service::{self, Verification};
+use stephost_host::{Host, HostError, HostOptions, Ledger, exit};
+
+use crate::print::{print_json, print_replay, print_run, print_runs, print_show};
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "stephost",
+    version,
+    about = "Runs agent steps as sandboxed WebAssembly components and makes them durable",
+    after_help = "Exit codes: 0 ok, 1 internal error, 2 usage or bad input, 3 step failed, \
+                  4 divergence, 5 run parked (needs a person), 6 run claimed elsewhere, \
+                  7 run waiting (timer or approval)"
+)]
+pub struct Cli {
+    /// The ledger, as a URL: `sqlite:PATH` (created if absent). Default
+    /// `sqlite:stephost.db`.
+    #[arg(long, global = true, env = "STEPHOST_LEDGER")]
+    pub ledger: Option<String>,
+    /// Shorthand for `--ledger sqlite:PATH` (`--ledger` wins when both are
+    /// given).
+    #[arg(long, global = true, env = "STEPHOST_DB")]
+    pub db: Option<PathBuf>,
+    /// Effects and limits; `./stephost.toml` is used when present.
+    #[arg(long, global = true, env = "STEPHOST_CONFIG")]
+    pub config: Option<PathBuf>,
+    /// Where compiled components are kept so the next process skips the
+    /// compile (default `$XDG_CACHE_HOME/stephost` or `~/.cache/stephost`;
+    /// `off` keeps them in memory only).
+    #[arg(long, global = true, env = "STEPHOST_CACHE_DIR")]
+    pub cache_dir: Option<PathBuf>,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Run a step module on an input; prints the output JSON.
+    Run {
+        /// The step: a component for stephost:step/step, a core module with
+        /// that world's component type, or a WASI command program.
+        module: PathBuf,
+        /// The input JSON.
+        #[arg(long, conflicts_with = "input_file")]
+        input: Option<String>,
+        /// Read the input JSON from a file (`-` for stdin).
+        #[arg(long)]
+        input_file: Option<PathBuf>,
+        /// Use this run id (re-running an existing id continues that run).
+        #[arg(long)]
+        run_id: Option<String>,
+        /// Print the run report as JSON instead of the bare output.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Record a run for a worker to execute; prints its run id.
+    Submit {
+        module: PathBuf,
+        #[arg(long, conflicts_with = "input_file")]
+        input: Option<String>,
+        #[arg(long)]
+        input_file: Option<PathBuf>,
+        #[arg(long)]
+        run_id: Option<String>,
+    },
+    /// Claim runnable runs and execute them until stopped (SIGINT/SIGTERM:
+    /// stop claiming, let active runs reach their next call, release them).
+    Worker {
+        /// Runs executed at once.
+        #[arg(long, default_value_t = 4)]
+        concurrency: usize,
+        /// Lease of each claim, renewed in the background.
+        #[arg(long, default_value_t = 30_000)]
+        lease_ms: i64,
+        /// Owner name in claims (default: host/pid/start-time).
+        #[arg(long)]
+        worker_id: Option<String>,
+        /// Exit once nothing is runnable and nothing is active.
+        #[arg(long)]
+        exit_when_idle: bool,
+    },
+    /// Continue an interrupted run: replay its recorded calls, then go live.
+    Resume {
+        run_id: String,
+        /// Insist on this build: refused unless the run is pinned to it.
+        #[arg(long)]
+        module: Option<PathBuf>,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Replay a recorded run offline (no I/O) and report the first divergence.
+    Replay {
+        /// The run to replay (from the ledger).
+        #[arg(required_unless_present_any = ["fixture", "fixtures"], conflicts_with = "fixture")]
+        run_id: Option<String>,
+        /// Replay against this module instead of the recorded one.
+        #[arg(long)]
+        module: Option<PathBuf>,
+        /// Replay an exported run file (needs --module); no ledger is opened.
+        #[arg(long, requires = "module", conflicts_with = "fixtures")]
+        fixture: Option<PathBuf>,
+        /// Replay every exported run (`*.json`) in a folder against --module:
+        /// a corpus check for CI; exits 4 if any run diverges.
+        #[arg(long, requires = "module", conflicts_with = "run_id")]
+        fixtures: Option<PathBuf>,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Move unfinished runs to a new build of their step: replays each run's
+    /// history against it with no I/O and repins only runs that match.
+    Upgrade {
+        /// The run to upgrade.
+        #[arg(required_unless_present = "from", conflicts_with = "from")]
+        run_id: Option<String>,
+        /// Upgrade every unfinished run pinned to this module digest.
+        #[arg(long)]
+        from: Option<String>,
+        /// The new build.
+        #[arg(long)]
+        module: PathBuf,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Show a run and its call timeline.
+    Show {
+        run_id: String,
+        #[arg(long)]
+        json: bool,
+    },
+    /// List runs.
+    Runs {
+        /// Only runs with this status (pending, running, waiting, completed,
+        /// failed, parked, diverged).
+        #[arg(long)]
+        status: Option<String>,
+        /// Only runs pinned to this module digest.
+        #[arg(long)]
+        module: Option<String>,
+        /// At most this many runs, newest first.
+        #[arg(long)]
+        limit: Option<usize>,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Decide the outcome of a call parked as unknown, after checking with the
+    /// receiver by hand; then `stephost resume` continues the run.
+    Resolve {
+        run_id: String,
+        seq: u64,
+        /// The operation happened; this JSON is the response the step sees.
+        #[arg(long, conflicts_with = "failed", required_unless_present = "failed")]
+        succeeded: Option<String>,
+        /// The operation did not happen; the step sees `rejected` with this message.
+        #[arg(long)]
+        failed: Option<String>,
+        /// Who decided (kept in the ledger with the time).
+        #[arg(long)]
+        by: String,
+    },
+    /// List approvals waiting for a decision.
+    Approvals {
+        #[arg(long)]
+        json: bool,
+    },
+    /// Approve a waiting approval call; a worker (or `stephost resume`) then
+    /// continues the run.
+    Approve {
+        run_id: String,
+        seq: u64,
+        #[arg(long)]
+        by: String,
+        #[arg(long)]
+        note: Option<String>,
+    },
+    /// Reject a waiting approval call.
+    Reject {
+        run_id: String,
+        seq: u64,
+        #[arg(long)]
+        by: String,
+        #[arg(long)]
+        note: Option<String>,
+    },
+    /// Check the tamper-evident chain of a run in the ledger, or of an
+    /// exported run file.
+    Verify {
+        /// A run id, or the path of an exported run (`stephost export`).
+        target: String,
+    },
+    /// Print metrics in the Prometheus text format.
+    Metrics,
+    /// Write a run as a portable JSON fixture to stdout.
+    Export { run_id: String },
+}
+
+/// Parses the process arguments, runs the command, returns the exit code.
+pub fn main() -> i32 {
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => {
+            let _ = e.print();
+            return match e.kind() {
+                clap::error::ErrorKind::DisplayHelp | clap::error::ErrorKind::DisplayVersion => {
+                    exit::OK
+                }
+                _ => exit::BAD_INPUT,
+            };
+        }
+    };
+    match execute(cli) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("stephost: {e}");
+            e.exit_code()
+        }
+    }
+}
+
+fn load_config(path: Option<&Path>) -> Result<Config, HostError> {
+    match path {
+        Some(p) => Ok(Config::load(p)?),
+        None if Path::new("stephost.toml").exists() => {
+            Ok(Config::load(Path::new("stephost.toml"))?)
+        }
+        None => Ok(Config::default()),
+    }
+}
+
+/// The compiled-component cache folder: as given, `off` for none, or the
+/// user's cache folder.
+fn compile_cache_dir(given: Option<&Path>) -> Option<PathBuf> {
+    match given {
+        Some(p) if p.as_os_str().is_empty() || p == Path::new("off") => None,
+        Some(p) => Some(p.to_path_buf()),
+        None => std::env::var_os("XDG_CACHE_HOME")
+            .filter(|v| !v.is_empty())
+            .map(PathBuf::from)
+            .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
+            .map(|base| base.join("stephost")),
+    }
+}
+
+fn options(config: &Config) -> Result<HostOptions, HostError> {
+    Ok(HostOptions {
+        limits: config.limits.clone(),
+        effects: config.effects()?,
+        log_sink: Some(Arc::new(|run_id: &str, rec: &LogRecord, replayed: bool| {
+            if !replayed {
+                eprintln!("[{run_id}] {}: {}", rec.level, rec.message);
+            }
+        })),
+        cache_dir: config.cache_dir.clone(),
+        ..HostOptions::default()
+    })
+}
+
+/// For commands that run no step: no effects (and so no secrets) needed.
+fn quiet_options(config: &Config) -> HostOptions {
+    HostOptions {
+        limits: config.limits.clone(),
+        cache_dir: config.cache_dir.clone(),
+        ..HostOptions::default()
+    }
+}
+
+fn read_input(input: Option<String>, file: Option<PathBuf>) -> Result<String, HostError> {
+    Ok(match (input, file) {
+        (Some(text), _) => text,
+        (None, Some(file)) => String::from_utf8(read_file(&file)?)
+            .map_err(|_| HostError::BadInput("the input file is not UTF-8".into()))?,
+        (None, None) => "null".to_string(),
+    })
+}
+
+fn read_file(path: &Path) -> Result<Vec<u8>, HostError> {
+    if path == Path::new("-") {
+        let mut buf = Vec::new();
+        std::io::Read::read_to_end(&mut std::io::stdin(), &mut buf).map_err(|source| {
+            HostError::Read {
+                path: "stdin".into(),
+                source,
+            }
+        })?;
+        return Ok(buf);
+    }
+    std::fs::read(path).map_err(|source| HostError::Read {
+        path: path.display().to_string(),
+        source,
+    })
+}
+
+impl Cli {
+    /// The ledger the command works on.
+    fn ledger(&self) -> Result<Ledger, HostError> {
+        match (&self.ledger, &self.db) {
+            (Some(url), _) => Ok(Ledger::parse(url)?),
+            (None, Some(path)) => Ok(Ledger::sqlite(path)),
+            (None, None) => Ok(Ledger::parse(stephost_host::ledger::DEFAULT_URL)?),
+        }
+    }
+}
+
+/// A host over `ledger`.
+fn open(ledger: &Ledger, options: HostOptions) -> Result<Host, HostError> {
+    Host::open(ledger.open(PoolOptions::default())?, options)
+}
+
+fn execute(cli: Cli) -> Result<i32, HostError> {
+    let mut config = load_config(cli.config.as_deref())?;
+    config.cache_dir = compile_cache_dir(cli.cache_dir.as_deref());
+    let ledger = cli.ledger()?;
+    match cli.command {
+        Command::Run {
+            module,
+            input,
+            input_file,
+            run_id,
+            json,
+        } => {
+            let input = read_input(input, input_file)?;
+            let bytes = read_file(&module)?;
+            let mut host = open(&ledger, options(&config)?)?;
+            let report = host.run(
+                &bytes,
+                &module.display().to_string(),
+                &input,
+                run_id.as_deref(),
+            )?;
+            Ok(print_run(&report, json))
+        }
+        Command::Submit {
+            module,
+            input,
+            input_file,
+            run_id,
+        } => {
+            let input = read_input(input, input_file)?;
+            let bytes = read_file(&module)?;
+            let mut host = open(&ledger, options(&config)?)?;
+            let run = host.submit(
+                &bytes,
+                &module.display().to_string(),
+                &input,
+                run_id.as_deref(),
+            )?;
+            let _ = writeln!(std::io::stdout().lock(), "{}", run.run_id);
+            Ok(exit::OK)
+        }
+        Command::Worker {
+            concurrency,
+            lease_ms,
+            worker_id,
+            exit_when_idle,
+        } => {
+            options(&config)?; // refuse a bad configuration before claiming anything
+            let shutdown = Arc::new(std::sync::atomic::AtomicBool::new(false));
+            for signal in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+                signal_hook::flag::register(signal, shutdown.clone())
+                    .map_err(|e| HostError::Internal(format!("cannot handle signals: {e}")))?;
+            }
+            let worker_options = stephost_host::worker::WorkerOptions {
+                concurrency: concurrency.max(1),
+                lease_ms: lease_ms.max(100),
+                worker_id: worker_id.unwrap_or_else(stephost_host::owner::this_process),
+                exit_when_idle,
+                ..stephost_host::worker::WorkerOptions::default()
+            };
+            let make = || {
+                let mut o = options(&config).unwrap_or_default();
+                o.owner = worker_options.worker_id.clone();
+                o.lease_ms = worker_options.lease_ms;
+                o
+            };
+            let report = stephost_host::worker::run(&ledger, &make, &worker_options, &shutdown)?;
+            // Only a worker that runs several runs at once groups its commits.
+            let shared = if worker_options.concurrency > 1 {
+                let c = &report.commits;
+                format!(
+                    "; {} commits in {} transactions and {} fsyncs",
+                    c.commits, c.transactions, c.fsyncs
+                )
+            } else {
+                String::new()
+            };
+            eprintln!(
+                "stephost worker: {} completed, {} failed, {} parked, {} released, {} abandoned, \
+                 {} claim conflicts, {} lease losses{shared}",
+                report.completed,
+                report.failed,
+                report.parked,
+                report.released,
+                report.abandoned,
+                report.claim_conflicts,
+                report.lease_losses,
+            );
+            Ok(exit::OK)
+        }
+        Command::Resume {
+            run_id,
+            module,
+            json,
+        } => {
+            let module = match &module {
+                Some(path) => Some((read_file(path)?, path.display().to_string())),
+                None => None,
+            };
+            let mut host = open(&ledger, options(&config)?)?;
+            let report = host.resume_with(
+                &run_id,
+                module.as_ref().map(|(b, w)| (b.as_slice(), w.as_str())),
+            )?;
+            Ok(print_run(&report, json))
+        }
+        Command::Replay {
+            run_id,
+            module,
+            fixture,
+            fixtures,
+            json,
+        } => {
+            let opts = options(&config)?;
+            if let Some(dir) = fixtures {
+                let module = module.expect("clap requires --module with --fixtures");
+                return replay_corpus(&dir, &module, &opts, json);
+            }
+            let new_module = match &module {
+                Some(path) => Some((read_file(path)?, path.display().to_string())),
+                None => None,
+            };
+            let report = match (fixture, run_id) {
+                (Some(file), _) => {
+                    let fixture = read_fixture(&file)?;
+                    let (bytes, what) = new_module.expect("clap requires --module with --fixture");
+                    let engine = stephost_host::engine::StepEngine::with_disk_cache(
+                        opts.cache_dir.as_deref(),
+                    )?;
+                    replay_fixture(&engine, fixture, &bytes, &what, &opts)?
+                }
+                (None, Some(run_id)) => {
+                    let host = open(&ledger, opts)?;
+                    let module = new_module.as_ref().map(|(b, w)| (b.as_slice(), w.as_str()));
+                    host.replay(&run_id, module)?
+                }
+                (None, None) => unreachable!("clap requires a run id or --fixture"),
+            };
+            print_replay(&report, json);
+            Ok(report.exit_code())
+        }
+        Command::Upgrade {
+            run_id,
+            from,
+            module,
+            json,
+        } => {
+            let bytes = read_file(&module)?;
+            let what = module.display().to_string();
+            let mut host = open(&ledger, options(&config)?)?;
+            let outcomes = match (run_id, from) {
+                (Some(id), _) => vec![host.upgrade(&id, &bytes, &what)?],
+                (None, Some(digest)) => service::upgrade_from(&mut host, &digest, &bytes, &what)?,
+                (None, None) => unreachable!("clap requires a run id or --from"),
+            };
+            if json {
+                print_json(&outcomes);
+            } else {
+                print::print_upgrades(&outcomes);
+            }
+            Ok(if outcomes.iter().all(|o| o.moved) {
+                exit::OK
+            } else {
+                exit::DIVERGED
+            })
+        }
+        Command::Show { run_id, json } => {
+            let host = open(&ledger, quiet_options(&config))?;
+            let detail = service::run_detail(host.store(), &run_id)?;
+            if json {
+                print_json(&detail);
+            } else {
+                print_show(&detail);
+            }
+            Ok(exit::OK)
+        }
+        Command::Runs {
+            status,
+            module,
+            limit,
+            json,
+        } => {
+            let query = RunQuery {
+                status: status.as_deref().map(service::parse_status).transpose()?,
+                module_digest: module,
+                limit,
+                ..RunQuery::default()
+            };
+            let host = open(&ledger, quiet_options(&config))?;
+            let runs = service::runs(host.store(), &query)?;
+            if json {
+                print_json(&runs);
+            } else {
+                print_runs(&runs);
+            }
+            Ok(exit::OK)
+        }
+        Command::Resolve {
+            run_id,
+            seq,
+            succeeded,
+            failed,
+            by,
+        } => {
+            let resolution = match (succeeded, failed) {
+                (Some(response), _) => Resolution::Succeeded(response),
+                (None, Some(message)) => Resolution::Failed(message),
+                (None, None) => unreachable!("clap requires --succeeded or --failed"),
+            };
+            let host = open(&ledger, quiet_options(&config))?;
+            service::resolve(&host, &run_id, seq, &resolution, &by)?;
+            eprintln!(
+                "stephost: call #{seq} of run {run_id} resolved by {by}; continue it with \
+                 `stephost resume {run_id}`"
+            );
+            Ok(exit::OK)
+        }
+        Command::Approvals { json } => {
+            let host = open(&ledger, quiet_options(&config))?;
+            let rows = service::approvals(host.store())?;
+            if json {
+                print_json(&rows);
+            } else {
+                print::print_approvals(&rows);
+            }
+            Ok(exit::OK)
+        }
+        Command::Approve {
+            run_id,
+            seq,
+            by,
+            note,
+        } => decide(
+            &ledger,
+            &config,
+            &run_id,
+            seq,
+            Verdict::Approved,
+            &by,
+            note.as_deref(),
+        ),
+        Command::Reject {
+            run_id,
+            seq,
+            by,
+            note,
+        } => decide(
+            &ledger,
+            &config,
+            &run_id,
+            seq,
+            Verdict::Rejected,
+            &by,
+            note.as_deref(),
+        ),
+        Command::Verify { target } => {
+            let path = Path::new(&target);
+            let (run_id, calls) = if path.is_file() {
+                let fixture = read_fixture(path)?;
+                (fixture.run_id, fixture.calls)
+            } else {
+                let host = open(&ledger, quiet_options(&config))?;
+                let calls = host.store().calls(&target, 1, usize::MAX)?;
+                (target.clone(), calls)
+            };
+            let mut out = std::io::stdout().lock();
+            match service::verify(&calls) {
+                Verification::Intact { calls, links } => {
+                    let _ = writeln!(
+                        out,
+                        "intact: run {run_id}, {calls} call(s), {links} chain link(s) verified"
+                    );
+                    Ok(exit::OK)
+                }
+                Verification::Broken { seq, reason } => {
+                    let _ = writeln!(
+                        out,
+                        "broken: run {run_id}, call #{seq}: {reason}; the recording was changed \
+                         or damaged after it was written"
+                    );
+                    Ok(exit::DIVERGED)
+                }
+            }
+        }
+        Command::Metrics => {
+            let host = open(&ledger, quiet_options(&config))?;
+            let text = stephost_host::metrics::render(host.store())?;
+            let _ = std::io::stdout().lock().write_all(text.as_bytes());
+            Ok(exit::OK)
+        }
+        Command::Export { run_id } => {
+            let host = open(&ledger, quiet_options(&config))?;
+            print_json(&host.export(&run_id)?);
+            Ok(exit::OK)
+        }
+    }
+}
+
+/// An exported run read from `path`.
+fn read_fixture(path: &Path) -> Result<Fixture, HostError> {
+    let text = String::from_utf8(read_file(path)?)
+        .map_err(|_| HostError::BadInput(format!("{} is not UTF-8", path.display())))?;
+    Fixture::parse(&text).map_err(|e| HostError::BadInput(format!("{}: {e}", path.display())))
+}
+
+/// Replays every fixture in `dir` against `module` and reports per run.
+fn replay_corpus(
+    dir: &Path,
+    module: &Path,
+    opts: &HostOptions,
+    json: bool,
+) -> Result<i32, HostError> {
+    let bytes = read_file(module)?;
+    let what = module.display().to_string();
+    let engine = stephost_host::engine::StepEngine::with_disk_cache(opts.cache_dir.as_deref())?;
+    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
+        .map_err(|source| HostError::Read {
+            path: dir.display().to_string(),
+            source,
+        })?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "json"))
+        .collect();
+    files.sort();
+    if files.is_empty() {
+        return Err(HostError::BadInput(format!(
+            "{} holds no exported runs (*.json); write them with `stephost export RUN_ID > FILE.json`",
+            dir.display()
+        )));
+    }
+    let mut code = exit::OK;
+    let mut reports = Vec::new();
+    for file in &files {
+        let report = replay_fixture(&engine, read_fixture(file)?, &bytes, &what, opts)?;
+        let this = report.exit_code();
+        if this == exit::DIVERGED || (this != exit::OK && code == exit::OK) {
+            code = this;
+        }
+        if !json {
+            let _ = write!(std::io::stdout().lock(), "{}: ", file.display());
+            print_replay(&report, false);
+        }
+        reports.push(serde_json::json!({ "file": file.display().to_string(), "report": report }));
+    }
+    if json {
+        print_json(&reports);
+    } else {
+        let diverged = reports
+            .iter()
+            .filter(|r| {
+                matches!(
+                    r["report"]["result"].as_str(),
+                    Some("diverged" | "output_differs" | "end_differs")
+                )
+            })
+            .count();
+        eprintln!(
+            "stephost: {} run(s) replayed, {diverged} diverged",
+            reports.len()
+        );
+    }
+    Ok(code)
+}
+
+fn decide(
+    ledger: &Ledger,
+    config: &Config,
+    run_id: &str,
+    seq: u64,
+    verdict: Verdict,
+    by: &str,
+    note: Option<&str>,
+) -> Result<i32, HostError> {
+    let host = open(ledger, quiet_options(config))?;
+    service::decide(host.store(), run_id, seq, verdict, by, note)?;
+    eprintln!(
+        "stephost: call #{seq} of run {run_id} {} by {by}; a worker or \
+         `stephost resume {run_id}` continues the run",
+        verdict.as_str()
+    );
+    Ok(exit::OK)
+}

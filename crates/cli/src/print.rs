@@ -1,0 +1,289 @@
+//! What the command line prints: plain text for people, `--json` for
+//! scripts (the service layer's types, as the server sends them).
+
+use std::io::Write;
+
+use serde::Serialize;
+use stephost_core::RunRecord;
+use stephost_core::RunStatus;
+use stephost_core::clock::format_time;
+use stephost_host::exit;
+use stephost_host::replay::{ReplayReport, ReplayVerdict};
+use stephost_host::runner::RunReport;
+use stephost_host::runner::UpgradeOutcome;
+use stephost_host::service::{self, ApprovalView, RunDetail};
+
+pub fn print_json<T: Serialize>(value: &T) {
+    let text =
+        serde_json::to_string_pretty(value).unwrap_or_else(|e| format!("{{\"error\":\"{e}\"}}"));
+    let mut out = std::io::stdout().lock();
+    let _ = writeln!(out, "{text}");
+}
+
+/// The exit code for how a run ended.
+pub fn run_exit_code(status: RunStatus) -> i32 {
+    match status {
+        RunStatus::Completed => exit::OK,
+        RunStatus::Failed => exit::STEP_FAILED,
+        RunStatus::Parked => exit::PARKED,
+        RunStatus::Diverged => exit::DIVERGED,
+        // A run left running was released or abandoned by this process.
+        RunStatus::Waiting => exit::WAITING,
+        RunStatus::Pending | RunStatus::Running => exit::CLAIMED,
+    }
+}
+
+pub fn print_run(report: &RunReport, json: bool) -> i32 {
+    if json {
+        print_json(report);
+    } else if let Some(output) = &report.output {
+        let mut out = std::io::stdout().lock();
+        let _ = writeln!(out, "{output}");
+    }
+    let s = &report.stats;
+    match report.status {
+        RunStatus::Completed => eprintln!(
+            "stephost: run {} completed ({} calls performed, {} replayed)",
+            report.run_id, s.live, s.replayed
+        ),
+        RunStatus::Waiting => eprintln!(
+            "stephost: run {} is waiting{}; a worker or `stephost resume {}` continues it when \
+             due or decided (`stephost approvals` lists pending approvals)",
+            report.run_id,
+            report
+                .wake_at_ms
+                .map(|t| format!(" until {}", format_time(t)))
+                .unwrap_or_default(),
+            report.run_id
+        ),
+        RunStatus::Parked => eprintln!(
+            "stephost: run {} is parked and needs a person: {}\n  \
+             check the receiver by hand, then `stephost resolve {} SEQ --succeeded JSON | \
+             --failed MESSAGE --by NAME` and `stephost resume {}`",
+            report.run_id,
+            report.error.as_deref().unwrap_or(""),
+            report.run_id,
+            report.run_id
+        ),
+        status => eprintln!(
+            "stephost: run {} {}: {}",
+            report.run_id,
+            status.as_str(),
+            report.error.as_deref().unwrap_or("")
+        ),
+    }
+    run_exit_code(report.status)
+}
+
+pub fn print_replay(report: &ReplayReport, json: bool) {
+    if json {
+        print_json(report);
+        return;
+    }
+    let mut out = std::io::stdout().lock();
+    let _ = match &report.verdict {
+        ReplayVerdict::Consistent { calls, output } => {
+            let _ = writeln!(
+                out,
+                "consistent: run {} replayed {calls} call(s) with no divergence",
+                report.run_id
+            );
+            match output {
+                Some(o) => writeln!(out, "output: {o}"),
+                None => Ok(()),
+            }
+        }
+        ReplayVerdict::Incomplete { calls, reason } => writeln!(
+            out,
+            "consistent so far: run {} is unfinished; {calls} recorded call(s) matched; {reason}",
+            report.run_id
+        ),
+        ReplayVerdict::Diverged { divergence } => {
+            writeln!(out, "divergence in run {}: {divergence}", report.run_id)
+        }
+        ReplayVerdict::OutputDiffers { recorded, new } => writeln!(
+            out,
+            "divergence in run {}: same calls, different output\n  recorded: {recorded}\n  new:      {new}",
+            report.run_id
+        ),
+        ReplayVerdict::EndDiffers { recorded, new } => writeln!(
+            out,
+            "divergence in run {}: same calls, different end\n  recorded: {recorded}\n  new:      {new}",
+            report.run_id
+        ),
+        ReplayVerdict::StepFailed { error } => {
+            writeln!(out, "replay of run {} failed: {error}", report.run_id)
+        }
+    };
+}
+
+pub fn print_runs(runs: &[RunRecord]) {
+    let mut out = std::io::stdout().lock();
+    let _ = writeln!(
+        out,
+        "{:<26} {:<10} {:<14} {:<24} {:<6} {:<24} OWNER",
+        "RUN", "STATUS", "MODULE", "UPDATED", "FENCE", "LEASE UNTIL"
+    );
+    for run in runs {
+        let _ = writeln!(
+            out,
+            "{:<26} {:<10} {:<14} {:<24} {:<6} {:<24} {}",
+            run.run_id,
+            run.status.as_str(),
+            &run.module_digest[..12.min(run.module_digest.len())],
+            format_time(run.updated_at_ms),
+            run.fence,
+            run.lease_until_ms
+                .map(format_time)
+                .unwrap_or_else(|| "-".into()),
+            run.owner.as_deref().unwrap_or("-")
+        );
+    }
+}
+
+pub fn print_show(detail: &RunDetail) {
+    let RunDetail {
+        run,
+        tokens_total: tokens,
+        calls,
+        attempts,
+        logs,
+    } = detail;
+    let mut out = std::io::stdout().lock();
+    let _ = writeln!(out, "run      {}", run.run_id);
+    let _ = writeln!(out, "status   {}", run.status.as_str());
+    let _ = writeln!(out, "module   {}", run.module_digest);
+    let _ = writeln!(
+        out,
+        "step     {} ({})",
+        run.step.as_deref().unwrap_or("(no declared version)"),
+        run.world
+    );
+    let _ = writeln!(out, "created  {}", format_time(run.created_at_ms));
+    let _ = writeln!(out, "updated  {}", format_time(run.updated_at_ms));
+    let _ = writeln!(
+        out,
+        "owner    {} (fence {})",
+        run.owner.as_deref().unwrap_or("-"),
+        run.fence
+    );
+    let _ = writeln!(out, "input    {}", run.input);
+    if let Some(o) = &run.output {
+        let _ = writeln!(out, "output   {o}");
+    }
+    if let Some(code) = run.exit_code {
+        let _ = writeln!(out, "exit     {code}");
+    }
+    if let Some(e) = &run.error {
+        let _ = writeln!(out, "error    {e}");
+    }
+    if *tokens > 0 {
+        let _ = writeln!(
+            out,
+            "tokens   {tokens} (model completions; a replay spends none)"
+        );
+    }
+    let _ = writeln!(out);
+    let _ = writeln!(
+        out,
+        "{:>5}  {:<8} {:<32} {:<10} {:<14} {:>8} {:>4}",
+        "SEQ", "CLASS", "CALL", "STATE", "OPERATION", "MS", "TRY"
+    );
+    for call in calls {
+        let tries = attempts.iter().filter(|a| a.seq == call.seq).count();
+        let ms = call
+            .finished_at_ms
+            .map(|f| (f - call.started_at_ms).to_string())
+            .unwrap_or_else(|| "-".into());
+        let _ = writeln!(
+            out,
+            "{:>5}  {:<8} {:<32} {:<10} {:<14} {:>8} {:>4}",
+            call.seq,
+            call.class.as_str(),
+            service::call_name(call),
+            call.state.as_str(),
+            if call.operation_id.is_empty() {
+                "-"
+            } else {
+                &call.operation_id[..12.min(call.operation_id.len())]
+            },
+            ms,
+            tries
+        );
+    }
+    if !logs.is_empty() {
+        let _ = writeln!(out, "\nlog");
+        for log in logs {
+            let _ = writeln!(
+                out,
+                "  after #{:<4} {:<5} {}",
+                log.after_seq, log.level, log.message
+            );
+        }
+    }
+}
+
+/// What `upgrade` did, run by run.
+pub fn print_upgrades(outcomes: &[UpgradeOutcome]) {
+    for o in outcomes {
+        if o.moved {
+            let _ = writeln!(
+                std::io::stdout().lock(),
+                "moved      {}  {} -> {}",
+                o.run_id,
+                short(&o.from),
+                short(&o.to)
+            );
+        } else {
+            let _ = writeln!(
+                std::io::stdout().lock(),
+                "not moved  {}  (stays on {})",
+                o.run_id,
+                short(&o.from)
+            );
+            print_replay(&o.report, false);
+        }
+    }
+    if outcomes.is_empty() {
+        let _ = writeln!(std::io::stdout().lock(), "no unfinished runs to upgrade");
+    }
+}
+
+/// The approvals inbox.
+pub fn print_approvals(rows: &[ApprovalView]) {
+    let mut out = std::io::stdout().lock();
+    let _ = writeln!(
+        out,
+        "{:<26} {:>5}  {:<24} {:<24} {:<14} SUBJECT",
+        "RUN", "SEQ", "ASKED", "EXPIRES", "DETAILS"
+    );
+    for r in rows {
+        let _ = writeln!(
+            out,
+            "{:<26} {:>5}  {:<24} {:<24} {:<14} {}",
+            r.run_id,
+            r.seq,
+            format_time(r.asked_at_ms),
+            format_time(r.expires_at_ms),
+            short(r.details_sha256.as_str().unwrap_or("")),
+            r.subject.as_str().unwrap_or("")
+        );
+    }
+}
+
+/// The first 12 characters of a digest, as listings show it.
+fn short(digest: &str) -> &str {
+    &digest[..12.min(digest.len())]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn times_are_printed_in_utc() {
+        assert_eq!(format_time(0), "1970-01-01T00:00:00.000Z");
+        assert_eq!(format_time(1_795_941_296_789), "2026-11-29T08:34:56.789Z");
+        assert_eq!(format_time(951_782_400_000), "2000-02-29T00:00:00.000Z");
+    }
+}

@@ -1,0 +1,124 @@
+//! WASI command programs as steps: a program with a `main`, in any language
+//! that targets WASI, run without component tooling of the step world.
+//!
+//! - Its stdin is the run's input: a JSON string as its text, `null` (no
+//!   input given) as nothing, any other JSON document as itself.
+//! - Its stdout is the output: stdout that is a JSON document is the output
+//!   as it is, any other text becomes a JSON string.
+//! - Its exit status is kept with the run; a non-zero status fails the step.
+//! - Its clocks and randomness are recorded and replayed like a step's (the
+//!   WASI context carries the journal's recorded clocks and RNG).
+//!
+//! Components exporting `wasi:cli/run` run on the component linker; WASI
+//! preview1 core modules exporting `_start` run on wasmtime's preview1, so
+//! that `proc_exit(n)` keeps `n` (the preview1 component adapter reduces it
+//! to success or failure).
+
+use std::sync::{Arc, Mutex};
+
+use wasmtime::{InstancePre, Store, StoreLimits};
+use wasmtime_wasi::p1::WasiP1Ctx;
+use wasmtime_wasi::p2::bindings::sync::CommandPre;
+use wasmtime_wasi::p2::pipe::{MemoryInputPipe, MemoryOutputPipe};
+use wasmtime_wasi::{I32Exit, WasiCtxBuilder};
+
+use crate::imports::StepState;
+use stephost_core::journal::Journal;
+
+/// The data of a preview1 command's store.
+pub struct Preview1State {
+    pub wasi: WasiP1Ctx,
+    pub limits: StoreLimits,
+    /// For the calls recorded outside the WASI context (`random_get`).
+    pub journal: Arc<Mutex<Journal>>,
+}
+
+/// Gives a command its stdin and a stdout of at most `stdout_max` bytes;
+/// returns the stdout to read after the run.
+pub fn wire_stdio(wasi: &mut WasiCtxBuilder, input: &str, stdout_max: u64) -> MemoryOutputPipe {
+    let stdout = MemoryOutputPipe::new(usize::try_from(stdout_max).unwrap_or(usize::MAX));
+    wasi.stdin(MemoryInputPipe::new(stdin_bytes(input)))
+        .stdout(stdout.clone())
+        .args(&["step"]);
+    stdout
+}
+
+/// A command's stdin for the run input `input`.
+fn stdin_bytes(input: &str) -> Vec<u8> {
+    match serde_json::from_str::<serde_json::Value>(input) {
+        Ok(serde_json::Value::String(text)) => text.into_bytes(),
+        Ok(serde_json::Value::Null) => Vec::new(),
+        _ => input.as_bytes().to_vec(),
+    }
+}
+
+/// Runs a command component's `wasi:cli/run`; its exit status.
+pub fn run_component(
+    pre: &CommandPre<StepState>,
+    store: &mut Store<StepState>,
+) -> Result<i32, wasmtime::Error> {
+    let command = pre.instantiate(&mut *store)?;
+    exit_status(command.wasi_cli_run().call_run(store).map(|r| match r {
+        Ok(()) => 0,
+        Err(()) => 1,
+    }))
+}
+
+/// Runs a preview1 module's `_start`; its exit status.
+pub fn run_preview1(
+    pre: &InstancePre<Preview1State>,
+    store: &mut Store<Preview1State>,
+) -> Result<i32, wasmtime::Error> {
+    let instance = pre.instantiate(&mut *store)?;
+    let start = instance.get_typed_func::<(), ()>(&mut *store, "_start")?;
+    exit_status(start.call(store, ()).map(|()| 0))
+}
+
+/// An exit through `exit`/`proc_exit` is a status, not a trap.
+fn exit_status(ran: Result<i32, wasmtime::Error>) -> Result<i32, wasmtime::Error> {
+    match ran {
+        Err(e) => match e.downcast_ref::<I32Exit>() {
+            Some(exit) => Ok(exit.0),
+            None => Err(e),
+        },
+        ok => ok,
+    }
+}
+
+/// The step's result from a command's exit status and stdout.
+pub fn result(code: i32, stdout: &[u8]) -> Result<String, String> {
+    if code != 0 {
+        return Err(format!("the program exited with code {code}"));
+    }
+    let text = String::from_utf8_lossy(stdout);
+    let trimmed = text.trim();
+    if !trimmed.is_empty() && serde_json::from_str::<serde::de::IgnoredAny>(trimmed).is_ok() {
+        Ok(trimmed.to_string())
+    } else {
+        Ok(serde_json::Value::String(text.into_owned()).to_string())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stdin_takes_a_json_string_as_text_and_other_json_as_is() {
+        assert_eq!(stdin_bytes(r#""exit=3""#), b"exit=3");
+        assert_eq!(stdin_bytes(r#"{"a":1}"#), br#"{"a":1}"#);
+        assert_eq!(stdin_bytes("null"), b"");
+        assert_eq!(stdin_bytes(" 7 "), b" 7 ");
+    }
+
+    #[test]
+    fn stdout_json_is_the_output_and_text_becomes_a_string() {
+        assert_eq!(result(0, b"{\"a\":1}\n").unwrap(), r#"{"a":1}"#);
+        assert_eq!(result(0, b"hello\n").unwrap(), r#""hello\n""#);
+        assert_eq!(result(0, b"").unwrap(), r#""""#);
+        assert_eq!(
+            result(7, b"{}").unwrap_err(),
+            "the program exited with code 7"
+        );
+    }
+}

@@ -1,0 +1,465 @@
+//! `stephost.toml`: the effects granted to steps and the run limits.
+//!
+//! ```toml
+//! [limits]
+//! fuel_max = 1_000_000_000
+//!
+//! [effects."supplier.order"]
+//! kind = "file"        # echo | static | file | reject
+//! class = "write"      # read | write (default write)
+//! path = "orders.jsonl"
+//! retry = { max_attempts = 5, initial_backoff_ms = 50 }
+//! ```
+//! Unknown fields are refused with their line named. Deny by default: a step
+//! may call only the effects named here.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+
+use std::time::Duration;
+
+use crate::effects::builtin::{Echo, FileReceiver, Reject, Static};
+use crate::effects::command::CommandEffect;
+use crate::effects::http::HttpEffect;
+use crate::effects::llm::Llm;
+use crate::effects::{Effect, Effects, Handler, RetryPolicy};
+use stephost_core::CallClass;
+use stephost_core::Limits;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read configuration {path}: {source}")]
+    Read {
+        path: String,
+        source: std::io::Error,
+    },
+    #[error("configuration {path} is invalid: {message}")]
+    Invalid { path: String, message: String },
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    #[serde(default)]
+    pub limits: Limits,
+    #[serde(default)]
+    pub effects: BTreeMap<String, EffectConfig>,
+    /// The model endpoint behind the `llm` import; without it `llm.complete`
+    /// is denied.
+    pub llm: Option<LlmConfig>,
+    /// The folder relative paths are resolved against (the file's folder).
+    #[serde(skip)]
+    pub base_dir: PathBuf,
+    /// The file this came from, for messages.
+    #[serde(skip)]
+    pub path: PathBuf,
+    /// Where compiled components are cached (set from the command line).
+    #[serde(skip)]
+    pub cache_dir: Option<PathBuf>,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ClassName {
+    Read,
+    #[default]
+    Write,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(tag = "kind", rename_all = "kebab-case", deny_unknown_fields)]
+pub enum EffectConfig {
+    /// Answers with the request.
+    Echo {
+        #[serde(default)]
+        class: ClassName,
+        #[serde(default)]
+        retry: RetryPolicy,
+    },
+    /// Answers with `response`, a JSON document.
+    Static {
+        #[serde(default)]
+        class: ClassName,
+        response: String,
+        #[serde(default)]
+        retry: RetryPolicy,
+    },
+    /// Appends to the file at `path`, deduplicating by operation id.
+    File {
+        #[serde(default)]
+        class: ClassName,
+        path: PathBuf,
+        /// Wait this long after committing before replying (a slow receiver).
+        #[serde(default)]
+        reply_delay_ms: u64,
+        /// Whether the receiver ignores an operation id it has seen (default
+        /// true). A receiver that does not cannot be resent to safely.
+        #[serde(default = "yes")]
+        deduplicate: bool,
+        /// Whether the receiver answers lookups by operation id (default true).
+        #[serde(default = "yes")]
+        lookup: bool,
+        #[serde(default)]
+        retry: RetryPolicy,
+    },
+    /// An HTTP request per attempt; `{field}` in `url` and `lookup` comes
+    /// from the request JSON, `{operation_id}` and `{run_id}` from the call.
+    Http {
+        #[serde(default)]
+        class: ClassName,
+        #[serde(default = "default_method")]
+        method: String,
+        url: String,
+        /// Header values may name environment variables as `${NAME}`; they
+        /// are read when the configuration is loaded and never recorded.
+        #[serde(default)]
+        headers: BTreeMap<String, String>,
+        #[serde(default = "default_timeout_ms")]
+        timeout_ms: u64,
+        /// The receiver deduplicates by `Idempotency-Key`.
+        #[serde(default)]
+        idempotent: bool,
+        /// URL answering 200 + receipt (done) or 404 (not found) for an operation.
+        lookup: Option<String>,
+        #[serde(default)]
+        retry: RetryPolicy,
+    },
+    /// A program: request JSON on stdin, result JSON on stdout.
+    Command {
+        #[serde(default)]
+        class: ClassName,
+        argv: Vec<String>,
+        #[serde(default = "default_timeout_ms")]
+        timeout_ms: u64,
+        #[serde(default)]
+        idempotent: bool,
+        /// A program answering exit 0 + receipt (done) or exit 3 (not found).
+        lookup: Option<Vec<String>>,
+        #[serde(default)]
+        retry: RetryPolicy,
+    },
+    /// Refuses every request with `message`.
+    Reject {
+        #[serde(default)]
+        class: ClassName,
+        message: String,
+    },
+}
+
+/// An OpenAI-compatible chat-completions endpoint.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LlmConfig {
+    /// e.g. `https://api.openai.com/v1/chat/completions`
+    pub url: String,
+    /// Put into every request as `model`.
+    pub model: String,
+    /// The environment variable holding the API key (sent as a bearer token).
+    pub api_key_env: Option<String>,
+    #[serde(default = "default_llm_timeout_ms")]
+    pub timeout_ms: u64,
+    #[serde(default)]
+    pub retry: RetryPolicy,
+}
+
+fn default_method() -> String {
+    "POST".to_string()
+}
+
+fn default_timeout_ms() -> u64 {
+    30_000
+}
+
+fn default_llm_timeout_ms() -> u64 {
+    120_000
+}
+
+/// Replaces each `${NAME}` with the environment variable NAME.
+fn resolve_env(value: &str, what: &str) -> Result<String, String> {
+    let mut out = String::new();
+    let mut rest = value;
+    while let Some(start) = rest.find("${") {
+        out.push_str(&rest[..start]);
+        let after = &rest[start + 2..];
+        let end = after
+            .find('}')
+            .ok_or_else(|| format!("{what}: unclosed ${{ in {value:?}"))?;
+        let name = &after[..end];
+        let found = std::env::var(name).map_err(|_| {
+            format!("{what} needs the environment variable {name}, which is not set")
+        })?;
+        out.push_str(&found);
+        rest = &after[end + 1..];
+    }
+    out.push_str(rest);
+    Ok(out)
+}
+
+impl Config {
+    /// Reads and checks a configuration file.
+    pub fn load(path: &Path) -> Result<Self, ConfigError> {
+        let shown = path.display().to_string();
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: shown.clone(),
+            source,
+        })?;
+        let mut config = Self::parse(&text).map_err(|message| ConfigError::Invalid {
+            path: shown,
+            message,
+        })?;
+        config.base_dir = path.parent().map(Path::to_path_buf).unwrap_or_default();
+        Ok(config)
+    }
+
+    /// Parses configuration text; the error names the line.
+    pub fn parse(text: &str) -> Result<Self, String> {
+        let config: Config = toml::from_str(text).map_err(|e| describe(text, &e))?;
+        for (name, effect) in &config.effects {
+            if let EffectConfig::Static { response, .. } = effect
+                && let Err(e) = serde_json::from_str::<serde_json::Value>(response)
+            {
+                return Err(format!("effects.\"{name}\".response is not JSON: {e}"));
+            }
+        }
+        Ok(config)
+    }
+
+    /// Builds the granted effects, reading secrets from the environment.
+    pub fn effects(&self) -> Result<Effects, ConfigError> {
+        let mut granted = BTreeMap::new();
+        for (name, config) in &self.effects {
+            let effect = self
+                .build(name, config)
+                .map_err(|message| ConfigError::Invalid {
+                    path: self.shown(),
+                    message,
+                })?;
+            granted.insert(name.clone(), effect);
+        }
+        let llm = match &self.llm {
+            Some(llm) => Some(build_llm(llm).map_err(|message| ConfigError::Invalid {
+                path: self.shown(),
+                message,
+            })?),
+            None => None,
+        };
+        Ok(Effects::new(granted, llm))
+    }
+
+    fn shown(&self) -> String {
+        self.path.display().to_string()
+    }
+
+    fn build(&self, name: &str, config: &EffectConfig) -> Result<Effect, String> {
+        let (class, retry, handler): (ClassName, RetryPolicy, Box<dyn Handler>) = match config {
+            EffectConfig::Echo { class, retry } => (*class, retry.clone(), Box::new(Echo)),
+            EffectConfig::Static {
+                class,
+                response,
+                retry,
+            } => (
+                *class,
+                retry.clone(),
+                Box::new(Static {
+                    response: response.clone(),
+                }),
+            ),
+            EffectConfig::File {
+                class,
+                path,
+                reply_delay_ms,
+                deduplicate,
+                lookup,
+                retry,
+            } => (
+                *class,
+                retry.clone(),
+                Box::new(
+                    FileReceiver::new(self.base_dir.join(path))
+                        .with_reply_delay(std::time::Duration::from_millis(*reply_delay_ms))
+                        .with_deduplication(*deduplicate)
+                        .with_lookup(*lookup),
+                ),
+            ),
+            EffectConfig::Http {
+                class,
+                method,
+                url,
+                headers,
+                timeout_ms,
+                idempotent,
+                lookup,
+                retry,
+            } => {
+                let what = format!("effects.\"{name}\"");
+                let headers = headers
+                    .iter()
+                    .map(|(k, v)| Ok((k.clone(), resolve_env(v, &what)?)))
+                    .collect::<Result<Vec<_>, String>>()?;
+                let handler = HttpEffect::new(
+                    method,
+                    url.clone(),
+                    headers,
+                    lookup.clone(),
+                    *idempotent,
+                    Duration::from_millis(*timeout_ms),
+                )
+                .map_err(|e| format!("{what}: {e}"))?;
+                (*class, retry.clone(), Box::new(handler))
+            }
+            EffectConfig::Command {
+                class,
+                argv,
+                timeout_ms,
+                idempotent,
+                lookup,
+                retry,
+            } => {
+                if argv.is_empty() {
+                    return Err(format!("effects.\"{name}\".argv is empty"));
+                }
+                let handler = CommandEffect::new(
+                    argv.clone(),
+                    lookup.clone(),
+                    *idempotent,
+                    Duration::from_millis(*timeout_ms),
+                );
+                (*class, retry.clone(), Box::new(handler))
+            }
+            EffectConfig::Reject { class, message } => (
+                *class,
+                RetryPolicy::default(),
+                Box::new(Reject {
+                    message: message.clone(),
+                }),
+            ),
+        };
+        Ok(Effect {
+            class: match class {
+                ClassName::Read => CallClass::Read,
+                ClassName::Write => CallClass::Write,
+            },
+            retry,
+            handler,
+        })
+    }
+}
+
+fn build_llm(llm: &LlmConfig) -> Result<Effect, String> {
+    let mut headers = Vec::new();
+    if let Some(var) = &llm.api_key_env {
+        let key = std::env::var(var)
+            .map_err(|_| format!("llm.api_key_env names {var}, which is not set"))?;
+        headers.push(("Authorization".to_string(), format!("Bearer {key}")));
+    }
+    let http = HttpEffect::new(
+        "POST",
+        llm.url.clone(),
+        headers,
+        None,
+        true,
+        Duration::from_millis(llm.timeout_ms),
+    )?;
+    Ok(Effect {
+        class: CallClass::Read,
+        retry: llm.retry.clone(),
+        handler: Box::new(Llm {
+            http,
+            model: llm.model.clone(),
+        }),
+    })
+}
+
+fn yes() -> bool {
+    true
+}
+
+fn describe(text: &str, e: &toml::de::Error) -> String {
+    let message = e.message().to_string();
+    let Some(span) = e.span() else {
+        return message;
+    };
+    let start = span.start.min(text.len());
+    let mut line = text[..start].matches('\n').count() + 1;
+    // For a table the span points at the table; name the offending key's
+    // own line (up to the next table header) when the message names one.
+    if let Some(field) = message
+        .strip_prefix("unknown field `")
+        .and_then(|rest| rest.split('`').next())
+    {
+        let mut table = text[start..]
+            .lines()
+            .enumerate()
+            .take_while(|(i, l)| *i == 0 || !l.trim_start().starts_with('['));
+        if let Some((offset, _)) = table.find(|(_, l)| {
+            let l = l.trim_start().trim_start_matches('"');
+            l.strip_prefix(field).is_some_and(|after| {
+                after.trim_start().starts_with(['=', '"', ' ']) || after.is_empty()
+            })
+        }) {
+            line += offset;
+        }
+    }
+    format!("line {line}: {message}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_unknown_field_is_refused_with_its_line() {
+        let err =
+            Config::parse("[effects.orders]\nkind = \"echo\"\nclass = \"write\"\nretries = 3\n")
+                .unwrap_err();
+        assert!(err.contains("line 4"), "{err}");
+        assert!(err.contains("retries"), "{err}");
+    }
+
+    #[test]
+    fn the_example_configurations_load() {
+        for text in [
+            include_str!("../../../examples/supplier-order/stephost.toml"),
+            include_str!("../../../examples/supplier-order/stephost-http.toml"),
+        ] {
+            let config = Config::parse(text).unwrap();
+            let effects = config.effects().unwrap();
+            assert_eq!(
+                effects.get("inventory.read").unwrap().class,
+                CallClass::Read
+            );
+            assert_eq!(
+                effects.get("supplier.order").unwrap().class,
+                CallClass::Write
+            );
+        }
+    }
+
+    #[test]
+    fn a_header_naming_a_missing_environment_variable_is_refused() {
+        let config = Config::parse(
+            "[effects.x]\nkind = \"http\"\nurl = \"http://h/\"\nheaders = { Authorization = \"Bearer ${STEPHOST_TEST_UNSET_VAR}\" }\n",
+        )
+        .unwrap();
+        let err = config.effects().err().expect("refused");
+        assert!(err.to_string().contains("STEPHOST_TEST_UNSET_VAR"), "{err}");
+    }
+
+    #[test]
+    fn a_static_response_must_be_json() {
+        let err =
+            Config::parse("[effects.x]\nkind = \"static\"\nresponse = \"{oops\"\n").unwrap_err();
+        assert!(err.contains("not JSON"), "{err}");
+    }
+
+    #[test]
+    fn effects_default_to_the_write_class_and_limits_to_their_defaults() {
+        let config = Config::parse("[effects.orders]\nkind = \"echo\"\n").unwrap();
+        let effects = config.effects().unwrap();
+        assert_eq!(effects.get("orders").unwrap().class, CallClass::Write);
+        assert!(effects.get("other").is_none());
+        assert_eq!(config.limits, Limits::default());
+    }
+}

@@ -1,0 +1,423 @@
+//! Effects: the handlers behind `effects.call`, the retry loop that owns all
+//! retries, and reconciliation of a call found in flight.
+//!
+//! Live I/O happens only in [`EffectCall`], which the journal invokes from its
+//! one durable wrapper; nothing else reaches a handler.
+
+pub mod builtin;
+pub mod command;
+pub mod http;
+pub mod llm;
+pub mod retry;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use stephost_core::CallClass;
+use stephost_core::journal::{Attempts, CallErrorKind, LiveCall, OpContext, Outcome, Reconciled};
+
+pub use retry::RetryPolicy;
+
+/// Why a handler could not perform a request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Failure {
+    /// The receiver refused; retrying the same request will not help.
+    Rejected(String),
+    /// Timeouts, connection errors, overload: worth another attempt, no
+    /// sooner than `retry_after` when the receiver said so.
+    Retryable {
+        message: String,
+        retry_after: Option<std::time::Duration>,
+        /// Whether the receiver may have acted (a timeout or a lost reply)
+        /// rather than certainly not (connection refused, 429, 503).
+        maybe_received: bool,
+    },
+    /// The request is not what the effect accepts.
+    Invalid(String),
+}
+
+impl Failure {
+    /// A retryable failure after which the receiver may have acted.
+    pub fn retryable(message: impl Into<String>) -> Self {
+        Failure::Retryable {
+            message: message.into(),
+            retry_after: None,
+            maybe_received: true,
+        }
+    }
+
+    /// A retryable failure where the request certainly did not take effect.
+    pub fn not_received(message: impl Into<String>) -> Self {
+        Failure::Retryable {
+            message: message.into(),
+            retry_after: None,
+            maybe_received: false,
+        }
+    }
+
+    pub fn message(&self) -> &str {
+        match self {
+            Failure::Rejected(m) | Failure::Invalid(m) => m,
+            Failure::Retryable { message, .. } => message,
+        }
+    }
+
+    fn label(&self) -> &'static str {
+        match self {
+            Failure::Rejected(_) => "rejected",
+            Failure::Retryable { .. } => "retryable",
+            Failure::Invalid(_) => "invalid",
+        }
+    }
+}
+
+/// A receiver's answer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Reply {
+    /// The response, JSON text.
+    pub body: String,
+    /// The receiver said it had already seen this operation id.
+    pub duplicate: bool,
+}
+
+impl Reply {
+    pub fn new(body: impl Into<String>) -> Self {
+        Reply {
+            body: body.into(),
+            duplicate: false,
+        }
+    }
+}
+
+/// What a receiver says about an operation id.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Lookup {
+    /// Done; here is the receipt (the response the guest would have seen).
+    Found(String),
+    NotFound,
+    /// This receiver cannot answer lookups.
+    Unsupported,
+}
+
+/// What a handler is told about the operation it performs.
+#[derive(Debug, Clone, Copy)]
+pub struct Request<'a> {
+    pub run_id: &'a str,
+    pub effect: &'a str,
+    pub class: CallClass,
+    pub operation_id: &'a str,
+    pub fence: i64,
+    /// The guest's request, JSON text.
+    pub body: &'a str,
+}
+
+/// A receiver of effect requests.
+pub trait Handler: Send + Sync {
+    fn perform(&self, request: &Request<'_>) -> Result<Reply, Failure>;
+
+    /// Asks the receiver whether the operation already happened.
+    fn lookup(&self, _request: &Request<'_>) -> Result<Lookup, Failure> {
+        Ok(Lookup::Unsupported)
+    }
+
+    /// Whether the receiver deduplicates by operation id, so that a resend
+    /// with the same id cannot cause a second effect.
+    fn idempotent(&self) -> bool {
+        false
+    }
+
+    /// Whether a call may hold its thread for long (I/O, a child process,
+    /// waits between attempts): a run executed as a task then tells its
+    /// runtime, which moves the other runs off the thread meanwhile.
+    fn blocks(&self) -> bool {
+        true
+    }
+}
+
+/// The hex sha256 of a request body, sent as `Stephost-Payload-Sha256` and
+/// checked against a receipt's `payload_sha256`.
+pub fn payload_sha256(body: &str) -> String {
+    use sha2::Digest;
+    hex::encode(sha2::Sha256::digest(body.as_bytes()))
+}
+
+/// Checks that a receipt found by lookup is for this operation and payload,
+/// when the receipt names them. A receipt for anything else is never
+/// recorded as this call's success.
+pub fn check_receipt(receipt: &str, operation_id: &str, body: &str) -> Result<(), String> {
+    let Ok(value) = serde_json::from_str::<serde_json::Value>(receipt) else {
+        return Ok(());
+    };
+    if let Some(found) = value.get("operation_id").and_then(|v| v.as_str())
+        && found != operation_id
+    {
+        return Err(format!(
+            "the receiver's receipt names operation {found}, not {operation_id}"
+        ));
+    }
+    if let Some(found) = value.get("payload_sha256").and_then(|v| v.as_str()) {
+        let ours = payload_sha256(body);
+        if found != ours {
+            return Err(format!(
+                "the receiver's receipt is for payload {found}, not this request's {ours}"
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// A configured effect.
+pub struct Effect {
+    pub class: CallClass,
+    pub retry: RetryPolicy,
+    pub handler: Box<dyn Handler>,
+}
+
+impl Effect {
+    /// Runs `f`, a call of this effect (or of none, a refusal), telling a
+    /// multi-threaded tokio runtime this thread runs on, if any, that it
+    /// may block ([`Handler::blocks`]).
+    pub fn call_on<R>(effect: Option<&Effect>, f: impl FnOnce() -> R) -> R {
+        if effect.is_some_and(|e| e.handler.blocks()) {
+            blocking(f)
+        } else {
+            f()
+        }
+    }
+}
+
+/// Runs `f`, which may hold its thread for long (I/O, a sleep, a wait for
+/// an fsync, a compile), telling a multi-threaded tokio runtime this thread
+/// runs on, if any, so that it moves its other tasks to another thread
+/// meanwhile (a worker's runs: see `Host::execute_claimed_task`).
+pub fn blocking<R>(f: impl FnOnce() -> R) -> R {
+    use tokio::runtime::{Handle, RuntimeFlavor};
+    match Handle::try_current() {
+        Ok(runtime) if runtime.runtime_flavor() == RuntimeFlavor::MultiThread => {
+            tokio::task::block_in_place(f)
+        }
+        _ => f(),
+    }
+}
+
+/// The effects granted to a step. Anything not named here is denied.
+#[derive(Default, Clone)]
+pub struct Effects {
+    granted: Arc<BTreeMap<String, Effect>>,
+    llm: Option<Arc<Effect>>,
+}
+
+impl Effects {
+    pub fn new(granted: BTreeMap<String, Effect>, llm: Option<Effect>) -> Self {
+        Effects {
+            granted: Arc::new(granted),
+            llm: llm.map(Arc::new),
+        }
+    }
+
+    /// The model endpoint, when configured.
+    pub fn llm(&self) -> Option<&Effect> {
+        self.llm.as_deref()
+    }
+
+    pub fn get(&self, name: &str) -> Option<&Effect> {
+        self.granted.get(name)
+    }
+
+    pub fn names(&self) -> impl Iterator<Item = &str> {
+        self.granted.keys().map(String::as_str)
+    }
+}
+
+/// One `effects.call` going through the journal.
+pub struct EffectCall<'a> {
+    pub effect: &'a Effect,
+    pub name: &'a str,
+    pub body: &'a str,
+    /// Largest response recorded, in bytes.
+    pub payload_bytes_max: usize,
+    /// Wait between attempts; tests pass a no-op.
+    pub sleep: &'a dyn Fn(std::time::Duration),
+    /// Set when the outcome could not be established (see `take_unknown`).
+    pub unknown: Option<String>,
+}
+
+impl EffectCall<'_> {
+    /// After a write failed in a way that leaves its effect in doubt: asks
+    /// the receiver; a receipt settles it, anything else is `unknown` (the
+    /// journal parks the run) rather than a guess.
+    fn settle(&mut self, op: &OpContext<'_>, attempts: &mut Attempts<'_>, last: &str) -> Outcome {
+        match self.reconcile(op, attempts) {
+            Reconciled::Outcome(outcome) => outcome,
+            Reconciled::PerformAgain => Outcome::error(
+                CallErrorKind::Exhausted,
+                format!("the receiver has no record of the operation; last failure: {last}"),
+            ),
+            Reconciled::Unknown(reason) => {
+                self.unknown = Some(format!("{last}; {reason}"));
+                Outcome::error(CallErrorKind::Exhausted, "outcome unknown")
+            }
+        }
+    }
+
+    fn request<'r>(&'r self, op: &'r OpContext<'_>) -> Request<'r> {
+        Request {
+            run_id: op.run_id,
+            effect: self.name,
+            class: op.class,
+            operation_id: op.operation_id,
+            fence: op.fence,
+            body: self.body,
+        }
+    }
+}
+
+impl LiveCall for EffectCall<'_> {
+    fn perform(&mut self, op: &OpContext<'_>, attempts: &mut Attempts<'_>) -> Outcome {
+        let policy = &self.effect.retry;
+        let first = std::time::Instant::now();
+        let max_attempts = policy.max_attempts.max(1);
+        let mut n = 1;
+        let mut ambiguous = false;
+        loop {
+            let started = stephost_core::clock::now_ms();
+            let result = self.effect.handler.perform(&self.request(op));
+            match &result {
+                Ok(_) => attempts.record("send", started, "ok", None),
+                Err(f) => attempts.record("send", started, f.label(), Some(f.message())),
+            }
+            match result {
+                Ok(reply) if reply.body.len() > self.payload_bytes_max => {
+                    // The receiver acted: the call succeeded even though its
+                    // response is too large to record in full.
+                    let summary = serde_json::json!({
+                        "stephost_response_bytes": reply.body.len(),
+                        "stephost_response_sha256": payload_sha256(&reply.body),
+                    });
+                    return Outcome::Ok(serde_json::Value::String(summary.to_string()));
+                }
+                Ok(reply) => {
+                    if reply.duplicate {
+                        attempts.count("idempotency_key_hit_total");
+                    }
+                    return Outcome::Ok(serde_json::Value::String(reply.body));
+                }
+                Err(Failure::Rejected(m)) => {
+                    attempts.count("non_retryable_failure_total");
+                    return Outcome::error(CallErrorKind::Rejected, m);
+                }
+                Err(Failure::Invalid(m)) => {
+                    attempts.count("non_retryable_failure_total");
+                    return Outcome::error(CallErrorKind::Invalid, m);
+                }
+                Err(Failure::Retryable {
+                    message,
+                    retry_after,
+                    maybe_received,
+                }) => {
+                    let write = op.class == CallClass::Write;
+                    let idempotent = self.effect.handler.idempotent();
+                    ambiguous |= maybe_received;
+                    // A write the receiver may have acted on is resent only
+                    // where the receiver deduplicates; otherwise ask it.
+                    if write && maybe_received && !idempotent {
+                        return self.settle(op, attempts, &message);
+                    }
+                    let mut pause = policy.backoff(
+                        n + 1,
+                        (stephost_core::clock::now_ns() % 1000) as f64 / 1000.0,
+                    );
+                    if let Some(hint) = retry_after {
+                        pause = pause.max(hint);
+                    }
+                    let elapsed = first.elapsed();
+                    let deadline = std::time::Duration::from_millis(policy.deadline_ms);
+                    if n >= max_attempts || elapsed + pause > deadline {
+                        attempts.count("retry_exhausted_total");
+                        if write && ambiguous {
+                            // "Exhausted" would claim it did not happen.
+                            return self.settle(op, attempts, &message);
+                        }
+                        return Outcome::error(
+                            CallErrorKind::Exhausted,
+                            format!("{n} attempt(s) failed; last: {message}"),
+                        );
+                    }
+                    n += 1;
+                    attempts.count("activity_retry_total");
+                    (self.sleep)(pause);
+                }
+            }
+        }
+    }
+
+    fn take_unknown(&mut self) -> Option<String> {
+        self.unknown.take()
+    }
+
+    fn reconciles_writes(&self) -> bool {
+        true
+    }
+
+    fn resend_is_harmless(&self) -> bool {
+        self.effect.handler.idempotent()
+    }
+
+    fn reconcile(&mut self, op: &OpContext<'_>, attempts: &mut Attempts<'_>) -> Reconciled {
+        attempts.count("reconciliation_total");
+        // The class recorded with the call decides, not today's configuration.
+        if op.class != CallClass::Write {
+            return Reconciled::PerformAgain;
+        }
+        let idempotent = self.effect.handler.idempotent();
+        let mut started = stephost_core::clock::now_ms();
+        let mut lookup = self.effect.handler.lookup(&self.request(op));
+        // A receiver briefly unreachable is asked again under the effect's
+        // retry policy before the call is given up as unknown.
+        let mut n = 1;
+        while let Err(Failure::Retryable { message, .. }) = &lookup {
+            if n >= self.effect.retry.max_attempts.max(1) {
+                break;
+            }
+            attempts.record("lookup", started, "error", Some(message));
+            n += 1;
+            (self.sleep)(self.effect.retry.backoff(n, 0.5));
+            started = stephost_core::clock::now_ms();
+            lookup = self.effect.handler.lookup(&self.request(op));
+        }
+        match lookup {
+            Ok(Lookup::Found(receipt)) => {
+                if let Err(reason) = check_receipt(&receipt, op.operation_id, self.body) {
+                    attempts.record("lookup", started, "foreign_receipt", Some(&reason));
+                    return Reconciled::Unknown(reason);
+                }
+                attempts.record("lookup", started, "found", None);
+                Reconciled::Outcome(Outcome::Ok(serde_json::Value::String(receipt)))
+            }
+            Ok(Lookup::NotFound) if idempotent => {
+                attempts.record("lookup", started, "not_found", None);
+                Reconciled::PerformAgain
+            }
+            Ok(Lookup::NotFound) => {
+                attempts.record("lookup", started, "not_found", None);
+                Reconciled::Unknown(
+                    "the receiver has no record of the operation but does not deduplicate, \
+                     so resending could act twice"
+                        .to_string(),
+                )
+            }
+            Ok(Lookup::Unsupported) if idempotent => Reconciled::PerformAgain,
+            Ok(Lookup::Unsupported) => Reconciled::Unknown(
+                "the receiver offers no lookup and does not deduplicate".to_string(),
+            ),
+            Err(failure) => {
+                attempts.record("lookup", started, "error", Some(failure.message()));
+                if idempotent {
+                    Reconciled::PerformAgain
+                } else {
+                    Reconciled::Unknown(format!("the lookup failed: {}", failure.message()))
+                }
+            }
+        }
+    }
+}

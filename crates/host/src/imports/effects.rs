@@ -1,0 +1,256 @@
+//! `stephost:step/effects`: the single gate for side effects.
+
+use wasmtime::StoreContextMut;
+use wasmtime::component::Linker;
+
+use crate::bindings::CallError;
+use crate::bindings::stephost::step::effects::Host;
+use crate::effects::{Effect, EffectCall, Effects};
+use crate::imports::{StepState, lock, trap};
+use stephost_core::journal::{
+    Call, CallErrorKind, CallSpec, Compute, Journal, LiveCall, Outcome, Stop, WriteStarted,
+};
+use stephost_core::{CallClass, StoreResult};
+
+pub const INTERFACE: &str = "stephost:step/effects";
+
+/// The interface's instance name in the step world.
+const INSTANCE: &str = "stephost:step/effects@0.1.0";
+
+/// Longest business key accepted, in bytes.
+pub const KEY_BYTES_MAX: usize = 1024;
+
+impl Host for StepState {
+    fn call(
+        &mut self,
+        name: String,
+        request: String,
+        key: Option<String>,
+    ) -> wasmtime::Result<Result<String, CallError>> {
+        let effects = self.effects.clone();
+        let call = Gated::effect(&effects, &name, &request, key.as_deref());
+        gated_call(self, &call, || not_granted(&name))
+    }
+}
+
+/// One call of an effect (or of `llm.complete`) as the guest made it, and
+/// the effect it names, if granted.
+pub struct Gated<'a> {
+    pub interface: &'a str,
+    pub function: &'a str,
+    pub effect: Option<&'a Effect>,
+    pub request: &'a str,
+    pub key: Option<&'a str>,
+}
+
+impl<'a> Gated<'a> {
+    /// A call of `effects.call` to the effect `name`.
+    fn effect(effects: &'a Effects, name: &'a str, request: &'a str, key: Option<&'a str>) -> Self {
+        Gated {
+            interface: INTERFACE,
+            function: name,
+            effect: effects.get(name),
+            request,
+            key,
+        }
+    }
+}
+
+fn not_granted(name: &str) -> String {
+    format!(
+        "effect `{name}` is not granted to this step; grant it with [effects.\"{name}\"] in \
+         stephost.toml"
+    )
+}
+
+/// `effects.call` for runs executed as tasks (see
+/// [`crate::engine::StepEngine::task_pre`]): a write's durable `started`
+/// commit, when another thread makes it, is awaited, so that the thread
+/// goes on with other runs meanwhile; a call of an effect that may block
+/// tells the runtime first ([`Effect::call_on`]).
+pub fn add_task_call_to_linker(linker: &mut Linker<StepState>) -> wasmtime::Result<()> {
+    linker.instance(INSTANCE)?.func_wrap_async(
+        "call",
+        |mut store: StoreContextMut<'_, StepState>,
+         (name, request, key): (String, String, Option<String>)| {
+            Box::new(async move {
+                let state = store.data_mut();
+                let effects = state.effects.clone();
+                let call = Gated::effect(&effects, &name, &request, key.as_deref());
+                let began = Effect::call_on(call.effect, || {
+                    through_journal(state, &call, || not_granted(&name), Journal::begin)
+                })
+                .map_err(trap)?;
+                let outcome = match began {
+                    Call::Done(outcome) => outcome,
+                    Call::Durable(pending) => {
+                        let (write, commit) = pending.into_parts();
+                        let answered = commit.await;
+                        let state = store.data_mut();
+                        Effect::call_on(call.effect, || send_call(state, &call, write, answered))
+                            .map_err(trap)?
+                    }
+                };
+                Ok((to_guest(outcome),))
+            })
+        },
+    )
+}
+
+/// One call through a configured effect (or its refusal), recorded by the
+/// journal. Shared by `effects.call` and `llm.complete`.
+pub fn gated_call(
+    state: &mut StepState,
+    call: &Gated<'_>,
+    denied: impl FnOnce() -> String,
+) -> wasmtime::Result<Result<String, CallError>> {
+    let outcome = Effect::call_on(call.effect, || {
+        through_journal(state, call, denied, |journal, spec, live| {
+            journal.call(spec, live)
+        })
+    })
+    .map_err(trap)?;
+    Ok(to_guest(outcome))
+}
+
+/// A call through the journal by `go` (all of it, [`Journal::call`], or up
+/// to a write's durable commit if that is left pending,
+/// [`Journal::begin`]), or its refusal. A request refused before it is sent
+/// is still a recorded call: the guest saw the refusal and replay must show
+/// it again.
+fn through_journal<T: From<Outcome>>(
+    state: &mut StepState,
+    call: &Gated<'_>,
+    denied: impl FnOnce() -> String,
+    go: impl FnOnce(&mut Journal, &CallSpec<'_>, &mut dyn LiveCall) -> Result<T, Stop>,
+) -> Result<T, Stop> {
+    let Gated {
+        interface,
+        function,
+        effect,
+        request,
+        key,
+    } = *call;
+    let mut journal = lock(&state.journal);
+    let max = journal.limits().payload_bytes_max as usize;
+    let refusal = if request.len() > max {
+        Some(Outcome::error(
+            CallErrorKind::Invalid,
+            format!(
+                "request is {} bytes; payload_bytes_max is {max}",
+                request.len()
+            ),
+        ))
+    } else if let Err(e) = serde_json::from_str::<serde::de::IgnoredAny>(request) {
+        Some(Outcome::error(
+            CallErrorKind::Invalid,
+            format!("request is not JSON: {e}"),
+        ))
+    } else if key.is_some_and(|k| k.len() > KEY_BYTES_MAX) {
+        Some(Outcome::error(
+            CallErrorKind::Invalid,
+            format!("business key is longer than {KEY_BYTES_MAX} bytes"),
+        ))
+    } else if effect.is_none() {
+        Some(Outcome::error(CallErrorKind::Denied, denied()))
+    } else {
+        None
+    };
+    match (refusal, effect) {
+        (None, Some(effect)) => {
+            let spec = CallSpec {
+                class: effect.class,
+                interface,
+                function,
+                request,
+                key,
+            };
+            go(
+                &mut journal,
+                &spec,
+                &mut effect_call(state, effect, function, request, max),
+            )
+        }
+        (refusal, _) => {
+            let outcome = refusal.unwrap_or_else(|| {
+                Outcome::error(CallErrorKind::Denied, format!("{function} is not granted"))
+            });
+            // Too-large requests are recorded by size only.
+            let recorded = if request.len() > max {
+                format!("{{\"stephost_request_bytes\":{}}}", request.len())
+            } else {
+                request.to_string()
+            };
+            let spec = CallSpec {
+                class: CallClass::Observe,
+                interface,
+                function,
+                request: &recorded,
+                key,
+            };
+            journal
+                .call(&spec, &mut Compute(|| outcome.clone()))
+                .map(T::from)
+        }
+    }
+}
+
+/// The rest of a write [`Journal::begin`] left pending, once its commit is
+/// answered: the request is sent if the commit succeeded.
+fn send_call(
+    state: &StepState,
+    call: &Gated<'_>,
+    write: WriteStarted,
+    answered: StoreResult<()>,
+) -> Result<Outcome, Stop> {
+    let Gated {
+        function,
+        effect,
+        request,
+        ..
+    } = *call;
+    let Some(effect) = effect else {
+        return Err(Stop::Corrupt(format!(
+            "a write of {function} was left pending though the effect is not granted"
+        )));
+    };
+    let mut journal = lock(&state.journal);
+    let max = journal.limits().payload_bytes_max as usize;
+    journal.send(
+        write,
+        answered,
+        &mut effect_call(state, effect, function, request, max),
+    )
+}
+
+/// The live I/O of one call of `effect`.
+fn effect_call<'a>(
+    state: &'a StepState,
+    effect: &'a Effect,
+    name: &'a str,
+    body: &'a str,
+    payload_bytes_max: usize,
+) -> EffectCall<'a> {
+    EffectCall {
+        effect,
+        name,
+        body,
+        payload_bytes_max,
+        sleep: &state.sleep,
+        unknown: None,
+    }
+}
+
+/// The guest's view of a recorded outcome.
+pub fn to_guest(outcome: Outcome) -> Result<String, CallError> {
+    match outcome {
+        Outcome::Ok(serde_json::Value::String(s)) => Ok(s),
+        Outcome::Ok(other) => Ok(other.to_string()),
+        Outcome::Err(e) => Err(match e.kind {
+            CallErrorKind::Rejected => CallError::Rejected(e.message),
+            CallErrorKind::Denied => CallError::Denied(e.message),
+            CallErrorKind::Exhausted => CallError::Exhausted(e.message),
+            CallErrorKind::Invalid => CallError::Invalid(e.message),
+        }),
+    }
+}

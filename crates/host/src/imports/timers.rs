@@ -1,0 +1,64 @@
+//! `stephost:step/timers`: durable sleeps.
+//!
+//! The call is recorded as `started` with its request `{"ms": N}`; its wake
+//! time is the recorded start plus N, so a restart or a clock jump neither
+//! loses nor repeats the wake-up. Short remainders are slept in place; longer
+//! ones release the run until a worker wakes it when due. Replay returns the
+//! recorded outcome at once.
+
+use crate::bindings::stephost::step::timers::Host;
+use crate::imports::{StepState, lock, trap};
+use stephost_core::CallClass;
+use stephost_core::journal::{Attempts, CallSpec, LiveCall, OpContext, Outcome, Wait};
+
+pub const INTERFACE: &str = "stephost:step/timers";
+
+/// Remainders up to this long are slept in place instead of releasing the run.
+pub const SLEEP_IN_PLACE_MS_MAX: i64 = 2_000;
+
+struct Sleep {
+    ms: u64,
+}
+
+impl LiveCall for Sleep {
+    fn perform(&mut self, _op: &OpContext<'_>, _attempts: &mut Attempts<'_>) -> Outcome {
+        Outcome::Ok(serde_json::Value::Null)
+    }
+
+    fn wait(&mut self, _op: &OpContext<'_>, started_at_ms: i64) -> Wait {
+        let wake_at = started_at_ms.saturating_add(i64::try_from(self.ms).unwrap_or(i64::MAX));
+        let remaining = wake_at - stephost_core::clock::now_ms();
+        if remaining <= 0 {
+            return Wait::Ready(Outcome::Ok(serde_json::Value::Null));
+        }
+        if remaining <= SLEEP_IN_PLACE_MS_MAX {
+            std::thread::sleep(std::time::Duration::from_millis(remaining as u64));
+            return Wait::Ready(Outcome::Ok(serde_json::Value::Null));
+        }
+        Wait::Until {
+            wake_at_ms: Some(wake_at),
+            reason: format!(
+                "sleeping until {}",
+                stephost_core::clock::format_time(wake_at)
+            ),
+        }
+    }
+}
+
+impl Host for StepState {
+    fn sleep(&mut self, ms: u64) -> wasmtime::Result<()> {
+        let request = serde_json::json!({ "ms": ms }).to_string();
+        let spec = CallSpec {
+            class: CallClass::Suspend,
+            interface: INTERFACE,
+            function: "sleep",
+            request: &request,
+            key: None,
+        };
+        // Durable, and it may sleep in place: as a task, the thread's
+        // other runs go on meanwhile.
+        crate::effects::blocking(|| lock(&self.journal).call(&spec, &mut Sleep { ms }))
+            .map_err(trap)?;
+        Ok(())
+    }
+}

@@ -1,0 +1,196 @@
+//! Metrics in the Prometheus text format, from counters kept in the ledger
+//! (so they survive restarts) and gauges read from it.
+
+use std::fmt::Write as _;
+
+use stephost_core::lifecycle;
+use stephost_core::store::RunQuery;
+use stephost_core::{RunStatus, Store, StoreError};
+
+/// Every counter stephost keeps, with its help text.
+pub const COUNTERS: &[(&str, &str)] = &[
+    (
+        "side_effect_unknown_total",
+        "Calls whose outcome could not be established and were parked as unknown.",
+    ),
+    (
+        "reconciliation_total",
+        "Calls found started without an outcome and reconciled on resume.",
+    ),
+    (
+        "idempotency_key_hit_total",
+        "Writes the receiver reported as duplicates of an operation id it had seen.",
+    ),
+    (
+        "side_effect_duplicate_prevented_total",
+        "Recorded write outcomes served on resume instead of sending again.",
+    ),
+    (
+        "activity_retry_total",
+        "Retries of retryable failures (attempts after the first).",
+    ),
+    ("retry_exhausted_total", "Calls whose retry policy ran out."),
+    (
+        "non_retryable_failure_total",
+        "Calls that failed with a rejection or an invalid request.",
+    ),
+    (
+        "replayed_step_total",
+        "Executions that replayed a recorded prefix.",
+    ),
+    (
+        "workflow_resume_total",
+        "Executions of a run that already had recorded calls (resumes).",
+    ),
+    (
+        "claim_conflict_total",
+        "Claims lost to another claimant (compare-and-set conflicts).",
+    ),
+    (
+        "workflow_version_mismatch_total",
+        "Upgrades refused because the new module diverged from a run's history.",
+    ),
+    (
+        "approvals_decided_total",
+        "Approvals decided by a person (approved or rejected).",
+    ),
+    (
+        "approvals_expired_total",
+        "Approvals that expired before anyone decided.",
+    ),
+    (
+        "lease_loss_total",
+        "Claims whose lease could not be renewed (the run was stopped).",
+    ),
+    (
+        "group_commit_commit_total",
+        "Commits of runs handed to a worker's group committer (counted when the worker exits).",
+    ),
+    (
+        "group_commit_transaction_total",
+        "Transactions a worker's group committer applied them in.",
+    ),
+    (
+        "group_commit_fsync_total",
+        "Fsyncs of the WAL a worker's group committer made: commits per fsync is how many share one.",
+    ),
+];
+
+/// Upper bounds (seconds) of the resume-latency histogram buckets.
+pub const RESUME_BUCKETS: &[(f64, &str)] = &[
+    (0.005, "resume_latency_le_5ms"),
+    (0.025, "resume_latency_le_25ms"),
+    (0.1, "resume_latency_le_100ms"),
+    (0.5, "resume_latency_le_500ms"),
+    (2.5, "resume_latency_le_2500ms"),
+    (f64::INFINITY, "resume_latency_le_inf"),
+];
+
+/// The counters to add for one resume that reached its first live call
+/// after `latency`.
+pub fn resume_latency(
+    latency: std::time::Duration,
+    counters: &mut stephost_core::journal::Counters,
+) {
+    let secs = latency.as_secs_f64();
+    if let Some((_, name)) = RESUME_BUCKETS.iter().find(|(le, _)| secs <= *le) {
+        *counters.entry(name).or_insert(0) += 1;
+    }
+    *counters.entry("resume_latency_sum_us").or_insert(0) += latency.as_micros() as i64;
+}
+
+/// Renders all metrics.
+pub fn render(store: &dyn Store) -> Result<String, StoreError> {
+    let stored = store.counters()?;
+    let mut out = String::new();
+    for (name, help) in COUNTERS {
+        let value = stored
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| *v)
+            .unwrap_or(0);
+        let _ = writeln!(
+            out,
+            "# HELP {name} {help}\n# TYPE {name} counter\n{name} {value}"
+        );
+    }
+    let _ = writeln!(
+        out,
+        "# HELP workflow_resume_latency_seconds Time from the start of a resume to its first live call.\n# TYPE workflow_resume_latency_seconds histogram"
+    );
+    let stored_value = |name: &str| {
+        stored
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| *v)
+            .unwrap_or(0)
+    };
+    let mut cumulative = 0;
+    for (le, name) in RESUME_BUCKETS {
+        cumulative += stored_value(name);
+        let le = if le.is_infinite() {
+            "+Inf".to_string()
+        } else {
+            le.to_string()
+        };
+        let _ = writeln!(
+            out,
+            "workflow_resume_latency_seconds_bucket{{le=\"{le}\"}} {cumulative}"
+        );
+    }
+    let _ = writeln!(
+        out,
+        "workflow_resume_latency_seconds_sum {:.6}\nworkflow_resume_latency_seconds_count {cumulative}",
+        stored_value("resume_latency_sum_us") as f64 / 1e6
+    );
+    let counts = store.status_counts()?;
+    let _ = writeln!(
+        out,
+        "# HELP stephost_runs Runs in the ledger by status.\n# TYPE stephost_runs gauge"
+    );
+    for status in RunStatus::ALL {
+        let n = counts
+            .iter()
+            .find(|(s, _)| *s == status)
+            .map_or(0, |(_, n)| *n);
+        let _ = writeln!(out, "stephost_runs{{status=\"{}\"}} {n}", status.as_str());
+    }
+    let now = stephost_core::clock::now_ms();
+    let of_status = |status| {
+        store.runs(&RunQuery {
+            status: Some(status),
+            ..RunQuery::default()
+        })
+    };
+    let active = of_status(RunStatus::Running)?
+        .iter()
+        .filter(|r| r.owner.is_some() && r.lease_until_ms.is_some_and(|t| t > now))
+        .count();
+    // The earliest-due run, if it is due: how long it has waited for a worker.
+    let oldest = store
+        .due_runs(1)?
+        .first()
+        .and_then(lifecycle::due_at)
+        .filter(|at| *at <= now)
+        .map(|at| (now - at) as f64 / 1000.0)
+        .unwrap_or(0.0);
+    let oldest_waiting = of_status(RunStatus::Waiting)?
+        .iter()
+        .map(|r| r.updated_at_ms)
+        .min()
+        .map(|t| (now - t).max(0) as f64 / 1000.0)
+        .unwrap_or(0.0);
+    let _ = writeln!(
+        out,
+        "# HELP stephost_oldest_waiting_age_seconds How long the longest-waiting run has waited.\n# TYPE stephost_oldest_waiting_age_seconds gauge\nstephost_oldest_waiting_age_seconds {oldest_waiting:.3}"
+    );
+    let _ = writeln!(
+        out,
+        "# HELP stephost_active_runs Runs held under a live lease.\n# TYPE stephost_active_runs gauge\nstephost_active_runs {active}"
+    );
+    let _ = writeln!(
+        out,
+        "# HELP stephost_oldest_runnable_age_seconds Age of the oldest run waiting for a worker.\n# TYPE stephost_oldest_runnable_age_seconds gauge\nstephost_oldest_runnable_age_seconds {oldest:.3}"
+    );
+    Ok(out)
+}

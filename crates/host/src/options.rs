@@ -1,0 +1,52 @@
+//! How a host runs steps.
+
+use std::sync::Arc;
+
+use stephost_core::{Limits, LogRecord};
+
+use crate::effects::Effects;
+use crate::engine::InstancePool;
+
+/// Receives each log line of a run: run id, line, whether it is a replay
+/// of a line already written.
+pub type RunLogSink = Arc<dyn Fn(&str, &LogRecord, bool) + Send + Sync>;
+
+/// How a host runs steps.
+pub struct HostOptions {
+    pub limits: Limits,
+    pub effects: Effects,
+    /// How long a claim lasts without a renewal, in milliseconds.
+    pub lease_ms: i64,
+    /// Who claims runs (see [`crate::owner`]).
+    pub owner: String,
+    /// Where the step's log lines go besides the ledger.
+    pub log_sink: Option<RunLogSink>,
+    /// Where compiled components are kept between processes (`None`: only
+    /// in memory).
+    pub cache_dir: Option<std::path::PathBuf>,
+    /// Instances to keep in a pool for reuse (see [`InstancePool`]); 0
+    /// allocates each run's instance on its own, which suits a process that
+    /// executes one run.
+    pub instance_pool: u32,
+}
+
+impl HostOptions {
+    /// The instance pool these options ask for, if any.
+    pub fn instance_pool(&self) -> Option<InstancePool> {
+        InstancePool::for_limits(self.instance_pool, &self.limits)
+    }
+}
+
+impl Default for HostOptions {
+    fn default() -> Self {
+        HostOptions {
+            limits: Limits::default(),
+            effects: Effects::default(),
+            lease_ms: 60_000,
+            owner: crate::owner::this_process(),
+            log_sink: None,
+            cache_dir: None,
+            instance_pool: 0,
+        }
+    }
+}

@@ -1,0 +1,519 @@
+//! A host over one ledger: starts, resumes and replays runs of steps.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+
+use serde::Serialize;
+use stephost_core::journal::{RunControl, Stats};
+use stephost_core::lifecycle::{self, ClaimMode};
+use stephost_core::{Claim, NewRun, Pool, RunRecord, RunStatus, Store, StoreError, Writer};
+
+use crate::engine::{Loaded, StepEngine};
+use crate::error::HostError;
+use crate::execution::{self, Executed, Start};
+use crate::instance::{check_json, invoke, invoke_task};
+use crate::options::HostOptions;
+use crate::replay::{Fixture, ReplayReport, ReplayVerdict, replay_fixture, replay_loaded};
+
+/// What `upgrade` did with one run.
+#[derive(Debug, Clone, Serialize)]
+pub struct UpgradeOutcome {
+    pub run_id: String,
+    pub from: String,
+    pub to: String,
+    /// Whether the run is now pinned to the new module.
+    pub moved: bool,
+    /// The replay that decided it.
+    pub report: ReplayReport,
+}
+
+/// What became of a run.
+#[derive(Debug, Clone, Serialize)]
+pub struct RunReport {
+    pub run_id: String,
+    pub status: RunStatus,
+    pub output: Option<String>,
+    pub error: Option<String>,
+    /// For a waiting run: when a worker looks at it again.
+    pub wake_at_ms: Option<i64>,
+    /// For a finished WASI command: its exit status.
+    pub exit_code: Option<i32>,
+    pub stats: Stats,
+}
+
+impl RunReport {
+    pub fn from_record(run: &RunRecord, stats: Stats) -> Self {
+        RunReport {
+            run_id: run.run_id.clone(),
+            status: run.status,
+            output: run.output.clone(),
+            error: run.error.clone(),
+            wake_at_ms: run.wake_at_ms,
+            exit_code: run.exit_code,
+            stats,
+        }
+    }
+}
+
+/// A host over one ledger.
+pub struct Host {
+    engine: Arc<StepEngine>,
+    pool: Arc<dyn Pool>,
+    store: Box<dyn Store>,
+    /// The writer executions take in turn (its connection outlives each).
+    writer: Option<Box<dyn Writer>>,
+    options: HostOptions,
+    /// Digests of the modules this host has put in its ledger (modules are
+    /// never removed), so that starting a run does not ask again.
+    stored: HashSet<String>,
+}
+
+impl Host {
+    /// A host over `pool` with an engine of its own.
+    pub fn open(pool: Arc<dyn Pool>, options: HostOptions) -> Result<Self, HostError> {
+        let engine = Arc::new(StepEngine::with_options(
+            options.cache_dir.as_deref(),
+            options.instance_pool(),
+        )?);
+        Self::with_engine(engine, pool, options)
+    }
+
+    /// A host over `pool`, sharing a compiled-component cache.
+    pub fn with_engine(
+        engine: Arc<StepEngine>,
+        pool: Arc<dyn Pool>,
+        options: HostOptions,
+    ) -> Result<Self, HostError> {
+        Ok(Host {
+            engine,
+            store: pool.store()?,
+            pool,
+            writer: None,
+            options,
+            stored: HashSet::new(),
+        })
+    }
+
+    pub fn store(&self) -> &dyn Store {
+        self.store.as_ref()
+    }
+
+    pub fn engine(&self) -> &Arc<StepEngine> {
+        &self.engine
+    }
+
+    pub fn options(&self) -> &HostOptions {
+        &self.options
+    }
+
+    /// Records a run of `module` on `input` without executing it: a worker
+    /// will claim it. Submitting the same run id with the same module and
+    /// input returns the existing run; with another it is refused.
+    pub fn submit(
+        &mut self,
+        module: &[u8],
+        what: &str,
+        input: &str,
+        run_id: Option<&str>,
+    ) -> Result<RunRecord, HostError> {
+        let (loaded, run_id) = self.store_module(module, what, input, run_id)?;
+        let new = new_run(&loaded, &run_id, input);
+        let found = self.store.insert_run(&new.record(None))?;
+        same_run(&new, &found)?;
+        Ok(found)
+    }
+
+    /// Checks the input, loads the module and keeps its bytes in the
+    /// ledger; the run id to use.
+    fn store_module(
+        &mut self,
+        module: &[u8],
+        what: &str,
+        input: &str,
+        run_id: Option<&str>,
+    ) -> Result<(Arc<Loaded>, String), HostError> {
+        check_json(input, "input", &self.options.limits)?;
+        let loaded = self.load(module, what)?;
+        let run_id = run_id
+            .map(str::to_string)
+            .unwrap_or_else(stephost_core::ids::new_run_id);
+        Ok((loaded, run_id))
+    }
+
+    /// Loads a step for many runs: compiles it (or takes it from a cache)
+    /// and keeps its bytes in the ledger. [`Host::run_loaded`] then starts
+    /// runs of it without looking at its bytes again.
+    pub fn load(&mut self, module: &[u8], what: &str) -> Result<Arc<Loaded>, HostError> {
+        let loaded = self.engine.load(module, what)?;
+        if !self.stored.contains(&loaded.digest) {
+            self.store.put_module(&loaded.digest, module)?;
+            self.stored.insert(loaded.digest.clone());
+        }
+        Ok(loaded)
+    }
+
+    /// Starts a new run of `module` (or continues the run `run_id` if it
+    /// exists with the same module and input).
+    pub fn run(
+        &mut self,
+        module: &[u8],
+        what: &str,
+        input: &str,
+        run_id: Option<&str>,
+    ) -> Result<RunReport, HostError> {
+        let (loaded, run_id) = self.store_module(module, what, input, run_id)?;
+        self.start(&loaded, &run_id, input)
+    }
+
+    /// Like [`Host::run`], for a step loaded by [`Host::load`] of this host.
+    pub fn run_loaded(
+        &mut self,
+        loaded: &Arc<Loaded>,
+        input: &str,
+        run_id: Option<&str>,
+    ) -> Result<RunReport, HostError> {
+        check_json(input, "input", &self.options.limits)?;
+        let run_id = run_id
+            .map(str::to_string)
+            .unwrap_or_else(stephost_core::ids::new_run_id);
+        self.start(loaded, &run_id, input)
+    }
+
+    fn start(
+        &mut self,
+        loaded: &Loaded,
+        run_id: &str,
+        input: &str,
+    ) -> Result<RunReport, HostError> {
+        let owner = self.options.owner.clone();
+        let new = new_run(loaded, run_id, input);
+        // A run id not in the ledger: the run is recorded, claimed by this
+        // host, with the execution's first commit, not by a transaction of
+        // its own before the guest starts. Should another process start the
+        // same id meanwhile, that commit fails as claimed elsewhere, before
+        // anything of this execution has left the host.
+        let run = match self.store.run(run_id) {
+            Err(StoreError::UnknownRun(_)) => {
+                let claim =
+                    lifecycle::first_claim(run_id, &owner, self.options.lease_ms, new.now_ms);
+                let record = new.record(Some(&claim));
+                stephost_core::crash::point("after-claim", 0);
+                return self.execute_with(&record, claim, loaded, None, Start::Creating);
+            }
+            found => found?,
+        };
+        // An existing run is claimed as it is (or reported, if finished).
+        same_run(&new, &run)?;
+        if run.status.is_finished() {
+            return Ok(RunReport::from_record(&run, Stats::default()));
+        }
+        let claim = self.claim(&run)?;
+        self.execute_with(&run, claim, loaded, None, Start::Recorded)
+    }
+
+    /// Claims `run` for this host, as a person resuming it does.
+    fn claim(&self, run: &RunRecord) -> Result<Claim, HostError> {
+        let claim = lifecycle::claim_read(
+            self.store.as_ref(),
+            run,
+            &self.options.owner,
+            self.options.lease_ms,
+            stephost_core::clock::now_ms(),
+            ClaimMode::Any,
+            &crate::owner::is_alive,
+        )?;
+        stephost_core::crash::point("after-claim", 0);
+        Ok(claim)
+    }
+
+    /// Continues an interrupted run: replays its recorded calls, reconciles
+    /// one left in flight, then goes live.
+    pub fn resume(&mut self, run_id: &str) -> Result<RunReport, HostError> {
+        self.resume_with(run_id, None)
+    }
+
+    /// Like [`Host::resume`], insisting on a module: refused (naming both
+    /// versions) unless it is the one the run is pinned to.
+    pub fn resume_with(
+        &mut self,
+        run_id: &str,
+        module: Option<(&[u8], &str)>,
+    ) -> Result<RunReport, HostError> {
+        let run = self.store.run(run_id)?;
+        let mismatch = if !crate::engine::provides(&run.world) {
+            Some(format!(
+                "run {run_id} was started under {} and this stephost provides {} and {}; \
+                 resume it with a stephost that provides {}",
+                run.world,
+                crate::engine::WORLD,
+                crate::engine::COMMAND_WORLD,
+                run.world
+            ))
+        } else if let Some((bytes, what)) = module
+            && stephost_core::ids::module_digest(bytes) != run.module_digest
+        {
+            let named = |step: Option<&str>| step.unwrap_or("no declared version").to_string();
+            Some(format!(
+                "run {run_id} is pinned to module {} ({}, {}); {what} is module {} ({}); \
+                 move the run with `stephost upgrade {run_id} --module {what}`, which \
+                 replays its history against the new build first",
+                run.module_digest,
+                named(run.step.as_deref()),
+                run.world,
+                stephost_core::ids::module_digest(bytes),
+                named(crate::engine::declared_step(bytes).as_deref())
+            ))
+        } else {
+            None
+        };
+        if let Some(message) = mismatch {
+            self.count("workflow_version_mismatch_total");
+            return Err(HostError::VersionMismatch(message));
+        }
+        match run.status {
+            RunStatus::Completed | RunStatus::Failed => {
+                return Ok(RunReport::from_record(&run, Stats::default()));
+            }
+            RunStatus::Diverged => {
+                return Err(HostError::BadInput(format!(
+                    "run {run_id} diverged from its recording and cannot resume: {}",
+                    run.error.as_deref().unwrap_or("")
+                )));
+            }
+            RunStatus::Pending | RunStatus::Running | RunStatus::Waiting | RunStatus::Parked => {}
+        }
+        let loaded = self.load_pinned(&run)?;
+        let claim = self.claim(&run)?;
+        self.execute_with(&run, claim, &loaded, None, Start::Recorded)
+    }
+
+    /// Adds one to a metric counter; a counter that cannot be written is
+    /// not worth failing the command for.
+    fn count(&self, name: &'static str) {
+        let _ = self
+            .store
+            .add_counters(&stephost_core::journal::Counters::from([(name, 1)]));
+    }
+
+    /// The module a run is pinned to: from the engine's cache, or read from
+    /// the ledger by its digest and compiled.
+    fn load_pinned(&self, run: &RunRecord) -> Result<Arc<Loaded>, HostError> {
+        if let Some(loaded) = self.engine.cached(&run.module_digest) {
+            return Ok(loaded);
+        }
+        // A compile takes its thread for a while: a run executed as a task
+        // tells its runtime.
+        crate::effects::blocking(|| {
+            let module = self.store.module(&run.module_digest)?;
+            Ok(self
+                .engine
+                .load_digested(&module, run.module_digest.clone(), &run.module_digest)?)
+        })
+    }
+
+    /// Executes a run under a claim taken elsewhere (by a worker's claim
+    /// loop); `control` lets the worker stop it at a call boundary.
+    pub fn execute_claimed(
+        &mut self,
+        run_id: &str,
+        claim: Claim,
+        control: Arc<RunControl>,
+    ) -> Result<RunReport, HostError> {
+        let run = self.store.run(run_id)?;
+        let loaded = self.load_pinned(&run)?;
+        self.execute_with(&run, claim, &loaded, Some(control), Start::Recorded)
+    }
+
+    /// The writer for the next execution: the one the last left, or a new
+    /// one from the pool.
+    fn take_writer(&mut self) -> Result<Box<dyn Writer>, HostError> {
+        match self.writer.take() {
+            Some(writer) => Ok(writer),
+            None => Ok(self.pool.writer()?),
+        }
+    }
+
+    fn execute_with(
+        &mut self,
+        run: &RunRecord,
+        claim: Claim,
+        loaded: &Loaded,
+        control: Option<Arc<RunControl>>,
+        start: Start,
+    ) -> Result<RunReport, HostError> {
+        let writer = self.take_writer()?;
+        let executed = match execution::journal_for(
+            self.store.as_ref(),
+            run,
+            claim,
+            writer,
+            control,
+            start,
+            &self.options,
+        ) {
+            Ok(journal) => {
+                let (guest, exit_code) = invoke(
+                    &self.engine,
+                    loaded,
+                    &journal,
+                    &run.input,
+                    &self.options,
+                    false,
+                );
+                execution::conclude(self.store.as_ref(), journal, guest, exit_code).commit()
+            }
+            Err(not_started) => *not_started,
+        };
+        self.report(&run.run_id, executed)
+    }
+
+    /// [`Host::execute_claimed`] as a task of an async runtime (a worker's):
+    /// a step runs on a fiber, and each write's durable `started` commit,
+    /// which the worker's committer makes, is awaited, so that the thread
+    /// goes on with the worker's other runs meanwhile. A command runs as
+    /// with `execute_claimed`, the runtime told that it blocks.
+    pub async fn execute_claimed_task(
+        &mut self,
+        run_id: &str,
+        claim: Claim,
+        control: Arc<RunControl>,
+    ) -> Result<RunReport, HostError> {
+        let run = self.store.run(run_id)?;
+        let loaded = self.load_pinned(&run)?;
+        let pre = match self.engine.task_pre(&loaded) {
+            Some(pre) => pre.map_err(HostError::Internal)?.clone(),
+            None => {
+                return crate::effects::blocking(|| {
+                    self.execute_with(&run, claim, &loaded, Some(control), Start::Recorded)
+                });
+            }
+        };
+        let writer = self.take_writer()?;
+        let executed = match execution::journal_for(
+            self.store.as_ref(),
+            &run,
+            claim,
+            writer,
+            Some(control),
+            Start::Recorded,
+            &self.options,
+        ) {
+            Ok(journal) => {
+                let guest =
+                    invoke_task(&self.engine, &pre, &journal, &run.input, &self.options).await;
+                execution::conclude(self.store.as_ref(), journal, guest, None)
+                    .commit_task()
+                    .await
+            }
+            Err(not_started) => *not_started,
+        };
+        self.report(&run.run_id, executed)
+    }
+
+    /// The writer of a finished execution back in the host; the run's
+    /// report, read from the ledger.
+    fn report(&mut self, run_id: &str, executed: Executed) -> Result<RunReport, HostError> {
+        let Executed { mut writer, result } = executed;
+        // A run that stopped early (fenced, a failed write) may leave
+        // commits in flight: they land, or fail, before the writer is used
+        // again, and the first failure is the run's if nothing failed
+        // before it.
+        let landed = writer.landed();
+        self.writer = Some(writer);
+        let stats = result?;
+        landed?;
+        Ok(RunReport::from_record(&self.store.run(run_id)?, stats))
+    }
+
+    /// Replays a recorded run offline: no I/O, no ledger writes. With
+    /// `module`, against a new build of the step.
+    pub fn replay(
+        &self,
+        run_id: &str,
+        module: Option<(&[u8], &str)>,
+    ) -> Result<ReplayReport, HostError> {
+        let run = self.store.run(run_id)?;
+        let loaded = match module {
+            Some((bytes, what)) => self.engine.load(bytes, what)?,
+            None => self.load_pinned(&run)?,
+        };
+        let history = self.store.history(run_id)?;
+        let fixture = Fixture::new(&run, Vec::new());
+        replay_loaded(&self.engine, &fixture, history, &loaded, &self.options)
+    }
+
+    /// Replays an unfinished run's history against `module` with no I/O; if
+    /// every recorded call matches, pins the run to it; if not, changes
+    /// nothing and reports the first divergent call.
+    pub fn upgrade(
+        &mut self,
+        run_id: &str,
+        module: &[u8],
+        what: &str,
+    ) -> Result<UpgradeOutcome, HostError> {
+        let run = self.store.run(run_id)?;
+        if run.status.is_finished() {
+            return Err(HostError::BadInput(format!(
+                "run {run_id} is {}; only unfinished runs are upgraded",
+                run.status.as_str()
+            )));
+        }
+        let fixture = self.export(run_id)?;
+        let report = replay_fixture(&self.engine, fixture, module, what, &self.options)?;
+        let compatible = matches!(
+            report.verdict,
+            ReplayVerdict::Consistent { .. } | ReplayVerdict::Incomplete { .. }
+        );
+        let outcome = |moved, report: ReplayReport| UpgradeOutcome {
+            run_id: run_id.to_string(),
+            from: run.module_digest.clone(),
+            to: report.module_digest.clone(),
+            moved,
+            report,
+        };
+        if !compatible {
+            self.count("workflow_version_mismatch_total");
+            return Ok(outcome(false, report));
+        }
+        self.store.put_module(&report.module_digest, module)?;
+        lifecycle::repin(
+            self.store.as_ref(),
+            run_id,
+            &run.module_digest,
+            &report.module_digest,
+            crate::engine::declared_step(module).as_deref(),
+            stephost_core::clock::now_ms(),
+            &crate::owner::is_alive,
+        )?;
+        Ok(outcome(true, report))
+    }
+
+    /// A portable copy of a run: module digest, input, calls, output.
+    pub fn export(&self, run_id: &str) -> Result<Fixture, HostError> {
+        let run = self.store.run(run_id)?;
+        let calls = self.store.calls(run_id, 1, usize::MAX)?;
+        Ok(Fixture::new(&run, calls))
+    }
+}
+
+/// The new run `run_id` of `loaded` on `input`.
+fn new_run<'a>(loaded: &'a Loaded, run_id: &'a str, input: &'a str) -> NewRun<'a> {
+    NewRun {
+        run_id,
+        module_digest: &loaded.digest,
+        step: loaded.step.as_deref(),
+        world: loaded.world(),
+        input,
+        now_ms: stephost_core::clock::now_ms(),
+    }
+}
+
+/// Refuses a run id that exists with another module or input.
+fn same_run(new: &NewRun<'_>, found: &RunRecord) -> Result<(), StoreError> {
+    if found.module_digest != new.module_digest || found.input != new.input {
+        return Err(StoreError::RunExists {
+            run_id: new.run_id.to_string(),
+        });
+    }
+    Ok(())
+}

@@ -1,0 +1,235 @@
+//! What people ask of a ledger, computed once for the command line and the
+//! server alike: a run with its timeline, the approvals inbox, the calls
+//! whose outcome is unknown, decisions, chain checks and upgrades. Each view
+//! is one serde type: the CLI's `--json` output and the API's bodies.
+
+use serde::Serialize;
+use stephost_core::approvals::{self, Verdict};
+use stephost_core::settle::{self, Resolution};
+use stephost_core::store::RunQuery;
+use stephost_core::{AttemptRecord, CallRecord, CallState, LogRecord, RunRecord, RunStatus, Store};
+
+use crate::error::HostError;
+use crate::instance::check_json;
+use crate::runner::{Host, UpgradeOutcome};
+
+/// A run with everything recorded of it (`stephost show`).
+#[derive(Debug, Clone, Serialize)]
+pub struct RunDetail {
+    pub run: RunRecord,
+    /// Model tokens its recorded completions spent.
+    pub tokens_total: u64,
+    pub calls: Vec<CallRecord>,
+    pub attempts: Vec<AttemptRecord>,
+    pub logs: Vec<LogRecord>,
+}
+
+pub fn run_detail(store: &dyn Store, run_id: &str) -> Result<RunDetail, HostError> {
+    let run = store.run(run_id)?;
+    let calls = store.calls(run_id, 1, usize::MAX)?;
+    let attempts = store.attempts(run_id, None)?;
+    let logs = store.logs(run_id)?;
+    Ok(RunDetail {
+        run,
+        tokens_total: tokens_total(&calls),
+        calls,
+        attempts,
+        logs,
+    })
+}
+
+/// Runs by their filters, newest first (`stephost runs`).
+pub fn runs(store: &dyn Store, query: &RunQuery) -> Result<Vec<RunRecord>, HostError> {
+    Ok(store.runs(query)?)
+}
+
+/// An approval waiting for a decision, as a person sees it.
+#[derive(Debug, Clone, Serialize)]
+pub struct ApprovalView {
+    pub run_id: String,
+    pub seq: u64,
+    pub subject: serde_json::Value,
+    pub details: serde_json::Value,
+    /// The sha256 of the details the guest asked about.
+    pub details_sha256: serde_json::Value,
+    pub module_digest: String,
+    pub asked_at_ms: i64,
+    pub expires_at_ms: i64,
+}
+
+/// The approvals inbox, oldest first (`stephost approvals`).
+pub fn approvals(store: &dyn Store) -> Result<Vec<ApprovalView>, HostError> {
+    let open = store.open_calls(CallState::Started, Some(approvals::INTERFACE))?;
+    Ok(open
+        .into_iter()
+        .map(|o| {
+            let request: serde_json::Value =
+                serde_json::from_str(&o.call.request).unwrap_or_default();
+            ApprovalView {
+                run_id: o.run.run_id.clone(),
+                seq: o.call.seq,
+                subject: request["subject"].clone(),
+                details: request["details"].clone(),
+                details_sha256: request["details_sha256"].clone(),
+                module_digest: o.run.module_digest.clone(),
+                asked_at_ms: o.call.started_at_ms,
+                expires_at_ms: approvals::expires_at_ms(&o.call),
+            }
+        })
+        .collect())
+}
+
+/// A call whose outcome is unknown, with what its receiver was sent.
+#[derive(Debug, Clone, Serialize)]
+pub struct UnknownCallView {
+    pub run_id: String,
+    pub seq: u64,
+    pub name: String,
+    pub operation_id: String,
+    pub request: String,
+    pub started_at_ms: i64,
+    pub attempts: Vec<AttemptRecord>,
+}
+
+/// Calls parked as unknown, oldest first.
+pub fn unknown_calls(store: &dyn Store) -> Result<Vec<UnknownCallView>, HostError> {
+    store
+        .open_calls(CallState::Unknown, None)?
+        .into_iter()
+        .map(|o| {
+            Ok(UnknownCallView {
+                attempts: store.attempts(&o.run.run_id, Some(o.call.seq))?,
+                name: call_name(&o.call),
+                run_id: o.run.run_id,
+                seq: o.call.seq,
+                operation_id: o.call.operation_id,
+                request: o.call.request,
+                started_at_ms: o.call.started_at_ms,
+            })
+        })
+        .collect()
+}
+
+/// Records a person's verdict on an approval call.
+pub fn decide(
+    store: &dyn Store,
+    run_id: &str,
+    seq: u64,
+    verdict: Verdict,
+    by: &str,
+    note: Option<&str>,
+) -> Result<(), HostError> {
+    if by.trim().is_empty() {
+        return Err(HostError::BadInput("--by must name who decided".into()));
+    }
+    settle::decide_approval(
+        store,
+        run_id,
+        seq,
+        verdict,
+        by,
+        note,
+        stephost_core::clock::now_ms(),
+    )?;
+    Ok(())
+}
+
+/// Records a person's decision on a call parked as unknown; the run can then
+/// be resumed and the guest sees the decided outcome.
+pub fn resolve(
+    host: &Host,
+    run_id: &str,
+    seq: u64,
+    resolution: &Resolution,
+    by: &str,
+) -> Result<(), HostError> {
+    if by.trim().is_empty() {
+        return Err(HostError::BadInput("--by must name who decided".into()));
+    }
+    if let Resolution::Succeeded(response) = resolution {
+        check_json(response, "the resolved response", &host.options().limits)?;
+    }
+    settle::resolve(
+        host.store(),
+        run_id,
+        seq,
+        resolution,
+        by,
+        stephost_core::clock::now_ms(),
+    )?;
+    Ok(())
+}
+
+/// What checking a run's chain found.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(tag = "result", rename_all = "snake_case")]
+pub enum Verification {
+    Intact { calls: usize, links: usize },
+    Broken { seq: u64, reason: String },
+}
+
+/// Checks the tamper-evident chain of a run's calls.
+pub fn verify(calls: &[CallRecord]) -> Verification {
+    match stephost_core::chain::verify(calls) {
+        Ok(links) => Verification::Intact {
+            calls: calls.len(),
+            links,
+        },
+        Err((seq, reason)) => Verification::Broken { seq, reason },
+    }
+}
+
+/// Moves every unfinished run pinned to module `from` to `module`, where its
+/// history replays without divergence.
+pub fn upgrade_from(
+    host: &mut Host,
+    from: &str,
+    module: &[u8],
+    what: &str,
+) -> Result<Vec<UpgradeOutcome>, HostError> {
+    let pinned = host.store().runs(&RunQuery {
+        module_digest: Some(from.to_string()),
+        ..RunQuery::default()
+    })?;
+    pinned
+        .iter()
+        .filter(|r| !r.status.is_finished())
+        .map(|r| host.upgrade(&r.run_id, module, what))
+        .collect()
+}
+
+/// Model tokens spent by a run's recorded completions.
+pub fn tokens_total(calls: &[CallRecord]) -> u64 {
+    calls
+        .iter()
+        .filter(|c| c.interface == crate::imports::llm::INTERFACE)
+        .filter_map(|c| c.outcome.as_deref())
+        .filter_map(|o| serde_json::from_str::<serde_json::Value>(o).ok())
+        .filter_map(|o| {
+            o.get("ok")
+                .and_then(|v| v.as_str())
+                .and_then(crate::effects::llm::total_tokens)
+        })
+        .sum()
+}
+
+/// A call's display name: the effect name, or `interface.function`.
+pub fn call_name(call: &CallRecord) -> String {
+    if call.interface == crate::imports::effects::INTERFACE {
+        call.function.clone()
+    } else {
+        let short = call.interface.trim_start_matches("stephost:step/");
+        format!("{short}.{}", call.function)
+    }
+}
+
+/// Parses a status for a listing filter.
+pub fn parse_status(s: &str) -> Result<RunStatus, HostError> {
+    RunStatus::parse(s).ok_or_else(|| {
+        let all: Vec<&str> = RunStatus::ALL.iter().map(|s| s.as_str()).collect();
+        HostError::BadInput(format!(
+            "unknown status {s:?}; use one of {}",
+            all.join(", ")
+        ))
+    })
+}

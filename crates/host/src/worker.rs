@@ -1,0 +1,452 @@
+//! A worker: claims runnable runs by compare-and-set and executes up to
+//! `concurrency` of them at once, renewing their leases in the background.
+//! A run whose lease cannot be renewed is stopped before its next external
+//! call; on shutdown the worker stops claiming, lets active runs reach their
+//! next call boundary, releases their claims and returns.
+//!
+//! With `concurrency` above 1, the runs' commits go through one group
+//! committer and the runs are tasks of an async runtime with a thread per
+//! core (see [`Host::execute_claimed_task`]): a run waiting for its write's
+//! fsync holds no thread, and the fsync's writers are woken by queueing
+//! their tasks. Each run has its own ledger connection (a finished run's is
+//! kept for the next). With `concurrency` 1, the run executes on a thread
+//! of its own, its durable writes committed on its own connection.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use stephost_core::journal::{Counters, RunControl};
+use stephost_core::lifecycle::{self, ClaimMode};
+use stephost_core::store::{CommitCounts, PoolOptions};
+use stephost_core::{Claim, Pool, RunStatus, Store, StoreError};
+
+use crate::engine::StepEngine;
+use crate::error::HostError;
+use crate::ledger::Ledger;
+use crate::options::HostOptions;
+use crate::runner::{Host, RunReport};
+
+#[derive(Debug, Clone)]
+pub struct WorkerOptions {
+    /// Runs executed at once.
+    pub concurrency: usize,
+    /// How long a claim lasts unless renewed.
+    pub lease_ms: i64,
+    /// This worker's owner name in claims.
+    pub worker_id: String,
+    /// Pause between looks for runnable runs when there is nothing to do;
+    /// a run of this worker that ends cuts it short.
+    pub poll_ms: u64,
+    /// Stop once no run is runnable and none is active (for scripts and tests).
+    pub exit_when_idle: bool,
+}
+
+impl Default for WorkerOptions {
+    fn default() -> Self {
+        WorkerOptions {
+            concurrency: 4,
+            lease_ms: 30_000,
+            worker_id: crate::owner::this_process(),
+            poll_ms: 200,
+            exit_when_idle: false,
+        }
+    }
+}
+
+/// What a worker did, for its exit report.
+#[derive(Debug, Default, Clone)]
+pub struct WorkerReport {
+    pub completed: usize,
+    pub failed: usize,
+    pub parked: usize,
+    pub released: usize,
+    pub waiting: usize,
+    pub abandoned: usize,
+    pub claim_conflicts: usize,
+    pub lease_losses: usize,
+    /// How the runs' commits shared transactions and fsyncs (with
+    /// `concurrency` above 1; zeros otherwise).
+    pub commits: CommitCounts,
+}
+
+struct Active {
+    claim: Claim,
+    control: Arc<RunControl>,
+}
+
+type Finished = (String, Result<RunReport, HostError>);
+
+/// Runs a worker over `ledger` until `shutdown` is set (or, with
+/// `exit_when_idle`, until there is nothing left to do).
+pub fn run(
+    ledger: &Ledger,
+    make_options: &(dyn Fn() -> HostOptions + Sync),
+    options: &WorkerOptions,
+    shutdown: &AtomicBool,
+) -> Result<WorkerReport, HostError> {
+    // A worker lives for many runs: their instances come from a pool with
+    // a slot for each run it may hold at once (and one for a replay).
+    let mut host_options = make_options();
+    host_options.instance_pool = options.concurrency as u32 + 1;
+    let engine = Arc::new(StepEngine::with_options(
+        host_options.cache_dir.as_deref(),
+        host_options.instance_pool(),
+    )?);
+    // With several runs at once, their commits share transactions and
+    // fsyncs, and the runs are tasks on a thread per core.
+    let concurrent = options.concurrency > 1;
+    let pool = ledger.open(PoolOptions {
+        group_commit: concurrent,
+    })?;
+    let store = pool.store()?;
+    let idle = Arc::new(IdleHosts::default());
+    let tasks = match concurrent {
+        true => Some(task_runtime(options.concurrency)?),
+        false => None,
+    };
+    let active: Arc<Mutex<HashMap<String, Active>>> = Arc::default();
+    let (done_tx, done_rx) = mpsc::channel::<Finished>();
+    let mut report = WorkerReport::default();
+    let mut last_renewal = Instant::now();
+    let renew_every = Duration::from_millis((options.lease_ms / 3).max(10) as u64);
+
+    std::thread::scope(|scope| -> Result<(), HostError> {
+        loop {
+            while let Ok(finished) = done_rx.try_recv() {
+                collect(&active, &mut report, finished);
+            }
+            if last_renewal.elapsed() >= renew_every {
+                renew_all(store.as_ref(), &active, &mut report);
+                last_renewal = Instant::now();
+            }
+            if shutdown.load(Ordering::SeqCst) {
+                for a in active_lock(&active).values() {
+                    a.control.drain.store(true, Ordering::SeqCst);
+                }
+                if active_lock(&active).is_empty() {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(10));
+                continue;
+            }
+            let free = options
+                .concurrency
+                .saturating_sub(active_lock(&active).len());
+            let mut claimed = 0;
+            if free > 0 {
+                let listed = match store.due_runs(free * 4 + 8) {
+                    Ok(runs) => runs,
+                    // A busy ledger: look again on the next round.
+                    Err(e) => {
+                        eprintln!("stephost worker: listing due runs: {e}");
+                        Vec::new()
+                    }
+                };
+                let now = stephost_core::clock::now_ms();
+                for run in &listed {
+                    if claimed == free {
+                        break;
+                    }
+                    if active_lock(&active).contains_key(&run.run_id)
+                        || lifecycle::check_claimable(
+                            run,
+                            &options.worker_id,
+                            now,
+                            ClaimMode::Due,
+                            &crate::owner::is_alive,
+                        )
+                        .is_err()
+                    {
+                        continue;
+                    }
+                    let claim = match lifecycle::claim_read(
+                        store.as_ref(),
+                        run,
+                        &options.worker_id,
+                        options.lease_ms,
+                        now,
+                        ClaimMode::Due,
+                        &crate::owner::is_alive,
+                    ) {
+                        Ok(claim) => claim,
+                        Err(
+                            StoreError::VersionConflict { .. }
+                            | StoreError::ClaimedElsewhere { .. }
+                            | StoreError::NotClaimable { .. },
+                        ) => {
+                            report.claim_conflicts += 1;
+                            continue;
+                        }
+                        // A busy ledger: try again on the next round.
+                        Err(e) => {
+                            eprintln!("stephost worker: claiming {}: {e}", run.run_id);
+                            continue;
+                        }
+                    };
+                    stephost_core::crash::point("after-claim", 0);
+                    claimed += 1;
+                    let control = Arc::new(RunControl::default());
+                    active_lock(&active).insert(
+                        run.run_id.clone(),
+                        Active {
+                            claim: claim.clone(),
+                            control: control.clone(),
+                        },
+                    );
+                    let started = Started {
+                        host: idle.take().map_or_else(
+                            || RunHost::New {
+                                engine: engine.clone(),
+                                pool: pool.clone(),
+                                options: make_options(),
+                            },
+                            RunHost::Idle,
+                        ),
+                        idle: idle.clone(),
+                        run_id: run.run_id.clone(),
+                        claim,
+                        control,
+                        done: done_tx.clone(),
+                    };
+                    match &tasks {
+                        Some(tasks) => started.spawn_task(tasks),
+                        None => {
+                            scope.spawn(move || started.on_this_thread());
+                        }
+                    }
+                }
+            }
+            if claimed == 0 {
+                if options.exit_when_idle && active_lock(&active).is_empty() {
+                    let now = stephost_core::clock::now_ms();
+                    // Nothing due, and nobody else holds a run that may
+                    // come back (a held run is due when its lease runs out).
+                    let idle = store.due_runs(64).is_ok_and(|runs| {
+                        runs.iter()
+                            .all(|r| r.status != RunStatus::Running && !lifecycle::is_due(r, now))
+                    });
+                    if idle {
+                        break;
+                    }
+                }
+                // Look again after `poll_ms`, or as soon as one of this
+                // worker's runs ends: its slot is free for the next run.
+                let wait = Duration::from_millis(options.poll_ms);
+                if let Ok(finished) = done_rx.recv_timeout(wait) {
+                    collect(&active, &mut report, finished);
+                }
+            }
+        }
+        Ok(())
+    })?;
+    while let Ok((run_id, result)) = done_rx.try_recv() {
+        tally(&mut report, &run_id, result);
+    }
+    report.commits = pool.commit_counts();
+    let _ = store.add_counters(&counters(&report));
+    Ok(report)
+}
+
+/// The runtime a worker's runs are tasks of: a thread per core (and no
+/// more than runs at once).
+fn task_runtime(concurrency: usize) -> Result<tokio::runtime::Runtime, HostError> {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(cores.min(concurrency).max(1))
+        .thread_name("stephost-run")
+        // WASI clocks' sleeps and polls wait on the runtime's timers.
+        .enable_time()
+        .build()
+        .map_err(|e| HostError::Internal(format!("cannot start the worker's runtime: {e}")))
+}
+
+/// The host a run executes on.
+enum RunHost {
+    /// A finished run's, idle.
+    Idle(Host),
+    /// A new one, with a store and a writer of its own.
+    New {
+        engine: Arc<StepEngine>,
+        pool: Arc<dyn Pool>,
+        options: HostOptions,
+    },
+}
+
+impl RunHost {
+    fn open(self) -> Result<Host, HostError> {
+        match self {
+            RunHost::Idle(host) => Ok(host),
+            RunHost::New {
+                engine,
+                pool,
+                options,
+            } => Host::with_engine(engine, pool, options),
+        }
+    }
+}
+
+/// A claimed run on its way to a thread or a task.
+struct Started {
+    host: RunHost,
+    idle: Arc<IdleHosts>,
+    run_id: String,
+    claim: Claim,
+    control: Arc<RunControl>,
+    done: mpsc::Sender<Finished>,
+}
+
+impl Started {
+    /// Executes the run on this thread.
+    fn on_this_thread(self) {
+        let Started {
+            host,
+            idle,
+            run_id,
+            claim,
+            control,
+            done,
+        } = self;
+        let result = host.open().and_then(|mut host| {
+            // A panic must not leave the run looking active (renewed
+            // forever, never taken over).
+            let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                host.execute_claimed(&run_id, claim, control)
+            }))
+            .unwrap_or_else(|_| Err(panicked(&run_id)));
+            if result.is_ok() {
+                idle.give_back(host);
+            }
+            result
+        });
+        let _ = done.send((run_id, result));
+    }
+
+    /// Executes the run as a task of `tasks`.
+    fn spawn_task(self, tasks: &tokio::runtime::Runtime) {
+        let Started {
+            host,
+            idle,
+            run_id,
+            claim,
+            control,
+            done,
+        } = self;
+        let id = run_id.clone();
+        let work = tasks.spawn(async move {
+            let mut host = host.open()?;
+            let result = host.execute_claimed_task(&id, claim, control).await;
+            if result.is_ok() {
+                idle.give_back(host);
+            }
+            result
+        });
+        // A panic must not leave the run looking active (renewed forever,
+        // never taken over).
+        tasks.spawn(async move {
+            let result = work.await.unwrap_or_else(|_| Err(panicked(&run_id)));
+            let _ = done.send((run_id, result));
+        });
+    }
+}
+
+fn panicked(run_id: &str) -> HostError {
+    HostError::Internal(format!(
+        "executing run {run_id} panicked; its claim lapses and another worker resumes it"
+    ))
+}
+
+/// Hosts of this worker's finished runs, for its next runs: a host's store
+/// and writer, with the statements they have prepared, outlive its run.
+/// Only a run that ended without an error gives its host back; there are
+/// never more hosts than runs at once.
+#[derive(Default)]
+struct IdleHosts(Mutex<Vec<Host>>);
+
+impl IdleHosts {
+    fn take(&self) -> Option<Host> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).pop()
+    }
+
+    fn give_back(&self, host: Host) {
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).push(host);
+    }
+}
+
+fn active_lock(
+    active: &Mutex<HashMap<String, Active>>,
+) -> std::sync::MutexGuard<'_, HashMap<String, Active>> {
+    active.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Extends every active claim's lease; a claim that cannot be renewed is
+/// marked lost so that its run stops before its next external call.
+fn renew_all(
+    store: &dyn Store,
+    active: &Mutex<HashMap<String, Active>>,
+    report: &mut WorkerReport,
+) {
+    let now = stephost_core::clock::now_ms();
+    for a in active_lock(active).values() {
+        match lifecycle::renew(store, &a.claim, now) {
+            // Renewed, or the run just finished, waits or was released by
+            // its own task or thread.
+            Ok(_) => {}
+            Err(StoreError::Fenced { .. }) => {
+                if !a.control.lost.swap(true, Ordering::SeqCst) {
+                    report.lease_losses += 1;
+                    eprintln!(
+                        "stephost worker: lost the claim on run {}; it stops before its next call",
+                        a.claim.run_id
+                    );
+                }
+            }
+            // A busy or failing ledger: try again next round; the lease
+            // still has two thirds of its time.
+            Err(e) => eprintln!("stephost worker: renewing {}: {e}", a.claim.run_id),
+        }
+    }
+}
+
+/// A run of this worker has ended: its slot is free, and its result
+/// counted.
+fn collect(active: &Mutex<HashMap<String, Active>>, report: &mut WorkerReport, finished: Finished) {
+    let (run_id, result) = finished;
+    active_lock(active).remove(&run_id);
+    tally(report, &run_id, result);
+}
+
+fn tally(report: &mut WorkerReport, run_id: &str, result: Result<RunReport, HostError>) {
+    match result {
+        Ok(r) => {
+            match r.status {
+                RunStatus::Completed => report.completed += 1,
+                RunStatus::Failed | RunStatus::Diverged => report.failed += 1,
+                RunStatus::Parked => report.parked += 1,
+                RunStatus::Waiting => report.waiting += 1,
+                RunStatus::Pending | RunStatus::Running => report.released += 1,
+            }
+            eprintln!("stephost worker: run {run_id} {}", r.status.as_str());
+        }
+        Err(e) => {
+            report.abandoned += 1;
+            eprintln!("stephost worker: run {run_id} abandoned: {e}");
+        }
+    }
+}
+
+fn counters(report: &WorkerReport) -> Counters {
+    let mut c = Counters::new();
+    c.insert("claim_conflict_total", report.claim_conflicts as i64);
+    c.insert("lease_loss_total", report.lease_losses as i64);
+    let commits = &report.commits;
+    c.insert("group_commit_commit_total", commits.commits as i64);
+    c.insert(
+        "group_commit_transaction_total",
+        commits.transactions as i64,
+    );
+    c.insert("group_commit_fsync_total", commits.fsyncs as i64);
+    c
+}

@@ -1,0 +1,15 @@
+//! stephost end to end, in one test binary with a module per topic: guests
+//! built from source, the real binary as a child process (with crash
+//! points), real ledger files, real receivers on 127.0.0.1 and real
+//! signals.
+
+mod bad_input;
+mod crash_resume;
+mod embedding;
+mod http_effects;
+mod languages;
+mod run_replay;
+mod suspension;
+mod unknown_outcome;
+mod versioning;
+mod workers;
