@@ -13,11 +13,10 @@ use std::any::Any;
 use std::sync::{Arc, Barrier};
 
 use crate::approvals::{self, Verdict};
-use crate::journal::Counters;
 use crate::lifecycle::{self, ClaimMode};
 use crate::records::{
-    AttemptRecord, CallClass, CallRecord, CallState, Claim, LogRecord, NewRun, RunEnd, RunRecord,
-    RunStatus,
+    AttemptRecord, CallClass, CallRecord, CallState, Claim, Counters, LogRecord, NewRun, RunEnd,
+    RunRecord, RunStatus,
 };
 use crate::settle::{self, Resolution};
 use crate::store::{Pool, RunQuery, Store, StoreError, WriteOp};

@@ -5,8 +5,8 @@
 //! ([`History::streamed`]): reading a long history and replaying it then
 //! overlap instead of following each other.
 
+use crate::error::StoreError;
 use crate::records::CallRecord;
-use crate::store::StoreError;
 
 /// The chunks of a streamed history, in order, or the error that ended them.
 pub type Chunks = Box<dyn Iterator<Item = Result<Vec<CallRecord>, StoreError>> + Send>;

@@ -18,6 +18,7 @@ pub mod clock;
 #[cfg(any(test, feature = "conformance"))]
 pub mod conformance;
 pub mod crash;
+pub mod error;
 pub mod history;
 pub mod ids;
 pub mod journal;

@@ -4,6 +4,7 @@
 //! these functions compute and compare-and-set on [`RunRecord::version`];
 //! they decide nothing themselves.
 
+pub use crate::records::EndRow;
 use crate::records::{Claim, RunEnd, RunRecord, RunStatus};
 use crate::store::{Store, StoreError};
 
@@ -173,19 +174,6 @@ pub fn holds(run: &RunRecord, claim: &Claim) -> bool {
     run.fence == claim.fence
         && run.status == RunStatus::Running
         && run.owner.as_deref() == Some(claim.owner.as_str())
-}
-
-/// The columns an execution's end writes into its run's row (the claim is
-/// given up with it).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct EndRow {
-    pub status: RunStatus,
-    pub output: Option<String>,
-    pub error: Option<String>,
-    pub exit_code: Option<i32>,
-    pub wake_at_ms: Option<i64>,
-    pub due_at_ms: Option<i64>,
-    pub updated_at_ms: i64,
 }
 
 /// What `end` makes of the run's row at `now_ms`.

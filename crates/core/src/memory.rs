@@ -6,10 +6,9 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use crate::history::History;
-use crate::journal::Counters;
 use crate::lifecycle;
 use crate::records::{
-    AttemptRecord, CallRecord, CallState, Claim, LogRecord, RunRecord, RunStatus,
+    AttemptRecord, CallRecord, CallState, Claim, Counters, LogRecord, RunRecord, RunStatus,
 };
 use crate::store::{
     Commit, OpenCall, Pool, RunQuery, Settlement, Store, StoreError, StoreResult, WriteOp, Writer,

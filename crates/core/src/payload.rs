@@ -13,7 +13,7 @@
 
 use sha2::{Digest, Sha256};
 
-use crate::store::StoreError;
+use crate::error::StoreError;
 
 /// Bodies up to this long stay in their call's row, in bytes.
 pub const INLINE_BYTES_MAX: usize = 1024;
@@ -48,9 +48,14 @@ impl Stored {
     }
 }
 
+/// Whether `body` is stored whole in its row (no parts).
+pub fn stays_whole(body: &str) -> bool {
+    body.len() <= INLINE_BYTES_MAX || body.contains(MARK)
+}
+
 /// How `body` is stored.
 pub fn store(body: &str) -> Stored {
-    if body.len() <= INLINE_BYTES_MAX || body.contains(MARK) {
+    if stays_whole(body) {
         return Stored {
             text: body.to_string(),
             parts: Vec::new(),

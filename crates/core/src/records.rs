@@ -299,3 +299,20 @@ pub enum RunEnd {
         wake_at_ms: Option<i64>,
     },
 }
+
+/// The columns an execution's end writes into its run's row (the claim is
+/// given up with it).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EndRow {
+    pub status: RunStatus,
+    pub output: Option<String>,
+    pub error: Option<String>,
+    pub exit_code: Option<i32>,
+    pub wake_at_ms: Option<i64>,
+    pub due_at_ms: Option<i64>,
+    pub updated_at_ms: i64,
+}
+
+/// Metric counters accumulated during an execution, added to the ledger's
+/// with its end.
+pub type Counters = std::collections::BTreeMap<&'static str, i64>;

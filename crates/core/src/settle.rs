@@ -7,10 +7,9 @@
 //! execution's end) is read again and the rules checked again.
 
 use crate::approvals::{self, Verdict};
-use crate::journal::Counters;
 use crate::lifecycle::{self, CAS_TRIES_MAX};
 use crate::outcome::{CallErrorKind, Outcome};
-use crate::records::{CallRecord, CallState, RunRecord};
+use crate::records::{CallRecord, CallState, Counters, RunRecord};
 use crate::store::{Settlement, Store, StoreError, StoreResult};
 
 /// A person's decision on a call whose outcome is unknown.

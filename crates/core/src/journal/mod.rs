@@ -22,6 +22,7 @@ use std::collections::HashMap;
 use serde::Serialize;
 
 use crate::crash;
+use crate::error::StoreError;
 use crate::history::History;
 use crate::ids;
 use crate::limits::Limits;
@@ -29,14 +30,12 @@ pub use crate::outcome::{CallErrorKind, CallErrorRecord, Outcome};
 use crate::records::{
     AttemptRecord, CallClass, CallRecord, CallState, Claim, LogRecord, RunRecord,
 };
-use crate::store::{Commit, PendingCommit, StoreError, WriteOp, Writer};
+use crate::store::{Commit, PendingCommit, WriteOp, Writer};
 
 /// Most buffered writes before they are committed anyway.
 pub const PENDING_WRITES_MAX: usize = 1024;
 
-/// Metric counters accumulated during an execution, added to the ledger's
-/// with its end.
-pub type Counters = std::collections::BTreeMap<&'static str, i64>;
+pub use crate::records::Counters;
 
 /// What the wrapper needs to know about a call.
 #[derive(Debug, Clone, Copy)]
