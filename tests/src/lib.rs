@@ -122,8 +122,18 @@ impl Sandbox {
         self.dir.path().join(name)
     }
 
+    /// The sandbox's SQLite ledger file (the tests that damage or inspect
+    /// the file itself use it).
     pub fn db(&self) -> PathBuf {
         self.path("ledger.db")
+    }
+
+    /// The sandbox's ledger, on the backend the tests run against
+    /// ([`test_backend`]).
+    pub fn ledger_url(&self) -> String {
+        match test_backend() {
+            Backend::Sqlite => format!("sqlite:{}", self.db().display()),
+        }
     }
 
     /// Replaces the configuration.
@@ -135,7 +145,8 @@ impl Sandbox {
     pub fn command(&self, args: &[&str]) -> Command {
         let mut cmd = Command::new(&self.bin);
         cmd.current_dir(self.dir.path())
-            .env("STEPHOST_DB", self.db())
+            .env("STEPHOST_LEDGER", self.ledger_url())
+            .env_remove("STEPHOST_DB")
             .env("STEPHOST_CONFIG", self.path("stephost.toml"))
             // One compiled-component cache for every test process: a large
             // guest (Python, JavaScript) is compiled once, not per command.
@@ -194,6 +205,22 @@ impl Sandbox {
                 .map(|l| serde_json::from_str(l).expect("receiver line is JSON"))
                 .collect(),
             Err(_) => Vec::new(),
+        }
+    }
+}
+
+/// A ledger backend the end-to-end tests can run against.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backend {
+    Sqlite,
+}
+
+/// The backend named by `STEPHOST_TEST_LEDGER` (`sqlite`, the default).
+pub fn test_backend() -> Backend {
+    match std::env::var("STEPHOST_TEST_LEDGER").as_deref() {
+        Err(_) | Ok("") | Ok("sqlite") => Backend::Sqlite,
+        Ok(other) => {
+            panic!("STEPHOST_TEST_LEDGER={other:?} names no backend these tests know; use `sqlite`")
         }
     }
 }

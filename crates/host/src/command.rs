@@ -22,8 +22,10 @@ use wasmtime_wasi::p2::bindings::sync::CommandPre;
 use wasmtime_wasi::p2::pipe::{MemoryInputPipe, MemoryOutputPipe};
 use wasmtime_wasi::{I32Exit, WasiCtxBuilder};
 
-use crate::imports::StepState;
+use crate::imports::random::recorded_random;
+use crate::imports::{StepState, lock, trap};
 use stephost_core::journal::Journal;
+use stephost_core::journal::Stop;
 
 /// The data of a preview1 command's store.
 pub struct Preview1State {
@@ -121,4 +123,49 @@ mod tests {
             "the program exited with code 7"
         );
     }
+}
+
+/// Replaces preview1's `random_get` with one that records one ledger call
+/// per guest call (see [`crate::imports::wasi::record_random_bytes_per_call`]).
+pub fn record_preview1_random_per_call(
+    linker: &mut wasmtime::Linker<Preview1State>,
+) -> wasmtime::Result<()> {
+    /// preview1 errno values.
+    const FAULT: i32 = 21;
+    const INVAL: i32 = 28;
+    linker.allow_shadowing(true);
+    linker.func_wrap(
+        "wasi_snapshot_preview1",
+        "random_get",
+        |mut caller: wasmtime::Caller<'_, Preview1State>,
+         buf: i32,
+         len: i32|
+         -> wasmtime::Result<i32> {
+            let journal = caller.data().journal.clone();
+            let bytes = match recorded_random(&journal, "wasi:random/random", u64::from(len as u32))
+            {
+                Ok(bytes) => bytes,
+                // Too many bytes asked: an error for the program, not a stop.
+                Err(Stop::Limit(_)) => return Ok(INVAL),
+                Err(stop) => {
+                    lock(&journal).set_stop(stop.clone());
+                    return Err(trap(stop));
+                }
+            };
+            let Some(memory) = caller
+                .get_export("memory")
+                .and_then(wasmtime::Extern::into_memory)
+            else {
+                return Ok(FAULT);
+            };
+            Ok(
+                match memory.write(&mut caller, buf as u32 as usize, &bytes) {
+                    Ok(()) => 0,
+                    Err(_) => FAULT,
+                },
+            )
+        },
+    )?;
+    linker.allow_shadowing(false);
+    Ok(())
 }

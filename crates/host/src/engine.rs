@@ -256,7 +256,7 @@ impl StepEngine {
             .map_err(|e| ModuleError::Engine(format!("{e:#}")))?;
         let mut preview1 = wasmtime::Linker::new(&engine);
         wasmtime_wasi::p1::add_to_linker_sync(&mut preview1, |s: &mut Preview1State| &mut s.wasi)
-            .and_then(|()| crate::imports::wasi::record_preview1_random_per_call(&mut preview1))
+            .and_then(|()| crate::command::record_preview1_random_per_call(&mut preview1))
             .map_err(|e| ModuleError::Engine(format!("{e:#}")))?;
         let mut hasher = std::collections::hash_map::DefaultHasher::new();
         engine.precompile_compatibility_hash().hash(&mut hasher);

@@ -8,7 +8,7 @@ use rusqlite::{Connection, OptionalExtension, params};
 use stephost_core::store::WriteOp;
 use stephost_core::{AttemptRecord, CallRecord, Claim, StoreError};
 
-use crate::conn::error;
+use crate::errors::error;
 use crate::rows;
 
 /// Applies `ops` under `claim`; the caller holds the write transaction.
@@ -26,7 +26,7 @@ pub fn apply(conn: &Connection, claim: &Claim, ops: &[WriteOp]) -> Result<(), St
         rows::insert_run(conn, run)?;
         ops = &ops[1..];
     }
-    check_fence(conn, claim)?;
+    let run_no = check_fence(conn, claim)?;
     // A call's attempts are kept in its row: those of a call this commit
     // writes go with it, the others are appended to rows already written.
     let mut attempts: HashMap<u64, Vec<&AttemptRecord>> = HashMap::new();
@@ -36,7 +36,8 @@ pub fn apply(conn: &Connection, claim: &Claim, ops: &[WriteOp]) -> Result<(), St
         }
     }
     let mut next_seq: Option<u64> = None;
-    for op in ops {
+    let mut calls: Vec<&CallRecord> = Vec::new();
+    for (at, op) in ops.iter().enumerate() {
         match op {
             WriteOp::Create(_) => {
                 return Err(StoreError::Corrupt(
@@ -46,7 +47,7 @@ pub fn apply(conn: &Connection, claim: &Claim, ops: &[WriteOp]) -> Result<(), St
             WriteOp::Call(call) | WriteOp::Started(call) => {
                 let expected = match next_seq {
                     Some(seq) => seq,
-                    None => last_seq(conn, &claim.run_id)? + 1,
+                    None => last_seq(conn, run_no)? + 1,
                 };
                 if call.seq != expected {
                     return Err(StoreError::NotAppended {
@@ -55,7 +56,16 @@ pub fn apply(conn: &Connection, claim: &Claim, ops: &[WriteOp]) -> Result<(), St
                     });
                 }
                 next_seq = Some(expected + 1);
-                insert_call(conn, claim, call, attempts.remove(&call.seq))?;
+                // Consecutive calls go in together, a chunk per statement.
+                calls.push(call);
+                let next_is_call = matches!(
+                    ops.get(at + 1),
+                    Some(WriteOp::Call(_) | WriteOp::Started(_))
+                );
+                if !next_is_call {
+                    insert_calls(conn, run_no, claim, &calls, &mut attempts)?;
+                    calls.clear();
+                }
             }
             WriteOp::Outcome {
                 seq,
@@ -72,21 +82,21 @@ pub fn apply(conn: &Connection, claim: &Claim, ops: &[WriteOp]) -> Result<(), St
                     None => (None, false),
                 };
                 let tried = attempts.remove(seq).map(|a| rows::attempts_json(&a));
+                let key = rows::call_key(run_no, *seq)?;
                 let changed = conn
                     .prepare_cached(&format!(
-                        "UPDATE calls SET state = ?3, outcome = ?4, outcome_split = ?5, \
-                         finished_at = ?6, chain = ?7, attempts = {} \
-                         WHERE run_id = ?1 AND seq = ?2",
+                        "UPDATE calls SET state = ?2, outcome = ?3, outcome_split = ?4, \
+                         finished_at = ?5, chain = ?6, attempts = {} \
+                         WHERE key = ?1",
                         if tried.is_some() {
-                            rows::append_attempts(8)
+                            rows::append_attempts(7)
                         } else {
                             "attempts".into()
                         }
                     ))
                     .and_then(|mut s| match &tried {
                         Some(t) => s.execute(params![
-                            claim.run_id,
-                            *seq as i64,
+                            key,
                             state.as_str(),
                             outcome,
                             split,
@@ -94,15 +104,9 @@ pub fn apply(conn: &Connection, claim: &Claim, ops: &[WriteOp]) -> Result<(), St
                             chain,
                             t
                         ]),
-                        None => s.execute(params![
-                            claim.run_id,
-                            *seq as i64,
-                            state.as_str(),
-                            outcome,
-                            split,
-                            now_ms,
-                            chain
-                        ]),
+                        None => {
+                            s.execute(params![key, state.as_str(), outcome, split, now_ms, chain])
+                        }
                     })
                     .map_err(error)?;
                 if changed != 1 {
@@ -116,12 +120,12 @@ pub fn apply(conn: &Connection, claim: &Claim, ops: &[WriteOp]) -> Result<(), St
             WriteOp::Attempt(_) => {}
             WriteOp::Log(log) => {
                 conn.prepare_cached(
-                    "INSERT INTO logs (run_id, after_seq, level, message, at) \
+                    "INSERT INTO logs (run_no, after_seq, level, message, at) \
                      VALUES (?1, ?2, ?3, ?4, ?5)",
                 )
                 .and_then(|mut s| {
                     s.execute(params![
-                        claim.run_id,
+                        run_no,
                         log.after_seq as i64,
                         log.level,
                         log.message,
@@ -168,18 +172,13 @@ pub fn apply(conn: &Connection, claim: &Claim, ops: &[WriteOp]) -> Result<(), St
     let mut rest: Vec<(u64, Vec<&AttemptRecord>)> = attempts.into_iter().collect();
     rest.sort_by_key(|(seq, _)| *seq);
     for (seq, tried) in rest {
+        let key = rows::call_key(run_no, seq)?;
         let changed = conn
             .prepare_cached(&format!(
-                "UPDATE calls SET attempts = {} WHERE run_id = ?1 AND seq = ?2",
-                rows::append_attempts(3)
+                "UPDATE calls SET attempts = {} WHERE key = ?1",
+                rows::append_attempts(2)
             ))
-            .and_then(|mut s| {
-                s.execute(params![
-                    claim.run_id,
-                    seq as i64,
-                    rows::attempts_json(&tried)
-                ])
-            })
+            .and_then(|mut s| s.execute(params![key, rows::attempts_json(&tried)]))
             .map_err(error)?;
         if changed != 1 {
             return Err(StoreError::Corrupt(format!(
@@ -191,73 +190,106 @@ pub fn apply(conn: &Connection, claim: &Claim, ops: &[WriteOp]) -> Result<(), St
     Ok(())
 }
 
-/// Refuses the commit unless `claim` holds the run's newest fencing token.
-fn check_fence(conn: &Connection, claim: &Claim) -> Result<(), StoreError> {
-    let fence: Option<i64> = conn
-        .prepare_cached("SELECT fence FROM runs WHERE run_id = ?1")
-        .and_then(|mut s| s.query_row([&claim.run_id], |r| r.get(0)).optional())
+/// Refuses the commit unless `claim` holds the run's newest fencing token;
+/// the run's number.
+fn check_fence(conn: &Connection, claim: &Claim) -> Result<i64, StoreError> {
+    let found: Option<(i64, i64)> = conn
+        .prepare_cached("SELECT run_no, fence FROM runs WHERE run_id = ?1")
+        .and_then(|mut s| {
+            s.query_row([&claim.run_id], |r| Ok((r.get(0)?, r.get(1)?)))
+                .optional()
+        })
         .map_err(error)?;
-    match fence {
+    match found {
         None => Err(StoreError::UnknownRun(claim.run_id.clone())),
-        Some(newest) if newest != claim.fence => Err(StoreError::Fenced {
+        Some((_, newest)) if newest != claim.fence => Err(StoreError::Fenced {
             run_id: claim.run_id.clone(),
             held: claim.fence,
             newest,
         }),
-        Some(_) => Ok(()),
+        Some((run_no, _)) => Ok(run_no),
     }
 }
 
-fn last_seq(conn: &Connection, run_id: &str) -> Result<u64, StoreError> {
-    conn.prepare_cached("SELECT max(seq) FROM calls WHERE run_id = ?1")
-        .and_then(|mut s| s.query_row([run_id], |r| r.get::<_, Option<i64>>(0)))
-        .map(|seq| seq.unwrap_or(0) as u64)
+fn last_seq(conn: &Connection, run_no: i64) -> Result<u64, StoreError> {
+    let (from, to) = rows::call_keys(run_no, 0)?;
+    conn.prepare_cached("SELECT max(key) FROM calls WHERE key BETWEEN ?1 AND ?2")
+        .and_then(|mut s| s.query_row([from, to], |r| r.get::<_, Option<i64>>(0)))
+        .map(|key| key.map_or(0, |key| (key & 0xffff_ffff) as u64))
         .map_err(error)
 }
 
-fn insert_call(
+/// Calls per multi-row `INSERT`: one statement for eight rows costs less
+/// than eight statements.
+const CALLS_PER_INSERT: usize = 8;
+
+/// Inserts `calls` (in order), each with its attempts from `attempts`.
+fn insert_calls(
     conn: &Connection,
+    run_no: i64,
     claim: &Claim,
-    call: &CallRecord,
-    attempts: Option<Vec<&AttemptRecord>>,
+    calls: &[&CallRecord],
+    attempts: &mut HashMap<u64, Vec<&AttemptRecord>>,
 ) -> Result<(), StoreError> {
-    let (request, request_split) = rows::store_body(conn, &call.request)?;
-    let (outcome, outcome_split) = match &call.outcome {
-        Some(body) => {
-            let (text, split) = rows::store_body(conn, body)?;
-            (Some(text), split)
+    static SQL: std::sync::OnceLock<[String; 2]> = std::sync::OnceLock::new();
+    let sql = SQL.get_or_init(|| {
+        let insert = |rows: usize| {
+            format!(
+                "INSERT INTO calls (key, class, interface, function, operation_id, request, \
+                 request_split, request_hash, state, outcome, outcome_split, started_at, \
+                 finished_at, fence, chain, attempts) VALUES {}",
+                vec!["(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"; rows].join(", ")
+            )
+        };
+        [insert(1), insert(CALLS_PER_INSERT)]
+    });
+    for chunk in calls.chunks(CALLS_PER_INSERT) {
+        let chunks: Vec<&[&CallRecord]> = if chunk.len() == CALLS_PER_INSERT {
+            vec![chunk]
+        } else {
+            chunk.chunks(1).collect()
+        };
+        for rows in chunks {
+            let mut stmt = conn
+                .prepare_cached(&sql[usize::from(rows.len() > 1)])
+                .map_err(error)?;
+            let mut n = 0;
+            for call in rows {
+                let (request, request_split) = rows::store_body(conn, &call.request)?;
+                let (outcome, outcome_split) = match &call.outcome {
+                    Some(body) => {
+                        let (text, split) = rows::store_body(conn, body)?;
+                        (Some(text), split)
+                    }
+                    None => (None, false),
+                };
+                let tried = attempts.remove(&call.seq).map(|a| rows::attempts_json(&a));
+                let values: [&dyn rusqlite::ToSql; 16] = [
+                    &rows::call_key(run_no, call.seq)?,
+                    &call.class.as_str(),
+                    &call.interface,
+                    &call.function,
+                    &call.operation_id,
+                    &request.as_ref(),
+                    &request_split,
+                    &call.request_hash,
+                    &call.state.as_str(),
+                    &outcome.as_deref(),
+                    &outcome_split,
+                    &call.started_at_ms,
+                    &call.finished_at_ms,
+                    &claim.fence,
+                    &call.chain,
+                    &tried,
+                ];
+                for value in values {
+                    n += 1;
+                    stmt.raw_bind_parameter(n, value).map_err(error)?;
+                }
+            }
+            stmt.raw_execute().map_err(error)?;
         }
-        None => (None, false),
-    };
-    let attempts = attempts.map(|a| rows::attempts_json(&a));
-    conn.prepare_cached(
-        "INSERT INTO calls (run_id, seq, class, interface, function, operation_id, request, \
-         request_split, request_hash, state, outcome, outcome_split, started_at, finished_at, \
-         fence, chain, attempts) \
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17)",
-    )
-    .and_then(|mut s| {
-        s.execute(params![
-            claim.run_id,
-            call.seq as i64,
-            call.class.as_str(),
-            call.interface,
-            call.function,
-            call.operation_id,
-            request,
-            request_split,
-            call.request_hash,
-            call.state.as_str(),
-            outcome,
-            outcome_split,
-            call.started_at_ms,
-            call.finished_at_ms,
-            claim.fence,
-            call.chain,
-            attempts
-        ])
-    })
-    .map_err(error)?;
+    }
     Ok(())
 }
 

@@ -1,11 +1,12 @@
 //! A connection to the ledger file: opened in WAL mode, its schema checked
-//! (and created, for a new file), its errors put in storage-neutral words.
+//! (and created, for a new file), in the sync mode its next commit needs.
 
 use std::path::Path;
 
-use rusqlite::{Connection, ErrorCode, OpenFlags};
+use rusqlite::{Connection, OpenFlags};
 use stephost_core::StoreError;
 
+use crate::errors::{error, not_a_ledger};
 use crate::schema;
 
 /// How long a connection waits for another's write lock before it gives up
@@ -37,6 +38,13 @@ impl Conn {
     /// Opens the ledger at `path`, creating it if absent and migrating it
     /// to this build's schema.
     pub fn open(path: &Path) -> Result<Self, StoreError> {
+        let conn = Self::connect(path)?;
+        schema::migrate(&conn.conn, &path.display().to_string())?;
+        Ok(conn)
+    }
+
+    /// Opens another connection to a ledger [`Conn::open`] has checked.
+    pub fn connect(path: &Path) -> Result<Self, StoreError> {
         let location = path.display().to_string();
         let conn = Connection::open_with_flags(
             path,
@@ -54,7 +62,6 @@ impl Conn {
             .map_err(|e| not_a_ledger(&location, e))?;
         conn.pragma_update(None, "synchronous", "FULL")
             .map_err(error)?;
-        schema::migrate(&conn, &location)?;
         Ok(Conn {
             conn,
             sync: Sync::Full,
@@ -74,25 +81,5 @@ impl Conn {
             self.sync = sync;
         }
         Ok(())
-    }
-}
-
-/// A driver error in storage-neutral words.
-pub fn error(e: rusqlite::Error) -> StoreError {
-    match e.sqlite_error_code() {
-        Some(ErrorCode::DatabaseCorrupt | ErrorCode::NotADatabase) => {
-            StoreError::Corrupt(e.to_string())
-        }
-        _ => StoreError::Unavailable(e.to_string()),
-    }
-}
-
-pub fn not_a_ledger(location: &str, e: rusqlite::Error) -> StoreError {
-    match e.sqlite_error_code() {
-        Some(ErrorCode::NotADatabase) => StoreError::NotALedger {
-            location: location.to_string(),
-            detail: "not an SQLite database".into(),
-        },
-        _ => StoreError::Unavailable(format!("cannot open {location}: {e}")),
     }
 }

@@ -18,7 +18,8 @@ use stephost_core::store::{Commit, CommitCounts, CommitReply, PendingCommit, Wri
 use stephost_core::{Claim, StoreError, StoreResult};
 
 use crate::commit;
-use crate::conn::{Conn, Sync, error};
+use crate::conn::{Conn, Sync};
+use crate::errors::error;
 
 /// Most commits applied in one transaction.
 pub const BATCH_COMMITS_MAX: usize = 512;
@@ -46,7 +47,7 @@ pub struct GroupCommitter {
 impl GroupCommitter {
     /// Starts a committer with its own connection to the ledger at `path`.
     pub fn start(path: &Path) -> StoreResult<Self> {
-        let mut conn = Conn::open(path)?;
+        let mut conn = Conn::connect(path)?;
         let (tx, rx) = mpsc::channel::<Job>();
         let counts = Arc::new(Counts::default());
         let counted = counts.clone();

@@ -10,33 +10,37 @@
 
 mod commit;
 mod conn;
+mod errors;
 pub mod group;
 mod rows;
 pub mod schema;
 mod store;
 
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, mpsc};
 
 use stephost_core::store::{Commit, CommitCounts, Pool, PoolOptions, Store, WriteOp, Writer};
-use stephost_core::{Claim, StoreResult};
+use stephost_core::{Claim, StoreError, StoreResult};
 
 pub use conn::BUSY_TIMEOUT_MS;
 pub use store::SqliteStore;
 
-use crate::conn::{Conn, Sync, error};
+use crate::conn::{Conn, Sync};
+use crate::errors::error;
 
 /// A ledger in one SQLite file.
 pub struct SqlitePool {
     path: PathBuf,
     group: Option<Arc<group::GroupCommitter>>,
+    /// The connection that checked the file, kept for the first store.
+    checked: std::sync::Mutex<Option<Conn>>,
 }
 
 impl SqlitePool {
-    /// Opens (or creates) the ledger at `path`.
+    /// Opens (or creates) the ledger at `path`: checks the file and brings
+    /// its schema up to date, once; the pool's other connections trust it.
     pub fn open(path: &Path, options: PoolOptions) -> StoreResult<Self> {
-        // Opening checks the file and brings its schema up to date.
-        drop(Conn::open(path)?);
+        let checked = Conn::open(path)?;
         let group = match options.group_commit {
             true => Some(Arc::new(group::GroupCommitter::start(path)?)),
             false => None,
@@ -44,7 +48,20 @@ impl SqlitePool {
         Ok(SqlitePool {
             path: path.to_path_buf(),
             group,
+            checked: std::sync::Mutex::new(Some(checked)),
         })
+    }
+
+    fn connection(&self) -> StoreResult<Conn> {
+        let kept = self
+            .checked
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
+        match kept {
+            Some(conn) => Ok(conn),
+            None => Conn::connect(&self.path),
+        }
     }
 
     pub fn path(&self) -> &Path {
@@ -53,7 +70,7 @@ impl SqlitePool {
 
     /// A store of this pool's, typed.
     pub fn sqlite_store(&self) -> StoreResult<SqliteStore> {
-        Ok(SqliteStore::new(Conn::open(&self.path)?))
+        Ok(SqliteStore::new(self.connection()?))
     }
 }
 
@@ -69,9 +86,7 @@ impl Pool for SqlitePool {
     fn writer(&self) -> StoreResult<Box<dyn Writer>> {
         match &self.group {
             Some(group) => Ok(Box::new(group.writer()?)),
-            None => Ok(Box::new(DirectWriter {
-                conn: Conn::open(&self.path)?,
-            })),
+            None => Ok(Box::new(DirectWriter::new(&self.path)?)),
         }
     }
 
@@ -80,35 +95,167 @@ impl Pool for SqlitePool {
     }
 }
 
-/// A writer that commits on its own connection, on the caller's thread.
+/// A writer for one execution at a time, on connections of its own. A
+/// commit that must be durable is applied on the caller's thread, once the
+/// commits before it have landed. Others (buffered calls, 1,024 at a time)
+/// are handed to a thread of the writer's own, started with the first, which
+/// applies them while the step goes on: on two cores the step and the SQL
+/// recording its calls run side by side (and so do the WAL checkpoints those
+/// commits trigger). Once one of them fails, none after it is applied, and
+/// its error is the answer of the writer's next commit or of `landed`.
 pub struct DirectWriter {
+    path: PathBuf,
     conn: Conn,
+    behind: Option<Behind>,
 }
 
+/// Commits handed to the writer's thread and not yet answered.
+struct Behind {
+    jobs: Option<mpsc::SyncSender<(Claim, Vec<WriteOp>)>>,
+    answers: mpsc::Receiver<StoreResult<()>>,
+    in_flight: usize,
+    /// The first error it answered.
+    failed: Option<StoreError>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+/// Most commits waiting for the writer's thread before a new one waits.
+pub const BEHIND_COMMITS_MAX: usize = 4;
+
 impl DirectWriter {
-    fn apply(&mut self, claim: &Claim, ops: &[WriteOp]) -> StoreResult<()> {
+    fn new(path: &Path) -> StoreResult<Self> {
+        Ok(DirectWriter {
+            path: path.to_path_buf(),
+            conn: Conn::connect(path)?,
+            behind: None,
+        })
+    }
+
+    fn apply(conn: &mut Conn, claim: &Claim, ops: &[WriteOp]) -> StoreResult<()> {
         if ops.is_empty() {
             return Ok(());
         }
-        self.conn.set_sync(Sync::when(commit::durable(ops)))?;
-        let conn = &self.conn.conn;
-        conn.execute_batch("BEGIN IMMEDIATE").map_err(error)?;
-        match commit::apply(conn, claim, ops) {
-            Ok(()) => conn.execute_batch("COMMIT").map_err(error),
+        conn.set_sync(Sync::when(commit::durable(ops)))?;
+        let db = &conn.conn;
+        db.execute_batch("BEGIN IMMEDIATE").map_err(error)?;
+        match commit::apply(db, claim, ops) {
+            Ok(()) => db.execute_batch("COMMIT").map_err(error),
             Err(e) => {
-                let _ = conn.execute_batch("ROLLBACK");
+                let _ = db.execute_batch("ROLLBACK");
                 Err(e)
             }
+        }
+    }
+
+    /// Hands `ops` to the writer's thread, starting it if need be.
+    fn hand_over(&mut self, claim: &Claim, ops: Vec<WriteOp>) -> StoreResult<()> {
+        if self.behind.is_none() {
+            self.behind = Some(Behind::start(&self.path)?);
+        }
+        let behind = self.behind.as_mut().expect("started just above");
+        behind.collect(false)?;
+        let sent = behind
+            .jobs
+            .as_ref()
+            .map(|jobs| jobs.send((claim.clone(), ops)).is_ok())
+            .unwrap_or(false);
+        if !sent {
+            return Err(StoreError::Unavailable(
+                "the ledger writer's thread stopped".into(),
+            ));
+        }
+        behind.in_flight += 1;
+        Ok(())
+    }
+}
+
+impl Behind {
+    fn start(path: &Path) -> StoreResult<Self> {
+        let mut conn = Conn::connect(path)?;
+        let (jobs, queue) = mpsc::sync_channel::<(Claim, Vec<WriteOp>)>(BEHIND_COMMITS_MAX);
+        let (answer, answers) = mpsc::channel();
+        let thread = std::thread::Builder::new()
+            .name("stephost-write".into())
+            .spawn(move || {
+                let mut failed: Option<StoreError> = None;
+                for (claim, ops) in queue {
+                    let result = match &failed {
+                        Some(first) => Err(first.clone()),
+                        None => DirectWriter::apply(&mut conn, &claim, &ops),
+                    };
+                    if let Err(e) = &result {
+                        failed.get_or_insert_with(|| e.clone());
+                    }
+                    if answer.send(result).is_err() {
+                        return;
+                    }
+                }
+            })
+            .map_err(|e| StoreError::Unavailable(format!("cannot start a writer thread: {e}")))?;
+        Ok(Behind {
+            jobs: Some(jobs),
+            answers,
+            in_flight: 0,
+            failed: None,
+            thread: Some(thread),
+        })
+    }
+
+    /// Takes the answers that have come (all of them, with `wait`); the
+    /// first error among them, or among those before.
+    fn collect(&mut self, wait: bool) -> StoreResult<()> {
+        while self.in_flight > 0 {
+            let answer = if wait {
+                self.answers.recv().map_err(|_| ())
+            } else {
+                match self.answers.try_recv() {
+                    Ok(answer) => Ok(answer),
+                    Err(mpsc::TryRecvError::Empty) => break,
+                    Err(mpsc::TryRecvError::Disconnected) => Err(()),
+                }
+            };
+            let answer = answer.unwrap_or_else(|()| {
+                Err(StoreError::Unavailable(
+                    "the ledger writer's thread stopped".into(),
+                ))
+            });
+            self.in_flight -= 1;
+            if let Err(e) = answer {
+                self.failed.get_or_insert(e);
+            }
+        }
+        match &self.failed {
+            Some(e) => Err(e.clone()),
+            None => Ok(()),
+        }
+    }
+}
+
+impl Drop for Behind {
+    fn drop(&mut self) {
+        // The thread ends once its queue is closed and emptied.
+        self.jobs.take();
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
         }
     }
 }
 
 impl Writer for DirectWriter {
     fn commit(&mut self, claim: &Claim, ops: Vec<WriteOp>) -> Commit {
-        Commit::Done(self.apply(claim, &ops))
+        if commit::durable(&ops) {
+            return Commit::Done(
+                self.landed()
+                    .and_then(|()| Self::apply(&mut self.conn, claim, &ops)),
+            );
+        }
+        Commit::Done(self.hand_over(claim, ops))
     }
 
     fn landed(&mut self) -> StoreResult<()> {
-        Ok(())
+        match &mut self.behind {
+            Some(behind) => behind.collect(true),
+            None => Ok(()),
+        }
     }
 }

@@ -9,7 +9,7 @@ use stephost_core::{
     AttemptRecord, CallClass, CallRecord, CallState, RunRecord, RunStatus, StoreError,
 };
 
-use crate::conn::error;
+use crate::errors::error;
 
 pub const RUN_COLUMNS: &str = "run_id, module_digest, input, status, output, error, created_at, \
      updated_at, version, owner, lease_until, fence, wake_at, world, step, exit_code";
@@ -135,7 +135,7 @@ pub fn version_conflict(conn: &Connection, run_id: &str, expected: i64) -> Store
     }
 }
 
-pub const CALL_COLUMNS: &str = "seq, class, interface, function, operation_id, request, \
+pub const CALL_COLUMNS: &str = "key & 4294967295, class, interface, function, operation_id, request, \
      request_split, request_hash, state, outcome, outcome_split, started_at, finished_at, \
      resolved_by, chain";
 
@@ -196,7 +196,13 @@ fn part(conn: &Connection, digest: &str) -> Result<Option<String>, StoreError> {
 
 /// `body` as stored: its text for the row (and whether it is split), its
 /// parts kept in `payloads`.
-pub fn store_body(conn: &Connection, body: &str) -> Result<(String, bool), StoreError> {
+pub fn store_body<'a>(
+    conn: &Connection,
+    body: &'a str,
+) -> Result<(std::borrow::Cow<'a, str>, bool), StoreError> {
+    if payload::stays_whole(body) {
+        return Ok((std::borrow::Cow::Borrowed(body), false));
+    }
     let stored = payload::store(body);
     for part in &stored.parts {
         conn.prepare_cached(
@@ -206,7 +212,35 @@ pub fn store_body(conn: &Connection, body: &str) -> Result<(String, bool), Store
         .map_err(error)?;
     }
     let split = stored.is_split();
-    Ok((stored.text, split))
+    Ok((std::borrow::Cow::Owned(stored.text), split))
+}
+
+/// The key of call `seq` of run number `run_no` (see the `calls` table).
+pub fn call_key(run_no: i64, seq: u64) -> Result<i64, StoreError> {
+    if seq > stephost_core::records::CALLS_PER_RUN_MAX || !(0..1 << 31).contains(&run_no) {
+        return Err(StoreError::Corrupt(format!(
+            "call #{seq} of run number {run_no} has no key: a run records at most {} calls, \
+             a ledger at most 2,147,483,647 runs",
+            stephost_core::records::CALLS_PER_RUN_MAX
+        )));
+    }
+    Ok((run_no << 32) | seq as i64)
+}
+
+/// The keys of run number `run_no`'s calls, from call `from_seq` on.
+pub fn call_keys(run_no: i64, from_seq: u64) -> Result<(i64, i64), StoreError> {
+    Ok((
+        call_key(run_no, from_seq)?,
+        call_key(run_no, stephost_core::records::CALLS_PER_RUN_MAX)?,
+    ))
+}
+
+/// The number that keys `run_id`'s calls and log lines.
+pub fn run_no(conn: &Connection, run_id: &str) -> Result<i64, StoreError> {
+    conn.prepare_cached("SELECT run_no FROM runs WHERE run_id = ?1")
+        .and_then(|mut s| s.query_row([run_id], |r| r.get(0)).optional())
+        .map_err(error)?
+        .ok_or_else(|| StoreError::UnknownRun(run_id.to_string()))
 }
 
 /// Calls of `run_id` from `from_seq` on, in order, at most `limit`.
@@ -216,17 +250,14 @@ pub fn calls(
     from_seq: u64,
     limit: usize,
 ) -> Result<Vec<CallRecord>, StoreError> {
+    let (from, to) = call_keys(run_no(conn, run_id)?, from_seq)?;
     let rows: Vec<CallRow> = conn
         .prepare_cached(&format!(
-            "SELECT {CALL_COLUMNS} FROM calls WHERE run_id = ?1 AND seq >= ?2 ORDER BY seq LIMIT ?3"
+            "SELECT {CALL_COLUMNS} FROM calls WHERE key BETWEEN ?1 AND ?2 ORDER BY key LIMIT ?3"
         ))
         .and_then(|mut s| {
             s.query_map(
-                params![
-                    run_id,
-                    from_seq as i64,
-                    i64::try_from(limit).unwrap_or(i64::MAX)
-                ],
+                params![from, to, i64::try_from(limit).unwrap_or(i64::MAX)],
                 call_from_row,
             )?
             .collect()
@@ -237,26 +268,29 @@ pub fn calls(
 
 /// One attempt as a call row's `attempts` array holds it.
 #[derive(Serialize, Deserialize)]
-struct StoredAttempt {
+struct StoredAttempt<'a> {
     attempt: u32,
-    kind: String,
+    #[serde(borrow)]
+    kind: std::borrow::Cow<'a, str>,
     started_at: i64,
     finished_at: i64,
-    result: String,
-    detail: Option<String>,
+    #[serde(borrow)]
+    result: std::borrow::Cow<'a, str>,
+    #[serde(borrow)]
+    detail: Option<std::borrow::Cow<'a, str>>,
 }
 
 /// The JSON array of `attempts`.
 pub fn attempts_json(attempts: &[&AttemptRecord]) -> String {
-    let stored: Vec<StoredAttempt> = attempts
+    let stored: Vec<StoredAttempt<'_>> = attempts
         .iter()
         .map(|a| StoredAttempt {
             attempt: a.attempt,
-            kind: a.kind.clone(),
+            kind: a.kind.as_str().into(),
             started_at: a.started_at_ms,
             finished_at: a.finished_at_ms,
-            result: a.result.clone(),
-            detail: a.detail.clone(),
+            result: a.result.as_str().into(),
+            detail: a.detail.as_deref().map(Into::into),
         })
         .collect();
     serde_json::to_string(&stored).unwrap_or_else(|_| "[]".into())
@@ -264,7 +298,7 @@ pub fn attempts_json(attempts: &[&AttemptRecord]) -> String {
 
 /// The attempts of call `seq` from its row's `attempts` array.
 pub fn attempts_from_json(seq: u64, text: &str) -> Result<Vec<AttemptRecord>, StoreError> {
-    let stored: Vec<StoredAttempt> = serde_json::from_str(text).map_err(|e| {
+    let stored: Vec<StoredAttempt<'_>> = serde_json::from_str(text).map_err(|e| {
         StoreError::Corrupt(format!("the attempts of call #{seq} are unreadable: {e}"))
     })?;
     Ok(stored
@@ -272,11 +306,11 @@ pub fn attempts_from_json(seq: u64, text: &str) -> Result<Vec<AttemptRecord>, St
         .map(|a| AttemptRecord {
             seq,
             attempt: a.attempt,
-            kind: a.kind,
+            kind: a.kind.into_owned(),
             started_at_ms: a.started_at,
             finished_at_ms: a.finished_at,
-            result: a.result,
-            detail: a.detail,
+            result: a.result.into_owned(),
+            detail: a.detail.map(std::borrow::Cow::into_owned),
         })
         .collect())
 }

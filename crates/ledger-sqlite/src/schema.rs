@@ -10,7 +10,7 @@
 use rusqlite::Connection;
 use stephost_core::StoreError;
 
-use crate::conn::{error, not_a_ledger};
+use crate::errors::{error, not_a_ledger};
 
 /// `STPL` in ASCII: a stephost ledger of this format.
 pub const APPLICATION_ID: i64 = 0x5354_504C;
@@ -65,8 +65,12 @@ pub fn check(conn: &Connection, location: &str) -> Result<(), StoreError> {
 }
 
 /// Brings the schema to [`VERSION`]. Two processes opening a new file at
-/// once are serialized by the write lock; the second finds it migrated.
+/// once are serialized by the write lock; the second finds it migrated. A
+/// ledger at this version is only read.
 pub fn migrate(conn: &Connection, location: &str) -> Result<(), StoreError> {
+    if pragma(conn, location, "user_version")? == VERSION {
+        return Ok(());
+    }
     loop {
         conn.execute_batch("BEGIN IMMEDIATE").map_err(error)?;
         let step = migrate_one(conn, location);

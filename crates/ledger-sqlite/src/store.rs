@@ -11,7 +11,8 @@ use stephost_core::{
 };
 
 use crate::commit::add_counters;
-use crate::conn::{Conn, Sync, error};
+use crate::conn::{Conn, Sync};
+use crate::errors::error;
 use crate::rows::{self, RUN_COLUMNS};
 
 /// A store over one connection (a store is used by one thread at a time;
@@ -228,11 +229,12 @@ impl Store for SqliteStore {
     fn logs(&self, run_id: &str) -> StoreResult<Vec<LogRecord>> {
         self.read(|conn| {
             rows::run(conn, run_id)?;
+            let run_no = rows::run_no(conn, run_id)?;
             conn.prepare_cached(
-                "SELECT after_seq, level, message, at FROM logs WHERE run_id = ?1 ORDER BY id",
+                "SELECT after_seq, level, message, at FROM logs WHERE run_no = ?1 ORDER BY id",
             )
             .and_then(|mut s| {
-                s.query_map([run_id], |r| {
+                s.query_map([run_no], |r| {
                     Ok(LogRecord {
                         after_seq: r.get::<_, i64>(0)? as u64,
                         level: r.get(1)?,
@@ -247,49 +249,54 @@ impl Store for SqliteStore {
     }
 
     fn open_calls(&self, state: CallState, interface: Option<&str>) -> StoreResult<Vec<OpenCall>> {
+        // A call a person waits on is the last call of an unfinished run: a
+        // run stops at an approval it waits for and at an unknown outcome.
         self.read(|conn| {
-            let keys: Vec<(String, i64)> = conn
+            let last: Vec<(String, i64)> = conn
                 .prepare_cached(
-                    "SELECT c.run_id, c.seq FROM calls c JOIN runs r ON r.run_id = c.run_id \
-                     WHERE c.state = ?1 AND c.state IN ('started', 'unknown') \
-                     AND (?2 IS NULL OR c.interface = ?2) \
-                     AND r.status NOT IN ('completed', 'failed', 'diverged') \
-                     ORDER BY c.started_at, c.run_id",
+                    "SELECT r.run_id, (SELECT max(key) FROM calls \
+                     WHERE key BETWEEN r.run_no << 32 AND (r.run_no << 32) + 4294967295) \
+                     FROM runs r WHERE r.status IN ('running', 'waiting', 'parked')",
                 )
                 .and_then(|mut s| {
-                    s.query_map(params![state.as_str(), interface], |r| {
-                        Ok((r.get(0)?, r.get(1)?))
-                    })?
-                    .collect()
+                    s.query_map([], |r| Ok((r.get(0)?, r.get::<_, Option<i64>>(1)?)))?
+                        .filter_map(|row| row.map(|(id, key)| key.map(|key| (id, key))).transpose())
+                        .collect()
                 })
                 .map_err(error)?;
-            keys.into_iter()
-                .map(|(run_id, seq)| {
-                    let run = rows::run(conn, &run_id)?;
-                    let call = rows::calls(conn, &run_id, seq as u64, 1)?
-                        .pop()
-                        .ok_or_else(|| {
-                            StoreError::Corrupt(format!("call #{seq} of {run_id} vanished"))
-                        })?;
-                    Ok(OpenCall { run, call })
-                })
-                .collect()
+            let mut open = Vec::new();
+            for (run_id, key) in last {
+                let seq = (key & 0xffff_ffff) as u64;
+                let Some(call) = rows::calls(conn, &run_id, seq, 1)?.pop() else {
+                    continue;
+                };
+                if call.state == state && interface.is_none_or(|i| call.interface == i) {
+                    open.push(OpenCall {
+                        run: rows::run(conn, &run_id)?,
+                        call,
+                    });
+                }
+            }
+            open.sort_by(|a, b| {
+                (a.call.started_at_ms, &a.run.run_id).cmp(&(b.call.started_at_ms, &b.run.run_id))
+            });
+            Ok(open)
         })
     }
 
     fn settle(&self, s: &Settlement) -> StoreResult<()> {
         self.write(|conn| {
             let (outcome, split) = rows::store_body(conn, &s.outcome)?;
+            let key = rows::call_key(rows::run_no(conn, &s.run_id)?, s.seq)?;
             let changed = conn
                 .prepare_cached(
-                    "UPDATE calls SET state = ?3, outcome = ?4, outcome_split = ?5, \
-                     finished_at = ?6, resolved_by = ?7, resolved_at = ?6, chain = ?8 \
-                     WHERE run_id = ?1 AND seq = ?2 AND state = ?9",
+                    "UPDATE calls SET state = ?2, outcome = ?3, outcome_split = ?4, \
+                     finished_at = ?5, resolved_by = ?6, resolved_at = ?5, chain = ?7 \
+                     WHERE key = ?1 AND state = ?8",
                 )
                 .and_then(|mut stmt| {
                     stmt.execute(params![
-                        s.run_id,
-                        s.seq as i64,
+                        key,
                         s.state.as_str(),
                         outcome,
                         split,
@@ -341,16 +348,19 @@ fn attempts_of(
     run_id: &str,
     seq: Option<u64>,
 ) -> StoreResult<Vec<AttemptRecord>> {
+    let run_no = rows::run_no(conn, run_id)?;
+    let (from, to) = match seq {
+        Some(seq) => (rows::call_key(run_no, seq)?, rows::call_key(run_no, seq)?),
+        None => rows::call_keys(run_no, 0)?,
+    };
     let rows: Vec<(i64, String)> = conn
         .prepare_cached(
-            "SELECT seq, attempts FROM calls WHERE run_id = ?1 AND attempts IS NOT NULL \
-             AND (?2 IS NULL OR seq = ?2) ORDER BY seq",
+            "SELECT key & 4294967295, attempts FROM calls WHERE key BETWEEN ?1 AND ?2 \
+             AND attempts IS NOT NULL ORDER BY key",
         )
         .and_then(|mut s| {
-            s.query_map(params![run_id, seq.map(|s| s as i64)], |r| {
-                Ok((r.get(0)?, r.get(1)?))
-            })?
-            .collect()
+            s.query_map(params![from, to], |r| Ok((r.get(0)?, r.get(1)?)))?
+                .collect()
         })
         .map_err(error)?;
     let mut all = Vec::new();

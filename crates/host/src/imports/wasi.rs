@@ -11,58 +11,13 @@ use std::time::Duration;
 use wasmtime::component::Linker;
 
 use crate::imports::random::recorded_random;
-use crate::imports::{StepState, as_u64, lock, observe, trap};
+use crate::imports::{StepState, as_u64, lock, observe};
 use stephost_core::journal::{Journal, Stop};
 
 /// The WASI random interfaces as this build's wasmtime-wasi links them
 /// (guests importing older 0.2 versions are matched to them by semver).
 const RANDOM: &str = "wasi:random/random@0.2.12";
 const INSECURE: &str = "wasi:random/insecure@0.2.12";
-
-/// Replaces preview1's `random_get` with one that records one ledger call
-/// per guest call (see [`record_random_bytes_per_call`]).
-pub fn record_preview1_random_per_call(
-    linker: &mut wasmtime::Linker<crate::command::Preview1State>,
-) -> wasmtime::Result<()> {
-    /// preview1 errno values.
-    const FAULT: i32 = 21;
-    const INVAL: i32 = 28;
-    linker.allow_shadowing(true);
-    linker.func_wrap(
-        "wasi_snapshot_preview1",
-        "random_get",
-        |mut caller: wasmtime::Caller<'_, crate::command::Preview1State>,
-         buf: i32,
-         len: i32|
-         -> wasmtime::Result<i32> {
-            let journal = caller.data().journal.clone();
-            let bytes = match recorded_random(&journal, "wasi:random/random", u64::from(len as u32))
-            {
-                Ok(bytes) => bytes,
-                // Too many bytes asked: an error for the program, not a stop.
-                Err(Stop::Limit(_)) => return Ok(INVAL),
-                Err(stop) => {
-                    lock(&journal).set_stop(stop.clone());
-                    return Err(trap(stop));
-                }
-            };
-            let Some(memory) = caller
-                .get_export("memory")
-                .and_then(wasmtime::Extern::into_memory)
-            else {
-                return Ok(FAULT);
-            };
-            Ok(
-                match memory.write(&mut caller, buf as u32 as usize, &bytes) {
-                    Ok(()) => 0,
-                    Err(_) => FAULT,
-                },
-            )
-        },
-    )?;
-    linker.allow_shadowing(false);
-    Ok(())
-}
 
 /// Replaces WASI's `get-random-bytes` and `get-insecure-random-bytes` with
 /// versions that record one ledger call per guest call. (wasmtime-wasi draws

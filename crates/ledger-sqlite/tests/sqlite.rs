@@ -1,0 +1,301 @@
+//! What only the SQLite ledger does: its file, its schema, how it keeps
+//! bodies, and how group commit shares transactions and fsyncs.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use rusqlite::Connection;
+use stephost_core::lifecycle::{self, ClaimMode};
+use stephost_core::store::{Pool, PoolOptions, WriteOp};
+use stephost_core::{CallClass, CallRecord, CallState, Claim, NewRun, StoreError};
+use stephost_ledger_sqlite::SqlitePool;
+use stephost_ledger_sqlite::schema::{APPLICATION_ID, OLD_APPLICATION_ID, VERSION};
+
+fn open(path: &Path) -> Result<SqlitePool, StoreError> {
+    SqlitePool::open(path, PoolOptions::default())
+}
+
+fn claimed_run(pool: &dyn Pool, run_id: &str) -> Claim {
+    let store = pool.store().unwrap();
+    let run = NewRun {
+        run_id,
+        module_digest: "m",
+        step: None,
+        world: "stephost:step/step@0.1.0",
+        input: "{}",
+        now_ms: 1,
+    };
+    store.insert_run(&run.record(None)).unwrap();
+    lifecycle::claim(
+        store.as_ref(),
+        run_id,
+        "w",
+        60_000,
+        2,
+        ClaimMode::Any,
+        &|_| true,
+    )
+    .unwrap()
+}
+
+fn read_call(seq: u64, request: &str, outcome: &str) -> CallRecord {
+    CallRecord {
+        seq,
+        class: CallClass::Read,
+        interface: "stephost:step/llm".into(),
+        function: "complete".into(),
+        operation_id: format!("op-{seq}"),
+        request: request.into(),
+        request_hash: stephost_core::ids::request_hash("stephost:step/llm", "complete", request),
+        state: CallState::Succeeded,
+        outcome: Some(outcome.into()),
+        started_at_ms: 3,
+        finished_at_ms: Some(4),
+        resolved_by: None,
+        chain: None,
+    }
+}
+
+#[test]
+fn a_file_that_is_not_sqlite_is_refused_and_left_untouched() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("notes.txt");
+    let text = "these are notes, not a ledger\n".repeat(200);
+    std::fs::write(&path, &text).unwrap();
+    let err = open(&path).err().expect("refused");
+    assert!(matches!(err, StoreError::NotALedger { .. }), "{err:?}");
+    assert!(err.to_string().contains("not a stephost ledger"), "{err}");
+    assert_eq!(std::fs::read_to_string(&path).unwrap(), text);
+}
+
+#[test]
+fn another_applications_database_is_refused_and_left_untouched() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("other.db");
+    let conn = Connection::open(&path).unwrap();
+    conn.execute_batch("CREATE TABLE orders (id INTEGER); INSERT INTO orders VALUES (7);")
+        .unwrap();
+    drop(conn);
+    let err = open(&path).err().expect("refused");
+    assert!(matches!(err, StoreError::NotALedger { .. }), "{err:?}");
+    let conn = Connection::open(&path).unwrap();
+    let tables: i64 = conn
+        .query_row("SELECT count(*) FROM sqlite_master", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(tables, 1, "nothing was created in it");
+}
+
+#[test]
+fn a_ledger_of_the_earlier_development_format_is_refused_with_a_message_that_says_so() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("old.db");
+    let conn = Connection::open(&path).unwrap();
+    conn.execute_batch("CREATE TABLE runs (run_id TEXT PRIMARY KEY);")
+        .unwrap();
+    conn.pragma_update(None, "application_id", OLD_APPLICATION_ID)
+        .unwrap();
+    conn.pragma_update(None, "user_version", 9).unwrap();
+    drop(conn);
+    let before = std::fs::read(&path).unwrap();
+    let err = open(&path).err().expect("refused");
+    assert!(matches!(err, StoreError::OldFormat { .. }), "{err:?}");
+    let message = err.to_string();
+    assert!(
+        message.contains("earlier development format") && message.contains("schema version 9"),
+        "{message}"
+    );
+    assert_eq!(std::fs::read(&path).unwrap(), before, "left as it was");
+}
+
+#[test]
+fn a_ledger_newer_than_this_build_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("new.db");
+    drop(open(&path).unwrap());
+    let conn = Connection::open(&path).unwrap();
+    conn.pragma_update(None, "user_version", VERSION + 1)
+        .unwrap();
+    drop(conn);
+    let err = open(&path).err().expect("refused");
+    assert_eq!(
+        err,
+        StoreError::TooNew {
+            location: path.display().to_string(),
+            found: VERSION + 1,
+            supported: VERSION,
+        }
+    );
+}
+
+#[test]
+fn a_new_ledger_is_marked_as_stephosts_and_reopened_with_its_rows() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("ledger.db");
+    let pool = open(&path).unwrap();
+    let claim = claimed_run(&pool, "r");
+    let mut writer = pool.writer().unwrap();
+    writer
+        .commit(
+            &claim,
+            vec![WriteOp::Call(read_call(1, "{}", "{\"ok\":1}"))],
+        )
+        .wait()
+        .unwrap();
+    drop((writer, pool));
+    let conn = Connection::open(&path).unwrap();
+    let id: i64 = conn
+        .pragma_query_value(None, "application_id", |r| r.get(0))
+        .unwrap();
+    let version: i64 = conn
+        .pragma_query_value(None, "user_version", |r| r.get(0))
+        .unwrap();
+    assert_eq!((id, version), (APPLICATION_ID, VERSION));
+    drop(conn);
+    let reopened = open(&path).unwrap();
+    let calls = reopened.store().unwrap().calls("r", 1, 10).unwrap();
+    assert_eq!(calls, [read_call(1, "{}", "{\"ok\":1}")]);
+}
+
+#[test]
+fn identical_bodies_and_the_messages_of_a_conversation_are_kept_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("ledger.db");
+    let pool = open(&path).unwrap();
+    let claim = claimed_run(&pool, "chat");
+    let answer = format!("{{\"ok\":\"{}\"}}", "the same long answer ".repeat(100));
+    let mut messages = Vec::new();
+    let mut ops = Vec::new();
+    for seq in 1..=10u64 {
+        messages.push(format!(
+            "{{\"role\":\"user\",\"content\":\"question {seq}: {}\"}}",
+            "and more words ".repeat(20)
+        ));
+        let request = format!("{{\"messages\":[{}]}}", messages.join(","));
+        ops.push(WriteOp::Call(read_call(seq, &request, &answer)));
+    }
+    let expected: Vec<CallRecord> = ops
+        .iter()
+        .map(|op| match op {
+            WriteOp::Call(call) => call.clone(),
+            _ => unreachable!(),
+        })
+        .collect();
+    let mut writer = pool.writer().unwrap();
+    writer.commit(&claim, ops).wait().unwrap();
+    writer.landed().unwrap();
+    let conn = Connection::open(&path).unwrap();
+    let parts: i64 = conn
+        .query_row("SELECT count(*) FROM payloads", [], |r| r.get(0))
+        .unwrap();
+    // Ten messages (those of requests past the inline size) and one answer.
+    assert!((10..=11).contains(&parts), "{parts} parts kept");
+    let stored: i64 = conn
+        .query_row(
+            "SELECT (SELECT sum(length(body)) FROM payloads) + \
+             (SELECT sum(length(request) + length(outcome)) FROM calls)",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    let whole: usize = expected
+        .iter()
+        .map(|c| c.request.len() + c.outcome.as_ref().map_or(0, String::len))
+        .sum();
+    assert!(
+        (stored as usize) * 3 < whole,
+        "{stored} bytes stored for {whole} bytes of bodies"
+    );
+    assert_eq!(
+        pool.store().unwrap().calls("chat", 1, 100).unwrap(),
+        expected
+    );
+}
+
+#[test]
+fn writers_committing_at_once_share_the_group_committers_transactions_and_fsyncs() {
+    const RUNS: usize = 16;
+    const WRITES: u64 = 20;
+    let dir = tempfile::tempdir().unwrap();
+    let pool = Arc::new(
+        SqlitePool::open(
+            &dir.path().join("ledger.db"),
+            PoolOptions { group_commit: true },
+        )
+        .unwrap(),
+    );
+    let claims: Vec<Claim> = (0..RUNS)
+        .map(|i| claimed_run(pool.as_ref(), &format!("r{i}")))
+        .collect();
+    let barrier = std::sync::Barrier::new(RUNS);
+    std::thread::scope(|scope| {
+        for claim in &claims {
+            let pool = pool.clone();
+            let barrier = &barrier;
+            scope.spawn(move || {
+                let mut writer = pool.writer().unwrap();
+                barrier.wait();
+                for seq in 1..=WRITES {
+                    let mut call = read_call(seq, "{}", "{\"ok\":1}");
+                    call.class = CallClass::Write;
+                    call.state = CallState::Started;
+                    call.outcome = None;
+                    call.finished_at_ms = None;
+                    writer
+                        .commit(claim, vec![WriteOp::Started(call)])
+                        .wait()
+                        .unwrap();
+                }
+            });
+        }
+    });
+    let counts = pool.commit_counts();
+    assert_eq!(counts.commits, RUNS as u64 * WRITES);
+    assert!(counts.fsyncs <= counts.transactions, "{counts:?}");
+    assert!(
+        counts.transactions < counts.commits,
+        "no commits shared a transaction: {counts:?}"
+    );
+    let store = pool.store().unwrap();
+    for claim in &claims {
+        assert_eq!(
+            store.calls(&claim.run_id, 1, 100).unwrap().len() as u64,
+            WRITES
+        );
+    }
+}
+
+#[test]
+fn a_buffered_commit_that_fails_fails_the_writers_next_commit_and_nothing_after_it_lands() {
+    let dir = tempfile::tempdir().unwrap();
+    let pool = open(&dir.path().join("ledger.db")).unwrap();
+    let claim = claimed_run(&pool, "r");
+    let mut writer = pool.writer().unwrap();
+    // Handed to the writer's thread: call #2 before call #1 is refused.
+    let early = writer.commit(
+        &claim,
+        vec![WriteOp::Call(read_call(2, "{}", "{\"ok\":2}"))],
+    );
+    assert_eq!(early.wait(), Ok(()), "answered later");
+    let later = writer.commit(
+        &claim,
+        vec![WriteOp::Call(read_call(1, "{}", "{\"ok\":1}"))],
+    );
+    let mut started = read_call(3, "{}", "{}");
+    started.class = CallClass::Write;
+    started.state = CallState::Started;
+    started.outcome = None;
+    let durable = writer
+        .commit(&claim, vec![WriteOp::Started(started)])
+        .wait();
+    assert!(
+        matches!(durable, Err(StoreError::NotAppended { seq: 2, .. })),
+        "{durable:?}"
+    );
+    // The commit after the failure was refused too, though it would apply.
+    let _ = later.wait();
+    assert!(matches!(
+        writer.landed(),
+        Err(StoreError::NotAppended { .. })
+    ));
+    assert!(pool.store().unwrap().calls("r", 1, 10).unwrap().is_empty());
+}
