@@ -19,8 +19,21 @@ use std::time::Instant;
 #[path = "../src/procstat.rs"]
 mod procstat;
 
-use stephost::config::Config;
-use stephost::runner::{Host, HostOptions};
+use stephost_core::store::{CommitCounts, PoolOptions};
+use stephost_host::HostOptions;
+use stephost_host::config::Config;
+use stephost_host::ledger::Ledger;
+use stephost_host::runner::Host;
+use stephost_host::worker::{self, WorkerOptions};
+
+/// A host over the SQLite ledger at `db`.
+fn open_host(
+    db: &std::path::Path,
+    options: HostOptions,
+) -> Result<Host, Box<dyn std::error::Error>> {
+    let pool = Ledger::sqlite(db).open(PoolOptions::default())?;
+    Ok(Host::open(pool, options)?)
+}
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -61,7 +74,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     if mode == "short" {
         return short(&tmp.join("hot.db"), &module, &config, count, runs);
     }
-    let mut host = Host::open(&tmp.join("hot.db"), options)?;
+    let mut host = open_host(&tmp.join("hot.db"), options)?;
     let guest_mode = if mode == "replay" || mode == "load" {
         "observe"
     } else {
@@ -70,11 +83,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let input = serde_json::json!({"mode": guest_mode, "count": count}).to_string();
     let step = host.load(&module, "bench_guest.wasm")?;
     let recorded = host.run_loaded(&step, &input, None)?;
-    let reader = stephost::ledger::SqliteLedger::open(&tmp.join("hot.db"))?;
     let run = |host: &mut Host| -> Result<(), Box<dyn std::error::Error>> {
         if mode == "load" {
-            use stephost::ledger::Ledger;
-            reader.calls(&recorded.run_id)?;
+            host.store().calls(&recorded.run_id, 1, usize::MAX)?;
         } else if mode == "replay" {
             host.replay(&recorded.run_id, None)?;
         } else {
@@ -150,19 +161,20 @@ fn short(
 ) -> Result<(), Box<dyn std::error::Error>> {
     let slots = group_runs(4);
     let make = || worker_host_options(db, config);
-    let mut host = Host::open(db, make())?;
+    let mut host = open_host(db, make())?;
+    let ledger = Ledger::sqlite(db);
     let worker = worker_options(slots);
     let never = std::sync::atomic::AtomicBool::new(false);
     // A first worker fills the compiled-component cache.
     host.submit(module, "bench_guest.wasm", r#"{"mode":"none"}"#, None)?;
-    stephost::worker::run(db, &make, &worker, &never)?;
+    worker::run(&ledger, &make, &worker, &never)?;
     let input = serde_json::json!({"mode": "write", "count": count}).to_string();
     for _ in 0..runs {
         host.submit(module, "bench_guest.wasm", &input, None)?;
     }
     let cpu = procstat::process_cpu_us().unwrap_or(0.0);
     let t = Instant::now();
-    let report = stephost::worker::run(db, &make, &worker, &never)?;
+    let report = worker::run(&ledger, &make, &worker, &never)?;
     let took = t.elapsed().as_secs_f64();
     let cpu = procstat::process_cpu_us().unwrap_or(0.0) - cpu;
     if report.completed != runs as usize {
@@ -173,7 +185,7 @@ fn short(
          a run; {:.1} commits per fsync",
         f64::from(runs) / took,
         cpu / f64::from(runs),
-        report.commits.per_fsync(),
+        report.commits.commits as f64 / report.commits.fsyncs.max(1) as f64,
     );
     Ok(())
 }
@@ -189,28 +201,27 @@ fn group(
 ) -> Result<(), Box<dyn std::error::Error>> {
     let runs = group_runs(64);
     let make = || worker_host_options(db, config);
-    let mut host = Host::open(db, make())?;
+    let mut host = open_host(db, make())?;
+    let ledger = Ledger::sqlite(db);
     let input = serde_json::json!({"mode": "write", "count": count}).to_string();
     let worker = worker_options(runs);
     let never = std::sync::atomic::AtomicBool::new(false);
     let mut per = Vec::new();
     let mut cpu_us = 0.0;
-    let mut shared = stephost::ledger::CommitCounts::default();
+    let mut shared = CommitCounts::default();
     for round in 0..=rounds {
         for _ in 0..runs {
             host.submit(module, "bench_guest.wasm", &input, None)?;
         }
         let cpu = procstat::process_cpu_us().unwrap_or(0.0);
         let t = Instant::now();
-        let report = stephost::worker::run(db, &make, &worker, &never)?;
+        let report = worker::run(&ledger, &make, &worker, &never)?;
         if report.completed != runs {
             return Err(format!("round {round}: {report:?}").into());
         }
         shared.commits += report.commits.commits;
         shared.transactions += report.commits.transactions;
         shared.fsyncs += report.commits.fsyncs;
-        shared.applying_us += report.commits.applying_us;
-        shared.syncing_us += report.commits.syncing_us;
         // Round 0 fills the compiled-component cache.
         if round > 0 {
             per.push(t.elapsed().as_secs_f64() * 1e6 / (runs as u64 * count) as f64);
@@ -226,14 +237,8 @@ fn group(
          {:.1} commits per transaction, {:.1} per fsync",
         per[0],
         per[per.len() / 2],
-        shared.per_transaction(),
-        shared.per_fsync(),
-    );
-    let writes = f64::from(rounds + 1) * (runs as u64 * count) as f64;
-    println!(
-        "committer applying {:.1} µs, syncer in fsync {:.1} µs per write (all rounds)",
-        shared.applying_us as f64 / writes,
-        shared.syncing_us as f64 / writes,
+        shared.commits as f64 / shared.transactions.max(1) as f64,
+        shared.commits as f64 / shared.fsyncs.max(1) as f64,
     );
     // The worker's threads end with each round, so only the process's
     // total is left to read.
@@ -264,8 +269,8 @@ fn worker_host_options(db: &std::path::Path, config: &Config) -> HostOptions {
 }
 
 /// A worker of `concurrency` runs at once that stops when nothing is left.
-fn worker_options(concurrency: usize) -> stephost::worker::WorkerOptions {
-    stephost::worker::WorkerOptions {
+fn worker_options(concurrency: usize) -> WorkerOptions {
+    WorkerOptions {
         concurrency,
         exit_when_idle: true,
         poll_ms: 1,

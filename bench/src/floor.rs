@@ -2,25 +2,22 @@
 //! transaction, WAL, `synchronous = FULL` (one fsync a commit), on the
 //! bench's disk.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Instant;
 
 use rusqlite::Connection;
 
 type Res<T> = Result<T, Box<dyn std::error::Error>>;
 
-/// Commits made before a fresh floor is measured (more than the measured
-/// ones, so that these reuse the WAL's blocks), and in each warm-up round
-/// of a long-lived one.
+/// Commits made before a floor is measured (more than the measured ones,
+/// so that these reuse the WAL's blocks).
 pub const FLOOR_WARMUP: usize = 600;
-/// Commits a fresh floor measures.
+/// Commits a floor measures.
 pub const FLOOR_COMMITS: usize = 500;
 
 /// A floor's database, which commits on demand.
-pub struct Floor {
+struct Floor {
     conn: Connection,
-    /// Its WAL file.
-    wal: PathBuf,
     made: usize,
 }
 
@@ -37,35 +34,13 @@ impl Floor {
         conn.pragma_update(None, "journal_mode", "WAL")?;
         conn.pragma_update(None, "synchronous", "FULL")?;
         conn.execute_batch("CREATE TABLE t (id INTEGER PRIMARY KEY, v TEXT NOT NULL)")?;
-        let mut wal = path.into_os_string();
-        wal.push("-wal");
-        Ok(Floor {
-            conn,
-            wal: wal.into(),
-            made: 0,
-        })
-    }
-
-    /// A floor that lives as long as a figure measured beside it: warmed
-    /// (by `warm`) until its WAL has passed its first checkpoint and started
-    /// over, so that its commits overwrite the log, as a long-lived
-    /// ledger's do, however many it makes.
-    pub fn long_lived(
-        dir: &Path,
-        tag: &str,
-        warm: impl FnOnce(&Path, &mut dyn FnMut() -> Res<()>) -> Res<()>,
-    ) -> Res<Self> {
-        let mut floor = Floor::create(dir, tag)?;
-        let wal = floor.wal.clone();
-        warm(&wal, &mut || floor.commits(FLOOR_WARMUP))?;
-        Ok(floor)
+        Ok(Floor { conn, made: 0 })
     }
 
     /// Makes `n` commits. Its three statements are prepared once and kept,
     /// as the ledger's are: the floor is a transaction's cost, not parsing
-    /// SQL (until 5ced2a9, each commit parsed all three: a few µs of CPU
-    /// that every ratio was measured against).
-    pub fn commits(&mut self, n: usize) -> Res<()> {
+    /// SQL.
+    fn commits(&mut self, n: usize) -> Res<()> {
         for _ in 0..n {
             self.made += 1;
             self.conn.prepare_cached("BEGIN IMMEDIATE")?.execute([])?;
@@ -78,7 +53,7 @@ impl Floor {
     }
 
     /// Mean µs per commit of `n` commits.
-    pub fn us_per_commit(&mut self, n: usize) -> Res<f64> {
+    fn us_per_commit(&mut self, n: usize) -> Res<f64> {
         let t = Instant::now();
         self.commits(n)?;
         Ok(t.elapsed().as_secs_f64() * 1e6 / n as f64)

@@ -1,17 +1,16 @@
 //! `stephost-bench`: the cost of durability, measured against the physical
-//! floor (one fsync'd SQLite commit) on the same disk, in one run.
+//! floor (one fsync'd SQLite commit) on the same disk, in one run; with
+//! `--ab`, the same suite of this build and of another, in turn.
 //!
 //! It builds nothing: it expects the benchmark guest at
 //! `target/guest-wasm/wasm32-wasip2/release/bench_guest.wasm` (or `--guest`)
 //! and, for the CLI cold start, the `stephost` binary next to its own
 //! executable (or `--cli`). See `bench/README.md`.
 
-mod alone;
-mod ceiling;
+mod ab;
 mod floor;
-mod minimal;
 mod procstat;
-mod tasks;
+mod report;
 
 use std::error::Error;
 use std::path::{Path, PathBuf};
@@ -20,27 +19,33 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use serde_json::{Value, json};
-use stephost::config::Config;
-use stephost::ledger::RunStatus;
-use stephost::replay::ReplayVerdict;
-use stephost::runner::{Host, HostOptions, RunReport};
-use stephost::worker::{self, WorkerOptions, WorkerReport};
+use stephost_core::RunStatus;
+use stephost_core::store::PoolOptions;
+use stephost_host::HostOptions;
+use stephost_host::config::Config;
+use stephost_host::ledger::Ledger;
+use stephost_host::replay::ReplayVerdict;
+use stephost_host::runner::{Host, RunReport};
+use stephost_host::worker::{self, WorkerOptions, WorkerReport};
 
-use crate::floor::{Floor, floor_us};
+use crate::floor::floor_us;
+use crate::report::Row;
 
 type Res<T> = Result<T, Box<dyn Error>>;
 
 /// Name of the guest in error messages.
 const WHAT: &str = "bench_guest.wasm";
 
-// The counts. The whole suite must finish in well under 5 minutes on 2 cores.
-/// Rounds of figure 1 (and of the models beside it), each between floors:
-/// an odd number, so that one round's is the median.
-const WRITE_ROUNDS: usize = 11;
-/// Writes of each round's run.
-const ROUND_WRITES: u64 = 200;
-/// Commits of each floor measured between them.
-const ROUND_FLOOR_COMMITS: usize = 100;
+// The counts. The whole suite must finish in well under a minute or two on
+// 2 cores (an A/B runs it, and another build's, twice each).
+/// Runs of writes made before figure 1, until one leaves the ledger's WAL
+/// no larger than it found it; at most `WARMUP_ROUNDS_MAX` of them.
+const WARMUP_WRITES: u64 = 400;
+const WARMUP_ROUNDS_MAX: u64 = 10;
+/// Figure 1: runs of `WRITE_RUN_WRITES` writes between its two floors (an
+/// odd number: the median is one of them).
+const WRITE_RUNS: usize = 3;
+const WRITE_RUN_WRITES: u64 = 500;
 const OBSERVES: u64 = 20_000;
 const READS: u64 = 20_000;
 /// How long one run of reads may take, by a probe; fewer reads if need be
@@ -76,10 +81,6 @@ const MEMORY_LEAD: Duration = Duration::from_millis(400);
 const MEMORY_RETRIES: u32 = 3;
 /// The single run that figure 5 is compared with.
 const SINGLE_WRITES: u64 = 500;
-/// Writes per run in figure 5's ceiling (`ceiling.rs`), measured
-/// `CEILING_ROUNDS` times per layout; the median one is shown.
-const CEILING_WRITES: u64 = GROUP_WRITES;
-const CEILING_ROUNDS: usize = 3;
 const RESUME_CALLS: u64 = 10_000;
 const PENDING_RUNS: usize = 10_000;
 
@@ -93,7 +94,7 @@ fn main() {
     }
 }
 
-struct Args {
+pub(crate) struct Args {
     guest: PathBuf,
     cli: Option<PathBuf>,
     out: PathBuf,
@@ -101,11 +102,20 @@ struct Args {
     dir: Option<PathBuf>,
     /// Figures to run (1 to 7); all when empty.
     only: Vec<u32>,
+    /// `--ab`: the other build to compare with.
+    ab: Option<ab::Other>,
 }
 
 impl Args {
     fn wants(&self, figure: u32) -> bool {
         self.only.is_empty() || self.only.contains(&figure)
+    }
+
+    /// Where the ledgers' temporary folders go.
+    fn scratch(&self) -> PathBuf {
+        self.dir
+            .clone()
+            .unwrap_or_else(|| workspace_root().join("target"))
     }
 }
 
@@ -114,54 +124,84 @@ fn workspace_root() -> PathBuf {
     manifest.parent().unwrap_or(manifest).to_path_buf()
 }
 
-fn parse_args() -> Res<Args> {
+const USAGE: &str = "usage: stephost-bench [--guest bench_guest.wasm] [--cli path/to/stephost] \
+                     [--out results.json] [--dir DIR] [--only 1,5]\n       \
+                     [--ab OTHER_BENCH [--ab-cli OTHER_STEPHOST] [--ab-guest OTHER_GUEST.wasm] \
+                     [--ab-rounds N]]\nSee bench/README.md.";
+
+fn parse_args(args: impl IntoIterator<Item = String>) -> Res<Args> {
     let root = workspace_root();
-    let mut args = Args {
+    let mut parsed = Args {
         guest: root.join("target/guest-wasm/wasm32-wasip2/release/bench_guest.wasm"),
         cli: None,
         out: root.join("target/bench/results.json"),
         dir: None,
         only: Vec::new(),
+        ab: None,
     };
-    let mut it = std::env::args().skip(1);
+    let (mut ab_cli, mut ab_guest, mut ab_rounds) = (None, None, None);
+    let mut it = args.into_iter();
     while let Some(arg) = it.next() {
         let mut value = |name: &str| {
             it.next()
-                .map(PathBuf::from)
-                .ok_or_else(|| format!("{name} needs a path"))
+                .ok_or_else(|| format!("{name} needs a value (try --help)"))
         };
         match arg.as_str() {
-            "--guest" => args.guest = value("--guest")?,
-            "--cli" => args.cli = Some(value("--cli")?),
-            "--out" => args.out = value("--out")?,
-            "--dir" => args.dir = Some(value("--dir")?),
+            "--guest" => parsed.guest = value("--guest")?.into(),
+            "--cli" => parsed.cli = Some(value("--cli")?.into()),
+            "--out" => parsed.out = value("--out")?.into(),
+            "--dir" => parsed.dir = Some(value("--dir")?.into()),
             "--only" => {
-                let list = it
-                    .next()
-                    .ok_or("--only needs a list of figures, e.g. 1,5")?;
-                for n in list.split(',') {
+                for n in value("--only")?.split(',') {
                     let n: u32 = n
                         .trim()
                         .parse()
                         .map_err(|_| format!("--only: bad figure {n:?}"))?;
-                    args.only.push(n);
+                    parsed.only.push(n);
                 }
             }
-            "-h" | "--help" => {
-                println!(
-                    "usage: stephost-bench [--guest bench_guest.wasm] [--cli path/to/stephost] \
-                     [--out results.json] [--dir DIR] [--only 1,5]\nSee bench/README.md."
+            "--ab" => {
+                parsed.ab = Some(ab::Other {
+                    bench: value("--ab")?.into(),
+                    cli: None,
+                    guest: None,
+                    rounds: ab::ROUNDS,
+                })
+            }
+            "--ab-cli" => ab_cli = Some(PathBuf::from(value("--ab-cli")?)),
+            "--ab-guest" => ab_guest = Some(PathBuf::from(value("--ab-guest")?)),
+            "--ab-rounds" => {
+                let n = value("--ab-rounds")?;
+                ab_rounds = Some(
+                    n.parse::<usize>()
+                        .ok()
+                        .filter(|&n| n > 0)
+                        .ok_or_else(|| format!("--ab-rounds: bad count {n:?}"))?,
                 );
+            }
+            "-h" | "--help" => {
+                println!("{USAGE}");
                 std::process::exit(0);
             }
             other => return Err(format!("unknown argument {other:?} (try --help)").into()),
         }
     }
-    Ok(args)
+    match &mut parsed.ab {
+        Some(other) => {
+            other.cli = ab_cli;
+            other.guest = ab_guest;
+            other.rounds = ab_rounds.unwrap_or(ab::ROUNDS);
+        }
+        None if ab_cli.is_some() || ab_guest.is_some() || ab_rounds.is_some() => {
+            return Err("--ab-cli, --ab-guest and --ab-rounds go with --ab OTHER_BENCH".into());
+        }
+        None => {}
+    }
+    Ok(parsed)
 }
 
 fn main_inner() -> Res<()> {
-    let args = parse_args()?;
+    let args = parse_args(std::env::args().skip(1))?;
     let module = std::fs::read(&args.guest).map_err(|e| {
         format!(
             "cannot read the guest {}: {e}\nbuild it first: cargo build --release \
@@ -169,8 +209,37 @@ fn main_inner() -> Res<()> {
             args.guest.display()
         )
     })?;
-    let root = workspace_root();
-    let scratch = args.dir.clone().unwrap_or_else(|| root.join("target"));
+    let started = Instant::now();
+    let results = match &args.ab {
+        Some(other) => ab::run(&args, other, &module)?,
+        None => suite(&args, &module)?,
+    };
+    let elapsed = started.elapsed();
+    let machine = machine_info(&workspace_root(), &args.scratch());
+    let mut results = results;
+    results["machine"] = machine.clone();
+    results["elapsed_s"] = json!(elapsed.as_secs_f64());
+    if let Some(parent) = args.out.parent() {
+        std::fs::create_dir_all(parent)?;
+    }
+    std::fs::write(&args.out, serde_json::to_string_pretty(&results)? + "\n")?;
+    println!();
+    println!(
+        "machine: {} cores, kernel {}, {}; took {:.0} s",
+        machine["nproc"],
+        machine["kernel"].as_str().unwrap_or("?"),
+        machine["date"].as_str().unwrap_or("?"),
+        elapsed.as_secs_f64()
+    );
+    println!("written to {}", args.out.display());
+    Ok(())
+}
+
+/// This build's suite, in a fresh temporary folder under the scratch
+/// folder: prints its table and notes and returns its results (the
+/// figures, notes and counts; `main` adds the machine).
+pub(crate) fn suite(args: &Args, module: &[u8]) -> Res<Value> {
+    let scratch = args.scratch();
     std::fs::create_dir_all(&scratch)?;
     // The ledgers live on the same disk as the repository (not /tmp, which
     // may be a tmpfs where fsync costs nothing).
@@ -178,23 +247,20 @@ fn main_inner() -> Res<()> {
         .prefix("bench-")
         .tempdir_in(&scratch)?;
     let started = Instant::now();
-    let mut bench = Bench::new(dir.path(), module)?;
-    bench.run_all(&args)?;
+    let mut bench = Bench::new(dir.path(), module.to_vec())?;
+    bench.run_all(args)?;
     let elapsed = started.elapsed();
-
     bench.print_table();
-    let machine = machine_info(&root, &scratch);
-    let results = json!({
+    println!("suite took {:.0} s", elapsed.as_secs_f64());
+    Ok(json!({
         "suite": "stephost-bench",
-        "machine": machine,
-        "elapsed_s": elapsed.as_secs_f64(),
+        "suite_s": elapsed.as_secs_f64(),
         "counts": {
             "floor_warmup_commits": floor::FLOOR_WARMUP,
             "floor_commits": floor::FLOOR_COMMITS,
             "warmup_writes": bench.warmup_writes,
-            "write_rounds": WRITE_ROUNDS,
-            "round_writes": ROUND_WRITES,
-            "round_floor_commits": ROUND_FLOOR_COMMITS,
+            "write_runs": WRITE_RUNS,
+            "write_run_writes": WRITE_RUN_WRITES,
             "observes": OBSERVES,
             "reads": bench.reads,
             "replay_calls": REPLAY_CALLS,
@@ -210,88 +276,7 @@ fn main_inner() -> Res<()> {
         },
         "figures": bench.rows.iter().map(Row::to_json).collect::<Vec<_>>(),
         "notes": bench.notes,
-    });
-    if let Some(parent) = args.out.parent() {
-        std::fs::create_dir_all(parent)?;
-    }
-    std::fs::write(&args.out, serde_json::to_string_pretty(&results)? + "\n")?;
-    println!();
-    println!(
-        "machine: {} cores, kernel {}, {}; suite took {:.0} s",
-        machine["nproc"],
-        machine["kernel"].as_str().unwrap_or("?"),
-        machine["date"].as_str().unwrap_or("?"),
-        elapsed.as_secs_f64()
-    );
-    println!("written to {}", args.out.display());
-    Ok(())
-}
-
-/// One line of the table.
-struct Row {
-    figure: String,
-    value: f64,
-    unit: &'static str,
-    /// The fsync floor (µs) measured nearest to this figure.
-    floor_us: Option<f64>,
-    ratio: Option<f64>,
-    target: Option<String>,
-    met: Option<bool>,
-}
-
-impl Row {
-    fn new(figure: &str, value: f64, unit: &'static str) -> Self {
-        Row {
-            figure: figure.to_string(),
-            value,
-            unit,
-            floor_us: None,
-            ratio: None,
-            target: None,
-            met: None,
-        }
-    }
-
-    /// Sets the floor and the ratio value / floor.
-    fn over_floor(mut self, floor_us: f64) -> Self {
-        self.floor_us = Some(floor_us);
-        self.ratio = Some(self.value / floor_us);
-        self
-    }
-
-    fn target(mut self, text: &str, met: bool) -> Self {
-        self.target = Some(text.to_string());
-        self.met = Some(met);
-        self
-    }
-
-    fn to_json(&self) -> Value {
-        json!({
-            "figure": self.figure,
-            "value": self.value,
-            "unit": self.unit,
-            "floor_us": self.floor_us,
-            "ratio": self.ratio,
-            "target": self.target,
-            "met": self.met,
-        })
-    }
-}
-
-fn fmt(v: f64) -> String {
-    if !v.is_finite() {
-        return v.to_string();
-    }
-    let a = v.abs();
-    if a >= 1000.0 {
-        format!("{v:.0}")
-    } else if a >= 10.0 {
-        format!("{v:.1}")
-    } else if a >= 0.1 {
-        format!("{v:.2}")
-    } else {
-        format!("{v:.3}")
-    }
+    }))
 }
 
 struct Bench {
@@ -356,6 +341,12 @@ fn host_options(config: &Config) -> HostOptions {
     }
 }
 
+/// A host over the SQLite ledger at `db` (created if absent).
+fn open_host(db: &Path, options: HostOptions) -> Res<Host> {
+    let pool = Ledger::sqlite(db).open(PoolOptions::default())?;
+    Ok(Host::open(pool, options)?)
+}
+
 fn progress(what: &str) {
     eprintln!("[bench] {what}");
 }
@@ -384,7 +375,7 @@ impl Bench {
     }
 
     fn host(&self, db: &str) -> Res<Host> {
-        Ok(Host::open(&self.dir.join(db), self.options())?)
+        open_host(&self.dir.join(db), self.options())
     }
 
     fn note(&mut self, text: String) {
@@ -443,25 +434,33 @@ impl Bench {
         Ok((took, output, report))
     }
 
-    /// Runs of writes until one leaves the WAL of ledger `db` no larger than
-    /// it found it: the log has passed its first checkpoint and started
-    /// over, so figure 1's writes overwrite it, as a long-lived ledger's do.
-    /// Writes that grow the file cost more (each fsync also writes the
-    /// file's metadata: about twice the cost on the project's disk), and
-    /// how many writes fill the log to its checkpoint depends on the pages
-    /// each commits, so this is measured rather than counted.
+    /// Runs of `WARMUP_WRITES` writes until one leaves the WAL of ledger
+    /// `db` no larger than it found it: the log has passed its first
+    /// checkpoint and started over, so figure 1's writes overwrite it, as a
+    /// long-lived ledger's do. Writes that grow the file cost more (each
+    /// fsync also writes the file's metadata: about twice the cost on the
+    /// project's disk), and how many writes fill the log to its checkpoint
+    /// depends on the pages each commits, so this is measured rather than
+    /// counted.
     fn warm_wal(&mut self, host: &mut Host, db: &str) -> Res<()> {
         let mut wal = self.dir.join(db).into_os_string();
         wal.push("-wal");
-        let input = json!({"mode": "write", "count": alone::WARMUP_WRITES});
-        let warmed = alone::warm(Path::new(&wal), &mut || {
-            self.run(host, input.clone()).map(|_| ())
-        })?;
-        let rounds = warmed.unwrap_or(alone::WARMUP_ROUNDS_MAX);
-        self.warmup_writes = rounds * alone::WARMUP_WRITES;
-        // The figure itself is still measured, with a note (the models'
-        // and the floor's warm-ups fail instead: nothing to show there).
-        if warmed.is_none() {
+        let size = || std::fs::metadata(&wal).map_or(0, |m| m.len());
+        let input = json!({"mode": "write", "count": WARMUP_WRITES});
+        let mut before = size();
+        let mut warmed = false;
+        for _ in 0..WARMUP_ROUNDS_MAX {
+            self.run(host, input.clone())?;
+            self.warmup_writes += WARMUP_WRITES;
+            let after = size();
+            if after <= before {
+                warmed = true;
+                break;
+            }
+            before = after;
+        }
+        // The figure itself is still measured, with a note.
+        if !warmed {
             self.note(format!(
                 "warm-up: the ledger's WAL still grew after {} writes; figure 1 may include \
                  writes that grow it",
@@ -477,132 +476,58 @@ impl Bench {
             .collect()
     }
 
-    /// Figure 1 and the two models beside it (`alone.rs`), measured in
-    /// `WRITE_ROUNDS` rounds: in each, a run of `ROUND_WRITES` writes of the
-    /// host and as many writes of each model, in an order that turns round
-    /// by round and runs backwards every other round (so that each subject
-    /// follows each other), each between two floors of `ROUND_FLOOR_COMMITS` commits
-    /// on one long-lived floor database. So each is compared with floors
-    /// measured within milliseconds of it, on the same disk in the same
-    /// state. A subject's ratio in a round is its µs per write over the mean
-    /// of the floors either side; the round with the median ratio is shown
-    /// (a slow spell of the disk moves a round, not the figure).
+    /// Figure 1: a floor, `WRITE_RUNS` runs of `WRITE_RUN_WRITES` writes on
+    /// the warm ledger, a floor again. A run's µs per write is its wall time
+    /// less a `none` run's (which holds the run's own start and end
+    /// commits), over its writes; the median run is shown, its ratio over
+    /// the mean of the two floors.
     fn write_effect(&mut self, host: &mut Host, none_us: f64) -> Res<()> {
-        const SUBJECTS: [&str; 3] = [
-            "1 write effect",
-            "1 … SQLite alone, a run's rows",
-            "1 … the guest, minimal host",
-        ];
-        let models = tempfile::tempdir_in(&self.dir)?;
-        let mut floor = Floor::long_lived(&self.dir, "1", alone::warm_fully)?;
-        let mut sql = alone::Sql::open(models.path())?;
-        let mut guest = alone::Guest::open(&self.module, models.path())?;
-        let mut rounds: [Vec<Between>; 3] = Default::default();
-        let mut cpu = [0.0; 3];
-        let mut pages = [0; 3];
-        let mut before = floor.us_per_commit(ROUND_FLOOR_COMMITS)?;
-        for round in 0..WRITE_ROUNDS {
-            progress(&format!(
-                "1 write effect and its models: round {} of {WRITE_ROUNDS}, {ROUND_WRITES} \
-                 writes each",
-                round + 1
-            ));
-            for turn in 0..SUBJECTS.len() {
-                // The order turns from round to round, and runs backwards
-                // every other round: over six rounds, each of the six.
-                let turn = if round % 2 == 0 {
-                    turn
-                } else {
-                    SUBJECTS.len() - 1 - turn
-                };
-                let subject = (round + turn) % SUBJECTS.len();
-                let model: Option<&mut dyn alone::Model> = match subject {
-                    0 => None,
-                    1 => Some(&mut sql),
-                    _ => Some(&mut guest),
-                };
-                let cpu_before = cpu_seconds()?;
-                let per_write = match model {
-                    None => {
-                        let input = json!({"mode": "write", "count": ROUND_WRITES});
-                        let (took, _, _) = self.run(host, input)?;
-                        (us(took) - none_us) / ROUND_WRITES as f64
-                    }
-                    Some(model) => {
-                        let pages_before = model.pages();
-                        let t = Instant::now();
-                        model.writes(ROUND_WRITES)?;
-                        let took = us(t.elapsed());
-                        pages[subject] += model.pages() - pages_before;
-                        took / ROUND_WRITES as f64
-                    }
-                };
-                cpu[subject] += cpu_seconds()? - cpu_before;
-                let after = floor.us_per_commit(ROUND_FLOOR_COMMITS)?;
-                rounds[subject].push(Between {
-                    ratio: per_write / ((before + after) / 2.0),
-                    per_write,
-                    before,
-                    after,
-                });
-                before = after;
-            }
-        }
-        guest.end()?;
-        let writes = (WRITE_ROUNDS as u64 * ROUND_WRITES) as f64;
-        for (subject, name) in SUBJECTS.into_iter().enumerate() {
-            let ratios: Vec<String> = rounds[subject]
-                .iter()
-                .map(|r| format!("{:.2}", r.ratio))
-                .collect();
-            let median = median_by(rounds[subject].clone(), |r| r.ratio);
-            let floor_mean = (median.before + median.after) / 2.0;
-            let row = Row::new(name, median.per_write, "µs/write").over_floor(floor_mean);
-            let cpu_us = cpu[subject] * 1e6 / writes;
-            if subject == 0 {
-                self.push_floor("around 1", median.before, median.after);
-                self.single_write_us = Some(median.per_write);
-                let met = row.ratio.is_some_and(|r| r <= 1.1);
-                self.rows.push(row.target("≤ 1.1× floor", met));
-                self.note(format!(
-                    "1: {WRITE_ROUNDS} rounds; in each, a run of {ROUND_WRITES} writes and as \
-                     many writes of each model below, in an order that turns round by round \
-                     and runs backwards every other round, each between two floors of \
-                     {ROUND_FLOOR_COMMITS} commits (one long-lived floor database, its WAL past \
-                     its first checkpoint, its statements prepared once); a run's µs per write \
-                     = (its wall time - mean of a `none` run, {none_us:.0} µs, which holds the \
-                     run's own start and end commits) / {ROUND_WRITES}; its ratio over the mean \
-                     of the floors either side, by round: {}; the median round shown. {:.0} µs \
-                     of CPU a write (USER_HZ ticks: coarse), the run's start and end included. \
-                     {} writes made before took the ledger's WAL past its first checkpoint, so \
-                     these overwrite it",
-                    ratios.join(", "),
-                    cpu_us,
-                    self.warmup_writes
-                ));
-            } else {
-                self.rows.push(row);
-                self.note(format!(
-                    "{name} (a model, see bench/src/alone.rs): its ratio by round, measured \
-                     beside figure 1's: {}; the median round shown. {:.2} WAL pages and {:.0} \
-                     µs of CPU a write (coarse)",
-                    ratios.join(", "),
-                    pages[subject] as f64 / writes,
-                    cpu_us
-                ));
-            }
-        }
+        let before = floor_us(&self.dir, "before 1")?;
+        progress(&format!(
+            "1 write effect: {WRITE_RUNS} runs of {WRITE_RUN_WRITES} writes (floor before: \
+             {before:.0} µs)"
+        ));
+        let cpu_before = cpu_seconds()?;
+        let input = json!({"mode": "write", "count": WRITE_RUN_WRITES});
+        let per_write = self
+            .repeat(host, input, WRITE_RUNS)?
+            .into_iter()
+            .map(|took| (us(took) - none_us) / WRITE_RUN_WRITES as f64)
+            .collect::<Vec<_>>();
+        let cpu = cpu_seconds()? - cpu_before;
+        let after = floor_us(&self.dir, "after 1")?;
+        self.push_floor("around 1", before, after);
+        let floor = (before + after) / 2.0;
+        let median = median_by(per_write.clone(), |v| *v);
+        self.single_write_us = Some(median);
+        self.rows
+            .push(Row::new(report::WRITE_EFFECT, median, "µs/write").over_floor(floor));
+        let ratios: Vec<String> = per_write
+            .iter()
+            .map(|v| format!("{:.2}", v / floor))
+            .collect();
+        self.note(format!(
+            "1: {WRITE_RUNS} runs of {WRITE_RUN_WRITES} writes, between a floor just before \
+             ({before:.0} µs) and one just after ({after:.0} µs); a run's µs per write = (its \
+             wall time - mean of a `none` run, {none_us:.0} µs, which holds the run's own \
+             start and end commits) / {WRITE_RUN_WRITES}; over the mean of the two floors: {}; \
+             the median run shown. {:.0} µs of CPU a write (USER_HZ ticks: coarse), the runs' \
+             starts and ends included. {} writes made before took the ledger's WAL past its \
+             first checkpoint, so these overwrite it",
+            ratios.join(", "),
+            cpu * 1e6 / (WRITE_RUNS as u64 * WRITE_RUN_WRITES) as f64,
+            self.warmup_writes
+        ));
         Ok(())
     }
 
-    /// Figure 2: observe (clock) and no-op read calls.
     fn observe_and_read(&mut self, host: &mut Host, none_us: f64, floor: f64) -> Res<()> {
         progress(&format!("2 observe: 3 runs of {OBSERVES} clock calls"));
         let observe =
             median_us(&self.repeat(host, json!({"mode": "observe", "count": OBSERVES}), 3)?);
         let per_observe = (observe - none_us) / OBSERVES as f64;
-        let row = Row::new("2 observe call", per_observe, "µs/call").over_floor(floor);
-        self.rows.push(row.target("≤ 5 µs", per_observe <= 5.0));
+        self.rows
+            .push(Row::new("2 observe call", per_observe, "µs/call").over_floor(floor));
 
         // A probe first: if a read costs an fsync, 20,000 of them take minutes.
         let (probe, _, _) = self.run(host, json!({"mode": "read", "count": 200}))?;
@@ -621,8 +546,8 @@ impl Bench {
         progress(&format!("2 read: 3 runs of {reads} no-op reads"));
         let read = median_us(&self.repeat(host, json!({"mode": "read", "count": reads}), 3)?);
         let per_read = (read - none_us) / reads as f64;
-        let row = Row::new("2 read call (no-op)", per_read, "µs/call").over_floor(floor);
-        self.rows.push(row.target("≤ 5 µs", per_read <= 5.0));
+        self.rows
+            .push(Row::new("2 read call (no-op)", per_read, "µs/call").over_floor(floor));
         self.note(
             "2: (median wall time of 3 runs of N calls - mean `none` run) / N; this includes \
              writing the calls' ledger rows, whenever the host commits them"
@@ -661,8 +586,7 @@ impl Bench {
         }
         let secs = median_us(&times) / 1e6;
         let rate = REPLAY_CALLS as f64 / secs;
-        self.rows
-            .push(Row::new("3 replay", rate, "calls/s").target("≥ 1,000,000 calls/s", rate >= 1e6));
+        self.rows.push(Row::new("3 replay", rate, "calls/s"));
         self.note(format!(
             "3: median of 3 `Host::replay` calls of a recorded run of {REPLAY_CALLS} clock calls \
              ({:.0} ms), including reading the run and its calls out of the ledger; recording it \
@@ -677,8 +601,8 @@ impl Bench {
     fn start_of_run(&mut self, host: &mut Host, floor: f64, args: &Args) -> Res<()> {
         progress(&format!("4 start: {STARTS} `none` runs on one warm host"));
         let whole = mean_us(&self.repeat(host, json!({"mode": "none"}), STARTS)?);
-        let row = Row::new("4 run of a no-op step, whole", whole, "µs/run").over_floor(floor);
-        self.rows.push(row.target("≤ 100 µs", whole <= 100.0));
+        self.rows
+            .push(Row::new("4 run of a no-op step, whole", whole, "µs/run").over_floor(floor));
 
         progress(&format!("4 start: {STARTS} runs to the guest's first call"));
         let mut to_first = Vec::new();
@@ -688,8 +612,8 @@ impl Bench {
             to_first.push(since_us(t0, &output)?);
         }
         let first = to_first.iter().sum::<f64>() / to_first.len() as f64;
-        let row = Row::new("4 start to guest's first call", first, "µs").over_floor(floor);
-        self.rows.push(row.target("≤ 100 µs", first <= 100.0));
+        self.rows
+            .push(Row::new("4 start to guest's first call", first, "µs").over_floor(floor));
 
         // The same with the step loaded once (`Host::load`), as an
         // embedding starting many runs of one step would: no run looks at
@@ -709,11 +633,11 @@ impl Bench {
             to_first.push(since_us(t0, &output)?);
         }
         let whole = mean_us(&wholes);
-        let row = Row::new("4 … whole, step loaded once", whole, "µs/run").over_floor(floor);
-        self.rows.push(row.target("≤ 100 µs", whole <= 100.0));
+        self.rows
+            .push(Row::new("4 … whole, step loaded once", whole, "µs/run").over_floor(floor));
         let first = to_first.iter().sum::<f64>() / to_first.len() as f64;
-        let row = Row::new("4 … to first call, step loaded once", first, "µs").over_floor(floor);
-        self.rows.push(row.target("≤ 100 µs", first <= 100.0));
+        self.rows
+            .push(Row::new("4 … to first call, step loaded once", first, "µs").over_floor(floor));
 
         progress(&format!("4 start: {STARTS} replays of a `none` run"));
         let (_, _, none) = self.run(host, json!({"mode": "none"}))?;
@@ -794,12 +718,13 @@ impl Bench {
             ..host_options(config)
         };
         let worker_options = self.worker_options(WORKER_SLOTS, "bench-short-runs");
-        let mut host = Host::open(&db, options())?;
+        let mut host = open_host(&db, options())?;
+        let ledger = Ledger::sqlite(&db);
         let never = AtomicBool::new(false);
         // A first worker compiles the component into the disk cache; the
         // measured one loads it from there, as a restarted worker would.
         host.submit(&self.module, WHAT, r#"{"mode":"none"}"#, None)?;
-        let warm = worker::run(&db, &options, &worker_options, &never)?;
+        let warm = worker::run(&ledger, &options, &worker_options, &never)?;
         if warm.completed != 1 {
             return Err(format!("the short runs' first worker: {warm:?}").into());
         }
@@ -811,7 +736,7 @@ impl Bench {
             host.submit(&self.module, WHAT, &input, None)?;
         }
         let t = Instant::now();
-        let report = worker::run(&db, &options, &worker_options, &never)?;
+        let report = worker::run(&ledger, &options, &worker_options, &never)?;
         let took = t.elapsed().as_secs_f64();
         if report.completed != WORKER_RUNS {
             return Err(format!("the short runs' worker: {report:?}").into());
@@ -840,6 +765,8 @@ impl Bench {
             let out = Command::new(cli)
                 .current_dir(&self.dir)
                 .env_remove("STEPHOST_DB")
+                .env_remove("STEPHOST_LEDGER")
+                .env_remove("STEPHOST_CACHE_DIR")
                 .env_remove("STEPHOST_CONFIG")
                 .arg("--db")
                 .arg(&db)
@@ -919,7 +846,7 @@ impl Bench {
         // Each round's rate, from the earliest of its runs' clock reads just
         // before their writes (`first_ns`) to its last run's end; the round
         // with the median rate is the figure.
-        let host = Host::open(&db, self.options())?;
+        let host = open_host(&db, self.options())?;
         let mut measured = Vec::with_capacity(GROUP_ROUNDS);
         let leads: Vec<String> = rounds.iter().map(|r| r.3.as_millis().to_string()).collect();
         for (ids, cpu, wall, _) in rounds {
@@ -930,20 +857,18 @@ impl Bench {
                 let first = output_u64(&host, id, "first_ns")?;
                 first_ns = first_ns.min(first);
                 last_first_ns = last_first_ns.max(first);
-                last_ms = last_ms.max(host.ledger().run(id)?.updated_at_ms);
+                last_ms = last_ms.max(host.store().run(id)?.updated_at_ms);
             }
             let window_s = ((last_ms as f64) * 1e6 - first_ns as f64).max(1e6) / 1e9;
             let writes = (GROUP_RUNS as u64 * GROUP_WRITES) as f64;
             let spread_ms = (last_first_ns - first_ns) as f64 / 1e6;
             measured.push((writes / window_s, window_s, cpu, wall, spread_ms));
         }
+        let commits = worker.commits.commits;
         let rates: Vec<String> = measured.iter().map(|m| format!("{:.0}", m.0)).collect();
         let (rate, window_s, cpu, wall, spread_ms) = median_by(measured, |m| m.0);
-        let mut row = Row::new("5 group commit", rate, "writes/s");
-        row.floor_us = Some(floor);
-        row.ratio = Some(rate / single);
         self.rows
-            .push(row.target("≥ 20× single run", rate / single >= 20.0));
+            .push(Row::new("5 group commit", rate, "writes/s").with_ratio(rate / single, floor));
         self.note(format!(
             "5: a worker (`worker::run`, concurrency {GROUP_RUNS}) first runs one no-op run so \
              its component cache is warm; then, {} times, {GROUP_RUNS} runs of {GROUP_WRITES} \
@@ -962,8 +887,7 @@ impl Bench {
              after. In that round, from the start time to the last run's end the process \
              used {cpu:.2} s of CPU in {:.2} s ({:.1} of {} cores busy). Over the worker's \
              life (the warm run and all rounds), the runs' {} commits took {} transactions and \
-             {} fsyncs: {:.1} commits per fsync, {:.1} per transaction; the committer spent \
-             {:.1} µs applying per commit, the syncer {:.1} µs in fsyncs",
+             {} fsyncs: {:.1} commits per fsync, {:.1} per transaction",
             GROUP_ROUNDS + 1,
             GROUP_LEAD.as_millis(),
             (GROUP_LEAD * 2u32.pow(GROUP_RETRIES)).as_millis(),
@@ -978,98 +902,11 @@ impl Bench {
             worker.commits.commits,
             worker.commits.transactions,
             worker.commits.fsyncs,
-            worker.commits.per_fsync(),
-            worker.commits.per_transaction(),
-            worker.commits.applying_us as f64 / worker.commits.commits.max(1) as f64,
-            worker.commits.syncing_us as f64 / worker.commits.commits.max(1) as f64,
-        ));
-        self.group_ceiling(single)
-    }
-
-    /// Figure 5's ceilings and models: the same runs' writes through SQLite
-    /// alone (see `ceiling.rs`), and through the bench guest run as tasks
-    /// with a minimal host (see `tasks.rs`), each in the ledger's layout
-    /// and in an appended one, compared with the same single run.
-    fn group_ceiling(&mut self, single: f64) -> Res<()> {
-        let threads = std::thread::available_parallelism().map_or(2, |n| n.get());
-        let mut shown = Vec::new();
-        for (layout, name) in [
-            (ceiling::Layout::Keyed, "keyed as the ledger's calls"),
-            (ceiling::Layout::Appended, "appended to one log"),
-        ] {
-            for (model, measure) in [
-                (
-                    "SQLite alone",
-                    &(|dir: &Path| ceiling::measure(dir, layout, GROUP_RUNS, CEILING_WRITES))
-                        as &dyn Fn(&Path) -> Res<ceiling::Ceiling>,
-                ),
-                ("runs as tasks", &|dir: &Path| {
-                    tasks::measure(
-                        &self.module,
-                        dir,
-                        layout,
-                        GROUP_RUNS,
-                        CEILING_WRITES,
-                        threads,
-                    )
-                }),
-            ] {
-                progress(&format!("5 ceiling: {model}, rows {name}"));
-                let dir = tempfile::tempdir_in(&self.dir)?;
-                let rounds = (0..CEILING_ROUNDS)
-                    .map(|round| {
-                        let dir = dir.path().join(round.to_string());
-                        std::fs::create_dir(&dir)?;
-                        measure(&dir)
-                    })
-                    .collect::<Res<Vec<_>>>()?;
-                let rates: Vec<String> = rounds
-                    .iter()
-                    .map(|c| format!("{:.0}", c.writes_per_s))
-                    .collect();
-                let median = median_by(rounds, |c| c.writes_per_s);
-                let mut row = Row::new(
-                    &format!("5 … {model}, rows {name}"),
-                    median.writes_per_s,
-                    "writes/s",
-                );
-                row.ratio = Some(median.writes_per_s / single);
-                self.rows.push(row);
-                shown.push(format!(
-                    "{model}, {name}: {} writes/s, the median shown ({:.1} WAL pages, {:.0} \
-                     writes per fsync, {:.1} µs of CPU per write)",
-                    rates.join(", "),
-                    median.pages_per_write,
-                    median.writes_per_fsync,
-                    median.cpu_us_per_write
-                ));
-            }
-        }
-        self.note(format!(
-            "5 … SQLite alone: the ceiling of group commit on this disk. {GROUP_RUNS} runs' \
-             {CEILING_WRITES} writes each, as rows like the ledger's (a `started` row, then \
-             its outcome), applied by one thread in transactions of half the runs each while a \
-             second thread fsyncs the WAL; a run's next write waits for the fsync of its \
-             previous one, so one half's fsync overlaps the other half's SQL. No guest, no \
-             host, no fence check: what SQLite and the disk allow. 5 … runs as tasks: a model \
-             of a minimal host that runs its runs as tasks: {GROUP_RUNS} instances of the bench guest \
-             making {CEILING_WRITES} writes each, on a tokio runtime of {threads} threads \
-             (wasmtime's async support), whose write import hashes, queues the `started` record \
-             and waits for its fsync, the records applied by a committer thread in a \
-             transaction per batch while a syncer fsyncs the WAL; no fence check, no ledger \
-             bookkeeping. Ratio = that rate / the single run's of figure 5. {}",
-            shown.join("; ")
+            commits as f64 / worker.commits.fsyncs.max(1) as f64,
+            commits as f64 / worker.commits.transactions.max(1) as f64,
         ));
         Ok(())
     }
-
-    /// `GROUP_RUNS` runs of the bench guest with `input` (a JSON object),
-    /// each told to start at the same time, `lead` after now (the guest
-    /// sleeps until then): `measure` is given their ids, the start time and
-    /// the lead, waits for the runs to end, and returns what it measured
-    /// and a time by which every run must have arrived. If one arrived
-    /// later, the runs are made again with twice the lead, up to `retries`
-    /// times. Returns the ids, what was measured and the lead that served.
     fn started_together<T>(
         &self,
         host: &mut Host,
@@ -1129,7 +966,8 @@ impl Bench {
         id: &str,
         body: impl FnOnce(&mut Host) -> Res<T>,
     ) -> Res<(T, WorkerReport)> {
-        let mut host = Host::open(db, self.options())?;
+        let mut host = open_host(db, self.options())?;
+        let ledger = Ledger::sqlite(db);
         let warm = host
             .submit(&self.module, WHAT, r#"{"mode":"none"}"#, None)?
             .run_id;
@@ -1137,8 +975,9 @@ impl Bench {
         let mut options = self.worker_options(GROUP_RUNS, id);
         options.exit_when_idle = false;
         std::thread::scope(|scope| -> Res<(T, WorkerReport)> {
-            let worker = scope
-                .spawn(|| worker::run(db, &|| host_options(&self.config), &options, &shutdown));
+            let worker = scope.spawn(|| {
+                worker::run(&ledger, &|| host_options(&self.config), &options, &shutdown)
+            });
             let result =
                 wait_completed(&host, std::slice::from_ref(&warm)).and_then(|()| body(&mut host));
             shutdown.store(true, Ordering::SeqCst);
@@ -1163,7 +1002,8 @@ impl Bench {
     /// Figure 6: resuming a run with 10,000 recorded calls.
     fn resume(&mut self) -> Res<()> {
         let db = self.dir.join("resume.db");
-        let mut host = Host::open(&db, self.options())?;
+        let mut host = open_host(&db, self.options())?;
+        let ledger = Ledger::sqlite(&db);
         let input = json!({"mode": "resume", "count": RESUME_CALLS}).to_string();
         let run_id = host.submit(&self.module, WHAT, &input, None)?.run_id;
         progress(&format!(
@@ -1178,8 +1018,9 @@ impl Bench {
         options.exit_when_idle = false;
         let gate = Gate::close(&self.gate)?;
         let report = std::thread::scope(|scope| -> Res<_> {
-            let worker = scope
-                .spawn(|| worker::run(&db, &|| host_options(&self.config), &options, &shutdown));
+            let worker = scope.spawn(|| {
+                worker::run(&ledger, &|| host_options(&self.config), &options, &shutdown)
+            });
             let arrived = gate.wait_arrived(1);
             shutdown.store(true, Ordering::SeqCst);
             // Let the worker see the shutdown and tell the run to drain.
@@ -1277,10 +1118,8 @@ impl Bench {
         let (first, first_took) = submit_many()?;
         let (second, second_took) = submit_many()?;
         let per_pending = second / PENDING_RUNS as f64;
-        self.rows.push(
-            Row::new("7 RSS per pending run", per_pending, "bytes")
-                .target("≈ 0 (< 32)", per_pending < 32.0),
-        );
+        self.rows
+            .push(Row::new(report::RSS_PENDING, per_pending, "bytes"));
         self.note(format!(
             "7: per active run = (RSS while {GROUP_RUNS} runs of a warm worker sleep in their \
              step, on the worker's timers - RSS of the idle warm worker) / {GROUP_RUNS}: the \
@@ -1304,66 +1143,13 @@ impl Bench {
     }
 
     fn print_table(&self) {
-        let header = [
-            "figure",
-            "value",
-            "unit",
-            "floor µs",
-            "ratio",
-            "target",
-            "met",
-        ];
-        let cells: Vec<[String; 7]> = self
-            .rows
-            .iter()
-            .map(|r| {
-                [
-                    r.figure.clone(),
-                    fmt(r.value),
-                    r.unit.to_string(),
-                    r.floor_us.map_or("-".into(), fmt),
-                    r.ratio.map_or("-".into(), fmt),
-                    r.target.clone().unwrap_or_else(|| "-".into()),
-                    r.met
-                        .map_or("-", |m| if m { "yes" } else { "no" })
-                        .to_string(),
-                ]
-            })
-            .collect();
-        let mut widths = header.map(|h| h.chars().count());
-        for row in &cells {
-            for (w, c) in widths.iter_mut().zip(row) {
-                *w = (*w).max(c.chars().count());
-            }
-        }
-        let line = |row: &[String]| {
-            let mut out = String::new();
-            for (i, (c, w)) in row.iter().zip(widths).enumerate() {
-                let pad = w - c.chars().count();
-                // Text left, numbers right.
-                if matches!(i, 1 | 3 | 4) {
-                    out.push_str(&" ".repeat(pad));
-                    out.push_str(c);
-                } else {
-                    out.push_str(c);
-                    out.push_str(&" ".repeat(pad));
-                }
-                out.push_str("  ");
-            }
-            println!("{}", out.trim_end());
-        };
-        line(&header.map(String::from));
-        line(&widths.map(|w| "-".repeat(w)));
-        for row in &cells {
-            line(row);
-        }
+        report::print_rows(&self.rows);
         println!();
         for note in &self.notes {
             println!("- {note}");
         }
     }
 }
-
 fn completed(report: &RunReport) -> Res<Value> {
     if report.status != RunStatus::Completed {
         return Err(format!(
@@ -1385,7 +1171,7 @@ fn wait_completed(host: &Host, ids: &[String]) -> Res<()> {
     let deadline = Instant::now() + Duration::from_secs(120);
     let mut done = 0;
     while let Some(id) = ids.get(done) {
-        match host.ledger().run(id)?.status {
+        match host.store().run(id)?.status {
             RunStatus::Completed => {
                 done += 1;
                 continue;
@@ -1454,20 +1240,11 @@ impl Gate {
 
 fn counter(host: &Host, name: &str) -> Res<i64> {
     Ok(host
-        .ledger()
+        .store()
         .counters()?
         .into_iter()
         .find(|(n, _)| n == name)
         .map_or(0, |(_, v)| v))
-}
-
-/// A round of figure 1 (or a model), measured between two floors (µs).
-#[derive(Debug, Clone, Copy)]
-struct Between {
-    ratio: f64,
-    per_write: f64,
-    before: f64,
-    after: f64,
 }
 
 /// µs from `t0_ns` to the clock value a `stamp` run's first call read.
@@ -1523,7 +1300,7 @@ fn arrived_after(host: &Host, ids: &[String], t_ns: u64) -> Res<usize> {
 
 /// A number a finished run of the bench guest returned under `key`.
 fn output_u64(host: &Host, run_id: &str, key: &str) -> Res<u64> {
-    let run = host.ledger().run(run_id)?;
+    let run = host.store().run(run_id)?;
     let output: Value = serde_json::from_str(run.output.as_deref().unwrap_or("null"))?;
     output[key]
         .as_u64()
@@ -1578,11 +1355,11 @@ fn machine_info(root: &Path, ledger_dir: &Path) -> Value {
         "kernel": read("/proc/sys/kernel/osrelease").map(|k| k.trim().to_string()),
         "cpu": cpu,
         "mem_total_kib": mem_kib,
-        "date": stephost::clock::format_time(ms),
+        "date": stephost_core::clock::format_time(ms),
         "commit": git(&["rev-parse", "--short", "HEAD"]),
         "dirty": git(&["status", "--porcelain"]).map(|s| !s.is_empty()),
         "ledger_dir": ledger_dir.display().to_string(),
-        "profile": if cfg!(debug_assertions) { "dev (opt-level 2)" } else { "release" },
+        "profile": if cfg!(debug_assertions) { "dev" } else { "release" },
     })
 }
 
@@ -1615,27 +1392,72 @@ mod tests {
     }
 
     #[test]
-    fn numbers_are_shown_with_sensible_precision() {
-        assert_eq!(fmt(1_234_567.8), "1234568");
-        assert_eq!(fmt(41.37), "41.4");
-        assert_eq!(fmt(0.683), "0.68");
-        assert_eq!(fmt(0.0123), "0.012");
-    }
-
-    #[test]
-    fn a_ratio_is_value_over_floor_and_targets_are_recorded() {
-        let row = Row::new("1 write effect", 300.0, "µs/write")
-            .over_floor(250.0)
-            .target("≤ 1.1× floor", false);
-        assert_eq!(row.ratio, Some(1.2));
-        let json = row.to_json();
-        assert_eq!(json["met"], false);
-        assert_eq!(json["floor_us"], 250.0);
-    }
-
-    #[test]
     fn this_process_has_memory_and_cpu_time() {
         assert!(rss_bytes().unwrap() > 0);
         assert!(cpu_seconds().unwrap() >= 0.0);
+    }
+
+    fn args(list: &[&str]) -> Res<Args> {
+        parse_args(list.iter().map(|s| s.to_string()))
+    }
+
+    #[test]
+    fn the_arguments_of_a_suite_and_of_an_ab() {
+        let plain = args(&["--only", "1, 5", "--dir", "/d"]).unwrap();
+        assert_eq!(plain.only, [1, 5]);
+        assert!(plain.wants(5) && !plain.wants(2));
+        assert_eq!(plain.scratch(), PathBuf::from("/d"));
+        assert!(plain.ab.is_none());
+
+        let ab = args(&["--ab", "/o/bench", "--ab-cli", "/o/cli", "--ab-rounds", "3"]).unwrap();
+        let other = ab.ab.unwrap();
+        assert_eq!(other.bench, PathBuf::from("/o/bench"));
+        assert_eq!(other.cli, Some(PathBuf::from("/o/cli")));
+        assert_eq!((other.guest, other.rounds), (None, 3));
+        assert_eq!(args(&["--ab", "/o/bench"]).unwrap().ab.unwrap().rounds, 2);
+
+        for bad in [
+            &["--ab-cli", "/o/cli"][..],
+            &["--ab", "/o", "--ab-rounds", "0"],
+            &["--only", "x"],
+            &["--ab"],
+            &["--what"],
+        ] {
+            assert!(args(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    /// The bench guest (built by `build.rs`) in each mode the suite uses,
+    /// on a host over a fresh ledger: the outputs the suite reads.
+    #[test]
+    fn the_bench_guest_answers_every_mode_the_suite_uses() {
+        let dir = tempfile::tempdir().unwrap();
+        let bench = Bench::new(dir.path(), std::fs::read(env!("BENCH_GUEST")).unwrap()).unwrap();
+        let mut host = bench.host("test.db").unwrap();
+        for mode in ["none", "write", "read", "observe"] {
+            let (_, output, report) = bench
+                .run(&mut host, json!({"mode": mode, "count": 3, "stamps": true}))
+                .unwrap();
+            let calls = if mode == "none" { 0 } else { 3 };
+            assert_eq!(output["calls"], calls, "{mode}: {output}");
+            let recorded = host.store().calls(&report.run_id, 1, usize::MAX).unwrap();
+            // `stamps` adds a clock call before and after.
+            let stamps = if mode == "none" { 0 } else { 2 };
+            assert_eq!(recorded.len(), calls + stamps, "{mode}");
+        }
+        let t0 = now_ns();
+        let (_, output, _) = bench.run(&mut host, json!({"mode": "stamp"})).unwrap();
+        assert!(since_us(t0, &output).unwrap() > 0.0);
+        let start_at = now_ns() + 1_000_000;
+        let (_, output, report) = bench
+            .run(
+                &mut host,
+                json!({"mode": "none", "start_at_ns": start_at, "stamps": true}),
+            )
+            .unwrap();
+        assert!(output["arrived_ns"].as_u64().unwrap() <= start_at);
+        assert!(output_u64(&host, &report.run_id, "arrived_ns").unwrap() > 0);
+        let replayed = host.replay(&report.run_id, None).unwrap();
+        assert!(matches!(replayed.verdict, ReplayVerdict::Consistent { .. }));
     }
 }
