@@ -14,6 +14,9 @@
 //! commits shared a transaction and an fsync, and the CPU µs per write of
 //! the whole process, since the worker's threads end with each round).
 
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 use std::time::Instant;
 
 #[path = "../src/procstat.rs"]

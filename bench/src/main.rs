@@ -12,6 +12,11 @@ mod floor;
 mod procstat;
 mod report;
 
+/// The allocator the `stephost` binary uses (see `crates/cli`), so that
+/// in-process figures measure what the binary does.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 use std::error::Error;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};

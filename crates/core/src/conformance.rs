@@ -1,7 +1,7 @@
 //! The conformance suite every ledger backend passes, written once. A
 //! backend runs all of it with one line in its tests:
 //!
-//! ```ignore
+//! ```text
 //! stephost_core::conformance_tests!(my_backend::test_ledger);
 //! ```
 //!

@@ -3,7 +3,10 @@
 //! A history is read at once, or arrives in chunks that a backend reads
 //! while the first calls are already being replayed
 //! ([`History::streamed`]): reading a long history and replaying it then
-//! overlap instead of following each other.
+//! overlap instead of following each other. The chunks are kept as they
+//! came (not copied into one vector), and a long history is freed on a
+//! thread of its own, so that an execution that replayed 100,000 calls does
+//! not wait for their memory to be given back.
 
 use crate::error::StoreError;
 use crate::records::CallRecord;
@@ -11,10 +14,20 @@ use crate::records::CallRecord;
 /// The chunks of a streamed history, in order, or the error that ended them.
 pub type Chunks = Box<dyn Iterator<Item = Result<Vec<CallRecord>, StoreError>> + Send>;
 
+/// Histories of at least this many calls are freed on a thread of their own.
+const FREED_APART_CALLS_MIN: usize = 4096;
+
 pub struct History {
     run_id: String,
-    /// The calls arrived so far, in order.
-    calls: Vec<CallRecord>,
+    /// The calls arrived so far, in chunks, in order.
+    chunks: Vec<Vec<CallRecord>>,
+    /// The index of each chunk's first call.
+    starts: Vec<usize>,
+    /// How many calls have arrived.
+    arrived: usize,
+    /// The chunk the last call asked for was in (calls are mostly asked
+    /// for in order).
+    current: usize,
     /// How many calls the ledger holds for the run.
     total: usize,
     /// The chunks still to come.
@@ -27,10 +40,14 @@ pub struct History {
 impl History {
     /// A history read at once (or from a fixture).
     pub fn loaded(run_id: &str, calls: Vec<CallRecord>) -> Self {
+        let total = calls.len();
         History {
             run_id: run_id.to_string(),
-            total: calls.len(),
-            calls,
+            chunks: vec![calls],
+            starts: vec![0],
+            arrived: total,
+            current: 0,
+            total,
             incoming: None,
             last_attempts: 0,
         }
@@ -39,15 +56,7 @@ impl History {
     /// A history read at once, checked: call `i` must have seq `i + 1`
     /// (a gap means a lost or damaged row).
     pub fn checked(run_id: &str, calls: Vec<CallRecord>) -> Result<Self, StoreError> {
-        for (index, call) in calls.iter().enumerate() {
-            if call.seq != index as u64 + 1 {
-                return Err(StoreError::Corrupt(format!(
-                    "run {run_id}: call #{} found where #{} was expected",
-                    call.seq,
-                    index + 1
-                )));
-            }
-        }
+        check_order(run_id, &calls, 0)?;
         Ok(Self::loaded(run_id, calls))
     }
 
@@ -55,7 +64,10 @@ impl History {
     pub fn streamed(run_id: &str, total: usize, chunks: Chunks) -> Self {
         History {
             run_id: run_id.to_string(),
-            calls: Vec::with_capacity(total),
+            chunks: Vec::new(),
+            starts: Vec::new(),
+            arrived: 0,
+            current: 0,
             total,
             incoming: Some(chunks),
             last_attempts: 0,
@@ -92,58 +104,101 @@ impl History {
         if index >= self.total {
             return Ok(None);
         }
-        while self.calls.len() <= index {
+        while self.arrived <= index {
             self.receive()?;
         }
-        Ok(self.calls.get(index))
+        self.current = self.chunk_of(index);
+        Ok(self.arrived(index))
     }
 
     /// A call that has arrived already.
     pub fn arrived(&self, index: usize) -> Option<&CallRecord> {
-        self.calls.get(index)
+        if index >= self.arrived {
+            return None;
+        }
+        let chunk = self.chunk_of(index);
+        self.chunks[chunk].get(index - self.starts[chunk])
+    }
+
+    /// The chunk that holds call `index` (which has arrived).
+    fn chunk_of(&self, index: usize) -> usize {
+        let current = self.current.min(self.starts.len().saturating_sub(1));
+        let in_current = self.starts.get(current).is_some_and(|&s| s <= index)
+            && self
+                .starts
+                .get(current + 1)
+                .is_none_or(|&next| index < next);
+        if in_current {
+            return current;
+        }
+        self.starts.partition_point(|&start| start <= index) - 1
     }
 
     /// Every call, once all have arrived.
-    pub fn all(&mut self) -> Result<&[CallRecord], StoreError> {
-        while self.calls.len() < self.total {
+    pub fn all(&mut self) -> Result<impl Iterator<Item = &CallRecord>, StoreError> {
+        while self.arrived < self.total {
             self.receive()?;
         }
-        Ok(&self.calls)
+        Ok(self.chunks.iter().flatten())
     }
 
     /// Takes the calls out, once all have arrived.
     pub fn into_calls(mut self) -> Result<Vec<CallRecord>, StoreError> {
-        self.all()?;
-        Ok(self.calls)
+        while self.arrived < self.total {
+            self.receive()?;
+        }
+        Ok(std::mem::take(&mut self.chunks)
+            .into_iter()
+            .flatten()
+            .collect())
     }
 
     fn receive(&mut self) -> Result<(), StoreError> {
-        let gap = || {
-            StoreError::Corrupt(format!(
-                "run {} has {} recorded calls but fewer could be read",
-                self.run_id, self.total
-            ))
-        };
         let chunk = match self.incoming.as_mut().and_then(Iterator::next) {
             Some(chunk) => chunk?,
-            None => return Err(gap()),
-        };
-        for call in chunk {
-            let expected = self.calls.len() as u64 + 1;
-            if call.seq != expected {
+            None => {
                 return Err(StoreError::Corrupt(format!(
-                    "run {}: call #{} found where #{expected} was expected",
-                    self.run_id, call.seq
+                    "run {} has {} recorded calls but fewer could be read",
+                    self.run_id, self.total
                 )));
             }
-            self.calls.push(call);
-        }
-        if self.calls.len() > self.total {
+        };
+        check_order(&self.run_id, &chunk, self.arrived)?;
+        if chunk.is_empty() || self.arrived + chunk.len() > self.total {
             return Err(StoreError::Corrupt(format!(
-                "run {} has more calls than the {} it counted",
+                "run {} does not hold the {} calls it counted",
                 self.run_id, self.total
             )));
         }
+        self.starts.push(self.arrived);
+        self.arrived += chunk.len();
+        self.chunks.push(chunk);
         Ok(())
     }
+}
+
+impl Drop for History {
+    fn drop(&mut self) {
+        if self.arrived >= FREED_APART_CALLS_MIN {
+            let chunks = std::mem::take(&mut self.chunks);
+            // Without a thread, freed here.
+            let _ = std::thread::Builder::new()
+                .name("stephost-free".into())
+                .spawn(move || drop(chunks));
+        }
+    }
+}
+
+/// Refuses calls that are not numbered `first + 1`, `first + 2`, ….
+fn check_order(run_id: &str, calls: &[CallRecord], first: usize) -> Result<(), StoreError> {
+    for (offset, call) in calls.iter().enumerate() {
+        let expected = (first + offset) as u64 + 1;
+        if call.seq != expected {
+            return Err(StoreError::Corrupt(format!(
+                "run {run_id}: call #{} found where #{expected} was expected",
+                call.seq
+            )));
+        }
+    }
+    Ok(())
 }

@@ -47,7 +47,7 @@ pub fn apply(conn: &Connection, claim: &Claim, ops: &[WriteOp]) -> Result<(), St
             WriteOp::Call(call) | WriteOp::Started(call) => {
                 let expected = match next_seq {
                     Some(seq) => seq,
-                    None => last_seq(conn, run_no)? + 1,
+                    None => rows::last_seq(conn, run_no)? + 1,
                 };
                 if call.seq != expected {
                     return Err(StoreError::NotAppended {
@@ -209,14 +209,6 @@ fn check_fence(conn: &Connection, claim: &Claim) -> Result<i64, StoreError> {
         }),
         Some((run_no, _)) => Ok(run_no),
     }
-}
-
-fn last_seq(conn: &Connection, run_no: i64) -> Result<u64, StoreError> {
-    let (from, to) = rows::call_keys(run_no, 0)?;
-    conn.prepare_cached("SELECT max(key) FROM calls WHERE key BETWEEN ?1 AND ?2")
-        .and_then(|mut s| s.query_row([from, to], |r| r.get::<_, Option<i64>>(0)))
-        .map(|key| key.map_or(0, |key| (key & 0xffff_ffff) as u64))
-        .map_err(error)
 }
 
 /// Calls per multi-row `INSERT`: one statement for eight rows costs less

@@ -8,6 +8,7 @@
 //! opened for group commit sends its writers' commits through one committer
 //! thread ([`group`]).
 
+pub mod checkpoint;
 mod commit;
 mod conn;
 mod errors;
@@ -15,6 +16,7 @@ pub mod group;
 mod rows;
 pub mod schema;
 mod store;
+mod stream;
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, mpsc};
@@ -32,6 +34,7 @@ use crate::errors::error;
 pub struct SqlitePool {
     path: PathBuf,
     group: Option<Arc<group::GroupCommitter>>,
+    checkpointer: Arc<checkpoint::Lazy>,
     /// The connection that checked the file, kept for the first store.
     checked: std::sync::Mutex<Option<Conn>>,
 }
@@ -48,6 +51,7 @@ impl SqlitePool {
         Ok(SqlitePool {
             path: path.to_path_buf(),
             group,
+            checkpointer: Arc::new(checkpoint::Lazy::new(path)),
             checked: std::sync::Mutex::new(Some(checked)),
         })
     }
@@ -70,7 +74,7 @@ impl SqlitePool {
 
     /// A store of this pool's, typed.
     pub fn sqlite_store(&self) -> StoreResult<SqliteStore> {
-        Ok(SqliteStore::new(self.connection()?))
+        Ok(SqliteStore::new(self.connection()?, &self.path))
     }
 }
 
@@ -86,7 +90,10 @@ impl Pool for SqlitePool {
     fn writer(&self) -> StoreResult<Box<dyn Writer>> {
         match &self.group {
             Some(group) => Ok(Box::new(group.writer()?)),
-            None => Ok(Box::new(DirectWriter::new(&self.path)?)),
+            None => Ok(Box::new(DirectWriter::new(
+                &self.path,
+                self.checkpointer.clone(),
+            )?)),
         }
     }
 
@@ -107,6 +114,7 @@ pub struct DirectWriter {
     path: PathBuf,
     conn: Conn,
     behind: Option<Behind>,
+    checkpointer: Arc<checkpoint::Lazy>,
 }
 
 /// Commits handed to the writer's thread and not yet answered.
@@ -123,11 +131,12 @@ struct Behind {
 pub const BEHIND_COMMITS_MAX: usize = 4;
 
 impl DirectWriter {
-    fn new(path: &Path) -> StoreResult<Self> {
+    fn new(path: &Path, checkpointer: Arc<checkpoint::Lazy>) -> StoreResult<Self> {
         Ok(DirectWriter {
             path: path.to_path_buf(),
             conn: Conn::connect(path)?,
             behind: None,
+            checkpointer,
         })
     }
 
@@ -150,7 +159,8 @@ impl DirectWriter {
     /// Hands `ops` to the writer's thread, starting it if need be.
     fn hand_over(&mut self, claim: &Claim, ops: Vec<WriteOp>) -> StoreResult<()> {
         if self.behind.is_none() {
-            self.behind = Some(Behind::start(&self.path)?);
+            let checkpointer = self.checkpointer.get()?;
+            self.behind = Some(Behind::start(&self.path, &checkpointer)?);
         }
         let behind = self.behind.as_mut().expect("started just above");
         behind.collect(false)?;
@@ -170,8 +180,13 @@ impl DirectWriter {
 }
 
 impl Behind {
-    fn start(path: &Path) -> StoreResult<Self> {
+    fn start(path: &Path, checkpointer: &checkpoint::Checkpointer) -> StoreResult<Self> {
         let mut conn = Conn::connect(path)?;
+        // Its commits are not fsync'd: the WAL checkpoints they trigger go
+        // to the pool's checkpointer, off this thread. (A writer's durable
+        // commits checkpoint inline, as SQLite does: there the checkpointer's
+        // fsyncs would compete with the writer's own for the disk.)
+        checkpointer.take_over(&mut conn)?;
         let (jobs, queue) = mpsc::sync_channel::<(Claim, Vec<WriteOp>)>(BEHIND_COMMITS_MAX);
         let (answer, answers) = mpsc::channel();
         let thread = std::thread::Builder::new()

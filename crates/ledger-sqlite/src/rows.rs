@@ -135,7 +135,7 @@ pub fn version_conflict(conn: &Connection, run_id: &str, expected: i64) -> Store
     }
 }
 
-pub const CALL_COLUMNS: &str = "key & 4294967295, class, interface, function, operation_id, request, \
+pub const CALL_COLUMNS: &str = "key, class, interface, function, operation_id, request, \
      request_split, request_hash, state, outcome, outcome_split, started_at, finished_at, \
      resolved_by, chain";
 
@@ -147,18 +147,20 @@ pub struct CallRow {
 }
 
 pub fn call_from_row(r: &Row<'_>) -> rusqlite::Result<CallRow> {
-    let class: String = r.get(1)?;
-    let state: String = r.get(8)?;
+    let class = r.get_ref(1)?.as_str()?;
+    let class = CallClass::parse(class).ok_or_else(|| bad_value(1, class))?;
+    let state = r.get_ref(8)?.as_str()?;
+    let state = CallState::parse(state).ok_or_else(|| bad_value(8, state))?;
     Ok(CallRow {
         call: CallRecord {
-            seq: r.get::<_, i64>(0)? as u64,
-            class: CallClass::parse(&class).ok_or_else(|| bad_value(1, &class))?,
+            seq: (r.get::<_, i64>(0)? & 0xffff_ffff) as u64,
+            class,
             interface: r.get(2)?,
             function: r.get(3)?,
             operation_id: r.get(4)?,
             request: r.get(5)?,
             request_hash: r.get(7)?,
-            state: CallState::parse(&state).ok_or_else(|| bad_value(8, &state))?,
+            state,
             outcome: r.get(9)?,
             started_at_ms: r.get(11)?,
             finished_at_ms: r.get(12)?,
@@ -173,6 +175,9 @@ pub fn call_from_row(r: &Row<'_>) -> rusqlite::Result<CallRow> {
 impl CallRow {
     /// The call with its bodies whole.
     pub fn load(self, conn: &Connection) -> Result<CallRecord, StoreError> {
+        if !self.request_split && !self.outcome_split {
+            return Ok(self.call);
+        }
         let CallRow {
             mut call,
             request_split,
@@ -250,20 +255,43 @@ pub fn calls(
     from_seq: u64,
     limit: usize,
 ) -> Result<Vec<CallRecord>, StoreError> {
-    let (from, to) = call_keys(run_no(conn, run_id)?, from_seq)?;
-    let rows: Vec<CallRow> = conn
+    calls_of(conn, run_no(conn, run_id)?, from_seq, limit)
+}
+
+/// Calls of run number `run_no` from `from_seq` on, in order, at most
+/// `limit`.
+pub fn calls_of(
+    conn: &Connection,
+    run_no: i64,
+    from_seq: u64,
+    limit: usize,
+) -> Result<Vec<CallRecord>, StoreError> {
+    let (from, to) = call_keys(run_no, from_seq)?;
+    let mut stmt = conn
         .prepare_cached(&format!(
             "SELECT {CALL_COLUMNS} FROM calls WHERE key BETWEEN ?1 AND ?2 ORDER BY key LIMIT ?3"
         ))
-        .and_then(|mut s| {
-            s.query_map(
-                params![from, to, i64::try_from(limit).unwrap_or(i64::MAX)],
-                call_from_row,
-            )?
-            .collect()
-        })
         .map_err(error)?;
-    rows.into_iter().map(|row| row.load(conn)).collect()
+    let mut rows = stmt
+        .query(params![from, to, i64::try_from(limit).unwrap_or(i64::MAX)])
+        .map_err(error)?;
+    let mut calls = Vec::with_capacity(limit.min(CALLS_ALLOCATED_MAX));
+    while let Some(row) = rows.next().map_err(error)? {
+        calls.push(call_from_row(row).map_err(error)?.load(conn)?);
+    }
+    Ok(calls)
+}
+
+/// Most calls a read allocates room for before it has them.
+const CALLS_ALLOCATED_MAX: usize = 4096;
+
+/// How many calls run number `run_no` has recorded (the last one's seq).
+pub fn last_seq(conn: &Connection, run_no: i64) -> Result<u64, StoreError> {
+    let (from, to) = call_keys(run_no, 0)?;
+    conn.prepare_cached("SELECT max(key) FROM calls WHERE key BETWEEN ?1 AND ?2")
+        .and_then(|mut s| s.query_row([from, to], |r| r.get::<_, Option<i64>>(0)))
+        .map(|key| key.map_or(0, |key| (key & 0xffff_ffff) as u64))
+        .map_err(error)
 }
 
 /// One attempt as a call row's `attempts` array holds it.

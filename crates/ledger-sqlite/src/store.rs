@@ -19,12 +19,18 @@ use crate::rows::{self, RUN_COLUMNS};
 /// each caller takes its own from the pool).
 pub struct SqliteStore {
     conn: RefCell<Conn>,
+    /// The ledger file, for the connections a long history is read on.
+    path: std::path::PathBuf,
 }
 
+/// Histories at least this long are read while they are replayed.
+pub const STREAM_CALLS_MIN: usize = 4096;
+
 impl SqliteStore {
-    pub(crate) fn new(conn: Conn) -> Self {
+    pub(crate) fn new(conn: Conn, path: &std::path::Path) -> Self {
         SqliteStore {
             conn: RefCell::new(conn),
+            path: path.to_path_buf(),
         }
     }
 
@@ -203,9 +209,10 @@ impl Store for SqliteStore {
 
     fn history(&self, run_id: &str) -> StoreResult<History> {
         self.read(|conn| {
-            rows::run(conn, run_id)?;
-            let calls = rows::calls(conn, run_id, 1, usize::MAX)?;
-            let last_attempts = match calls.last() {
+            let run_no = rows::run_no(conn, run_id)?;
+            let total = rows::last_seq(conn, run_no)?;
+            let last = rows::calls_of(conn, run_no, total.max(1), 1)?.pop();
+            let last_attempts = match last {
                 Some(last) if last.state == CallState::Started => {
                     attempts_of(conn, run_id, Some(last.seq))?
                         .iter()
@@ -215,7 +222,13 @@ impl Store for SqliteStore {
                 }
                 _ => 0,
             };
-            Ok(History::checked(run_id, calls)?.with_last_attempts(last_attempts))
+            let history = if (total as usize) < STREAM_CALLS_MIN {
+                History::checked(run_id, rows::calls_of(conn, run_no, 1, total as usize)?)?
+            } else {
+                let chunks = crate::stream::chunks(&self.path, run_no, total as usize)?;
+                History::streamed(run_id, total as usize, chunks)
+            };
+            Ok(history.with_last_attempts(last_attempts))
         })
     }
 

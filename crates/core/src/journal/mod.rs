@@ -532,7 +532,6 @@ impl Journal {
         Ok(self
             .history
             .all()?
-            .iter()
             .filter(|c| {
                 c.seq >= seq && c.class == CallClass::Write && c.state == CallState::Started
             })
