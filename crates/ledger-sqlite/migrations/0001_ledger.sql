@@ -9,8 +9,8 @@
 -- in a transaction that checks `fence` (an execution's end, its lease);
 -- every change bumps `version`. `due_at` is when a worker should look at the
 -- run next, as stephost-core's lifecycle rules compute it. `run_no` numbers
--- runs in the order they were recorded: a run's calls are keyed by it, so
--- the calls of the newest runs are appended at the end of their table.
+-- runs in the order they were recorded; calls and log lines name their run
+-- by it.
 
 CREATE TABLE modules (
     digest      TEXT PRIMARY KEY,
@@ -52,20 +52,18 @@ CREATE INDEX runs_due ON runs (due_at, run_id) WHERE due_at IS NOT NULL;
 CREATE INDEX runs_created ON runs (created_at, run_id);
 CREATE INDEX runs_status ON runs (status);
 
--- A run's calls, keyed by `key` = run_no << 32 | seq: the table's rowid, so
--- a call is found by its key, a run's calls are one range of keys, and the
--- calls of the newest run are appended at the end of the table (SQLite
--- appends to a rowid table without splitting pages: about 1.3 pages a
--- commit, against about 2 for a table clustered on (run_no, seq) and one
--- more for any index on the calls). `request` and `outcome` hold the body,
--- or (when `*_split` is 1) its text with references to `payloads`.
--- `attempts` is a JSON array of the call's attempts, in order. The calls a
--- person waits on (a started approval, an unknown outcome) are each the
--- last call of an unfinished run, found through `runs_status`.
+-- Calls, in the order they were recorded (`id`): the rows a commit writes
+-- for many runs at once share the table's last pages. `segments` and
+-- `run_epochs` say where each run's calls are (see src/segments.rs).
+-- `request` and `outcome` hold the body, or (when `*_split` is 1) its text
+-- with references to `payloads`. `attempts` is a JSON array of the call's
+-- attempts, in order. The calls a person waits on (a started approval, an
+-- unknown outcome) are each the last call of an unfinished run, found
+-- through `runs_status`.
 CREATE TABLE calls (
-    key            INTEGER PRIMARY KEY,
-    run_no         INTEGER GENERATED ALWAYS AS (key >> 32) VIRTUAL,
-    seq            INTEGER GENERATED ALWAYS AS (key & 4294967295) VIRTUAL,
+    id             INTEGER PRIMARY KEY,
+    run_no         INTEGER NOT NULL,
+    seq            INTEGER NOT NULL,
     class          TEXT NOT NULL CHECK (class = 'observe' OR class = 'read'
                    OR class = 'write' OR class = 'suspend'),
     interface      TEXT NOT NULL,
@@ -86,6 +84,26 @@ CREATE TABLE calls (
     chain          TEXT,
     attempts       TEXT
 ) STRICT;
+
+-- A segment: a run's calls with consecutive sequence numbers at consecutive
+-- ids, from `first_id`. Keyed by epoch (`first_id >> 10`) first, so that
+-- the segments one commit begins for many runs share a page.
+CREATE TABLE segments (
+    epoch      INTEGER NOT NULL,
+    run_no     INTEGER NOT NULL,
+    first_seq  INTEGER NOT NULL,
+    first_id   INTEGER NOT NULL,
+    PRIMARY KEY (epoch, run_no, first_seq)
+) STRICT, WITHOUT ROWID;
+
+-- The epochs each run has segments in, by the first sequence number of the
+-- run's first segment there.
+CREATE TABLE run_epochs (
+    run_no     INTEGER NOT NULL,
+    first_seq  INTEGER NOT NULL,
+    epoch      INTEGER NOT NULL,
+    PRIMARY KEY (run_no, first_seq)
+) STRICT, WITHOUT ROWID;
 
 CREATE TABLE logs (
     id         INTEGER PRIMARY KEY,

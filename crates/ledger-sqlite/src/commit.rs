@@ -9,10 +9,18 @@ use stephost_core::store::WriteOp;
 use stephost_core::{AttemptRecord, CallRecord, Claim, StoreError};
 
 use crate::errors::error;
+use crate::known::Known;
 use crate::rows;
+use crate::segments;
 
-/// Applies `ops` under `claim`; the caller holds the write transaction.
-pub fn apply(conn: &Connection, claim: &Claim, ops: &[WriteOp]) -> Result<(), StoreError> {
+/// Applies `ops` under `claim`; the caller holds the write transaction and
+/// has brought `known` up to date for it ([`Known::begin`]).
+pub fn apply(
+    conn: &Connection,
+    known: &mut Known,
+    claim: &Claim,
+    ops: &[WriteOp],
+) -> Result<(), StoreError> {
     let mut ops = ops;
     if let Some(WriteOp::Create(run)) = ops.first() {
         if let Some(found) = rows::find_run(conn, &run.run_id)? {
@@ -35,7 +43,6 @@ pub fn apply(conn: &Connection, claim: &Claim, ops: &[WriteOp]) -> Result<(), St
             attempts.entry(a.seq).or_default().push(a);
         }
     }
-    let mut next_seq: Option<u64> = None;
     let mut calls: Vec<&CallRecord> = Vec::new();
     for (at, op) in ops.iter().enumerate() {
         match op {
@@ -45,17 +52,6 @@ pub fn apply(conn: &Connection, claim: &Claim, ops: &[WriteOp]) -> Result<(), St
                 ));
             }
             WriteOp::Call(call) | WriteOp::Started(call) => {
-                let expected = match next_seq {
-                    Some(seq) => seq,
-                    None => rows::last_seq(conn, run_no)? + 1,
-                };
-                if call.seq != expected {
-                    return Err(StoreError::NotAppended {
-                        run_id: claim.run_id.clone(),
-                        seq: call.seq,
-                    });
-                }
-                next_seq = Some(expected + 1);
                 // Consecutive calls go in together, a chunk per statement.
                 calls.push(call);
                 let next_is_call = matches!(
@@ -63,7 +59,7 @@ pub fn apply(conn: &Connection, claim: &Claim, ops: &[WriteOp]) -> Result<(), St
                     Some(WriteOp::Call(_) | WriteOp::Started(_))
                 );
                 if !next_is_call {
-                    insert_calls(conn, run_no, claim, &calls, &mut attempts)?;
+                    insert_calls(conn, known, run_no, claim, &calls, &mut attempts)?;
                     calls.clear();
                 }
             }
@@ -82,12 +78,13 @@ pub fn apply(conn: &Connection, claim: &Claim, ops: &[WriteOp]) -> Result<(), St
                     None => (None, false),
                 };
                 let tried = attempts.remove(seq).map(|a| rows::attempts_json(&a));
-                let key = rows::call_key(run_no, *seq)?;
+                let key = find(conn, known, run_no, *seq)?
+                    .ok_or_else(|| segments::missing(&claim.run_id, *seq, "an outcome for"))?;
                 let changed = conn
                     .prepare_cached(&format!(
                         "UPDATE calls SET state = ?2, outcome = ?3, outcome_split = ?4, \
                          finished_at = ?5, chain = ?6, attempts = {} \
-                         WHERE key = ?1",
+                         WHERE id = ?1",
                         if tried.is_some() {
                             rows::append_attempts(7)
                         } else {
@@ -172,10 +169,11 @@ pub fn apply(conn: &Connection, claim: &Claim, ops: &[WriteOp]) -> Result<(), St
     let mut rest: Vec<(u64, Vec<&AttemptRecord>)> = attempts.into_iter().collect();
     rest.sort_by_key(|(seq, _)| *seq);
     for (seq, tried) in rest {
-        let key = rows::call_key(run_no, seq)?;
+        let key = find(conn, known, run_no, seq)?
+            .ok_or_else(|| segments::missing(&claim.run_id, seq, "attempts of"))?;
         let changed = conn
             .prepare_cached(&format!(
-                "UPDATE calls SET attempts = {} WHERE key = ?1",
+                "UPDATE calls SET attempts = {} WHERE id = ?1",
                 rows::append_attempts(2)
             ))
             .and_then(|mut s| s.execute(params![key, rows::attempts_json(&tried)]))
@@ -215,9 +213,12 @@ fn check_fence(conn: &Connection, claim: &Claim) -> Result<i64, StoreError> {
 /// than eight statements.
 const CALLS_PER_INSERT: usize = 8;
 
-/// Inserts `calls` (in order), each with its attempts from `attempts`.
+/// Appends `calls` (consecutive calls of run `run_no`, in order) at the
+/// table's end, each with its attempts from `attempts`; refuses them unless
+/// the first follows the run's last recorded call.
 fn insert_calls(
     conn: &Connection,
+    known: &mut Known,
     run_no: i64,
     claim: &Claim,
     calls: &[&CallRecord],
@@ -227,14 +228,38 @@ fn insert_calls(
     let sql = SQL.get_or_init(|| {
         let insert = |rows: usize| {
             format!(
-                "INSERT INTO calls (key, class, interface, function, operation_id, request, \
-                 request_split, request_hash, state, outcome, outcome_split, started_at, \
-                 finished_at, fence, chain, attempts) VALUES {}",
-                vec!["(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"; rows].join(", ")
+                "INSERT INTO calls (id, run_no, seq, class, interface, function, operation_id, \
+                 request, request_split, request_hash, state, outcome, outcome_split, \
+                 started_at, finished_at, fence, chain, attempts) VALUES {}",
+                vec!["(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"; rows].join(", ")
             )
         };
         [insert(1), insert(CALLS_PER_INSERT)]
     });
+    let Some(first) = calls.first() else {
+        return Ok(());
+    };
+    let not_appended = |seq| StoreError::NotAppended {
+        run_id: claim.run_id.clone(),
+        seq,
+    };
+    let (first_id, continues) = segments::next_place(conn, run_no, first.seq)?;
+    if !continues {
+        let last = match known.last(run_no) {
+            Some((seq, _)) => seq,
+            None => segments::last_seq(conn, run_no)?,
+        };
+        if first.seq != last + 1 {
+            return Err(not_appended(first.seq));
+        }
+        segments::begin(conn, run_no, first.seq, first_id)?;
+    }
+    for (offset, call) in calls.iter().enumerate() {
+        if call.seq != first.seq + offset as u64 {
+            return Err(not_appended(call.seq));
+        }
+    }
+    let mut id = first_id;
     for chunk in calls.chunks(CALLS_PER_INSERT) {
         let chunks: Vec<&[&CallRecord]> = if chunk.len() == CALLS_PER_INSERT {
             vec![chunk]
@@ -256,8 +281,10 @@ fn insert_calls(
                     None => (None, false),
                 };
                 let tried = attempts.remove(&call.seq).map(|a| rows::attempts_json(&a));
-                let values: [&dyn rusqlite::ToSql; 16] = [
-                    &rows::call_key(run_no, call.seq)?,
+                let values: [&dyn rusqlite::ToSql; 18] = [
+                    &id,
+                    &run_no,
+                    &(call.seq as i64),
                     &call.class.as_str(),
                     &call.interface,
                     &call.function,
@@ -278,11 +305,26 @@ fn insert_calls(
                     n += 1;
                     stmt.raw_bind_parameter(n, value).map_err(error)?;
                 }
+                id += 1;
             }
             stmt.raw_execute().map_err(error)?;
         }
     }
+    known.appended(run_no, first.seq + calls.len() as u64 - 1, id - 1);
     Ok(())
+}
+
+/// The id of call `seq` of run `run_no`: known, or looked up.
+fn find(
+    conn: &Connection,
+    known: &Known,
+    run_no: i64,
+    seq: u64,
+) -> Result<Option<i64>, StoreError> {
+    match known.id_of(run_no, seq) {
+        Some(id) => Ok(Some(id)),
+        None => segments::find(conn, run_no, seq),
+    }
 }
 
 pub fn add_counters(

@@ -7,11 +7,16 @@ use rusqlite::{Connection, OpenFlags};
 use stephost_core::StoreError;
 
 use crate::errors::{error, not_a_ledger};
+use crate::known::Known;
 use crate::schema;
 
 /// How long a connection waits for another's write lock before it gives up
 /// with [`StoreError::Unavailable`], in milliseconds.
 pub const BUSY_TIMEOUT_MS: u64 = 10_000;
+
+/// Statements a connection keeps prepared (rusqlite keeps 16 by default,
+/// fewer than a writer and a store use).
+pub const STATEMENTS_CACHED: usize = 128;
 
 /// Whether a commit is fsync'd.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -28,10 +33,12 @@ impl Sync {
     }
 }
 
-/// A connection and the sync mode it is in.
+/// A connection, the sync mode it is in, and what it remembers of the
+/// calls it appended.
 pub struct Conn {
     pub conn: Connection,
     sync: Sync,
+    pub known: Known,
 }
 
 impl Conn {
@@ -55,6 +62,18 @@ impl Conn {
         .map_err(|e| not_a_ledger(&location, e))?;
         conn.busy_timeout(std::time::Duration::from_millis(BUSY_TIMEOUT_MS))
             .map_err(error)?;
+        // Every statement the ledger runs stays prepared: parsing one again
+        // costs more than running it.
+        conn.set_prepared_statement_cache_capacity(STATEMENTS_CACHED);
+        // The bundled SQLite plans with STAT4, and would prepare a statement
+        // again whenever a value bound to a range (`first_seq <= ?`) changes:
+        // a plan that stays as prepared keeps finding a segment a lookup,
+        // not a parse.
+        conn.set_db_config(
+            rusqlite::config::DbConfig::SQLITE_DBCONFIG_ENABLE_QPSG,
+            true,
+        )
+        .map_err(error)?;
         // Checked before anything is written: another application's file
         // (or one of an earlier format) is left as it is.
         schema::check(&conn, &location)?;
@@ -65,7 +84,41 @@ impl Conn {
         Ok(Conn {
             conn,
             sync: Sync::Full,
+            known: Known::default(),
         })
+    }
+
+    /// Runs one of the transaction statements (`BEGIN IMMEDIATE`, `COMMIT`,
+    /// `SAVEPOINT`…), kept prepared like every other.
+    pub fn run(conn: &Connection, statement: &str) -> Result<(), StoreError> {
+        conn.prepare_cached(statement)
+            .and_then(|mut s| s.execute([]))
+            .map(|_| ())
+            .map_err(error)
+    }
+
+    /// Applies `ops` under `claim` in one write transaction, committed in
+    /// the sync mode their durability asks for.
+    pub fn commit(
+        &mut self,
+        claim: &stephost_core::Claim,
+        ops: &[stephost_core::store::WriteOp],
+    ) -> Result<(), StoreError> {
+        if ops.is_empty() {
+            return Ok(());
+        }
+        self.set_sync(Sync::when(crate::commit::durable(ops)))?;
+        Conn::run(&self.conn, "BEGIN IMMEDIATE")?;
+        let applied = self
+            .known
+            .begin(&self.conn)
+            .and_then(|()| crate::commit::apply(&self.conn, &mut self.known, claim, ops))
+            .and_then(|()| Conn::run(&self.conn, "COMMIT"));
+        if applied.is_err() {
+            let _ = Conn::run(&self.conn, "ROLLBACK");
+            self.known.forget();
+        }
+        applied
     }
 
     /// Puts the connection in `sync` mode for its next commit.

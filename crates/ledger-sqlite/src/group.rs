@@ -19,7 +19,6 @@ use stephost_core::{Claim, StoreError, StoreResult};
 
 use crate::commit;
 use crate::conn::{Conn, Sync};
-use crate::errors::error;
 
 /// Most commits applied in one transaction.
 pub const BATCH_COMMITS_MAX: usize = 512;
@@ -150,25 +149,32 @@ fn run(conn: &mut Conn, queue: &mpsc::Receiver<Job>, counts: &Counts) {
 fn apply_batch(conn: &mut Conn, batch: &[Job], durable: bool) -> Vec<StoreResult<()>> {
     let begun = conn
         .set_sync(Sync::when(durable))
-        .and_then(|()| conn.conn.execute_batch("BEGIN IMMEDIATE").map_err(error));
+        .and_then(|()| Conn::run(&conn.conn, "BEGIN IMMEDIATE"));
     if let Err(e) = begun {
         return batch.iter().map(|_| Err(e.clone())).collect();
     }
     let mut answers = Vec::with_capacity(batch.len());
-    for job in batch {
-        let applied = conn
-            .conn
-            .execute_batch("SAVEPOINT job")
-            .map_err(error)
-            .and_then(|()| commit::apply(&conn.conn, &job.claim, &job.ops));
-        let ended = match &applied {
-            Ok(()) => conn.conn.execute_batch("RELEASE job"),
-            Err(_) => conn.conn.execute_batch("ROLLBACK TO job; RELEASE job"),
-        };
-        answers.push(applied.and_then(|()| ended.map_err(error)));
+    if let Err(e) = conn.known.begin(&conn.conn) {
+        let _ = Conn::run(&conn.conn, "ROLLBACK");
+        return batch.iter().map(|_| Err(e.clone())).collect();
     }
-    if let Err(e) = conn.conn.execute_batch("COMMIT").map_err(error) {
-        let _ = conn.conn.execute_batch("ROLLBACK");
+    let db = &conn.conn;
+    let known = &mut conn.known;
+    for job in batch {
+        let applied = Conn::run(db, "SAVEPOINT job")
+            .and_then(|()| commit::apply(db, known, &job.claim, &job.ops));
+        if applied.is_err() {
+            known.forget();
+        }
+        let ended = match &applied {
+            Ok(()) => Conn::run(db, "RELEASE job"),
+            Err(_) => Conn::run(db, "ROLLBACK TO job").and_then(|()| Conn::run(db, "RELEASE job")),
+        };
+        answers.push(applied.and_then(|()| ended));
+    }
+    if let Err(e) = Conn::run(db, "COMMIT") {
+        let _ = Conn::run(db, "ROLLBACK");
+        known.forget();
         return batch.iter().map(|_| Err(e.clone())).collect();
     }
     answers

@@ -13,8 +13,10 @@ mod commit;
 mod conn;
 mod errors;
 pub mod group;
+mod known;
 mod rows;
 pub mod schema;
+pub mod segments;
 mod store;
 mod stream;
 
@@ -27,8 +29,7 @@ use stephost_core::{Claim, StoreError, StoreResult};
 pub use conn::BUSY_TIMEOUT_MS;
 pub use store::SqliteStore;
 
-use crate::conn::{Conn, Sync};
-use crate::errors::error;
+use crate::conn::Conn;
 
 /// A ledger in one SQLite file.
 pub struct SqlitePool {
@@ -140,22 +141,6 @@ impl DirectWriter {
         })
     }
 
-    fn apply(conn: &mut Conn, claim: &Claim, ops: &[WriteOp]) -> StoreResult<()> {
-        if ops.is_empty() {
-            return Ok(());
-        }
-        conn.set_sync(Sync::when(commit::durable(ops)))?;
-        let db = &conn.conn;
-        db.execute_batch("BEGIN IMMEDIATE").map_err(error)?;
-        match commit::apply(db, claim, ops) {
-            Ok(()) => db.execute_batch("COMMIT").map_err(error),
-            Err(e) => {
-                let _ = db.execute_batch("ROLLBACK");
-                Err(e)
-            }
-        }
-    }
-
     /// Hands `ops` to the writer's thread, starting it if need be.
     fn hand_over(&mut self, claim: &Claim, ops: Vec<WriteOp>) -> StoreResult<()> {
         if self.behind.is_none() {
@@ -196,7 +181,7 @@ impl Behind {
                 for (claim, ops) in queue {
                     let result = match &failed {
                         Some(first) => Err(first.clone()),
-                        None => DirectWriter::apply(&mut conn, &claim, &ops),
+                        None => conn.commit(&claim, &ops),
                     };
                     if let Err(e) = &result {
                         failed.get_or_insert_with(|| e.clone());
@@ -259,10 +244,7 @@ impl Drop for Behind {
 impl Writer for DirectWriter {
     fn commit(&mut self, claim: &Claim, ops: Vec<WriteOp>) -> Commit {
         if commit::durable(&ops) {
-            return Commit::Done(
-                self.landed()
-                    .and_then(|()| Self::apply(&mut self.conn, claim, &ops)),
-            );
+            return Commit::Done(self.landed().and_then(|()| self.conn.commit(claim, &ops)));
         }
         Commit::Done(self.hand_over(claim, ops))
     }

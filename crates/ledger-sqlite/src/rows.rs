@@ -135,7 +135,9 @@ pub fn version_conflict(conn: &Connection, run_id: &str, expected: i64) -> Store
     }
 }
 
-pub const CALL_COLUMNS: &str = "key, class, interface, function, operation_id, request, \
+/// A call's columns, as [`call_from_row`] reads them (the first two are
+/// those [`crate::segments::read`] needs).
+pub const CALL_COLUMNS: &str = "run_no, seq, class, interface, function, operation_id, request, \
      request_split, request_hash, state, outcome, outcome_split, started_at, finished_at, \
      resolved_by, chain";
 
@@ -146,29 +148,30 @@ pub struct CallRow {
     outcome_split: bool,
 }
 
-pub fn call_from_row(r: &Row<'_>) -> rusqlite::Result<CallRow> {
-    let class = r.get_ref(1)?.as_str()?;
-    let class = CallClass::parse(class).ok_or_else(|| bad_value(1, class))?;
-    let state = r.get_ref(8)?.as_str()?;
-    let state = CallState::parse(state).ok_or_else(|| bad_value(8, state))?;
+/// The call in [`CALL_COLUMNS`] order, whose `seq` is column `at`.
+pub fn call_from_row(r: &Row<'_>, at: usize) -> rusqlite::Result<CallRow> {
+    let class = r.get_ref(at + 1)?.as_str()?;
+    let class = CallClass::parse(class).ok_or_else(|| bad_value(at + 1, class))?;
+    let state = r.get_ref(at + 8)?.as_str()?;
+    let state = CallState::parse(state).ok_or_else(|| bad_value(at + 8, state))?;
     Ok(CallRow {
         call: CallRecord {
-            seq: (r.get::<_, i64>(0)? & 0xffff_ffff) as u64,
+            seq: r.get::<_, i64>(at)? as u64,
             class,
-            interface: r.get(2)?,
-            function: r.get(3)?,
-            operation_id: r.get(4)?,
-            request: r.get(5)?,
-            request_hash: r.get(7)?,
+            interface: r.get(at + 2)?,
+            function: r.get(at + 3)?,
+            operation_id: r.get(at + 4)?,
+            request: r.get(at + 5)?,
+            request_hash: r.get(at + 7)?,
             state,
-            outcome: r.get(9)?,
-            started_at_ms: r.get(11)?,
-            finished_at_ms: r.get(12)?,
-            resolved_by: r.get(13)?,
-            chain: r.get(14)?,
+            outcome: r.get(at + 9)?,
+            started_at_ms: r.get(at + 11)?,
+            finished_at_ms: r.get(at + 12)?,
+            resolved_by: r.get(at + 13)?,
+            chain: r.get(at + 14)?,
         },
-        request_split: r.get(6)?,
-        outcome_split: r.get(10)?,
+        request_split: r.get(at + 6)?,
+        outcome_split: r.get(at + 10)?,
     })
 }
 
@@ -220,26 +223,6 @@ pub fn store_body<'a>(
     Ok((std::borrow::Cow::Owned(stored.text), split))
 }
 
-/// The key of call `seq` of run number `run_no` (see the `calls` table).
-pub fn call_key(run_no: i64, seq: u64) -> Result<i64, StoreError> {
-    if seq > stephost_core::records::CALLS_PER_RUN_MAX || !(0..1 << 31).contains(&run_no) {
-        return Err(StoreError::Corrupt(format!(
-            "call #{seq} of run number {run_no} has no key: a run records at most {} calls, \
-             a ledger at most 2,147,483,647 runs",
-            stephost_core::records::CALLS_PER_RUN_MAX
-        )));
-    }
-    Ok((run_no << 32) | seq as i64)
-}
-
-/// The keys of run number `run_no`'s calls, from call `from_seq` on.
-pub fn call_keys(run_no: i64, from_seq: u64) -> Result<(i64, i64), StoreError> {
-    Ok((
-        call_key(run_no, from_seq)?,
-        call_key(run_no, stephost_core::records::CALLS_PER_RUN_MAX)?,
-    ))
-}
-
 /// The number that keys `run_id`'s calls and log lines.
 pub fn run_no(conn: &Connection, run_id: &str) -> Result<i64, StoreError> {
     conn.prepare_cached("SELECT run_no FROM runs WHERE run_id = ?1")
@@ -255,43 +238,7 @@ pub fn calls(
     from_seq: u64,
     limit: usize,
 ) -> Result<Vec<CallRecord>, StoreError> {
-    calls_of(conn, run_no(conn, run_id)?, from_seq, limit)
-}
-
-/// Calls of run number `run_no` from `from_seq` on, in order, at most
-/// `limit`.
-pub fn calls_of(
-    conn: &Connection,
-    run_no: i64,
-    from_seq: u64,
-    limit: usize,
-) -> Result<Vec<CallRecord>, StoreError> {
-    let (from, to) = call_keys(run_no, from_seq)?;
-    let mut stmt = conn
-        .prepare_cached(&format!(
-            "SELECT {CALL_COLUMNS} FROM calls WHERE key BETWEEN ?1 AND ?2 ORDER BY key LIMIT ?3"
-        ))
-        .map_err(error)?;
-    let mut rows = stmt
-        .query(params![from, to, i64::try_from(limit).unwrap_or(i64::MAX)])
-        .map_err(error)?;
-    let mut calls = Vec::with_capacity(limit.min(CALLS_ALLOCATED_MAX));
-    while let Some(row) = rows.next().map_err(error)? {
-        calls.push(call_from_row(row).map_err(error)?.load(conn)?);
-    }
-    Ok(calls)
-}
-
-/// Most calls a read allocates room for before it has them.
-const CALLS_ALLOCATED_MAX: usize = 4096;
-
-/// How many calls run number `run_no` has recorded (the last one's seq).
-pub fn last_seq(conn: &Connection, run_no: i64) -> Result<u64, StoreError> {
-    let (from, to) = call_keys(run_no, 0)?;
-    conn.prepare_cached("SELECT max(key) FROM calls WHERE key BETWEEN ?1 AND ?2")
-        .and_then(|mut s| s.query_row([from, to], |r| r.get::<_, Option<i64>>(0)))
-        .map(|key| key.map_or(0, |key| (key & 0xffff_ffff) as u64))
-        .map_err(error)
+    crate::segments::calls(conn, run_no(conn, run_id)?, from_seq, limit)
 }
 
 /// One attempt as a call row's `attempts` array holds it.

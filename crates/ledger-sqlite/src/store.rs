@@ -14,6 +14,7 @@ use crate::commit::add_counters;
 use crate::conn::{Conn, Sync};
 use crate::errors::error;
 use crate::rows::{self, RUN_COLUMNS};
+use crate::segments;
 
 /// A store over one connection (a store is used by one thread at a time;
 /// each caller takes its own from the pool).
@@ -48,14 +49,14 @@ impl SqliteStore {
         let mut conn = self.conn.borrow_mut();
         conn.set_sync(sync)?;
         let conn = &conn.conn;
-        conn.execute_batch("BEGIN IMMEDIATE").map_err(error)?;
+        Conn::run(conn, "BEGIN IMMEDIATE")?;
         match f(conn) {
             Ok(value) => {
-                conn.execute_batch("COMMIT").map_err(error)?;
+                Conn::run(conn, "COMMIT")?;
                 Ok(value)
             }
             Err(e) => {
-                let _ = conn.execute_batch("ROLLBACK");
+                let _ = Conn::run(conn, "ROLLBACK");
                 Err(e)
             }
         }
@@ -210,8 +211,8 @@ impl Store for SqliteStore {
     fn history(&self, run_id: &str) -> StoreResult<History> {
         self.read(|conn| {
             let run_no = rows::run_no(conn, run_id)?;
-            let total = rows::last_seq(conn, run_no)?;
-            let last = rows::calls_of(conn, run_no, total.max(1), 1)?.pop();
+            let total = segments::last_seq(conn, run_no)?;
+            let last = segments::calls(conn, run_no, total.max(1), 1)?.pop();
             let last_attempts = match last {
                 Some(last) if last.state == CallState::Started => {
                     attempts_of(conn, run_id, Some(last.seq))?
@@ -223,7 +224,7 @@ impl Store for SqliteStore {
                 _ => 0,
             };
             let history = if (total as usize) < STREAM_CALLS_MIN {
-                History::checked(run_id, rows::calls_of(conn, run_no, 1, total as usize)?)?
+                History::checked(run_id, segments::calls(conn, run_no, 1, total as usize)?)?
             } else {
                 let chunks = crate::stream::chunks(&self.path, run_no, total as usize)?;
                 History::streamed(run_id, total as usize, chunks)
@@ -265,22 +266,20 @@ impl Store for SqliteStore {
         // A call a person waits on is the last call of an unfinished run: a
         // run stops at an approval it waits for and at an unknown outcome.
         self.read(|conn| {
-            let last: Vec<(String, i64)> = conn
+            let unfinished: Vec<(String, i64)> = conn
                 .prepare_cached(
-                    "SELECT r.run_id, (SELECT max(key) FROM calls \
-                     WHERE key BETWEEN r.run_no << 32 AND (r.run_no << 32) + 4294967295) \
-                     FROM runs r WHERE r.status IN ('running', 'waiting', 'parked')",
+                    "SELECT run_id, run_no FROM runs \
+                     WHERE status = 'running' OR status = 'waiting' OR status = 'parked'",
                 )
-                .and_then(|mut s| {
-                    s.query_map([], |r| Ok((r.get(0)?, r.get::<_, Option<i64>>(1)?)))?
-                        .filter_map(|row| row.map(|(id, key)| key.map(|key| (id, key))).transpose())
-                        .collect()
-                })
+                .and_then(|mut s| s.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?.collect())
                 .map_err(error)?;
             let mut open = Vec::new();
-            for (run_id, key) in last {
-                let seq = (key & 0xffff_ffff) as u64;
-                let Some(call) = rows::calls(conn, &run_id, seq, 1)?.pop() else {
+            for (run_id, run_no) in unfinished {
+                let last = segments::last_seq(conn, run_no)?;
+                if last == 0 {
+                    continue;
+                }
+                let Some(call) = segments::calls(conn, run_no, last, 1)?.pop() else {
                     continue;
                 };
                 if call.state == state && interface.is_none_or(|i| call.interface == i) {
@@ -300,12 +299,13 @@ impl Store for SqliteStore {
     fn settle(&self, s: &Settlement) -> StoreResult<()> {
         self.write(|conn| {
             let (outcome, split) = rows::store_body(conn, &s.outcome)?;
-            let key = rows::call_key(rows::run_no(conn, &s.run_id)?, s.seq)?;
+            let run_no = rows::run_no(conn, &s.run_id)?;
+            let key = segments::find(conn, run_no, s.seq)?.unwrap_or(0);
             let changed = conn
                 .prepare_cached(
                     "UPDATE calls SET state = ?2, outcome = ?3, outcome_split = ?4, \
                      finished_at = ?5, resolved_by = ?6, resolved_at = ?5, chain = ?7 \
-                     WHERE key = ?1 AND state = ?8",
+                     WHERE id = ?1 AND state = ?8",
                 )
                 .and_then(|mut stmt| {
                     stmt.execute(params![
@@ -362,23 +362,19 @@ fn attempts_of(
     seq: Option<u64>,
 ) -> StoreResult<Vec<AttemptRecord>> {
     let run_no = rows::run_no(conn, run_id)?;
-    let (from, to) = match seq {
-        Some(seq) => (rows::call_key(run_no, seq)?, rows::call_key(run_no, seq)?),
-        None => rows::call_keys(run_no, 0)?,
+    let (from, limit) = match seq {
+        Some(seq) => (seq, 1),
+        None => (1, usize::MAX),
     };
-    let rows: Vec<(i64, String)> = conn
-        .prepare_cached(
-            "SELECT key & 4294967295, attempts FROM calls WHERE key BETWEEN ?1 AND ?2 \
-             AND attempts IS NOT NULL ORDER BY key",
-        )
-        .and_then(|mut s| {
-            s.query_map(params![from, to], |r| Ok((r.get(0)?, r.get(1)?)))?
-                .collect()
-        })
-        .map_err(error)?;
+    let rows: Vec<(i64, Option<String>)> =
+        segments::read(conn, run_no, from, limit, "run_no, seq, attempts", |r| {
+            Ok((r.get(1)?, r.get(2)?))
+        })?;
     let mut all = Vec::new();
     for (seq, text) in rows {
-        all.extend(rows::attempts_from_json(seq as u64, &text)?);
+        if let Some(text) = text {
+            all.extend(rows::attempts_from_json(seq as u64, &text)?);
+        }
     }
     Ok(all)
 }

@@ -11,7 +11,7 @@ use stephost_core::history::Chunks;
 use stephost_core::{StoreError, StoreResult};
 
 use crate::conn::Conn;
-use crate::rows;
+use crate::segments;
 
 /// Calls per chunk.
 pub const CHUNK_CALLS: usize = 1024;
@@ -42,7 +42,7 @@ pub fn chunks(path: &Path, run_no: i64, total: usize) -> StoreResult<Chunks> {
                 };
                 for k in (reader..count).step_by(STREAM_READERS) {
                     let from = (k * CHUNK_CALLS) as u64 + 1;
-                    let chunk = rows::calls_of(&conn.conn, run_no, from, CHUNK_CALLS);
+                    let chunk = segments::calls(&conn.conn, run_no, from, CHUNK_CALLS);
                     let failed = chunk.is_err();
                     // The execution stopped reading: so does this reader.
                     if send.send(chunk).is_err() || failed {

@@ -299,3 +299,102 @@ fn a_buffered_commit_that_fails_fails_the_writers_next_commit_and_nothing_after_
     ));
     assert!(pool.store().unwrap().calls("r", 1, 10).unwrap().is_empty());
 }
+
+/// A small deterministic generator, so that the interleaving is the same
+/// at every run of the test.
+struct Lcg(u64);
+
+impl Lcg {
+    fn below(&mut self, n: u64) -> u64 {
+        self.0 = self
+            .0
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        (self.0 >> 33) % n
+    }
+}
+
+#[test]
+fn calls_of_runs_committed_in_any_interleaving_read_back_whole_in_order_and_are_found() {
+    const RUNS: usize = 3;
+    const CALLS: u64 = 1500;
+    let dir = tempfile::tempdir().unwrap();
+    let pool = open(&dir.path().join("ledger.db")).unwrap();
+    let claims: Vec<Claim> = (0..RUNS)
+        .map(|i| claimed_run(&pool, &format!("r{i}")))
+        .collect();
+    let mut writer = pool.writer().unwrap();
+    let mut next = [1u64; RUNS];
+    let mut random = Lcg(7);
+    // Commits of one to fifty calls of a run at a time, the runs taken in
+    // random turns: segments of every length, across several epochs.
+    while next.iter().any(|&n| n <= CALLS) {
+        let run = random.below(RUNS as u64) as usize;
+        if next[run] > CALLS {
+            continue;
+        }
+        let count = (1 + random.below(50)).min(CALLS + 1 - next[run]);
+        let ops = (next[run]..next[run] + count)
+            .map(|seq| WriteOp::Call(read_call(seq, &format!("{{\"run\":{run}}}"), "{\"ok\":1}")))
+            .collect();
+        writer.commit(&claims[run], ops).wait().unwrap();
+        next[run] += count;
+    }
+    writer.landed().unwrap();
+    let store = pool.store().unwrap();
+    for (run, claim) in claims.iter().enumerate() {
+        let calls = store.calls(&claim.run_id, 1, usize::MAX).unwrap();
+        assert_eq!(calls.len() as u64, CALLS, "run {run}");
+        for (i, call) in calls.iter().enumerate() {
+            assert_eq!(call.seq, i as u64 + 1);
+            assert_eq!(call.request, format!("{{\"run\":{run}}}"));
+        }
+        for seq in [1, 2, 700, 1024, 1025, CALLS] {
+            let one = store.calls(&claim.run_id, seq, 1).unwrap();
+            assert_eq!(one.len(), 1);
+            assert_eq!(one[0].seq, seq, "run {run}");
+        }
+        assert!(store.calls(&claim.run_id, CALLS + 1, 5).unwrap().is_empty());
+        let history = store.history(&claim.run_id).unwrap();
+        assert_eq!(history.len() as u64, CALLS);
+        assert_eq!(history.into_calls().unwrap(), calls);
+        // Appending goes on after the run's last call only.
+        let again = writer.commit(claim, vec![WriteOp::Call(read_call(CALLS, "{}", "{}"))]);
+        assert!(matches!(
+            again.wait(),
+            Ok(()) | Err(StoreError::NotAppended { .. })
+        ));
+        assert!(matches!(
+            writer.landed(),
+            Err(StoreError::NotAppended { .. })
+        ));
+        writer = pool.writer().unwrap();
+    }
+}
+
+#[test]
+fn a_call_missing_from_the_middle_of_a_long_history_is_corrupt_not_the_end() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("ledger.db");
+    let pool = open(&path).unwrap();
+    let claim = claimed_run(&pool, "gap");
+    let mut writer = pool.writer().unwrap();
+    let ops = (1..=5000)
+        .map(|seq| WriteOp::Call(read_call(seq, "{}", "{\"ok\":1}")))
+        .collect();
+    writer.commit(&claim, ops).wait().unwrap();
+    writer.landed().unwrap();
+    let conn = Connection::open(&path).unwrap();
+    conn.execute("DELETE FROM calls WHERE seq = 3000", [])
+        .unwrap();
+    drop(conn);
+    let read = pool
+        .store()
+        .unwrap()
+        .history("gap")
+        .and_then(|h| h.into_calls());
+    assert!(
+        matches!(&read, Err(StoreError::Corrupt(m)) if m.contains("call #")),
+        "{read:?}"
+    );
+}

@@ -134,7 +134,7 @@ fn a_run_that_diverges_on_resume_leaves_its_in_flight_write_unknown() {
     let changed = conn
         .execute(
             "UPDATE calls SET request = '{\"sku\":\"OTHER\"}', request_hash = 'changed' \
-             WHERE key = (SELECT (run_no << 32) + 1 FROM runs WHERE run_id = 'order-1')",
+             WHERE run_no = (SELECT run_no FROM runs WHERE run_id = 'order-1') AND seq = 1",
             [],
         )
         .expect("change the recording");
@@ -287,7 +287,8 @@ fn a_run_with_a_long_history_resumes_and_replays_it_read_while_replayed() {
     // damaged ledger, not a verdict on the step.
     let conn = rusqlite::Connection::open(sb.db()).expect("open the ledger");
     conn.execute(
-        "DELETE FROM calls WHERE key = (SELECT (run_no << 32) + 3000 FROM runs WHERE run_id = 'long')",
+        "DELETE FROM calls WHERE run_no = (SELECT run_no FROM runs WHERE run_id = 'long') \
+         AND seq = 3000",
         [],
     )
     .unwrap();
