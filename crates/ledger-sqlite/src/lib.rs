@@ -45,6 +45,7 @@ impl SqlitePool {
     /// its schema up to date, once; the pool's other connections trust it.
     pub fn open(path: &Path, options: PoolOptions) -> StoreResult<Self> {
         let checked = Conn::open(path)?;
+        let checkpointer = Arc::new(checkpoint::Lazy::new(path));
         let group = match options.group_commit {
             true => Some(Arc::new(group::GroupCommitter::start(path)?)),
             false => None,
@@ -52,7 +53,7 @@ impl SqlitePool {
         Ok(SqlitePool {
             path: path.to_path_buf(),
             group,
-            checkpointer: Arc::new(checkpoint::Lazy::new(path)),
+            checkpointer,
             checked: std::sync::Mutex::new(Some(checked)),
         })
     }

@@ -193,12 +193,17 @@ impl Store for SqliteStore {
     }
 
     fn swap_run(&self, expected_version: i64, run: &RunRecord, durable: bool) -> StoreResult<()> {
-        self.write_synced(Sync::when(durable), |conn| {
-            match rows::swap_run(conn, expected_version, run)? {
-                1 => Ok(()),
-                _ => Err(rows::version_conflict(conn, &run.run_id, expected_version)),
-            }
-        })
+        // One statement: atomic on its own, no transaction around it.
+        let mut conn = self.conn.borrow_mut();
+        conn.set_sync(Sync::when(durable))?;
+        match rows::swap_run(&conn.conn, expected_version, run)? {
+            1 => Ok(()),
+            _ => Err(rows::version_conflict(
+                &conn.conn,
+                &run.run_id,
+                expected_version,
+            )),
+        }
     }
 
     fn calls(&self, run_id: &str, from_seq: u64, limit: usize) -> StoreResult<Vec<CallRecord>> {
