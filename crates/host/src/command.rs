@@ -101,30 +101,6 @@ pub fn result(code: i32, stdout: &[u8]) -> Result<String, String> {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn stdin_takes_a_json_string_as_text_and_other_json_as_is() {
-        assert_eq!(stdin_bytes(r#""exit=3""#), b"exit=3");
-        assert_eq!(stdin_bytes(r#"{"a":1}"#), br#"{"a":1}"#);
-        assert_eq!(stdin_bytes("null"), b"");
-        assert_eq!(stdin_bytes(" 7 "), b" 7 ");
-    }
-
-    #[test]
-    fn stdout_json_is_the_output_and_text_becomes_a_string() {
-        assert_eq!(result(0, b"{\"a\":1}\n").unwrap(), r#"{"a":1}"#);
-        assert_eq!(result(0, b"hello\n").unwrap(), r#""hello\n""#);
-        assert_eq!(result(0, b"").unwrap(), r#""""#);
-        assert_eq!(
-            result(7, b"{}").unwrap_err(),
-            "the program exited with code 7"
-        );
-    }
-}
-
 /// Replaces preview1's `random_get` with one that records one ledger call
 /// per guest call (see [`crate::imports::wasi::record_random_bytes_per_call`]).
 pub fn record_preview1_random_per_call(
@@ -168,4 +144,28 @@ pub fn record_preview1_random_per_call(
     )?;
     linker.allow_shadowing(false);
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stdin_takes_a_json_string_as_text_and_other_json_as_is() {
+        assert_eq!(stdin_bytes(r#""exit=3""#), b"exit=3");
+        assert_eq!(stdin_bytes(r#"{"a":1}"#), br#"{"a":1}"#);
+        assert_eq!(stdin_bytes("null"), b"");
+        assert_eq!(stdin_bytes(" 7 "), b" 7 ");
+    }
+
+    #[test]
+    fn stdout_json_is_the_output_and_text_becomes_a_string() {
+        assert_eq!(result(0, b"{\"a\":1}\n").unwrap(), r#"{"a":1}"#);
+        assert_eq!(result(0, b"hello\n").unwrap(), r#""hello\n""#);
+        assert_eq!(result(0, b"").unwrap(), r#""""#);
+        assert_eq!(
+            result(7, b"{}").unwrap_err(),
+            "the program exited with code 7"
+        );
+    }
 }

@@ -147,7 +147,7 @@ fn run(conn: &mut Conn, queue: &mpsc::Receiver<Job>, syncer: &Syncer, counts: &C
             .commits
             .fetch_add(batch.len() as u64, Ordering::Relaxed);
         counts.transactions.fetch_add(1, Ordering::Relaxed);
-        let answered: Vec<(CommitReply, StoreResult<()>)> = batch
+        let answered: Answers = batch
             .into_iter()
             .map(|job| job.reply)
             .zip(answers)
@@ -162,10 +162,13 @@ fn run(conn: &mut Conn, queue: &mpsc::Receiver<Job>, syncer: &Syncer, counts: &C
     }
 }
 
+/// Writers' replies with the outcomes of their jobs in one batch.
+type Answers = Vec<(CommitReply, StoreResult<()>)>;
+
 /// The thread that fsyncs the WAL and then answers the writers of the
 /// batches it covers.
 struct Syncer {
-    queue: Option<mpsc::Sender<Vec<(CommitReply, StoreResult<()>)>>>,
+    queue: Option<mpsc::Sender<Answers>>,
     thread: Option<JoinHandle<()>>,
 }
 
@@ -183,7 +186,7 @@ impl Syncer {
                     std::path::Path::new(&wal).display()
                 ))
             })?;
-        let (tx, rx) = mpsc::channel::<Vec<(CommitReply, StoreResult<()>)>>();
+        let (tx, rx) = mpsc::channel::<Answers>();
         let thread = std::thread::Builder::new()
             .name("stephost-sync".into())
             .spawn(move || sync_loop(&wal, &rx, &counts))
@@ -195,7 +198,7 @@ impl Syncer {
     }
 
     /// Answers `answered` once an fsync begun after now has ended.
-    fn answer_after_fsync(&self, answered: Vec<(CommitReply, StoreResult<()>)>) {
+    fn answer_after_fsync(&self, answered: Answers) {
         if let Some(queue) = &self.queue
             && let Err(mpsc::SendError(lost)) = queue.send(answered)
         {
@@ -215,11 +218,7 @@ impl Drop for Syncer {
     }
 }
 
-fn sync_loop(
-    wal: &std::fs::File,
-    queue: &mpsc::Receiver<Vec<(CommitReply, StoreResult<()>)>>,
-    counts: &Counts,
-) {
+fn sync_loop(wal: &std::fs::File, queue: &mpsc::Receiver<Answers>, counts: &Counts) {
     let mut failed: Option<StoreError> = None;
     while let Ok(first) = queue.recv() {
         // Every batch committed before this fsync begins is covered by it.
@@ -270,7 +269,7 @@ fn apply_batch(conn: &mut Conn, batch: &[Job]) -> Vec<StoreResult<()>> {
             Ok(()) => Conn::run(db, "RELEASE job"),
             Err(_) => Conn::run(db, "ROLLBACK TO job").and_then(|()| Conn::run(db, "RELEASE job")),
         };
-        answers.push(applied.and_then(|()| ended));
+        answers.push(applied.and(ended));
     }
     if let Err(e) = Conn::run(db, "COMMIT") {
         let _ = Conn::run(db, "ROLLBACK");
