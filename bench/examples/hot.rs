@@ -14,9 +14,6 @@
 //! commits shared a transaction and an fsync, and the CPU µs per write of
 //! the whole process, since the worker's threads end with each round).
 
-#[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
 use std::time::Instant;
 
 #[path = "../src/procstat.rs"]
@@ -39,6 +36,7 @@ fn open_host(
 }
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
+    stephost::allocator::configure();
     let args: Vec<String> = std::env::args().skip(1).collect();
     let mode = args.first().map_or("write", String::as_str);
     let count: u64 = args.get(1).map_or(Ok(2000), |s| s.parse())?;

@@ -12,11 +12,6 @@ mod floor;
 mod procstat;
 mod report;
 
-/// The allocator the `stephost` binary uses (see `crates/cli`), so that
-/// in-process figures measure what the binary does.
-#[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
 use std::error::Error;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -90,6 +85,9 @@ const RESUME_CALLS: u64 = 10_000;
 const PENDING_RUNS: usize = 10_000;
 
 fn main() {
+    // The `stephost` binary's allocator, so that in-process figures measure
+    // what the binary does.
+    stephost::allocator::configure();
     match main_inner() {
         Ok(()) => {}
         Err(e) => {

@@ -2,15 +2,8 @@
 //! configuration, calls the host's service layer, prints (see [`print`]),
 //! and maps the result to an exit code (see [`stephost_host::exit`]).
 
+pub mod allocator;
 mod print;
-
-/// mimalloc, for every binary built on this crate (`stephost`, and the
-/// tests' `stephost-crash`): a run records and replays hundreds of
-/// thousands of small strings, many allocated on one thread and freed on
-/// another, where it was measured 20% faster than the system allocator
-/// (figure 3 of the bench, replay; 5–10% on observe and read calls).
-#[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -220,6 +213,7 @@ pub enum Command {
 
 /// Parses the process arguments, runs the command, returns the exit code.
 pub fn main() -> i32 {
+    allocator::configure();
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         Err(e) => {

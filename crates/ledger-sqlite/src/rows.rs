@@ -141,59 +141,60 @@ pub const CALL_COLUMNS: &str = "run_no, seq, class, interface, function, operati
      request_split, request_hash, state, outcome, outcome_split, started_at, finished_at, \
      resolved_by, chain";
 
-/// A call row as read, its bodies not yet loaded from `payloads`.
-pub struct CallRow {
-    pub call: CallRecord,
-    request_split: bool,
-    outcome_split: bool,
+/// Which bodies of a call row are split into `payloads` and must be loaded.
+#[derive(Clone, Copy)]
+pub struct Split {
+    request: bool,
+    outcome: bool,
 }
 
-/// The call in [`CALL_COLUMNS`] order, whose `seq` is column `at`.
-pub fn call_from_row(r: &Row<'_>, at: usize) -> rusqlite::Result<CallRow> {
+impl Split {
+    /// Whether a body must be loaded.
+    pub fn any(self) -> bool {
+        self.request || self.outcome
+    }
+
+    /// Loads `call`'s bodies that this says are split.
+    pub fn load(self, conn: &Connection, call: &mut CallRecord) -> Result<(), StoreError> {
+        if self.request {
+            call.request = payload::load(&call.request, true, |d| part(conn, d))?;
+        }
+        if self.outcome
+            && let Some(outcome) = &call.outcome
+        {
+            call.outcome = Some(payload::load(outcome, true, |d| part(conn, d))?);
+        }
+        Ok(())
+    }
+}
+
+/// The call in [`CALL_COLUMNS`] order, whose `seq` is column `at`, its
+/// split bodies not yet loaded.
+pub fn call_from_row(r: &Row<'_>, at: usize) -> rusqlite::Result<(CallRecord, Split)> {
     let class = r.get_ref(at + 1)?.as_str()?;
     let class = CallClass::parse(class).ok_or_else(|| bad_value(at + 1, class))?;
     let state = r.get_ref(at + 8)?.as_str()?;
     let state = CallState::parse(state).ok_or_else(|| bad_value(at + 8, state))?;
-    Ok(CallRow {
-        call: CallRecord {
-            seq: r.get::<_, i64>(at)? as u64,
-            class,
-            interface: r.get(at + 2)?,
-            function: r.get(at + 3)?,
-            operation_id: r.get(at + 4)?,
-            request: r.get(at + 5)?,
-            request_hash: r.get(at + 7)?,
-            state,
-            outcome: r.get(at + 9)?,
-            started_at_ms: r.get(at + 11)?,
-            finished_at_ms: r.get(at + 12)?,
-            resolved_by: r.get(at + 13)?,
-            chain: r.get(at + 14)?,
-        },
-        request_split: r.get(at + 6)?,
-        outcome_split: r.get(at + 10)?,
-    })
-}
-
-impl CallRow {
-    /// The call with its bodies whole.
-    pub fn load(self, conn: &Connection) -> Result<CallRecord, StoreError> {
-        if !self.request_split && !self.outcome_split {
-            return Ok(self.call);
-        }
-        let CallRow {
-            mut call,
-            request_split,
-            outcome_split,
-        } = self;
-        if request_split {
-            call.request = payload::load(&call.request, true, |d| part(conn, d))?;
-        }
-        if outcome_split && let Some(outcome) = &call.outcome {
-            call.outcome = Some(payload::load(outcome, true, |d| part(conn, d))?);
-        }
-        Ok(call)
-    }
+    let call = CallRecord {
+        seq: r.get::<_, i64>(at)? as u64,
+        class,
+        interface: r.get(at + 2)?,
+        function: r.get(at + 3)?,
+        operation_id: r.get(at + 4)?,
+        request: r.get(at + 5)?,
+        request_hash: r.get(at + 7)?,
+        state,
+        outcome: r.get(at + 9)?,
+        started_at_ms: r.get(at + 11)?,
+        finished_at_ms: r.get(at + 12)?,
+        resolved_by: r.get(at + 13)?,
+        chain: r.get(at + 14)?,
+    };
+    let split = Split {
+        request: r.get(at + 6)?,
+        outcome: r.get(at + 10)?,
+    };
+    Ok((call, split))
 }
 
 fn part(conn: &Connection, digest: &str) -> Result<Option<String>, StoreError> {

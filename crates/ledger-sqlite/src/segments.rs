@@ -173,10 +173,19 @@ pub fn calls(
     from_seq: u64,
     limit: usize,
 ) -> Result<Vec<CallRecord>, StoreError> {
-    let rows = read(conn, run_no, from_seq, limit, CALL_COLUMNS, |row| {
-        rows::call_from_row(row, 1)
+    // Rarely a body is split: those calls are noted and loaded after.
+    let mut splits = Vec::new();
+    let mut calls = read(conn, run_no, from_seq, limit, CALL_COLUMNS, |row| {
+        let (call, split) = rows::call_from_row(row, 1)?;
+        if split.any() {
+            splits.push((call.seq, split));
+        }
+        Ok(call)
     })?;
-    rows.into_iter().map(|row| row.load(conn)).collect()
+    for (seq, split) in splits {
+        split.load(conn, &mut calls[(seq - from_seq.max(1)) as usize])?;
+    }
+    Ok(calls)
 }
 
 /// Columns `columns` (which must begin with `run_no, seq`) of the calls of
@@ -188,7 +197,7 @@ pub fn read<T>(
     from_seq: u64,
     limit: usize,
     columns: &str,
-    map: impl Fn(&rusqlite::Row<'_>) -> rusqlite::Result<T>,
+    mut map: impl FnMut(&rusqlite::Row<'_>) -> rusqlite::Result<T>,
 ) -> Result<Vec<T>, StoreError> {
     let mut out = Vec::with_capacity(limit.min(CALLS_ALLOCATED_MAX));
     let mut seq = from_seq.max(1);
