@@ -71,6 +71,21 @@ pub fn store(body: &str) -> Stored {
     }
 }
 
+/// The digests of the parts a split `text` refers to, in order.
+pub fn references(text: &str) -> Vec<&str> {
+    let mut digests = Vec::new();
+    let mut rest = text;
+    while let Some(start) = rest.find(MARK) {
+        let after = &rest[start + 1..];
+        let Some(end) = after.find(MARK) else {
+            break;
+        };
+        digests.push(&after[..end]);
+        rest = &after[end + 1..];
+    }
+    digests
+}
+
 /// The body `text` stands for: itself, or, if it was `split`, the text
 /// with each referenced part fetched by `part` (by digest).
 pub fn load(

@@ -225,6 +225,64 @@ pub struct AttemptRecord {
     pub detail: Option<String>,
 }
 
+/// One attempt as a call's stored `attempts` array holds it (the call's
+/// `seq` is its row's).
+#[derive(Serialize, Deserialize)]
+struct StoredAttempt<'a> {
+    attempt: u32,
+    #[serde(borrow)]
+    kind: std::borrow::Cow<'a, str>,
+    started_at: i64,
+    finished_at: i64,
+    #[serde(borrow)]
+    result: std::borrow::Cow<'a, str>,
+    #[serde(borrow)]
+    detail: Option<std::borrow::Cow<'a, str>>,
+}
+
+impl AttemptRecord {
+    /// `attempts` as the JSON array a call's row keeps them in, in every
+    /// backend.
+    pub fn to_stored_json(attempts: &[&AttemptRecord]) -> String {
+        let stored: Vec<StoredAttempt<'_>> = attempts
+            .iter()
+            .map(|a| StoredAttempt {
+                attempt: a.attempt,
+                kind: a.kind.as_str().into(),
+                started_at: a.started_at_ms,
+                finished_at: a.finished_at_ms,
+                result: a.result.as_str().into(),
+                detail: a.detail.as_deref().map(Into::into),
+            })
+            .collect();
+        serde_json::to_string(&stored).unwrap_or_else(|_| "[]".into())
+    }
+
+    /// The attempts of call `seq` from the JSON array its row keeps.
+    pub fn from_stored_json(
+        seq: u64,
+        text: &str,
+    ) -> Result<Vec<AttemptRecord>, crate::error::StoreError> {
+        let stored: Vec<StoredAttempt<'_>> = serde_json::from_str(text).map_err(|e| {
+            crate::error::StoreError::Corrupt(format!(
+                "the attempts of call #{seq} are unreadable: {e}"
+            ))
+        })?;
+        Ok(stored
+            .into_iter()
+            .map(|a| AttemptRecord {
+                seq,
+                attempt: a.attempt,
+                kind: a.kind.into_owned(),
+                started_at_ms: a.started_at,
+                finished_at_ms: a.finished_at,
+                result: a.result.into_owned(),
+                detail: a.detail.map(std::borrow::Cow::into_owned),
+            })
+            .collect())
+    }
+}
+
 /// A line the step logged.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LogRecord {

@@ -162,7 +162,17 @@ pub trait Pool: Send + Sync {
     fn commit_counts(&self) -> CommitCounts {
         CommitCounts::default()
     }
+    /// Has `wake` called whenever a run may have become due (submitted,
+    /// released, decided by a person, its timer set), by whichever process
+    /// made it so. `false` if this backend cannot tell: its workers poll.
+    fn watch_due(&self, wake: WakeUp) -> StoreResult<bool> {
+        let _ = wake;
+        Ok(false)
+    }
 }
+
+/// What a pool calls when a run may have become due.
+pub type WakeUp = Arc<dyn Fn() + Send + Sync>;
 
 /// How commits shared transactions and fsyncs (group commit).
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]

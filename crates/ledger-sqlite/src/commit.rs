@@ -77,7 +77,7 @@ pub fn apply(
                     }
                     None => (None, false),
                 };
-                let tried = attempts.remove(seq).map(|a| rows::attempts_json(&a));
+                let tried = attempts.remove(seq).map(|a| AttemptRecord::to_stored_json(&a));
                 let key = find(conn, known, run_no, *seq)?
                     .ok_or_else(|| segments::missing(&claim.run_id, *seq, "an outcome for"))?;
                 let changed = conn
@@ -176,7 +176,7 @@ pub fn apply(
                 "UPDATE calls SET attempts = {} WHERE id = ?1",
                 rows::append_attempts(2)
             ))
-            .and_then(|mut s| s.execute(params![key, rows::attempts_json(&tried)]))
+            .and_then(|mut s| s.execute(params![key, AttemptRecord::to_stored_json(&tried)]))
             .map_err(error)?;
         if changed != 1 {
             return Err(StoreError::Corrupt(format!(
@@ -280,7 +280,7 @@ fn insert_calls(
                     }
                     None => (None, false),
                 };
-                let tried = attempts.remove(&call.seq).map(|a| rows::attempts_json(&a));
+                let tried = attempts.remove(&call.seq).map(|a| AttemptRecord::to_stored_json(&a));
                 let values: [&dyn rusqlite::ToSql; 18] = [
                     &id,
                     &run_no,

@@ -2,11 +2,10 @@
 //! attempts, and the bodies kept apart by digest.
 
 use rusqlite::{Connection, OptionalExtension, Row, params};
-use serde::{Deserialize, Serialize};
 use stephost_core::lifecycle;
 use stephost_core::payload;
 use stephost_core::{
-    AttemptRecord, CallClass, CallRecord, CallState, RunRecord, RunStatus, StoreError,
+    CallClass, CallRecord, CallState, RunRecord, RunStatus, StoreError,
 };
 
 use crate::errors::error;
@@ -240,55 +239,6 @@ pub fn calls(
     limit: usize,
 ) -> Result<Vec<CallRecord>, StoreError> {
     crate::segments::calls(conn, run_no(conn, run_id)?, from_seq, limit)
-}
-
-/// One attempt as a call row's `attempts` array holds it.
-#[derive(Serialize, Deserialize)]
-struct StoredAttempt<'a> {
-    attempt: u32,
-    #[serde(borrow)]
-    kind: std::borrow::Cow<'a, str>,
-    started_at: i64,
-    finished_at: i64,
-    #[serde(borrow)]
-    result: std::borrow::Cow<'a, str>,
-    #[serde(borrow)]
-    detail: Option<std::borrow::Cow<'a, str>>,
-}
-
-/// The JSON array of `attempts`.
-pub fn attempts_json(attempts: &[&AttemptRecord]) -> String {
-    let stored: Vec<StoredAttempt<'_>> = attempts
-        .iter()
-        .map(|a| StoredAttempt {
-            attempt: a.attempt,
-            kind: a.kind.as_str().into(),
-            started_at: a.started_at_ms,
-            finished_at: a.finished_at_ms,
-            result: a.result.as_str().into(),
-            detail: a.detail.as_deref().map(Into::into),
-        })
-        .collect();
-    serde_json::to_string(&stored).unwrap_or_else(|_| "[]".into())
-}
-
-/// The attempts of call `seq` from its row's `attempts` array.
-pub fn attempts_from_json(seq: u64, text: &str) -> Result<Vec<AttemptRecord>, StoreError> {
-    let stored: Vec<StoredAttempt<'_>> = serde_json::from_str(text).map_err(|e| {
-        StoreError::Corrupt(format!("the attempts of call #{seq} are unreadable: {e}"))
-    })?;
-    Ok(stored
-        .into_iter()
-        .map(|a| AttemptRecord {
-            seq,
-            attempt: a.attempt,
-            kind: a.kind.into_owned(),
-            started_at_ms: a.started_at,
-            finished_at_ms: a.finished_at,
-            result: a.result.into_owned(),
-            detail: a.detail.map(std::borrow::Cow::into_owned),
-        })
-        .collect())
 }
 
 /// SQL that appends the JSON array `?` to a row's `attempts` array.

@@ -378,7 +378,7 @@ fn attempts_of(
     let mut all = Vec::new();
     for (seq, text) in rows {
         if let Some(text) = text {
-            all.extend(rows::attempts_from_json(seq as u64, &text)?);
+            all.extend(AttemptRecord::from_stored_json(seq as u64, &text)?);
         }
     }
     Ok(all)

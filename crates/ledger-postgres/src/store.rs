@@ -1,0 +1,456 @@
+//! Reads, listings and compare-and-set writes, each on a connection taken
+//! from the pool for it.
+
+use std::sync::Arc;
+
+use stephost_core::History;
+use stephost_core::journal::Counters;
+use stephost_core::store::{OpenCall, RunQuery, Settlement, Store, StoreResult};
+use stephost_core::{
+    AttemptRecord, CallRecord, CallState, LogRecord, RunRecord, RunStatus, StoreError,
+};
+
+use crate::commit::{ADD_COUNTERS, counter_values};
+use crate::errors::error;
+use crate::rows::{self, Bodies, RUN_COLUMNS, Value, boxed, refs};
+use crate::{Shared, stream};
+
+/// Histories at least this long are read while they are replayed.
+pub const STREAM_CALLS_MIN: usize = 4096;
+
+/// A store over the pool's connections.
+pub struct PgStore {
+    shared: Arc<Shared>,
+}
+
+impl PgStore {
+    pub(crate) fn new(shared: Arc<Shared>) -> Self {
+        PgStore { shared }
+    }
+}
+
+impl Store for PgStore {
+    fn put_module(&self, digest: &str, bytes: &[u8]) -> StoreResult<()> {
+        let (digest, bytes) = (digest.to_string(), bytes.to_vec());
+        self.shared.block(move |mut conn| async move {
+            let statement = conn
+                .statement(
+                    "INSERT INTO modules (digest, bytes, size, created_at) VALUES ($1, $2, $3, $4) \
+                     ON CONFLICT (digest) DO NOTHING",
+                )
+                .await?;
+            conn.client
+                .execute(
+                    &statement,
+                    &[
+                        &digest,
+                        &bytes,
+                        &(bytes.len() as i64),
+                        &stephost_core::clock::now_ms(),
+                    ],
+                )
+                .await
+                .map_err(error)?;
+            Ok(())
+        })
+    }
+
+    fn module(&self, digest: &str) -> StoreResult<Vec<u8>> {
+        let digest = digest.to_string();
+        self.shared.block(move |mut conn| async move {
+            let statement = conn
+                .statement("SELECT bytes FROM modules WHERE digest = $1")
+                .await?;
+            conn.client
+                .query_opt(&statement, &[&digest])
+                .await
+                .map_err(error)?
+                .map(|r| r.get(0))
+                .ok_or(StoreError::UnknownModule(digest))
+        })
+    }
+
+    fn insert_run(&self, run: &RunRecord) -> StoreResult<RunRecord> {
+        let run = run.clone();
+        self.shared.block(move |mut conn| async move {
+            let statement = conn.statement(rows::INSERT_RUN_UNLESS_EXISTS).await?;
+            let values = rows::run_values(&run);
+            let inserted = conn
+                .client
+                .execute(&statement, &refs(&values))
+                .await
+                .map_err(error)?;
+            if inserted == 1 {
+                Ok(run)
+            } else {
+                rows::run(&mut conn, &run.run_id).await
+            }
+        })
+    }
+
+    fn run(&self, run_id: &str) -> StoreResult<RunRecord> {
+        let run_id = run_id.to_string();
+        self.shared
+            .block(move |mut conn| async move { rows::run(&mut conn, &run_id).await })
+    }
+
+    fn runs(&self, query: &RunQuery) -> StoreResult<Vec<RunRecord>> {
+        let mut sql = format!("SELECT {RUN_COLUMNS} FROM runs WHERE true");
+        let mut values: Vec<Value> = Vec::new();
+        let mut bind = |sql: &mut String, clause: &str, value: Value| {
+            values.push(value);
+            sql.push_str(&clause.replace('?', &format!("${}", values.len())));
+        };
+        if let Some(status) = query.status {
+            bind(&mut sql, " AND status = ?", boxed(status.as_str()));
+        }
+        if let Some(digest) = &query.module_digest {
+            bind(&mut sql, " AND module_digest = ?", boxed(digest.clone()));
+        }
+        if let Some(step) = &query.step {
+            bind(&mut sql, " AND step = ?", boxed(step.clone()));
+        }
+        if let Some(after) = query.created_after_ms {
+            bind(&mut sql, " AND created_at > ?", boxed(after));
+        }
+        if let Some(before) = query.created_before_ms {
+            bind(&mut sql, " AND created_at < ?", boxed(before));
+        }
+        if let Some(after) = &query.after_run_id {
+            bind(
+                &mut sql,
+                " AND (created_at, run_id) < (SELECT created_at, run_id FROM runs WHERE run_id = ?)",
+                boxed(after.clone()),
+            );
+        }
+        sql.push_str(" ORDER BY created_at DESC, run_id DESC");
+        if let Some(limit) = query.limit {
+            bind(
+                &mut sql,
+                " LIMIT ?",
+                boxed(limit.min(i64::MAX as usize) as i64),
+            );
+        }
+        self.shared.block(move |conn| async move {
+            let found = conn
+                .client
+                .query(sql.as_str(), &refs(&values))
+                .await
+                .map_err(error)?;
+            found.iter().map(rows::run_from_row).collect()
+        })
+    }
+
+    fn status_counts(&self) -> StoreResult<Vec<(RunStatus, u64)>> {
+        self.shared.block(move |mut conn| async move {
+            let statement = conn
+                .statement("SELECT status, count(*) FROM runs GROUP BY status ORDER BY status")
+                .await?;
+            conn.client
+                .query(&statement, &[])
+                .await
+                .map_err(error)?
+                .iter()
+                .map(|r| {
+                    let status: &str = r.get(0);
+                    let n: i64 = r.get(1);
+                    RunStatus::parse(status)
+                        .map(|s| (s, n as u64))
+                        .ok_or_else(|| StoreError::Corrupt(format!("a run has status {status:?}")))
+                })
+                .collect()
+        })
+    }
+
+    fn due_runs(&self, limit: usize) -> StoreResult<Vec<RunRecord>> {
+        let limit = limit.min(i64::MAX as usize) as i64;
+        self.shared.block(move |mut conn| async move {
+            let statement = conn
+                .statement(
+                    "SELECT run_id, module_digest, input, status, output, error, created_at, \
+                     updated_at, version, owner, lease_until, fence, wake_at, world, step, \
+                     exit_code FROM runs WHERE due_at IS NOT NULL ORDER BY due_at, run_id LIMIT $1",
+                )
+                .await?;
+            conn.client
+                .query(&statement, &[&limit])
+                .await
+                .map_err(error)?
+                .iter()
+                .map(rows::run_from_row)
+                .collect()
+        })
+    }
+
+    fn swap_run(&self, expected_version: i64, run: &RunRecord, durable: bool) -> StoreResult<()> {
+        let run = run.clone();
+        self.shared.block(move |mut conn| async move {
+            let statement = conn.statement(rows::SWAP_RUN).await?;
+            let mut values = rows::run_values(&run);
+            values.push(boxed(expected_version));
+            let values = refs(&values);
+            let changed = if durable {
+                conn.client
+                    .execute(&statement, &values)
+                    .await
+                    .map_err(error)?
+            } else {
+                // A claim needs no flush of its own: nothing leaves the
+                // host before the claimant's first durable commit.
+                let client = &conn.client;
+                let (began, changed, committed) = futures_util::join!(
+                    client.batch_execute("BEGIN; SET LOCAL synchronous_commit TO OFF"),
+                    client.execute(&statement, &values),
+                    client.batch_execute("COMMIT")
+                );
+                began.map_err(error)?;
+                let changed = changed.map_err(error)?;
+                committed.map_err(error)?;
+                changed
+            };
+            match changed {
+                1 => Ok(()),
+                _ => Err(rows::version_conflict(&mut conn, &run.run_id, expected_version).await),
+            }
+        })
+    }
+
+    fn calls(&self, run_id: &str, from_seq: u64, limit: usize) -> StoreResult<Vec<CallRecord>> {
+        let run_id = run_id.to_string();
+        self.shared.block(move |mut conn| async move {
+            rows::run(&mut conn, &run_id).await?;
+            rows::calls(&mut conn, &run_id, from_seq, limit).await
+        })
+    }
+
+    fn history(&self, run_id: &str) -> StoreResult<History> {
+        let id = run_id.to_string();
+        let (total, last_attempts) = self.shared.block(move |mut conn| async move {
+            rows::run(&mut conn, &id).await?;
+            let total = rows::last_seq(&mut conn, &id).await?;
+            let last = rows::calls(&mut conn, &id, total.max(1), 1).await?.pop();
+            let last_attempts = match last {
+                Some(last) if last.state == CallState::Started => {
+                    attempts_of(&mut conn, &id, Some(last.seq))
+                        .await?
+                        .iter()
+                        .map(|a| a.attempt)
+                        .max()
+                        .unwrap_or(0)
+                }
+                _ => 0,
+            };
+            Ok((total as usize, last_attempts))
+        })?;
+        let history = if total < STREAM_CALLS_MIN {
+            History::checked(run_id, self.calls(run_id, 1, total)?)?
+        } else {
+            let chunks = stream::chunks(self.shared.clone(), run_id, total)?;
+            History::streamed(run_id, total, chunks)
+        };
+        Ok(history.with_last_attempts(last_attempts))
+    }
+
+    fn attempts(&self, run_id: &str, seq: Option<u64>) -> StoreResult<Vec<AttemptRecord>> {
+        let run_id = run_id.to_string();
+        self.shared.block(move |mut conn| async move {
+            rows::run(&mut conn, &run_id).await?;
+            attempts_of(&mut conn, &run_id, seq).await
+        })
+    }
+
+    fn logs(&self, run_id: &str) -> StoreResult<Vec<LogRecord>> {
+        let run_id = run_id.to_string();
+        self.shared.block(move |mut conn| async move {
+            rows::run(&mut conn, &run_id).await?;
+            let statement = conn
+                .statement(
+                    "SELECT after_seq, level, message, at FROM logs WHERE run_id = $1 ORDER BY id",
+                )
+                .await?;
+            Ok(conn
+                .client
+                .query(&statement, &[&run_id])
+                .await
+                .map_err(error)?
+                .iter()
+                .map(|r| LogRecord {
+                    after_seq: r.get::<_, i64>(0) as u64,
+                    level: r.get(1),
+                    message: r.get(2),
+                    at_ms: r.get(3),
+                })
+                .collect())
+        })
+    }
+
+    fn open_calls(&self, state: CallState, interface: Option<&str>) -> StoreResult<Vec<OpenCall>> {
+        let interface = interface.map(str::to_string);
+        // A call a person waits on is the last call of an unfinished run: a
+        // run stops at an approval it waits for and at an unknown outcome.
+        self.shared.block(move |mut conn| async move {
+            let statement = conn
+                .statement(
+                    "SELECT r.run_id, r.module_digest, r.input, r.status, r.output, r.error, \
+                     r.created_at, r.updated_at, r.version, r.owner, r.lease_until, r.fence, \
+                     r.wake_at, r.world, r.step, r.exit_code, c.seq, c.class, c.interface, \
+                     c.function, c.operation_id, c.request, c.request_split, c.request_hash, \
+                     c.state, c.outcome, c.outcome_split, c.started_at, c.finished_at, \
+                     c.resolved_by, c.chain \
+                     FROM runs r CROSS JOIN LATERAL (SELECT * FROM calls \
+                     WHERE calls.run_id = r.run_id ORDER BY seq DESC LIMIT 1) c \
+                     WHERE r.status IN ('running', 'waiting', 'parked') AND c.state = $1 \
+                     AND ($2::text IS NULL OR c.interface = $2) \
+                     ORDER BY c.started_at, r.run_id",
+                )
+                .await?;
+            let found = conn
+                .client
+                .query(&statement, &[&state.as_str(), &interface])
+                .await
+                .map_err(error)?;
+            let mut runs = Vec::with_capacity(found.len());
+            let mut calls = Vec::with_capacity(found.len());
+            for row in &found {
+                runs.push(rows::run_from_row(row)?);
+                calls.push(rows::call_from_row(row, 16)?);
+            }
+            let calls = rows::load_calls(&mut conn, calls).await?;
+            Ok(runs
+                .into_iter()
+                .zip(calls)
+                .map(|(run, call)| OpenCall { run, call })
+                .collect())
+        })
+    }
+
+    fn settle(&self, s: &Settlement) -> StoreResult<()> {
+        let s = s.clone();
+        self.shared.block(move |mut conn| async move {
+            let mut bodies = Bodies::default();
+            let (outcome, split) = bodies.store(&s.outcome);
+            let decide = conn
+                .statement(
+                    "UPDATE calls SET state = $3, outcome = $4, outcome_split = $5, \
+                     finished_at = $6, resolved_by = $7, resolved_at = $6, chain = $8 \
+                     WHERE run_id = $1 AND seq = $2 AND state = $9",
+                )
+                .await?;
+            let swap = conn.statement(rows::SWAP_RUN).await?;
+            let payloads = conn.statement(rows::INSERT_PAYLOADS).await?;
+            let counters = conn.statement(ADD_COUNTERS).await?;
+            let transaction = conn.client.transaction().await.map_err(error)?;
+            if !bodies.is_empty() {
+                transaction
+                    .execute(&payloads, &[&bodies.digests, &bodies.parts])
+                    .await
+                    .map_err(error)?;
+            }
+            let decided = transaction
+                .execute(
+                    &decide,
+                    &[
+                        &s.run_id,
+                        &(s.seq as i64),
+                        &s.state.as_str(),
+                        &outcome,
+                        &split,
+                        &s.at_ms,
+                        &s.by,
+                        &s.chain,
+                        &s.expected_state.as_str(),
+                    ],
+                )
+                .await
+                .map_err(error)?;
+            if decided != 1 {
+                drop(transaction);
+                let found = rows::calls(&mut conn, &s.run_id, s.seq, 1)
+                    .await?
+                    .pop()
+                    .filter(|c| c.seq == s.seq)
+                    .map(|c| c.state.as_str().to_string())
+                    .unwrap_or_else(|| "not recorded".into());
+                return Err(StoreError::CallConflict {
+                    run_id: s.run_id.clone(),
+                    seq: s.seq,
+                    expected: s.expected_state,
+                    found,
+                });
+            }
+            let mut values = rows::run_values(&s.run);
+            values.push(boxed(s.expected_version));
+            let swapped = transaction
+                .execute(&swap, &refs(&values))
+                .await
+                .map_err(error)?;
+            if swapped != 1 {
+                drop(transaction);
+                return Err(rows::version_conflict(&mut conn, &s.run_id, s.expected_version).await);
+            }
+            if !s.counters.is_empty() {
+                transaction
+                    .execute(&counters, &refs(&counter_values(&s.counters)))
+                    .await
+                    .map_err(error)?;
+            }
+            transaction.commit().await.map_err(error)
+        })
+    }
+
+    fn add_counters(&self, counters: &Counters) -> StoreResult<()> {
+        if counters.is_empty() {
+            return Ok(());
+        }
+        let values = counter_values(counters);
+        self.shared.block(move |mut conn| async move {
+            let statement = conn.statement(ADD_COUNTERS).await?;
+            conn.client
+                .execute(&statement, &refs(&values))
+                .await
+                .map_err(error)?;
+            Ok(())
+        })
+    }
+
+    fn counters(&self) -> StoreResult<Vec<(String, i64)>> {
+        self.shared.block(move |mut conn| async move {
+            let statement = conn
+                .statement("SELECT name, value FROM counters ORDER BY name")
+                .await?;
+            Ok(conn
+                .client
+                .query(&statement, &[])
+                .await
+                .map_err(error)?
+                .iter()
+                .map(|r| (r.get(0), r.get(1)))
+                .collect())
+        })
+    }
+}
+
+async fn attempts_of(
+    conn: &mut crate::conns::PgConn,
+    run_id: &str,
+    seq: Option<u64>,
+) -> StoreResult<Vec<AttemptRecord>> {
+    let statement = conn
+        .statement(
+            "SELECT seq, attempts::text FROM calls WHERE run_id = $1 \
+             AND ($2::int8 IS NULL OR seq = $2) AND attempts IS NOT NULL ORDER BY seq",
+        )
+        .await?;
+    let found = conn
+        .client
+        .query(&statement, &[&run_id, &seq.map(|s| s as i64)])
+        .await
+        .map_err(error)?;
+    let mut all = Vec::new();
+    for row in found {
+        let seq: i64 = row.get(0);
+        let text: &str = row.get(1);
+        all.extend(AttemptRecord::from_stored_json(seq as u64, text)?);
+    }
+    Ok(all)
+}

@@ -1,0 +1,243 @@
+//! A throwaway PostgreSQL cluster for tests and the bench: initialised in
+//! a temporary folder, listening on 127.0.0.1 and a socket in that folder,
+//! and stopped when dropped, or, if the process dies first, by a watchdog
+//! that notices its end. As root it runs as the `postgres` user (PostgreSQL
+//! refuses to run as root).
+
+use std::io::{self, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// The environment variable naming a PostgreSQL server the tests use
+/// instead of a throwaway cluster (a URL whose user may create schemas).
+pub const TEST_SERVER_VAR: &str = "STEPHOST_TEST_POSTGRES";
+
+/// The environment variable naming the folder of PostgreSQL's programs
+/// (`initdb`, `pg_ctl`); by default the newest `/usr/lib/postgresql/*/bin`.
+pub const BIN_DIR_VAR: &str = "STEPHOST_PG_BIN";
+
+/// A running cluster of our own.
+pub struct Cluster {
+    dir: tempfile::TempDir,
+    bin: PathBuf,
+    port: u16,
+    /// Runs as this user (when we are root).
+    user: Option<String>,
+    /// Stops the cluster when its stdin closes: at our end, however it comes.
+    watchdog: Option<Child>,
+}
+
+impl Cluster {
+    /// Initialises and starts a cluster; its superuser is `stephost`, who
+    /// connects without a password from this machine.
+    pub fn start() -> io::Result<Cluster> {
+        let bin = bin_dir()?;
+        let dir = tempfile::Builder::new()
+            .prefix("stephost-pg-")
+            .tempdir()?;
+        let user = is_root().then(|| "postgres".to_string());
+        if let Some(user) = &user {
+            run(Command::new("chown").arg(user).arg(dir.path()))?;
+        }
+        let data = dir.path().join("data");
+        let mut cluster = Cluster {
+            port: free_port()?,
+            dir,
+            bin,
+            user,
+            watchdog: None,
+        };
+        run(cluster
+            .command("initdb")
+            .arg("-D")
+            .arg(&data)
+            .args(["-U", "stephost", "--auth=trust", "-E", "UTF8", "--no-sync"]))?;
+        let mut watchdog = cluster
+            .command("sh")
+            .arg("-c")
+            .arg("read _; \"$0\" -D \"$1/data\" stop -m immediate; rm -rf \"$1\"")
+            .arg(cluster.bin.join("pg_ctl"))
+            .arg(cluster.dir.path())
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()?;
+        // Nothing is written to it: it closes when this process ends.
+        let _ = watchdog.stdin.as_mut().map(|s| s.flush());
+        cluster.watchdog = Some(watchdog);
+        cluster.pg_ctl("start")?;
+        Ok(cluster)
+    }
+
+    /// The URL of database `postgres` as the superuser.
+    pub fn url(&self) -> String {
+        format!("postgres://stephost@127.0.0.1:{}/postgres", self.port)
+    }
+
+    /// Stops the server (`-m fast`: sessions are disconnected) and starts
+    /// it again, as an operator's restart would.
+    pub fn restart(&self) -> io::Result<()> {
+        self.pg_ctl("restart")
+    }
+
+    /// The server's log.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("log")).unwrap_or_default()
+    }
+
+    fn pg_ctl(&self, action: &str) -> io::Result<()> {
+        let data = self.dir.path().join("data");
+        let options = format!(
+            "-k {} -c listen_addresses=127.0.0.1 -p {} -c max_connections=400 -c fsync=on",
+            self.dir.path().display(),
+            self.port
+        );
+        run(self
+            .command("pg_ctl")
+            .arg("-D")
+            .arg(&data)
+            .arg("-l")
+            .arg(self.dir.path().join("log"))
+            .args(["-o", &options, "-m", "fast", "-w", action]))
+    }
+
+    /// `program` (one of PostgreSQL's, or `sh`), as the cluster's user.
+    fn command(&self, program: &str) -> Command {
+        let path = match program {
+            "sh" => PathBuf::from("sh"),
+            other => self.bin.join(other),
+        };
+        match &self.user {
+            Some(user) => {
+                let mut command = Command::new("runuser");
+                command.args(["-u", user, "--"]).arg(path);
+                command
+            }
+            None => Command::new(path),
+        }
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        let _ = self.pg_ctl("stop");
+        if let Some(mut watchdog) = self.watchdog.take() {
+            let _ = watchdog.kill();
+            let _ = watchdog.wait();
+        }
+    }
+}
+
+/// The server the tests use: [`TEST_SERVER_VAR`]'s, or a throwaway
+/// cluster started once per process.
+pub struct TestServer {
+    url: String,
+    _cluster: Option<Cluster>,
+}
+
+impl TestServer {
+    /// The process's test server, started on first use.
+    pub fn shared() -> &'static TestServer {
+        static SERVER: OnceLock<TestServer> = OnceLock::new();
+        SERVER.get_or_init(|| match std::env::var(TEST_SERVER_VAR) {
+            Ok(url) if !url.is_empty() => TestServer {
+                url,
+                _cluster: None,
+            },
+            _ => {
+                let cluster = Cluster::start().unwrap_or_else(|e| {
+                    panic!(
+                        "cannot start a throwaway PostgreSQL for the tests: {e}. Install \
+                         PostgreSQL (`apt-get install postgresql`, or \
+                         scripts/guest-toolchains.sh), or name a server in {TEST_SERVER_VAR}"
+                    )
+                });
+                TestServer {
+                    url: cluster.url(),
+                    _cluster: Some(cluster),
+                }
+            }
+        })
+    }
+
+    /// The server's own cluster, if it started one.
+    pub fn cluster(&self) -> Option<&Cluster> {
+        self._cluster.as_ref()
+    }
+
+    /// The URL of a new, empty schema of its own (its ledger is made there).
+    pub fn fresh_ledger(&self) -> String {
+        static NEXT: AtomicU64 = AtomicU64::new(0);
+        let schema = format!(
+            "t{}_{}",
+            std::process::id(),
+            NEXT.fetch_add(1, Ordering::Relaxed)
+        );
+        let status = Command::new("psql")
+            .arg(&self.url)
+            .args(["-q", "-v", "ON_ERROR_STOP=1", "-c"])
+            .arg(format!("CREATE SCHEMA {schema}"))
+            .stdout(Stdio::null())
+            .status();
+        match status {
+            Ok(s) if s.success() => {}
+            other => panic!("cannot create schema {schema} on the test server: {other:?}"),
+        }
+        let separator = if self.url.contains('?') { '&' } else { '?' };
+        format!(
+            "{}{separator}options=-c%20search_path%3D{schema}",
+            self.url
+        )
+    }
+}
+
+fn bin_dir() -> io::Result<PathBuf> {
+    if let Some(dir) = std::env::var_os(BIN_DIR_VAR) {
+        return Ok(PathBuf::from(dir));
+    }
+    let root = Path::new("/usr/lib/postgresql");
+    let mut versions: Vec<(u32, PathBuf)> = std::fs::read_dir(root)
+        .map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", root.display())))?
+        .filter_map(|entry| {
+            let entry = entry.ok()?;
+            let version = entry.file_name().to_str()?.parse::<u32>().ok()?;
+            let bin = entry.path().join("bin");
+            bin.join("initdb").exists().then_some((version, bin))
+        })
+        .collect();
+    versions.sort();
+    versions.pop().map(|(_, bin)| bin).ok_or_else(|| {
+        io::Error::new(
+            io::ErrorKind::NotFound,
+            format!("no PostgreSQL under {} (set {BIN_DIR_VAR})", root.display()),
+        )
+    })
+}
+
+fn is_root() -> bool {
+    // The owner of /proc/self is this process's user.
+    std::fs::metadata("/proc/self")
+        .map(|m| std::os::unix::fs::MetadataExt::uid(&m) == 0)
+        .unwrap_or(false)
+}
+
+fn free_port() -> io::Result<u16> {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
+    Ok(listener.local_addr()?.port())
+}
+
+fn run(command: &mut Command) -> io::Result<()> {
+    let output = command.output()?;
+    if output.status.success() {
+        return Ok(());
+    }
+    Err(io::Error::other(format!(
+        "{:?} failed ({}): {}{}",
+        command,
+        output.status,
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    )))
+}

@@ -1,0 +1,77 @@
+//! A writer for one execution at a time: its commits are applied in order
+//! by a task of the writer's, each in one transaction on a connection taken
+//! from the pool for it; once one fails, none after it is applied.
+
+use std::sync::Arc;
+
+use stephost_core::store::{Commit, CommitReply, PendingCommit, WriteOp, Writer};
+use stephost_core::{Claim, StoreError, StoreResult};
+use tokio::sync::mpsc;
+
+use crate::Shared;
+use crate::commit::{self, Failed, Job};
+use crate::conns::Conns;
+
+enum Request {
+    Commit(Claim, Vec<WriteOp>, CommitReply),
+    /// Answered once every commit before it is applied.
+    Landed(CommitReply),
+}
+
+pub struct DirectWriter {
+    queue: mpsc::UnboundedSender<Request>,
+}
+
+impl DirectWriter {
+    pub(crate) fn start(shared: &Arc<Shared>) -> Self {
+        let (queue, requests) = mpsc::unbounded_channel();
+        let conns = shared.conns.clone();
+        shared.spawn(async move {
+            let mut requests = requests;
+            let mut failed: Option<StoreError> = None;
+            while let Some(request) = requests.recv().await {
+                match request {
+                    Request::Landed(reply) => reply.send(failed.clone().map_or(Ok(()), Err)),
+                    Request::Commit(claim, ops, reply) => {
+                        if let Some(e) = &failed {
+                            reply.send(Err(e.clone()));
+                            continue;
+                        }
+                        let result = apply(&conns, &claim, &ops).await;
+                        if let Err(e) = &result {
+                            failed = Some(e.clone());
+                        }
+                        reply.send(result);
+                    }
+                }
+            }
+        });
+        DirectWriter { queue }
+    }
+
+    fn send(&mut self, request: impl FnOnce(CommitReply) -> Request) -> PendingCommit {
+        let (reply, pending) = PendingCommit::new();
+        // A closed queue drops the reply, which answers it as lost.
+        let _ = self.queue.send(request(reply));
+        pending
+    }
+}
+
+async fn apply(conns: &Arc<Conns>, claim: &Claim, ops: &[WriteOp]) -> StoreResult<()> {
+    let mut conn = conns.get().await?;
+    match commit::apply(&mut conn, &[Job { claim, ops }]).await {
+        Ok(()) => Ok(()),
+        Err(Failed::Job(_, e)) | Err(Failed::All(e)) => Err(e),
+    }
+}
+
+impl Writer for DirectWriter {
+    fn commit(&mut self, claim: &Claim, ops: Vec<WriteOp>) -> Commit {
+        let claim = claim.clone();
+        Commit::Pending(self.send(|reply| Request::Commit(claim, ops, reply)))
+    }
+
+    fn landed(&mut self) -> StoreResult<()> {
+        self.send(Request::Landed).wait()
+    }
+}
