@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 use serde_json::Value;
+use stephost_ledger_postgres::throwaway::TestServer;
 
 pub mod model_stub;
 
@@ -101,6 +102,8 @@ impl Ran {
 pub struct Sandbox {
     pub dir: tempfile::TempDir,
     pub bin: PathBuf,
+    /// The sandbox's ledger URL, on the backend the tests run against.
+    ledger: String,
 }
 
 impl Sandbox {
@@ -112,9 +115,14 @@ impl Sandbox {
     pub fn with_config(bin: &str, config: &str) -> Self {
         let dir = tempfile::tempdir().expect("temp dir");
         std::fs::write(dir.path().join("stephost.toml"), config).expect("write config");
+        let ledger = match test_backend() {
+            Backend::Sqlite => format!("sqlite:{}", dir.path().join("ledger.db").display()),
+            Backend::Postgres => TestServer::shared().fresh_ledger(),
+        };
         Sandbox {
             dir,
             bin: PathBuf::from(bin),
+            ledger,
         }
     }
 
@@ -129,11 +137,101 @@ impl Sandbox {
     }
 
     /// The sandbox's ledger, on the backend the tests run against
-    /// ([`test_backend`]).
+    /// ([`test_backend`]): a SQLite file in the sandbox, or a schema of its
+    /// own on the test PostgreSQL server.
     pub fn ledger_url(&self) -> String {
+        self.ledger.clone()
+    }
+
+    /// Runs `sqlite` or `postgres` (the same change in each backend's
+    /// schema) against the ledger, as an operator (or an attacker) with
+    /// direct access might; returns the rows changed.
+    pub fn sql(&self, sqlite: &str, postgres: &str) -> usize {
         match test_backend() {
-            Backend::Sqlite => format!("sqlite:{}", self.db().display()),
+            Backend::Sqlite => rusqlite::Connection::open(self.db())
+                .expect("open the ledger")
+                .execute(sqlite, [])
+                .expect("change the ledger"),
+            Backend::Postgres => {
+                let out = self.psql(postgres);
+                out.lines()
+                    .rev()
+                    .find_map(|l| l.rsplit(' ').next()?.parse().ok())
+                    .unwrap_or(0)
+            }
         }
+    }
+
+    /// The first column of what `query` (valid in both backends) returns,
+    /// one line per row.
+    pub fn query(&self, query: &str) -> String {
+        match test_backend() {
+            Backend::Sqlite => {
+                let conn = rusqlite::Connection::open(self.db()).expect("open the ledger");
+                let mut stmt = conn.prepare(query).expect("prepare the query");
+                let rows: Vec<String> = stmt
+                    .query_map([], |r| {
+                        Ok(match r.get_ref(0)? {
+                            rusqlite::types::ValueRef::Null => String::new(),
+                            rusqlite::types::ValueRef::Integer(i) => i.to_string(),
+                            rusqlite::types::ValueRef::Real(f) => f.to_string(),
+                            rusqlite::types::ValueRef::Text(t)
+                            | rusqlite::types::ValueRef::Blob(t) => {
+                                String::from_utf8_lossy(t).into_owned()
+                            }
+                        })
+                    })
+                    .expect("run the query")
+                    .collect::<Result<_, _>>()
+                    .expect("read the rows");
+                rows.join("\n")
+            }
+            Backend::Postgres => self.psql(query).trim_end().to_string(),
+        }
+    }
+
+    /// Whether the sandbox's ledger has been created.
+    pub fn ledger_exists(&self) -> bool {
+        match test_backend() {
+            Backend::Sqlite => self.db().exists(),
+            Backend::Postgres => {
+                self.psql("SELECT to_regclass('stephost_meta') IS NOT NULL")
+                    .trim()
+                    == "t"
+            }
+        }
+    }
+
+    /// Whether `text` is anywhere in the ledger's data.
+    pub fn ledger_contains(&self, text: &str) -> bool {
+        match test_backend() {
+            Backend::Sqlite => std::fs::read(self.db())
+                .expect("read the ledger file")
+                .windows(text.len())
+                .any(|w| w == text.as_bytes()),
+            Backend::Postgres => {
+                let dump = self.psql(
+                    "SELECT string_agg(t::text, ' ') FROM (SELECT r::text AS t FROM runs r \
+                     UNION ALL SELECT c::text FROM calls c UNION ALL SELECT p::text FROM \
+                     payloads p UNION ALL SELECT l::text FROM logs l) all_rows",
+                );
+                dump.contains(text)
+            }
+        }
+    }
+
+    fn psql(&self, sql: &str) -> String {
+        let out = Command::new("psql")
+            .arg(&self.ledger)
+            .args(["-X", "-A", "-t", "-v", "ON_ERROR_STOP=1", "-c", sql])
+            .output()
+            .expect("start psql");
+        assert!(
+            out.status.success(),
+            "psql {sql}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
     }
 
     /// Replaces the configuration.
@@ -213,15 +311,21 @@ impl Sandbox {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Backend {
     Sqlite,
+    /// A schema per sandbox on the test server
+    /// ([`stephost_ledger_postgres::throwaway::TestServer`]).
+    Postgres,
 }
 
-/// The backend named by `STEPHOST_TEST_LEDGER` (`sqlite`, the default).
+/// The backend named by `STEPHOST_TEST_LEDGER` (`sqlite`, the default, or
+/// `postgres`).
 pub fn test_backend() -> Backend {
     match std::env::var("STEPHOST_TEST_LEDGER").as_deref() {
         Err(_) | Ok("") | Ok("sqlite") => Backend::Sqlite,
-        Ok(other) => {
-            panic!("STEPHOST_TEST_LEDGER={other:?} names no backend these tests know; use `sqlite`")
-        }
+        Ok("postgres") => Backend::Postgres,
+        Ok(other) => panic!(
+            "STEPHOST_TEST_LEDGER={other:?} names no backend these tests know; use `sqlite` or \
+             `postgres`"
+        ),
     }
 }
 

@@ -13,14 +13,21 @@ use stephost_core::store::{Pool, PoolOptions};
 pub enum Ledger {
     /// `sqlite:PATH`: the embedded ledger, one file.
     Sqlite(PathBuf),
+    /// `postgres://USER@HOST:PORT/DATABASE` (or `postgresql://`): a
+    /// PostgreSQL database that workers on many machines share.
+    Postgres(String),
 }
 
 /// The ledger used when none is named.
 pub const DEFAULT_URL: &str = "sqlite:stephost.db";
 
 impl Ledger {
-    /// Parses a ledger URL: `sqlite:PATH` (`sqlite:///abs/path` also works).
+    /// Parses a ledger URL: `sqlite:PATH` (`sqlite:///abs/path` also works)
+    /// or `postgres://…`.
     pub fn parse(url: &str) -> Result<Self, StoreError> {
+        if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+            return Ok(Ledger::Postgres(url.to_string()));
+        }
         if let Some(path) = url.strip_prefix("sqlite:") {
             let path = path.strip_prefix("//").unwrap_or(path);
             if path.is_empty() {
@@ -33,7 +40,7 @@ impl Ledger {
         let scheme = url.split_once(':').map_or(url, |(scheme, _)| scheme);
         Err(StoreError::Config(format!(
             "ledger URL {url:?} has scheme {scheme:?}, which this stephost does not know; \
-             use sqlite:PATH (e.g. {DEFAULT_URL})"
+             use sqlite:PATH (e.g. {DEFAULT_URL}) or postgres://USER@HOST:PORT/DATABASE"
         )))
     }
 
@@ -48,13 +55,17 @@ impl Ledger {
             Ledger::Sqlite(path) => Ok(Arc::new(stephost_ledger_sqlite::SqlitePool::open(
                 path, options,
             )?)),
+            Ledger::Postgres(url) => Ok(Arc::new(stephost_ledger_postgres::PgPool::open(
+                url, options,
+            )?)),
         }
     }
 
-    /// The URL, for messages.
+    /// The URL, for messages (without a password).
     pub fn url(&self) -> String {
         match self {
             Ledger::Sqlite(path) => format!("sqlite:{}", path.display()),
+            Ledger::Postgres(url) => stephost_ledger_postgres::redact(url),
         }
     }
 }
@@ -72,6 +83,20 @@ mod tests {
         assert_eq!(
             Ledger::parse("sqlite:///var/lib/stephost.db").unwrap(),
             Ledger::Sqlite("/var/lib/stephost.db".into())
+        );
+        assert_eq!(
+            Ledger::parse("postgres://ops:pw@db:5432/stephost").unwrap(),
+            Ledger::Postgres("postgres://ops:pw@db:5432/stephost".into())
+        );
+        assert_eq!(
+            Ledger::parse("postgresql://db/stephost").unwrap().url(),
+            "postgresql://db/stephost"
+        );
+        assert_eq!(
+            Ledger::parse("postgres://ops:pw@db/stephost")
+                .unwrap()
+                .url(),
+            "postgres://ops@db/stephost"
         );
         for bad in ["sqlite:", "mysql://x", "ledger.db"] {
             assert!(

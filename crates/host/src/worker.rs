@@ -37,9 +37,15 @@ pub struct WorkerOptions {
     pub lease_ms: i64,
     /// This worker's owner name in claims.
     pub worker_id: String,
-    /// Pause between looks for runnable runs when there is nothing to do;
-    /// a run of this worker that ends cuts it short.
+    /// Pause between looks for runnable runs when there is nothing to do,
+    /// on a ledger that cannot tell the worker when a run becomes due
+    /// (SQLite); a run of this worker that ends cuts it short.
     pub poll_ms: u64,
+    /// The same pause on a ledger that wakes the worker when a run becomes
+    /// due (PostgreSQL's notifications): a fallback, in case one is lost.
+    /// A run the worker saw due sooner (a timer, a lapsing lease) cuts it
+    /// short too.
+    pub notified_poll_ms: u64,
     /// Stop once no run is runnable and none is active (for scripts and tests).
     pub exit_when_idle: bool,
 }
@@ -51,6 +57,7 @@ impl Default for WorkerOptions {
             lease_ms: 30_000,
             worker_id: crate::owner::this_process(),
             poll_ms: 200,
+            notified_poll_ms: 5_000,
             exit_when_idle: false,
         }
     }
@@ -78,6 +85,14 @@ struct Active {
 }
 
 type Finished = (String, Result<RunReport, HostError>);
+
+/// What wakes the worker's loop.
+enum Event {
+    /// A run of this worker ended.
+    Finished(Finished),
+    /// The ledger says a run may have become due.
+    Due,
+}
 
 /// Runs a worker over `ledger` until `shutdown` is set (or, with
 /// `exit_when_idle`, until there is nothing left to do).
@@ -108,15 +123,28 @@ pub fn run(
         false => None,
     };
     let active: Arc<Mutex<HashMap<String, Active>>> = Arc::default();
-    let (done_tx, done_rx) = mpsc::channel::<Finished>();
+    let (done_tx, done_rx) = mpsc::channel::<Event>();
+    let due_tx = std::sync::Mutex::new(done_tx.clone());
+    let notified = pool.watch_due(Arc::new(move || {
+        let _ = due_tx
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .send(Event::Due);
+    }))?;
+    let poll = Duration::from_millis(match notified {
+        true => options.notified_poll_ms,
+        false => options.poll_ms,
+    });
     let mut report = WorkerReport::default();
     let mut last_renewal = Instant::now();
     let renew_every = Duration::from_millis((options.lease_ms / 3).max(10) as u64);
 
     std::thread::scope(|scope| -> Result<(), HostError> {
         loop {
-            while let Ok(finished) = done_rx.try_recv() {
-                collect(&active, &mut report, finished);
+            while let Ok(event) = done_rx.try_recv() {
+                if let Event::Finished(finished) = event {
+                    collect(&active, &mut report, finished);
+                }
             }
             if last_renewal.elapsed() >= renew_every {
                 renew_all(store.as_ref(), &active, &mut report);
@@ -136,6 +164,8 @@ pub fn run(
                 .concurrency
                 .saturating_sub(active_lock(&active).len());
             let mut claimed = 0;
+            // When the earliest run not yet due will be.
+            let mut next_due: Option<i64> = None;
             if free > 0 {
                 let listed = match store.due_runs(free * 4 + 8) {
                     Ok(runs) => runs,
@@ -146,6 +176,10 @@ pub fn run(
                     }
                 };
                 let now = stephost_core::clock::now_ms();
+                next_due = listed
+                    .iter()
+                    .filter_map(lifecycle::due_at)
+                    .find(|due| *due > now);
                 for run in &listed {
                     if claimed == free {
                         break;
@@ -232,18 +266,24 @@ pub fn run(
                         break;
                     }
                 }
-                // Look again after `poll_ms`, or as soon as one of this
-                // worker's runs ends: its slot is free for the next run.
-                let wait = Duration::from_millis(options.poll_ms);
-                if let Ok(finished) = done_rx.recv_timeout(wait) {
+                // Look again after the poll, when a run seen is due, or as
+                // soon as one of this worker's runs ends (its slot is free
+                // for the next run) or the ledger says a run became due.
+                let until_due = next_due.map(|due| {
+                    Duration::from_millis((due - stephost_core::clock::now_ms()).max(1) as u64)
+                });
+                let wait = until_due.map_or(poll, |d| d.min(poll));
+                if let Ok(Event::Finished(finished)) = done_rx.recv_timeout(wait) {
                     collect(&active, &mut report, finished);
                 }
             }
         }
         Ok(())
     })?;
-    while let Ok((run_id, result)) = done_rx.try_recv() {
-        tally(&mut report, &run_id, result);
+    while let Ok(event) = done_rx.try_recv() {
+        if let Event::Finished((run_id, result)) = event {
+            tally(&mut report, &run_id, result);
+        }
     }
     report.commits = pool.commit_counts();
     let _ = store.add_counters(&counters(&report));
@@ -295,7 +335,7 @@ struct Started {
     run_id: String,
     claim: Claim,
     control: Arc<RunControl>,
-    done: mpsc::Sender<Finished>,
+    done: mpsc::Sender<Event>,
 }
 
 impl Started {
@@ -321,7 +361,7 @@ impl Started {
             }
             result
         });
-        let _ = done.send((run_id, result));
+        let _ = done.send(Event::Finished((run_id, result)));
     }
 
     /// Executes the run as a task of `tasks`.
@@ -347,7 +387,7 @@ impl Started {
         // never taken over).
         tasks.spawn(async move {
             let result = work.await.unwrap_or_else(|_| Err(panicked(&run_id)));
-            let _ = done.send((run_id, result));
+            let _ = done.send(Event::Finished((run_id, result)));
         });
     }
 }

@@ -95,7 +95,8 @@ pub async fn apply(conn: &mut PgConn, jobs: &[Job<'_>]) -> Result<(), Failed> {
         "BEGIN; SET LOCAL synchronous_commit TO OFF"
     };
     let client = &conn.client;
-    let values: Vec<Vec<&(dyn ToSql + Sync)>> = planned.iter().map(|p| rows::refs(&p.values)).collect();
+    let values: Vec<Vec<&(dyn ToSql + Sync)>> =
+        planned.iter().map(|p| rows::refs(&p.values)).collect();
     let sent = statements
         .iter()
         .zip(&values)
@@ -378,9 +379,7 @@ fn plan(at: usize, job: &Job<'_>, out: &mut Vec<Planned>) -> StoreResult<()> {
 }
 
 /// The values of a counters upsert.
-pub fn counter_values(
-    counters: &stephost_core::journal::Counters,
-) -> Vec<Value> {
+pub fn counter_values(counters: &stephost_core::journal::Counters) -> Vec<Value> {
     let names: Vec<String> = counters.keys().map(|k| k.to_string()).collect();
     let values: Vec<i64> = counters.values().copied().collect();
     vec![boxed(names), boxed(values)]

@@ -104,13 +104,17 @@ pub struct Lease {
 impl Deref for Lease {
     type Target = PgConn;
     fn deref(&self) -> &PgConn {
-        self.conn.as_ref().expect("a lease holds its connection until dropped")
+        self.conn
+            .as_ref()
+            .expect("a lease holds its connection until dropped")
     }
 }
 
 impl DerefMut for Lease {
     fn deref_mut(&mut self) -> &mut PgConn {
-        self.conn.as_mut().expect("a lease holds its connection until dropped")
+        self.conn
+            .as_mut()
+            .expect("a lease holds its connection until dropped")
     }
 }
 

@@ -38,7 +38,10 @@ struct WriterState {
 
 impl WriterState {
     fn failed(&self) -> Option<StoreError> {
-        self.failed.lock().unwrap_or_else(|p| p.into_inner()).clone()
+        self.failed
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
     }
 
     fn fail(&self, e: &StoreError) {

@@ -136,11 +136,18 @@ pub fn call_from_row(r: &Row, at: usize) -> Result<CallRow, StoreError> {
 }
 
 /// The calls of `rows`, their split bodies loaded from `payloads`.
-pub async fn load_calls(conn: &mut PgConn, rows: Vec<CallRow>) -> Result<Vec<CallRecord>, StoreError> {
+pub async fn load_calls(
+    conn: &mut PgConn,
+    rows: Vec<CallRow>,
+) -> Result<Vec<CallRecord>, StoreError> {
     let mut wanted: Vec<String> = Vec::new();
     for row in &rows {
         if row.request_split {
-            wanted.extend(payload::references(&row.call.request).into_iter().map(str::to_string));
+            wanted.extend(
+                payload::references(&row.call.request)
+                    .into_iter()
+                    .map(str::to_string),
+            );
         }
         if row.outcome_split
             && let Some(outcome) = &row.call.outcome

@@ -50,7 +50,9 @@ pub async fn prepare(conn: &mut PgConn, location: &str) -> StoreResult<()> {
         }
         value("version")
             .and_then(|v| v.parse::<i64>().ok())
-            .ok_or_else(|| StoreError::Corrupt("the ledger's schema version is unreadable".into()))?
+            .ok_or_else(|| {
+                StoreError::Corrupt("the ledger's schema version is unreadable".into())
+            })?
     } else {
         let taken: bool = transaction
             .query_one("SELECT to_regclass('runs') IS NOT NULL", &[])

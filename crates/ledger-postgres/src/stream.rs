@@ -38,7 +38,7 @@ pub fn chunks(shared: Arc<Shared>, run_id: &str, total: usize) -> StoreResult<Ch
         })
         .map_err(|e| StoreError::Unavailable(format!("cannot start a history reader: {e}")))?;
     let lost = || StoreError::Unavailable("the history reader stopped".into());
-    Ok(Box::new(
-        (0..count).map(move |_| queue.recv().unwrap_or_else(|_| Err(lost()))),
-    ))
+    Ok(Box::new((0..count).map(move |_| {
+        queue.recv().unwrap_or_else(|_| Err(lost()))
+    })))
 }

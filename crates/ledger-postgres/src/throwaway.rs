@@ -34,9 +34,7 @@ impl Cluster {
     /// connects without a password from this machine.
     pub fn start() -> io::Result<Cluster> {
         let bin = bin_dir()?;
-        let dir = tempfile::Builder::new()
-            .prefix("stephost-pg-")
-            .tempdir()?;
+        let dir = tempfile::Builder::new().prefix("stephost-pg-").tempdir()?;
         let user = is_root().then(|| "postgres".to_string());
         if let Some(user) = &user {
             run(Command::new("chown").arg(user).arg(dir.path()))?;
@@ -49,11 +47,14 @@ impl Cluster {
             user,
             watchdog: None,
         };
-        run(cluster
-            .command("initdb")
-            .arg("-D")
-            .arg(&data)
-            .args(["-U", "stephost", "--auth=trust", "-E", "UTF8", "--no-sync"]))?;
+        run(cluster.command("initdb").arg("-D").arg(&data).args([
+            "-U",
+            "stephost",
+            "--auth=trust",
+            "-E",
+            "UTF8",
+            "--no-sync",
+        ]))?;
         let mut watchdog = cluster
             .command("sh")
             .arg("-c")
@@ -186,10 +187,7 @@ impl TestServer {
             other => panic!("cannot create schema {schema} on the test server: {other:?}"),
         }
         let separator = if self.url.contains('?') { '&' } else { '?' };
-        format!(
-            "{}{separator}options=-c%20search_path%3D{schema}",
-            self.url
-        )
+        format!("{}{separator}options=-c%20search_path%3D{schema}", self.url)
     }
 }
 

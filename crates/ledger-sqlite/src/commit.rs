@@ -77,7 +77,9 @@ pub fn apply(
                     }
                     None => (None, false),
                 };
-                let tried = attempts.remove(seq).map(|a| AttemptRecord::to_stored_json(&a));
+                let tried = attempts
+                    .remove(seq)
+                    .map(|a| AttemptRecord::to_stored_json(&a));
                 let key = find(conn, known, run_no, *seq)?
                     .ok_or_else(|| segments::missing(&claim.run_id, *seq, "an outcome for"))?;
                 let changed = conn
@@ -280,7 +282,9 @@ fn insert_calls(
                     }
                     None => (None, false),
                 };
-                let tried = attempts.remove(&call.seq).map(|a| AttemptRecord::to_stored_json(&a));
+                let tried = attempts
+                    .remove(&call.seq)
+                    .map(|a| AttemptRecord::to_stored_json(&a));
                 let values: [&dyn rusqlite::ToSql; 18] = [
                     &id,
                     &run_no,

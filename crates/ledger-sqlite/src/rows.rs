@@ -4,9 +4,7 @@
 use rusqlite::{Connection, OptionalExtension, Row, params};
 use stephost_core::lifecycle;
 use stephost_core::payload;
-use stephost_core::{
-    CallClass, CallRecord, CallState, RunRecord, RunStatus, StoreError,
-};
+use stephost_core::{CallClass, CallRecord, CallState, RunRecord, RunStatus, StoreError};
 
 use crate::errors::error;
 

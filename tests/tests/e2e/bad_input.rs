@@ -2,7 +2,7 @@
 //! exit code, a recorded typed state, and a ledger that still works.
 
 use serde_json::{Value, json};
-use stephost_tests::{Sandbox, calls, guests};
+use stephost_tests::{Backend, Sandbox, calls, guests, test_backend};
 
 const BIN: &str = env!("CARGO_BIN_EXE_stephost-crash");
 
@@ -137,8 +137,15 @@ fn an_unknown_run_id_is_reported_for_every_command() {
 #[test]
 fn a_ledger_that_is_not_a_stephost_database_is_refused_and_left_alone() {
     let sb = Sandbox::new(BIN);
+    // Another application's data where the ledger should be.
     let text = "name,qty\nwidget,3\n".repeat(500);
-    std::fs::write(sb.db(), &text).unwrap();
+    match test_backend() {
+        Backend::Sqlite => std::fs::write(sb.db(), &text).unwrap(),
+        Backend::Postgres => {
+            sb.sql("", "CREATE TABLE runs (name text, qty int)");
+            sb.sql("", "INSERT INTO runs VALUES ('widget', 3)");
+        }
+    }
     let ran = sb.run(guests::MULTI_WRITE, r#"{"count":1}"#, "r");
     ran.expect_code(2);
     assert!(
@@ -146,7 +153,13 @@ fn a_ledger_that_is_not_a_stephost_database_is_refused_and_left_alone() {
         "{}",
         ran.stderr
     );
-    assert_eq!(std::fs::read_to_string(sb.db()).unwrap(), text);
+    match test_backend() {
+        Backend::Sqlite => assert_eq!(std::fs::read_to_string(sb.db()).unwrap(), text),
+        Backend::Postgres => {
+            assert_eq!(sb.query("SELECT name || ',' || qty FROM runs"), "widget,3");
+            assert!(!sb.ledger_exists());
+        }
+    }
 }
 
 #[test]

@@ -144,7 +144,7 @@ fn an_exported_run_replays_from_its_file_with_no_ledger() {
     ]);
     ok.expect_code(0);
     assert!(ok.stdout.starts_with("consistent"), "{}", ok.stdout);
-    assert!(!other.db().exists(), "a fixture replay opened a ledger");
+    assert!(!other.ledger_exists(), "a fixture replay opened a ledger");
 
     let bad = other.stephost(&[
         "replay",
