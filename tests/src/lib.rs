@@ -113,12 +113,18 @@ impl Sandbox {
     }
 
     pub fn with_config(bin: &str, config: &str) -> Self {
+        Self::with_ledger(bin, config, None)
+    }
+
+    /// A sandbox whose ledger is at `ledger` (a URL), or, if `None`, on the
+    /// backend the tests run against.
+    pub fn with_ledger(bin: &str, config: &str, ledger: Option<String>) -> Self {
         let dir = tempfile::tempdir().expect("temp dir");
         std::fs::write(dir.path().join("stephost.toml"), config).expect("write config");
-        let ledger = match test_backend() {
+        let ledger = ledger.unwrap_or_else(|| match test_backend() {
             Backend::Sqlite => format!("sqlite:{}", dir.path().join("ledger.db").display()),
             Backend::Postgres => TestServer::shared().fresh_ledger(),
-        };
+        });
         Sandbox {
             dir,
             bin: PathBuf::from(bin),

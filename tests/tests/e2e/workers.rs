@@ -6,7 +6,9 @@ use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
+use stephost_ledger_postgres::throwaway::Cluster;
 use stephost_tests::{Sandbox, calls, distinct_operations, guests};
+use supplier_receiver::Receiver;
 
 const BIN: &str = env!("CARGO_BIN_EXE_stephost-crash");
 
@@ -303,36 +305,16 @@ fn runs_survive_workers_killed_at_random_with_one_effect_per_write() {
     for i in 0..runs {
         submit(&sb, 3, &format!("s{i:02}"));
     }
-    let mut workers: Vec<Child> = (0..3)
-        .map(|_| worker(&sb, &["--concurrency", "4", "--lease-ms", "2000"]))
-        .collect();
-    let deadline = Instant::now() + Duration::from_secs(180);
-    let mut kills = 0;
-    let mut tick = 0u64;
-    loop {
-        let done = statuses(&sb)
-            .iter()
-            .filter(|(_, s, _)| s == "completed")
-            .count();
-        if done == runs {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "only {done} of {runs} runs completed"
-        );
-        std::thread::sleep(Duration::from_millis(150));
-        tick += 1;
-        // Kill one worker every few ticks (a fixed pseudo-random pick) and
-        // start a replacement.
-        if tick.is_multiple_of(2) && kills < 8 {
-            let victim = (tick as usize * 7) % workers.len();
-            workers[victim].kill().unwrap();
-            workers[victim].wait().unwrap();
-            workers[victim] = worker(&sb, &["--concurrency", "4", "--lease-ms", "2000"]);
-            kills += 1;
-        }
-    }
+    let args = ["--concurrency", "4", "--lease-ms", "2000"];
+    let mut workers: Vec<Child> = (0..3).map(|_| worker(&sb, &args)).collect();
+    let kills = kill_workers_until_done(
+        &sb,
+        &mut workers,
+        &args,
+        runs,
+        Duration::from_millis(300),
+        8,
+    );
     for w in &workers {
         signal(w, "TERM");
     }
@@ -355,6 +337,180 @@ fn runs_survive_workers_killed_at_random_with_one_effect_per_write() {
             assert!(
                 sends <= 1 && (sends == 1 || found),
                 "s{i:02} #{seq}: {attempts:?}"
+            );
+        }
+    }
+}
+
+/// Starts `workers` fresh and kills one at random every `every` until every
+/// run of `runs` has completed (at most `kills_max` kills, each victim
+/// replaced at once); returns how many were killed.
+fn kill_workers_until_done(
+    sb: &Sandbox,
+    workers: &mut [Child],
+    args: &[&str],
+    runs: usize,
+    every: Duration,
+    kills_max: usize,
+) -> usize {
+    let deadline = Instant::now() + Duration::from_secs(180);
+    let mut kills = 0;
+    let mut next_kill = Instant::now() + every;
+    let mut pick = 7usize;
+    loop {
+        let done = statuses(sb)
+            .iter()
+            .filter(|(_, s, _)| s == "completed")
+            .count();
+        if done == runs {
+            return kills;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "only {done} of {runs} runs completed"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+        if Instant::now() >= next_kill && kills < kills_max {
+            // A fixed pseudo-random pick.
+            pick = (pick * 31 + 17) % 101;
+            let victim = pick % workers.len();
+            workers[victim].kill().unwrap();
+            workers[victim].wait().unwrap();
+            workers[victim] = worker(sb, args);
+            kills += 1;
+            next_kill = Instant::now() + every;
+        }
+    }
+}
+
+fn supplier_config(receiver: &Receiver) -> String {
+    format!(
+        r#"
+[effects."inventory.read"]
+kind = "http"
+class = "read"
+method = "GET"
+url = "URL/inventory/{{sku}}"
+
+[effects."supplier.order"]
+kind = "http"
+class = "write"
+method = "POST"
+url = "URL/orders"
+idempotent = true
+lookup = "URL/orders/{{operation_id}}"
+"#
+    )
+    .replace("URL", &receiver.url())
+}
+
+#[test]
+fn two_workers_killed_at_random_order_each_of_200_runs_exactly_once() {
+    // The supplier step against the supplier's HTTP API on 127.0.0.1, which
+    // holds each order 100 ms before it answers (200 orders keep 8 slots
+    // busy for 2.5 s), so that kills land between a request and its
+    // outcome.
+    let receiver = Receiver::start().unwrap();
+    let sb = Sandbox::with_config(BIN, &supplier_config(&receiver));
+    let runs = 200;
+    for i in 0..runs {
+        let input = format!(r#"{{"sku":"SKU-{i}","quantity":10}}"#);
+        submit_step(&sb, guests::SUPPLIER_ORDER, &input, &format!("o{i:03}"));
+    }
+    for _ in 0..runs {
+        receiver.push_fault(supplier_receiver::Fault::Delay(Duration::from_millis(100)));
+    }
+    let args = ["--concurrency", "4", "--lease-ms", "2000"];
+    let mut workers: Vec<Child> = (0..2).map(|_| worker(&sb, &args)).collect();
+    let kills = kill_workers_until_done(
+        &sb,
+        &mut workers,
+        &args,
+        runs,
+        Duration::from_millis(250),
+        6,
+    );
+    for w in &workers {
+        signal(w, "TERM");
+    }
+    for w in &mut workers {
+        w.wait().unwrap();
+    }
+    assert!(kills >= 3, "too few kills to mean anything: {kills}");
+    assert_eq!(receiver.business_effects(), runs, "one order per run");
+    let mut keys: Vec<String> = receiver
+        .orders()
+        .iter()
+        .map(|o| o.operation_id.clone())
+        .collect();
+    keys.sort();
+    keys.dedup();
+    assert_eq!(keys.len(), runs);
+    for i in 0..runs {
+        let output = completed_output(&sb, &format!("o{i:03}"));
+        assert_eq!(output["ordered"], true, "o{i:03}: {output}");
+    }
+}
+
+#[test]
+fn a_postgresql_restart_under_load_loses_nothing_and_sends_nothing_twice() {
+    // A cluster of this test's own: restarting the shared one would cut
+    // the other tests off.
+    let cluster = Cluster::start().expect("start a throwaway PostgreSQL");
+    // 60 runs of 6 writes, each answered after 50 ms, on 16 slots: about
+    // 1.2 s of work, which the restarts cut into.
+    let sb = Sandbox::with_ledger(BIN, &slow_config(50), Some(cluster.url()));
+    let runs = 60;
+    for i in 0..runs {
+        submit(&sb, 6, &format!("p{i:02}"));
+    }
+    let args = ["--concurrency", "8", "--lease-ms", "2000"];
+    let mut workers: Vec<Child> = (0..2).map(|_| worker(&sb, &args)).collect();
+    // Restart the server twice while the runs write (`-m fast`: every
+    // session is cut off, in-flight transactions roll back).
+    for _ in 0..2 {
+        std::thread::sleep(Duration::from_millis(400));
+        let done = statuses(&sb)
+            .iter()
+            .filter(|(_, s, _)| s == "completed")
+            .count();
+        assert!(done < runs, "the runs finished before the restart");
+        cluster.restart().expect("restart PostgreSQL");
+    }
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let done = statuses(&sb)
+            .iter()
+            .filter(|(_, s, _)| s == "completed")
+            .count();
+        if done == runs {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "only {done} of {runs} runs completed after the restarts"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    for w in &workers {
+        signal(w, "TERM");
+    }
+    for w in &mut workers {
+        w.wait().unwrap();
+    }
+    let lines = sb.received("orders.jsonl");
+    assert_eq!(lines.len(), runs * 6, "one business effect per write");
+    distinct_operations(&lines);
+    for i in 0..runs {
+        let show = sb.show(&format!("p{i:02}"));
+        assert!(calls(&show).iter().all(|c| c["state"] == "succeeded"));
+        for seq in [3u64, 6, 9, 12, 15, 18] {
+            let attempts = stephost_tests::attempts_for(&show, seq);
+            let sends = attempts.iter().filter(|a| a["kind"] == "send").count();
+            let found = attempts.iter().any(|a| a["result"] == "found");
+            assert!(
+                sends <= 1 && (sends == 1 || found),
+                "p{i:02} #{seq}: {attempts:?}"
             );
         }
     }
