@@ -8,7 +8,8 @@
 //! figure 4's worker row with `short 2 1000`, printing runs/s and the
 //! process's CPU per run),
 //! calls per run, runs (rounds),
-//! and the folder for the ledger (default `target`). Prints µs per call
+//! and the folder for the ledger (default `target`; `LEDGER=URL` names
+//! another ledger, e.g. a PostgreSQL one). Prints µs per call
 //! and the CPU µs per call of each thread of the process, which on a shared
 //! machine moves less from run to run than wall time (for `group`, how many
 //! commits shared a transaction and an fsync, and the CPU µs per write of
@@ -26,12 +27,17 @@ use stephost_host::ledger::Ledger;
 use stephost_host::runner::Host;
 use stephost_host::worker::{self, WorkerOptions};
 
-/// A host over the SQLite ledger at `db`.
+/// A host over the SQLite ledger at `db`, or the ledger `LEDGER` names
+/// (e.g. a PostgreSQL URL).
 fn open_host(
     db: &std::path::Path,
     options: HostOptions,
 ) -> Result<Host, Box<dyn std::error::Error>> {
-    let pool = Ledger::sqlite(db).open(PoolOptions::default())?;
+    let ledger = match std::env::var("LEDGER") {
+        Ok(url) => Ledger::parse(&url)?,
+        Err(_) => Ledger::sqlite(db),
+    };
+    let pool = ledger.open(PoolOptions::default())?;
     Ok(Host::open(pool, options)?)
 }
 

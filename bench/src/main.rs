@@ -9,6 +9,7 @@
 
 mod ab;
 mod floor;
+mod postgres;
 mod procstat;
 mod report;
 
@@ -103,7 +104,7 @@ pub(crate) struct Args {
     out: PathBuf,
     /// Where the ledgers are created (a temporary folder inside it).
     dir: Option<PathBuf>,
-    /// Figures to run (1 to 7); all when empty.
+    /// Figures to run (1 to 10); all when empty.
     only: Vec<u32>,
     /// `--ab`: the other build to compare with.
     ab: Option<ab::Other>,
@@ -112,6 +113,17 @@ pub(crate) struct Args {
 impl Args {
     fn wants(&self, figure: u32) -> bool {
         self.only.is_empty() || self.only.contains(&figure)
+    }
+
+    /// The `stephost` binary: `--cli`, or the one next to the bench's
+    /// executable, if it is there.
+    fn cli_path(&self) -> Option<PathBuf> {
+        let cli = self.cli.clone().or_else(|| {
+            std::env::current_exe()
+                .ok()
+                .and_then(|exe| exe.parent().map(|dir| dir.join("stephost")))
+        });
+        cli.filter(|path| path.is_file())
     }
 
     /// Where the ledgers' temporary folders go.
@@ -424,6 +436,9 @@ impl Bench {
         if args.wants(7) {
             self.memory()?;
         }
+        if args.wants(8) || args.wants(9) || args.wants(10) {
+            self.postgres(args)?;
+        }
         Ok(())
     }
 
@@ -668,12 +683,7 @@ impl Bench {
              (reads it from the ledger, instantiates, calls; writes nothing), mean of {STARTS}"
         ));
 
-        let cli = args.cli.clone().or_else(|| {
-            std::env::current_exe()
-                .ok()
-                .and_then(|exe| exe.parent().map(|dir| dir.join("stephost")))
-        });
-        match cli.filter(|path| path.is_file()) {
+        match args.cli_path() {
             Some(cli) => {
                 progress(&format!(
                     "4 CLI: {CLI_STARTS} cold `stephost run` processes ({})",

@@ -7,6 +7,10 @@ use serde_json::{Value, json};
 pub const WRITE_EFFECT: &str = "1 write effect";
 /// Figure 7's pending row (an absolute target).
 pub const RSS_PENDING: &str = "7 RSS per pending run";
+/// Figures 8 to 10, on PostgreSQL, each held to a ratio.
+pub const PG_WRITE_EFFECT: &str = "8 PostgreSQL write effect";
+pub const PG_TWO_WORKERS: &str = "9 PostgreSQL, 64 runs, 2 worker processes";
+pub const PG_CLAIM: &str = "10 PostgreSQL claim among 100,000 pending";
 
 /// Whether a value (with its ratio to the floor, if any) meets a target.
 pub type Meets = fn(f64, Option<f64>) -> bool;
@@ -20,6 +24,15 @@ pub fn target_of(figure: &str) -> Option<(&'static str, Meets)> {
             ratio.is_some_and(|r| r <= 1.35)
         })),
         RSS_PENDING => Some(("≈ 0 (< 32)", |value, _| value < 32.0)),
+        PG_WRITE_EFFECT => Some(("≤ 1.5× floor", |_, ratio| {
+            ratio.is_some_and(|r| r <= 1.5)
+        })),
+        PG_TWO_WORKERS => Some(("≥ 10× a single run", |_, ratio| {
+            ratio.is_some_and(|r| r >= 10.0)
+        })),
+        PG_CLAIM => Some(("≤ 10× a lookup", |_, ratio| {
+            ratio.is_some_and(|r| r <= 10.0)
+        })),
         _ => None,
     }
 }

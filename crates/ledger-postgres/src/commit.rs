@@ -1,10 +1,12 @@
-//! Executions' commits, applied in one transaction whose statements are
-//! sent together (pipelined): one round trip to the server however many
-//! statements and commits it holds. Each commit locks its run's row and
-//! checks its fencing token first (`stephost_fenced`), then applies its
-//! ops in order. A statement that fails aborts the transaction, the
-//! statements after it fail as aborted, and `COMMIT` rolls back: which
-//! commit failed, and why, is read from the first real error.
+//! Executions' commits. A commit is one call of `stephost_commit`
+//! (migrations/0001_ledger.sql): it locks its run's row, checks the fencing
+//! token and applies every op, in one statement. Alone, it is its own
+//! transaction: one round trip, its WAL flushed before it returns when it
+//! holds a durable op. Several (group commit), or one that creates its run,
+//! go in one transaction whose statements are sent together (pipelined): a
+//! statement that fails aborts the transaction, the ones after it fail as
+//! aborted, and `COMMIT` rolls back; which commit failed, and why, is read
+//! from the first real error.
 
 use std::collections::BTreeMap;
 
@@ -30,26 +32,9 @@ pub enum Failed {
     All(StoreError),
 }
 
-const FENCED: &str = "SELECT stephost_fenced($1, $2, $3)";
-const INSERT_CALLS: &str = "INSERT INTO calls (run_id, seq, class, interface, function, \
-     operation_id, request, request_split, request_hash, state, outcome, outcome_split, \
-     started_at, finished_at, fence, chain, attempts) \
-     SELECT $1, t.seq, t.class, t.interface, t.function, t.operation_id, t.request, \
-     t.request_split, t.request_hash, t.state, t.outcome, t.outcome_split, t.started_at, \
-     t.finished_at, $2, t.chain, t.attempts::jsonb \
-     FROM unnest($3::int8[], $4::text[], $5::text[], $6::text[], $7::text[], $8::text[], \
-     $9::bool[], $10::text[], $11::text[], $12::text[], $13::bool[], $14::int8[], $15::int8[], \
-     $16::text[], $17::text[]) AS t(seq, class, interface, function, operation_id, request, \
-     request_split, request_hash, state, outcome, outcome_split, started_at, finished_at, chain, \
-     attempts)";
-const OUTCOME: &str = "SELECT stephost_outcome($1, $2, $3, $4, $5, $6, $7, $8::text::jsonb)";
-const INSERT_LOGS: &str = "INSERT INTO logs (run_id, after_seq, level, message, at) \
-     SELECT $1, * FROM unnest($2::int8[], $3::text[], $4::text[], $5::int8[])";
-const LEASE: &str =
-    "UPDATE runs SET lease_until = $2, due_at = $3, version = version + 1 WHERE run_id = $1";
-const END: &str = "UPDATE runs SET status = $2, output = $3, error = $4, exit_code = $5, \
-     wake_at = $6, due_at = $7, updated_at = $8, owner = NULL, lease_until = NULL, \
-     version = version + 1 WHERE run_id = $1";
+const COMMIT: &str = "SELECT stephost_commit($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, \
+     $13, $14, $15, $16, $17, $18, $19, $20, $21, $22, $23, $24, $25, $26, $27, $28, $29, $30, \
+     $31, $32, $33, $34, $35, $36, $37, $38, $39, $40, $41, $42)";
 pub const ADD_COUNTERS: &str = "INSERT INTO counters (name, value) \
      SELECT * FROM unnest($1::text[], $2::int8[]) ON CONFLICT (name) \
      DO UPDATE SET value = counters.value + excluded.value";
@@ -67,9 +52,7 @@ struct Planned {
 #[derive(Clone, Copy)]
 enum What {
     CreateRun,
-    Fence { first_seq: Option<u64> },
-    Outcome { seq: u64 },
-    Other,
+    Commit { first_seq: Option<u64> },
 }
 
 /// Whether any of `jobs` must be on disk before it is answered.
@@ -79,41 +62,52 @@ pub fn durable(jobs: &[Job<'_>]) -> bool {
 
 /// Applies `jobs` in one transaction: all of them, or none.
 pub async fn apply(conn: &mut PgConn, jobs: &[Job<'_>]) -> Result<(), Failed> {
+    let durable = durable(jobs);
     let mut planned = Vec::new();
+    // One commit that does not create its run is a transaction on its own.
+    let alone = jobs.len() == 1 && !matches!(jobs[0].ops.first(), Some(WriteOp::Create(_)));
     for (at, job) in jobs.iter().enumerate() {
-        plan(at, job, &mut planned).map_err(|e| Failed::Job(at, e))?;
+        plan(at, job, alone && !durable, &mut planned).map_err(|e| Failed::Job(at, e))?;
     }
     let mut statements = Vec::with_capacity(planned.len());
     for p in &planned {
         statements.push(conn.statement(p.sql).await.map_err(Failed::All)?);
     }
-    let begin = if durable(jobs) {
-        "BEGIN"
-    } else {
-        // Ordered before the next durable commit, which flushes the WAL
-        // up to itself; not waited for on its own.
-        "BEGIN; SET LOCAL synchronous_commit TO OFF"
-    };
-    let client = &conn.client;
     let values: Vec<Vec<&(dyn ToSql + Sync)>> =
         planned.iter().map(|p| rows::refs(&p.values)).collect();
-    let sent = statements
-        .iter()
-        .zip(&values)
-        .map(|(statement, values)| client.execute(statement, values));
-    let (began, results, committed) = futures_util::join!(
-        client.batch_execute(begin),
-        in_order(sent),
-        client.batch_execute("COMMIT")
-    );
-    began.map_err(|e| Failed::All(error(e)))?;
+    let client = &conn.client;
+    let results = if alone {
+        vec![client.execute(&statements[0], &values[0]).await]
+    } else {
+        let begin = if durable {
+            "BEGIN"
+        } else {
+            // Ordered before the next durable commit, which flushes the
+            // WAL up to itself; not waited for on its own.
+            "BEGIN; SET LOCAL synchronous_commit TO OFF"
+        };
+        let sent = statements
+            .iter()
+            .zip(&values)
+            .map(|(statement, values)| client.execute(statement, values));
+        let (began, results, committed) = futures_util::join!(
+            client.batch_execute(begin),
+            in_order(sent),
+            client.batch_execute("COMMIT")
+        );
+        began.map_err(|e| Failed::All(error(e)))?;
+        if results.iter().all(Result::is_ok) {
+            return committed.map_err(|e| Failed::All(error(e)));
+        }
+        results
+    };
     for (p, result) in planned.iter().zip(&results) {
         let Err(e) = result else { continue };
         if errors::is_aborted(e) {
             continue;
         }
-        // The transaction is rolled back ("COMMIT" in a failed transaction
-        // is a rollback); say why.
+        // Nothing was committed ("COMMIT" in a failed transaction is a
+        // rollback); say why.
         let job = &jobs[p.job];
         if errors::is_retryable(e) || e.as_db_error().is_none() {
             return Err(Failed::All(error_of(e)));
@@ -122,26 +116,20 @@ pub async fn apply(conn: &mut PgConn, jobs: &[Job<'_>]) -> Result<(), Failed> {
             What::CreateRun if errors::is_duplicate(e) => {
                 claimed_elsewhere(conn, &job.claim.run_id).await
             }
-            What::Fence { first_seq } => fence_error(e, job.claim, first_seq),
-            What::Outcome { seq } if errors::code(e) == Some(errors::CALL_NOT_RECORDED) => {
-                StoreError::Corrupt(format!(
-                    "an outcome for call #{seq} of run {}, which is not recorded",
-                    job.claim.run_id
-                ))
-            }
+            What::Commit { first_seq } => commit_error(e, job.claim, first_seq),
             _ => error_of(e),
         };
         return Err(Failed::Job(p.job, failed));
     }
-    committed.map_err(|e| Failed::All(error(e)))
+    Ok(())
 }
 
 fn error_of(e: &tokio_postgres::Error) -> StoreError {
     StoreError::Unavailable(describe(e))
 }
 
-/// What `stephost_fenced` refusing `claim` means.
-fn fence_error(e: &tokio_postgres::Error, claim: &Claim, first_seq: Option<u64>) -> StoreError {
+/// What `stephost_commit` refusing `claim`'s commit means.
+fn commit_error(e: &tokio_postgres::Error, claim: &Claim, first_seq: Option<u64>) -> StoreError {
     let detail = errors::detail(e).and_then(|d| d.parse::<i64>().ok());
     match errors::code(e) {
         Some(errors::NO_SUCH_RUN) => StoreError::UnknownRun(claim.run_id.clone()),
@@ -154,6 +142,11 @@ fn fence_error(e: &tokio_postgres::Error, claim: &Claim, first_seq: Option<u64>)
             run_id: claim.run_id.clone(),
             seq: first_seq.unwrap_or_default(),
         },
+        Some(errors::CALL_NOT_RECORDED) => StoreError::Corrupt(format!(
+            "an outcome for call #{} of run {}, which is not recorded",
+            detail.unwrap_or_default(),
+            claim.run_id
+        )),
         _ => error_of(e),
     }
 }
@@ -174,20 +167,19 @@ async fn claimed_elsewhere(conn: &mut PgConn, run_id: &str) -> StoreError {
     }
 }
 
-/// The statements of job `at`, in order.
-fn plan(at: usize, job: &Job<'_>, out: &mut Vec<Planned>) -> StoreResult<()> {
+/// The statements of job `at`: its run's row if it creates it, then one
+/// `stephost_commit` call with every op. `async_commit`: the call itself
+/// tells the server not to wait for the WAL flush.
+fn plan(at: usize, job: &Job<'_>, async_commit: bool, out: &mut Vec<Planned>) -> StoreResult<()> {
     let run_id = job.claim.run_id.clone();
-    let mut push = |sql, values, what| {
-        out.push(Planned {
-            sql,
-            values,
-            job: at,
-            what,
-        })
-    };
     let mut ops = job.ops;
     if let Some(WriteOp::Create(run)) = ops.first() {
-        push(rows::INSERT_RUN, rows::run_values(run), What::CreateRun);
+        out.push(Planned {
+            sql: rows::INSERT_RUN,
+            values: rows::run_values(run),
+            job: at,
+            what: What::CreateRun,
+        });
         ops = &ops[1..];
     }
     // A call's attempts are kept in its row: those of a call this commit
@@ -198,70 +190,13 @@ fn plan(at: usize, job: &Job<'_>, out: &mut Vec<Planned>) -> StoreResult<()> {
             attempts.entry(a.seq).or_default().push(a);
         }
     }
-    let calls: Vec<&stephost_core::CallRecord> = ops
-        .iter()
-        .filter_map(|op| match op {
-            WriteOp::Call(call) | WriteOp::Started(call) => Some(call),
-            _ => None,
-        })
-        .collect();
-    let first_seq = calls.first().map(|c| c.seq);
-    for (offset, call) in calls.iter().enumerate() {
-        if Some(call.seq) != first_seq.map(|s| s + offset as u64) {
-            return Err(StoreError::NotAppended {
-                run_id,
-                seq: call.seq,
-            });
-        }
-    }
-    push(
-        FENCED,
-        vec![
-            boxed(run_id.clone()),
-            boxed(job.claim.fence),
-            boxed(first_seq.map(|s| s as i64)),
-        ],
-        What::Fence { first_seq },
-    );
     let mut bodies = Bodies::default();
-    if !calls.is_empty() {
-        let mut columns = CallColumns::default();
-        for call in &calls {
-            let (request, request_split) = bodies.store(&call.request);
-            let (outcome, outcome_split) = match &call.outcome {
-                Some(body) => {
-                    let (text, split) = bodies.store(body);
-                    (Some(text), split)
-                }
-                None => (None, false),
-            };
-            columns.seq.push(call.seq as i64);
-            columns.class.push(call.class.as_str().to_string());
-            columns.interface.push(call.interface.clone());
-            columns.function.push(call.function.clone());
-            columns.operation_id.push(call.operation_id.clone());
-            columns.request.push(request);
-            columns.request_split.push(request_split);
-            columns.request_hash.push(call.request_hash.clone());
-            columns.state.push(call.state.as_str().to_string());
-            columns.outcome.push(outcome);
-            columns.outcome_split.push(outcome_split);
-            columns.started_at.push(call.started_at_ms);
-            columns.finished_at.push(call.finished_at_ms);
-            columns.chain.push(call.chain.clone());
-            columns.attempts.push(
-                attempts
-                    .remove(&call.seq)
-                    .map(|a| AttemptRecord::to_stored_json(&a)),
-            );
-        }
-        push(
-            INSERT_CALLS,
-            columns.into_values(run_id.clone(), job.claim.fence),
-            What::Other,
-        );
-    }
+    let mut calls = CallColumns::default();
+    let mut outcomes = OutcomeColumns::default();
     let mut logs = LogColumns::default();
+    let mut lease: (Option<i64>, Option<i64>) = (None, None);
+    let mut end: Option<&stephost_core::records::EndRow> = None;
+    let mut counters = stephost_core::journal::Counters::new();
     for op in ops {
         match op {
             WriteOp::Create(_) => {
@@ -269,7 +204,46 @@ fn plan(at: usize, job: &Job<'_>, out: &mut Vec<Planned>) -> StoreResult<()> {
                     "a commit creates its run only as its first op".into(),
                 ));
             }
-            WriteOp::Call(_) | WriteOp::Started(_) | WriteOp::Attempt(_) => {}
+            WriteOp::Call(call) | WriteOp::Started(call) => {
+                let expected = calls
+                    .seq
+                    .first()
+                    .map(|s| *s as u64 + calls.seq.len() as u64);
+                if expected.is_some_and(|seq| seq != call.seq) {
+                    return Err(StoreError::NotAppended {
+                        run_id,
+                        seq: call.seq,
+                    });
+                }
+                let (request, request_split) = bodies.store(&call.request);
+                let (outcome, outcome_split) = match &call.outcome {
+                    Some(body) => {
+                        let (text, split) = bodies.store(body);
+                        (Some(text), split)
+                    }
+                    None => (None, false),
+                };
+                calls.seq.push(call.seq as i64);
+                calls.class.push(call.class.as_str().to_string());
+                calls.interface.push(call.interface.clone());
+                calls.function.push(call.function.clone());
+                calls.operation_id.push(call.operation_id.clone());
+                calls.request.push(request);
+                calls.request_split.push(request_split);
+                calls.request_hash.push(call.request_hash.clone());
+                calls.state.push(call.state.as_str().to_string());
+                calls.outcome.push(outcome);
+                calls.outcome_split.push(outcome_split);
+                calls.started_at.push(call.started_at_ms);
+                calls.finished_at.push(call.finished_at_ms);
+                calls.chain.push(call.chain.clone());
+                calls.attempts.push(
+                    attempts
+                        .remove(&call.seq)
+                        .map(|a| AttemptRecord::to_stored_json(&a)),
+                );
+            }
+            WriteOp::Attempt(_) => {}
             WriteOp::Outcome {
                 seq,
                 state,
@@ -284,22 +258,16 @@ fn plan(at: usize, job: &Job<'_>, out: &mut Vec<Planned>) -> StoreResult<()> {
                     }
                     None => (None, false),
                 };
-                let tried = attempts
-                    .remove(seq)
-                    .map(|a| AttemptRecord::to_stored_json(&a));
-                push(
-                    OUTCOME,
-                    vec![
-                        boxed(run_id.clone()),
-                        boxed(*seq as i64),
-                        boxed(Some(state.as_str().to_string())),
-                        boxed(outcome),
-                        boxed(split),
-                        boxed(Some(*now_ms)),
-                        boxed(chain.clone()),
-                        boxed(tried),
-                    ],
-                    What::Outcome { seq: *seq },
+                outcomes.seq.push(*seq as i64);
+                outcomes.state.push(Some(state.as_str().to_string()));
+                outcomes.outcome.push(outcome);
+                outcomes.outcome_split.push(split);
+                outcomes.finished_at.push(Some(*now_ms));
+                outcomes.chain.push(chain.clone());
+                outcomes.attempts.push(
+                    attempts
+                        .remove(seq)
+                        .map(|a| AttemptRecord::to_stored_json(&a)),
                 );
             }
             WriteOp::Log(log) => {
@@ -311,71 +279,74 @@ fn plan(at: usize, job: &Job<'_>, out: &mut Vec<Planned>) -> StoreResult<()> {
             WriteOp::Lease {
                 until_ms,
                 due_at_ms,
-            } => push(
-                LEASE,
-                vec![boxed(run_id.clone()), boxed(*until_ms), boxed(*due_at_ms)],
-                What::Other,
-            ),
-            WriteOp::End(end) => push(
-                END,
-                vec![
-                    boxed(run_id.clone()),
-                    boxed(end.status.as_str()),
-                    boxed(end.output.clone()),
-                    boxed(end.error.clone()),
-                    boxed(end.exit_code),
-                    boxed(end.wake_at_ms),
-                    boxed(end.due_at_ms),
-                    boxed(end.updated_at_ms),
-                ],
-                What::Other,
-            ),
-            WriteOp::Counters(counters) => {
-                if !counters.is_empty() {
-                    push(ADD_COUNTERS, counter_values(counters), What::Other);
+            } => lease = (Some(*until_ms), *due_at_ms),
+            WriteOp::End(row) => end = Some(row),
+            WriteOp::Counters(add) => {
+                for (name, by) in add {
+                    *counters.entry(name).or_default() += by;
                 }
             }
         }
     }
-    if !logs.at.is_empty() {
-        push(
-            INSERT_LOGS,
-            vec![
-                boxed(run_id.clone()),
-                boxed(logs.after_seq),
-                boxed(logs.level),
-                boxed(logs.message),
-                boxed(logs.at),
-            ],
-            What::Other,
-        );
-    }
     // Attempts of calls written by earlier commits (a write's retries).
     for (seq, tried) in attempts {
-        push(
-            OUTCOME,
-            vec![
-                boxed(run_id.clone()),
-                boxed(seq as i64),
-                boxed(None::<String>),
-                boxed(None::<String>),
-                boxed(false),
-                boxed(None::<i64>),
-                boxed(None::<String>),
-                boxed(Some(AttemptRecord::to_stored_json(&tried))),
-            ],
-            What::Outcome { seq },
-        );
+        outcomes.seq.push(seq as i64);
+        outcomes.state.push(None);
+        outcomes.outcome.push(None);
+        outcomes.outcome_split.push(false);
+        outcomes.finished_at.push(None);
+        outcomes.chain.push(None);
+        outcomes
+            .attempts
+            .push(Some(AttemptRecord::to_stored_json(&tried)));
     }
-    if !bodies.is_empty() {
-        // In the same transaction as the rows that refer to them.
-        push(
-            rows::INSERT_PAYLOADS,
-            vec![boxed(bodies.digests), boxed(bodies.parts)],
-            What::Other,
-        );
-    }
+    let first_seq = calls.seq.first().map(|s| *s as u64);
+    let mut values: Vec<Value> = vec![boxed(run_id), boxed(job.claim.fence), boxed(async_commit)];
+    values.extend(array_pair(bodies.digests, bodies.parts));
+    values.extend(calls.into_values());
+    values.extend(outcomes.into_values());
+    values.extend(logs.into_values());
+    values.push(boxed(lease.0));
+    values.push(boxed(lease.1));
+    values.push(boxed(end.map(|e| e.status.as_str())));
+    values.push(boxed(end.and_then(|e| e.output.clone())));
+    values.push(boxed(end.and_then(|e| e.error.clone())));
+    values.push(boxed(end.and_then(|e| e.exit_code)));
+    values.push(boxed(end.and_then(|e| e.wake_at_ms)));
+    values.push(boxed(end.and_then(|e| e.due_at_ms)));
+    values.push(boxed(end.map(|e| e.updated_at_ms)));
+    let names: Vec<String> = counters.keys().map(|k| k.to_string()).collect();
+    let added: Vec<i64> = counters.values().copied().collect();
+    values.extend(array_pair(names, added));
+    out.push(Planned {
+        sql: COMMIT,
+        values,
+        job: at,
+        what: What::Commit { first_seq },
+    });
     Ok(())
+}
+
+/// Two arrays as values, each NULL when empty (the function skips a part
+/// whose arrays are NULL).
+fn array_pair<A, B>(a: Vec<A>, b: Vec<B>) -> [Value; 2]
+where
+    Vec<A>: ToSql + Sync + Send + 'static,
+    Vec<B>: ToSql + Sync + Send + 'static,
+{
+    if a.is_empty() {
+        [boxed(None::<Vec<A>>), boxed(None::<Vec<B>>)]
+    } else {
+        [boxed(Some(a)), boxed(Some(b))]
+    }
+}
+
+/// A column's values, or NULL when the part is empty.
+fn column<T>(values: Vec<T>, present: bool) -> Value
+where
+    Vec<T>: ToSql + Sync + Send + 'static,
+{
+    boxed(present.then_some(values))
 }
 
 /// The values of a counters upsert.
@@ -405,25 +376,50 @@ struct CallColumns {
 }
 
 impl CallColumns {
-    fn into_values(self, run_id: String, fence: i64) -> Vec<Value> {
+    fn into_values(self) -> Vec<Value> {
+        let present = !self.seq.is_empty();
         vec![
-            boxed(run_id),
-            boxed(fence),
-            boxed(self.seq),
-            boxed(self.class),
-            boxed(self.interface),
-            boxed(self.function),
-            boxed(self.operation_id),
-            boxed(self.request),
-            boxed(self.request_split),
-            boxed(self.request_hash),
-            boxed(self.state),
-            boxed(self.outcome),
-            boxed(self.outcome_split),
-            boxed(self.started_at),
-            boxed(self.finished_at),
-            boxed(self.chain),
-            boxed(self.attempts),
+            column(self.seq, present),
+            column(self.class, present),
+            column(self.interface, present),
+            column(self.function, present),
+            column(self.operation_id, present),
+            column(self.request, present),
+            column(self.request_split, present),
+            column(self.request_hash, present),
+            column(self.state, present),
+            column(self.outcome, present),
+            column(self.outcome_split, present),
+            column(self.started_at, present),
+            column(self.finished_at, present),
+            column(self.chain, present),
+            column(self.attempts, present),
+        ]
+    }
+}
+
+#[derive(Default)]
+struct OutcomeColumns {
+    seq: Vec<i64>,
+    state: Vec<Option<String>>,
+    outcome: Vec<Option<String>>,
+    outcome_split: Vec<bool>,
+    finished_at: Vec<Option<i64>>,
+    chain: Vec<Option<String>>,
+    attempts: Vec<Option<String>>,
+}
+
+impl OutcomeColumns {
+    fn into_values(self) -> Vec<Value> {
+        let present = !self.seq.is_empty();
+        vec![
+            column(self.seq, present),
+            column(self.state, present),
+            column(self.outcome, present),
+            column(self.outcome_split, present),
+            column(self.finished_at, present),
+            column(self.chain, present),
+            column(self.attempts, present),
         ]
     }
 }
@@ -434,6 +430,18 @@ struct LogColumns {
     level: Vec<String>,
     message: Vec<String>,
     at: Vec<i64>,
+}
+
+impl LogColumns {
+    fn into_values(self) -> Vec<Value> {
+        let present = !self.at.is_empty();
+        vec![
+            column(self.after_seq, present),
+            column(self.level, present),
+            column(self.message, present),
+            column(self.at, present),
+        ]
+    }
 }
 
 /// Awaits `futures` together, first polling each in the order given (a

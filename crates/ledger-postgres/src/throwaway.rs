@@ -30,11 +30,20 @@ pub struct Cluster {
 }
 
 impl Cluster {
-    /// Initialises and starts a cluster; its superuser is `stephost`, who
-    /// connects without a password from this machine.
+    /// Initialises and starts a cluster in a temporary folder; its
+    /// superuser is `stephost`, who connects without a password from this
+    /// machine.
     pub fn start() -> io::Result<Cluster> {
+        Self::start_in(&std::env::temp_dir())
+    }
+
+    /// [`Cluster::start`] with its folder in `parent` (a benchmark keeps
+    /// it on the disk it measures, not on a tmpfs).
+    pub fn start_in(parent: &Path) -> io::Result<Cluster> {
         let bin = bin_dir()?;
-        let dir = tempfile::Builder::new().prefix("stephost-pg-").tempdir()?;
+        let dir = tempfile::Builder::new()
+            .prefix("stephost-pg-")
+            .tempdir_in(parent)?;
         let user = is_root().then(|| "postgres".to_string());
         if let Some(user) = &user {
             run(Command::new("chown").arg(user).arg(dir.path()))?;

@@ -384,13 +384,12 @@ fn kill_workers_until_done(
 }
 
 fn supplier_config(receiver: &Receiver) -> String {
-    format!(
-        r#"
+    r#"
 [effects."inventory.read"]
 kind = "http"
 class = "read"
 method = "GET"
-url = "URL/inventory/{{sku}}"
+url = "URL/inventory/{sku}"
 
 [effects."supplier.order"]
 kind = "http"
@@ -398,9 +397,8 @@ class = "write"
 method = "POST"
 url = "URL/orders"
 idempotent = true
-lookup = "URL/orders/{{operation_id}}"
+lookup = "URL/orders/{operation_id}"
 "#
-    )
     .replace("URL", &receiver.url())
 }
 
