@@ -21,8 +21,8 @@ use serde::Deserialize;
 use std::time::Duration;
 
 use crate::effects::builtin::{Echo, FileReceiver, Reject, Static};
-use crate::effects::command::CommandEffect;
-use crate::effects::http::HttpEffect;
+use crate::effects::command::{CommandEffect, CommandOptions};
+use crate::effects::http::{HttpEffect, Statuses};
 use crate::effects::llm::Llm;
 use crate::effects::{Effect, Effects, Handler, RetryPolicy};
 use stephost_core::CallClass;
@@ -125,6 +125,21 @@ pub enum EffectConfig {
         lookup: Option<String>,
         #[serde(default)]
         retry: RetryPolicy,
+        /// Retryable statuses that say the request was turned away before
+        /// it could act (default 429 and 503).
+        #[serde(default = "default_not_received_statuses")]
+        not_received_statuses: Vec<u16>,
+        /// Refusals that are final even after an earlier attempt may have
+        /// acted (default none).
+        #[serde(default)]
+        final_statuses: Vec<u16>,
+        /// Lookup statuses that mean "no record of the operation" (default
+        /// 404 and 410).
+        #[serde(default = "default_lookup_not_found_statuses")]
+        lookup_not_found_statuses: Vec<u16>,
+        /// Where a lookup's receipt names the operation (a JSON pointer).
+        #[serde(default = "default_receipt_pointer")]
+        receipt_operation_pointer: String,
     },
     /// A program: request JSON on stdin, result JSON on stdout.
     Command {
@@ -139,6 +154,20 @@ pub enum EffectConfig {
         lookup: Option<Vec<String>>,
         #[serde(default)]
         retry: RetryPolicy,
+        /// Variables of the host's environment the command gets, by name
+        /// (it gets no others).
+        #[serde(default)]
+        env: Vec<String>,
+        /// Exit codes that are final refusals even after an earlier attempt
+        /// may have acted (default none).
+        #[serde(default)]
+        final_exit_codes: Vec<i32>,
+        /// The lookup's exit code for "no record of the operation".
+        #[serde(default = "default_lookup_not_found_exit")]
+        lookup_not_found_exit: i32,
+        /// Where a lookup's receipt names the operation (a JSON pointer).
+        #[serde(default = "default_receipt_pointer")]
+        receipt_operation_pointer: String,
     },
     /// Refuses every request with `message`.
     Reject {
@@ -162,6 +191,22 @@ pub struct LlmConfig {
     pub timeout_ms: u64,
     #[serde(default)]
     pub retry: RetryPolicy,
+}
+
+fn default_not_received_statuses() -> Vec<u16> {
+    vec![429, 503]
+}
+
+fn default_lookup_not_found_statuses() -> Vec<u16> {
+    vec![404, 410]
+}
+
+fn default_lookup_not_found_exit() -> i32 {
+    crate::effects::command::EXIT_NOT_FOUND
+}
+
+fn default_receipt_pointer() -> String {
+    crate::effects::RECEIPT_OPERATION_POINTER.to_string()
 }
 
 fn default_method() -> String {
@@ -253,6 +298,7 @@ impl Config {
     }
 
     fn build(&self, name: &str, config: &EffectConfig) -> Result<Effect, String> {
+        let mut receipt_pointer = crate::effects::RECEIPT_OPERATION_POINTER.to_string();
         let (class, retry, handler): (ClassName, RetryPolicy, Box<dyn Handler>) = match config {
             EffectConfig::Echo { class, retry } => (*class, retry.clone(), Box::new(Echo)),
             EffectConfig::Static {
@@ -292,8 +338,13 @@ impl Config {
                 idempotent,
                 lookup,
                 retry,
+                not_received_statuses,
+                final_statuses,
+                lookup_not_found_statuses,
+                receipt_operation_pointer,
             } => {
                 let what = format!("effects.\"{name}\"");
+                receipt_pointer = checked_pointer(receipt_operation_pointer, &what)?;
                 let headers = headers
                     .iter()
                     .map(|(k, v)| Ok((k.clone(), resolve_env(v, &what)?)))
@@ -305,6 +356,11 @@ impl Config {
                     lookup.clone(),
                     *idempotent,
                     Duration::from_millis(*timeout_ms),
+                    Statuses {
+                        not_received: not_received_statuses.clone(),
+                        final_refusals: final_statuses.clone(),
+                        lookup_not_found: lookup_not_found_statuses.clone(),
+                    },
                 )
                 .map_err(|e| format!("{what}: {e}"))?;
                 (*class, retry.clone(), Box::new(handler))
@@ -316,16 +372,27 @@ impl Config {
                 idempotent,
                 lookup,
                 retry,
+                env,
+                final_exit_codes,
+                lookup_not_found_exit,
+                receipt_operation_pointer,
             } => {
+                let what = format!("effects.\"{name}\"");
                 if argv.is_empty() {
-                    return Err(format!("effects.\"{name}\".argv is empty"));
+                    return Err(format!("{what}.argv is empty"));
                 }
-                let handler = CommandEffect::new(
-                    argv.clone(),
-                    lookup.clone(),
-                    *idempotent,
-                    Duration::from_millis(*timeout_ms),
-                );
+                receipt_pointer = checked_pointer(receipt_operation_pointer, &what)?;
+                let handler = CommandEffect::new(CommandOptions {
+                    argv: argv.clone(),
+                    lookup: lookup.clone(),
+                    idempotent: *idempotent,
+                    timeout: Duration::from_millis(*timeout_ms),
+                    dir: Some(self.base_dir.clone()).filter(|d| !d.as_os_str().is_empty()),
+                    env: env.clone(),
+                    output_bytes_max: self.limits.payload_bytes_max as usize,
+                    final_exit_codes: final_exit_codes.clone(),
+                    lookup_not_found_exit: *lookup_not_found_exit,
+                });
                 (*class, retry.clone(), Box::new(handler))
             }
             EffectConfig::Reject { class, message } => (
@@ -343,7 +410,20 @@ impl Config {
             },
             retry,
             handler,
+            receipt_pointer,
         })
+    }
+}
+
+/// `pointer` if it is a JSON pointer (empty, or starting with `/`).
+fn checked_pointer(pointer: &str, what: &str) -> Result<String, String> {
+    if pointer.is_empty() || pointer.starts_with('/') {
+        Ok(pointer.to_string())
+    } else {
+        Err(format!(
+            "{what}.receipt_operation_pointer {pointer:?} is not a JSON pointer; write it as \
+             \"/operation_id\" or \"/data/id\""
+        ))
     }
 }
 
@@ -361,6 +441,7 @@ fn build_llm(llm: &LlmConfig) -> Result<Effect, String> {
         None,
         true,
         Duration::from_millis(llm.timeout_ms),
+        Statuses::default(),
     )?;
     Ok(Effect {
         class: CallClass::Read,
@@ -369,6 +450,7 @@ fn build_llm(llm: &LlmConfig) -> Result<Effect, String> {
             http,
             model: llm.model.clone(),
         }),
+        receipt_pointer: crate::effects::RECEIPT_OPERATION_POINTER.to_string(),
     })
 }
 

@@ -523,7 +523,7 @@ fn a_lookup_that_fails_once_is_asked_again_before_the_call_is_given_up() {
         &lookup,
         "#!/bin/sh\ncd \"$(dirname \"$0\")\"\n\
          if [ ! -e asked ]; then touch asked; echo 'ledger service busy' >&2; exit 1; fi\n\
-         if [ -e \"order-$STEPHOST_OPERATION_ID.json\" ]; then printf '{\"receipt\":\"cmd-order\"}'; exit 0; fi\n\
+         if [ -e \"order-$STEPHOST_OPERATION_ID.json\" ]; then printf '{\"receipt\":\"cmd-order\",\"operation_id\":\"%s\"}' \"$STEPHOST_OPERATION_ID\"; exit 0; fi\n\
          exit 3\n",
     )
     .unwrap();

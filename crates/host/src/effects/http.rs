@@ -21,6 +21,32 @@ pub struct HttpEffect {
     headers: Vec<(String, String)>,
     lookup: Option<String>,
     idempotent: bool,
+    statuses: Statuses,
+}
+
+/// What a receiver's statuses mean, as the effect declares them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Statuses {
+    /// Retryable statuses (408, 429, 5xx) that say the request was turned
+    /// away before it could act (default 429 and 503).
+    pub not_received: Vec<u16>,
+    /// Refusals (4xx) that are final even after an earlier attempt may have
+    /// acted (default none: after such an attempt, a 409 "still in
+    /// progress" or any other refusal leaves the call in doubt).
+    pub final_refusals: Vec<u16>,
+    /// Lookup statuses that say the receiver has no record of the
+    /// operation (default 404 and 410).
+    pub lookup_not_found: Vec<u16>,
+}
+
+impl Default for Statuses {
+    fn default() -> Self {
+        Statuses {
+            not_received: vec![429, 503],
+            final_refusals: Vec::new(),
+            lookup_not_found: vec![404, 410],
+        }
+    }
 }
 
 impl HttpEffect {
@@ -32,9 +58,14 @@ impl HttpEffect {
         lookup: Option<String>,
         idempotent: bool,
         timeout: Duration,
+        statuses: Statuses,
     ) -> Result<Self, String> {
         let method = http::Method::from_bytes(method.to_ascii_uppercase().as_bytes())
             .map_err(|_| format!("{method:?} is not an HTTP method"))?;
+        check_template(&url, "url")?;
+        if let Some(lookup) = &lookup {
+            check_template(lookup, "lookup")?;
+        }
         let config = ureq::Agent::config_builder()
             .http_status_as_error(false)
             .timeout_global(Some(timeout))
@@ -47,6 +78,7 @@ impl HttpEffect {
             headers,
             lookup,
             idempotent,
+            statuses,
         })
     }
 
@@ -91,8 +123,7 @@ impl HttpEffect {
             .headers()
             .get("retry-after")
             .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.trim().parse::<u64>().ok())
-            .map(Duration::from_secs);
+            .and_then(|v| retry_after(v, std::time::SystemTime::now()));
         let replayed = response
             .headers()
             .get("idempotent-replayed")
@@ -146,8 +177,74 @@ fn classify_error(url: &str, e: ureq::Error) -> Failure {
     }
 }
 
+/// A `Retry-After` value: seconds, or an HTTP date (a date in the past is
+/// no wait). The retry loop caps it at the effect's deadline.
+pub fn retry_after(value: &str, now: std::time::SystemTime) -> Option<Duration> {
+    let value = value.trim();
+    if let Ok(seconds) = value.parse::<u64>() {
+        return Some(Duration::from_secs(seconds));
+    }
+    let at = http_date(value)?;
+    Some(at.duration_since(now).unwrap_or(Duration::ZERO))
+}
+
+/// An IMF-fixdate (`Sun, 06 Nov 1994 08:49:37 GMT`), the form RFC 9110
+/// requires senders to use.
+fn http_date(value: &str) -> Option<std::time::SystemTime> {
+    let mut parts = value.split_whitespace();
+    let (_weekday, day, month, year, time, zone) = (
+        parts.next()?,
+        parts.next()?,
+        parts.next()?,
+        parts.next()?,
+        parts.next()?,
+        parts.next()?,
+    );
+    if zone != "GMT" || parts.next().is_some() {
+        return None;
+    }
+    let day: u64 = day.parse().ok()?;
+    let month = [
+        "Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec",
+    ]
+    .iter()
+    .position(|m| *m == month)? as u64
+        + 1;
+    let year: u64 = year.parse().ok()?;
+    let mut hms = time.split(':').map(|n| n.parse::<u64>().ok());
+    let (h, m, sec) = (hms.next()??, hms.next()??, hms.next()??);
+    if !(1..=31).contains(&day) || year < 1970 || year > 9999 || h > 23 || m > 59 || sec > 60 {
+        return None;
+    }
+    // Days since 1970-01-01 of a proleptic Gregorian date.
+    let (y, mo) = if month <= 2 { (year - 1, month + 12) } else { (year, month) };
+    let days = 365 * y + y / 4 - y / 100 + y / 400 + (153 * (mo - 3) + 2) / 5 + day - 719_469;
+    let secs = days * 86_400 + h * 3_600 + m * 60 + sec;
+    std::time::UNIX_EPOCH.checked_add(Duration::from_secs(secs))
+}
+
+/// Refuses a template with a placeholder in its scheme, host or port: a
+/// guest's value must never choose where the effect's credentials go.
+fn check_template(template: &str, what: &str) -> Result<(), String> {
+    let authority_end = template
+        .find("://")
+        .map(|at| {
+            let rest = &template[at + 3..];
+            at + 3 + rest.find(['/', '?', '#']).unwrap_or(rest.len())
+        })
+        .ok_or_else(|| format!("{what} {template:?} is not an absolute http(s) URL"))?;
+    if template[..authority_end].contains('{') {
+        return Err(format!(
+            "{what} {template:?} has a placeholder in its scheme, host or port; only the path \
+             and the query may take values from the request"
+        ));
+    }
+    Ok(())
+}
+
 /// Fills `{field}` from the request JSON, and `{operation_id}`, `{run_id}`;
-/// values are percent-encoded.
+/// each value is percent-encoded as one path segment or query value (dots
+/// included, so `..` cannot walk the receiver's paths).
 pub fn render_url(template: &str, request: &Request<'_>) -> Result<String, Failure> {
     let body: serde_json::Value = serde_json::from_str(request.body).unwrap_or_default();
     let mut out = String::with_capacity(template.len());
@@ -184,7 +281,7 @@ pub fn render_url(template: &str, request: &Request<'_>) -> Result<String, Failu
 fn percent_encode(s: &str) -> String {
     let mut out = String::with_capacity(s.len());
     for b in s.bytes() {
-        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b'~') {
+        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'~') {
             out.push(b as char);
         } else {
             out.push_str(&format!("%{b:02X}"));
@@ -202,22 +299,23 @@ impl Handler for HttpEffect {
         };
         let (status, retry_after, duplicate, text) =
             self.send(self.method.clone(), &url, request, body)?;
+        let message = || format!("{url} answered {status}: {}", excerpt(&text));
         match status {
             200..=299 => Ok(Reply {
                 body: as_json(text),
                 duplicate,
             }),
             408 | 429 | 500..=599 => Err(Failure::Retryable {
-                message: format!("{url} answered {status}: {}", excerpt(&text)),
+                message: message(),
                 retry_after,
-                // 429 and 503 say the request was turned away; a 500, 502 or
-                // 504 may come after the receiver acted.
-                maybe_received: !matches!(status, 429 | 503),
+                // By default 429 and 503 say the request was turned away; a
+                // 500, 502 or 504 may come after the receiver acted.
+                maybe_received: !self.statuses.not_received.contains(&status),
             }),
-            _ => Err(Failure::Rejected(format!(
-                "{url} answered {status}: {}",
-                excerpt(&text)
-            ))),
+            _ if self.statuses.final_refusals.contains(&status) => {
+                Err(Failure::Rejected(message()))
+            }
+            _ => Err(Failure::Refused(message())),
         }
     }
 
@@ -228,8 +326,10 @@ impl Handler for HttpEffect {
         let url = render_url(template, request)?;
         let (status, _, _, text) = self.send(http::Method::GET, &url, request, None)?;
         match status {
+            _ if self.statuses.lookup_not_found.contains(&status) => Ok(Lookup::NotFound),
+            // Checked by the caller: only a receipt naming this operation
+            // proves it happened.
             200..=299 => Ok(Lookup::Found(as_json(text))),
-            404 | 410 => Ok(Lookup::NotFound),
             _ => Err(Failure::retryable(format!(
                 "lookup {url} answered {status}: {}",
                 excerpt(&text)
@@ -272,6 +372,45 @@ mod tests {
             render_url("http://h/{missing}", &r),
             Err(Failure::Invalid(_))
         ));
+    }
+
+    #[test]
+    fn dot_segments_are_encoded_and_the_host_takes_no_placeholder() {
+        let r = request(r#"{"sku": "..", "dir": "."}"#);
+        assert_eq!(
+            render_url("http://h/inv/{sku}/{dir}/x", &r).unwrap(),
+            "http://h/inv/%2E%2E/%2E/x"
+        );
+        for bad in [
+            "http://{sku}.example/x",
+            "http://h:{port}/x",
+            "{scheme}://h/x",
+            "http://user@{sku}/x",
+        ] {
+            assert!(check_template(bad, "url").is_err(), "{bad}");
+        }
+        assert!(check_template("http://h:8080/a/{sku}?q={n}", "url").is_ok());
+    }
+
+    #[test]
+    fn retry_after_takes_seconds_or_a_date_and_never_overflows() {
+        let now = std::time::UNIX_EPOCH + Duration::from_secs(784_111_777);
+        assert_eq!(retry_after(" 120 ", now), Some(Duration::from_secs(120)));
+        assert_eq!(
+            retry_after("18446744073709551615", now),
+            Some(Duration::from_secs(u64::MAX))
+        );
+        // Sun, 06 Nov 1994 08:49:37 GMT is 784111777 s after the epoch.
+        assert_eq!(
+            retry_after("Sun, 06 Nov 1994 08:50:37 GMT", now),
+            Some(Duration::from_secs(60))
+        );
+        assert_eq!(
+            retry_after("Sun, 06 Nov 1994 08:00:00 GMT", now),
+            Some(Duration::ZERO)
+        );
+        assert_eq!(retry_after("soon", now), None);
+        assert_eq!(retry_after("Sun, 06 Foo 1994 08:00:00 GMT", now), None);
     }
 
     #[test]

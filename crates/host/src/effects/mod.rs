@@ -21,8 +21,14 @@ pub use retry::RetryPolicy;
 /// Why a handler could not perform a request.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Failure {
-    /// The receiver refused; retrying the same request will not help.
+    /// The receiver refused with an answer the effect declares final:
+    /// retrying will not help, and nothing was done.
     Rejected(String),
+    /// The receiver refused with an answer the effect does not declare
+    /// final (e.g. a 409 "still in progress"): a rejection when no earlier
+    /// attempt may have acted; after one that may have, the call is still
+    /// in doubt and the receiver is asked (or the call parked).
+    Refused(String),
     /// Timeouts, connection errors, overload: worth another attempt, no
     /// sooner than `retry_after` when the receiver said so.
     Retryable {
@@ -57,14 +63,14 @@ impl Failure {
 
     pub fn message(&self) -> &str {
         match self {
-            Failure::Rejected(m) | Failure::Invalid(m) => m,
+            Failure::Rejected(m) | Failure::Refused(m) | Failure::Invalid(m) => m,
             Failure::Retryable { message, .. } => message,
         }
     }
 
     fn label(&self) -> &'static str {
         match self {
-            Failure::Rejected(_) => "rejected",
+            Failure::Rejected(_) | Failure::Refused(_) => "rejected",
             Failure::Retryable { .. } => "retryable",
             Failure::Invalid(_) => "invalid",
         }
@@ -141,19 +147,34 @@ pub fn payload_sha256(body: &str) -> String {
     hex::encode(sha2::Sha256::digest(body.as_bytes()))
 }
 
-/// Checks that a receipt found by lookup is for this operation and payload,
-/// when the receipt names them. A receipt for anything else is never
-/// recorded as this call's success.
-pub fn check_receipt(receipt: &str, operation_id: &str, body: &str) -> Result<(), String> {
-    let Ok(value) = serde_json::from_str::<serde_json::Value>(receipt) else {
-        return Ok(());
-    };
-    if let Some(found) = value.get("operation_id").and_then(|v| v.as_str())
-        && found != operation_id
-    {
-        return Err(format!(
-            "the receiver's receipt names operation {found}, not {operation_id}"
-        ));
+/// Where a receipt names its operation, unless an effect says otherwise.
+pub const RECEIPT_OPERATION_POINTER: &str = "/operation_id";
+
+/// Checks that a lookup's answer is a receipt for this operation: a JSON
+/// document naming `operation_id` at `pointer` (a JSON pointer) and, when it
+/// carries a `payload_sha256`, this request's. Anything else proves
+/// nothing: the call stays in doubt.
+pub fn check_receipt(
+    receipt: &str,
+    pointer: &str,
+    operation_id: &str,
+    body: &str,
+) -> Result<(), String> {
+    let value = serde_json::from_str::<serde_json::Value>(receipt)
+        .map_err(|_| "the receiver's lookup answer is not JSON".to_string())?;
+    match value.pointer(pointer).and_then(|v| v.as_str()) {
+        Some(found) if found == operation_id => {}
+        Some(found) => {
+            return Err(format!(
+                "the receiver's receipt names operation {found}, not {operation_id}"
+            ));
+        }
+        None => {
+            return Err(format!(
+                "the receiver's lookup answer names no operation at {pointer}, so it proves \
+                 nothing about {operation_id}"
+            ));
+        }
     }
     if let Some(found) = value.get("payload_sha256").and_then(|v| v.as_str()) {
         let ours = payload_sha256(body);
@@ -171,6 +192,8 @@ pub struct Effect {
     pub class: CallClass,
     pub retry: RetryPolicy,
     pub handler: Box<dyn Handler>,
+    /// Where a receipt names its operation (a JSON pointer).
+    pub receipt_pointer: String,
 }
 
 impl Effect {
@@ -242,20 +265,80 @@ pub struct EffectCall<'a> {
     pub unknown: Option<String>,
 }
 
+/// What asking the receiver about an operation established.
+enum Answer {
+    /// A receipt for this operation: it happened.
+    Receipt(String),
+    /// The receiver says it has no record of the operation.
+    NotFound,
+    /// Nothing either way (no lookup, the lookup failed, or its answer
+    /// proves nothing), and why.
+    CannotTell(String),
+}
+
 impl EffectCall<'_> {
-    /// After a write failed in a way that leaves its effect in doubt: asks
-    /// the receiver; a receipt settles it, anything else is `unknown` (the
-    /// journal parks the run) rather than a guess.
+    /// After a write that may have acted failed and will not be sent again:
+    /// asks the receiver. A receipt makes it a success; the receiver saying
+    /// it has no record makes it a failure; anything else leaves it
+    /// `unknown` (the journal parks the run) rather than a guess.
     fn settle(&mut self, op: &OpContext<'_>, attempts: &mut Attempts<'_>, last: &str) -> Outcome {
-        match self.reconcile(op, attempts) {
-            Reconciled::Outcome(outcome) => outcome,
-            Reconciled::PerformAgain => Outcome::error(
+        match self.ask(op, attempts) {
+            Answer::Receipt(receipt) => Outcome::Ok(serde_json::Value::String(receipt)),
+            Answer::NotFound => Outcome::error(
                 CallErrorKind::Exhausted,
                 format!("the receiver has no record of the operation; last failure: {last}"),
             ),
-            Reconciled::Unknown(reason) => {
+            Answer::CannotTell(reason) => {
                 self.unknown = Some(format!("{last}; {reason}"));
                 Outcome::error(CallErrorKind::Exhausted, "outcome unknown")
+            }
+        }
+    }
+
+    /// Asks the receiver about the operation, again under the effect's
+    /// retry policy while the lookup fails for a reason that may pass.
+    fn ask(&mut self, op: &OpContext<'_>, attempts: &mut Attempts<'_>) -> Answer {
+        let mut started = stephost_core::clock::now_ms();
+        let mut lookup = self.effect.handler.lookup(&self.request(op));
+        let mut n = 1;
+        while let Err(Failure::Retryable { message, .. }) = &lookup {
+            if n >= self.effect.retry.max_attempts.max(1) {
+                break;
+            }
+            attempts.record("lookup", started, "error", Some(message));
+            n += 1;
+            (self.sleep)(self.effect.retry.backoff(n, 0.5));
+            started = stephost_core::clock::now_ms();
+            lookup = self.effect.handler.lookup(&self.request(op));
+        }
+        match lookup {
+            Ok(Lookup::Found(receipt)) => {
+                match check_receipt(
+                    &receipt,
+                    &self.effect.receipt_pointer,
+                    op.operation_id,
+                    self.body,
+                ) {
+                    Ok(()) => {
+                        attempts.record("lookup", started, "found", None);
+                        Answer::Receipt(receipt)
+                    }
+                    Err(reason) => {
+                        attempts.record("lookup", started, "foreign_receipt", Some(&reason));
+                        Answer::CannotTell(reason)
+                    }
+                }
+            }
+            Ok(Lookup::NotFound) => {
+                attempts.record("lookup", started, "not_found", None);
+                Answer::NotFound
+            }
+            Ok(Lookup::Unsupported) => {
+                Answer::CannotTell("the receiver offers no lookup".to_string())
+            }
+            Err(failure) => {
+                attempts.record("lookup", started, "error", Some(failure.message()));
+                Answer::CannotTell(format!("the lookup failed: {}", failure.message()))
             }
         }
     }
@@ -306,6 +389,15 @@ impl LiveCall for EffectCall<'_> {
                     attempts.count("non_retryable_failure_total");
                     return Outcome::error(CallErrorKind::Rejected, m);
                 }
+                // After an attempt that may have acted, a refusal that is not
+                // declared final does not say the operation did not happen.
+                Err(Failure::Refused(m)) if op.class == CallClass::Write && ambiguous => {
+                    return self.settle(op, attempts, &m);
+                }
+                Err(Failure::Refused(m)) => {
+                    attempts.count("non_retryable_failure_total");
+                    return Outcome::error(CallErrorKind::Rejected, m);
+                }
                 Err(Failure::Invalid(m)) => {
                     attempts.count("non_retryable_failure_total");
                     return Outcome::error(CallErrorKind::Invalid, m);
@@ -323,16 +415,18 @@ impl LiveCall for EffectCall<'_> {
                     if write && maybe_received && !idempotent {
                         return self.settle(op, attempts, &message);
                     }
+                    let deadline = std::time::Duration::from_millis(policy.deadline_ms);
                     let mut pause = policy.backoff(
                         n + 1,
                         (stephost_core::clock::now_ns() % 1000) as f64 / 1000.0,
                     );
+                    // A receiver's hint is followed up to the deadline, never
+                    // past it; no sum of durations can overflow.
                     if let Some(hint) = retry_after {
-                        pause = pause.max(hint);
+                        pause = pause.max(hint.min(deadline));
                     }
                     let elapsed = first.elapsed();
-                    let deadline = std::time::Duration::from_millis(policy.deadline_ms);
-                    if n >= max_attempts || elapsed + pause > deadline {
+                    if n >= max_attempts || elapsed.saturating_add(pause) > deadline {
                         attempts.count("retry_exhausted_total");
                         if write && ambiguous {
                             // "Exhausted" would claim it did not happen.
@@ -370,54 +464,21 @@ impl LiveCall for EffectCall<'_> {
             return Reconciled::PerformAgain;
         }
         let idempotent = self.effect.handler.idempotent();
-        let mut started = stephost_core::clock::now_ms();
-        let mut lookup = self.effect.handler.lookup(&self.request(op));
-        // A receiver briefly unreachable is asked again under the effect's
-        // retry policy before the call is given up as unknown.
-        let mut n = 1;
-        while let Err(Failure::Retryable { message, .. }) = &lookup {
-            if n >= self.effect.retry.max_attempts.max(1) {
-                break;
-            }
-            attempts.record("lookup", started, "error", Some(message));
-            n += 1;
-            (self.sleep)(self.effect.retry.backoff(n, 0.5));
-            started = stephost_core::clock::now_ms();
-            lookup = self.effect.handler.lookup(&self.request(op));
-        }
-        match lookup {
-            Ok(Lookup::Found(receipt)) => {
-                if let Err(reason) = check_receipt(&receipt, op.operation_id, self.body) {
-                    attempts.record("lookup", started, "foreign_receipt", Some(&reason));
-                    return Reconciled::Unknown(reason);
-                }
-                attempts.record("lookup", started, "found", None);
+        match self.ask(op, attempts) {
+            Answer::Receipt(receipt) => {
                 Reconciled::Outcome(Outcome::Ok(serde_json::Value::String(receipt)))
             }
-            Ok(Lookup::NotFound) if idempotent => {
-                attempts.record("lookup", started, "not_found", None);
-                Reconciled::PerformAgain
-            }
-            Ok(Lookup::NotFound) => {
-                attempts.record("lookup", started, "not_found", None);
-                Reconciled::Unknown(
-                    "the receiver has no record of the operation but does not deduplicate, \
-                     so resending could act twice"
-                        .to_string(),
-                )
-            }
-            Ok(Lookup::Unsupported) if idempotent => Reconciled::PerformAgain,
-            Ok(Lookup::Unsupported) => Reconciled::Unknown(
-                "the receiver offers no lookup and does not deduplicate".to_string(),
+            // A receiver that deduplicates may be sent the request again with
+            // the same operation id: it acts at most once.
+            Answer::NotFound | Answer::CannotTell(_) if idempotent => Reconciled::PerformAgain,
+            Answer::NotFound => Reconciled::Unknown(
+                "the receiver has no record of the operation but does not deduplicate, so \
+                 resending could act twice"
+                    .to_string(),
             ),
-            Err(failure) => {
-                attempts.record("lookup", started, "error", Some(failure.message()));
-                if idempotent {
-                    Reconciled::PerformAgain
-                } else {
-                    Reconciled::Unknown(format!("the lookup failed: {}", failure.message()))
-                }
-            }
+            Answer::CannotTell(reason) => Reconciled::Unknown(format!(
+                "{reason}, and the receiver does not deduplicate"
+            )),
         }
     }
 }
