@@ -181,6 +181,8 @@ struct State {
     /// Highest `Stephost-Fence` seen per `Stephost-Run-Id`.
     fences: HashMap<String, u64>,
     faults: VecDeque<Fault>,
+    /// What every lookup answers instead of the truth, when set.
+    lookup_answer: Option<(u16, Vec<u8>)>,
     requests: Vec<SeenRequest>,
     requests_received: usize,
     lookups: usize,
@@ -286,6 +288,14 @@ impl Receiver {
     /// earlier fault.
     pub fn push_fault(&self, fault: Fault) {
         lock(&self.shared.state).faults.push_back(fault);
+    }
+
+    /// Makes every `GET /orders/{operation_id}` answer `status` with `body`
+    /// (sent as `application/json`, empty for none) whatever the truth, as a
+    /// misbehaving receiver would; `None` restores true answers.
+    pub fn set_lookup_answer(&self, answer: Option<(u16, &str)>) {
+        lock(&self.shared.state).lookup_answer =
+            answer.map(|(status, body)| (status, body.as_bytes().to_vec()));
     }
 
     /// Faults queued and not yet applied.
@@ -597,6 +607,13 @@ impl Shared {
     fn lookup(&self, id: &str) -> Response {
         let mut state = lock(&self.state);
         state.lookups += 1;
+        if let Some((status, body)) = &state.lookup_answer {
+            return Response {
+                status: *status,
+                headers: vec![("Content-Type".into(), "application/json".into())],
+                body: body.clone(),
+            };
+        }
         let found = http::percent_decode(id)
             .and_then(|id| state.by_key.get(&id).copied())
             .map(|i| state.orders[i].receipt());

@@ -587,3 +587,174 @@ url = "{url}/orders"
     assert_eq!(runs[0]["status"], "running");
     assert!(calls(&sb.show("order-1")).is_empty());
 }
+
+/// The supplier configuration with the order's timeout at `ms`.
+fn with_order_timeout(config: String, ms: u64) -> String {
+    config.replace("retry = {", &format!("timeout_ms = {ms}\nretry = {{"))
+}
+
+#[test]
+fn replies_all_lost_after_the_commit_are_settled_by_lookup_not_called_exhausted() {
+    let receiver = Receiver::start().unwrap();
+    for _ in 0..4 {
+        receiver.push_fault(Fault::CommitThenDrop);
+    }
+    let sb = sandbox(&receiver, true, true);
+    let ran = run(&sb);
+    ran.expect_code(0);
+    assert_eq!(ran.json()["receipt"]["order_id"], "ORD-1");
+    assert_eq!(receiver.business_effects(), 1);
+    let results = attempt_results(&sb.show("order-1"), ORDER_SEQ);
+    assert_eq!(results.last().map(String::as_str), Some("lookup:found"));
+    assert_eq!(results.iter().filter(|r| r.starts_with("send")).count(), 4);
+}
+
+#[test]
+fn replies_all_lost_with_no_lookup_park_the_call_as_unknown() {
+    let receiver = Receiver::start().unwrap();
+    for _ in 0..4 {
+        receiver.push_fault(Fault::CommitThenDrop);
+    }
+    let sb = sandbox(&receiver, true, false);
+    let ran = run(&sb);
+    ran.expect_code(5);
+    assert!(
+        !ran.stderr.contains("no record"),
+        "nobody asked the receiver: {}",
+        ran.stderr
+    );
+    let show = sb.show("order-1");
+    assert_eq!(show["run"]["status"], "parked");
+    assert_eq!(calls(&show)[ORDER_SEQ as usize - 1]["state"], "unknown");
+    assert_eq!(receiver.business_effects(), 1);
+}
+
+#[test]
+fn a_409_after_a_late_commit_is_settled_by_lookup_not_rejected() {
+    let receiver = Receiver::start().unwrap();
+    // The first attempt commits but answers after the host gave up on it;
+    // the resend is told the key is still in progress.
+    receiver.push_fault(Fault::Delay(Duration::from_secs(2)));
+    receiver.push_fault(Fault::status(409));
+    let sb = Sandbox::with_config(BIN, &with_order_timeout(config(&receiver, true, true), 300));
+    let ran = run(&sb);
+    ran.expect_code(0);
+    assert_eq!(ran.json()["receipt"]["order_id"], "ORD-1");
+    assert_eq!(
+        attempt_results(&sb.show("order-1"), ORDER_SEQ),
+        vec!["send:retryable", "send:rejected", "lookup:found"]
+    );
+    assert_eq!(receiver.business_effects(), 1);
+
+    // Without a lookup the same is unknown, never "rejected".
+    let receiver = Receiver::start().unwrap();
+    receiver.push_fault(Fault::Delay(Duration::from_secs(2)));
+    receiver.push_fault(Fault::status(409));
+    let sb = Sandbox::with_config(BIN, &with_order_timeout(config(&receiver, true, false), 300));
+    run(&sb).expect_code(5);
+    assert_eq!(
+        calls(&sb.show("order-1"))[ORDER_SEQ as usize - 1]["state"],
+        "unknown"
+    );
+}
+
+#[test]
+fn lookup_answers_that_name_no_operation_prove_nothing() {
+    for (status, body) in [(200, r#"{"status":"ok"}"#), (204, ""), (200, "[]"), (200, "null")] {
+        let receiver = Receiver::start().unwrap();
+        let sb = sandbox(&receiver, false, true);
+        // Started, never sent.
+        crash(&sb, &format!("after-started@{ORDER_SEQ}"));
+        receiver.set_lookup_answer(Some((status, body)));
+        let resumed = sb.stephost(&["resume", "order-1"]);
+        resumed.expect_code(5);
+        let show = sb.show("order-1");
+        assert_eq!(
+            calls(&show)[ORDER_SEQ as usize - 1]["state"],
+            "unknown",
+            "{status} {body:?} was taken for a receipt"
+        );
+        assert_eq!(
+            attempt_results(&show, ORDER_SEQ),
+            vec!["lookup:foreign_receipt"],
+            "{status} {body:?}"
+        );
+        assert_eq!(receiver.requests_received(), 0);
+    }
+}
+
+#[test]
+fn a_retry_after_of_u64_max_seconds_ends_the_call_without_a_panic() {
+    let receiver = Receiver::start().unwrap();
+    receiver.push_fault(Fault::retry_after(503, u64::MAX));
+    let sb = sandbox(&receiver, true, true);
+    let ran = run(&sb);
+    assert!(!ran.stderr.contains("panicked"), "{}", ran.stderr);
+    // 503 is "certainly not received": the retry is not worth waiting for
+    // past the deadline, and the step is told its call failed.
+    ran.expect_code(3);
+    assert_eq!(receiver.requests_received(), 1);
+    assert_eq!(receiver.business_effects(), 0);
+    assert_eq!(
+        calls(&sb.show("order-1"))[ORDER_SEQ as usize - 1]["state"],
+        "failed"
+    );
+}
+
+#[test]
+fn a_command_that_leaves_a_process_behind_is_answered_and_its_group_killed() {
+    let sb = Sandbox::with_config(BIN, "");
+    // Relative to the configuration's folder, as the effect names it.
+    std::fs::write(
+        sb.path("order.sh"),
+        "#!/bin/sh\n(sleep 3; touch survived) &\necho $! > background.pid\n\
+         printf '{\"receipt\":\"cmd-order\"}'\n",
+    )
+    .unwrap();
+    sb.set_config(
+        r#"
+[effects.orders]
+kind = "command"
+class = "write"
+argv = ["sh", "./order.sh"]
+timeout_ms = 60000
+"#,
+    );
+    let ran = sb.run(guests::MULTI_WRITE, r#"{"count":1}"#, "bg");
+    ran.expect_code(0);
+    assert_eq!(ran.json()["receipts"][0]["receipt"], "cmd-order");
+    let pid = std::fs::read_to_string(sb.path("background.pid")).unwrap();
+    let stat = std::fs::read_to_string(format!("/proc/{}/stat", pid.trim())).unwrap_or_default();
+    // Gone, or a zombie nobody reaped yet: not running on.
+    let state = stat.rsplit(')').next().unwrap_or("").split_whitespace().next();
+    assert!(matches!(state, None | Some("Z") | Some("X")), "{stat}");
+    assert!(!sb.path("survived").exists(), "the background process ran on");
+}
+
+#[test]
+fn a_template_field_of_dot_dot_stays_one_path_segment() {
+    let receiver = Receiver::start().unwrap();
+    let sb = sandbox(&receiver, true, true);
+    sb.run(guests::SUPPLIER_ORDER, r#"{"sku":"..","quantity":1}"#, "dots")
+        .expect_code(0);
+    let paths: Vec<String> = receiver.requests().into_iter().map(|r| r.path).collect();
+    assert_eq!(paths[0], "/inventory/%2E%2E", "{paths:?}");
+    assert!(
+        paths.iter().all(|p| p.starts_with("/inventory/") || p == "/orders"),
+        "{paths:?}"
+    );
+}
+
+#[test]
+fn a_placeholder_in_a_url_host_is_refused_when_the_configuration_loads() {
+    let receiver = Receiver::start().unwrap();
+    let cfg = config(&receiver, true, true).replace(
+        &format!("{}/inventory", receiver.url()),
+        "http://{sku}.example/inventory",
+    );
+    let sb = Sandbox::with_config(BIN, &cfg);
+    let ran = run(&sb);
+    ran.expect_code(2);
+    assert!(ran.stderr.contains("inventory.read"), "{}", ran.stderr);
+    assert_eq!(receiver.requests().len(), 0);
+}
