@@ -1097,14 +1097,35 @@ pub fn repin_moves_an_unheld_run_and_refuses_a_held_or_finished_one(make: &Make)
         matches!(stale, Err(StoreError::RepinConflict { .. })),
         "{stale:?}"
     );
-    claim(store.as_ref(), "p", "w", T0);
-    let held = lifecycle::repin(
+    // A claim whose lease lapsed (its holder stalled, not dead) loses its
+    // fence to a repin: its next commit is refused.
+    let stalled = claim(store.as_ref(), "p", "w", T0);
+    lifecycle::repin(
         store.as_ref(),
         "p",
         "module-b",
+        "module-b2",
+        None,
+        stalled.lease_until_ms + 1,
+        ALIVE,
+    )
+    .unwrap();
+    let run = store.run("p").unwrap();
+    assert_eq!(run.fence, stalled.fence + 1);
+    assert_eq!(run.owner, None);
+    let late = commit(ledger.pool.as_ref(), &stalled, vec![finished(1)]);
+    assert!(
+        matches!(late, Err(StoreError::Fenced { .. })),
+        "a stalled execution wrote under the new pin: {late:?}"
+    );
+    claim(store.as_ref(), "p", "w", stalled.lease_until_ms + 2);
+    let held = lifecycle::repin(
+        store.as_ref(),
+        "p",
+        "module-b2",
         "module-c",
         None,
-        T0 + 1,
+        stalled.lease_until_ms + 3,
         ALIVE,
     );
     assert!(

@@ -324,7 +324,8 @@ pub fn release(store: &dyn Store, claim: &Claim, now_ms: i64) -> Result<(), Stor
 
 /// Pins an unfinished run that no live owner holds to module `to` (after
 /// a replay proved it compatible), by compare-and-set on the module it was
-/// pinned to (`from`) and the version read.
+/// pinned to (`from`) and the version read. It moves the run's fence, so
+/// no claim made before it can write again.
 pub fn repin(
     store: &dyn Store,
     run_id: &str,
@@ -344,9 +345,14 @@ pub fn repin(
     {
         return Err(conflict());
     }
+    // The fence moves, and a lapsed claim goes with it: an execution of the
+    // old build that was stalled (not dead) is refused at its next write.
     let row = RunRecord {
         module_digest: to.to_string(),
         step: step.map(str::to_string),
+        fence: run.fence + 1,
+        owner: None,
+        lease_until_ms: None,
         version: run.version + 1,
         updated_at_ms: now_ms,
         ..run.clone()

@@ -650,7 +650,10 @@ fn a_409_after_a_late_commit_is_settled_by_lookup_not_rejected() {
     let receiver = Receiver::start().unwrap();
     receiver.push_fault(Fault::Delay(Duration::from_secs(2)));
     receiver.push_fault(Fault::status(409));
-    let sb = Sandbox::with_config(BIN, &with_order_timeout(config(&receiver, true, false), 300));
+    let sb = Sandbox::with_config(
+        BIN,
+        &with_order_timeout(config(&receiver, true, false), 300),
+    );
     run(&sb).expect_code(5);
     assert_eq!(
         calls(&sb.show("order-1"))[ORDER_SEQ as usize - 1]["state"],
@@ -660,7 +663,12 @@ fn a_409_after_a_late_commit_is_settled_by_lookup_not_rejected() {
 
 #[test]
 fn lookup_answers_that_name_no_operation_prove_nothing() {
-    for (status, body) in [(200, r#"{"status":"ok"}"#), (204, ""), (200, "[]"), (200, "null")] {
+    for (status, body) in [
+        (200, r#"{"status":"ok"}"#),
+        (204, ""),
+        (200, "[]"),
+        (200, "null"),
+    ] {
         let receiver = Receiver::start().unwrap();
         let sb = sandbox(&receiver, false, true);
         // Started, never sent.
@@ -726,21 +734,35 @@ timeout_ms = 60000
     let pid = std::fs::read_to_string(sb.path("background.pid")).unwrap();
     let stat = std::fs::read_to_string(format!("/proc/{}/stat", pid.trim())).unwrap_or_default();
     // Gone, or a zombie nobody reaped yet: not running on.
-    let state = stat.rsplit(')').next().unwrap_or("").split_whitespace().next();
+    let state = stat
+        .rsplit(')')
+        .next()
+        .unwrap_or("")
+        .split_whitespace()
+        .next();
     assert!(matches!(state, None | Some("Z") | Some("X")), "{stat}");
-    assert!(!sb.path("survived").exists(), "the background process ran on");
+    assert!(
+        !sb.path("survived").exists(),
+        "the background process ran on"
+    );
 }
 
 #[test]
 fn a_template_field_of_dot_dot_stays_one_path_segment() {
     let receiver = Receiver::start().unwrap();
     let sb = sandbox(&receiver, true, true);
-    sb.run(guests::SUPPLIER_ORDER, r#"{"sku":"..","quantity":1}"#, "dots")
-        .expect_code(0);
+    sb.run(
+        guests::SUPPLIER_ORDER,
+        r#"{"sku":"..","quantity":1}"#,
+        "dots",
+    )
+    .expect_code(0);
     let paths: Vec<String> = receiver.requests().into_iter().map(|r| r.path).collect();
     assert_eq!(paths[0], "/inventory/%2E%2E", "{paths:?}");
     assert!(
-        paths.iter().all(|p| p.starts_with("/inventory/") || p == "/orders"),
+        paths
+            .iter()
+            .all(|p| p.starts_with("/inventory/") || p == "/orders"),
         "{paths:?}"
     );
 }

@@ -296,6 +296,58 @@ fn a_frozen_worker_that_wakes_after_losing_its_lease_writes_and_sends_nothing() 
 }
 
 #[test]
+fn an_upgrade_while_the_old_worker_is_frozen_fences_the_old_build_out() {
+    let sb = Sandbox::with_config(BIN, &slow_config(400));
+    submit(&sb, 3, "u");
+    let mut old = worker(
+        &sb,
+        &[
+            "--concurrency",
+            "1",
+            "--lease-ms",
+            "1000",
+            "--exit-when-idle",
+        ],
+    );
+    wait_until(
+        "the old build's first write",
+        Duration::from_secs(60),
+        || !sb.received("orders.jsonl").is_empty(),
+    );
+    signal(&old, "STOP");
+    std::thread::sleep(Duration::from_millis(1500));
+    // The divergent build differs from the second write on: the history so
+    // far (one write) replays, so the run is repinned.
+    let upgraded = sb.stephost(&["upgrade", "u", "--module", guests::DIVERGENT, "--json"]);
+    upgraded.expect_code(0);
+    assert_eq!(upgraded.json()[0]["moved"], true, "{}", upgraded.stdout);
+    let repinned = sb.show("u")["run"].clone();
+    assert_eq!(repinned["fence"], 2, "the repin did not move the fence");
+
+    // The old execution wakes to a moved fence and writes nothing more; its
+    // worker may then claim the run afresh, under the new pin.
+    signal(&old, "CONT");
+    old.wait().unwrap();
+    sb.stephost(&["worker", "--exit-when-idle"]).expect_code(0);
+    let done = sb.show("u");
+    assert_eq!(done["run"]["status"], "completed");
+    let lines = sb.received("orders.jsonl");
+    assert_eq!(lines.len(), 3);
+    distinct_operations(&lines);
+    // After the first write, only a claim made after the repin wrote.
+    assert_eq!(lines[0]["fence"], 1);
+    assert!(lines[1..].iter().all(|l| l["fence"] == 3), "{lines:?}");
+    assert_eq!(
+        lines
+            .iter()
+            .filter(|l| l["request"]["divergent"] == true)
+            .count(),
+        1,
+        "{lines:?}"
+    );
+}
+
+#[test]
 fn runs_survive_workers_killed_at_random_with_one_effect_per_write() {
     // Each write's receiver takes 60 ms: 200 runs of 3 writes keep 12
     // slots busy for about 3 s, time for eight kills, one every 300 ms (and

@@ -221,9 +221,7 @@ impl Handler for CommandEffect {
                 }
                 // It acted, but its answer cannot be read: in doubt.
                 serde_json::from_str::<serde::de::IgnoredAny>(out).map_err(|e| {
-                    Failure::retryable(format!(
-                        "{program} printed something that is not JSON: {e}"
-                    ))
+                    Failure::retryable(format!("{program} printed something that is not JSON: {e}"))
                 })?;
                 Ok(Reply::new(out))
             }
@@ -231,9 +229,9 @@ impl Handler for CommandEffect {
             Some(EXIT_RETRY) => Err(Failure::not_received(format!(
                 "{program} asked for a retry: {stderr}"
             ))),
-            Some(code) if self.options.final_exit_codes.contains(&code) => Err(
-                Failure::Rejected(format!("{program} exited with {code}: {stderr}")),
-            ),
+            Some(code) if self.options.final_exit_codes.contains(&code) => Err(Failure::Rejected(
+                format!("{program} exited with {code}: {stderr}"),
+            )),
             Some(code) => Err(Failure::Refused(format!(
                 "{program} exited with {code}: {stderr}"
             ))),
@@ -361,7 +359,9 @@ mod tests {
     fn a_command_that_outlives_its_timeout_is_killed_and_retryable() {
         let mut slow = options(&["sleep", "5"]);
         slow.timeout = Duration::from_millis(100);
-        let err = CommandEffect::new(slow).perform(&request("{}")).unwrap_err();
+        let err = CommandEffect::new(slow)
+            .perform(&request("{}"))
+            .unwrap_err();
         assert!(matches!(err, Failure::Retryable { .. }));
         assert!(
             err.message().contains("did not finish within 100 ms"),

@@ -217,7 +217,11 @@ fn http_date(value: &str) -> Option<std::time::SystemTime> {
         return None;
     }
     // Days since 1970-01-01 of a proleptic Gregorian date.
-    let (y, mo) = if month <= 2 { (year - 1, month + 12) } else { (year, month) };
+    let (y, mo) = if month <= 2 {
+        (year - 1, month + 12)
+    } else {
+        (year, month)
+    };
     let days = 365 * y + y / 4 - y / 100 + y / 400 + (153 * (mo - 3) + 2) / 5 + day - 719_469;
     let secs = days * 86_400 + h * 3_600 + m * 60 + sec;
     std::time::UNIX_EPOCH.checked_add(Duration::from_secs(secs))

@@ -476,9 +476,9 @@ impl LiveCall for EffectCall<'_> {
                  resending could act twice"
                     .to_string(),
             ),
-            Answer::CannotTell(reason) => Reconciled::Unknown(format!(
-                "{reason}, and the receiver does not deduplicate"
-            )),
+            Answer::CannotTell(reason) => {
+                Reconciled::Unknown(format!("{reason}, and the receiver does not deduplicate"))
+            }
         }
     }
 }
