@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use clap::{Parser, Subcommand};
 use stephost_core::LogRecord;
-use stephost_core::approvals::Verdict;
+use stephost_core::approvals::{Decision, Verdict};
 use stephost_core::settle::Resolution;
 use stephost_core::store::{PoolOptions, RunQuery};
 use stephost_host::config::Config;
@@ -185,6 +185,10 @@ pub enum Command {
     Approve {
         run_id: String,
         seq: u64,
+        /// The sha256 of the details approved, as `stephost approvals`
+        /// lists it (at least its first 8 characters).
+        #[arg(long)]
+        details: String,
         #[arg(long)]
         by: String,
         #[arg(long)]
@@ -194,6 +198,9 @@ pub enum Command {
     Reject {
         run_id: String,
         seq: u64,
+        /// The sha256 of the details rejected (optional; checked when given).
+        #[arg(long)]
+        details: Option<String>,
         #[arg(long)]
         by: String,
         #[arg(long)]
@@ -554,6 +561,7 @@ fn execute(cli: Cli) -> Result<i32, HostError> {
         Command::Approve {
             run_id,
             seq,
+            details,
             by,
             note,
         } => decide(
@@ -561,13 +569,17 @@ fn execute(cli: Cli) -> Result<i32, HostError> {
             &config,
             &run_id,
             seq,
-            Verdict::Approved,
-            &by,
-            note.as_deref(),
+            &Decision {
+                verdict: Verdict::Approved,
+                by: &by,
+                note: note.as_deref(),
+                details_sha256: Some(&details),
+            },
         ),
         Command::Reject {
             run_id,
             seq,
+            details,
             by,
             note,
         } => decide(
@@ -575,9 +587,12 @@ fn execute(cli: Cli) -> Result<i32, HostError> {
             &config,
             &run_id,
             seq,
-            Verdict::Rejected,
-            &by,
-            note.as_deref(),
+            &Decision {
+                verdict: Verdict::Rejected,
+                by: &by,
+                note: note.as_deref(),
+                details_sha256: details.as_deref(),
+            },
         ),
         Command::Verify { target } => {
             let path = Path::new(&target);
@@ -693,16 +708,15 @@ fn decide(
     config: &Config,
     run_id: &str,
     seq: u64,
-    verdict: Verdict,
-    by: &str,
-    note: Option<&str>,
+    decision: &Decision<'_>,
 ) -> Result<i32, HostError> {
     let host = open(ledger, quiet_options(config))?;
-    service::decide(host.store(), run_id, seq, verdict, by, note)?;
+    service::decide(host.store(), run_id, seq, decision)?;
     eprintln!(
-        "stephost: call #{seq} of run {run_id} {} by {by}; a worker or \
+        "stephost: call #{seq} of run {run_id} {} by {}; a worker or \
          `stephost resume {run_id}` continues the run",
-        verdict.as_str()
+        decision.verdict.as_str(),
+        decision.by
     );
     Ok(exit::OK)
 }

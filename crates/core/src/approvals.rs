@@ -29,6 +29,59 @@ pub fn is_waiting(call: &CallRecord) -> bool {
     call.interface == INTERFACE && call.state == crate::records::CallState::Started
 }
 
+/// The fewest hex characters of the details' sha256 a person must name to
+/// approve: enough that approving something other than what was shown
+/// cannot happen by accident.
+pub const DETAILS_PREFIX_MIN_CHARS: usize = 8;
+
+/// A person's decision on an approval call.
+#[derive(Debug, Clone, Copy)]
+pub struct Decision<'a> {
+    pub verdict: Verdict,
+    /// Who decided.
+    pub by: &'a str,
+    pub note: Option<&'a str>,
+    /// A prefix of the sha256 of the details the person was shown (as
+    /// listed by `stephost approvals`): required to approve, checked when
+    /// given to reject.
+    pub details_sha256: Option<&'a str>,
+}
+
+/// Checks that `seen` names the details `call` asks about: a prefix of at
+/// least [`DETAILS_PREFIX_MIN_CHARS`] of their sha256. Approving needs it.
+pub fn check_seen(call: &CallRecord, verdict: Verdict, seen: Option<&str>) -> Result<(), String> {
+    let recorded = serde_json::from_str::<Value>(&call.request)
+        .ok()
+        .and_then(|v| {
+            v.get("details_sha256")
+                .and_then(Value::as_str)
+                .map(str::to_string)
+        })
+        .unwrap_or_default();
+    let Some(seen) = seen else {
+        if verdict == Verdict::Approved {
+            return Err(format!(
+                "approving names the sha256 of the details approved (at least \
+                 {DETAILS_PREFIX_MIN_CHARS} characters, as `stephost approvals` lists it: {recorded})"
+            ));
+        }
+        return Ok(());
+    };
+    let seen = seen.trim().to_ascii_lowercase();
+    if seen.len() < DETAILS_PREFIX_MIN_CHARS {
+        return Err(format!(
+            "the details' sha256 {seen:?} is shorter than {DETAILS_PREFIX_MIN_CHARS} characters"
+        ));
+    }
+    if recorded.is_empty() || !recorded.starts_with(&seen) {
+        return Err(format!(
+            "the details shown ({seen}) are not those asked about ({recorded}); list the \
+             approvals again and decide on what they show"
+        ));
+    }
+    Ok(())
+}
+
 /// A person's verdict.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Verdict {

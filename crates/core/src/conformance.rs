@@ -12,7 +12,7 @@
 use std::any::Any;
 use std::sync::{Arc, Barrier};
 
-use crate::approvals::{self, Verdict};
+use crate::approvals::{self, Decision, Verdict};
 use crate::lifecycle::{self, ClaimMode};
 use crate::records::{
     AttemptRecord, CallClass, CallRecord, CallState, Claim, Counters, LogRecord, NewRun, RunEnd,
@@ -134,6 +134,19 @@ fn calls_of(store: &dyn Store, run_id: &str) -> Vec<CallRecord> {
     store.calls(run_id, 1, usize::MAX).expect("read calls")
 }
 
+/// The sha256 of the details in [`waiting_for_approval`]'s request.
+const DETAILS_SHA256: &str = "5feceb66ffc86f38d952786c6d696c79c2dbc239dd4e91b46729d73a27fb57e9";
+
+/// A person's decision, naming the details they were shown.
+fn decision<'a>(verdict: Verdict, by: &'a str, note: Option<&'a str>) -> Decision<'a> {
+    Decision {
+        verdict,
+        by,
+        note,
+        details_sha256: Some(&DETAILS_SHA256[..12]),
+    }
+}
+
 /// A run waiting at an approval (call #1) that expires after `ttl_seconds`.
 fn waiting_for_approval(ledger: &TestLedger, run_id: &str, ttl_seconds: u64) -> Claim {
     let store = ledger.store();
@@ -142,7 +155,7 @@ fn waiting_for_approval(ledger: &TestLedger, run_id: &str, ttl_seconds: u64) -> 
     let request = serde_json::json!({
         "subject": "refund 40 EUR",
         "details": {"amount": 40},
-        "details_sha256": "d",
+        "details_sha256": DETAILS_SHA256,
         "ttl_seconds": ttl_seconds,
     })
     .to_string();
@@ -763,13 +776,30 @@ pub fn a_person_approves_a_waiting_call_once_and_the_run_is_due_with_a_new_fence
     assert_eq!((open[0].run.run_id.as_str(), open[0].call.seq), ("ap", 1));
     let before = store.run("ap").unwrap();
     assert!(!lifecycle::is_due(&before, T0 + 10));
+    // Approving needs the details' sha256 the person was shown: none, too
+    // short a prefix, or another's is refused and changes nothing.
+    for seen in [None, Some(&DETAILS_SHA256[..4]), Some("0123456789ab")] {
+        let blind = settle::decide_approval(
+            store.as_ref(),
+            "ap",
+            1,
+            &Decision {
+                details_sha256: seen,
+                ..decision(Verdict::Approved, "ana", None)
+            },
+            T0 + 10,
+        );
+        assert!(
+            matches!(blind, Err(StoreError::NotDecidable { .. })),
+            "{seen:?}: {blind:?}"
+        );
+    }
+    assert_eq!(store.run("ap").unwrap().version, before.version);
     settle::decide_approval(
         store.as_ref(),
         "ap",
         1,
-        Verdict::Approved,
-        "ana",
-        Some("ok"),
+        &decision(Verdict::Approved, "ana", Some("ok")),
         T0 + 10,
     )
     .unwrap();
@@ -785,10 +815,9 @@ pub fn a_person_approves_a_waiting_call_once_and_the_run_is_due_with_a_new_fence
     assert_eq!(decided.chain.as_deref(), Some(link.as_str()));
     let outcome: serde_json::Value =
         serde_json::from_str(decided.outcome.as_deref().unwrap()).unwrap();
-    let decision: serde_json::Value =
-        serde_json::from_str(outcome["ok"].as_str().unwrap()).unwrap();
-    assert_eq!(decision["verdict"], "approved");
-    assert_eq!(decision["by"], "ana");
+    let decided: serde_json::Value = serde_json::from_str(outcome["ok"].as_str().unwrap()).unwrap();
+    assert_eq!(decided["verdict"], "approved");
+    assert_eq!(decided["by"], "ana");
     assert!(
         store
             .open_calls(CallState::Started, Some(approvals::INTERFACE))
@@ -799,9 +828,7 @@ pub fn a_person_approves_a_waiting_call_once_and_the_run_is_due_with_a_new_fence
         store.as_ref(),
         "ap",
         1,
-        Verdict::Rejected,
-        "bo",
-        None,
+        &decision(Verdict::Rejected, "bo", None),
         T0 + 11,
     );
     assert!(
@@ -824,22 +851,31 @@ pub fn an_expired_or_misaimed_approval_is_refused(make: &Make) {
         store.as_ref(),
         "ex",
         1,
-        Verdict::Approved,
-        "ana",
-        None,
+        &decision(Verdict::Approved, "ana", None),
         T0 + 1_001,
     );
     assert!(
         matches!(late, Err(StoreError::NotDecidable { ref reason, .. }) if reason.contains("expired")),
         "{late:?}"
     );
-    let missing =
-        settle::decide_approval(store.as_ref(), "ex", 9, Verdict::Approved, "ana", None, T0);
+    let missing = settle::decide_approval(
+        store.as_ref(),
+        "ex",
+        9,
+        &decision(Verdict::Approved, "ana", None),
+        T0,
+    );
     assert!(
         matches!(missing, Err(StoreError::NotDecidable { .. })),
         "{missing:?}"
     );
-    let nobody = settle::decide_approval(store.as_ref(), "ex", 1, Verdict::Approved, " ", None, T0);
+    let nobody = settle::decide_approval(
+        store.as_ref(),
+        "ex",
+        1,
+        &decision(Verdict::Approved, " ", None),
+        T0,
+    );
     assert!(
         matches!(nobody, Err(StoreError::NotDecidable { .. })),
         "{nobody:?}"
@@ -858,8 +894,13 @@ pub fn an_expired_or_misaimed_approval_is_refused(make: &Make) {
         ))],
     )
     .unwrap();
-    let misaimed =
-        settle::decide_approval(store.as_ref(), "w", 1, Verdict::Approved, "ana", None, T0);
+    let misaimed = settle::decide_approval(
+        store.as_ref(),
+        "w",
+        1,
+        &decision(Verdict::Approved, "ana", None),
+        T0,
+    );
     assert!(
         matches!(misaimed, Err(StoreError::NotDecidable { .. })),
         "{misaimed:?}"
@@ -875,9 +916,7 @@ pub fn a_persons_decision_supersedes_a_concurrent_execution(make: &Make) {
         store.as_ref(),
         "sup",
         1,
-        Verdict::Rejected,
-        "ana",
-        None,
+        &decision(Verdict::Rejected, "ana", None),
         T0 + 5,
     )
     .unwrap();

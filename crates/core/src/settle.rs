@@ -6,7 +6,7 @@
 //! and the run's version; a run that changed in between (a renewal, an
 //! execution's end) is read again and the rules checked again.
 
-use crate::approvals::{self, Verdict};
+use crate::approvals::{self, Decision, Verdict};
 use crate::lifecycle::{self, CAS_TRIES_MAX};
 use crate::outcome::{CallErrorKind, Outcome};
 use crate::records::{CallRecord, CallState, Counters, RunRecord};
@@ -27,11 +27,15 @@ pub fn decide_approval(
     store: &dyn Store,
     run_id: &str,
     seq: u64,
-    verdict: Verdict,
-    by: &str,
-    note: Option<&str>,
+    decision: &Decision<'_>,
     now_ms: i64,
 ) -> StoreResult<()> {
+    let Decision {
+        verdict,
+        by,
+        note,
+        details_sha256,
+    } = *decision;
     let refuse = |reason: String| StoreError::NotDecidable {
         run_id: run_id.to_string(),
         seq,
@@ -63,6 +67,7 @@ pub fn decide_approval(
                     .unwrap_or_else(|| "expired".to_string())
             )));
         }
+        approvals::check_seen(call, verdict, details_sha256).map_err(refuse)?;
         let expires = approvals::expires_at_ms(call);
         if now_ms >= expires {
             return Err(refuse(format!(

@@ -4,7 +4,7 @@
 //! is one serde type: the CLI's `--json` output and the API's bodies.
 
 use serde::Serialize;
-use stephost_core::approvals::{self, Verdict};
+use stephost_core::approvals::{self, Decision};
 use stephost_core::settle::{self, Resolution};
 use stephost_core::store::RunQuery;
 use stephost_core::{AttemptRecord, CallRecord, CallState, LogRecord, RunRecord, RunStatus, Store};
@@ -110,27 +110,17 @@ pub fn unknown_calls(store: &dyn Store) -> Result<Vec<UnknownCallView>, HostErro
         .collect()
 }
 
-/// Records a person's verdict on an approval call.
+/// Records a person's decision on an approval call.
 pub fn decide(
     store: &dyn Store,
     run_id: &str,
     seq: u64,
-    verdict: Verdict,
-    by: &str,
-    note: Option<&str>,
+    decision: &Decision<'_>,
 ) -> Result<(), HostError> {
-    if by.trim().is_empty() {
+    if decision.by.trim().is_empty() {
         return Err(HostError::BadInput("--by must name who decided".into()));
     }
-    settle::decide_approval(
-        store,
-        run_id,
-        seq,
-        verdict,
-        by,
-        note,
-        stephost_core::clock::now_ms(),
-    )?;
+    settle::decide_approval(store, run_id, seq, decision, stephost_core::clock::now_ms())?;
     Ok(())
 }
 

@@ -49,6 +49,17 @@ fn pending(sb: &Sandbox) -> Vec<Value> {
     listed.json().as_array().unwrap().clone()
 }
 
+/// The first 12 characters of the sha256 of `run_id`'s waiting approval's
+/// details, as the inbox shows them to a person (zeros when none waits).
+fn shown(sb: &Sandbox, run_id: &str) -> String {
+    pending(sb)
+        .iter()
+        .find(|a| a["run_id"] == run_id)
+        .and_then(|a| a["details_sha256"].as_str())
+        .map(|sha| sha[..12].to_string())
+        .unwrap_or_else(|| "000000000000".into())
+}
+
 #[test]
 fn an_approved_run_rechecks_the_stock_and_orders_once() {
     let sb = Sandbox::with_config(BIN, CONFIG);
@@ -63,10 +74,30 @@ fn an_approved_run_rechecks_the_stock_and_orders_once() {
         "ordered before approval"
     );
 
+    // Approving something other than what was shown is refused.
+    for wrong in ["0000000000000000", "abc"] {
+        let blind = sb.stephost(&[
+            "approve",
+            "a",
+            APPROVAL_SEQ,
+            "--details",
+            wrong,
+            "--by",
+            "alice",
+        ]);
+        blind.expect_code(2);
+        assert!(blind.stderr.contains("details"), "{}", blind.stderr);
+    }
+    sb.stephost(&["approve", "a", APPROVAL_SEQ, "--by", "alice"])
+        .expect_code(2);
+    assert_eq!(pending(&sb).len(), 1);
+
     sb.stephost(&[
         "approve",
         "a",
         APPROVAL_SEQ,
+        "--details",
+        &shown(&sb, "a"),
         "--by",
         "alice",
         "--note",
@@ -126,7 +157,15 @@ fn an_approval_expires_and_a_late_decision_is_refused() {
     let sb = Sandbox::with_config(BIN, CONFIG);
     ask(&sb, "e", 1);
     std::thread::sleep(Duration::from_millis(1300));
-    let late = sb.stephost(&["approve", "e", APPROVAL_SEQ, "--by", "alice"]);
+    let late = sb.stephost(&[
+        "approve",
+        "e",
+        APPROVAL_SEQ,
+        "--details",
+        &shown(&sb, "e"),
+        "--by",
+        "alice",
+    ]);
     late.expect_code(2);
     assert!(late.stderr.contains("expired"), "{}", late.stderr);
     // A worker wakes the run when the approval expires; the step sees it.
@@ -144,20 +183,52 @@ fn an_approval_expires_and_a_late_decision_is_refused() {
 fn deciding_an_unknown_call_or_a_non_approval_is_refused() {
     let sb = Sandbox::with_config(BIN, CONFIG);
     ask(&sb, "u", 3600);
-    let missing = sb.stephost(&["approve", "u", "9", "--by", "alice"]);
+    let missing = sb.stephost(&[
+        "approve",
+        "u",
+        "9",
+        "--details",
+        &shown(&sb, "u"),
+        "--by",
+        "alice",
+    ]);
     missing.expect_code(2);
     assert!(
         missing.stderr.contains("no such call"),
         "{}",
         missing.stderr
     );
-    sb.stephost(&["approve", "nope", "1", "--by", "alice"])
-        .expect_code(2);
-    sb.stephost(&["approve", "u", APPROVAL_SEQ, "--by", "alice"])
-        .expect_code(0);
+    sb.stephost(&[
+        "approve",
+        "nope",
+        "1",
+        "--details",
+        &shown(&sb, "nope"),
+        "--by",
+        "alice",
+    ])
+    .expect_code(2);
+    sb.stephost(&[
+        "approve",
+        "u",
+        APPROVAL_SEQ,
+        "--details",
+        &shown(&sb, "u"),
+        "--by",
+        "alice",
+    ])
+    .expect_code(0);
     sb.stephost(&["resume", "u"]).expect_code(0);
     // Call #2 is the stock read, not an approval.
-    let wrong = sb.stephost(&["approve", "u", "2", "--by", "alice"]);
+    let wrong = sb.stephost(&[
+        "approve",
+        "u",
+        "2",
+        "--details",
+        &shown(&sb, "u"),
+        "--by",
+        "alice",
+    ]);
     wrong.expect_code(2);
     assert!(wrong.stderr.contains("not an approval"), "{}", wrong.stderr);
 }
@@ -180,8 +251,16 @@ fn a_waiting_run_survives_a_worker_restart() {
     // A worker started now has nothing to do until someone decides.
     sb.stephost(&["worker", "--exit-when-idle"]).expect_code(0);
     assert_eq!(sb.show("w")["run"]["status"], "waiting");
-    sb.stephost(&["approve", "w", APPROVAL_SEQ, "--by", "carol"])
-        .expect_code(0);
+    sb.stephost(&[
+        "approve",
+        "w",
+        APPROVAL_SEQ,
+        "--details",
+        &shown(&sb, "w"),
+        "--by",
+        "carol",
+    ])
+    .expect_code(0);
     sb.stephost(&["worker", "--exit-when-idle"]).expect_code(0);
     assert_eq!(sb.show("w")["run"]["status"], "completed");
     assert_eq!(sb.received("orders.jsonl").len(), 1);
