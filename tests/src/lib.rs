@@ -64,7 +64,7 @@ pub struct Ran {
 }
 
 impl Ran {
-    fn from(output: Output) -> Self {
+    pub fn from(output: Output) -> Self {
         use std::os::unix::process::ExitStatusExt;
         Ran {
             code: output.status.code(),

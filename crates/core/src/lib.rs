@@ -24,6 +24,7 @@ pub mod ids;
 pub mod journal;
 pub mod lifecycle;
 pub mod limits;
+pub mod mac;
 pub mod memory;
 pub mod outcome;
 pub mod payload;

@@ -219,6 +219,8 @@ pub struct StepEngine {
     compiling: Mutex<()>,
     /// Where compiled components are kept between processes, if anywhere.
     disk_cache: Option<PathBuf>,
+    /// That folder opened (with its key), when first used.
+    disk: OnceLock<Option<crate::cache::DiskCache>>,
     /// Names this engine's compiled-code format in the disk cache: the
     /// wasmtime version and every setting that changes compiled code.
     engine_key: String,
@@ -270,6 +272,7 @@ impl StepEngine {
             digests: Mutex::new(HashMap::new()),
             compiling: Mutex::new(()),
             disk_cache: dir.map(Path::to_path_buf),
+            disk: OnceLock::new(),
             engine_key,
         })
     }
@@ -429,14 +432,15 @@ impl StepEngine {
     }
 
     /// Compiled code of the module `digest`: loaded from the disk cache, or
-    /// compiled and written there (best effort: a cache that cannot be
-    /// written costs a compile next time).
+    /// compiled and written there.
     ///
-    /// Safety of `load`: the files are written by `serialize` of an engine
-    /// with this engine's compatibility hash (it is in the name), into the
-    /// cache folder of the user running stephost; wasmtime checks each
-    /// file's header and refuses a foreign one, which is then compiled over.
-    /// Whoever can write that folder can run code as this user anyway.
+    /// Safety of `load`: it is given only a file whose HMAC, under the cache
+    /// folder's own key, binds its bytes to this module digest and this
+    /// engine's compatibility key ([`crate::cache`]): bytes `serialize`
+    /// wrote for this module. A swapped or changed file fails the check and
+    /// is compiled over. The folder is its owner's only: whoever can change
+    /// a file in it between the check and the load can run code as this
+    /// user anyway.
     fn through_disk_cache<T>(
         &self,
         digest: &str,
@@ -444,19 +448,24 @@ impl StepEngine {
         compile: impl FnOnce() -> Result<T, ModuleError>,
         serialize: impl FnOnce(&T) -> Option<Vec<u8>>,
     ) -> Result<T, ModuleError> {
-        let cached = self
-            .disk_cache
-            .as_ref()
-            .map(|dir| dir.join(format!("{digest}-{}.cwasm", self.engine_key)));
-        if let Some(path) = &cached
-            && path.is_file()
-            && let Some(compiled) = load(path)
+        let disk = self
+            .disk
+            .get_or_init(|| {
+                self.disk_cache
+                    .as_deref()
+                    .and_then(|dir| crate::cache::DiskCache::open(dir, &self.engine_key))
+            })
+            .as_ref();
+        if let Some(path) = disk.and_then(|d| d.get(digest))
+            && let Some(loaded) = load(&path)
         {
-            return Ok(compiled);
+            return Ok(loaded);
         }
         let compiled = compile()?;
-        if let Some(path) = &cached {
-            let _ = write_atomically(path, serialize(&compiled).as_deref());
+        if let Some(disk) = disk
+            && let Some(bytes) = serialize(&compiled)
+        {
+            disk.put(digest, &bytes);
         }
         Ok(compiled)
     }
@@ -510,18 +519,6 @@ enum Kind {
 
 /// Writes `bytes` to `path` through a temporary file and a rename, so a
 /// reader never sees half a file.
-fn write_atomically(path: &Path, bytes: Option<&[u8]>) -> std::io::Result<()> {
-    let bytes = bytes.ok_or_else(|| std::io::Error::other("nothing to write"))?;
-    if let Some(dir) = path.parent() {
-        std::fs::create_dir_all(dir)?;
-    }
-    let tmp = path.with_extension(format!("tmp{}", std::process::id()));
-    std::fs::write(&tmp, bytes)?;
-    std::fs::rename(&tmp, path).inspect_err(|_| {
-        let _ = std::fs::remove_file(&tmp);
-    })
-}
-
 fn malformed(what: &str, e: &wasmtime::Error) -> ModuleError {
     ModuleError::Malformed {
         what: what.to_string(),

@@ -53,6 +53,9 @@ pub enum HostError {
     Fenced(String),
     #[error("{0}")]
     VersionMismatch(String),
+    /// Stored bytes do not match the digest they are kept under.
+    #[error("{0}")]
+    Integrity(String),
     #[error("internal error: {0}")]
     Internal(String),
 }
@@ -99,7 +102,7 @@ impl HostError {
             | HostError::LedgerRead(_)
             | HostError::Internal(_) => exit::INTERNAL,
             HostError::Module(ModuleError::Engine(_)) => exit::INTERNAL,
-            HostError::VersionMismatch(_) => exit::DIVERGED,
+            HostError::VersionMismatch(_) | HostError::Integrity(_) => exit::DIVERGED,
             HostError::Module(_)
             | HostError::Config(_)
             | HostError::BadInput(_)

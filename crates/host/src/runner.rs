@@ -305,6 +305,16 @@ impl Host {
         // tells its runtime.
         crate::effects::blocking(|| {
             let module = self.store.module(&run.module_digest)?;
+            // What runs under a pin is the code the digest names, whatever
+            // happened to the ledger's copy.
+            let found = stephost_core::ids::module_digest(&module);
+            if found != run.module_digest {
+                return Err(HostError::Integrity(format!(
+                    "the ledger's copy of module {} hashes to {found}: it was changed after it \
+                     was stored, and run {} will not run it; restore the ledger from a backup",
+                    run.module_digest, run.run_id
+                )));
+            }
             Ok(self
                 .engine
                 .load_digested(&module, run.module_digest.clone(), &run.module_digest)?)

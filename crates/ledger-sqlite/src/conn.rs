@@ -41,10 +41,30 @@ pub struct Conn {
     pub known: Known,
 }
 
+/// Creates the ledger file, if absent, readable and writable by its owner
+/// only; SQLite gives its `-wal` and `-shm` files the same mode.
+fn create_private(path: &Path) -> Result<(), StoreError> {
+    use std::os::unix::fs::OpenOptionsExt;
+    match std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path)
+    {
+        Ok(_) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(()),
+        Err(e) => Err(StoreError::Unavailable(format!(
+            "cannot create the ledger {}: {e}",
+            path.display()
+        ))),
+    }
+}
+
 impl Conn {
     /// Opens the ledger at `path`, creating it if absent and migrating it
     /// to this build's schema.
     pub fn open(path: &Path) -> Result<Self, StoreError> {
+        create_private(path)?;
         let conn = Self::connect(path)?;
         schema::migrate(&conn.conn, &path.display().to_string())?;
         Ok(conn)

@@ -190,3 +190,122 @@ fn resume_with_another_build_is_refused_naming_both() {
     sb.stephost(&["resume", "p", "--module", guests::MULTI_WRITE])
         .expect_code(0);
 }
+
+/// `stephost ARGS` with the compiled-component cache in `cache`.
+fn with_cache(sb: &Sandbox, cache: &std::path::Path, args: &[&str]) -> stephost_tests::Ran {
+    stephost_tests::Ran::from(
+        sb.command(args)
+            .env("STEPHOST_CACHE_DIR", cache)
+            .output()
+            .unwrap(),
+    )
+}
+
+fn digest_of(sb: &Sandbox, run_id: &str) -> String {
+    sb.show(run_id)["run"]["module_digest"]
+        .as_str()
+        .unwrap()
+        .to_string()
+}
+
+#[test]
+fn a_swapped_cache_file_is_compiled_over_not_run() {
+    let sb = Sandbox::new(BIN);
+    let cache = sb.path("cache");
+    let input = r#"{"count":2}"#;
+    for (guest, id) in [(guests::MULTI_WRITE, "a"), (guests::DIVERGENT, "b")] {
+        with_cache(
+            &sb,
+            &cache,
+            &["run", guest, "--input", input, "--run-id", id],
+        )
+        .expect_code(0);
+    }
+    let (a, b) = (digest_of(&sb, "a"), digest_of(&sb, "b"));
+    // The divergent build's compiled code (and its MAC) under the first
+    // build's name.
+    let mut swapped = 0;
+    for entry in std::fs::read_dir(&cache).unwrap() {
+        let name = entry.unwrap().file_name().into_string().unwrap();
+        if name.starts_with(&b) {
+            std::fs::copy(cache.join(&name), cache.join(name.replace(&b, &a))).unwrap();
+            swapped += 1;
+        }
+    }
+    assert_eq!(swapped, 2, "a compiled file and its MAC");
+    with_cache(
+        &sb,
+        &cache,
+        &[
+            "run",
+            guests::MULTI_WRITE,
+            "--input",
+            input,
+            "--run-id",
+            "c",
+        ],
+    )
+    .expect_code(0);
+    let marked: Vec<Value> = sb
+        .received("orders.jsonl")
+        .into_iter()
+        .filter(|l| l["run_id"] == "c" && l["request"]["divergent"] == true)
+        .collect();
+    assert!(marked.is_empty(), "another build's code ran: {marked:?}");
+    sb.stephost(&["replay", "c"]).expect_code(0);
+    // The cache is its owner's only.
+    use std::os::unix::fs::PermissionsExt;
+    let mode = |p: &std::path::Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode(&cache), 0o700);
+    for entry in std::fs::read_dir(&cache).unwrap() {
+        assert_eq!(mode(&entry.unwrap().path()), 0o600);
+    }
+}
+
+#[test]
+fn a_changed_module_row_is_refused_before_it_runs() {
+    let sb = Sandbox::new(BIN);
+    let crashed = sb.run_crashing_at(
+        "after-outcome@3",
+        guests::MULTI_WRITE,
+        r#"{"count":2}"#,
+        "p",
+    );
+    assert_eq!(crashed.signal, Some(libc::SIGABRT), "{crashed:?}");
+    sb.run(guests::DIVERGENT, r#"{"count":1}"#, "other")
+        .expect_code(0);
+    let (pinned, other) = (digest_of(&sb, "p"), digest_of(&sb, "other"));
+    // An SQLite ledger and its WAL are their owner's only.
+    use std::os::unix::fs::PermissionsExt;
+    for file in [sb.db(), sb.db().with_extension("db-wal")] {
+        if let Ok(meta) = std::fs::metadata(&file) {
+            assert_eq!(
+                meta.permissions().mode() & 0o777,
+                0o600,
+                "{}",
+                file.display()
+            );
+        }
+    }
+    let change = format!(
+        "UPDATE modules SET bytes = (SELECT bytes FROM modules WHERE digest = '{other}') \
+         WHERE digest = '{pinned}'"
+    );
+    assert_eq!(sb.sql(&change, &change), 1);
+    let resumed = sb.stephost(&["resume", "p"]);
+    resumed.expect_code(4);
+    assert!(
+        resumed.stderr.contains(&pinned) && resumed.stderr.contains("changed"),
+        "{}",
+        resumed.stderr
+    );
+    assert_eq!(sb.show("p")["run"]["status"], "running");
+    assert_eq!(
+        sb.received("orders.jsonl")
+            .iter()
+            .filter(|l| l["run_id"] == "p")
+            .count(),
+        1,
+        "the changed module sent something"
+    );
+}
