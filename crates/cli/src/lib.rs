@@ -276,6 +276,7 @@ fn options(config: &Config) -> Result<HostOptions, HostError> {
             }
         })),
         cache_dir: config.cache_dir.clone(),
+        signer: config.signer.clone(),
         ..HostOptions::default()
     })
 }
@@ -285,6 +286,7 @@ fn quiet_options(config: &Config) -> HostOptions {
     HostOptions {
         limits: config.limits.clone(),
         cache_dir: config.cache_dir.clone(),
+        signer: config.signer.clone(),
         ..HostOptions::default()
     }
 }
@@ -334,6 +336,7 @@ fn open(ledger: &Ledger, options: HostOptions) -> Result<Host, HostError> {
 fn execute(cli: Cli) -> Result<i32, HostError> {
     let mut config = load_config(cli.config.as_deref())?;
     config.cache_dir = compile_cache_dir(cli.cache_dir.as_deref());
+    config.signer = stephost_host::config::signer_from_env()?;
     let ledger = cli.ledger()?;
     match cli.command {
         Command::Run {
@@ -596,28 +599,55 @@ fn execute(cli: Cli) -> Result<i32, HostError> {
         ),
         Command::Verify { target } => {
             let path = Path::new(&target);
-            let (run_id, calls) = if path.is_file() {
+            let (run, calls) = if path.is_file() {
                 let fixture = read_fixture(path)?;
-                (fixture.run_id, fixture.calls)
+                (fixture.run_record(), fixture.calls)
             } else {
                 let host = open(&ledger, quiet_options(&config))?;
                 let calls = host.store().calls(&target, 1, usize::MAX)?;
-                (target.clone(), calls)
+                (host.store().run(&target)?, calls)
             };
+            let run_id = &run.run_id;
             let mut out = std::io::stdout().lock();
-            match service::verify(&calls) {
-                Verification::Intact { calls, links } => {
+            match service::verify(&config.signer, &calls, Some(&run)) {
+                Verification::Intact {
+                    calls,
+                    links,
+                    signed,
+                    sealed,
+                } => {
+                    let how = match (signed, sealed) {
+                        (true, true) => "signed with the chain key; the run's row matches its seal",
+                        (true, false) => {
+                            "signed with the chain key; the run's row has no seal (recorded \
+                             before seals)"
+                        }
+                        (false, true) => {
+                            "UNSIGNED: a plain hash chain, which anyone who can write the \
+                             ledger can redo (set STEPHOST_CHAIN_KEY_FILE when recording); the \
+                             run's row matches its seal"
+                        }
+                        (false, false) => {
+                            "UNSIGNED: a plain hash chain, which anyone who can write the \
+                             ledger can redo (set STEPHOST_CHAIN_KEY_FILE when recording); the \
+                             run's row has no seal"
+                        }
+                    };
                     let _ = writeln!(
                         out,
-                        "intact: run {run_id}, {calls} call(s), {links} chain link(s) verified"
+                        "intact: run {run_id}, {calls} call(s), {links} chain link(s) verified; \
+                         {how}"
                     );
                     Ok(exit::OK)
                 }
                 Verification::Broken { seq, reason } => {
+                    let at = seq
+                        .map(|s| format!("call #{s}"))
+                        .unwrap_or("its row".into());
                     let _ = writeln!(
                         out,
-                        "broken: run {run_id}, call #{seq}: {reason}; the recording was changed \
-                         or damaged after it was written"
+                        "broken: run {run_id}, {at}: {reason}; the recording was changed or \
+                         damaged after it was written"
                     );
                     Ok(exit::DIVERGED)
                 }
@@ -711,7 +741,7 @@ fn decide(
     decision: &Decision<'_>,
 ) -> Result<i32, HostError> {
     let host = open(ledger, quiet_options(config))?;
-    service::decide(host.store(), run_id, seq, decision)?;
+    service::decide(host.store(), &host.options().signer, run_id, seq, decision)?;
     eprintln!(
         "stephost: call #{seq} of run {run_id} {} by {}; a worker or \
          `stephost resume {run_id}` continues the run",

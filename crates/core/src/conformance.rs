@@ -13,6 +13,8 @@ use std::any::Any;
 use std::sync::{Arc, Barrier};
 
 use crate::approvals::{self, Decision, Verdict};
+use crate::chain::Signer;
+use crate::lifecycle::Repin;
 use crate::lifecycle::{self, ClaimMode};
 use crate::records::{
     AttemptRecord, CallClass, CallRecord, CallState, Claim, Counters, LogRecord, NewRun, RunEnd,
@@ -781,6 +783,7 @@ pub fn a_person_approves_a_waiting_call_once_and_the_run_is_due_with_a_new_fence
     for seen in [None, Some(&DETAILS_SHA256[..4]), Some("0123456789ab")] {
         let blind = settle::decide_approval(
             store.as_ref(),
+            &Signer::plain(),
             "ap",
             1,
             &Decision {
@@ -797,6 +800,7 @@ pub fn a_person_approves_a_waiting_call_once_and_the_run_is_due_with_a_new_fence
     assert_eq!(store.run("ap").unwrap().version, before.version);
     settle::decide_approval(
         store.as_ref(),
+        &Signer::plain(),
         "ap",
         1,
         &decision(Verdict::Approved, "ana", Some("ok")),
@@ -811,8 +815,20 @@ pub fn a_person_approves_a_waiting_call_once_and_the_run_is_due_with_a_new_fence
     let decided = &calls_of(store.as_ref(), "ap")[0];
     assert_eq!(decided.state, CallState::Succeeded);
     assert_eq!(decided.resolved_by.as_deref(), Some("ana"));
-    let link = crate::chain::link_finished("", decided, decided.state, decided.outcome.as_deref());
+    // The decision is linked with who made it, and the run's row sealed
+    // with it as the chain's head.
+    let link = Signer::plain().link(
+        "",
+        decided,
+        decided.state,
+        decided.outcome.as_deref(),
+        Some("ana"),
+    );
     assert_eq!(decided.chain.as_deref(), Some(link.as_str()));
+    let checked = Signer::plain()
+        .verify(&calls_of(store.as_ref(), "ap"), Some(&run))
+        .unwrap();
+    assert!(checked.sealed, "the backend dropped the seal: {run:?}");
     let outcome: serde_json::Value =
         serde_json::from_str(decided.outcome.as_deref().unwrap()).unwrap();
     let decided: serde_json::Value = serde_json::from_str(outcome["ok"].as_str().unwrap()).unwrap();
@@ -826,6 +842,7 @@ pub fn a_person_approves_a_waiting_call_once_and_the_run_is_due_with_a_new_fence
     );
     let again = settle::decide_approval(
         store.as_ref(),
+        &Signer::plain(),
         "ap",
         1,
         &decision(Verdict::Rejected, "bo", None),
@@ -849,6 +866,7 @@ pub fn an_expired_or_misaimed_approval_is_refused(make: &Make) {
     waiting_for_approval(&ledger, "ex", 1);
     let late = settle::decide_approval(
         store.as_ref(),
+        &Signer::plain(),
         "ex",
         1,
         &decision(Verdict::Approved, "ana", None),
@@ -860,6 +878,7 @@ pub fn an_expired_or_misaimed_approval_is_refused(make: &Make) {
     );
     let missing = settle::decide_approval(
         store.as_ref(),
+        &Signer::plain(),
         "ex",
         9,
         &decision(Verdict::Approved, "ana", None),
@@ -871,6 +890,7 @@ pub fn an_expired_or_misaimed_approval_is_refused(make: &Make) {
     );
     let nobody = settle::decide_approval(
         store.as_ref(),
+        &Signer::plain(),
         "ex",
         1,
         &decision(Verdict::Approved, " ", None),
@@ -896,6 +916,7 @@ pub fn an_expired_or_misaimed_approval_is_refused(make: &Make) {
     .unwrap();
     let misaimed = settle::decide_approval(
         store.as_ref(),
+        &Signer::plain(),
         "w",
         1,
         &decision(Verdict::Approved, "ana", None),
@@ -914,6 +935,7 @@ pub fn a_persons_decision_supersedes_a_concurrent_execution(make: &Make) {
     let running = waiting_for_approval(&ledger, "sup", 3_600);
     settle::decide_approval(
         store.as_ref(),
+        &Signer::plain(),
         "sup",
         1,
         &decision(Verdict::Rejected, "ana", None),
@@ -948,6 +970,7 @@ pub fn an_unknown_call_is_resolved_once_and_only_if_unknown(make: &Make) {
     .unwrap();
     let early = settle::resolve(
         store.as_ref(),
+        &Signer::plain(),
         "u",
         2,
         &Resolution::Succeeded("{}".into()),
@@ -983,6 +1006,7 @@ pub fn an_unknown_call_is_resolved_once_and_only_if_unknown(make: &Make) {
     assert_eq!(open[0].run.status, RunStatus::Parked);
     settle::resolve(
         store.as_ref(),
+        &Signer::plain(),
         "u",
         2,
         &Resolution::Failed("the supplier never got it".into()),
@@ -1007,6 +1031,7 @@ pub fn an_unknown_call_is_resolved_once_and_only_if_unknown(make: &Make) {
     assert_eq!(run.fence, c.fence + 1);
     let again = settle::resolve(
         store.as_ref(),
+        &Signer::plain(),
         "u",
         2,
         &Resolution::Succeeded("{}".into()),
@@ -1118,10 +1143,13 @@ pub fn repin_moves_an_unheld_run_and_refuses_a_held_or_finished_one(make: &Make)
     new_run(store.as_ref(), "p", T0);
     lifecycle::repin(
         store.as_ref(),
+        &Signer::plain(),
         "p",
-        "module-a",
-        "module-b",
-        Some("step@2"),
+        &Repin {
+            from: "module-a",
+            to: "module-b",
+            step: Some("step@2"),
+        },
         T0,
         ALIVE,
     )
@@ -1131,7 +1159,18 @@ pub fn repin_moves_an_unheld_run_and_refuses_a_held_or_finished_one(make: &Make)
         (run.module_digest.as_str(), run.step.as_deref()),
         ("module-b", Some("step@2"))
     );
-    let stale = lifecycle::repin(store.as_ref(), "p", "module-a", "module-c", None, T0, ALIVE);
+    let stale = lifecycle::repin(
+        store.as_ref(),
+        &Signer::plain(),
+        "p",
+        &Repin {
+            from: "module-a",
+            to: "module-c",
+            step: None,
+        },
+        T0,
+        ALIVE,
+    );
     assert!(
         matches!(stale, Err(StoreError::RepinConflict { .. })),
         "{stale:?}"
@@ -1141,10 +1180,13 @@ pub fn repin_moves_an_unheld_run_and_refuses_a_held_or_finished_one(make: &Make)
     let stalled = claim(store.as_ref(), "p", "w", T0);
     lifecycle::repin(
         store.as_ref(),
+        &Signer::plain(),
         "p",
-        "module-b",
-        "module-b2",
-        None,
+        &Repin {
+            from: "module-b",
+            to: "module-b2",
+            step: None,
+        },
         stalled.lease_until_ms + 1,
         ALIVE,
     )
@@ -1160,10 +1202,13 @@ pub fn repin_moves_an_unheld_run_and_refuses_a_held_or_finished_one(make: &Make)
     claim(store.as_ref(), "p", "w", stalled.lease_until_ms + 2);
     let held = lifecycle::repin(
         store.as_ref(),
+        &Signer::plain(),
         "p",
-        "module-b2",
-        "module-c",
-        None,
+        &Repin {
+            from: "module-b2",
+            to: "module-c",
+            step: None,
+        },
         stalled.lease_until_ms + 3,
         ALIVE,
     );
@@ -1185,7 +1230,18 @@ pub fn repin_moves_an_unheld_run_and_refuses_a_held_or_finished_one(make: &Make)
         )],
     )
     .unwrap();
-    let finished = lifecycle::repin(store.as_ref(), "q", "module-a", "module-b", None, T0, ALIVE);
+    let finished = lifecycle::repin(
+        store.as_ref(),
+        &Signer::plain(),
+        "q",
+        &Repin {
+            from: "module-a",
+            to: "module-b",
+            step: None,
+        },
+        T0,
+        ALIVE,
+    );
     assert!(
         matches!(finished, Err(StoreError::RepinConflict { .. })),
         "{finished:?}"

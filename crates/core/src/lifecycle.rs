@@ -206,6 +206,7 @@ pub fn ended(end: &RunEnd, now_ms: i64) -> EndRow {
         wake_at_ms,
         due_at_ms,
         updated_at_ms: now_ms,
+        seal: None,
     }
 }
 
@@ -322,19 +323,28 @@ pub fn release(store: &dyn Store, claim: &Claim, now_ms: i64) -> Result<(), Stor
     Err(busy(&claim.run_id))
 }
 
+/// A repin: the module a run is pinned to now, the one it moves to, and
+/// that module's declared step.
+#[derive(Debug, Clone, Copy)]
+pub struct Repin<'a> {
+    pub from: &'a str,
+    pub to: &'a str,
+    pub step: Option<&'a str>,
+}
+
 /// Pins an unfinished run that no live owner holds to module `to` (after
 /// a replay proved it compatible), by compare-and-set on the module it was
 /// pinned to (`from`) and the version read. It moves the run's fence, so
 /// no claim made before it can write again.
 pub fn repin(
     store: &dyn Store,
+    signer: &crate::chain::Signer,
     run_id: &str,
-    from: &str,
-    to: &str,
-    step: Option<&str>,
+    pin: &Repin<'_>,
     now_ms: i64,
     owner_alive: &dyn Fn(&str) -> bool,
 ) -> Result<(), StoreError> {
+    let Repin { from, to, step } = *pin;
     let conflict = || StoreError::RepinConflict {
         run_id: run_id.to_string(),
     };
@@ -356,6 +366,10 @@ pub fn repin(
         version: run.version + 1,
         updated_at_ms: now_ms,
         ..run.clone()
+    };
+    let row = RunRecord {
+        seal: signer.reseal(&row),
+        ..row
     };
     store
         .swap_run(run.version, &row, true)

@@ -395,15 +395,7 @@ fn apply_op(
         }
         WriteOp::End(end) => {
             let run = rows.run.as_mut().expect("checked by the caller");
-            run.status = end.status;
-            run.output = end.output;
-            run.error = end.error;
-            run.exit_code = end.exit_code;
-            run.wake_at_ms = end.wake_at_ms;
-            run.updated_at_ms = end.updated_at_ms;
-            run.owner = None;
-            run.lease_until_ms = None;
-            run.version += 1;
+            *run = end.applied_to(run);
         }
         WriteOp::Counters(more) => {
             for (name, by) in more {

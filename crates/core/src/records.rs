@@ -197,6 +197,9 @@ pub struct RunRecord {
     /// For a finished run of a WASI command: its exit status.
     #[serde(default)]
     pub exit_code: Option<i32>,
+    /// The seal over the row and its chain's head ([`crate::chain`]).
+    #[serde(default)]
+    pub seal: Option<String>,
 }
 
 /// The right to write a run's rows, as granted by a claim
@@ -330,6 +333,7 @@ impl NewRun<'_> {
             world: self.world.to_string(),
             step: self.step.map(str::to_string),
             exit_code: None,
+            seal: None,
         }
     }
 }
@@ -369,6 +373,27 @@ pub struct EndRow {
     pub wake_at_ms: Option<i64>,
     pub due_at_ms: Option<i64>,
     pub updated_at_ms: i64,
+    /// The run's seal after its end ([`crate::chain::Signer::seal`]).
+    pub seal: Option<String>,
+}
+
+impl EndRow {
+    /// `run`'s row once this end is applied (its claim let go).
+    pub fn applied_to(&self, run: &RunRecord) -> RunRecord {
+        RunRecord {
+            status: self.status,
+            output: self.output.clone(),
+            error: self.error.clone(),
+            exit_code: self.exit_code,
+            wake_at_ms: self.wake_at_ms,
+            updated_at_ms: self.updated_at_ms,
+            owner: None,
+            lease_until_ms: None,
+            version: run.version + 1,
+            seal: self.seal.clone().or_else(|| run.seal.clone()),
+            ..run.clone()
+        }
+    }
 }
 
 /// Metric counters accumulated during an execution, added to the ledger's

@@ -7,6 +7,7 @@
 //! execution's end) is read again and the rules checked again.
 
 use crate::approvals::{self, Decision, Verdict};
+use crate::chain::{Head, Signer};
 use crate::lifecycle::{self, CAS_TRIES_MAX};
 use crate::outcome::{CallErrorKind, Outcome};
 use crate::records::{CallRecord, CallState, Counters, RunRecord};
@@ -25,6 +26,7 @@ pub enum Resolution {
 /// `run_id`, which must still wait for a decision and not have expired.
 pub fn decide_approval(
     store: &dyn Store,
+    signer: &Signer,
     run_id: &str,
     seq: u64,
     decision: &Decision<'_>,
@@ -82,6 +84,7 @@ pub fn decide_approval(
     counters.insert("approvals_decided_total", 1);
     settle(
         store,
+        signer,
         Decided {
             run_id,
             seq,
@@ -100,6 +103,7 @@ pub fn decide_approval(
 /// `unknown`.
 pub fn resolve(
     store: &dyn Store,
+    signer: &Signer,
     run_id: &str,
     seq: u64,
     resolution: &Resolution,
@@ -132,6 +136,7 @@ pub fn resolve(
     let missing = || not_unknown("not recorded");
     settle(
         store,
+        signer,
         Decided {
             run_id,
             seq,
@@ -158,6 +163,7 @@ struct Decided<'a> {
 
 fn settle(
     store: &dyn Store,
+    signer: &Signer,
     decided: Decided<'_>,
     check: &dyn Fn(&CallRecord) -> StoreResult<()>,
     missing: &dyn Fn() -> StoreError,
@@ -179,7 +185,15 @@ fn settle(
         check(&call)?;
         let state = outcome.state();
         let text = outcome.to_json();
-        let chain = crate::chain::link_finished(&previous, &call, state, Some(&text));
+        let chain = signer.link(&previous, &call, state, Some(&text), Some(by));
+        let mut row = lifecycle::settled(&run, now_ms);
+        row.seal = Some(signer.seal(
+            &row,
+            &Head {
+                seq,
+                link: chain.clone(),
+            },
+        ));
         let settlement = Settlement {
             run_id: run_id.to_string(),
             seq,
@@ -190,7 +204,7 @@ fn settle(
             by: by.to_string(),
             at_ms: now_ms,
             expected_version: run.version,
-            run: lifecycle::settled(&run, now_ms),
+            run: row,
             counters: counters.clone(),
         };
         match store.settle(&settlement) {

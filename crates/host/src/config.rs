@@ -58,6 +58,53 @@ pub struct Config {
     /// Where compiled components are cached (set from the command line).
     #[serde(skip)]
     pub cache_dir: Option<PathBuf>,
+    /// Signs chain links and run seals (set from the environment: see
+    /// [`signer_from_env`]).
+    #[serde(skip)]
+    pub signer: stephost_core::chain::Signer,
+}
+
+/// The variable holding the chain key itself.
+pub const CHAIN_KEY_VAR: &str = "STEPHOST_CHAIN_KEY";
+/// The variable naming a file that holds the chain key.
+pub const CHAIN_KEY_FILE_VAR: &str = "STEPHOST_CHAIN_KEY_FILE";
+
+/// The chain signer the environment asks for: keyed by `STEPHOST_CHAIN_KEY`
+/// (the key's text) or `STEPHOST_CHAIN_KEY_FILE` (a file readable by its
+/// owner only; surrounding whitespace is not part of the key), plain when
+/// neither is set.
+pub fn signer_from_env() -> Result<stephost_core::chain::Signer, ConfigError> {
+    use stephost_core::chain::Signer;
+    let invalid = |path: &str, message: String| ConfigError::Invalid {
+        path: path.to_string(),
+        message,
+    };
+    if let Some(key) = std::env::var_os(CHAIN_KEY_VAR) {
+        return Signer::keyed(key.as_encoded_bytes()).map_err(|m| invalid(CHAIN_KEY_VAR, m));
+    }
+    let Some(file) = std::env::var_os(CHAIN_KEY_FILE_VAR) else {
+        return Ok(Signer::plain());
+    };
+    let path = PathBuf::from(file);
+    let shown = path.display().to_string();
+    let read = |source| ConfigError::Read {
+        path: shown.clone(),
+        source,
+    };
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(&path).map_err(read)?.permissions().mode();
+    if mode & 0o077 != 0 {
+        return Err(invalid(
+            &shown,
+            format!(
+                "the chain key file is readable by others (mode {:o}); make it its owner's \
+                 only: chmod 600 {shown}",
+                mode & 0o777
+            ),
+        ));
+    }
+    let bytes = std::fs::read(&path).map_err(read)?;
+    Signer::keyed(bytes.trim_ascii()).map_err(|m| invalid(&shown, m))
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]

@@ -120,6 +120,7 @@ pub fn journal_for(
         &logs,
         options.limits.clone(),
     );
+    journal.set_signer(options.signer.clone(), run);
     if start == Start::Creating {
         journal.create_run_with_first_commit(run.clone());
     }
@@ -169,6 +170,7 @@ pub fn conclude(
         })
         .unwrap_or_default();
     let mut pending = journal.take_pending();
+    let sealer = journal.end_sealer();
     let Mode::Live { mut writer, claim } = journal.into_mode() else {
         unreachable_shared()
     };
@@ -242,10 +244,9 @@ pub fn conclude(
     };
     // The end rides with every buffered write, and the execution's metric
     // counters, in one durable commit.
-    pending.push(WriteOp::End(lifecycle::ended(
-        &end,
-        stephost_core::clock::now_ms(),
-    )));
+    let mut end = lifecycle::ended(&end, stephost_core::clock::now_ms());
+    sealer.seal(&mut end);
+    pending.push(WriteOp::End(end));
     pending.push(WriteOp::Counters(counters));
     Ended::Commit(LastCommit {
         writer,

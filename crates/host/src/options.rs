@@ -28,6 +28,8 @@ pub struct HostOptions {
     /// allocates each run's instance on its own, which suits a process that
     /// executes one run.
     pub instance_pool: u32,
+    /// Signs chain links and run seals (plain SHA-256 without a key).
+    pub signer: stephost_core::chain::Signer,
 }
 
 impl HostOptions {
@@ -47,6 +49,7 @@ impl Default for HostOptions {
             log_sink: None,
             cache_dir: None,
             instance_pool: 0,
+            signer: stephost_core::chain::Signer::plain(),
         }
     }
 }

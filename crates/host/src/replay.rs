@@ -26,6 +26,15 @@ pub struct Fixture {
     pub status: RunStatus,
     pub output: Option<String>,
     pub error: Option<String>,
+    /// The rest of the run's row, for its seal ([`stephost_core::chain`]).
+    #[serde(default)]
+    pub world: String,
+    #[serde(default)]
+    pub step: Option<String>,
+    #[serde(default)]
+    pub exit_code: Option<i32>,
+    #[serde(default)]
+    pub seal: Option<String>,
     pub calls: Vec<CallRecord>,
 }
 
@@ -39,7 +48,34 @@ impl Fixture {
             status: run.status,
             output: run.output.clone(),
             error: run.error.clone(),
+            world: run.world.clone(),
+            step: run.step.clone(),
+            exit_code: run.exit_code,
+            seal: run.seal.clone(),
             calls,
+        }
+    }
+
+    /// The run's row as far as the fixture keeps it: what its seal covers.
+    pub fn run_record(&self) -> RunRecord {
+        RunRecord {
+            run_id: self.run_id.clone(),
+            module_digest: self.module_digest.clone(),
+            input: self.input.clone(),
+            status: self.status,
+            output: self.output.clone(),
+            error: self.error.clone(),
+            created_at_ms: 0,
+            updated_at_ms: 0,
+            version: 0,
+            owner: None,
+            lease_until_ms: None,
+            fence: 0,
+            wake_at_ms: None,
+            world: self.world.clone(),
+            step: self.step.clone(),
+            exit_code: self.exit_code,
+            seal: self.seal.clone(),
         }
     }
 

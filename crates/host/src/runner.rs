@@ -118,9 +118,21 @@ impl Host {
     ) -> Result<RunRecord, HostError> {
         let (loaded, run_id) = self.store_module(module, what, input, run_id)?;
         let new = new_run(&loaded, &run_id, input);
-        let found = self.store.insert_run(&new.record(None))?;
+        let found = self.store.insert_run(&self.sealed(new.record(None)))?;
         same_run(&new, &found)?;
         Ok(found)
+    }
+
+    /// A new run's row, sealed with nothing recorded yet.
+    fn sealed(&self, run: RunRecord) -> RunRecord {
+        let seal = self
+            .options
+            .signer
+            .seal(&run, &stephost_core::chain::Head::default());
+        RunRecord {
+            seal: Some(seal),
+            ..run
+        }
     }
 
     /// Checks the input, loads the module and keeps its bytes in the
@@ -196,7 +208,7 @@ impl Host {
             Err(StoreError::UnknownRun(_)) => {
                 let claim =
                     lifecycle::first_claim(run_id, &owner, self.options.lease_ms, new.now_ms);
-                let record = new.record(Some(&claim));
+                let record = self.sealed(new.record(Some(&claim)));
                 stephost_core::crash::point("after-claim", 0);
                 return self.execute_with(&record, claim, loaded, None, Start::Creating);
             }
@@ -488,10 +500,13 @@ impl Host {
         self.store.put_module(&report.module_digest, module)?;
         lifecycle::repin(
             self.store.as_ref(),
+            &self.options.signer,
             run_id,
-            &run.module_digest,
-            &report.module_digest,
-            crate::engine::declared_step(module).as_deref(),
+            &lifecycle::Repin {
+                from: &run.module_digest,
+                to: &report.module_digest,
+                step: crate::engine::declared_step(module).as_deref(),
+            },
             stephost_core::clock::now_ms(),
             &crate::owner::is_alive,
         )?;

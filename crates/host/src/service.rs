@@ -5,6 +5,7 @@
 
 use serde::Serialize;
 use stephost_core::approvals::{self, Decision};
+use stephost_core::chain::Signer;
 use stephost_core::settle::{self, Resolution};
 use stephost_core::store::RunQuery;
 use stephost_core::{AttemptRecord, CallRecord, CallState, LogRecord, RunRecord, RunStatus, Store};
@@ -113,6 +114,7 @@ pub fn unknown_calls(store: &dyn Store) -> Result<Vec<UnknownCallView>, HostErro
 /// Records a person's decision on an approval call.
 pub fn decide(
     store: &dyn Store,
+    signer: &Signer,
     run_id: &str,
     seq: u64,
     decision: &Decision<'_>,
@@ -120,7 +122,14 @@ pub fn decide(
     if decision.by.trim().is_empty() {
         return Err(HostError::BadInput("--by must name who decided".into()));
     }
-    settle::decide_approval(store, run_id, seq, decision, stephost_core::clock::now_ms())?;
+    settle::decide_approval(
+        store,
+        signer,
+        run_id,
+        seq,
+        decision,
+        stephost_core::clock::now_ms(),
+    )?;
     Ok(())
 }
 
@@ -141,6 +150,7 @@ pub fn resolve(
     }
     settle::resolve(
         host.store(),
+        &host.options().signer,
         run_id,
         seq,
         resolution,
@@ -150,22 +160,39 @@ pub fn resolve(
     Ok(())
 }
 
-/// What checking a run's chain found.
+/// What checking a run's record found.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(tag = "result", rename_all = "snake_case")]
 pub enum Verification {
-    Intact { calls: usize, links: usize },
-    Broken { seq: u64, reason: String },
+    Intact {
+        calls: usize,
+        links: usize,
+        /// Every link and the seal are HMACs under the configured key.
+        signed: bool,
+        /// The run's row (input, module, end, chain head) was checked too.
+        sealed: bool,
+    },
+    Broken {
+        /// The call where the chain breaks; none when the run's row does
+        /// not match its seal.
+        seq: Option<u64>,
+        reason: String,
+    },
 }
 
-/// Checks the tamper-evident chain of a run's calls.
-pub fn verify(calls: &[CallRecord]) -> Verification {
-    match stephost_core::chain::verify(calls) {
-        Ok(links) => Verification::Intact {
+/// Checks a run's chain of calls and, given its row, the row's seal.
+pub fn verify(signer: &Signer, calls: &[CallRecord], run: Option<&RunRecord>) -> Verification {
+    match signer.verify(calls, run) {
+        Ok(v) => Verification::Intact {
             calls: calls.len(),
-            links,
+            links: v.links,
+            signed: v.signed,
+            sealed: v.sealed,
         },
-        Err((seq, reason)) => Verification::Broken { seq, reason },
+        Err(broken) => Verification::Broken {
+            seq: broken.seq,
+            reason: broken.reason,
+        },
     }
 }
 

@@ -34,7 +34,7 @@ pub enum Failed {
 
 const COMMIT: &str = "SELECT stephost_commit($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, \
      $13, $14, $15, $16, $17, $18, $19, $20, $21, $22, $23, $24, $25, $26, $27, $28, $29, $30, \
-     $31, $32, $33, $34, $35, $36, $37, $38, $39, $40, $41, $42)";
+     $31, $32, $33, $34, $35, $36, $37, $38, $39, $40, $41, $42, $43)";
 pub const ADD_COUNTERS: &str = "INSERT INTO counters (name, value) \
      SELECT * FROM unnest($1::text[], $2::int8[]) ON CONFLICT (name) \
      DO UPDATE SET value = counters.value + excluded.value";
@@ -315,6 +315,7 @@ fn plan(at: usize, job: &Job<'_>, async_commit: bool, out: &mut Vec<Planned>) ->
     values.push(boxed(end.and_then(|e| e.wake_at_ms)));
     values.push(boxed(end.and_then(|e| e.due_at_ms)));
     values.push(boxed(end.map(|e| e.updated_at_ms)));
+    values.push(boxed(end.and_then(|e| e.seal.clone())));
     let names: Vec<String> = counters.keys().map(|k| k.to_string()).collect();
     let added: Vec<i64> = counters.values().copied().collect();
     values.extend(array_pair(names, added));

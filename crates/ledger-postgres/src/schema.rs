@@ -8,7 +8,10 @@ use crate::conns::PgConn;
 use crate::errors::describe;
 
 /// The migrations, in order; the schema version is how many are applied.
-const MIGRATIONS: &[&str] = &[include_str!("../migrations/0001_ledger.sql")];
+const MIGRATIONS: &[&str] = &[
+    include_str!("../migrations/0001_ledger.sql"),
+    include_str!("../migrations/0002_seal.sql"),
+];
 
 /// The advisory lock key migrations hold ("stephost" in ASCII).
 const MIGRATION_LOCK: i64 = 0x7374_6570_686f_7374;

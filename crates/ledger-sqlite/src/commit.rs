@@ -148,7 +148,8 @@ pub fn apply(
                 conn.prepare_cached(
                     "UPDATE runs SET status = ?2, output = ?3, error = ?4, exit_code = ?5, \
                      wake_at = ?6, due_at = ?7, updated_at = ?8, owner = NULL, \
-                     lease_until = NULL, version = version + 1 WHERE run_id = ?1",
+                     lease_until = NULL, version = version + 1, seal = coalesce(?9, seal) \
+                     WHERE run_id = ?1",
                 )
                 .and_then(|mut s| {
                     s.execute(params![
@@ -159,7 +160,8 @@ pub fn apply(
                         end.exit_code,
                         end.wake_at_ms,
                         end.due_at_ms,
-                        end.updated_at_ms
+                        end.updated_at_ms,
+                        end.seal
                     ])
                 })
                 .map_err(error)?;

@@ -9,7 +9,7 @@ use stephost_core::{CallClass, CallRecord, CallState, RunRecord, RunStatus, Stor
 use crate::errors::error;
 
 pub const RUN_COLUMNS: &str = "run_id, module_digest, input, status, output, error, created_at, \
-     updated_at, version, owner, lease_until, fence, wake_at, world, step, exit_code";
+     updated_at, version, owner, lease_until, fence, wake_at, world, step, exit_code, seal";
 
 pub fn run_from_row(r: &Row<'_>) -> rusqlite::Result<RunRecord> {
     let status: String = r.get(3)?;
@@ -30,6 +30,7 @@ pub fn run_from_row(r: &Row<'_>) -> rusqlite::Result<RunRecord> {
         world: r.get(13)?,
         step: r.get(14)?,
         exit_code: r.get(15)?,
+        seal: r.get(16)?,
     })
 }
 
@@ -58,8 +59,8 @@ pub fn insert_run(conn: &Connection, run: &RunRecord) -> Result<bool, StoreError
         .prepare_cached(
             "INSERT INTO runs (run_id, module_digest, input, status, output, error, created_at, \
              updated_at, version, owner, lease_until, fence, wake_at, due_at, world, step, \
-             exit_code) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, \
-             ?15, ?16, ?17) ON CONFLICT (run_id) DO NOTHING",
+             exit_code, seal) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, \
+             ?14, ?15, ?16, ?17, ?18) ON CONFLICT (run_id) DO NOTHING",
         )
         .and_then(|mut s| {
             s.execute(params![
@@ -79,7 +80,8 @@ pub fn insert_run(conn: &Connection, run: &RunRecord) -> Result<bool, StoreError
                 lifecycle::due_at(run),
                 run.world,
                 run.step,
-                run.exit_code
+                run.exit_code,
+                run.seal
             ])
         })
         .map_err(error)?;
@@ -92,8 +94,8 @@ pub fn swap_run(conn: &Connection, expected: i64, run: &RunRecord) -> Result<usi
     conn.prepare_cached(
         "UPDATE runs SET module_digest = ?2, input = ?3, status = ?4, output = ?5, error = ?6, \
          created_at = ?7, updated_at = ?8, version = ?9, owner = ?10, lease_until = ?11, \
-         fence = ?12, wake_at = ?13, due_at = ?14, world = ?15, step = ?16, exit_code = ?17 \
-         WHERE run_id = ?1 AND version = ?18",
+         fence = ?12, wake_at = ?13, due_at = ?14, world = ?15, step = ?16, exit_code = ?17, \
+         seal = ?19 WHERE run_id = ?1 AND version = ?18",
     )
     .and_then(|mut s| {
         s.execute(params![
@@ -114,7 +116,8 @@ pub fn swap_run(conn: &Connection, expected: i64, run: &RunRecord) -> Result<usi
             run.world,
             run.step,
             run.exit_code,
-            expected
+            expected,
+            run.seal
         ])
     })
     .map_err(error)

@@ -19,7 +19,10 @@ pub const APPLICATION_ID: i64 = 0x5354_504C;
 pub const OLD_APPLICATION_ID: i64 = 0x5354_4550;
 
 /// Migration `i` takes the schema from version `i` to `i + 1`.
-pub const MIGRATIONS: &[&str] = &[include_str!("../migrations/0001_ledger.sql")];
+pub const MIGRATIONS: &[&str] = &[
+    include_str!("../migrations/0001_ledger.sql"),
+    include_str!("../migrations/0002_seal.sql"),
+];
 
 /// The schema version this build writes.
 pub const VERSION: i64 = MIGRATIONS.len() as i64;

@@ -102,6 +102,9 @@ path = "orders.jsonl"
     // carries the divergent marker), the late one under its own.
     sb.stephost(&["resume", "early"]).expect_code(0);
     sb.stephost(&["resume", "late"]).expect_code(0);
+    // The repin resealed the run's row: its record verifies under the new
+    // module.
+    sb.stephost(&["verify", "early"]).expect_code(0);
     let lines = sb.received("orders.jsonl");
     let early_marked = lines
         .iter()
@@ -308,4 +311,160 @@ fn a_changed_module_row_is_refused_before_it_runs() {
         1,
         "the changed module sent something"
     );
+}
+
+/// An exported run, edited by `edit` and written to `name`; `verify` of it.
+fn verify_edited(
+    sb: &Sandbox,
+    run_id: &str,
+    name: &str,
+    edit: impl FnOnce(&mut Value),
+) -> stephost_tests::Ran {
+    let export = sb.stephost(&["export", run_id]);
+    export.expect_code(0);
+    let mut fixture: Value = serde_json::from_str(&export.stdout).unwrap();
+    edit(&mut fixture);
+    std::fs::write(sb.path(name), fixture.to_string()).unwrap();
+    sb.stephost(&["verify", name])
+}
+
+#[test]
+fn verify_covers_the_runs_row_a_dropped_tail_and_forged_placeholders() {
+    let sb = Sandbox::new(BIN);
+    sb.run(guests::MULTI_WRITE, r#"{"count":2}"#, "v")
+        .expect_code(0);
+    let intact = sb.stephost(&["verify", "v"]);
+    intact.expect_code(0);
+    assert!(intact.stdout.contains("UNSIGNED"), "{}", intact.stdout);
+    assert!(
+        intact.stdout.contains("matches its seal"),
+        "{}",
+        intact.stdout
+    );
+
+    // The run's output, changed in the ledger.
+    let output = sb.show("v")["run"]["output"].as_str().unwrap().to_string();
+    let forged = output.replace("R-", "X-");
+    assert_ne!(forged, output);
+    let change = format!(
+        "UPDATE runs SET output = '{}' WHERE run_id = 'v'",
+        forged.replace('\'', "''")
+    );
+    assert_eq!(sb.sql(&change, &change), 1);
+    let edited = sb.stephost(&["verify", "v"]);
+    edited.expect_code(4);
+    assert!(edited.stdout.contains("its row"), "{}", edited.stdout);
+    assert!(edited.stdout.contains("output"), "{}", edited.stdout);
+    let restore = format!(
+        "UPDATE runs SET output = '{}' WHERE run_id = 'v'",
+        output.replace('\'', "''")
+    );
+    sb.sql(&restore, &restore);
+    sb.stephost(&["verify", "v"]).expect_code(0);
+
+    // The last calls dropped: every remaining link still holds.
+    let dropped = verify_edited(&sb, "v", "dropped.json", |f| {
+        let calls = f["calls"].as_array_mut().unwrap();
+        let keep = calls.len() - 2;
+        calls.truncate(keep);
+    });
+    dropped.expect_code(4);
+    assert!(dropped.stdout.contains("dropped"), "{}", dropped.stdout);
+
+    // A request replaced by what looks like the size placeholder.
+    let placeholder = verify_edited(&sb, "v", "placeholder.json", |f| {
+        f["calls"][2]["request"] = Value::String(r#"{"stephost_request_bytes":999999}"#.into());
+    });
+    placeholder.expect_code(4);
+    assert!(
+        placeholder.stdout.contains("call #3"),
+        "{}",
+        placeholder.stdout
+    );
+}
+
+#[test]
+fn with_a_key_links_and_seals_are_signed_and_cover_who_decided() {
+    let sb = Sandbox::with_config(
+        BIN,
+        r#"
+[effects."inventory.read"]
+kind = "static"
+class = "read"
+response = '{"sku": "WIDGET-7", "on_hand": 3}'
+
+[effects.orders]
+kind = "file"
+class = "write"
+path = "orders.jsonl"
+"#,
+    );
+    let key = sb.path("chain.key");
+    std::fs::write(&key, "0123456789abcdef0123456789abcdef\n").unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let keyed = |args: &[&str]| {
+        stephost_tests::Ran::from(
+            sb.command(args)
+                .env("STEPHOST_CHAIN_KEY_FILE", &key)
+                .output()
+                .unwrap(),
+        )
+    };
+    keyed(&[
+        "run",
+        guests::APPROVAL_STEP,
+        "--input",
+        r#"{"sku":"WIDGET-7","quantity":10,"ttl_seconds":3600}"#,
+        "--run-id",
+        "k",
+    ])
+    .expect_code(7);
+    let listed = sb.stephost(&["approvals", "--json"]).json();
+    let sha = listed[0]["details_sha256"].as_str().unwrap()[..12].to_string();
+    keyed(&["approve", "k", "1", "--details", &sha, "--by", "alice"]).expect_code(0);
+    keyed(&["resume", "k"]).expect_code(0);
+
+    let signed = keyed(&["verify", "k"]);
+    signed.expect_code(0);
+    assert!(
+        signed.stdout.contains("signed with the chain key"),
+        "{}",
+        signed.stdout
+    );
+    // Without the key nothing can be checked, and nothing is called intact.
+    let keyless = sb.stephost(&["verify", "k"]);
+    keyless.expect_code(4);
+    assert!(
+        keyless.stdout.contains("set the chain key"),
+        "{}",
+        keyless.stdout
+    );
+
+    // Who decided is covered: another name breaks the decision's link.
+    let export = keyed(&["export", "k"]);
+    let mut fixture: Value = serde_json::from_str(&export.stdout).unwrap();
+    assert_eq!(fixture["calls"][0]["resolved_by"], "alice");
+    fixture["calls"][0]["resolved_by"] = Value::String("mallory".into());
+    std::fs::write(sb.path("who.json"), fixture.to_string()).unwrap();
+    let who = keyed(&["verify", "who.json"]);
+    who.expect_code(4);
+    assert!(who.stdout.contains("call #1"), "{}", who.stdout);
+
+    // A run recorded without the key does not pass for a signed one.
+    sb.run(guests::MULTI_WRITE, r#"{"count":1}"#, "plain")
+        .expect_code(0);
+    let unsigned = keyed(&["verify", "plain"]);
+    unsigned.expect_code(4);
+    assert!(
+        unsigned.stdout.contains("not signed"),
+        "{}",
+        unsigned.stdout
+    );
+
+    // A key file others can read is refused.
+    std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let open_key = keyed(&["verify", "k"]);
+    open_key.expect_code(2);
+    assert!(open_key.stderr.contains("chmod 600"), "{}", open_key.stderr);
 }

@@ -331,6 +331,7 @@ fn an_upgrade_while_the_old_worker_is_frozen_fences_the_old_build_out() {
     sb.stephost(&["worker", "--exit-when-idle"]).expect_code(0);
     let done = sb.show("u");
     assert_eq!(done["run"]["status"], "completed");
+    sb.stephost(&["verify", "u"]).expect_code(0);
     let lines = sb.received("orders.jsonl");
     assert_eq!(lines.len(), 3);
     distinct_operations(&lines);

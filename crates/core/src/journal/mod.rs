@@ -21,6 +21,7 @@ use std::collections::HashMap;
 
 use serde::Serialize;
 
+use crate::chain::{Head, Signer};
 use crate::crash;
 use crate::error::StoreError;
 use crate::history::History;
@@ -28,7 +29,7 @@ use crate::ids;
 use crate::limits::Limits;
 pub use crate::outcome::{CallErrorKind, CallErrorRecord, Outcome};
 use crate::records::{
-    AttemptRecord, CallClass, CallRecord, CallState, Claim, LogRecord, RunRecord,
+    AttemptRecord, CallClass, CallRecord, CallState, Claim, EndRow, LogRecord, RunRecord,
 };
 use crate::store::{Commit, PendingCommit, WriteOp, Writer};
 
@@ -377,11 +378,12 @@ pub struct Journal {
     /// Whether `pending` may hold the outcome of a write (to a receiver
     /// that deduplicates), which is committed before a read leaves.
     outcome_pending: bool,
-    /// The chain link of the last finished call (see [`crate::chain`]).
-    last_chain: String,
+    /// The chain's head: the last finished call's link (see
+    /// [`crate::chain`]), and what makes links.
+    chain: ChainState,
     request_hashes: Option<RequestHashes>,
     /// When the last finished call was replayed: its index in `history`,
-    /// whose link is copied into `last_chain` only if a live call follows
+    /// whose link is copied into `chain` only if a live call follows
     /// (a replay of 100,000 calls need not copy 100,000 links).
     chain_at: Option<usize>,
     control: Option<std::sync::Arc<RunControl>>,
@@ -391,6 +393,53 @@ pub struct Journal {
     /// Time from the start of this execution to its first live call.
     pub first_live_after: Option<std::time::Duration>,
     pub stats: Stats,
+}
+
+/// The head of a run's chain as an execution extends it.
+#[derive(Default)]
+struct ChainState {
+    signer: Signer,
+    head: Head,
+    /// The run's row as this execution found it, to seal at its end.
+    run: Option<Box<RunRecord>>,
+}
+
+/// Seals a run's row as an execution's end leaves it.
+pub struct EndSealer {
+    signer: Signer,
+    head: Head,
+    run: Option<Box<RunRecord>>,
+}
+
+impl EndSealer {
+    /// Sets `end`'s seal; nothing for a run not given to
+    /// [`Journal::set_signer`].
+    pub fn seal(&self, end: &mut EndRow) {
+        if let Some(run) = &self.run {
+            end.seal = Some(self.signer.seal(&end.applied_to(run), &self.head));
+        }
+    }
+}
+
+impl ChainState {
+    /// The link of `call` finished with `state` and `outcome`, if the
+    /// state is final; it becomes the head the next call follows.
+    fn extend(
+        &mut self,
+        call: &CallRecord,
+        state: CallState,
+        outcome: Option<&str>,
+    ) -> Option<String> {
+        if !state.has_outcome() {
+            return None;
+        }
+        let mut link = String::new();
+        self.signer
+            .link_into(&mut link, &self.head.link, call, state, outcome, None);
+        self.head.link.clone_from(&link);
+        self.head.seq = call.seq;
+        Some(link)
+    }
 }
 
 impl Journal {
@@ -421,7 +470,7 @@ impl Journal {
             counters: Counters::new(),
             pending: Vec::new(),
             outcome_pending: false,
-            last_chain: String::new(),
+            chain: ChainState::default(),
             request_hashes: None,
             chain_at: None,
             control: None,
@@ -483,6 +532,24 @@ impl Journal {
 
     pub fn set_log_sink(&mut self, sink: LogSink) {
         self.log_sink = Some(sink);
+    }
+
+    /// Links this execution's calls with `signer` (plain by default), and
+    /// seals `run`'s row at the execution's end ([`Journal::seal_end`]).
+    pub fn set_signer(&mut self, signer: Signer, run: &RunRecord) {
+        self.chain.signer = signer;
+        self.chain.run = Some(Box::new(run.clone()));
+    }
+
+    /// What seals the run's row at this execution's end, with the chain as
+    /// the execution leaves it (see [`crate::chain`]).
+    pub fn end_sealer(&mut self) -> EndSealer {
+        self.follow_recorded_chain();
+        EndSealer {
+            signer: self.chain.signer.clone(),
+            head: self.chain.head.clone(),
+            run: self.chain.run.take(),
+        }
     }
 
     pub fn run_id(&self) -> &str {
@@ -825,12 +892,9 @@ impl Journal {
         } else {
             record.started_at_ms
         });
-        record.chain = Self::seal(
-            &mut self.last_chain,
-            &record,
-            record.state,
-            record.outcome.as_deref(),
-        );
+        record.chain = self
+            .chain
+            .extend(&record, record.state, record.outcome.as_deref());
         self.pending.push(WriteOp::Call(record));
         Ok(outcome)
     }
@@ -897,7 +961,7 @@ impl Journal {
             });
         }
         Self::push_outcome(
-            &mut self.last_chain,
+            &mut self.chain,
             &mut self.pending,
             &started,
             outcome.state(),
@@ -960,25 +1024,26 @@ impl Journal {
 
     /// Makes the link of the last replayed call the one the next call follows.
     fn follow_recorded_chain(&mut self) {
-        if let Some(index) = self.chain_at.take() {
-            self.last_chain = self
-                .history
-                .arrived(index)
-                .and_then(|call| call.chain.clone())
-                .unwrap_or_default();
+        if let Some(index) = self.chain_at.take()
+            && let Some(call) = self.history.arrived(index)
+        {
+            self.chain.head = Head {
+                seq: call.seq,
+                link: call.chain.clone().unwrap_or_default(),
+            };
         }
     }
 
     /// Buffers the outcome of `call`, finished in `state` (with `outcome`,
     /// its JSON, if any): it rides on the next commit.
     fn push_outcome(
-        last_chain: &mut String,
+        chain: &mut ChainState,
         pending: &mut Vec<WriteOp>,
         call: &CallRecord,
         state: CallState,
         outcome: Option<String>,
     ) {
-        let chain = Self::seal(last_chain, call, state, outcome.as_deref());
+        let chain = chain.extend(call, state, outcome.as_deref());
         pending.push(WriteOp::Outcome {
             seq: call.seq,
             state,
@@ -986,23 +1051,6 @@ impl Journal {
             now_ms: crate::clock::now_ms(),
             chain,
         });
-    }
-
-    /// The chain link of `call` finished with `state` and `outcome`, if the
-    /// state is final; it becomes the link the next call follows.
-    fn seal(
-        last_chain: &mut String,
-        call: &CallRecord,
-        state: CallState,
-        outcome: Option<&str>,
-    ) -> Option<String> {
-        if !state.has_outcome() {
-            return None;
-        }
-        let mut link = String::new();
-        crate::chain::link_finished_into(&mut link, last_chain, call, state, outcome);
-        last_chain.clone_from(&link);
-        Some(link)
     }
 
     /// Renews the claim's lease (and checks its fence) once half of it has
@@ -1038,7 +1086,7 @@ impl Journal {
         match live.wait(&op, recorded.started_at_ms) {
             Wait::Ready(outcome) => {
                 Self::push_outcome(
-                    &mut self.last_chain,
+                    &mut self.chain,
                     &mut self.pending,
                     recorded,
                     outcome.state(),
@@ -1144,7 +1192,7 @@ impl Journal {
             Reconciled::Unknown(reason) => (CallState::Unknown, Err(reason)),
         };
         Self::push_outcome(
-            &mut self.last_chain,
+            &mut self.chain,
             &mut self.pending,
             recorded,
             state,

@@ -223,7 +223,12 @@ fn live_calls_are_recorded_and_a_resume_replays_them_without_performing() {
         resumed.counters()["side_effect_duplicate_prevented_total"],
         1
     );
-    assert_eq!(crate::chain::verify(&fx.calls()), Ok(3));
+    assert_eq!(
+        crate::chain::Signer::plain()
+            .verify(&fx.calls(), None)
+            .map(|v| v.links),
+        Ok(3)
+    );
 }
 
 #[test]
@@ -436,6 +441,7 @@ fn a_call_parked_as_unknown_parks_the_run_again_until_a_person_resolves_it() {
     assert_eq!(receiver.performed + receiver.reconciled, 0);
     crate::settle::resolve(
         fx.store.as_ref(),
+        &crate::chain::Signer::plain(),
         RUN,
         1,
         &crate::settle::Resolution::Succeeded("{\"order\":1}".into()),
@@ -623,5 +629,10 @@ fn the_chain_goes_on_from_the_recorded_calls_across_a_resume() {
         )
         .unwrap();
     fx.end(second, completed());
-    assert_eq!(crate::chain::verify(&fx.calls()), Ok(4));
+    assert_eq!(
+        crate::chain::Signer::plain()
+            .verify(&fx.calls(), None)
+            .map(|v| v.links),
+        Ok(4)
+    );
 }
