@@ -490,3 +490,104 @@ fn link_v1(previous: &str, call: &CallRecord) -> String {
     crate::ids::to_hex_into(&mut out, &h.finalize());
     out
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::records::{CallClass, NewRun, RunStatus};
+
+    fn run() -> RunRecord {
+        let mut run = NewRun {
+            run_id: "r",
+            module_digest: "m",
+            step: Some("step@1"),
+            world: "w",
+            input: r#"{"n":1}"#,
+            now_ms: 1,
+        }
+        .record(None);
+        run.status = RunStatus::Completed;
+        run.output = Some(r#"{"ok":true}"#.into());
+        run
+    }
+
+    /// `n` finished calls linked by `signer`, and the run sealed over them.
+    fn recorded(signer: &Signer, n: u64) -> (RunRecord, Vec<CallRecord>) {
+        let mut calls = Vec::new();
+        let mut head = Head::default();
+        for seq in 1..=n {
+            let request = format!("{{\"seq\":{seq}}}");
+            let mut call = CallRecord {
+                seq,
+                class: CallClass::Write,
+                interface: "i".into(),
+                function: "f".into(),
+                operation_id: format!("op-{seq}"),
+                request_hash: crate::ids::request_hash("i", "f", &request),
+                request,
+                state: CallState::Succeeded,
+                outcome: Some(r#"{"ok":"done"}"#.into()),
+                started_at_ms: 1,
+                finished_at_ms: Some(2),
+                resolved_by: None,
+                chain: None,
+            };
+            let link = signer.link(&head.link, &call, call.state, call.outcome.as_deref(), None);
+            call.chain = Some(link.clone());
+            head = Head { seq, link };
+            calls.push(call);
+        }
+        let mut run = run();
+        run.seal = Some(signer.seal(&run, &head));
+        (run, calls)
+    }
+
+    fn key() -> Signer {
+        Signer::keyed(&[7u8; 32]).unwrap()
+    }
+
+    #[test]
+    fn a_signed_record_verifies_only_with_its_key() {
+        let (run, calls) = recorded(&key(), 3);
+        let checked = key().verify(&calls, Some(&run)).unwrap();
+        assert_eq!(
+            (checked.links, checked.signed, checked.sealed),
+            (3, true, true)
+        );
+        assert!(Signer::plain().verify(&calls, Some(&run)).is_err());
+        let other = Signer::keyed(&[8u8; 32]).unwrap();
+        assert!(other.verify(&calls, Some(&run)).is_err());
+        // A plain record passes for unsigned, never for signed.
+        let (run, calls) = recorded(&Signer::plain(), 3);
+        assert!(!Signer::plain().verify(&calls, Some(&run)).unwrap().signed);
+        assert!(key().verify(&calls, Some(&run)).is_err());
+    }
+
+    #[test]
+    fn verify_names_the_part_of_the_row_that_changed() {
+        let signer = key();
+        let broken = |edit: &dyn Fn(&mut RunRecord)| {
+            let (mut run, calls) = recorded(&signer, 2);
+            edit(&mut run);
+            signer.verify(&calls, Some(&run)).unwrap_err().reason
+        };
+        assert!(broken(&|r| r.input = "{}".into()).contains("input"));
+        assert!(broken(&|r| r.module_digest = "m2".into()).contains("module"));
+        assert!(broken(&|r| r.output = Some("{}".into())).contains("end"));
+        assert!(broken(&|r| r.status = RunStatus::Failed).contains("end"));
+        let (run, mut calls) = recorded(&signer, 3);
+        calls.pop();
+        assert!(
+            signer
+                .verify(&calls, Some(&run))
+                .unwrap_err()
+                .reason
+                .contains("dropped")
+        );
+    }
+
+    #[test]
+    fn keys_shorter_than_the_minimum_are_refused() {
+        assert!(Signer::keyed(&[1u8; KEY_BYTES_MIN - 1]).is_err());
+    }
+}

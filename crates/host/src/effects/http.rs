@@ -213,7 +213,7 @@ fn http_date(value: &str) -> Option<std::time::SystemTime> {
     let year: u64 = year.parse().ok()?;
     let mut hms = time.split(':').map(|n| n.parse::<u64>().ok());
     let (h, m, sec) = (hms.next()??, hms.next()??, hms.next()??);
-    if !(1..=31).contains(&day) || year < 1970 || year > 9999 || h > 23 || m > 59 || sec > 60 {
+    if !(1..=31).contains(&day) || !(1970..=9999).contains(&year) || h > 23 || m > 59 || sec > 60 {
         return None;
     }
     // Days since 1970-01-01 of a proleptic Gregorian date.
