@@ -135,11 +135,14 @@ impl Signer {
             Some(key) => key.finish(h),
             None => h.finalize().into(),
         };
-        let mut hex = String::new();
-        crate::ids::to_hex_into(&mut hex, &digest);
+        const DIGITS: &[u8; 16] = b"0123456789abcdef";
         out.clear();
+        out.reserve(self.prefix().len() + 64);
         out.push_str(self.prefix());
-        out.push_str(&hex);
+        for b in digest {
+            out.push(DIGITS[(b >> 4) as usize] as char);
+            out.push(DIGITS[(b & 0x0f) as usize] as char);
+        }
     }
 
     fn digest(&self, domain: &[u8], fields: &[&[u8]]) -> String {
