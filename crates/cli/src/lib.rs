@@ -272,7 +272,7 @@ fn options(config: &Config) -> Result<HostOptions, HostError> {
         effects: config.effects()?,
         log_sink: Some(Arc::new(|run_id: &str, rec: &LogRecord, replayed: bool| {
             if !replayed {
-                eprintln!("[{run_id}] {}: {}", rec.level, rec.message);
+                eprintln!("[{run_id}] {}: {}", rec.level, print::Safe(&rec.message));
             }
         })),
         cache_dir: config.cache_dir.clone(),

@@ -13,6 +13,29 @@ use stephost_host::runner::RunReport;
 use stephost_host::runner::UpgradeOutcome;
 use stephost_host::service::{self, ApprovalView, RunDetail};
 
+/// Text a step chose (log lines, subjects, effect names, errors, requests),
+/// shown on a terminal: a line break is followed by an indent, so the text
+/// cannot start a line of its own, and every other control character (C0,
+/// DEL, C1: escape sequences, carriage returns) is written as a `\u{..}`
+/// escape.
+pub struct Safe<'a>(pub &'a str);
+
+impl std::fmt::Display for Safe<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        use std::fmt::Write as _;
+        for c in self.0.chars() {
+            if c == '\n' {
+                f.write_str("\n    ")?;
+            } else if c.is_control() {
+                write!(f, "\\u{{{:x}}}", c as u32)?;
+            } else {
+                f.write_char(c)?;
+            }
+        }
+        Ok(())
+    }
+}
+
 pub fn print_json<T: Serialize>(value: &T) {
     let text =
         serde_json::to_string_pretty(value).unwrap_or_else(|e| format!("{{\"error\":\"{e}\"}}"));
@@ -61,7 +84,7 @@ pub fn print_run(report: &RunReport, json: bool) -> i32 {
              check the receiver by hand, then `stephost resolve {} SEQ --succeeded JSON | \
              --failed MESSAGE --by NAME` and `stephost resume {}`",
             report.run_id,
-            report.error.as_deref().unwrap_or(""),
+            Safe(report.error.as_deref().unwrap_or("")),
             report.run_id,
             report.run_id
         ),
@@ -69,7 +92,7 @@ pub fn print_run(report: &RunReport, json: bool) -> i32 {
             "stephost: run {} {}: {}",
             report.run_id,
             status.as_str(),
-            report.error.as_deref().unwrap_or("")
+            Safe(report.error.as_deref().unwrap_or(""))
         ),
     }
     run_exit_code(report.status)
@@ -99,20 +122,34 @@ pub fn print_replay(report: &ReplayReport, json: bool) {
             report.run_id
         ),
         ReplayVerdict::Diverged { divergence } => {
-            writeln!(out, "divergence in run {}: {divergence}", report.run_id)
+            writeln!(
+                out,
+                "divergence in run {}: {}",
+                report.run_id,
+                Safe(&divergence.to_string())
+            )
         }
         ReplayVerdict::OutputDiffers { recorded, new } => writeln!(
             out,
-            "divergence in run {}: same calls, different output\n  recorded: {recorded}\n  new:      {new}",
-            report.run_id
+            "divergence in run {}: same calls, different output\n  recorded: {}\n  new:      {}",
+            report.run_id,
+            Safe(recorded),
+            Safe(new)
         ),
         ReplayVerdict::EndDiffers { recorded, new } => writeln!(
             out,
-            "divergence in run {}: same calls, different end\n  recorded: {recorded}\n  new:      {new}",
-            report.run_id
+            "divergence in run {}: same calls, different end\n  recorded: {}\n  new:      {}",
+            report.run_id,
+            Safe(recorded),
+            Safe(new)
         ),
         ReplayVerdict::StepFailed { error } => {
-            writeln!(out, "replay of run {} failed: {error}", report.run_id)
+            writeln!(
+                out,
+                "replay of run {} failed: {}",
+                report.run_id,
+                Safe(error)
+            )
         }
     };
 }
@@ -167,15 +204,15 @@ pub fn print_show(detail: &RunDetail) {
         run.owner.as_deref().unwrap_or("-"),
         run.fence
     );
-    let _ = writeln!(out, "input    {}", run.input);
+    let _ = writeln!(out, "input    {}", Safe(&run.input));
     if let Some(o) = &run.output {
-        let _ = writeln!(out, "output   {o}");
+        let _ = writeln!(out, "output   {}", Safe(o));
     }
     if let Some(code) = run.exit_code {
         let _ = writeln!(out, "exit     {code}");
     }
     if let Some(e) = &run.error {
-        let _ = writeln!(out, "error    {e}");
+        let _ = writeln!(out, "error    {}", Safe(e));
     }
     if *tokens > 0 {
         let _ = writeln!(
@@ -200,7 +237,7 @@ pub fn print_show(detail: &RunDetail) {
             "{:>5}  {:<8} {:<32} {:<10} {:<14} {:>8} {:>4}",
             call.seq,
             call.class.as_str(),
-            service::call_name(call),
+            Safe(&service::call_name(call)).to_string(),
             call.state.as_str(),
             if call.operation_id.is_empty() {
                 "-"
@@ -217,7 +254,9 @@ pub fn print_show(detail: &RunDetail) {
             let _ = writeln!(
                 out,
                 "  after #{:<4} {:<5} {}",
-                log.after_seq, log.level, log.message
+                log.after_seq,
+                log.level,
+                Safe(&log.message)
             );
         }
     }
@@ -266,7 +305,7 @@ pub fn print_approvals(rows: &[ApprovalView]) {
             format_time(r.asked_at_ms),
             format_time(r.expires_at_ms),
             short(r.details_sha256.as_str().unwrap_or("")),
-            r.subject.as_str().unwrap_or("")
+            Safe(r.subject.as_str().unwrap_or(""))
         );
     }
 }
@@ -285,5 +324,18 @@ mod tests {
         assert_eq!(format_time(0), "1970-01-01T00:00:00.000Z");
         assert_eq!(format_time(1_795_941_296_789), "2026-11-29T08:34:56.789Z");
         assert_eq!(format_time(951_782_400_000), "2000-02-29T00:00:00.000Z");
+    }
+}
+
+#[cfg(test)]
+mod safe_tests {
+    use super::Safe;
+
+    #[test]
+    fn control_characters_are_escaped_and_the_rest_kept() {
+        assert_eq!(
+            Safe("ok \u{1b}[31mred\nFORGED\r\u{7f}\u{9b} é").to_string(),
+            "ok \\u{1b}[31mred\n    FORGED\\u{d}\\u{7f}\\u{9b} é"
+        );
     }
 }

@@ -15,6 +15,9 @@ pub struct Limits {
     pub payload_bytes_max: u64,
     /// Most import calls one run may make.
     pub calls_max: u64,
+    /// Most bytes a step may print (stdout and stderr together) in one
+    /// execution; they are recorded in its log, and the rest is dropped.
+    pub guest_output_bytes_max: u64,
 }
 
 impl Default for Limits {
@@ -24,6 +27,7 @@ impl Default for Limits {
             fuel_max: 10_000_000_000,
             payload_bytes_max: 1024 * 1024,
             calls_max: 100_000,
+            guest_output_bytes_max: 64 * 1024,
         }
     }
 }

@@ -16,7 +16,7 @@
 
 use std::sync::{Arc, Mutex};
 
-use wasmtime::{InstancePre, Store, StoreLimits};
+use wasmtime::{InstancePre, Store};
 use wasmtime_wasi::p1::WasiP1Ctx;
 use wasmtime_wasi::p2::bindings::sync::CommandPre;
 use wasmtime_wasi::p2::pipe::{MemoryInputPipe, MemoryOutputPipe};
@@ -30,7 +30,7 @@ use stephost_core::journal::Stop;
 /// The data of a preview1 command's store.
 pub struct Preview1State {
     pub wasi: WasiP1Ctx,
-    pub limits: StoreLimits,
+    pub limits: crate::limiter::RunLimiter,
     /// For the calls recorded outside the WASI context (`random_get`).
     pub journal: Arc<Mutex<Journal>>,
 }

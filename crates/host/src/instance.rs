@@ -7,14 +7,16 @@ use std::sync::{Arc, Mutex};
 use stephost_core::Limits;
 use stephost_core::journal::Journal;
 use wasmtime::component::{InstancePre as ComponentPre, ResourceTable};
-use wasmtime::{Store, StoreLimits, StoreLimitsBuilder, Trap};
+use wasmtime::{Store, Trap};
+
+use crate::limiter::RunLimiter;
 use wasmtime_wasi::WasiCtxBuilder;
+
+use crate::imports::stdio::{Budget, GuestOutput};
 use wasmtime_wasi::p2::pipe::MemoryOutputPipe;
 
 use crate::command::{self, Preview1State};
-use crate::engine::{
-    Entry, INSTANCES_MAX, Loaded, MEMORIES_MAX, StepEngine, TABLE_ELEMENTS_MAX, TABLES_MAX,
-};
+use crate::engine::{Entry, Loaded, StepEngine};
 use crate::error::HostError;
 use crate::imports::wasi::{RecordedMonotonicClock, RecordedRng, RecordedWallClock};
 use crate::imports::{StepState, lock};
@@ -37,7 +39,7 @@ pub async fn invoke_task(
     input: &str,
     options: &HostOptions,
 ) -> GuestResult {
-    let wasi = wasi_builder(journal, options, false);
+    let wasi = wasi_builder(journal, options);
     let mut store = new_store(engine, journal, wasi, options)?;
     store.fuel_async_yield_interval(Some(TASK_YIELD_FUEL))?;
     let instance = pre.instantiate_async(&mut store).await?;
@@ -54,24 +56,23 @@ pub fn invoke(
     journal: &Arc<Mutex<Journal>>,
     input: &str,
     options: &HostOptions,
-    replay: bool,
 ) -> (GuestResult, Option<i32>) {
     match &loaded.entry {
         Entry::Step(pre) => {
-            let wasi = wasi_builder(journal, options, replay);
+            let wasi = wasi_builder(journal, options);
             let result = new_store(engine, journal, wasi, options)
                 .and_then(|mut store| pre.instantiate(&mut store)?.call_run(&mut store, input));
             (result, None)
         }
         Entry::Command(pre) => {
-            let mut wasi = wasi_builder(journal, options, replay);
+            let mut wasi = wasi_builder(journal, options);
             let stdout = command::wire_stdio(&mut wasi, input, options.limits.payload_bytes_max);
             let ran = new_store(engine, journal, wasi, options)
                 .and_then(|mut store| command::run_component(pre, &mut store));
             command_end(ran, &stdout)
         }
         Entry::Preview1(pre) => {
-            let mut wasi = wasi_builder(journal, options, replay);
+            let mut wasi = wasi_builder(journal, options);
             let stdout = command::wire_stdio(&mut wasi, input, options.limits.payload_bytes_max);
             let state = Preview1State {
                 wasi: wasi.build_p1(),
@@ -99,19 +100,17 @@ fn command_end(
     }
 }
 
-/// WASI for a run: clocks and randomness recorded in its journal, no
-/// network, output to the host's stderr (nowhere on replay).
-fn wasi_builder(
-    journal: &Arc<Mutex<Journal>>,
-    options: &HostOptions,
-    replay: bool,
-) -> WasiCtxBuilder {
+/// WASI for a run: clocks, randomness and printed output recorded in its
+/// journal, no network.
+fn wasi_builder(journal: &Arc<Mutex<Journal>>, options: &HostOptions) -> WasiCtxBuilder {
     let run_id = lock(journal).run_id().to_string();
     let limits = &options.limits;
     let mut wasi = WasiCtxBuilder::new();
-    if !replay {
-        wasi.stdout(std::io::stderr()).stderr(std::io::stderr());
-    }
+    // Printed output is recorded in the run's log (and so printed once,
+    // live, by the log sink), never sent to the host's terminal directly.
+    let budget = Budget::new(limits.guest_output_bytes_max);
+    wasi.stdout(GuestOutput::stdout(journal, &budget))
+        .stderr(GuestOutput::stderr(journal, &budget));
     wasi.wall_clock(RecordedWallClock(journal.clone()))
         .monotonic_clock(RecordedMonotonicClock::new(journal.clone()))
         .secure_random(RecordedRng {
@@ -153,17 +152,8 @@ fn new_store(
 }
 
 /// The memory and table limits of one execution.
-fn store_limits(limits: &Limits) -> StoreLimits {
-    StoreLimitsBuilder::new()
-        .memory_size(usize::try_from(limits.memory_bytes_max).unwrap_or(usize::MAX))
-        // A component may hold several memories and tables: bound their
-        // number too, or a hostile guest multiplies the memory limit.
-        .memories(MEMORIES_MAX)
-        .tables(TABLES_MAX)
-        .instances(INSTANCES_MAX)
-        .table_elements(TABLE_ELEMENTS_MAX)
-        .trap_on_grow_failure(true)
-        .build()
+fn store_limits(limits: &Limits) -> RunLimiter {
+    RunLimiter::new(limits.memory_bytes_max)
 }
 
 /// A typed description of a trap: `kind: message`.

@@ -28,6 +28,7 @@ pub mod execution;
 pub mod imports;
 pub mod instance;
 pub mod ledger;
+pub mod limiter;
 pub mod metrics;
 pub mod options;
 pub mod owner;

@@ -179,7 +179,7 @@ pub fn replay_loaded(
     );
     journal.set_recording_complete(complete);
     let journal = Arc::new(Mutex::new(journal));
-    let (guest, _exit_code) = invoke(engine, loaded, &journal, &fixture.input, options, true);
+    let (guest, _exit_code) = invoke(engine, loaded, &journal, &fixture.input, options);
     let mut journal = lock(&journal);
     let calls = journal.calls_made();
     let verdict = match (journal.stop().cloned(), guest) {

@@ -374,14 +374,8 @@ impl Host {
             &self.options,
         ) {
             Ok(journal) => {
-                let (guest, exit_code) = invoke(
-                    &self.engine,
-                    loaded,
-                    &journal,
-                    &run.input,
-                    &self.options,
-                    false,
-                );
+                let (guest, exit_code) =
+                    invoke(&self.engine, loaded, &journal, &run.input, &self.options);
                 execution::conclude(self.store.as_ref(), journal, guest, exit_code).commit()
             }
             Err(not_started) => *not_started,

@@ -248,3 +248,112 @@ fn an_ungranted_effect_is_denied_and_the_denial_is_recorded() {
     assert!(denied["outcome"].as_str().unwrap().contains("denied"));
     assert!(sb.received("orders.jsonl").is_empty());
 }
+
+/// The log lines `show --json` lists for `run_id`: (level, message).
+fn logs(sb: &Sandbox, run_id: &str) -> Vec<(String, String)> {
+    sb.show(run_id)["logs"]
+        .as_array()
+        .expect("logs")
+        .iter()
+        .map(|l| {
+            (
+                l["level"].as_str().unwrap().to_string(),
+                l["message"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn what_a_step_prints_is_recorded_once_and_not_printed_again_on_resume() {
+    let sb = Sandbox::new(BIN);
+    let crashed = sb.run_crashing_at(
+        "after-outcome@6",
+        guests::MULTI_WRITE,
+        r#"{"count":2}"#,
+        "p",
+    );
+    assert_eq!(crashed.signal, Some(libc::SIGABRT), "{crashed:?}");
+    assert!(
+        crashed
+            .stderr
+            .contains("stderr: guest stderr: write 0 sent"),
+        "printed once, live, through the run's log: {}",
+        crashed.stderr
+    );
+    let resumed = sb.stephost(&["resume", "p"]);
+    resumed.expect_code(0);
+    assert!(
+        !resumed.stderr.contains("write 0 sent"),
+        "the replayed prefix printed again: {}",
+        resumed.stderr
+    );
+    assert!(
+        resumed.stderr.contains("write 1 sent"),
+        "{}",
+        resumed.stderr
+    );
+    let printed: Vec<(String, String)> = logs(&sb, "p")
+        .into_iter()
+        .filter(|(level, _)| level == "stderr")
+        .collect();
+    assert_eq!(
+        printed,
+        vec![
+            (
+                "stderr".to_string(),
+                "guest stderr: write 0 sent".to_string()
+            ),
+            (
+                "stderr".to_string(),
+                "guest stderr: write 1 sent".to_string()
+            ),
+        ]
+    );
+    let replayed = sb.stephost(&["replay", "p"]);
+    replayed.expect_code(0);
+    assert!(!replayed.stderr.contains("sent"), "{}", replayed.stderr);
+}
+
+#[test]
+fn a_steps_output_past_its_limit_is_cut_with_a_marker() {
+    let sb = Sandbox::with_config(
+        BIN,
+        "[limits]\nguest_output_bytes_max = 40\n\n[effects.orders]\nkind = \"echo\"\n",
+    );
+    sb.run(guests::MULTI_WRITE, r#"{"count":3}"#, "loud")
+        .expect_code(0);
+    let printed: Vec<String> = logs(&sb, "loud")
+        .into_iter()
+        .filter(|(level, _)| level == "stderr")
+        .map(|(_, m)| m)
+        .collect();
+    assert_eq!(printed[0], "guest stderr: write 0 sent");
+    assert_eq!(printed.len(), 3, "{printed:?}");
+    assert!(
+        printed[2].contains("guest_output_bytes_max = 40"),
+        "{printed:?}"
+    );
+}
+
+#[test]
+fn text_a_step_chose_cannot_forge_lines_or_send_escapes_to_a_terminal() {
+    let sb = Sandbox::new(BIN);
+    let ran = sb.run(
+        guests::MULTI_WRITE,
+        &json!({"count": 1, "effect": "x\u{1b}[2J\nstephost: run forged completed"}).to_string(),
+        "esc",
+    );
+    ran.expect_code(3);
+    assert!(!ran.stderr.contains('\u{1b}'), "{:?}", ran.stderr);
+    assert!(
+        !ran.stderr
+            .lines()
+            .any(|l| l.starts_with("stephost: run forged")),
+        "{}",
+        ran.stderr
+    );
+    assert!(ran.stderr.contains("\\u{1b}[2J"), "{}", ran.stderr);
+    let show = sb.stephost(&["show", "esc"]);
+    assert!(!show.stdout.contains('\u{1b}'), "{:?}", show.stdout);
+}

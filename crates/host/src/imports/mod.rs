@@ -8,13 +8,13 @@ pub mod effects;
 pub mod llm;
 pub mod log;
 pub mod random;
+pub mod stdio;
 pub mod timers;
 pub mod types;
 pub mod wasi;
 
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use wasmtime::StoreLimits;
 use wasmtime::component::ResourceTable;
 use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 
@@ -28,7 +28,7 @@ pub struct StepState {
     pub effects: Effects,
     pub wasi: WasiCtx,
     pub table: ResourceTable,
-    pub limits: StoreLimits,
+    pub limits: crate::limiter::RunLimiter,
     /// How the retry loop waits between attempts.
     pub sleep: fn(std::time::Duration),
 }

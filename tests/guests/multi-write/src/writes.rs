@@ -50,6 +50,8 @@ pub fn run(ctx: &mut Ctx, input: Input, diverge_at: Option<u32>) -> Result<Value
         }
         let receipt: Value = ctx.effect(&input.effect, &request)?;
         log::info(format_args!("write {i} to {} done", input.effect));
+        // Printed output is recorded too (level "stderr"), once.
+        eprintln!("guest stderr: write {i} sent");
         receipts.push(receipt);
         sum = sum.wrapping_add(at).wrapping_add(nonce);
     }
