@@ -197,10 +197,11 @@ fn task_linker(engine: &Engine) -> wasmtime::Result<Linker<StepState>> {
     Ok(linker)
 }
 
-/// The step world's imports, and WASI's randomness recorded per call, on a
-/// linker that has WASI already.
+/// The step world's imports, WASI's randomness recorded per call and its
+/// waits recorded as durable sleeps, on a linker that has WASI already.
 fn link_step_world(linker: &mut Linker<StepState>) -> wasmtime::Result<()> {
     crate::imports::wasi::record_random_bytes_per_call(linker)?;
+    crate::imports::wasi::record_waits(linker)?;
     Step::add_to_linker::<StepState, HasSelf<StepState>>(linker, |s| s)
 }
 

@@ -344,3 +344,58 @@ fn wait_until_past(at_ms: i64) {
         ));
     }
 }
+
+/// The WASI waits `show` lists for `run_id`: (function, request, state).
+fn wasi_waits(sb: &Sandbox, run_id: &str) -> Vec<(String, String, String)> {
+    calls(&sb.show(run_id))
+        .iter()
+        .filter(|c| c["interface"] == "wasi:clocks/monotonic-clock" && c["class"] == "suspend")
+        .map(|c| {
+            (
+                c["function"].as_str().unwrap().to_string(),
+                c["request"].as_str().unwrap().to_string(),
+                c["state"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn an_hour_long_wasi_sleep_becomes_a_durable_timer_instead_of_a_hang() {
+    let sb = Sandbox::new(BIN);
+    let ran = sb.run(guests::WASI_ONLY, r#"{"sleep_ms": 3600000}"#, "h");
+    ran.expect_code(7);
+    let show = sb.show("h");
+    assert_eq!(show["run"]["status"], "waiting");
+    assert!(
+        show["run"]["owner"].is_null(),
+        "a waiting run holds no claim"
+    );
+    assert_eq!(
+        wasi_waits(&sb, "h"),
+        vec![(
+            "subscribe-duration".to_string(),
+            r#"{"ms":3600000}"#.to_string(),
+            "started".to_string()
+        )]
+    );
+    // A worker has nothing to do with it until it is due, and exits.
+    sb.stephost(&["worker", "--exit-when-idle"]).expect_code(0);
+    assert_eq!(sb.show("h")["run"]["status"], "waiting");
+}
+
+#[test]
+fn a_short_wasi_sleep_is_slept_recorded_and_replayed_without_waiting() {
+    let sb = Sandbox::new(BIN);
+    sb.run(guests::WASI_ONLY, r#"{"sleep_ms": 200}"#, "s")
+        .expect_code(0);
+    assert_eq!(
+        wasi_waits(&sb, "s"),
+        vec![(
+            "subscribe-duration".to_string(),
+            r#"{"ms":200}"#.to_string(),
+            "succeeded".to_string()
+        )]
+    );
+    sb.stephost(&["replay", "s"]).expect_code(0);
+}

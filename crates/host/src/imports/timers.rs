@@ -8,8 +8,12 @@
 
 use crate::bindings::stephost::step::timers::Host;
 use crate::imports::{StepState, lock, trap};
+use std::sync::Mutex;
 use stephost_core::CallClass;
-use stephost_core::journal::{Attempts, CallSpec, LiveCall, OpContext, Outcome, Wait};
+
+use stephost_core::journal::{
+    Attempts, CallSpec, Journal, LiveCall, OpContext, Outcome, Stop, Wait,
+};
 
 pub const INTERFACE: &str = "stephost:step/timers";
 
@@ -45,20 +49,30 @@ impl LiveCall for Sleep {
     }
 }
 
+/// Records a durable sleep of `ms` as call `interface` `function` and
+/// waits it out: in place when short, else the run leaves memory until a
+/// worker wakes it when due. A replay returns at once.
+pub fn durable_sleep(
+    journal: &Mutex<Journal>,
+    interface: &str,
+    function: &str,
+    ms: u64,
+) -> Result<(), Stop> {
+    let request = serde_json::json!({ "ms": ms }).to_string();
+    let spec = CallSpec {
+        class: CallClass::Suspend,
+        interface,
+        function,
+        request: &request,
+        key: None,
+    };
+    // Durable, and it may sleep in place: as a task, the thread's other
+    // runs go on meanwhile.
+    crate::effects::blocking(|| lock(journal).call(&spec, &mut Sleep { ms })).map(|_| ())
+}
+
 impl Host for StepState {
     fn sleep(&mut self, ms: u64) -> wasmtime::Result<()> {
-        let request = serde_json::json!({ "ms": ms }).to_string();
-        let spec = CallSpec {
-            class: CallClass::Suspend,
-            interface: INTERFACE,
-            function: "sleep",
-            request: &request,
-            key: None,
-        };
-        // Durable, and it may sleep in place: as a task, the thread's
-        // other runs go on meanwhile.
-        crate::effects::blocking(|| lock(&self.journal).call(&spec, &mut Sleep { ms }))
-            .map_err(trap)?;
-        Ok(())
+        durable_sleep(&self.journal, INTERFACE, "sleep", ms).map_err(trap)
     }
 }

@@ -8,7 +8,7 @@ use std::convert::Infallible;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use wasmtime::component::Linker;
+use wasmtime::component::{Linker, Resource};
 
 use crate::imports::random::recorded_random;
 use crate::imports::{StepState, as_u64, lock, observe};
@@ -17,6 +17,9 @@ use stephost_core::journal::{Journal, Stop};
 /// The WASI random interfaces as this build's wasmtime-wasi links them
 /// (guests importing older 0.2 versions are matched to them by semver).
 const RANDOM: &str = "wasi:random/random@0.2.12";
+const MONOTONIC_CLOCK: &str = "wasi:clocks/monotonic-clock@0.2.12";
+/// What a WASI wait is recorded as.
+pub const WAIT_INTERFACE: &str = "wasi:clocks/monotonic-clock";
 const INSECURE: &str = "wasi:random/insecure@0.2.12";
 
 /// Replaces WASI's `get-random-bytes` and `get-insecure-random-bytes` with
@@ -46,6 +49,56 @@ pub fn record_random_bytes_per_call(linker: &mut Linker<StepState>) -> wasmtime:
     }
     linker.allow_shadowing(false);
     Ok(())
+}
+
+/// Replaces WASI's `subscribe-duration` and `subscribe-instant` (the waits
+/// behind `std::thread::sleep`, a runtime's timers and `poll` timeouts) with
+/// durable sleeps recorded in the journal, like `timers.sleep`: a short wait
+/// is slept and recorded, a long one releases the run until it is due, and a
+/// replay returns at once. The pollable handed back is ready: the wait is
+/// over by then. A wait of zero is not a wait, and is not recorded.
+pub fn record_waits(linker: &mut Linker<StepState>) -> wasmtime::Result<()> {
+    linker.allow_shadowing(true);
+    let mut clock = linker.instance(MONOTONIC_CLOCK)?;
+    clock.func_wrap(
+        "subscribe-duration",
+        |mut store: wasmtime::StoreContextMut<'_, StepState>, (nanos,): (u64,)| {
+            wait(store.data_mut(), "subscribe-duration", nanos).map(|p| (p,))
+        },
+    )?;
+    clock.func_wrap(
+        "subscribe-instant",
+        |mut store: wasmtime::StoreContextMut<'_, StepState>, (when,): (u64,)| {
+            let state = store.data_mut();
+            let now = RecordedMonotonicClock::new(state.journal.clone());
+            let nanos = when.saturating_sub(wasmtime_wasi::HostMonotonicClock::now(&now));
+            wait(state, "subscribe-instant", nanos).map(|p| (p,))
+        },
+    )?;
+    linker.allow_shadowing(false);
+    Ok(())
+}
+
+/// A pollable that is ready at once.
+struct Ready;
+
+#[async_trait::async_trait]
+impl wasmtime_wasi::p2::Pollable for Ready {
+    async fn ready(&mut self) {}
+}
+
+fn wait(
+    state: &mut StepState,
+    function: &str,
+    nanos: u64,
+) -> wasmtime::Result<Resource<wasmtime_wasi::p2::DynPollable>> {
+    if nanos > 0 {
+        let ms = nanos.div_ceil(1_000_000);
+        crate::imports::timers::durable_sleep(&state.journal, WAIT_INTERFACE, function, ms)
+            .map_err(|s| state.fail(s))?;
+    }
+    let ready = state.table.push(Ready)?;
+    wasmtime_wasi::p2::subscribe(&mut state.table, ready)
 }
 
 fn keep<T>(journal: &Mutex<Journal>, result: Result<T, Stop>, neutral: T) -> T {

@@ -5,6 +5,7 @@
 //! `{"env_count": n, "fs_error": "...", "net_error": "...", "wasi_now_ms": t,
 //! "runs_in_this_memory": 1, "heap_was_zero": true}`.
 //! `fs_error` / `net_error` are `null` if the access unexpectedly succeeded.
+//! With `"sleep_ms": N` it first sleeps N ms with `std::thread::sleep`.
 //! It also looks for what a run before it left in memory: a static counter
 //! of runs (1 in a fresh instance) and a zeroed heap buffer, which every run
 //! fills before it returns.
@@ -32,6 +33,11 @@ static RUNS: AtomicU64 = AtomicU64::new(0);
 const HEAP_BYTES: usize = 512 << 10;
 
 fn run(_ctx: &mut Ctx, input: Value) -> Result<Output, Error> {
+    // `{"sleep_ms": N}`: waits through WASI first, as a step calling
+    // `std::thread::sleep` does.
+    if let Some(ms) = input.get("sleep_ms").and_then(Value::as_u64) {
+        std::thread::sleep(std::time::Duration::from_millis(ms));
+    }
     let runs_in_this_memory = RUNS.fetch_add(1, Ordering::Relaxed) + 1;
     let mut heap = std::hint::black_box(vec![0u8; HEAP_BYTES]);
     let heap_was_zero = heap.iter().all(|&b| b == 0);
