@@ -6,7 +6,7 @@ use serde::Deserialize;
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct Limits {
-    /// Linear memory a guest may grow to, in bytes.
+    /// Memory a run's memories and tables may hold together, in bytes.
     pub memory_bytes_max: u64,
     /// Wasm instructions (roughly) a run may execute, across resumes.
     /// 10 billion is about 5 to 10 seconds of guest compute.
@@ -18,6 +18,20 @@ pub struct Limits {
     /// Most bytes a step may print (stdout and stderr together) in one
     /// execution; they are recorded in its log, and the rest is dropped.
     pub guest_output_bytes_max: u64,
+    /// Bytes a run may record in its calls (requests and outcomes) and log
+    /// lines, across resumes.
+    pub recorded_bytes_max: u64,
+    /// Longest effect name a step may call, in bytes.
+    pub effect_name_bytes_max: u64,
+    /// Longest approval subject, in bytes.
+    pub approval_subject_bytes_max: u64,
+    /// Most log lines a run may write, across resumes.
+    pub log_lines_max: u64,
+    /// Most bytes of log lines a run may write, across resumes.
+    pub log_bytes_max: u64,
+    /// Longest error message a step may end with, in bytes; the rest is
+    /// cut (its size is kept).
+    pub error_bytes_max: u64,
 }
 
 impl Default for Limits {
@@ -28,6 +42,12 @@ impl Default for Limits {
             payload_bytes_max: 1024 * 1024,
             calls_max: 100_000,
             guest_output_bytes_max: 64 * 1024,
+            recorded_bytes_max: 64 * 1024 * 1024,
+            effect_name_bytes_max: 256,
+            approval_subject_bytes_max: 1024,
+            log_lines_max: 10_000,
+            log_bytes_max: 1024 * 1024,
+            error_bytes_max: 64 * 1024,
         }
     }
 }

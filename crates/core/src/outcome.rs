@@ -44,6 +44,17 @@ impl Outcome {
         }
     }
 
+    /// About the bytes this outcome records: a string value or an error's
+    /// message by its length (no serialization), anything else serialized.
+    pub fn recorded_bytes(&self) -> u64 {
+        match self {
+            Outcome::Ok(serde_json::Value::String(s)) => s.len() as u64,
+            Outcome::Ok(serde_json::Value::Null) => 0,
+            Outcome::Err(e) => e.message.len() as u64,
+            other => other.to_json().len() as u64,
+        }
+    }
+
     pub fn to_json(&self) -> String {
         serde_json::to_string(self).unwrap_or_else(|_| "null".to_string())
     }

@@ -233,7 +233,10 @@ pub fn conclude(
                 },
             },
             Ok(Err(message)) => RunEnd::Failed {
-                error: format!("step_error: {message}"),
+                error: format!(
+                    "step_error: {}",
+                    bounded_error(&message, limits.error_bytes_max)
+                ),
                 exit_code,
             },
             Err(trap) => RunEnd::Failed {
@@ -254,6 +257,19 @@ pub fn conclude(
         ops: pending,
         stats,
     })
+}
+
+/// A step's error message cut to `max` bytes, its size named when cut.
+fn bounded_error(message: &str, max: u64) -> String {
+    let max = usize::try_from(max).unwrap_or(usize::MAX);
+    if message.len() <= max {
+        return message.to_string();
+    }
+    format!(
+        "{}… (cut: the message is {} bytes; error_bytes_max = {max})",
+        stephost_core::journal::truncate(message, max),
+        message.len()
+    )
 }
 
 /// The metric counters of an execution, with its resume counted.

@@ -293,3 +293,53 @@ fn a_configuration_with_an_unknown_field_is_refused_with_its_line() {
     ran.expect_code(2);
     assert!(ran.stderr.contains("line 3"), "{}", ran.stderr);
 }
+
+#[test]
+fn an_effect_name_past_its_limit_ends_the_run_without_recording_it() {
+    let sb = Sandbox::new(BIN);
+    let name = "e".repeat(300);
+    let ran = sb.run(
+        guests::MULTI_WRITE,
+        &json!({"count": 1, "effect": name}).to_string(),
+        "long-name",
+    );
+    ran.expect_code(3);
+    assert!(
+        ran.stderr.contains("effect_name_bytes_max = 256"),
+        "{}",
+        ran.stderr
+    );
+    let show = sb.show("long-name");
+    assert!(
+        calls(&show).iter().all(|c| c["function"] != name.as_str()),
+        "the name was recorded"
+    );
+    assert!(
+        show["run"]["error"].as_str().unwrap().starts_with("limit:"),
+        "{show:#}"
+    );
+}
+
+#[test]
+fn a_run_past_its_recorded_bytes_budget_ends_with_the_limit_named() {
+    let sb = Sandbox::with_config(
+        BIN,
+        "[limits]\nrecorded_bytes_max = 2000\n\n[effects.orders]\nkind = \"echo\"\n",
+    );
+    let ran = sb.run(guests::MULTI_WRITE, r#"{"count":50}"#, "big");
+    ran.expect_code(3);
+    assert!(
+        ran.stderr.contains("recorded_bytes_max = 2000"),
+        "{}",
+        ran.stderr
+    );
+    // What was recorded stays within the budget and one payload.
+    let recorded: usize = calls(&sb.show("big"))
+        .iter()
+        .map(|c| {
+            c["request"].as_str().map_or(0, str::len) + c["outcome"].as_str().map_or(0, str::len)
+        })
+        .sum();
+    assert!(recorded < 2000 + 1024, "{recorded} bytes recorded");
+    assert!(calls(&sb.show("big")).len() < 50 * 3);
+}

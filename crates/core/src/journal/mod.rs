@@ -368,6 +368,13 @@ pub struct Journal {
     limits: Limits,
     stop: Option<Stop>,
     logs_recorded: HashMap<u64, usize>,
+    /// Bytes the run has recorded in calls and log lines so far (replayed
+    /// ones counted again as they are replayed), against
+    /// `recorded_bytes_max`.
+    recorded_bytes: u64,
+    /// Log lines and their bytes the run has written so far.
+    log_lines: u64,
+    log_bytes: u64,
     log_sink: Option<LogSink>,
     /// In a replay: whether the recording is of a finished run, so that a
     /// call past its end is a divergence rather than the end of the record.
@@ -465,6 +472,9 @@ impl Journal {
             limits,
             stop: None,
             logs_recorded,
+            recorded_bytes: 0,
+            log_lines: 0,
+            log_bytes: 0,
             log_sink: None,
             recording_complete: false,
             counters: Counters::new(),
@@ -644,8 +654,29 @@ impl Journal {
         if let Some(stop) = &self.stop {
             return Err(stop.clone());
         }
-        let result = self.call_inner(spec, live);
+        let result = self.charge(spec.request.len() as u64).and_then(|()| {
+            let call = self.call_inner(spec, live)?;
+            if let Call::Done(outcome) = &call {
+                self.charge(outcome.recorded_bytes())?;
+            }
+            Ok(call)
+        });
         self.stopping(result)
+    }
+
+    /// Counts `bytes` more recorded by the run; past `recorded_bytes_max`
+    /// the run stops with the limit named (what it recorded stays within
+    /// the budget and one payload).
+    fn charge(&mut self, bytes: u64) -> Result<(), Stop> {
+        self.recorded_bytes = self.recorded_bytes.saturating_add(bytes);
+        let max = self.limits.recorded_bytes_max;
+        if self.recorded_bytes > max {
+            return Err(Stop::Limit(format!(
+                "the run recorded more than recorded_bytes_max = {max} bytes in its calls and \
+                 log lines; raise [limits] recorded_bytes_max if it is meant to"
+            )));
+        }
+        Ok(())
     }
 
     /// The rest of a write that [`Journal::begin`] left pending, once its
@@ -665,7 +696,11 @@ impl Journal {
         let result = answered
             .map_err(Stop::from)
             .and_then(|()| self.check_lease(seq))
-            .and_then(|()| self.perform_write(write.0, live));
+            .and_then(|()| self.perform_write(write.0, live))
+            .and_then(|outcome| {
+                self.charge(outcome.recorded_bytes())?;
+                Ok(outcome)
+            });
         self.stopping(result)
     }
 
@@ -1226,6 +1261,33 @@ impl Journal {
         let after_seq = self.next_seq - 1;
         let max = self.limits.payload_bytes_max as usize;
         let message = truncate(message, max);
+        self.log_lines += 1;
+        self.log_bytes = self.log_bytes.saturating_add(message.len() as u64);
+        let limits = &self.limits;
+        let past = if self.log_lines > limits.log_lines_max {
+            Some(format!(
+                "more than log_lines_max = {} log lines",
+                limits.log_lines_max
+            ))
+        } else if self.log_bytes > limits.log_bytes_max {
+            Some(format!(
+                "more than log_bytes_max = {} bytes of log lines",
+                limits.log_bytes_max
+            ))
+        } else {
+            None
+        };
+        if let Some(past) = past {
+            let stop = Stop::Limit(format!(
+                "the run wrote {past}; raise it in [limits] if the step is meant to"
+            ));
+            self.stop = Some(stop.clone());
+            return Err(stop);
+        }
+        if let Err(stop) = self.charge(message.len() as u64) {
+            self.stop = Some(stop.clone());
+            return Err(stop);
+        }
         let record = LogRecord {
             after_seq,
             level: level.to_string(),

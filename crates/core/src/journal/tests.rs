@@ -612,6 +612,64 @@ fn calls_past_calls_max_stop_the_run_with_the_limit_named() {
 }
 
 #[test]
+fn recorded_bytes_past_their_budget_stop_the_run_across_resumes() {
+    let fx = Fixture::new();
+    let limits = Limits {
+        recorded_bytes_max: 20,
+        ..Limits::default()
+    };
+    let spec = CallSpec {
+        class: CallClass::Observe,
+        interface: "stephost:step/clock",
+        function: "now",
+        request: "0123456789",
+        key: None,
+    };
+    let mut first = fx.execution_with(limits.clone());
+    first
+        .call(&spec, &mut Compute(|| Outcome::Ok(1.into())))
+        .unwrap();
+    fx.end(first, RunEnd::Parked { error: "e".into() });
+    // The replayed call counts again: the second call goes past 20 bytes.
+    let mut again = fx.execution_with(limits);
+    again
+        .call(&spec, &mut Compute(|| Outcome::Ok(1.into())))
+        .unwrap();
+    let stop = again
+        .call(&spec, &mut Compute(|| Outcome::Ok(2.into())))
+        .unwrap_err();
+    assert!(
+        matches!(stop, Stop::Limit(ref m) if m.contains("recorded_bytes_max = 20")),
+        "{stop:?}"
+    );
+}
+
+#[test]
+fn log_lines_past_their_limit_stop_the_run() {
+    let fx = Fixture::new();
+    let mut journal = fx.execution_with(Limits {
+        log_lines_max: 2,
+        ..Limits::default()
+    });
+    journal.log("info", "one").unwrap();
+    journal.log("info", "two").unwrap();
+    let stop = journal.log("info", "three").unwrap_err();
+    assert!(
+        matches!(stop, Stop::Limit(ref m) if m.contains("log_lines_max = 2")),
+        "{stop:?}"
+    );
+    let mut bytes = fx.execution_with(Limits {
+        log_bytes_max: 5,
+        ..Limits::default()
+    });
+    let stop = bytes.log("info", "longer than five").unwrap_err();
+    assert!(
+        matches!(stop, Stop::Limit(ref m) if m.contains("log_bytes_max = 5")),
+        "{stop:?}"
+    );
+}
+
+#[test]
 fn the_chain_goes_on_from_the_recorded_calls_across_a_resume() {
     let fx = Fixture::new();
     let mut first = fx.execution();

@@ -80,8 +80,30 @@ impl Host for StepState {
         details: String,
         ttl_seconds: u64,
     ) -> wasmtime::Result<Result<Decision, CallError>> {
+        let limits = lock(&self.journal).limits().clone();
+        // Sizes are checked before anything is parsed or copied again.
+        let too_large = if subject.len() as u64 > limits.approval_subject_bytes_max {
+            Some(format!(
+                "an approval subject of {} bytes; approval_subject_bytes_max = {}",
+                subject.len(),
+                limits.approval_subject_bytes_max
+            ))
+        } else if details.len() as u64 > limits.payload_bytes_max {
+            Some(format!(
+                "approval details of {} bytes; payload_bytes_max = {}",
+                details.len(),
+                limits.payload_bytes_max
+            ))
+        } else {
+            None
+        };
+        if let Some(what) = too_large {
+            return Err(self.fail(stephost_core::journal::Stop::Limit(format!(
+                "the step asked for {what}"
+            ))));
+        }
         let mut journal = lock(&self.journal);
-        let max = journal.limits().payload_bytes_max as usize;
+        let max = limits.payload_bytes_max as usize;
         let parsed = serde_json::from_str::<serde_json::Value>(&details);
         let request = serde_json::json!({
             "subject": subject,

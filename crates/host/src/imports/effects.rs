@@ -27,6 +27,13 @@ impl Host for StepState {
         request: String,
         key: Option<String>,
     ) -> wasmtime::Result<Result<String, CallError>> {
+        let max = lock(&self.journal).limits().effect_name_bytes_max;
+        if name.len() as u64 > max {
+            return Err(self.fail(Stop::Limit(format!(
+                "the step called an effect whose name is {} bytes; effect_name_bytes_max = {max}",
+                name.len()
+            ))));
+        }
         let effects = self.effects.clone();
         let call = Gated::effect(&effects, &name, &request, key.as_deref());
         gated_call(self, &call, || not_granted(&name))
