@@ -479,10 +479,14 @@ impl StepEngine {
     /// and tells a step from a command.
     fn check_world(&self, component: &Component, what: &str) -> Result<Kind, ModuleError> {
         let ty = component.component_type();
+        // What a step may reach is decided in one place (imports/policy.rs).
         let foreign: Vec<&str> = ty
             .imports(&self.engine)
             .map(|(name, _)| name)
-            .filter(|name| !name.starts_with("wasi:") && !name.starts_with("stephost:step/"))
+            .filter(|name| {
+                !name.starts_with("stephost:step/")
+                    && crate::imports::policy::treatment(name).is_none()
+            })
             .collect();
         if !foreign.is_empty() {
             return Err(ModuleError::WrongWorld {

@@ -7,6 +7,7 @@ pub mod clock;
 pub mod effects;
 pub mod llm;
 pub mod log;
+pub mod policy;
 pub mod random;
 pub mod stdio;
 pub mod timers;
