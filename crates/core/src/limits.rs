@@ -8,6 +8,9 @@ use serde::Deserialize;
 pub struct Limits {
     /// Memory a run's memories and tables may hold together, in bytes.
     pub memory_bytes_max: u64,
+    /// How long one execution may take, computing and waiting in calls
+    /// alike, in milliseconds.
+    pub wall_ms_max: u64,
     /// Wasm instructions (roughly) a run may execute, across resumes.
     /// 10 billion is about 5 to 10 seconds of guest compute.
     pub fuel_max: u64,
@@ -38,6 +41,7 @@ impl Default for Limits {
     fn default() -> Self {
         Limits {
             memory_bytes_max: 256 * 1024 * 1024,
+            wall_ms_max: 3_600_000,
             fuel_max: 10_000_000_000,
             payload_bytes_max: 1024 * 1024,
             calls_max: 100_000,

@@ -205,6 +205,25 @@ fn link_step_world(linker: &mut Linker<StepState>) -> wasmtime::Result<()> {
     Step::add_to_linker::<StepState, HasSelf<StepState>>(linker, |s| s)
 }
 
+/// How often a running step is interrupted to ask whether it must stop
+/// (see `instance::interrupt_on_tick`), in milliseconds.
+pub const EPOCH_TICK_MS: u64 = 10;
+
+/// Advances `engine`'s epoch every [`EPOCH_TICK_MS`] on a thread of its
+/// own, which ends with the engine.
+fn tick_epochs(engine: &Engine) {
+    let weak = engine.weak();
+    let _ = std::thread::Builder::new()
+        .name("stephost-epoch".into())
+        .spawn(move || {
+            while let Some(engine) = weak.upgrade() {
+                engine.increment_epoch();
+                drop(engine);
+                std::thread::sleep(std::time::Duration::from_millis(EPOCH_TICK_MS));
+            }
+        });
+}
+
 pub struct StepEngine {
     engine: Engine,
     linker: Linker<StepState>,
@@ -248,11 +267,13 @@ impl StepEngine {
     ) -> Result<Self, ModuleError> {
         let mut config = Config::new();
         config.consume_fuel(true);
+        config.epoch_interruption(true);
         config.wasm_component_model(true);
         if let Some(pool) = pool {
             config.allocation_strategy(InstanceAllocationStrategy::Pooling(pool.config()));
         }
         let engine = Engine::new(&config).map_err(|e| ModuleError::Engine(format!("{e:#}")))?;
+        tick_epochs(&engine);
         let mut linker = Linker::new(&engine);
         wasmtime_wasi::p2::add_to_linker_sync(&mut linker)
             .and_then(|()| link_step_world(&mut linker))

@@ -81,6 +81,7 @@ pub fn invoke(
             };
             let mut store = Store::new(engine.engine(), state);
             store.limiter(|s| &mut s.limits);
+            interrupt_on_tick(&mut store, |s: &Preview1State| s.journal.clone());
             let ran = store
                 .set_fuel(options.limits.fuel_max)
                 .and_then(|()| command::run_preview1(pre, &mut store));
@@ -148,7 +149,27 @@ fn new_store(
     let mut store = Store::new(engine.engine(), state);
     store.limiter(|s| &mut s.limits);
     store.set_fuel(limits.fuel_max)?;
+    interrupt_on_tick(&mut store, |s: &StepState| s.journal.clone());
     Ok(store)
+}
+
+/// Every epoch tick ([`crate::engine::EPOCH_TICK_MS`]) while the step
+/// computes, asks its journal whether the execution must stop (its worker
+/// drains or lost the lease, or it ran past `wall_ms_max`), and traps it
+/// with that stop if so: a step that never calls cannot hold a worker.
+fn interrupt_on_tick<T: 'static>(
+    store: &mut Store<T>,
+    journal_of: impl Fn(&T) -> Arc<Mutex<Journal>> + Send + Sync + 'static,
+) {
+    store.set_epoch_deadline(1);
+    store.epoch_deadline_callback(move |ctx| {
+        let journal = journal_of(ctx.data());
+        let stop = lock(&journal).interrupted();
+        match stop {
+            Some(stop) => Err(crate::imports::trap(stop)),
+            None => Ok(wasmtime::UpdateDeadline::Continue(1)),
+        }
+    });
 }
 
 /// The memory and table limits of one execution.

@@ -343,3 +343,21 @@ fn a_run_past_its_recorded_bytes_budget_ends_with_the_limit_named() {
     assert!(recorded < 2000 + 1024, "{recorded} bytes recorded");
     assert!(calls(&sb.show("big")).len() < 50 * 3);
 }
+
+#[test]
+fn a_guest_that_computes_past_its_wall_clock_budget_is_stopped_with_the_limit_named() {
+    // Fuel enough for many minutes: the wall-clock budget stops it first.
+    let sb = Sandbox::with_config(
+        BIN,
+        "[limits]\nwall_ms_max = 300\nfuel_max = 1000000000000000\n",
+    );
+    let ran = sb.run(guests::LOOPER, "{}", "spin");
+    ran.expect_code(3);
+    assert!(ran.stderr.contains("wall_ms_max = 300"), "{}", ran.stderr);
+    let show = sb.show("spin");
+    assert_eq!(show["run"]["status"], "failed");
+    assert!(
+        show["run"]["error"].as_str().unwrap().starts_with("limit:"),
+        "{show:#}"
+    );
+}

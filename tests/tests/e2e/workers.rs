@@ -349,6 +349,26 @@ fn an_upgrade_while_the_old_worker_is_frozen_fences_the_old_build_out() {
 }
 
 #[test]
+fn sigterm_drains_a_worker_whose_run_computes_without_calls() {
+    // Fuel for many minutes: only the drain can stop the loop in time.
+    let sb = Sandbox::with_config(BIN, "[limits]\nfuel_max = 1000000000000000\n");
+    submit_step(&sb, guests::LOOPER, "{}", "spin");
+    let mut w = worker(&sb, &["--concurrency", "1"]);
+    wait_until("the run to be claimed", Duration::from_secs(60), || {
+        !sb.show("spin")["run"]["owner"].is_null()
+    });
+    signal(&w, "TERM");
+    let status = w.wait().unwrap();
+    assert_eq!(status.code(), Some(0), "the worker did not drain cleanly");
+    let run = sb.show("spin")["run"].clone();
+    assert!(
+        run["owner"].is_null(),
+        "the claim was not released: {run:#}"
+    );
+    assert_ne!(run["status"], "failed", "{run:#}");
+}
+
+#[test]
 fn runs_survive_workers_killed_at_random_with_one_effect_per_write() {
     // Each write's receiver takes 60 ms: 200 runs of 3 writes keep 12
     // slots busy for about 3 s, time for eight kills, one every 300 ms (and

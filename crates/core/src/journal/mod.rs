@@ -521,6 +521,34 @@ impl Journal {
         Ok(())
     }
 
+    /// Asked while the step computes between calls (an epoch tick): the
+    /// stop the execution must end with now, if any (its worker lost the
+    /// lease or drains, or it ran past `wall_ms_max`). It is kept: the
+    /// execution ends with it.
+    pub fn interrupted(&mut self) -> Option<Stop> {
+        if self.stop.is_none() {
+            let seq = self.next_seq;
+            self.stop = self
+                .check_control(seq)
+                .and_then(|()| self.check_wall())
+                .err();
+        }
+        self.stop.clone()
+    }
+
+    /// Stops the run once this execution has taken longer than
+    /// `wall_ms_max`.
+    fn check_wall(&self) -> Result<(), Stop> {
+        let max = self.limits.wall_ms_max;
+        if self.started.elapsed().as_millis() > u128::from(max) {
+            return Err(Stop::Limit(format!(
+                "the execution took longer than wall_ms_max = {max} ms; raise [limits] \
+                 wall_ms_max if the step is meant to"
+            )));
+        }
+        Ok(())
+    }
+
     /// Stops the run if its worker has lost the claim's lease.
     fn check_lease(&self, seq: u64) -> Result<(), Stop> {
         use std::sync::atomic::Ordering;
@@ -654,13 +682,16 @@ impl Journal {
         if let Some(stop) = &self.stop {
             return Err(stop.clone());
         }
-        let result = self.charge(spec.request.len() as u64).and_then(|()| {
-            let call = self.call_inner(spec, live)?;
-            if let Call::Done(outcome) = &call {
-                self.charge(outcome.recorded_bytes())?;
-            }
-            Ok(call)
-        });
+        let result = self
+            .check_wall()
+            .and_then(|()| self.charge(spec.request.len() as u64))
+            .and_then(|()| {
+                let call = self.call_inner(spec, live)?;
+                if let Call::Done(outcome) = &call {
+                    self.charge(outcome.recorded_bytes())?;
+                }
+                Ok(call)
+            });
         self.stopping(result)
     }
 
