@@ -25,6 +25,7 @@ pub mod effects;
 pub mod engine;
 pub mod error;
 pub mod execution;
+pub mod fuzzing;
 pub mod imports;
 pub mod instance;
 pub mod ledger;

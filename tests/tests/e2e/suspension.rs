@@ -399,3 +399,22 @@ fn a_short_wasi_sleep_is_slept_recorded_and_replayed_without_waiting() {
     );
     sb.stephost(&["replay", "s"]).expect_code(0);
 }
+
+#[test]
+fn an_approval_subject_past_its_limit_ends_the_run_before_anything_is_recorded() {
+    let sb = Sandbox::with_config(BIN, CONFIG);
+    let sku = "W".repeat(2000);
+    let ran = sb.run(
+        guests::APPROVAL_STEP,
+        &json!({"sku": sku, "quantity": 1, "ttl_seconds": 60}).to_string(),
+        "long-subject",
+    );
+    ran.expect_code(3);
+    assert!(
+        ran.stderr.contains("approval_subject_bytes_max = 1024"),
+        "{}",
+        ran.stderr
+    );
+    assert!(calls(&sb.show("long-subject")).is_empty());
+    assert!(pending(&sb).is_empty());
+}

@@ -368,6 +368,47 @@ fn sigterm_drains_a_worker_whose_run_computes_without_calls() {
     assert_ne!(run["status"], "failed", "{run:#}");
 }
 
+/// The peak resident memory of process `pid` (VmHWM), in bytes.
+fn peak_rss(pid: u32) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let kib: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))?
+        .trim()
+        .trim_end_matches("kB")
+        .trim()
+        .parse()
+        .ok()?;
+    Some(kib * 1024)
+}
+
+#[test]
+fn a_worker_running_memory_bombs_stays_within_their_limits() {
+    const LIMIT: u64 = 64 << 20;
+    let sb = Sandbox::with_config(BIN, &format!("[limits]\nmemory_bytes_max = {LIMIT}\n"));
+    for i in 0..3 {
+        submit_step(&sb, guests::MEMORY_BOMB, "{}", &format!("bomb-{i}"));
+    }
+    let mut w = worker(&sb, &["--concurrency", "3", "--exit-when-idle"]);
+    let mut peak = 0;
+    while w.try_wait().unwrap().is_none() {
+        peak = peak_rss(w.id()).unwrap_or(peak).max(peak);
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    for i in 0..3 {
+        let run = sb.show(&format!("bomb-{i}"))["run"].clone();
+        assert_eq!(run["status"], "failed", "{run:#}");
+        assert!(
+            run["error"].as_str().unwrap().starts_with("memory_limit"),
+            "{run:#}"
+        );
+    }
+    // Three runs at their limit, and the worker's own bounded overhead.
+    let bound = 3 * LIMIT + (160 << 20);
+    assert!(peak > 0, "the worker's memory was never read");
+    assert!(peak < bound, "peak RSS {peak} bytes, bound {bound}");
+}
+
 #[test]
 fn runs_survive_workers_killed_at_random_with_one_effect_per_write() {
     // Each write's receiver takes 60 ms: 200 runs of 3 writes keep 12

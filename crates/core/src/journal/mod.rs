@@ -35,6 +35,9 @@ use crate::store::{Commit, PendingCommit, WriteOp, Writer};
 
 /// Most buffered writes before they are committed anyway.
 pub const PENDING_WRITES_MAX: usize = 1024;
+/// Most bytes recorded since the last commit before the buffer is
+/// committed anyway (large observed values, log lines).
+pub const PENDING_BYTES_MAX: u64 = 8 * 1024 * 1024;
 
 pub use crate::records::Counters;
 
@@ -375,6 +378,8 @@ pub struct Journal {
     /// Log lines and their bytes the run has written so far.
     log_lines: u64,
     log_bytes: u64,
+    /// `recorded_bytes` at the last commit of the buffer.
+    recorded_at_flush: u64,
     log_sink: Option<LogSink>,
     /// In a replay: whether the recording is of a finished run, so that a
     /// call past its end is a divergence rather than the end of the record.
@@ -475,6 +480,7 @@ impl Journal {
             recorded_bytes: 0,
             log_lines: 0,
             log_bytes: 0,
+            recorded_at_flush: 0,
             log_sink: None,
             recording_complete: false,
             counters: Counters::new(),
@@ -1054,7 +1060,9 @@ impl Journal {
     /// After a live call: commits the buffer once it is full, and counts
     /// the call.
     fn call_done(&mut self) -> Result<(), Stop> {
-        if self.pending.len() >= PENDING_WRITES_MAX {
+        if self.pending.len() >= PENDING_WRITES_MAX
+            || self.recorded_bytes - self.recorded_at_flush >= PENDING_BYTES_MAX
+        {
             self.flush()?;
         }
         self.stats.live += 1;
@@ -1175,6 +1183,7 @@ impl Journal {
     /// later (with a later commit, or [`Journal::landed`]).
     pub fn flush(&mut self) -> Result<(), Stop> {
         self.outcome_pending = false;
+        self.recorded_at_flush = self.recorded_bytes;
         if self.pending.is_empty() {
             return Ok(());
         }
