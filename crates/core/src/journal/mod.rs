@@ -542,6 +542,12 @@ impl Journal {
         self.stop.clone()
     }
 
+    /// What is left of this execution's `wall_ms_max`.
+    pub fn wall_left(&self) -> std::time::Duration {
+        std::time::Duration::from_millis(self.limits.wall_ms_max)
+            .saturating_sub(self.started.elapsed())
+    }
+
     /// Stops the run once this execution has taken longer than
     /// `wall_ms_max`.
     fn check_wall(&self) -> Result<(), Stop> {

@@ -263,6 +263,9 @@ pub struct EffectCall<'a> {
     pub sleep: &'a dyn Fn(std::time::Duration),
     /// Set when the outcome could not be established (see `take_unknown`).
     pub unknown: Option<String>,
+    /// What is left of the execution's `wall_ms_max`: retries stop there
+    /// too, whatever the effect's own deadline.
+    pub wall_left: std::time::Duration,
 }
 
 /// What asking the receiver about an operation established.
@@ -415,7 +418,8 @@ impl LiveCall for EffectCall<'_> {
                     if write && maybe_received && !idempotent {
                         return self.settle(op, attempts, &message);
                     }
-                    let deadline = std::time::Duration::from_millis(policy.deadline_ms);
+                    let deadline =
+                        std::time::Duration::from_millis(policy.deadline_ms).min(self.wall_left);
                     let mut pause = policy.backoff(
                         n + 1,
                         (stephost_core::clock::now_ns() % 1000) as f64 / 1000.0,

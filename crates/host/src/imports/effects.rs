@@ -172,11 +172,8 @@ fn through_journal<T: From<Outcome>>(
                 request,
                 key,
             };
-            go(
-                &mut journal,
-                &spec,
-                &mut effect_call(state, effect, function, request, max),
-            )
+            let mut live = effect_call(state, effect, function, request, &journal);
+            go(&mut journal, &spec, &mut live)
         }
         (refusal, _) => {
             let outcome = refusal.unwrap_or_else(|| {
@@ -222,12 +219,8 @@ fn send_call(
         )));
     };
     let mut journal = lock(&state.journal);
-    let max = journal.limits().payload_bytes_max as usize;
-    journal.send(
-        write,
-        answered,
-        &mut effect_call(state, effect, function, request, max),
-    )
+    let mut live = effect_call(state, effect, function, request, &journal);
+    journal.send(write, answered, &mut live)
 }
 
 /// The live I/O of one call of `effect`.
@@ -236,15 +229,16 @@ fn effect_call<'a>(
     effect: &'a Effect,
     name: &'a str,
     body: &'a str,
-    payload_bytes_max: usize,
+    journal: &Journal,
 ) -> EffectCall<'a> {
     EffectCall {
         effect,
         name,
         body,
-        payload_bytes_max,
+        payload_bytes_max: journal.limits().payload_bytes_max as usize,
         sleep: &state.sleep,
         unknown: None,
+        wall_left: journal.wall_left(),
     }
 }
 
