@@ -33,6 +33,8 @@ pub struct Preview1State {
     pub limits: crate::limiter::RunLimiter,
     /// For the calls recorded outside the WASI context (`random_get`).
     pub journal: Arc<Mutex<Journal>>,
+    /// The clock WASI reads (shared with the WASI context).
+    pub monotonic: crate::imports::wasi::RecordedMonotonicClock,
 }
 
 /// Gives a command its stdin and a stdout of at most `stdout_max` bytes;
@@ -102,7 +104,9 @@ pub fn result(code: i32, stdout: &[u8]) -> Result<String, String> {
 }
 
 /// Replaces preview1's `random_get` with one that records one ledger call
-/// per guest call (see [`crate::imports::wasi::record_random_bytes_per_call`]).
+/// per guest call (see [`crate::imports::wasi::record_random_bytes_per_call`]),
+/// and its `poll_oneoff` with one whose clock waits are durable sleeps (see
+/// [`crate::imports::wasi::record_waits`]).
 pub fn record_preview1_random_per_call(
     linker: &mut wasmtime::Linker<Preview1State>,
 ) -> wasmtime::Result<()> {
@@ -142,8 +146,113 @@ pub fn record_preview1_random_per_call(
             )
         },
     )?;
+    linker.func_wrap("wasi_snapshot_preview1", "poll_oneoff", poll_oneoff)?;
     linker.allow_shadowing(false);
     Ok(())
+}
+
+/// preview1's `poll_oneoff`, its waits recorded: the earliest clock
+/// subscription is a durable sleep ([`crate::imports::timers::durable_sleep`]),
+/// after which it (and every subscription due by then) is reported; stdin
+/// and stdout subscriptions are always ready (a command's streams are in
+/// memory), so nothing waits for real and a replay answers alike.
+fn poll_oneoff(
+    mut caller: wasmtime::Caller<'_, Preview1State>,
+    subscriptions: i32,
+    events: i32,
+    count: i32,
+    events_written: i32,
+) -> wasmtime::Result<i32> {
+    const FAULT: i32 = 21;
+    const INVAL: i32 = 28;
+    /// Bytes of a `subscription` and of an `event`.
+    const SUBSCRIPTION: usize = 48;
+    const EVENT: usize = 32;
+    /// `subclockflags::abstime`.
+    const ABSTIME: u16 = 1;
+    let Some(memory) = caller
+        .get_export("memory")
+        .and_then(wasmtime::Extern::into_memory)
+    else {
+        return Ok(FAULT);
+    };
+    let count = count as u32 as usize;
+    if count == 0 {
+        return Ok(INVAL);
+    }
+    let mut raw = vec![0u8; count * SUBSCRIPTION];
+    if memory
+        .read(&caller, subscriptions as u32 as usize, &mut raw)
+        .is_err()
+    {
+        return Ok(FAULT);
+    }
+    let u64_at = |b: &[u8], at: usize| u64::from_le_bytes(b[at..at + 8].try_into().unwrap());
+    let journal = caller.data().journal.clone();
+    let clock = caller.data().monotonic.clone();
+    // (userdata, tag, nanoseconds to wait: clock subscriptions only)
+    let mut subs = Vec::with_capacity(count);
+    for sub in raw.chunks_exact(SUBSCRIPTION) {
+        let (userdata, tag) = (u64_at(sub, 0), sub[8]);
+        let wait = (tag == 0).then(|| {
+            let timeout = u64_at(sub, 24);
+            let flags = u16::from_le_bytes([sub[40], sub[41]]);
+            if flags & ABSTIME != 0 {
+                timeout.saturating_sub(wasmtime_wasi::HostMonotonicClock::now(&clock))
+            } else {
+                timeout
+            }
+        });
+        subs.push((userdata, tag, wait));
+    }
+    let streams_ready = subs.iter().any(|(_, tag, _)| *tag != 0);
+    let earliest = subs.iter().filter_map(|(_, _, w)| *w).min();
+    if !streams_ready && let Some(nanos) = earliest.filter(|n| *n > 0) {
+        let ms = nanos.div_ceil(1_000_000);
+        if let Err(stop) = crate::imports::timers::durable_sleep(
+            &journal,
+            crate::imports::wasi::WAIT_INTERFACE,
+            "poll_oneoff",
+            ms,
+        ) {
+            lock(&journal).set_stop(stop.clone());
+            return Err(trap(stop));
+        }
+    }
+    // Every stream subscription, or else every clock due by now.
+    let waited = if streams_ready {
+        0
+    } else {
+        earliest.unwrap_or(0)
+    };
+    let mut out = Vec::new();
+    for (userdata, tag, wait) in &subs {
+        let ready = match wait {
+            Some(nanos) => !streams_ready && *nanos <= waited,
+            None => true,
+        };
+        if ready {
+            let mut event = [0u8; EVENT];
+            event[0..8].copy_from_slice(&userdata.to_le_bytes());
+            event[10] = *tag;
+            out.extend_from_slice(&event);
+        }
+    }
+    let written = (out.len() / EVENT) as u32;
+    if memory
+        .write(&mut caller, events as u32 as usize, &out)
+        .and_then(|()| {
+            memory.write(
+                &mut caller,
+                events_written as u32 as usize,
+                &written.to_le_bytes(),
+            )
+        })
+        .is_err()
+    {
+        return Ok(FAULT);
+    }
+    Ok(0)
 }
 
 #[cfg(test)]

@@ -39,8 +39,7 @@ pub async fn invoke_task(
     input: &str,
     options: &HostOptions,
 ) -> GuestResult {
-    let wasi = wasi_builder(journal, options);
-    let mut store = new_store(engine, journal, wasi, options)?;
+    let mut store = new_store(engine, journal, wasi_builder(journal, options), options)?;
     store.fuel_async_yield_interval(Some(TASK_YIELD_FUEL))?;
     let instance = pre.instantiate_async(&mut store).await?;
     let run = instance.get_typed_func::<(&str,), (Result<String, String>,)>(&mut store, "run")?;
@@ -59,25 +58,25 @@ pub fn invoke(
 ) -> (GuestResult, Option<i32>) {
     match &loaded.entry {
         Entry::Step(pre) => {
-            let wasi = wasi_builder(journal, options);
-            let result = new_store(engine, journal, wasi, options)
+            let result = new_store(engine, journal, wasi_builder(journal, options), options)
                 .and_then(|mut store| pre.instantiate(&mut store)?.call_run(&mut store, input));
             (result, None)
         }
         Entry::Command(pre) => {
-            let mut wasi = wasi_builder(journal, options);
+            let (mut wasi, monotonic) = wasi_builder(journal, options);
             let stdout = command::wire_stdio(&mut wasi, input, options.limits.payload_bytes_max);
-            let ran = new_store(engine, journal, wasi, options)
+            let ran = new_store(engine, journal, (wasi, monotonic), options)
                 .and_then(|mut store| command::run_component(pre, &mut store));
             command_end(ran, &stdout)
         }
         Entry::Preview1(pre) => {
-            let mut wasi = wasi_builder(journal, options);
+            let (mut wasi, monotonic) = wasi_builder(journal, options);
             let stdout = command::wire_stdio(&mut wasi, input, options.limits.payload_bytes_max);
             let state = Preview1State {
                 wasi: wasi.build_p1(),
                 limits: store_limits(&options.limits),
                 journal: journal.clone(),
+                monotonic,
             };
             let mut store = Store::new(engine.engine(), state);
             store.limiter(|s| &mut s.limits);
@@ -103,17 +102,21 @@ fn command_end(
 
 /// WASI for a run: clocks, randomness and printed output recorded in its
 /// journal, no network.
-fn wasi_builder(journal: &Arc<Mutex<Journal>>, options: &HostOptions) -> WasiCtxBuilder {
+fn wasi_builder(
+    journal: &Arc<Mutex<Journal>>,
+    options: &HostOptions,
+) -> (WasiCtxBuilder, RecordedMonotonicClock) {
     let run_id = lock(journal).run_id().to_string();
     let limits = &options.limits;
     let mut wasi = WasiCtxBuilder::new();
     // Printed output is recorded in the run's log (and so printed once,
     // live, by the log sink), never sent to the host's terminal directly.
     let budget = Budget::new(limits.guest_output_bytes_max);
+    let monotonic = RecordedMonotonicClock::new(journal.clone());
     wasi.stdout(GuestOutput::stdout(journal, &budget))
         .stderr(GuestOutput::stderr(journal, &budget));
     wasi.wall_clock(RecordedWallClock(journal.clone()))
-        .monotonic_clock(RecordedMonotonicClock::new(journal.clone()))
+        .monotonic_clock(monotonic.clone())
         .secure_random(RecordedRng {
             journal: journal.clone(),
             interface: "wasi:random/random",
@@ -127,14 +130,14 @@ fn wasi_builder(journal: &Arc<Mutex<Journal>>, options: &HostOptions) -> WasiCtx
         .allow_tcp(false)
         .allow_udp(false)
         .allow_ip_name_lookup(false);
-    wasi
+    (wasi, monotonic)
 }
 
 /// A store for one execution, with the run's limits.
 fn new_store(
     engine: &StepEngine,
     journal: &Arc<Mutex<Journal>>,
-    mut wasi: WasiCtxBuilder,
+    (mut wasi, monotonic): (WasiCtxBuilder, RecordedMonotonicClock),
     options: &HostOptions,
 ) -> Result<Store<StepState>, wasmtime::Error> {
     let limits = &options.limits;
@@ -144,6 +147,7 @@ fn new_store(
         wasi: wasi.build(),
         table: ResourceTable::new(),
         limits: store_limits(limits),
+        monotonic,
         sleep: std::thread::sleep,
     };
     let mut store = Store::new(engine.engine(), state);

@@ -8,6 +8,8 @@
  *
  * then one line to stderr. If stdin is "exit=N" (N a decimal number, an
  * optional trailing newline allowed), it exits with code N; otherwise 0.
+ * If stdin is "sleep=N", it first sleeps N milliseconds (nanosleep: one
+ * WASI poll_oneoff on a clock).
  * Bytes of stdin that are not valid UTF-8 are written as U+FFFD.
  */
 #include <stdint.h>
@@ -95,6 +97,13 @@ static int exit_code(const char *s, size_t len) {
 int main(void) {
     size_t len;
     char *input = read_stdin(&len);
+    if (len > 6 && memcmp(input, "sleep=", 6) == 0) {
+        long ms = 0;
+        for (size_t i = 6; i < len && input[i] >= '0' && input[i] <= '9'; i++)
+            ms = ms * 10 + (input[i] - '0');
+        struct timespec wait = {ms / 1000, (ms % 1000) * 1000000L};
+        nanosleep(&wait, NULL);
+    }
 
     struct timespec now;
     if (clock_gettime(CLOCK_REALTIME, &now) != 0) {

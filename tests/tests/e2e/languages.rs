@@ -313,6 +313,22 @@ fn a_wasi_preview1_program_is_a_step_and_keeps_its_exit_code() {
     let show = sb.show("w-1");
     assert_eq!(show["run"]["status"], "failed");
     assert_eq!(show["run"]["exit_code"], 5);
+    // Its waits are durable sleeps: a short one slept and recorded, an
+    // hour-long one waiting out of memory.
+    let sb = Sandbox::new(BIN);
+    sb.run(&module, r#""sleep=300""#, "nap").expect_code(0);
+    let naps: Vec<Value> = calls(&sb.show("nap"))
+        .iter()
+        .filter(|c| c["function"] == "poll_oneoff")
+        .cloned()
+        .collect();
+    assert_eq!(naps.len(), 1, "{naps:#?}");
+    assert_eq!(naps[0]["request"], r#"{"ms":300}"#);
+    assert_eq!(naps[0]["state"], "succeeded");
+    sb.stephost(&["replay", "nap"]).expect_code(0);
+    let long = sb.run(&module, r#""sleep=3600000""#, "hour");
+    long.expect_code(7);
+    assert_eq!(sb.show("hour")["run"]["status"], "waiting");
     // Its randomness is recorded too: one call for its 8 bytes (not one
     // per byte), replayed into the same nonce.
     let sb = Sandbox::new(BIN);

@@ -410,6 +410,27 @@ fn a_worker_running_memory_bombs_stays_within_their_limits() {
 }
 
 #[test]
+fn a_worker_with_runs_that_sleep_for_an_hour_through_wasi_is_not_held() {
+    let sb = Sandbox::new(BIN);
+    for i in 0..3 {
+        submit_step(
+            &sb,
+            guests::WASI_ONLY,
+            r#"{"sleep_ms": 3600000}"#,
+            &format!("nap-{i}"),
+        );
+    }
+    // Runs as tasks, three at once: each sleep leaves memory as a timer.
+    sb.stephost(&["worker", "--concurrency", "3", "--exit-when-idle"])
+        .expect_code(0);
+    for i in 0..3 {
+        let run = sb.show(&format!("nap-{i}"))["run"].clone();
+        assert_eq!(run["status"], "waiting", "{run:#}");
+        assert!(run["owner"].is_null(), "{run:#}");
+    }
+}
+
+#[test]
 fn runs_survive_workers_killed_at_random_with_one_effect_per_write() {
     // Each write's receiver takes 60 ms: 200 runs of 3 writes keep 12
     // slots busy for about 3 s, time for eight kills, one every 300 ms (and

@@ -30,6 +30,9 @@ pub struct StepState {
     pub wasi: WasiCtx,
     pub table: ResourceTable,
     pub limits: crate::limiter::RunLimiter,
+    /// The clock WASI reads (shared with the WASI context), for waits
+    /// given as an instant.
+    pub monotonic: crate::imports::wasi::RecordedMonotonicClock,
     /// How the retry loop waits between attempts.
     pub sleep: fn(std::time::Duration),
 }

@@ -70,8 +70,8 @@ pub fn record_waits(linker: &mut Linker<StepState>) -> wasmtime::Result<()> {
         "subscribe-instant",
         |mut store: wasmtime::StoreContextMut<'_, StepState>, (when,): (u64,)| {
             let state = store.data_mut();
-            let now = RecordedMonotonicClock::new(state.journal.clone());
-            let nanos = when.saturating_sub(wasmtime_wasi::HostMonotonicClock::now(&now));
+            let now = wasmtime_wasi::HostMonotonicClock::now(&state.monotonic);
+            let nanos = when.saturating_sub(now);
             wait(state, "subscribe-instant", nanos).map(|p| (p,))
         },
     )?;
@@ -129,24 +129,27 @@ impl wasmtime_wasi::HostWallClock for RecordedWallClock {
 /// the last recorded one instead of going backwards: an execution replays
 /// every recorded call before it makes a live one, so the last reading it
 /// replayed is the last one recorded.
-pub struct RecordedMonotonicClock {
-    pub journal: Arc<Mutex<Journal>>,
-    pub origin: std::time::Instant,
+#[derive(Clone)]
+pub struct RecordedMonotonicClock(Arc<MonotonicState>);
+
+pub struct MonotonicState {
+    journal: Arc<Mutex<Journal>>,
+    origin: std::time::Instant,
     /// The last reading replayed so far.
-    pub replayed: std::sync::atomic::AtomicU64,
+    replayed: std::sync::atomic::AtomicU64,
     /// Where live readings start: the last replayed one, fixed at the
     /// first live reading.
-    pub base: std::sync::OnceLock<u64>,
+    base: std::sync::OnceLock<u64>,
 }
 
 impl RecordedMonotonicClock {
     pub fn new(journal: Arc<Mutex<Journal>>) -> Self {
-        RecordedMonotonicClock {
+        RecordedMonotonicClock(Arc::new(MonotonicState {
             journal,
             origin: std::time::Instant::now(),
             replayed: 0.into(),
             base: std::sync::OnceLock::new(),
-        }
+        }))
     }
 }
 
@@ -157,20 +160,21 @@ impl wasmtime_wasi::HostMonotonicClock for RecordedMonotonicClock {
 
     fn now(&self) -> u64 {
         use std::sync::atomic::Ordering::Relaxed;
+        let clock = &self.0;
         let nanos = observe(
-            &self.journal,
+            &clock.journal,
             "wasi:clocks/monotonic-clock",
             "now",
             "",
             || {
-                let base = *self.base.get_or_init(|| self.replayed.load(Relaxed));
-                (base + self.origin.elapsed().as_nanos() as u64).into()
+                let base = *clock.base.get_or_init(|| clock.replayed.load(Relaxed));
+                (base + clock.origin.elapsed().as_nanos() as u64).into()
             },
         )
         .and_then(|v| as_u64(&v, "monotonic-clock.now"));
-        let nanos = keep(&self.journal, nanos, 0);
-        if self.base.get().is_none() {
-            self.replayed.store(nanos, Relaxed);
+        let nanos = keep(&clock.journal, nanos, 0);
+        if clock.base.get().is_none() {
+            clock.replayed.store(nanos, Relaxed);
         }
         nanos
     }
@@ -283,6 +287,6 @@ mod tests {
             second_live - first_live < 60_000_000_000,
             "the base was counted twice: {first_live} then {second_live}"
         );
-        assert!(lock(&clock.journal).stop().is_none());
+        assert!(lock(&clock.0.journal).stop().is_none());
     }
 }
