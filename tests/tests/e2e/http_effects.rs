@@ -732,15 +732,25 @@ timeout_ms = 60000
     ran.expect_code(0);
     assert_eq!(ran.json()["receipts"][0]["receipt"], "cmd-order");
     let pid = std::fs::read_to_string(sb.path("background.pid")).unwrap();
-    let stat = std::fs::read_to_string(format!("/proc/{}/stat", pid.trim())).unwrap_or_default();
-    // Gone, or a zombie nobody reaped yet: not running on.
-    let state = stat
-        .rsplit(')')
-        .next()
-        .unwrap_or("")
-        .split_whitespace()
-        .next();
-    assert!(matches!(state, None | Some("Z") | Some("X")), "{stat}");
+    // Killed with its group: gone, or a zombie nobody reaped yet, once the
+    // signal is delivered (the kill is sent before the run returns).
+    let ended = || {
+        let stat =
+            std::fs::read_to_string(format!("/proc/{}/stat", pid.trim())).unwrap_or_default();
+        let state = stat
+            .rsplit(')')
+            .next()
+            .unwrap_or("")
+            .split_whitespace()
+            .next()
+            .map(str::to_string);
+        matches!(state.as_deref(), None | Some("Z") | Some("X"))
+    };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !ended() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert!(ended(), "the background process runs on");
     assert!(
         !sb.path("survived").exists(),
         "the background process ran on"
