@@ -307,8 +307,21 @@ pub fn print_approvals(rows: &[ApprovalView]) {
             short(r.details_sha256.as_str().unwrap_or("")),
             Safe(r.subject.as_str().unwrap_or(""))
         );
+        // What is approved: the details, as the guest asked (their sha256
+        // is what `approve --details` names).
+        let details = r.details.to_string();
+        let shown = stephost_core::journal::truncate(&details, DETAILS_SHOWN_BYTES_MAX);
+        let cut = if shown.len() < details.len() {
+            " … (`approvals --json` shows all)"
+        } else {
+            ""
+        };
+        let _ = writeln!(out, "{:>33}details {}{cut}", "", Safe(shown));
     }
 }
+
+/// The most bytes of an approval's details the plain listing shows.
+const DETAILS_SHOWN_BYTES_MAX: usize = 400;
 
 /// The first 12 characters of a digest, as listings show it.
 fn short(digest: &str) -> &str {

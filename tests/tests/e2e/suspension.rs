@@ -69,6 +69,21 @@ fn an_approved_run_rechecks_the_stock_and_orders_once() {
     assert_eq!(listed[0]["subject"], "order 10 of WIDGET-7");
     assert_eq!(listed[0]["details"]["quantity"], 10);
     assert_eq!(listed[0]["details_sha256"].as_str().unwrap().len(), 64);
+    // The plain listing shows what is approved and the prefix to name.
+    let text = sb.stephost(&["approvals"]);
+    text.expect_code(0);
+    assert!(
+        text.stdout.contains("order 10 of WIDGET-7"),
+        "{}",
+        text.stdout
+    );
+    assert!(text.stdout.contains("\"quantity\":10"), "{}", text.stdout);
+    assert!(
+        text.stdout
+            .contains(&listed[0]["details_sha256"].as_str().unwrap()[..12]),
+        "{}",
+        text.stdout
+    );
     assert!(
         sb.received("orders.jsonl").is_empty(),
         "ordered before approval"
