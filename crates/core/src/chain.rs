@@ -81,7 +81,14 @@ pub struct Broken {
     /// The call where the chain breaks, if it is a call.
     pub seq: Option<u64>,
     pub reason: String,
+    /// Nothing is known to be changed: the record is signed and no key was
+    /// given to check it with.
+    pub needs_key: bool,
 }
+
+/// Why a signed record cannot be checked without the key.
+const NEEDS_KEY: &str =
+    "set the chain key (STEPHOST_CHAIN_KEY_FILE or STEPHOST_CHAIN_KEY) to check it";
 
 /// What checking a run's record found.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -278,6 +285,7 @@ impl Signer {
             let broken = |reason: String| Broken {
                 seq: Some(call.seq),
                 reason,
+                needs_key: false,
             };
             if call.seq != index as u64 + 1 {
                 return Err(broken(format!(
@@ -348,15 +356,15 @@ impl Signer {
         let broken = |reason: String| Broken {
             seq: Some(call.seq),
             reason,
+            needs_key: false,
         };
         let outcome = call.outcome.as_deref();
         if found.starts_with(SIGNED) {
             if !self.is_keyed() {
-                return Err(broken(
-                    "its link is signed; set the chain key (STEPHOST_CHAIN_KEY_FILE or \
-                     STEPHOST_CHAIN_KEY) to check it"
-                        .into(),
-                ));
+                return Err(Broken {
+                    needs_key: true,
+                    ..broken(format!("its link is signed; {NEEDS_KEY}"))
+                });
             }
             return Ok(self.link(
                 previous,
@@ -392,19 +400,25 @@ impl Signer {
         head: &Head,
         calls: &[CallRecord],
     ) -> Result<(), Broken> {
-        let broken = |reason: String| Broken { seq: None, reason };
+        let broken = |reason: String| Broken {
+            seq: None,
+            reason,
+            needs_key: false,
+        };
         let found: Seal = serde_json::from_str(seal)
             .map_err(|_| broken("the run's seal is not a seal".into()))?;
-        if found.chain.starts_with(SIGNED) != self.is_keyed() {
-            return Err(broken(if self.is_keyed() {
+        if found.chain.starts_with(SIGNED) && !self.is_keyed() {
+            return Err(Broken {
+                needs_key: true,
+                ..broken(format!("the run's seal is signed; {NEEDS_KEY}"))
+            });
+        }
+        if self.is_keyed() && !found.chain.starts_with(SIGNED) {
+            return Err(broken(
                 "the run's seal is not signed with the chain key: it was made without the key, \
                  or forged"
-                    .into()
-            } else {
-                "the run's seal is signed; set the chain key (STEPHOST_CHAIN_KEY_FILE or \
-                 STEPHOST_CHAIN_KEY) to check it"
-                    .into()
-            }));
+                    .into(),
+            ));
         }
         let sealed_head = Head {
             seq: found.calls,

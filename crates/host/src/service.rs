@@ -178,6 +178,8 @@ pub enum Verification {
         seq: Option<u64>,
         reason: String,
     },
+    /// The record is signed and no chain key was given to check it with.
+    NeedsKey { reason: String },
 }
 
 /// Checks a run's chain of calls and, given its row, the row's seal.
@@ -188,6 +190,9 @@ pub fn verify(signer: &Signer, calls: &[CallRecord], run: Option<&RunRecord>) ->
             links: v.links,
             signed: v.signed,
             sealed: v.sealed,
+        },
+        Err(broken) if broken.needs_key => Verification::NeedsKey {
+            reason: broken.reason,
         },
         Err(broken) => Verification::Broken {
             seq: broken.seq,
