@@ -142,14 +142,9 @@ impl Signer {
             Some(key) => key.finish(h),
             None => h.finalize().into(),
         };
-        const DIGITS: &[u8; 16] = b"0123456789abcdef";
         out.clear();
-        out.reserve(self.prefix().len() + 64);
         out.push_str(self.prefix());
-        for b in digest {
-            out.push(DIGITS[(b >> 4) as usize] as char);
-            out.push(DIGITS[(b & 0x0f) as usize] as char);
-        }
+        crate::ids::push_hex(out, &digest);
     }
 
     fn digest(&self, domain: &[u8], fields: &[&[u8]]) -> String {
@@ -172,21 +167,8 @@ impl Signer {
         resolved_by: Option<&str>,
     ) {
         let mut h = self.hasher(b"stephost/chain/v2");
-        feed(
-            &mut h,
-            &[
-                previous.as_bytes(),
-                &call.seq.to_le_bytes(),
-                call.class.as_str().as_bytes(),
-                call.interface.as_bytes(),
-                call.function.as_bytes(),
-                call.operation_id.as_bytes(),
-                call.request_hash.as_bytes(),
-                state.as_str().as_bytes(),
-                outcome.unwrap_or("").as_bytes(),
-                resolved_by.unwrap_or("").as_bytes(),
-            ],
-        );
+        feed_link(&mut h, previous, call, state, outcome);
+        feed(&mut h, &[resolved_by.unwrap_or("").as_bytes()]);
         self.finish_into(out, h);
     }
 
@@ -206,7 +188,12 @@ impl Signer {
 
     /// The seal of `run`'s row with its chain ending at `head`.
     pub fn seal(&self, run: &RunRecord, head: &Head) -> String {
-        let seal = Seal {
+        serde_json::to_string(&self.seal_parts(run, head)).expect("a seal serializes")
+    }
+
+    /// [`Signer::seal`], as its parts.
+    fn seal_parts(&self, run: &RunRecord, head: &Head) -> Seal {
+        Seal {
             calls: head.seq,
             head: head.link.clone(),
             input: self.digest(
@@ -231,8 +218,7 @@ impl Signer {
                     head.link.as_bytes(),
                 ],
             ),
-        };
-        serde_json::to_string(&seal).expect("a seal serializes")
+        }
     }
 
     /// A finished run's end: status, output, error and exit code. An
@@ -424,8 +410,7 @@ impl Signer {
             seq: found.calls,
             link: found.head.clone(),
         };
-        let expected: Seal =
-            serde_json::from_str(&self.seal(run, &sealed_head)).expect("a seal made here parses");
+        let expected = self.seal_parts(run, &sealed_head);
         let same = |a: &str, b: &str| ct_eq(a.as_bytes(), b.as_bytes());
         if !same(&found.chain, &expected.chain) {
             return Err(broken(
@@ -478,19 +463,18 @@ impl Signer {
     }
 }
 
-fn feed(h: &mut Sha256, fields: &[&[u8]]) {
-    for field in fields {
-        h.update((field.len() as u64).to_le_bytes());
-        h.update(field);
-    }
-}
+use crate::ids::feed_fields as feed;
 
-/// A link of the first format: plain SHA-256, not covering who decided.
-fn link_v1(previous: &str, call: &CallRecord) -> String {
-    let mut h = Sha256::new();
-    h.update(b"stephost/chain/v1");
+/// The fields every link covers, in order (who decided follows in v2).
+fn feed_link(
+    h: &mut Sha256,
+    previous: &str,
+    call: &CallRecord,
+    state: CallState,
+    outcome: Option<&str>,
+) {
     feed(
-        &mut h,
+        h,
         &[
             previous.as_bytes(),
             &call.seq.to_le_bytes(),
@@ -499,10 +483,17 @@ fn link_v1(previous: &str, call: &CallRecord) -> String {
             call.function.as_bytes(),
             call.operation_id.as_bytes(),
             call.request_hash.as_bytes(),
-            call.state.as_str().as_bytes(),
-            call.outcome.as_deref().unwrap_or("").as_bytes(),
+            state.as_str().as_bytes(),
+            outcome.unwrap_or("").as_bytes(),
         ],
     );
+}
+
+/// A link of the first format: plain SHA-256, not covering who decided.
+fn link_v1(previous: &str, call: &CallRecord) -> String {
+    let mut h = Sha256::new();
+    h.update(b"stephost/chain/v1");
+    feed_link(&mut h, previous, call, call.state, call.outcome.as_deref());
     let mut out = String::new();
     crate::ids::to_hex_into(&mut out, &h.finalize());
     out

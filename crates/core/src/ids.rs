@@ -35,15 +35,28 @@ pub fn to_hex(bytes: &[u8]) -> String {
 
 /// [`to_hex`] into `out`'s buffer.
 pub fn to_hex_into(out: &mut String, bytes: &[u8]) {
+    out.clear();
+    push_hex(out, bytes);
+}
+
+/// Appends `bytes` to `out` as lowercase hex.
+pub fn push_hex(out: &mut String, bytes: &[u8]) {
     const DIGITS: &[u8; 16] = b"0123456789abcdef";
-    let mut hex = std::mem::take(out).into_bytes();
-    hex.clear();
-    hex.resize(bytes.len() * 2, 0);
-    for (pair, &b) in hex.chunks_exact_mut(2).zip(bytes) {
-        pair[0] = DIGITS[(b >> 4) as usize];
-        pair[1] = DIGITS[(b & 0x0f) as usize];
+    out.reserve(bytes.len() * 2);
+    for &b in bytes {
+        out.push(DIGITS[(b >> 4) as usize] as char);
+        out.push(DIGITS[(b & 0x0f) as usize] as char);
     }
-    *out = String::from_utf8(hex).expect("hex digits are ASCII");
+}
+
+/// Feeds `fields` to `h`, each with its length first, so that no two
+/// lists of fields hash alike.
+pub fn feed_fields(h: &mut sha2::Sha256, fields: &[&[u8]]) {
+    use sha2::Digest;
+    for field in fields {
+        h.update((field.len() as u64).to_le_bytes());
+        h.update(field);
+    }
 }
 
 /// The content address of a module: hex sha256 of its bytes.

@@ -44,12 +44,31 @@ impl Outcome {
         }
     }
 
-    /// About the bytes this outcome records: a string value or an error's
-    /// message by its length (no serialization), anything else serialized.
+    /// About the bytes this outcome records: a string or an error message
+    /// by its length, an integer (a clock or random reading, on every call)
+    /// as `{"ok":N}` counted without serializing it, anything else
+    /// serialized.
     pub fn recorded_bytes(&self) -> u64 {
+        use serde_json::Value;
         match self {
-            Outcome::Ok(serde_json::Value::String(s)) => s.len() as u64,
-            Outcome::Ok(serde_json::Value::Null) => 0,
+            Outcome::Ok(Value::String(s)) => s.len() as u64,
+            Outcome::Ok(Value::Null) => 0,
+            Outcome::Ok(Value::Number(n)) if n.is_u64() || n.is_i64() => {
+                let digits = |mut v: u64| {
+                    let mut d = 1;
+                    while v >= 10 {
+                        v /= 10;
+                        d += 1;
+                    }
+                    d
+                };
+                let len = match (n.as_u64(), n.as_i64()) {
+                    (Some(u), _) => digits(u),
+                    (None, Some(i)) => 1 + digits(i.unsigned_abs()),
+                    _ => unreachable!("an integer"),
+                };
+                len + 7
+            }
             Outcome::Err(e) => e.message.len() as u64,
             other => other.to_json().len() as u64,
         }

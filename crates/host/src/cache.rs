@@ -55,10 +55,7 @@ impl DiskCache {
     fn mac(&self, digest: &str, mut compiled: impl std::io::Read) -> std::io::Result<[u8; 32]> {
         use sha2::Digest;
         let mut h = self.key.start();
-        for part in [digest.as_bytes(), self.engine_key.as_bytes()] {
-            h.update((part.len() as u64).to_le_bytes());
-            h.update(part);
-        }
+        stephost_core::ids::feed_fields(&mut h, &[digest.as_bytes(), self.engine_key.as_bytes()]);
         // In chunks: a whole file read into fresh memory costs its page
         // faults on every load.
         let mut chunk = vec![0u8; 64 * 1024];

@@ -207,17 +207,8 @@ fn poll_oneoff(
     }
     let streams_ready = subs.iter().any(|(_, tag, _)| *tag != 0);
     let earliest = subs.iter().filter_map(|(_, _, w)| *w).min();
-    if !streams_ready && let Some(nanos) = earliest.filter(|n| *n > 0) {
-        let ms = nanos.div_ceil(1_000_000);
-        if let Err(stop) = crate::imports::timers::durable_sleep(
-            &journal,
-            crate::imports::wasi::WAIT_INTERFACE,
-            "poll_oneoff",
-            ms,
-        ) {
-            lock(&journal).set_stop(stop.clone());
-            return Err(trap(stop));
-        }
+    if !streams_ready && let Some(nanos) = earliest {
+        crate::imports::timers::durable_wait(&journal, "poll_oneoff", nanos)?;
     }
     // Every stream subscription, or else every clock due by now.
     let waited = if streams_ready {

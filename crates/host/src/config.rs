@@ -241,11 +241,11 @@ pub struct LlmConfig {
 }
 
 fn default_not_received_statuses() -> Vec<u16> {
-    vec![429, 503]
+    crate::effects::http::Statuses::default().not_received
 }
 
 fn default_lookup_not_found_statuses() -> Vec<u16> {
-    vec![404, 410]
+    crate::effects::http::Statuses::default().lookup_not_found
 }
 
 fn default_lookup_not_found_exit() -> i32 {

@@ -1300,6 +1300,30 @@ impl Journal {
     /// A line from the step's log. Not a ledger call: lines already in the
     /// ledger (from an earlier execution of the same prefix) are not written
     /// again, and are passed to the sink marked as replayed.
+    /// Counts one more log line of `bytes` against `log_lines_max`,
+    /// `log_bytes_max` and the run's recorded bytes.
+    fn charge_log(&mut self, bytes: u64) -> Result<(), Stop> {
+        self.log_lines += 1;
+        self.log_bytes = self.log_bytes.saturating_add(bytes);
+        let limits = &self.limits;
+        let past = if self.log_lines > limits.log_lines_max {
+            format!(
+                "more than log_lines_max = {} log lines",
+                limits.log_lines_max
+            )
+        } else if self.log_bytes > limits.log_bytes_max {
+            format!(
+                "more than log_bytes_max = {} bytes of log lines",
+                limits.log_bytes_max
+            )
+        } else {
+            return self.charge(bytes);
+        };
+        Err(Stop::Limit(format!(
+            "the run wrote {past}; raise it in [limits] if the step is meant to"
+        )))
+    }
+
     pub fn log(&mut self, level: &str, message: &str) -> Result<(), Stop> {
         if let Some(stop) = &self.stop {
             return Err(stop.clone());
@@ -1307,33 +1331,8 @@ impl Journal {
         let after_seq = self.next_seq - 1;
         let max = self.limits.payload_bytes_max as usize;
         let message = truncate(message, max);
-        self.log_lines += 1;
-        self.log_bytes = self.log_bytes.saturating_add(message.len() as u64);
-        let limits = &self.limits;
-        let past = if self.log_lines > limits.log_lines_max {
-            Some(format!(
-                "more than log_lines_max = {} log lines",
-                limits.log_lines_max
-            ))
-        } else if self.log_bytes > limits.log_bytes_max {
-            Some(format!(
-                "more than log_bytes_max = {} bytes of log lines",
-                limits.log_bytes_max
-            ))
-        } else {
-            None
-        };
-        if let Some(past) = past {
-            let stop = Stop::Limit(format!(
-                "the run wrote {past}; raise it in [limits] if the step is meant to"
-            ));
-            self.stop = Some(stop.clone());
-            return Err(stop);
-        }
-        if let Err(stop) = self.charge(message.len() as u64) {
-            self.stop = Some(stop.clone());
-            return Err(stop);
-        }
+        let charged = self.charge_log(message.len() as u64);
+        self.stopping(charged)?;
         let record = LogRecord {
             after_seq,
             level: level.to_string(),

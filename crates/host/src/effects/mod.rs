@@ -301,16 +301,20 @@ impl EffectCall<'_> {
     /// Asks the receiver about the operation, again under the effect's
     /// retry policy while the lookup fails for a reason that may pass.
     fn ask(&mut self, op: &OpContext<'_>, attempts: &mut Attempts<'_>) -> Answer {
+        let first = std::time::Instant::now();
         let mut started = stephost_core::clock::now_ms();
         let mut lookup = self.effect.handler.lookup(&self.request(op));
         let mut n = 1;
         while let Err(Failure::Retryable { message, .. }) = &lookup {
-            if n >= self.effect.retry.max_attempts.max(1) {
+            let pause = self.effect.retry.backoff(n + 1, 0.5);
+            if n >= self.effect.retry.max_attempts.max(1)
+                || first.elapsed().saturating_add(pause) > self.wall_left
+            {
                 break;
             }
             attempts.record("lookup", started, "error", Some(message));
             n += 1;
-            (self.sleep)(self.effect.retry.backoff(n, 0.5));
+            (self.sleep)(pause);
             started = stephost_core::clock::now_ms();
             lookup = self.effect.handler.lookup(&self.request(op));
         }

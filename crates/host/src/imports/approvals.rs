@@ -7,8 +7,6 @@
 //! ([`stephost_core::settle::decide_approval`]), or until it expires, when
 //! the execution that finds it expired records `expired`.
 
-use sha2::Digest;
-
 use crate::bindings::CallError;
 use crate::bindings::stephost::step::approvals::{Decision, Host, Verdict};
 use crate::imports::effects::to_guest;
@@ -80,8 +78,10 @@ impl Host for StepState {
         details: String,
         ttl_seconds: u64,
     ) -> wasmtime::Result<Result<Decision, CallError>> {
-        let limits = lock(&self.journal).limits().clone();
-        // Sizes are checked before anything is parsed or copied again.
+        let mut journal = lock(&self.journal);
+        let limits = journal.limits();
+        // Sizes are checked before anything is parsed or copied again; the
+        // recorded request is then bounded by the two limits.
         let too_large = if subject.len() as u64 > limits.approval_subject_bytes_max {
             Some(format!(
                 "an approval subject of {} bytes; approval_subject_bytes_max = {}",
@@ -98,25 +98,20 @@ impl Host for StepState {
             None
         };
         if let Some(what) = too_large {
-            return Err(self.fail(stephost_core::journal::Stop::Limit(format!(
-                "the step asked for {what}"
-            ))));
+            let stop = stephost_core::journal::Stop::Limit(format!("the step asked for {what}"));
+            journal.set_stop(stop.clone());
+            return Err(trap(stop));
         }
-        let mut journal = lock(&self.journal);
-        let max = limits.payload_bytes_max as usize;
         let parsed = serde_json::from_str::<serde_json::Value>(&details);
         let request = serde_json::json!({
             "subject": subject,
             "details": parsed.as_ref().ok(),
-            "details_sha256": hex::encode(sha2::Sha256::digest(details.as_bytes())),
+            "details_sha256": crate::effects::payload_sha256(&details),
             "ttl_seconds": ttl_seconds,
         })
         .to_string();
         let refusal = match &parsed {
             Err(e) => Some(format!("details are not JSON: {e}")),
-            Ok(_) if request.len() > max => Some(format!(
-                "the approval request is larger than payload_bytes_max = {max}"
-            )),
             Ok(_) if ttl_seconds == 0 => Some("ttl-seconds must be at least 1".to_string()),
             Ok(_) => None,
         };

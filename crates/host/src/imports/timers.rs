@@ -71,6 +71,17 @@ pub fn durable_sleep(
     crate::effects::blocking(|| lock(journal).call(&spec, &mut Sleep { ms })).map(|_| ())
 }
 
+/// A WASI wait of `nanos` (a clock subscription, a `poll_oneoff`) as a
+/// durable sleep recorded as call `function`; a wait of zero is none, and
+/// is not recorded.
+pub fn durable_wait(journal: &Mutex<Journal>, function: &str, nanos: u64) -> wasmtime::Result<()> {
+    if nanos == 0 {
+        return Ok(());
+    }
+    let ms = nanos.div_ceil(1_000_000);
+    durable_sleep(journal, crate::imports::wasi::WAIT_INTERFACE, function, ms).map_err(trap)
+}
+
 impl Host for StepState {
     fn sleep(&mut self, ms: u64) -> wasmtime::Result<()> {
         durable_sleep(&self.journal, INTERFACE, "sleep", ms).map_err(trap)

@@ -92,11 +92,7 @@ fn wait(
     function: &str,
     nanos: u64,
 ) -> wasmtime::Result<Resource<wasmtime_wasi::p2::DynPollable>> {
-    if nanos > 0 {
-        let ms = nanos.div_ceil(1_000_000);
-        crate::imports::timers::durable_sleep(&state.journal, WAIT_INTERFACE, function, ms)
-            .map_err(|s| state.fail(s))?;
-    }
+    crate::imports::timers::durable_wait(&state.journal, function, nanos)?;
     let ready = state.table.push(Ready)?;
     wasmtime_wasi::p2::subscribe(&mut state.table, ready)
 }
