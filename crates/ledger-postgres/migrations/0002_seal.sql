@@ -3,7 +3,9 @@
 -- execution's end writes it through stephost_commit's new e_seal.
 ALTER TABLE runs ADD COLUMN seal text;
 
-DROP FUNCTION stephost_commit(text, bigint, boolean, text[], text[], bigint[], text[], text[], text[], text[], text[], boolean[], text[], text[], text[], boolean[], bigint[], bigint[], text[], text[], bigint[], text[], text[], boolean[], bigint[], text[], text[], bigint[], text[], text[], bigint[], bigint, bigint, text, text, text, integer, bigint, bigint, bigint, text[], bigint[]);
+-- The function gains a parameter: the old one goes first (its name is
+-- unique in the schema, so no argument list is needed).
+DROP FUNCTION stephost_commit;
 
 CREATE FUNCTION stephost_commit(
     p_run_id text, p_fence bigint, p_async boolean,

@@ -121,6 +121,11 @@ pub async fn apply(conn: &mut PgConn, jobs: &[Job<'_>]) -> Result<(), Failed> {
         };
         return Err(Failed::Job(p.job, failed));
     }
+    // Only "aborted" errors: the transaction failed somewhere its results
+    // do not say; nothing was committed.
+    if let Some(Err(e)) = results.iter().find(|r| r.is_err()) {
+        return Err(Failed::All(error_of(e)));
+    }
     Ok(())
 }
 
