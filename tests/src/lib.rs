@@ -64,7 +64,7 @@ pub struct Ran {
 }
 
 impl Ran {
-    pub fn from(output: Output) -> Self {
+    fn from(output: Output) -> Self {
         use std::os::unix::process::ExitStatusExt;
         Ran {
             code: output.status.code(),
@@ -279,9 +279,22 @@ impl Sandbox {
 
     /// `stephost` with a crash point armed.
     pub fn stephost_crashing_at(&self, point: &str, args: &[&str]) -> Ran {
-        let mut cmd = self.command(args);
-        cmd.env("STEPHOST_CRASH_AT", point);
-        Ran::from(cmd.output().expect("start stephost"))
+        self.stephost_with_env("STEPHOST_CRASH_AT", point, args)
+    }
+
+    /// `stephost ARGS` with the environment variable `name` set to `value`.
+    pub fn stephost_with_env(
+        &self,
+        name: &str,
+        value: impl AsRef<std::ffi::OsStr>,
+        args: &[&str],
+    ) -> Ran {
+        Ran::from(
+            self.command(args)
+                .env(name, value)
+                .output()
+                .expect("start stephost"),
+        )
     }
 
     /// `stephost run GUEST --input INPUT --run-id ID`.

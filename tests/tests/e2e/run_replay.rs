@@ -355,5 +355,6 @@ fn text_a_step_chose_cannot_forge_lines_or_send_escapes_to_a_terminal() {
     );
     assert!(ran.stderr.contains("\\u{1b}[2J"), "{}", ran.stderr);
     let show = sb.stephost(&["show", "esc"]);
+    show.expect_code(0);
     assert!(!show.stdout.contains('\u{1b}'), "{:?}", show.stdout);
 }

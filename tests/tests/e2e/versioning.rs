@@ -196,12 +196,7 @@ fn resume_with_another_build_is_refused_naming_both() {
 
 /// `stephost ARGS` with the compiled-component cache in `cache`.
 fn with_cache(sb: &Sandbox, cache: &std::path::Path, args: &[&str]) -> stephost_tests::Ran {
-    stephost_tests::Ran::from(
-        sb.command(args)
-            .env("STEPHOST_CACHE_DIR", cache)
-            .output()
-            .unwrap(),
-    )
+    sb.stephost_with_env("STEPHOST_CACHE_DIR", cache, args)
 }
 
 fn digest_of(sb: &Sandbox, run_id: &str) -> String {
@@ -278,8 +273,12 @@ fn a_changed_module_row_is_refused_before_it_runs() {
     sb.run(guests::DIVERGENT, r#"{"count":1}"#, "other")
         .expect_code(0);
     let (pinned, other) = (digest_of(&sb, "p"), digest_of(&sb, "other"));
-    // An SQLite ledger and its WAL are their owner's only.
+    // An SQLite ledger and its WAL (while it is there) are their owner's
+    // only.
     use std::os::unix::fs::PermissionsExt;
+    if stephost_tests::test_backend() == stephost_tests::Backend::Sqlite {
+        assert!(sb.db().is_file(), "no ledger at {}", sb.db().display());
+    }
     for file in [sb.db(), sb.db().with_extension("db-wal")] {
         if let Ok(meta) = std::fs::metadata(&file) {
             assert_eq!(
@@ -313,18 +312,23 @@ fn a_changed_module_row_is_refused_before_it_runs() {
     );
 }
 
-/// An exported run, edited by `edit` and written to `name`; `verify` of it.
+/// An exported run, edited by `edit` and written to `name`.
+fn write_edited(sb: &Sandbox, run_id: &str, name: &str, edit: impl FnOnce(&mut Value)) {
+    let export = sb.stephost(&["export", run_id]);
+    export.expect_code(0);
+    let mut fixture: Value = serde_json::from_str(&export.stdout).unwrap();
+    edit(&mut fixture);
+    std::fs::write(sb.path(name), fixture.to_string()).unwrap();
+}
+
+/// [`write_edited`], then `verify` of the file.
 fn verify_edited(
     sb: &Sandbox,
     run_id: &str,
     name: &str,
     edit: impl FnOnce(&mut Value),
 ) -> stephost_tests::Ran {
-    let export = sb.stephost(&["export", run_id]);
-    export.expect_code(0);
-    let mut fixture: Value = serde_json::from_str(&export.stdout).unwrap();
-    edit(&mut fixture);
-    std::fs::write(sb.path(name), fixture.to_string()).unwrap();
+    write_edited(sb, run_id, name, edit);
     sb.stephost(&["verify", name])
 }
 
@@ -403,14 +407,7 @@ path = "orders.jsonl"
     std::fs::write(&key, "0123456789abcdef0123456789abcdef\n").unwrap();
     use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).unwrap();
-    let keyed = |args: &[&str]| {
-        stephost_tests::Ran::from(
-            sb.command(args)
-                .env("STEPHOST_CHAIN_KEY_FILE", &key)
-                .output()
-                .unwrap(),
-        )
-    };
+    let keyed = |args: &[&str]| sb.stephost_with_env("STEPHOST_CHAIN_KEY_FILE", &key, args);
     keyed(&[
         "run",
         guests::APPROVAL_STEP,
@@ -442,11 +439,10 @@ path = "orders.jsonl"
     );
 
     // Who decided is covered: another name breaks the decision's link.
-    let export = keyed(&["export", "k"]);
-    let mut fixture: Value = serde_json::from_str(&export.stdout).unwrap();
-    assert_eq!(fixture["calls"][0]["resolved_by"], "alice");
-    fixture["calls"][0]["resolved_by"] = Value::String("mallory".into());
-    std::fs::write(sb.path("who.json"), fixture.to_string()).unwrap();
+    write_edited(&sb, "k", "who.json", |f| {
+        assert_eq!(f["calls"][0]["resolved_by"], "alice");
+        f["calls"][0]["resolved_by"] = Value::String("mallory".into());
+    });
     let who = keyed(&["verify", "who.json"]);
     who.expect_code(4);
     assert!(who.stdout.contains("call #1"), "{}", who.stdout);

@@ -358,6 +358,10 @@ fn sigterm_drains_a_worker_whose_run_computes_without_calls() {
         !sb.show("spin")["run"]["owner"].is_null()
     });
     signal(&w, "TERM");
+    // A worker that does not drain fails the test rather than hanging it.
+    wait_until("the worker to drain", Duration::from_secs(60), || {
+        w.try_wait().unwrap().is_some()
+    });
     let status = w.wait().unwrap();
     assert_eq!(status.code(), Some(0), "the worker did not drain cleanly");
     let run = sb.show("spin")["run"].clone();
@@ -366,6 +370,8 @@ fn sigterm_drains_a_worker_whose_run_computes_without_calls() {
         "the claim was not released: {run:#}"
     );
     assert_ne!(run["status"], "failed", "{run:#}");
+    // Released where it was: left to another worker, which replays it.
+    assert_eq!(run["status"], "running", "{run:#}");
 }
 
 /// The peak resident memory of process `pid` (VmHWM), in bytes.
