@@ -51,6 +51,43 @@ fn wait_until(what: &str, limit: Duration, mut done: impl FnMut() -> bool) {
     }
 }
 
+/// How many runs have completed.
+fn completed(sb: &Sandbox) -> usize {
+    statuses(sb)
+        .iter()
+        .filter(|(_, s, _)| s == "completed")
+        .count()
+}
+
+/// SIGTERM to every worker, then waits for each.
+fn stop_workers(workers: &mut [Child]) {
+    for w in workers.iter() {
+        signal(w, "TERM");
+    }
+    for w in workers.iter_mut() {
+        w.wait().unwrap();
+    }
+}
+
+/// Every call of each run succeeded, and every write (at `seqs`) is
+/// accounted for by its attempts: sent once, or found at the receiver after
+/// a crash; never sent twice.
+fn each_write_sent_once(sb: &Sandbox, run_ids: impl Iterator<Item = String>, seqs: &[u64]) {
+    for id in run_ids {
+        let show = sb.show(&id);
+        assert!(calls(&show).iter().all(|c| c["state"] == "succeeded"));
+        for &seq in seqs {
+            let attempts = stephost_tests::attempts_for(&show, seq);
+            let sends = attempts.iter().filter(|a| a["kind"] == "send").count();
+            let found = attempts.iter().any(|a| a["result"] == "found");
+            assert!(
+                sends <= 1 && (sends == 1 || found),
+                "{id} #{seq}: {attempts:?}"
+            );
+        }
+    }
+}
+
 fn submit(sb: &Sandbox, count: u32, run_id: &str) {
     submit_step(
         sb,
@@ -456,31 +493,12 @@ fn runs_survive_workers_killed_at_random_with_one_effect_per_write() {
         Duration::from_millis(300),
         8,
     );
-    for w in &workers {
-        signal(w, "TERM");
-    }
-    for w in &mut workers {
-        w.wait().unwrap();
-    }
+    stop_workers(&mut workers);
     assert!(kills >= 3, "too few kills to mean anything: {kills}");
     let lines = sb.received("orders.jsonl");
     assert_eq!(lines.len(), runs * 3, "one business effect per write");
     distinct_operations(&lines);
-    for i in 0..runs {
-        let show = sb.show(&format!("s{i:02}"));
-        assert!(calls(&show).iter().all(|c| c["state"] == "succeeded"));
-        // Every write is accounted for by its attempts: sent once, or found
-        // at the receiver after a crash; never sent twice.
-        for seq in [3u64, 6, 9] {
-            let attempts = stephost_tests::attempts_for(&show, seq);
-            let sends = attempts.iter().filter(|a| a["kind"] == "send").count();
-            let found = attempts.iter().any(|a| a["result"] == "found");
-            assert!(
-                sends <= 1 && (sends == 1 || found),
-                "s{i:02} #{seq}: {attempts:?}"
-            );
-        }
-    }
+    each_write_sent_once(&sb, (0..runs).map(|i| format!("s{i:02}")), &[3, 6, 9]);
 }
 
 /// Starts `workers` fresh and kills one at random every `every` until every
@@ -499,10 +517,7 @@ fn kill_workers_until_done(
     let mut next_kill = Instant::now() + every;
     let mut pick = 7usize;
     loop {
-        let done = statuses(sb)
-            .iter()
-            .filter(|(_, s, _)| s == "completed")
-            .count();
+        let done = completed(sb);
         if done == runs {
             return kills;
         }
@@ -569,12 +584,7 @@ fn two_workers_killed_at_random_order_each_of_200_runs_exactly_once() {
         Duration::from_millis(250),
         6,
     );
-    for w in &workers {
-        signal(w, "TERM");
-    }
-    for w in &mut workers {
-        w.wait().unwrap();
-    }
+    stop_workers(&mut workers);
     assert!(kills >= 3, "too few kills to mean anything: {kills}");
     assert_eq!(receiver.business_effects(), runs, "one order per run");
     let mut keys: Vec<String> = receiver
@@ -609,50 +619,24 @@ fn a_postgresql_restart_under_load_loses_nothing_and_sends_nothing_twice() {
     // session is cut off, in-flight transactions roll back).
     for _ in 0..2 {
         std::thread::sleep(Duration::from_millis(400));
-        let done = statuses(&sb)
-            .iter()
-            .filter(|(_, s, _)| s == "completed")
-            .count();
+        let done = completed(&sb);
         assert!(done < runs, "the runs finished before the restart");
         cluster.restart().expect("restart PostgreSQL");
     }
-    let deadline = Instant::now() + Duration::from_secs(120);
-    loop {
-        let done = statuses(&sb)
-            .iter()
-            .filter(|(_, s, _)| s == "completed")
-            .count();
-        if done == runs {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "only {done} of {runs} runs completed after the restarts"
-        );
-        std::thread::sleep(Duration::from_millis(200));
-    }
-    for w in &workers {
-        signal(w, "TERM");
-    }
-    for w in &mut workers {
-        w.wait().unwrap();
-    }
+    wait_until(
+        "every run to complete after the restarts",
+        Duration::from_secs(120),
+        || completed(&sb) == runs,
+    );
+    stop_workers(&mut workers);
     let lines = sb.received("orders.jsonl");
     assert_eq!(lines.len(), runs * 6, "one business effect per write");
     distinct_operations(&lines);
-    for i in 0..runs {
-        let show = sb.show(&format!("p{i:02}"));
-        assert!(calls(&show).iter().all(|c| c["state"] == "succeeded"));
-        for seq in [3u64, 6, 9, 12, 15, 18] {
-            let attempts = stephost_tests::attempts_for(&show, seq);
-            let sends = attempts.iter().filter(|a| a["kind"] == "send").count();
-            let found = attempts.iter().any(|a| a["result"] == "found");
-            assert!(
-                sends <= 1 && (sends == 1 || found),
-                "p{i:02} #{seq}: {attempts:?}"
-            );
-        }
-    }
+    each_write_sent_once(
+        &sb,
+        (0..runs).map(|i| format!("p{i:02}")),
+        &[3, 6, 9, 12, 15, 18],
+    );
 }
 
 /// An HTTP receiver on 127.0.0.1 that holds each request until `parties`
