@@ -51,6 +51,25 @@ fn wait_until(what: &str, limit: Duration, mut done: impl FnMut() -> bool) {
     }
 }
 
+/// Freezes `worker` (SIGSTOP) once the file receiver's lock is free: a
+/// write has been appended and fsync'd and its slow reply is pending, so
+/// the frozen process holds no lock another worker's write would wait for.
+fn stop_between_writes(sb: &Sandbox, worker: &Child) {
+    let lock = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(sb.path("orders.jsonl.lock"))
+        .unwrap();
+    wait_until(
+        "the receiver's lock to be free",
+        Duration::from_secs(60),
+        || lock.try_lock().is_ok(),
+    );
+    lock.unlock().unwrap();
+    signal(worker, "STOP");
+}
+
 /// How many runs have completed.
 fn completed(sb: &Sandbox) -> usize {
     statuses(sb)
@@ -307,7 +326,7 @@ fn a_frozen_worker_that_wakes_after_losing_its_lease_writes_and_sends_nothing() 
     wait_until("the zombie's first write", Duration::from_secs(60), || {
         !sb.received("orders.jsonl").is_empty()
     });
-    signal(&zombie, "STOP");
+    stop_between_writes(&sb, &zombie);
     std::thread::sleep(Duration::from_millis(1500));
     // The successor claims once the lease has run out and finishes the run.
     sb.stephost(&["worker", "--lease-ms", "1000", "--exit-when-idle"])
@@ -351,7 +370,7 @@ fn an_upgrade_while_the_old_worker_is_frozen_fences_the_old_build_out() {
         Duration::from_secs(60),
         || !sb.received("orders.jsonl").is_empty(),
     );
-    signal(&old, "STOP");
+    stop_between_writes(&sb, &old);
     std::thread::sleep(Duration::from_millis(1500));
     // The divergent build differs from the second write on: the history so
     // far (one write) replays, so the run is repinned.
