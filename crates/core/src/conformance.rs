@@ -16,6 +16,7 @@ use crate::approvals::{self, Decision, Verdict};
 use crate::chain::Signer;
 use crate::lifecycle::Repin;
 use crate::lifecycle::{self, ClaimMode};
+use crate::notices::{self, Notice, NoticeAttempt, NoticeEvent, NoticeState};
 use crate::records::{
     AttemptRecord, CallClass, CallRecord, CallState, Claim, Counters, LogRecord, NewRun, RunEnd,
     RunRecord, RunStatus,
@@ -60,7 +61,8 @@ macro_rules! conformance_tests {
             repin_moves_an_unheld_run_and_refuses_a_held_or_finished_one,
             a_long_history_streams_back_whole_and_in_order,
             large_bodies_and_conversations_read_back_byte_for_byte,
-            counters_add_up_across_commits_and_stores
+            counters_add_up_across_commits_and_stores,
+            notices_are_owed_once_taken_by_one_taker_and_settled_by_attempts
         );
     };
     (@cases $make:expr; $($case:ident),* $(,)?) => {
@@ -1371,5 +1373,103 @@ pub fn counters_add_up_across_commits_and_stores(make: &Make) {
     assert_eq!(
         counters,
         [("a_total".to_string(), 5), ("b_total".to_string(), 5)]
+    );
+}
+
+fn notice(webhook: &str, event: NoticeEvent, run_id: &str, seq: Option<u64>) -> Notice {
+    Notice {
+        delivery_id: notices::delivery_id(webhook, event, run_id, seq),
+        webhook: webhook.to_string(),
+        event,
+        run_id: run_id.to_string(),
+        body: format!(r#"{{"run_id":"{run_id}"}}"#),
+        created_at_ms: T0,
+        state: NoticeState::Owed,
+        next_at_ms: T0,
+        attempts: 0,
+        delivered_at_ms: None,
+        last_error: None,
+    }
+}
+
+pub fn notices_are_owed_once_taken_by_one_taker_and_settled_by_attempts(make: &Make) {
+    let ledger = make();
+    let (a, b) = (ledger.store(), ledger.store());
+    let parked = notice("ops", NoticeEvent::Parked, "r1", Some(2));
+    let failed = notice("ops", NoticeEvent::Failed, "r2", None);
+    assert_eq!(a.owe_notices(&[parked.clone(), failed.clone()]).unwrap(), 2);
+    // Owing the same event again, from another store, adds nothing.
+    let mut again = parked.clone();
+    again.body = "changed".into();
+    assert_eq!(b.owe_notices(&[again]).unwrap(), 0);
+    assert_eq!(
+        b.notices(None, 10).unwrap(),
+        vec![parked.clone(), failed.clone()]
+    );
+    assert_eq!(b.notices(Some("r2"), 10).unwrap(), vec![failed.clone()]);
+
+    // Nothing is due before its time; a taker holds what it takes.
+    assert!(a.take_notices(T0 - 1, T0 + 1_000, 10).unwrap().is_empty());
+    let taken = a.take_notices(T0, T0 + 1_000, 1).unwrap();
+    assert_eq!(taken.len(), 1);
+    assert_eq!(taken[0].next_at_ms, T0 + 1_000);
+    let other = b.take_notices(T0, T0 + 1_000, 10).unwrap();
+    assert_eq!(other.len(), 1, "the other taker gets only the one not held");
+    assert_ne!(other[0].delivery_id, taken[0].delivery_id);
+    assert!(a.take_notices(T0 + 999, T0 + 2_000, 10).unwrap().is_empty());
+
+    // Attempts: a retry moves the time, a delivery ends it.
+    let id = &parked.delivery_id;
+    let retry = NoticeAttempt::Retry {
+        next_at_ms: T0 + 5_000,
+        error: "HTTP 500".into(),
+    };
+    a.notice_tried(id, &retry).unwrap();
+    let mut expected = parked.clone();
+    notices::apply(&mut expected, &retry);
+    let now = |store: &dyn Store| {
+        store
+            .notices(Some("r1"), 10)
+            .unwrap()
+            .into_iter()
+            .next()
+            .unwrap()
+    };
+    assert_eq!(now(b.as_ref()), expected);
+    assert!(
+        b.take_notices(T0 + 4_999, T0 + 9_000, 10)
+            .unwrap()
+            .iter()
+            .all(|n| n.delivery_id != *id)
+    );
+    let delivered = NoticeAttempt::Delivered { at_ms: T0 + 5_001 };
+    a.notice_tried(id, &delivered).unwrap();
+    notices::apply(&mut expected, &delivered);
+    let found = now(b.as_ref());
+    assert_eq!(found, expected);
+    assert_eq!(
+        (found.state, found.attempts, found.last_error.as_deref()),
+        (NoticeState::Delivered, 2, Some("HTTP 500"))
+    );
+    assert!(
+        b.take_notices(i64::MAX, i64::MAX, 10)
+            .unwrap()
+            .iter()
+            .all(|n| n.delivery_id != *id),
+        "a delivered notice is not sent again"
+    );
+
+    // An abandoned one is not taken again either.
+    a.notice_tried(
+        &failed.delivery_id,
+        &NoticeAttempt::Abandoned {
+            error: "HTTP 410".into(),
+        },
+    )
+    .unwrap();
+    assert!(b.take_notices(i64::MAX, i64::MAX, 10).unwrap().is_empty());
+    assert_eq!(
+        b.notices(Some("r2"), 10).unwrap()[0].state,
+        NoticeState::Abandoned
     );
 }

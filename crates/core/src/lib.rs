@@ -9,6 +9,7 @@
 //!   tamper-evident chain, content-addressed bodies.
 //! - [`store`]: the storage roles (pool, store, writer) every backend fills;
 //!   [`memory`] is one in memory, [`conformance`] the suite they all pass.
+//! - [`notices`]: notifications owed to webhooks, recorded before sent.
 //! - [`journal`]: the one durable wrapper every import call passes through,
 //!   over a [`history`] of recorded calls; [`outcome`] is what it records.
 
@@ -26,6 +27,7 @@ pub mod lifecycle;
 pub mod limits;
 pub mod mac;
 pub mod memory;
+pub mod notices;
 pub mod outcome;
 pub mod payload;
 pub mod records;

@@ -7,6 +7,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use crate::history::History;
 use crate::lifecycle;
+use crate::notices::{self, Notice, NoticeAttempt, NoticeState};
 use crate::records::{
     AttemptRecord, CallRecord, CallState, Claim, Counters, LogRecord, RunRecord, RunStatus,
 };
@@ -27,6 +28,8 @@ struct State {
     modules: HashMap<String, Vec<u8>>,
     runs: BTreeMap<String, RunRows>,
     counters: BTreeMap<String, i64>,
+    /// By delivery id, in the order they were owed.
+    notices: Vec<Notice>,
 }
 
 /// An in-memory ledger; clones share it.
@@ -292,6 +295,68 @@ impl Store for MemoryPool {
             .counters
             .iter()
             .map(|(k, v)| (k.clone(), *v))
+            .collect())
+    }
+
+    fn owe_notices(&self, owed: &[Notice]) -> StoreResult<usize> {
+        let mut state = self.lock();
+        let mut new = 0;
+        for notice in owed {
+            if !state
+                .notices
+                .iter()
+                .any(|n| n.delivery_id == notice.delivery_id)
+            {
+                state.notices.push(notice.clone());
+                new += 1;
+            }
+        }
+        Ok(new)
+    }
+
+    fn take_notices(
+        &self,
+        now_ms: i64,
+        hold_until_ms: i64,
+        limit: usize,
+    ) -> StoreResult<Vec<Notice>> {
+        let mut state = self.lock();
+        let mut due: Vec<&mut Notice> = state
+            .notices
+            .iter_mut()
+            .filter(|n| n.state == NoticeState::Owed && n.next_at_ms <= now_ms)
+            .collect();
+        due.sort_by_key(|n| n.next_at_ms);
+        Ok(due
+            .into_iter()
+            .take(limit)
+            .map(|n| {
+                n.next_at_ms = hold_until_ms;
+                n.clone()
+            })
+            .collect())
+    }
+
+    fn notice_tried(&self, delivery_id: &str, attempt: &NoticeAttempt) -> StoreResult<()> {
+        let mut state = self.lock();
+        if let Some(n) = state
+            .notices
+            .iter_mut()
+            .find(|n| n.delivery_id == delivery_id)
+        {
+            notices::apply(n, attempt);
+        }
+        Ok(())
+    }
+
+    fn notices(&self, run_id: Option<&str>, limit: usize) -> StoreResult<Vec<Notice>> {
+        Ok(self
+            .lock()
+            .notices
+            .iter()
+            .filter(|n| run_id.is_none_or(|r| n.run_id == r))
+            .take(limit)
+            .cloned()
             .collect())
     }
 }

@@ -29,6 +29,7 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::task::{Context, Poll, Waker};
 
 use crate::history::History;
+use crate::notices::{Notice, NoticeAttempt};
 use crate::records::{
     AttemptRecord, CallRecord, CallState, Claim, Counters, EndRow, LogRecord, RunRecord, RunStatus,
 };
@@ -109,6 +110,8 @@ pub struct RunQuery {
     pub step: Option<String>,
     pub created_after_ms: Option<i64>,
     pub created_before_ms: Option<i64>,
+    /// Only runs whose row changed after this time.
+    pub updated_after_ms: Option<i64>,
     /// Only runs created before this one in the listing's order (a page's
     /// last run id, for the next page).
     pub after_run_id: Option<String>,
@@ -129,6 +132,7 @@ impl RunQuery {
                 .is_none_or(|s| run.step.as_deref() == Some(s))
             && self.created_after_ms.is_none_or(|t| run.created_at_ms > t)
             && self.created_before_ms.is_none_or(|t| run.created_at_ms < t)
+            && self.updated_after_ms.is_none_or(|t| run.updated_at_ms > t)
     }
 }
 
@@ -228,6 +232,24 @@ pub trait Store: Send {
     /// Adds to the metric counters (kept in the ledger across restarts).
     fn add_counters(&self, counters: &Counters) -> StoreResult<()>;
     fn counters(&self) -> StoreResult<Vec<(String, i64)>>;
+
+    /// Records notices owed ([`crate::notices`]); one whose delivery id is
+    /// recorded already is left as it is. Durable when it returns; how many
+    /// were new.
+    fn owe_notices(&self, notices: &[Notice]) -> StoreResult<usize>;
+    /// Up to `limit` owed notices due at `now_ms`, earliest due first, each
+    /// held from other takers (its `next_at_ms` set) until `hold_until_ms`.
+    fn take_notices(
+        &self,
+        now_ms: i64,
+        hold_until_ms: i64,
+        limit: usize,
+    ) -> StoreResult<Vec<Notice>>;
+    /// Records an attempt to deliver the notice (durably).
+    fn notice_tried(&self, delivery_id: &str, attempt: &NoticeAttempt) -> StoreResult<()>;
+    /// The notices about run `run_id` (about any run, if none), oldest
+    /// first, at most `limit`.
+    fn notices(&self, run_id: Option<&str>, limit: usize) -> StoreResult<Vec<Notice>>;
 }
 
 /// One execution's commits.

@@ -2,6 +2,7 @@
 //! bodies kept apart by digest.
 
 use std::collections::HashMap;
+use stephost_core::notices::{Notice, NoticeEvent, NoticeState};
 
 use stephost_core::lifecycle;
 use stephost_core::payload;
@@ -55,6 +56,30 @@ pub fn run_from_row(r: &Row) -> Result<RunRecord, StoreError> {
         step: r.try_get(14).map_err(error)?,
         exit_code: r.try_get(15).map_err(error)?,
         seal: r.try_get(16).map_err(error)?,
+    })
+}
+
+pub const NOTICE_COLUMNS: &str = "delivery_id, webhook, event, run_id, body, created_at, state, \
+     next_at, attempts, delivered_at, last_error";
+
+pub fn notice_from_row(r: &Row) -> Result<Notice, StoreError> {
+    let event: &str = r.try_get(2).map_err(error)?;
+    let state: &str = r.try_get(6).map_err(error)?;
+    let attempts: i32 = r.try_get(8).map_err(error)?;
+    Ok(Notice {
+        delivery_id: r.try_get(0).map_err(error)?,
+        webhook: r.try_get(1).map_err(error)?,
+        event: NoticeEvent::parse(event)
+            .ok_or_else(|| StoreError::Corrupt(format!("a notice has event {event:?}")))?,
+        run_id: r.try_get(3).map_err(error)?,
+        body: r.try_get(4).map_err(error)?,
+        created_at_ms: r.try_get(5).map_err(error)?,
+        state: NoticeState::parse(state)
+            .ok_or_else(|| StoreError::Corrupt(format!("a notice has state {state:?}")))?,
+        next_at_ms: r.try_get(7).map_err(error)?,
+        attempts: attempts.max(0) as u32,
+        delivered_at_ms: r.try_get(9).map_err(error)?,
+        last_error: r.try_get(10).map_err(error)?,
     })
 }
 

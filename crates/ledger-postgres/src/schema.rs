@@ -11,6 +11,7 @@ use crate::errors::describe;
 const MIGRATIONS: &[&str] = &[
     include_str!("../migrations/0001_ledger.sql"),
     include_str!("../migrations/0002_seal.sql"),
+    include_str!("../migrations/0003_notices.sql"),
 ];
 
 /// The advisory lock key migrations hold ("stephost" in ASCII).

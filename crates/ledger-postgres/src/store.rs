@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use stephost_core::History;
 use stephost_core::journal::Counters;
+use stephost_core::notices::{Notice, NoticeAttempt};
 use stephost_core::store::{OpenCall, RunQuery, Settlement, Store, StoreResult};
 use stephost_core::{
     AttemptRecord, CallRecord, CallState, LogRecord, RunRecord, RunStatus, StoreError,
@@ -115,6 +116,9 @@ impl Store for PgStore {
         }
         if let Some(before) = query.created_before_ms {
             bind(&mut sql, " AND created_at < ?", boxed(before));
+        }
+        if let Some(after) = query.updated_after_ms {
+            bind(&mut sql, " AND updated_at > ?", boxed(after));
         }
         if let Some(after) = &query.after_run_id {
             bind(
@@ -427,6 +431,116 @@ impl Store for PgStore {
                 .iter()
                 .map(|r| (r.get(0), r.get(1)))
                 .collect())
+        })
+    }
+
+    fn owe_notices(&self, notices: &[Notice]) -> StoreResult<usize> {
+        if notices.is_empty() {
+            return Ok(0);
+        }
+        let notices = notices.to_vec();
+        self.shared.block(move |mut conn| async move {
+            let sql = format!(
+                "INSERT INTO notices ({}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11) \
+                 ON CONFLICT (delivery_id) DO NOTHING",
+                rows::NOTICE_COLUMNS
+            );
+            let tx = conn.client.transaction().await.map_err(error)?;
+            let statement = tx.prepare(&sql).await.map_err(error)?;
+            let mut new = 0;
+            for n in &notices {
+                new += tx
+                    .execute(
+                        &statement,
+                        &[
+                            &n.delivery_id,
+                            &n.webhook,
+                            &n.event.as_str(),
+                            &n.run_id,
+                            &n.body,
+                            &n.created_at_ms,
+                            &n.state.as_str(),
+                            &n.next_at_ms,
+                            &(n.attempts.min(i32::MAX as u32) as i32),
+                            &n.delivered_at_ms,
+                            &n.last_error,
+                        ],
+                    )
+                    .await
+                    .map_err(error)? as usize;
+            }
+            tx.commit().await.map_err(error)?;
+            Ok(new)
+        })
+    }
+
+    fn take_notices(
+        &self,
+        now_ms: i64,
+        hold_until_ms: i64,
+        limit: usize,
+    ) -> StoreResult<Vec<Notice>> {
+        let limit = limit.min(i64::MAX as usize) as i64;
+        self.shared.block(move |conn| async move {
+            let found = conn
+                .client
+                .query(
+                    format!(
+                        "UPDATE notices SET next_at = $2 WHERE no IN (SELECT no FROM notices \
+                         WHERE state = 'owed' AND next_at <= $1 ORDER BY next_at, no LIMIT $3 \
+                         FOR UPDATE SKIP LOCKED) RETURNING {}",
+                        rows::NOTICE_COLUMNS
+                    )
+                    .as_str(),
+                    &[&now_ms, &hold_until_ms, &limit],
+                )
+                .await
+                .map_err(error)?;
+            found.iter().map(rows::notice_from_row).collect()
+        })
+    }
+
+    fn notice_tried(&self, delivery_id: &str, attempt: &NoticeAttempt) -> StoreResult<()> {
+        let (state, next_at, delivered_at, last_error) = attempt.columns();
+        let (delivery_id, last_error) = (delivery_id.to_string(), last_error.map(str::to_string));
+        self.shared.block(move |conn| async move {
+            conn.client
+                .execute(
+                    "UPDATE notices SET attempts = attempts + 1, state = $2, \
+                     next_at = coalesce($3, next_at), delivered_at = coalesce($4, delivered_at), \
+                     last_error = coalesce($5, last_error) WHERE delivery_id = $1",
+                    &[
+                        &delivery_id,
+                        &state.as_str(),
+                        &next_at,
+                        &delivered_at,
+                        &last_error,
+                    ],
+                )
+                .await
+                .map_err(error)?;
+            Ok(())
+        })
+    }
+
+    fn notices(&self, run_id: Option<&str>, limit: usize) -> StoreResult<Vec<Notice>> {
+        let run_id = run_id.map(str::to_string);
+        let limit = limit.min(i64::MAX as usize) as i64;
+        self.shared.block(move |conn| async move {
+            let found = conn
+                .client
+                .query(
+                    format!(
+                        "SELECT {} FROM notices WHERE $1::text IS NULL OR run_id = $1 \
+                         ORDER BY no LIMIT $2",
+                        rows::NOTICE_COLUMNS
+                    )
+                    .as_str(),
+                    &[&run_id, &limit],
+                )
+                .await
+                .map_err(error)?;
+            found.iter().map(rows::notice_from_row).collect()
         })
     }
 }

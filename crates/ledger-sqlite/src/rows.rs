@@ -3,6 +3,7 @@
 
 use rusqlite::{Connection, OptionalExtension, Row, params};
 use stephost_core::lifecycle;
+use stephost_core::notices::{Notice, NoticeEvent, NoticeState};
 use stephost_core::payload;
 use stephost_core::{CallClass, CallRecord, CallState, RunRecord, RunStatus, StoreError};
 
@@ -31,6 +32,27 @@ pub fn run_from_row(r: &Row<'_>) -> rusqlite::Result<RunRecord> {
         step: r.get(14)?,
         exit_code: r.get(15)?,
         seal: r.get(16)?,
+    })
+}
+
+pub const NOTICE_COLUMNS: &str = "delivery_id, webhook, event, run_id, body, created_at, state, \
+     next_at, attempts, delivered_at, last_error";
+
+pub fn notice_from_row(r: &Row<'_>) -> rusqlite::Result<Notice> {
+    let event: String = r.get(2)?;
+    let state: String = r.get(6)?;
+    Ok(Notice {
+        delivery_id: r.get(0)?,
+        webhook: r.get(1)?,
+        event: NoticeEvent::parse(&event).ok_or_else(|| bad_value(2, &event))?,
+        run_id: r.get(3)?,
+        body: r.get(4)?,
+        created_at_ms: r.get(5)?,
+        state: NoticeState::parse(&state).ok_or_else(|| bad_value(6, &state))?,
+        next_at_ms: r.get(7)?,
+        attempts: r.get(8)?,
+        delivered_at_ms: r.get(9)?,
+        last_error: r.get(10)?,
     })
 }
 

@@ -22,6 +22,7 @@ pub const OLD_APPLICATION_ID: i64 = 0x5354_4550;
 pub const MIGRATIONS: &[&str] = &[
     include_str!("../migrations/0001_ledger.sql"),
     include_str!("../migrations/0002_seal.sql"),
+    include_str!("../migrations/0003_notices.sql"),
 ];
 
 /// The schema version this build writes.

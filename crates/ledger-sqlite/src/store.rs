@@ -5,6 +5,7 @@ use std::cell::RefCell;
 use rusqlite::{OptionalExtension, params, params_from_iter};
 use stephost_core::History;
 use stephost_core::journal::Counters;
+use stephost_core::notices::{Notice, NoticeAttempt};
 use stephost_core::store::{OpenCall, RunQuery, Settlement, Store, StoreResult};
 use stephost_core::{
     AttemptRecord, CallRecord, CallState, LogRecord, RunRecord, RunStatus, StoreError,
@@ -135,6 +136,9 @@ impl Store for SqliteStore {
         }
         if let Some(before) = query.created_before_ms {
             bind(&mut sql, " AND created_at < ?", before.into());
+        }
+        if let Some(after) = query.updated_after_ms {
+            bind(&mut sql, " AND updated_at > ?", after.into());
         }
         if let Some(after) = &query.after_run_id {
             bind(
@@ -357,6 +361,103 @@ impl Store for SqliteStore {
             conn.prepare_cached("SELECT name, value FROM counters ORDER BY name")
                 .and_then(|mut s| s.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?.collect())
                 .map_err(error)
+        })
+    }
+
+    fn owe_notices(&self, notices: &[Notice]) -> StoreResult<usize> {
+        if notices.is_empty() {
+            return Ok(0);
+        }
+        self.write(|conn| {
+            let mut new = 0;
+            let mut insert = conn
+                .prepare_cached(&format!(
+                    "INSERT INTO notices ({}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, \
+                     ?11) ON CONFLICT (delivery_id) DO NOTHING",
+                    rows::NOTICE_COLUMNS
+                ))
+                .map_err(error)?;
+            for n in notices {
+                new += insert
+                    .execute(params![
+                        n.delivery_id,
+                        n.webhook,
+                        n.event.as_str(),
+                        n.run_id,
+                        n.body,
+                        n.created_at_ms,
+                        n.state.as_str(),
+                        n.next_at_ms,
+                        n.attempts,
+                        n.delivered_at_ms,
+                        n.last_error,
+                    ])
+                    .map_err(error)?;
+            }
+            Ok(new)
+        })
+    }
+
+    fn take_notices(
+        &self,
+        now_ms: i64,
+        hold_until_ms: i64,
+        limit: usize,
+    ) -> StoreResult<Vec<Notice>> {
+        self.write(|conn| {
+            conn.prepare_cached(&format!(
+                "UPDATE notices SET next_at = ?2 WHERE no IN (SELECT no FROM notices \
+                 WHERE state = 'owed' AND next_at <= ?1 ORDER BY next_at, no LIMIT ?3) \
+                 RETURNING {}",
+                rows::NOTICE_COLUMNS
+            ))
+            .and_then(|mut s| {
+                s.query_map(
+                    params![now_ms, hold_until_ms, limit.min(i64::MAX as usize) as i64],
+                    rows::notice_from_row,
+                )?
+                .collect::<Result<Vec<_>, _>>()
+            })
+            .map_err(error)
+        })
+    }
+
+    fn notice_tried(&self, delivery_id: &str, attempt: &NoticeAttempt) -> StoreResult<()> {
+        let (state, next_at, delivered_at, last_error) = attempt.columns();
+        self.write(|conn| {
+            conn.prepare_cached(
+                "UPDATE notices SET attempts = attempts + 1, state = ?2, \
+                 next_at = coalesce(?3, next_at), delivered_at = coalesce(?4, delivered_at), \
+                 last_error = coalesce(?5, last_error) WHERE delivery_id = ?1",
+            )
+            .and_then(|mut s| {
+                s.execute(params![
+                    delivery_id,
+                    state.as_str(),
+                    next_at,
+                    delivered_at,
+                    last_error
+                ])
+            })
+            .map_err(error)?;
+            Ok(())
+        })
+    }
+
+    fn notices(&self, run_id: Option<&str>, limit: usize) -> StoreResult<Vec<Notice>> {
+        self.read(|conn| {
+            conn.prepare_cached(&format!(
+                "SELECT {} FROM notices WHERE ?1 IS NULL OR run_id = ?1 ORDER BY no LIMIT ?2",
+                rows::NOTICE_COLUMNS
+            ))
+            .and_then(|mut s| {
+                s.query_map(
+                    params![run_id, limit.min(i64::MAX as usize) as i64],
+                    rows::notice_from_row,
+                )?
+                .collect::<Result<Vec<_>, _>>()
+            })
+            .map_err(error)
         })
     }
 }
