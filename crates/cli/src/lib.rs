@@ -97,6 +97,25 @@ pub enum Command {
         #[arg(long)]
         exit_when_idle: bool,
     },
+    /// Run a worker and serve the HTTP API, the web console and webhook
+    /// notifications (SIGINT/SIGTERM: stop serving, drain like `worker`).
+    /// Tokens: STEPHOST_API_TOKENS or STEPHOST_API_TOKENS_FILE, lines
+    /// `NAME ROLE TOKEN` (ROLE read or operator); required unless --listen
+    /// is a loopback address.
+    Serve {
+        /// Address and port to listen on.
+        #[arg(long, default_value = "127.0.0.1:7070")]
+        listen: std::net::SocketAddr,
+        /// Runs executed at once.
+        #[arg(long, default_value_t = 4)]
+        concurrency: usize,
+        /// Lease of each claim, renewed in the background.
+        #[arg(long, default_value_t = 30_000)]
+        lease_ms: i64,
+        /// Owner name in claims (default: host/pid/start-time).
+        #[arg(long)]
+        worker_id: Option<String>,
+    },
     /// Continue an interrupted run: replay its recorded calls, then go live.
     Resume {
         run_id: String,
@@ -382,11 +401,7 @@ fn execute(cli: Cli) -> Result<i32, HostError> {
             exit_when_idle,
         } => {
             options(&config)?; // refuse a bad configuration before claiming anything
-            let shutdown = Arc::new(std::sync::atomic::AtomicBool::new(false));
-            for signal in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
-                signal_hook::flag::register(signal, shutdown.clone())
-                    .map_err(|e| HostError::Internal(format!("cannot handle signals: {e}")))?;
-            }
+            let shutdown = stop_on_signals()?;
             let worker_options = stephost_host::worker::WorkerOptions {
                 concurrency: concurrency.max(1),
                 lease_ms: lease_ms.max(100),
@@ -401,27 +416,30 @@ fn execute(cli: Cli) -> Result<i32, HostError> {
                 o
             };
             let report = stephost_host::worker::run(&ledger, &make, &worker_options, &shutdown)?;
-            // Only a worker that runs several runs at once groups its commits.
-            let shared = if worker_options.concurrency > 1 {
-                let c = &report.commits;
-                format!(
-                    "; {} commits in {} transactions and {} fsyncs",
-                    c.commits, c.transactions, c.fsyncs
-                )
-            } else {
-                String::new()
+            print_worker_report(&report, worker_options.concurrency);
+            Ok(exit::OK)
+        }
+        Command::Serve {
+            listen,
+            concurrency,
+            lease_ms,
+            worker_id,
+        } => {
+            options(&config)?; // refuse a bad configuration before serving anything
+            let webhooks = config.webhooks()?;
+            let tokens = stephost_server::Tokens::from_env().map_err(HostError::BadInput)?;
+            let settings = stephost_server::ServeSettings {
+                listen,
+                concurrency: concurrency.max(1),
+                lease_ms,
+                worker_id: worker_id.unwrap_or_else(stephost_host::owner::this_process),
+                ..stephost_server::ServeSettings::default()
             };
-            eprintln!(
-                "stephost worker: {} completed, {} failed, {} parked, {} released, {} abandoned, \
-                 {} claim conflicts, {} lease losses{shared}",
-                report.completed,
-                report.failed,
-                report.parked,
-                report.released,
-                report.abandoned,
-                report.claim_conflicts,
-                report.lease_losses,
-            );
+            let shutdown = stop_on_signals()?;
+            let make = || options(&config).unwrap_or_default();
+            let report =
+                stephost_server::serve(&ledger, &make, webhooks, tokens, settings, shutdown)?;
+            print_worker_report(&report, concurrency);
             Ok(exit::OK)
         }
         Command::Resume {
@@ -670,6 +688,41 @@ fn execute(cli: Cli) -> Result<i32, HostError> {
             Ok(exit::OK)
         }
     }
+}
+
+/// Sets the flag returned on SIGINT or SIGTERM.
+fn stop_on_signals() -> Result<Arc<std::sync::atomic::AtomicBool>, HostError> {
+    let shutdown = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    for signal in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+        signal_hook::flag::register(signal, shutdown.clone())
+            .map_err(|e| HostError::Internal(format!("cannot handle signals: {e}")))?;
+    }
+    Ok(shutdown)
+}
+
+/// What a worker (or a server's worker) did, on stderr.
+fn print_worker_report(report: &stephost_host::worker::WorkerReport, concurrency: usize) {
+    // Only a worker that runs several runs at once groups its commits.
+    let shared = if concurrency > 1 {
+        let c = &report.commits;
+        format!(
+            "; {} commits in {} transactions and {} fsyncs",
+            c.commits, c.transactions, c.fsyncs
+        )
+    } else {
+        String::new()
+    };
+    eprintln!(
+        "stephost worker: {} completed, {} failed, {} parked, {} released, {} abandoned, \
+         {} claim conflicts, {} lease losses{shared}",
+        report.completed,
+        report.failed,
+        report.parked,
+        report.released,
+        report.abandoned,
+        report.claim_conflicts,
+        report.lease_losses,
+    );
 }
 
 /// An exported run read from `path`.

@@ -49,6 +49,10 @@ pub struct Config {
     /// The model endpoint behind the `llm` import; without it `llm.complete`
     /// is denied.
     pub llm: Option<LlmConfig>,
+    /// Where `stephost serve` sends notifications: a run parked, waiting
+    /// for an approval, failed or diverged.
+    #[serde(default)]
+    pub webhooks: Vec<WebhookConfig>,
     /// The folder relative paths are resolved against (the file's folder).
     #[serde(skip)]
     pub base_dir: PathBuf,
@@ -240,6 +244,67 @@ pub struct LlmConfig {
     pub retry: RetryPolicy,
 }
 
+/// A receiver of notifications (`[[webhooks]]`).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WebhookConfig {
+    /// Names the webhook in delivery ids and the ledger.
+    pub name: String,
+    /// Where each notification is POSTed (JSON).
+    pub url: String,
+    /// The environment variable holding the secret each body is signed
+    /// with (HMAC-SHA256, header `X-Stephost-Signature: sha256=HEX`).
+    pub secret_env: String,
+    /// Which events it is sent: `parked`, `approval`, `failed`,
+    /// `diverged` (default all).
+    #[serde(default = "all_events")]
+    pub events: Vec<String>,
+    /// One delivery attempt's time limit.
+    #[serde(default = "default_webhook_timeout_ms")]
+    pub timeout_ms: u64,
+    /// Attempts before a notification is abandoned.
+    #[serde(default = "default_webhook_attempts_max")]
+    pub attempts_max: u32,
+    /// The wait after the first failed attempt, doubling after each.
+    #[serde(default = "default_webhook_backoff_first_ms")]
+    pub backoff_first_ms: u64,
+    /// The longest wait between attempts.
+    #[serde(default = "default_webhook_backoff_max_ms")]
+    pub backoff_max_ms: u64,
+}
+
+fn all_events() -> Vec<String> {
+    stephost_core::notices::NoticeEvent::ALL
+        .iter()
+        .map(|e| e.as_str().to_string())
+        .collect()
+}
+
+fn default_webhook_timeout_ms() -> u64 {
+    10_000
+}
+
+fn default_webhook_attempts_max() -> u32 {
+    20
+}
+
+fn default_webhook_backoff_first_ms() -> u64 {
+    1_000
+}
+
+fn default_webhook_backoff_max_ms() -> u64 {
+    300_000
+}
+
+/// A webhook ready to send: its settings, the events it takes and its
+/// secret read from the environment.
+#[derive(Debug, Clone)]
+pub struct Webhook {
+    pub config: WebhookConfig,
+    pub events: Vec<stephost_core::notices::NoticeEvent>,
+    pub secret: Vec<u8>,
+}
+
 fn default_not_received_statuses() -> Vec<u16> {
     crate::effects::http::Statuses::default().not_received
 }
@@ -316,6 +381,62 @@ impl Config {
             }
         }
         Ok(config)
+    }
+
+    /// The webhooks, their secrets read from the environment.
+    pub fn webhooks(&self) -> Result<Vec<Webhook>, ConfigError> {
+        let invalid = |message: String| ConfigError::Invalid {
+            path: self.shown(),
+            message,
+        };
+        let mut names = std::collections::BTreeSet::new();
+        self.webhooks
+            .iter()
+            .map(|w| {
+                let what = format!("webhook {:?}", w.name);
+                if w.name.trim().is_empty() || !names.insert(w.name.as_str()) {
+                    return Err(invalid(format!(
+                        "{what}: each webhook needs a name of its own"
+                    )));
+                }
+                if !(w.url.starts_with("http://") || w.url.starts_with("https://")) {
+                    return Err(invalid(format!(
+                        "{what}: url {:?} is not http:// or https://",
+                        w.url
+                    )));
+                }
+                let events = w
+                    .events
+                    .iter()
+                    .map(|e| {
+                        stephost_core::notices::NoticeEvent::parse(e).ok_or_else(|| {
+                            invalid(format!(
+                                "{what}: unknown event {e:?}; use parked, approval, failed or \
+                                 diverged"
+                            ))
+                        })
+                    })
+                    .collect::<Result<Vec<_>, _>>()?;
+                let secret = std::env::var(&w.secret_env).map_err(|_| {
+                    invalid(format!(
+                        "{what}: secret_env names {}, which is not set; set it to the secret \
+                         the receiver checks signatures with",
+                        w.secret_env
+                    ))
+                })?;
+                if secret.len() < 16 {
+                    return Err(invalid(format!(
+                        "{what}: the secret in {} is shorter than 16 bytes",
+                        w.secret_env
+                    )));
+                }
+                Ok(Webhook {
+                    config: w.clone(),
+                    events,
+                    secret: secret.into_bytes(),
+                })
+            })
+            .collect()
     }
 
     /// Builds the granted effects, reading secrets from the environment.

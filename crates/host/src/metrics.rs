@@ -166,20 +166,9 @@ pub fn render(store: &dyn Store) -> Result<String, StoreError> {
         .iter()
         .filter(|r| r.owner.is_some() && r.lease_until_ms.is_some_and(|t| t > now))
         .count();
-    // The earliest-due run, if it is due: how long it has waited for a worker.
-    let oldest = store
-        .due_runs(1)?
-        .first()
-        .and_then(lifecycle::due_at)
-        .filter(|at| *at <= now)
-        .map(|at| (now - at) as f64 / 1000.0)
-        .unwrap_or(0.0);
-    let oldest_waiting = of_status(RunStatus::Waiting)?
-        .iter()
-        .map(|r| r.updated_at_ms)
-        .min()
-        .map(|t| (now - t).max(0) as f64 / 1000.0)
-        .unwrap_or(0.0);
+    let ages = ages(store, now)?;
+    let oldest = ages.oldest_runnable_ms as f64 / 1000.0;
+    let oldest_waiting = ages.oldest_waiting_ms as f64 / 1000.0;
     let _ = writeln!(
         out,
         "# HELP stephost_oldest_waiting_age_seconds How long the longest-waiting run has waited.\n# TYPE stephost_oldest_waiting_age_seconds gauge\nstephost_oldest_waiting_age_seconds {oldest_waiting:.3}"
@@ -193,4 +182,37 @@ pub fn render(store: &dyn Store) -> Result<String, StoreError> {
         "# HELP stephost_oldest_runnable_age_seconds Age of the oldest run waiting for a worker.\n# TYPE stephost_oldest_runnable_age_seconds gauge\nstephost_oldest_runnable_age_seconds {oldest:.3}"
     );
     Ok(out)
+}
+
+/// How long the oldest runnable run has waited for a worker, and the
+/// longest-waiting run for its timer or a person.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Ages {
+    pub oldest_runnable_ms: i64,
+    pub oldest_waiting_ms: i64,
+}
+
+pub fn ages(store: &dyn Store, now: i64) -> Result<Ages, StoreError> {
+    // The earliest-due run, if it is due: how long it has waited for a worker.
+    let oldest_runnable_ms = store
+        .due_runs(1)?
+        .first()
+        .and_then(lifecycle::due_at)
+        .filter(|at| *at <= now)
+        .map(|at| now - at)
+        .unwrap_or(0);
+    let oldest_waiting_ms = store
+        .runs(&RunQuery {
+            status: Some(RunStatus::Waiting),
+            ..RunQuery::default()
+        })?
+        .iter()
+        .map(|r| r.updated_at_ms)
+        .min()
+        .map(|t| (now - t).max(0))
+        .unwrap_or(0);
+    Ok(Ages {
+        oldest_runnable_ms,
+        oldest_waiting_ms,
+    })
 }

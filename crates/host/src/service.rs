@@ -39,6 +39,122 @@ pub fn run_detail(store: &dyn Store, run_id: &str) -> Result<RunDetail, HostErro
     })
 }
 
+/// One call as a timeline shows it: its record (bodies cut at a size),
+/// name, duration and attempts.
+#[derive(Debug, Clone, Serialize)]
+pub struct CallView {
+    #[serde(flatten)]
+    pub call: CallRecord,
+    pub name: String,
+    pub duration_ms: Option<i64>,
+    pub attempts: Vec<AttemptRecord>,
+    /// The request's and outcome's full sizes, and whether either was cut.
+    pub request_bytes: usize,
+    pub outcome_bytes: usize,
+    pub truncated: bool,
+}
+
+/// A page of a run's timeline.
+#[derive(Debug, Clone, Serialize)]
+pub struct CallsPage {
+    pub run_id: String,
+    pub calls: Vec<CallView>,
+    /// The `from_seq` of the next page, if there are more calls.
+    pub next_seq: Option<u64>,
+}
+
+/// Calls `from_seq` on of a run, at most `limit`, their request and
+/// outcome cut to `body_bytes_max` bytes each (at a character boundary).
+pub fn calls_page(
+    store: &dyn Store,
+    run_id: &str,
+    from_seq: u64,
+    limit: usize,
+    body_bytes_max: usize,
+) -> Result<CallsPage, HostError> {
+    store.run(run_id)?;
+    let limit = limit.max(1);
+    let mut calls = store.calls(run_id, from_seq.max(1), limit.saturating_add(1))?;
+    let next_seq = match calls.len() > limit {
+        true => calls.pop().map(|_| calls.last().map_or(from_seq, |c| c.seq) + 1),
+        false => None,
+    };
+    let calls = calls
+        .into_iter()
+        .map(|mut call| {
+            let attempts = match call.interface == crate::imports::effects::INTERFACE {
+                true => store.attempts(run_id, Some(call.seq))?,
+                false => Vec::new(),
+            };
+            let request_bytes = call.request.len();
+            let outcome_bytes = call.outcome.as_ref().map_or(0, String::len);
+            let mut truncated = cut(&mut call.request, body_bytes_max);
+            if let Some(outcome) = call.outcome.as_mut() {
+                truncated |= cut(outcome, body_bytes_max);
+            }
+            Ok(CallView {
+                name: call_name(&call),
+                duration_ms: call.finished_at_ms.map(|f| f - call.started_at_ms),
+                attempts,
+                request_bytes,
+                outcome_bytes,
+                truncated,
+                call,
+            })
+        })
+        .collect::<Result<_, HostError>>()?;
+    Ok(CallsPage {
+        run_id: run_id.to_string(),
+        calls,
+        next_seq,
+    })
+}
+
+/// Cuts `text` to at most `max` bytes at a character boundary; whether it
+/// was cut.
+fn cut(text: &mut String, max: usize) -> bool {
+    if text.len() <= max {
+        return false;
+    }
+    let mut end = max;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    text.truncate(end);
+    true
+}
+
+/// How many runs are in each status, and how long the oldest runnable and
+/// the longest-waiting have waited.
+#[derive(Debug, Clone, Serialize)]
+pub struct Summary {
+    pub counts: std::collections::BTreeMap<String, u64>,
+    pub oldest_runnable_age_ms: i64,
+    pub oldest_waiting_age_ms: i64,
+    pub approvals_waiting: usize,
+    pub unknown_calls: usize,
+}
+
+pub fn summary(store: &dyn Store) -> Result<Summary, HostError> {
+    let mut counts: std::collections::BTreeMap<String, u64> = RunStatus::ALL
+        .iter()
+        .map(|s| (s.as_str().to_string(), 0))
+        .collect();
+    for (status, n) in store.status_counts()? {
+        counts.insert(status.as_str().to_string(), n);
+    }
+    let ages = crate::metrics::ages(store, stephost_core::clock::now_ms())?;
+    Ok(Summary {
+        counts,
+        oldest_runnable_age_ms: ages.oldest_runnable_ms,
+        oldest_waiting_age_ms: ages.oldest_waiting_ms,
+        approvals_waiting: store
+            .open_calls(CallState::Started, Some(approvals::INTERFACE))?
+            .len(),
+        unknown_calls: store.open_calls(CallState::Unknown, None)?.len(),
+    })
+}
+
 /// Runs by their filters, newest first (`stephost runs`).
 pub fn runs(store: &dyn Store, query: &RunQuery) -> Result<Vec<RunRecord>, HostError> {
     Ok(store.runs(query)?)

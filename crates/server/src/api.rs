@@ -1,0 +1,439 @@
+//! The HTTP API: JSON bodies of the same serde types as the CLI's `--json`
+//! output (the service layer's views), over the same calls.
+
+use std::sync::Arc;
+
+use axum::Json;
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::{DefaultBodyLimit, Path, Query, State};
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use base64::Engine as _;
+use serde::{Deserialize, Serialize};
+use stephost_core::approvals::{Decision, Verdict};
+use stephost_core::notices::Notice;
+use stephost_core::settle::Resolution;
+use stephost_core::store::RunQuery;
+use stephost_core::{LogRecord, RunRecord};
+use stephost_host::service;
+
+use crate::access::Caller;
+use crate::app::App;
+use crate::errors::ApiError;
+
+type Api<T> = Result<Json<T>, ApiError>;
+
+pub fn router(app: Arc<App>) -> Router {
+    let body_max = app.settings.request_bytes_max;
+    Router::new()
+        .route("/", get(crate::console::page))
+        .route("/healthz", get(|| async { "ok\n" }))
+        .route("/readyz", get(ready))
+        .route("/metrics", get(metrics))
+        .route("/openapi.json", get(crate::openapi::document))
+        .route("/api/summary", get(summary))
+        .route("/api/modules", post(upload_module))
+        .route("/api/runs", get(list_runs).post(submit))
+        .route("/api/runs/{run_id}", get(run))
+        .route("/api/runs/{run_id}/calls", get(calls))
+        .route("/api/runs/{run_id}/calls/{seq}", get(call))
+        .route("/api/runs/{run_id}/export", get(export))
+        .route("/api/runs/{run_id}/verify", get(verify))
+        .route("/api/runs/{run_id}/replay", post(replay))
+        .route("/api/approvals", get(approvals))
+        .route("/api/approvals/{run_id}/{seq}", post(decide))
+        .route("/api/unknown", get(unknown_calls))
+        .route("/api/unknown/{run_id}/{seq}", post(resolve))
+        .route("/api/events", get(crate::events::stream))
+        .fallback(|| async { ApiError::not_found("no such path") })
+        .layer(DefaultBodyLimit::max(body_max))
+        .with_state(app)
+}
+
+async fn ready(State(app): State<Arc<App>>) -> Response {
+    match app.with_store(|s| Ok(s.status_counts()?)).await {
+        Ok(_) => "ready\n".into_response(),
+        Err(e) => (StatusCode::SERVICE_UNAVAILABLE, Json(e)).into_response(),
+    }
+}
+
+async fn metrics(State(app): State<Arc<App>>, _caller: Caller) -> Result<Response, ApiError> {
+    let text = app
+        .with_store(|s| Ok(stephost_host::metrics::render(s)?))
+        .await?;
+    Ok((
+        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+        text,
+    )
+        .into_response())
+}
+
+async fn summary(State(app): State<Arc<App>>, _caller: Caller) -> Api<service::Summary> {
+    Ok(Json(app.with_store(|s| Ok(service::summary(s)?)).await?))
+}
+
+/// A module given by digest (already stored) or as base64 bytes.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModuleRef {
+    pub module_digest: Option<String>,
+    pub module_base64: Option<String>,
+}
+
+impl ModuleRef {
+    /// The module's bytes and how messages name it; `None` if neither is
+    /// given.
+    fn bytes(&self, host: &stephost_host::Host) -> Result<Option<(Vec<u8>, String)>, ApiError> {
+        match (&self.module_digest, &self.module_base64) {
+            (Some(_), Some(_)) => Err(ApiError::bad_input(
+                "give module_digest or module_base64, not both",
+            )),
+            (Some(digest), None) => Ok(Some((host.store().module(digest)?, digest.clone()))),
+            (None, Some(b64)) => base64::engine::general_purpose::STANDARD
+                .decode(b64.trim())
+                .map(|b| Some((b, "the uploaded module".to_string())))
+                .map_err(|e| ApiError::bad_input(format!("module_base64 is not base64: {e}"))),
+            (None, None) => Ok(None),
+        }
+    }
+}
+
+#[derive(Debug, Serialize)]
+pub struct StoredModule {
+    pub module_digest: String,
+    pub step: Option<String>,
+    pub world: String,
+}
+
+/// Stores a module (the raw bytes of a component or core module) for runs
+/// to be submitted by digest.
+async fn upload_module(
+    State(app): State<Arc<App>>,
+    caller: Caller,
+    body: Bytes,
+) -> Result<(StatusCode, Json<StoredModule>), ApiError> {
+    caller.operator()?;
+    let stored = app
+        .with_host(move |host| {
+            let loaded = host.load(&body, "the uploaded module")?;
+            Ok(StoredModule {
+                module_digest: loaded.digest.clone(),
+                step: loaded.step.clone(),
+                world: loaded.world().to_string(),
+            })
+        })
+        .await?;
+    Ok((StatusCode::CREATED, Json(stored)))
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SubmitBody {
+    #[serde(flatten)]
+    pub module: ModuleRef,
+    #[serde(default)]
+    pub input: serde_json::Value,
+    pub run_id: Option<String>,
+}
+
+/// Records a run for the server's worker (or any worker on the ledger).
+async fn submit(
+    State(app): State<Arc<App>>,
+    caller: Caller,
+    Json(body): Json<SubmitBody>,
+) -> Result<(StatusCode, Json<RunRecord>), ApiError> {
+    caller.operator()?;
+    let run = app
+        .with_host(move |host| {
+            let (bytes, what) = body.module.bytes(host)?.ok_or_else(|| {
+                ApiError::bad_input("a submission names module_digest or module_base64")
+            })?;
+            let input = serde_json::to_string(&body.input)
+                .map_err(|e| ApiError::bad_input(format!("input: {e}")))?;
+            Ok(host.submit(&bytes, &what, &input, body.run_id.as_deref())?)
+        })
+        .await?;
+    Ok((StatusCode::CREATED, Json(run)))
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RunsParams {
+    pub status: Option<String>,
+    pub module: Option<String>,
+    pub step: Option<String>,
+    pub created_after_ms: Option<i64>,
+    pub created_before_ms: Option<i64>,
+    /// The `next` of the page before.
+    pub after: Option<String>,
+    pub limit: Option<usize>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct RunsPage {
+    pub runs: Vec<RunRecord>,
+    /// Pass as `after` for the next page; none on the last.
+    pub next: Option<String>,
+}
+
+async fn list_runs(
+    State(app): State<Arc<App>>,
+    _caller: Caller,
+    Query(p): Query<RunsParams>,
+) -> Api<RunsPage> {
+    let limit = p.limit.unwrap_or(50).clamp(1, app.settings.runs_page_max);
+    let query = RunQuery {
+        status: p.status.as_deref().map(service::parse_status).transpose()?,
+        module_digest: p.module.filter(|m| !m.is_empty()),
+        step: p.step.filter(|s| !s.is_empty()),
+        created_after_ms: p.created_after_ms,
+        created_before_ms: p.created_before_ms,
+        updated_after_ms: None,
+        after_run_id: p.after.filter(|a| !a.is_empty()),
+        limit: Some(limit),
+    };
+    let runs = app.with_store(move |s| Ok(service::runs(s, &query)?)).await?;
+    let next = match runs.len() == limit {
+        true => runs.last().map(|r| r.run_id.clone()),
+        false => None,
+    };
+    Ok(Json(RunsPage { runs, next }))
+}
+
+/// A run: its row, log and notifications (its calls come a page at a time
+/// from `/calls`).
+#[derive(Debug, Serialize)]
+pub struct RunView {
+    pub run: RunRecord,
+    pub logs: Vec<LogRecord>,
+    pub notices: Vec<Notice>,
+}
+
+async fn run(
+    State(app): State<Arc<App>>,
+    _caller: Caller,
+    Path(run_id): Path<String>,
+) -> Api<RunView> {
+    Ok(Json(
+        app.with_store(move |s| {
+            Ok(RunView {
+                run: s.run(&run_id)?,
+                logs: s.logs(&run_id)?,
+                notices: s.notices(Some(&run_id), 1_000)?,
+            })
+        })
+        .await?,
+    ))
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CallsParams {
+    pub from_seq: Option<u64>,
+    pub limit: Option<usize>,
+}
+
+async fn calls(
+    State(app): State<Arc<App>>,
+    _caller: Caller,
+    Path(run_id): Path<String>,
+    Query(p): Query<CallsParams>,
+) -> Api<service::CallsPage> {
+    let limit = p.limit.unwrap_or(100).clamp(1, app.settings.calls_page_max);
+    let cut = app.settings.timeline_body_bytes_max;
+    let from = p.from_seq.unwrap_or(1);
+    Ok(Json(
+        app.with_store(move |s| Ok(service::calls_page(s, &run_id, from, limit, cut)?))
+            .await?,
+    ))
+}
+
+async fn call(
+    State(app): State<Arc<App>>,
+    _caller: Caller,
+    Path((run_id, seq)): Path<(String, u64)>,
+) -> Api<service::CallView> {
+    let page = app
+        .with_store(move |s| Ok(service::calls_page(s, &run_id, seq, 1, usize::MAX)?))
+        .await?;
+    page.calls
+        .into_iter()
+        .find(|c| c.call.seq == seq)
+        .map(Json)
+        .ok_or_else(|| ApiError::not_found(format!("the run has no call #{seq}")))
+}
+
+async fn export(
+    State(app): State<Arc<App>>,
+    _caller: Caller,
+    Path(run_id): Path<String>,
+) -> Api<stephost_host::replay::Fixture> {
+    Ok(Json(
+        app.with_host(move |host| Ok(host.export(&run_id)?)).await?,
+    ))
+}
+
+async fn verify(
+    State(app): State<Arc<App>>,
+    _caller: Caller,
+    Path(run_id): Path<String>,
+) -> Api<service::Verification> {
+    Ok(Json(
+        app.with_host(move |host| {
+            let run = host.store().run(&run_id)?;
+            let calls = host.store().calls(&run_id, 1, usize::MAX)?;
+            Ok(service::verify(
+                &host.options().signer,
+                &calls,
+                Some(&run),
+            ))
+        })
+        .await?,
+    ))
+}
+
+/// Replays a run offline (no I/O) against its own build or another.
+async fn replay(
+    State(app): State<Arc<App>>,
+    caller: Caller,
+    Path(run_id): Path<String>,
+    body: Option<Json<ModuleRef>>,
+) -> Api<stephost_host::replay::ReplayReport> {
+    caller.operator()?;
+    let module = body.map(|Json(m)| m).unwrap_or_default();
+    Ok(Json(
+        app.with_host(move |host| {
+            let module = module.bytes(host)?;
+            let given = module.as_ref().map(|(b, w)| (b.as_slice(), w.as_str()));
+            Ok(host.replay(&run_id, given)?)
+        })
+        .await?,
+    ))
+}
+
+async fn approvals(State(app): State<Arc<App>>, _caller: Caller) -> Api<Vec<service::ApprovalView>> {
+    Ok(Json(app.with_store(|s| Ok(service::approvals(s)?)).await?))
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DecideBody {
+    /// `approved` or `rejected`.
+    pub verdict: String,
+    /// The sha256 of the details the person saw (at least 8 characters);
+    /// required to approve.
+    pub details_sha256: Option<String>,
+    pub note: Option<String>,
+    /// Who decided, on a server without tokens (else the token's name).
+    pub by: Option<String>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct Decided {
+    pub run_id: String,
+    pub seq: u64,
+    pub decision: String,
+    pub by: String,
+}
+
+async fn decide(
+    State(app): State<Arc<App>>,
+    caller: Caller,
+    Path((run_id, seq)): Path<(String, u64)>,
+    Json(body): Json<DecideBody>,
+) -> Api<Decided> {
+    caller.operator()?;
+    let verdict = match body.verdict.as_str() {
+        "approved" => Verdict::Approved,
+        "rejected" => Verdict::Rejected,
+        other => {
+            return Err(ApiError::bad_input(format!(
+                "verdict {other:?} is neither approved nor rejected"
+            )));
+        }
+    };
+    let by = caller.who(body.by.as_deref()).map_err(ApiError::bad_input)?;
+    let decided = Decided {
+        run_id: run_id.clone(),
+        seq,
+        decision: verdict.as_str().to_string(),
+        by: by.clone(),
+    };
+    app.with_host(move |host| {
+        let decision = Decision {
+            verdict,
+            by: &by,
+            note: body.note.as_deref(),
+            details_sha256: body.details_sha256.as_deref(),
+        };
+        Ok(service::decide(
+            host.store(),
+            &host.options().signer,
+            &run_id,
+            seq,
+            &decision,
+        )?)
+    })
+    .await?;
+    Ok(Json(decided))
+}
+
+async fn unknown_calls(
+    State(app): State<Arc<App>>,
+    _caller: Caller,
+) -> Api<Vec<service::UnknownCallView>> {
+    Ok(Json(app.with_store(|s| Ok(service::unknown_calls(s)?)).await?))
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ResolveBody {
+    /// `succeeded` (with `response`, the receipt the step sees) or
+    /// `failed` (with `message`).
+    pub outcome: String,
+    pub response: Option<serde_json::Value>,
+    pub message: Option<String>,
+    pub by: Option<String>,
+}
+
+async fn resolve(
+    State(app): State<Arc<App>>,
+    caller: Caller,
+    Path((run_id, seq)): Path<(String, u64)>,
+    Json(body): Json<ResolveBody>,
+) -> Api<Decided> {
+    caller.operator()?;
+    let resolution = match (body.outcome.as_str(), body.response, body.message) {
+        ("succeeded", Some(response), None) => Resolution::Succeeded(response.to_string()),
+        ("failed", None, Some(message)) => Resolution::Failed(message),
+        ("succeeded", ..) => {
+            return Err(ApiError::bad_input(
+                "outcome succeeded takes `response` (the receipt, JSON) and no `message`",
+            ));
+        }
+        ("failed", ..) => {
+            return Err(ApiError::bad_input(
+                "outcome failed takes `message` and no `response`",
+            ));
+        }
+        (other, ..) => {
+            return Err(ApiError::bad_input(format!(
+                "outcome {other:?} is neither succeeded nor failed"
+            )));
+        }
+    };
+    let by = caller.who(body.by.as_deref()).map_err(ApiError::bad_input)?;
+    let decided = Decided {
+        run_id: run_id.clone(),
+        seq,
+        decision: body.outcome,
+        by: by.clone(),
+    };
+    app.with_host(move |host| {
+        service::resolve(host, &run_id, seq, &resolution, &by).map_err(ApiError::from)
+    })
+    .await?;
+    Ok(Json(decided))
+}

@@ -1,0 +1,104 @@
+//! What every request handler shares: the ledger, a host for submissions
+//! and replays, the tokens and the server's settings. Ledger work is
+//! blocking, so handlers hand it to tokio's blocking threads with a store
+//! from a small free list.
+
+use std::sync::{Arc, Mutex};
+
+use axum::extract::FromRequestParts;
+use axum::http::request::Parts;
+use stephost_core::{Pool, Store};
+use stephost_host::Host;
+use tokio::sync::broadcast;
+
+use crate::access::{Caller, Role, Tokens};
+use crate::errors::ApiError;
+use crate::settings::ServeSettings;
+
+pub struct App {
+    pub pool: Arc<dyn Pool>,
+    idle_stores: Mutex<Vec<Box<dyn Store>>>,
+    /// Submissions, uploads and replays compile modules: one host, taken in
+    /// turn.
+    host: Mutex<Host>,
+    pub tokens: Tokens,
+    pub settings: ServeSettings,
+    /// Runs that changed, as server-sent events (see [`crate::events`]).
+    pub changes: broadcast::Sender<String>,
+}
+
+impl App {
+    pub fn new(pool: Arc<dyn Pool>, host: Host, tokens: Tokens, settings: ServeSettings) -> Self {
+        App {
+            pool,
+            idle_stores: Mutex::default(),
+            host: Mutex::new(host),
+            tokens,
+            settings,
+            changes: broadcast::channel(64).0,
+        }
+    }
+
+    /// Runs `work` with a store on a blocking thread.
+    pub async fn with_store<T, F>(self: &Arc<Self>, work: F) -> Result<T, ApiError>
+    where
+        T: Send + 'static,
+        F: FnOnce(&dyn Store) -> Result<T, ApiError> + Send + 'static,
+    {
+        let app = self.clone();
+        tokio::task::spawn_blocking(move || {
+            let taken = app.idle_stores.lock().unwrap_or_else(|p| p.into_inner()).pop();
+            let store = match taken {
+                Some(store) => store,
+                None => app.pool.store()?,
+            };
+            let result = work(store.as_ref());
+            app.idle_stores
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .push(store);
+            result
+        })
+        .await
+        .map_err(|e| ApiError::internal(format!("a request's work stopped: {e}")))?
+    }
+
+    /// Runs `work` with the host on a blocking thread.
+    pub async fn with_host<T, F>(self: &Arc<Self>, work: F) -> Result<T, ApiError>
+    where
+        T: Send + 'static,
+        F: FnOnce(&mut Host) -> Result<T, ApiError> + Send + 'static,
+    {
+        let app = self.clone();
+        tokio::task::spawn_blocking(move || {
+            let mut host = app.host.lock().unwrap_or_else(|p| p.into_inner());
+            work(&mut host)
+        })
+        .await
+        .map_err(|e| ApiError::internal(format!("a request's work stopped: {e}")))?
+    }
+}
+
+/// A request's caller, from its bearer token; refused (401) if the server
+/// has tokens and the request names none of them.
+impl FromRequestParts<Arc<App>> for Caller {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, app: &Arc<App>) -> Result<Self, ApiError> {
+        let header = parts
+            .headers
+            .get(axum::http::header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok());
+        app.tokens.caller(header).ok_or_else(ApiError::unauthorized)
+    }
+}
+
+impl Caller {
+    /// Refuses a read-only caller (403).
+    pub fn operator(&self) -> Result<(), ApiError> {
+        match self.role {
+            Role::Operator => Ok(()),
+            Role::Read => Err(ApiError::forbidden(self.name.as_deref().unwrap_or("-"))),
+        }
+    }
+}

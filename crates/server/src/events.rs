@@ -1,0 +1,100 @@
+//! Live updates: one watcher looks for runs whose row changed and sends
+//! their ids to every open event stream (server-sent events, event
+//! `runs`). A console refreshes what it shows when one arrives.
+
+use std::collections::HashMap;
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use axum::extract::State;
+use axum::response::sse::{Event, KeepAlive, Sse};
+use futures_util::Stream;
+use serde::Serialize;
+use stephost_core::store::RunQuery;
+use tokio::sync::broadcast;
+
+use crate::access::Caller;
+use crate::app::App;
+
+/// Rows changed this long before a look are looked at again (a commit can
+/// land with a time slightly before the look that would miss it).
+const OVERLAP_MS: i64 = 2_000;
+
+#[derive(Debug, Serialize)]
+struct Changed {
+    run_id: String,
+    status: &'static str,
+    version: i64,
+}
+
+/// Looks for changed runs every `watch_ms` until `shutdown`.
+pub fn watch(app: Arc<App>, shutdown: Arc<AtomicBool>) {
+    let mut seen: HashMap<String, (i64, i64)> = HashMap::new();
+    let mut since = stephost_core::clock::now_ms();
+    let store = loop {
+        match app.pool.store() {
+            Ok(store) => break store,
+            Err(e) => {
+                eprintln!("stephost serve: live updates wait for the ledger: {e}");
+                std::thread::sleep(Duration::from_secs(1));
+            }
+        }
+    };
+    while !shutdown.load(Ordering::Relaxed) {
+        let look = stephost_core::clock::now_ms();
+        let query = RunQuery {
+            updated_after_ms: Some(since - OVERLAP_MS),
+            limit: Some(1_000),
+            ..RunQuery::default()
+        };
+        match store.runs(&query) {
+            Ok(runs) => {
+                let mut changed = Vec::new();
+                for r in runs {
+                    let known = seen.insert(r.run_id.clone(), (r.version, r.updated_at_ms));
+                    if known.map(|k| k.0) != Some(r.version) {
+                        changed.push(Changed {
+                            status: r.status.as_str(),
+                            run_id: r.run_id,
+                            version: r.version,
+                        });
+                    }
+                }
+                seen.retain(|_, (_, at)| *at > since - 2 * OVERLAP_MS);
+                if !changed.is_empty()
+                    && let Ok(text) = serde_json::to_string(&changed)
+                {
+                    // No receivers is fine: nobody is watching.
+                    let _ = app.changes.send(text);
+                }
+                since = look;
+            }
+            Err(e) => eprintln!("stephost serve: live updates: {e}"),
+        }
+        std::thread::sleep(Duration::from_millis(app.settings.watch_ms));
+    }
+}
+
+/// `GET /api/events`: a stream of `runs` events, each the runs that
+/// changed (id, status, version).
+pub async fn stream(
+    State(app): State<Arc<App>>,
+    _caller: Caller,
+) -> Sse<impl Stream<Item = Result<Event, Infallible>>> {
+    let receiver = app.changes.subscribe();
+    let events = futures_util::stream::unfold(receiver, |mut receiver| async move {
+        loop {
+            match receiver.recv().await {
+                Ok(text) => return Some((Ok(Event::default().event("runs").data(text)), receiver)),
+                // A slow reader missed some: tell it to refresh everything.
+                Err(broadcast::error::RecvError::Lagged(_)) => {
+                    return Some((Ok(Event::default().event("runs").data("[]")), receiver));
+                }
+                Err(broadcast::error::RecvError::Closed) => return None,
+            }
+        }
+    });
+    Sse::new(events).keep_alive(KeepAlive::new().interval(Duration::from_secs(15)))
+}

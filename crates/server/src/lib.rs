@@ -1,0 +1,120 @@
+//! `stephost serve`: one process that runs a worker and serves the HTTP API
+//! ([`api`]), the web console ([`console`]), live updates ([`events`]) and
+//! webhook notifications ([`notifier`]) over one ledger. Several servers
+//! may share a PostgreSQL ledger. Access is by bearer token ([`access`]);
+//! errors are JSON with a stable code ([`errors`]).
+
+pub mod access;
+pub mod api;
+pub mod app;
+pub mod console;
+pub mod errors;
+pub mod events;
+pub mod notifier;
+pub mod openapi;
+pub mod settings;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use stephost_core::store::PoolOptions;
+use stephost_host::config::Webhook;
+use stephost_host::worker::{WorkerOptions, WorkerReport};
+use stephost_host::{Host, HostError, HostOptions, Ledger};
+
+pub use access::Tokens;
+pub use settings::ServeSettings;
+
+/// Serves until `shutdown` is set, then drains the worker like `stephost
+/// worker` does and returns its report.
+pub fn serve(
+    ledger: &Ledger,
+    make_options: &(dyn Fn() -> HostOptions + Sync),
+    webhooks: Vec<Webhook>,
+    tokens: Tokens,
+    settings: ServeSettings,
+    shutdown: Arc<AtomicBool>,
+) -> Result<WorkerReport, HostError> {
+    let addr = settings.listen;
+    if !addr.ip().is_loopback() && tokens.is_empty() {
+        return Err(HostError::BadInput(format!(
+            "refusing to serve on {addr} without tokens: anyone who can reach it could approve \
+             and resolve. Set {} (or {}) to lines `NAME ROLE TOKEN`, or listen on 127.0.0.1",
+            access::TOKENS_VAR,
+            access::TOKENS_FILE_VAR
+        )));
+    }
+    let listener = std::net::TcpListener::bind(addr).map_err(|e| {
+        HostError::BadInput(format!(
+            "cannot listen on {addr}: {e}; choose another address with --listen"
+        ))
+    })?;
+    listener
+        .set_nonblocking(true)
+        .map_err(|e| HostError::Internal(format!("cannot set up the listener: {e}")))?;
+    let pool = ledger.open(PoolOptions::default())?;
+    let host = Host::open(pool.clone(), make_options())?;
+    let app = Arc::new(app::App::new(pool.clone(), host, tokens, settings.clone()));
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_io()
+        .enable_time()
+        .thread_name("stephost-serve")
+        .build()
+        .map_err(|e| HostError::Internal(format!("cannot start the server's runtime: {e}")))?;
+    let listener = {
+        let _entered = runtime.enter();
+        tokio::net::TcpListener::from_std(listener)
+            .map_err(|e| HostError::Internal(format!("cannot set up the listener: {e}")))?
+    };
+    let local = listener.local_addr().unwrap_or(addr);
+    eprintln!(
+        "stephost serve: listening on http://{local}/ (API under /api, /openapi.json); ledger {}",
+        ledger.url()
+    );
+    let worker_options = WorkerOptions {
+        concurrency: settings.concurrency.max(1),
+        lease_ms: settings.lease_ms.max(100),
+        worker_id: settings.worker_id.clone(),
+        ..WorkerOptions::default()
+    };
+    let make = || {
+        let mut o = make_options();
+        o.owner = worker_options.worker_id.clone();
+        o.lease_ms = worker_options.lease_ms;
+        o
+    };
+    let every = Duration::from_millis(settings.watch_ms.max(10));
+    std::thread::scope(|scope| {
+        let worker = scope.spawn(|| {
+            let report = stephost_host::worker::run(ledger, &make, &worker_options, &shutdown);
+            // A worker that cannot go on takes the server down with it.
+            shutdown.store(true, Ordering::Relaxed);
+            report
+        });
+        let watcher = app.clone();
+        scope.spawn(|| events::watch(watcher, shutdown.clone()));
+        let notifier = notifier::Notifier::new(webhooks, settings.notify_lookback_ms);
+        scope.spawn(|| notifier.run(pool.clone(), every, &shutdown));
+        let router = api::router(app.clone());
+        let stop = shutdown.clone();
+        let served = runtime.block_on(async move {
+            axum::serve(listener, router)
+                .with_graceful_shutdown(async move {
+                    while !stop.load(Ordering::Relaxed) {
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                    }
+                })
+                .await
+        });
+        // Open event streams end with the runtime.
+        runtime.shutdown_timeout(Duration::from_secs(1));
+        shutdown.store(true, Ordering::Relaxed);
+        let report = worker
+            .join()
+            .map_err(|_| HostError::Internal("the server's worker panicked".into()))??;
+        served.map_err(|e| HostError::Internal(format!("the server stopped: {e}")))?;
+        Ok(report)
+    })
+}
