@@ -9,6 +9,7 @@ use serde_json::Value;
 use stephost_ledger_postgres::throwaway::TestServer;
 
 pub mod model_stub;
+pub mod server;
 
 /// The test guests and examples, built from source by `build.rs`.
 pub mod guests {

@@ -9,6 +9,7 @@ mod embedding;
 mod http_effects;
 mod languages;
 mod run_replay;
+mod server;
 mod suspension;
 mod unknown_outcome;
 mod versioning;

@@ -1,0 +1,501 @@
+//! `stephost serve`: the HTTP API, access by token, live updates and
+//! webhooks, against a real server process on 127.0.0.1 on the backend the
+//! suite runs on; and the console in headless Chromium.
+
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use stephost_core::mac::MacKey;
+use stephost_tests::server::{Served, WebhookReceiver};
+use stephost_tests::{SUPPLIER_CONFIG, Sandbox, guests};
+
+const BIN: &str = env!("CARGO_BIN_EXE_stephost-crash");
+
+/// The supplier's effects, and `orders`: a receiver that neither
+/// deduplicates nor answers lookups, so a crash after its send parks the
+/// call as unknown.
+fn config(webhooks: &str) -> String {
+    format!(
+        "{SUPPLIER_CONFIG}\n[effects.orders]\nkind = \"file\"\nclass = \"write\"\npath = \
+         \"orders.jsonl\"\ndeduplicate = false\nlookup = false\n{webhooks}"
+    )
+}
+
+const SECRET: &str = "webhook-secret-0123456789";
+
+fn webhook(url: &str) -> String {
+    format!(
+        "\n[[webhooks]]\nname = \"ops\"\nurl = \"{url}\"\nsecret_env = \"HOOK_SECRET\"\n\
+         backoff_first_ms = 100\nbackoff_max_ms = 400\n"
+    )
+}
+
+/// A run of multi-write whose write (call #3) was sent and then the
+/// process died: the server's worker resumes it and parks the call.
+fn crash_after_a_write(sb: &Sandbox, run_id: &str) {
+    let crashed = sb.run_crashing_at("after-send@3", guests::MULTI_WRITE, r#"{"count":1}"#, run_id);
+    assert_eq!(crashed.signal, Some(libc::SIGABRT), "{crashed:?}");
+}
+
+fn supplier_input(quantity: u64, approval: bool) -> Value {
+    match approval {
+        true => json!({"sku": "WIDGET-7", "quantity": quantity, "approval_ttl_seconds": 3600}),
+        false => json!({"sku": "WIDGET-7", "quantity": quantity}),
+    }
+}
+
+fn submit(served: &Served, digest: &str, input: Value, run_id: &str) -> Value {
+    served
+        .post(
+            "/api/runs",
+            &json!({"module_digest": digest, "input": input, "run_id": run_id}),
+        )
+        .expect(201)
+}
+
+#[test]
+fn the_api_submits_lists_pages_and_shows_runs_in_the_clis_shapes() {
+    let sb = Sandbox::with_config(BIN, &config(""));
+    let served = sb.serve(&[], &[]);
+    let client = served.client();
+    let digest = client.upload(guests::SUPPLIER_ORDER);
+    for i in 0..3 {
+        let run = submit(&served, &digest, supplier_input(2, false), &format!("r{i}"));
+        assert_eq!(run["run_id"], format!("r{i}"));
+        assert_eq!(run["module_digest"], digest);
+    }
+    // The same id with the same module and input is the same run; another
+    // input is refused, as `stephost submit` refuses it.
+    submit(&served, &digest, supplier_input(2, false), "r0");
+    served
+        .post(
+            "/api/runs",
+            &json!({"module_digest": digest, "input": supplier_input(9, false), "run_id": "r0"}),
+        )
+        .expect_error(409, "run_exists");
+    let b64 = {
+        use std::io::Write;
+        let bytes = std::fs::read(guests::SUPPLIER_ORDER).unwrap();
+        let mut child = std::process::Command::new("base64")
+            .arg("-w0")
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        child.stdin.take().unwrap().write_all(&bytes).unwrap();
+        String::from_utf8(child.wait_with_output().unwrap().stdout).unwrap()
+    };
+    let uploaded = served
+        .post(
+            "/api/runs",
+            &json!({"module_base64": b64, "input": supplier_input(1, false), "run_id": "r3"}),
+        )
+        .expect(201);
+    assert_eq!(uploaded["module_digest"], digest);
+    for i in 0..4 {
+        served.wait_status(&format!("r{i}"), "completed");
+    }
+
+    // Filters and pages.
+    let page = served.get("/api/runs?status=completed&limit=3").expect(200);
+    let ids: Vec<&str> = page["runs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["run_id"].as_str().unwrap())
+        .collect();
+    assert_eq!(ids.len(), 3);
+    let next = page["next"].as_str().unwrap();
+    let rest = served
+        .get(&format!("/api/runs?status=completed&limit=3&after={next}"))
+        .expect(200);
+    assert_eq!(rest["runs"].as_array().unwrap().len(), 1);
+    assert!(rest["next"].is_null());
+    assert!(!ids.contains(&rest["runs"][0]["run_id"].as_str().unwrap()));
+    for query in [
+        format!("module={digest}"),
+        "step=supplier-order@0.1.0".to_string(),
+        "created_after_ms=0".to_string(),
+    ] {
+        let all = served.get(&format!("/api/runs?{query}")).expect(200);
+        assert_eq!(all["runs"].as_array().unwrap().len(), 4, "{query}");
+    }
+    for query in ["status=failed", "step=other@1", "created_before_ms=0"] {
+        let none = served.get(&format!("/api/runs?{query}")).expect(200);
+        assert_eq!(none["runs"], json!([]), "{query}");
+    }
+    served
+        .get("/api/runs?status=finished")
+        .expect_error(400, "bad_input");
+    let summary = served.get("/api/summary").expect(200);
+    assert_eq!(summary["counts"]["completed"], 4);
+
+    // A run: the same row the CLI shows; its timeline a page at a time.
+    let view = served.get("/api/runs/r1").expect(200);
+    let show = sb.show("r1");
+    assert_eq!(view["run"], show["run"]);
+    let first = served.get("/api/runs/r1/calls?limit=1").expect(200);
+    assert_eq!(first["calls"].as_array().unwrap().len(), 1);
+    assert_eq!(first["calls"][0]["seq"], 1);
+    assert_eq!(first["calls"][0]["name"], "inventory.read");
+    assert_eq!(first["calls"][0]["attempts"][0]["result"], "ok");
+    assert_eq!(first["next_seq"], 2);
+    let all = served.get("/api/runs/r1/calls").expect(200);
+    let shown_calls = show["calls"].as_array().unwrap();
+    assert_eq!(all["calls"].as_array().unwrap().len(), shown_calls.len());
+    assert!(all["next_seq"].is_null());
+    for (page_call, shown) in all["calls"].as_array().unwrap().iter().zip(shown_calls) {
+        assert_eq!(page_call["operation_id"], shown["operation_id"]);
+        assert_eq!(page_call["request"], shown["request"]);
+    }
+    let call = served.get("/api/runs/r1/calls/1").expect(200);
+    assert_eq!(call["request"], shown_calls[0]["request"]);
+    served
+        .get("/api/runs/r1/calls/99")
+        .expect_error(404, "not_found");
+    served.get("/api/runs/nope").expect_error(404, "unknown_run");
+    served
+        .get("/api/runs/nope/calls")
+        .expect_error(404, "unknown_run");
+    served.get("/api/no/such/path").expect_error(404, "not_found");
+
+    // Export is the CLI's fixture; verify and replay agree with the CLI.
+    let exported = served.get("/api/runs/r1/export").expect(200);
+    let cli_export: Value = serde_json::from_str(&sb.stephost(&["export", "r1"]).stdout).unwrap();
+    assert_eq!(exported, cli_export);
+    let verified = served.get("/api/runs/r1/verify").expect(200);
+    assert_eq!(verified["result"], "intact", "{verified:#}");
+    let replayed = served
+        .post("/api/runs/r1/replay", &json!({}))
+        .expect(200);
+    assert_eq!(replayed["result"], "consistent", "{replayed:#}");
+    let other = client.upload(guests::DIVERGENT);
+    let diverged = served
+        .post("/api/runs/r1/replay", &json!({"module_digest": other}))
+        .expect(200);
+    assert_ne!(diverged["result"], "consistent", "{diverged:#}");
+    served
+        .post("/api/runs", &json!({"input": 1}))
+        .expect_error(400, "bad_input");
+    served
+        .post("/api/runs", &json!({"module_digest": "00", "input": 1}))
+        .expect_error(404, "unknown_module");
+
+    // Metrics and health.
+    let metrics = served.get("/metrics");
+    assert_eq!(metrics.status, 200);
+    assert!(
+        metrics.body.contains("stephost_runs{status=\"completed\"} 4"),
+        "{}",
+        metrics.body
+    );
+    assert_eq!(served.get("/healthz").status, 200);
+    assert_eq!(served.get("/readyz").status, 200);
+    // SIGTERM drains and exits 0.
+    assert_eq!(served.stop(), Some(0));
+}
+
+#[test]
+fn with_tokens_every_request_needs_one_decisions_an_operator_and_who_is_the_tokens_name() {
+    let sb = Sandbox::with_config(BIN, &config(""));
+    let tokens = "ana operator ana-token-0123456789abcdef\nviewer read viewer-token-0123456789";
+    let served = sb.serve(&[], &[("STEPHOST_API_TOKENS", tokens)]);
+    let ana = served.with_token("ana-token-0123456789abcdef");
+    let viewer = served.with_token("viewer-token-0123456789");
+    let nobody = served.client();
+    let wrong = served.with_token("ana-token-0123456789abcdeX");
+
+    for client in [&nobody, &wrong] {
+        client
+            .get("/api/runs")
+            .expect_error(401, "unauthorized");
+        client.get("/metrics").expect_error(401, "unauthorized");
+    }
+    // Health checks and the console's page need no token.
+    assert_eq!(nobody.get("/healthz").status, 200);
+    assert_eq!(nobody.get("/").status, 200);
+
+    let digest = ana.upload(guests::SUPPLIER_ORDER);
+    let body = json!({"module_digest": digest, "input": supplier_input(10, true), "run_id": "a"});
+    viewer
+        .post("/api/runs", &body)
+        .expect_error(403, "forbidden");
+    ana.post("/api/runs", &body).expect(201);
+    let waiting = served_wait(&served, &viewer, "a", "waiting");
+    assert_eq!(waiting["run"]["status"], "waiting");
+
+    let inbox = viewer.get("/api/approvals").expect(200);
+    let approval = &inbox[0];
+    assert_eq!(approval["run_id"], "a");
+    assert_eq!(approval["details"]["quantity"], 10);
+    let seq = approval["seq"].as_u64().unwrap();
+    let sha = approval["details_sha256"].as_str().unwrap();
+    let path = format!("/api/approvals/a/{seq}");
+    viewer
+        .post(&path, &json!({"verdict": "approved", "details_sha256": sha}))
+        .expect_error(403, "forbidden");
+    // Approving something other than what was shown is refused.
+    let refused = ana
+        .post(
+            &path,
+            &json!({"verdict": "approved", "details_sha256": "0000000000000000"}),
+        )
+        .expect_error(409, "not_decidable");
+    assert!(refused["message"].as_str().unwrap().contains(sha), "{refused:#}");
+    ana.post(&path, &json!({"verdict": "approved"}))
+        .expect_error(409, "not_decidable");
+    ana.post(&path, &json!({"verdict": "maybe", "details_sha256": sha}))
+        .expect_error(400, "bad_input");
+    // The token's name is who decided, whatever the body says.
+    let decided = ana
+        .post(
+            &path,
+            &json!({"verdict": "approved", "details_sha256": &sha[..12], "by": "mallory"}),
+        )
+        .expect(200);
+    assert_eq!(decided["by"], "ana");
+    served_wait(&served, &viewer, "a", "completed");
+    assert_eq!(sb.received("supplier-orders.jsonl").len(), 1);
+    let show = sb.show("a");
+    let call = &show["calls"][seq as usize - 1];
+    assert_eq!(call["resolved_by"], "ana", "{show:#}");
+    // Deciding it again is refused.
+    ana.post(&path, &json!({"verdict": "rejected"}))
+        .expect_error(409, "not_decidable");
+    // The token reaches neither the ledger nor the log.
+    assert!(!sb.ledger_contains("ana-token-0123456789abcdef"));
+    assert!(
+        !served
+            .log
+            .lock()
+            .unwrap()
+            .contains("ana-token-0123456789abcdef")
+    );
+    assert_eq!(served.stop(), Some(0));
+}
+
+fn served_wait(
+    served: &Served,
+    client: &stephost_tests::server::Client,
+    run_id: &str,
+    status: &str,
+) -> Value {
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let view = client.get(&format!("/api/runs/{run_id}")).expect(200);
+        if view["run"]["status"] == status {
+            return view;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "run {run_id} not {status}: {view:#}\n{}",
+            served.log.lock().unwrap()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn an_unknown_call_resolved_through_the_api_lets_the_run_continue() {
+    let sb = Sandbox::with_config(BIN, &config(""));
+    crash_after_a_write(&sb, "u");
+    let served = sb.serve(&[], &[]);
+    served.wait_status("u", "parked");
+    let queue = served.get("/api/unknown").expect(200);
+    let unknown = &queue[0];
+    assert_eq!((unknown["run_id"].as_str(), unknown["seq"].as_u64()), (Some("u"), Some(3)));
+    assert!(!unknown["operation_id"].as_str().unwrap().is_empty());
+    assert!(unknown["request"].as_str().is_some());
+    // The receiver got it once; nothing was sent again.
+    assert_eq!(sb.received("orders.jsonl").len(), 1);
+    let path = "/api/unknown/u/3";
+    served
+        .post(path, &json!({"outcome": "succeeded", "by": "ana"}))
+        .expect_error(400, "bad_input");
+    served
+        .post(path, &json!({"outcome": "succeeded", "response": {"receipt": "R-1"}}))
+        .expect_error(400, "bad_input");
+    served
+        .post("/api/unknown/u/1", &json!({"outcome": "failed", "message": "no", "by": "ana"}))
+        .expect_error(409, "not_decidable");
+    served
+        .post(
+            path,
+            &json!({"outcome": "succeeded", "response": {"receipt": "R-1"}, "by": "ana"}),
+        )
+        .expect(200);
+    let done = served.wait_status("u", "completed");
+    assert!(done["run"]["output"].as_str().unwrap().contains("R-1"), "{done:#}");
+    assert_eq!(sb.received("orders.jsonl").len(), 1);
+    assert_eq!(served.get("/api/unknown").expect(200), json!([]));
+    let call = served.get("/api/runs/u/calls/3").expect(200);
+    assert_eq!(call["resolved_by"], "ana");
+}
+
+#[test]
+fn a_server_on_a_public_address_needs_tokens_and_a_bad_token_line_is_refused() {
+    let sb = Sandbox::with_config(BIN, &config(""));
+    let open = sb.stephost(&["serve", "--listen", "0.0.0.0:0"]);
+    open.expect_code(2);
+    assert!(open.stderr.contains("without tokens"), "{}", open.stderr);
+    let bad = sb.stephost_with_env(
+        "STEPHOST_API_TOKENS",
+        "ana admin ana-token-0123456789",
+        &["serve", "--listen", "127.0.0.1:0"],
+    );
+    bad.expect_code(2);
+    assert!(bad.stderr.contains("neither read nor operator"), "{}", bad.stderr);
+    // A webhook whose secret is not set is refused before anything starts.
+    sb.set_config(&config(&webhook("http://127.0.0.1:9/hook")));
+    let unset = sb.stephost(&["serve", "--listen", "127.0.0.1:0"]);
+    unset.expect_code(2);
+    assert!(unset.stderr.contains("HOOK_SECRET"), "{}", unset.stderr);
+}
+
+#[test]
+fn every_documented_route_is_served_and_live_updates_name_the_runs_that_change() {
+    let sb = Sandbox::with_config(BIN, &config(""));
+    let served = sb.serve(&[], &[]);
+    let doc = served.get("/openapi.json").expect(200);
+    assert_eq!(doc["openapi"], "3.1.0");
+    let paths = doc["paths"].as_object().unwrap();
+    assert!(paths.len() >= 15, "{paths:#?}");
+    for (path, methods) in paths {
+        for method in methods.as_object().unwrap().keys() {
+            let concrete = path.replace("{run_id}", "nope").replace("{seq}", "1");
+            if concrete == "/api/events" {
+                continue; // a stream; read below
+            }
+            let answer = served
+                .client()
+                .request(&method.to_uppercase(), &concrete, (method == "post").then_some(b"{}"));
+            let routed = !answer.body.contains("no such path");
+            assert!(routed, "{method} {path} is documented but not served: {answer:?}");
+        }
+    }
+    let digest = served.client().upload(guests::SUPPLIER_ORDER);
+    let events = served.client().events_until("\"live\"", Duration::from_secs(30), || {
+        submit(&served, &digest, supplier_input(1, false), "live");
+    });
+    assert!(events.contains("text/event-stream"), "{events}");
+    assert!(events.contains("event: runs"), "{events}");
+    assert!(events.contains("\"run_id\":\"live\""), "{events}");
+}
+
+fn signature_ok(delivery: &stephost_tests::server::Delivery) -> bool {
+    let expected = format!(
+        "sha256={}",
+        stephost_core::ids::to_hex(&MacKey::new(SECRET.as_bytes()).mac(delivery.body.as_bytes()))
+    );
+    delivery.header("Stephost-Signature") == Some(expected.as_str())
+}
+
+#[test]
+fn webhooks_are_signed_retried_after_a_500_and_still_owed_after_a_sigkill() {
+    let receiver = WebhookReceiver::start(&[500]);
+    let sb = Sandbox::with_config(BIN, &config(&webhook(&receiver.url)));
+    let env = [("HOOK_SECRET", SECRET)];
+    let served = sb.serve(&[], &env);
+    let digest = served.client().upload(guests::PANICKER);
+    served
+        .post("/api/runs", &json!({"module_digest": digest, "input": null, "run_id": "f"}))
+        .expect(201);
+    served.wait_status("f", "failed");
+    let got = receiver.wait_for("a delivery after a 500", |d| {
+        d.iter().any(|x| x.answered == 200)
+    });
+    assert_eq!(got[0].answered, 500);
+    let (first, second) = (&got[0], &got[1]);
+    for d in [first, second] {
+        assert!(signature_ok(d), "{d:#?}");
+        assert_eq!(d.header("Stephost-Event"), Some("failed"));
+    }
+    // The retry is the same notification: same delivery id, same body.
+    assert_eq!(first.header("Stephost-Delivery"), second.header("Stephost-Delivery"));
+    assert_eq!(first.body, second.body);
+    let body: Value = serde_json::from_str(&second.body).unwrap();
+    assert_eq!(
+        (body["event"].as_str(), body["run_id"].as_str(), body["status"].as_str()),
+        (Some("failed"), Some("f"), Some("failed"))
+    );
+    assert_eq!(body["delivery_id"].as_str(), second.header("Stephost-Delivery"));
+    let view = served.get("/api/runs/f").expect(200);
+    assert_eq!(view["notices"][0]["state"], "delivered", "{view:#}");
+    assert_eq!(view["notices"][0]["attempts"], 2);
+
+    // The receiver fails every attempt while a run parks; the server is
+    // killed; the notice is delivered by the next server.
+    receiver.script(&[503; 1000]);
+    served.kill();
+    crash_after_a_write(&sb, "p");
+    let served = sb.serve(&[], &env);
+    served.wait_status("p", "parked");
+    receiver.wait_for("an attempt at the parked notice", |d| {
+        d.iter().any(|x| x.header("Stephost-Event") == Some("parked"))
+    });
+    served.kill();
+    receiver.script(&[]);
+    let served = sb.serve(&[], &env);
+    let got = receiver.wait_for("the parked notice delivered after the kill", |d| {
+        d.iter()
+            .any(|x| x.header("Stephost-Event") == Some("parked") && x.answered == 200)
+    });
+    let parked: Vec<_> = got
+        .iter()
+        .filter(|d| d.header("Stephost-Event") == Some("parked"))
+        .collect();
+    assert!(parked.iter().all(|d| signature_ok(d)));
+    let ids: std::collections::BTreeSet<_> =
+        parked.iter().map(|d| d.header("Stephost-Delivery")).collect();
+    assert_eq!(ids.len(), 1, "one notification, however often it was tried");
+    // Delivered, it is not sent again.
+    std::thread::sleep(Duration::from_millis(1_500));
+    let delivered = receiver
+        .deliveries()
+        .iter()
+        .filter(|d| d.answered == 200)
+        .count();
+    assert_eq!(delivered, 2, "{:#?}", receiver.deliveries());
+    assert_eq!(served.stop(), Some(0));
+}
+
+/// The console in headless Chromium, driven by `tests/browser/console.mjs`
+/// (playwright-core): find a run, open its timeline, approve a waiting
+/// approval and see the run complete, resolve an unknown call and see its
+/// run continue.
+#[test]
+fn the_console_in_a_browser_approves_and_resolves() {
+    let sb = Sandbox::with_config(BIN, &config(""));
+    crash_after_a_write(&sb, "parked-run");
+    let served = sb.serve(&[], &[]);
+    let digest = served.client().upload(guests::SUPPLIER_ORDER);
+    submit(&served, &digest, supplier_input(10, true), "approval-run");
+    served.wait_status("approval-run", "waiting");
+    served.wait_status("parked-run", "parked");
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/browser/console.mjs");
+    let out = std::process::Command::new("node")
+        .arg(script)
+        .arg(&served.base)
+        .current_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/browser"))
+        .output()
+        .expect(
+            "run node (the browser tests need Node.js, Chromium and tests/browser's \
+             node_modules: scripts/test.sh installs them)",
+        );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success(),
+        "the console test failed:\n{stdout}\n{stderr}\nserver log:\n{}",
+        served.log.lock().unwrap()
+    );
+    // What the browser did is in the ledger.
+    let approved = served.wait_status("approval-run", "completed");
+    assert_eq!(approved["run"]["status"], "completed");
+    assert_eq!(sb.received("supplier-orders.jsonl").len(), 1);
+    let resolved = served.wait_status("parked-run", "completed");
+    assert!(resolved["run"]["output"].as_str().unwrap().contains("R-77"));
+    assert_eq!(sb.received("orders.jsonl").len(), 1);
+    let call = served.get("/api/runs/parked-run/calls/3").expect(200);
+    assert_eq!(call["resolved_by"], "browser-ana");
+}
