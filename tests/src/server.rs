@@ -85,15 +85,17 @@ impl Sandbox {
                 log.push('\n');
             }
         });
-        let addr = rx.recv_timeout(Duration::from_secs(60)).unwrap_or_else(|_| {
-            let _ = child.kill();
-            let status = child.wait().unwrap();
-            std::thread::sleep(Duration::from_millis(100));
-            panic!(
-                "stephost serve did not start ({status}):\n{}",
-                log.lock().unwrap()
-            )
-        });
+        let addr = rx
+            .recv_timeout(Duration::from_secs(60))
+            .unwrap_or_else(|_| {
+                let _ = child.kill();
+                let status = child.wait().unwrap();
+                std::thread::sleep(Duration::from_millis(100));
+                panic!(
+                    "stephost serve did not start ({status}):\n{}",
+                    log.lock().unwrap()
+                )
+            });
         Served {
             child: Some(child),
             base: format!("http://{addr}"),

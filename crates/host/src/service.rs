@@ -76,7 +76,9 @@ pub fn calls_page(
     let limit = limit.max(1);
     let mut calls = store.calls(run_id, from_seq.max(1), limit.saturating_add(1))?;
     let next_seq = match calls.len() > limit {
-        true => calls.pop().map(|_| calls.last().map_or(from_seq, |c| c.seq) + 1),
+        true => calls
+            .pop()
+            .map(|_| calls.last().map_or(from_seq, |c| c.seq) + 1),
         false => None,
     };
     let calls = calls

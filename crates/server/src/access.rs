@@ -76,9 +76,7 @@ impl Tokens {
                 "read" => Role::Read,
                 "operator" => Role::Operator,
                 other => {
-                    return Err(format!(
-                        "{at}: role {other:?} is neither read nor operator"
-                    ));
+                    return Err(format!("{at}: role {other:?} is neither read nor operator"));
                 }
             };
             if token.len() < TOKEN_CHARS_MIN {
@@ -120,7 +118,8 @@ impl Tokens {
                 mode & 0o777
             ));
         }
-        let text = std::fs::read_to_string(&path).map_err(|e| format!("cannot read {shown}: {e}"))?;
+        let text =
+            std::fs::read_to_string(&path).map_err(|e| format!("cannot read {shown}: {e}"))?;
         Self::parse(&text, &shown)
     }
 
@@ -183,7 +182,10 @@ mod tests {
         assert_eq!(alice.name.as_deref(), Some("alice"));
         assert_eq!(alice.role, Role::Operator);
         assert_eq!(
-            tokens.caller(Some("Bearer bbbbbbbbbbbbbbbbbbbb")).unwrap().role,
+            tokens
+                .caller(Some("Bearer bbbbbbbbbbbbbbbbbbbb"))
+                .unwrap()
+                .role,
             Role::Read
         );
         for bad in [
@@ -202,7 +204,10 @@ mod tests {
     fn bad_token_lines_are_refused_with_their_place() {
         for (text, says) in [
             ("alice operator", "expected `NAME ROLE TOKEN`"),
-            ("alice admin aaaaaaaaaaaaaaaaaaaa", "neither read nor operator"),
+            (
+                "alice admin aaaaaaaaaaaaaaaaaaaa",
+                "neither read nor operator",
+            ),
             ("alice read short", "shorter than 16"),
             (
                 "a read aaaaaaaaaaaaaaaaaaaa; a read bbbbbbbbbbbbbbbbbbbb",

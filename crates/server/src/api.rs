@@ -63,11 +63,7 @@ async fn metrics(State(app): State<Arc<App>>, _caller: Caller) -> Result<Respons
     let text = app
         .with_store(|s| Ok(stephost_host::metrics::render(s)?))
         .await?;
-    Ok((
-        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
-        text,
-    )
-        .into_response())
+    Ok(([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response())
 }
 
 async fn summary(State(app): State<Arc<App>>, _caller: Caller) -> Api<service::Summary> {
@@ -194,7 +190,9 @@ async fn list_runs(
         after_run_id: p.after.filter(|a| !a.is_empty()),
         limit: Some(limit),
     };
-    let runs = app.with_store(move |s| Ok(service::runs(s, &query)?)).await?;
+    let runs = app
+        .with_store(move |s| Ok(service::runs(s, &query)?))
+        .await?;
     let next = match runs.len() == limit {
         true => runs.last().map(|r| r.run_id.clone()),
         false => None,
@@ -284,11 +282,7 @@ async fn verify(
         app.with_host(move |host| {
             let run = host.store().run(&run_id)?;
             let calls = host.store().calls(&run_id, 1, usize::MAX)?;
-            Ok(service::verify(
-                &host.options().signer,
-                &calls,
-                Some(&run),
-            ))
+            Ok(service::verify(&host.options().signer, &calls, Some(&run)))
         })
         .await?,
     ))
@@ -313,7 +307,10 @@ async fn replay(
     ))
 }
 
-async fn approvals(State(app): State<Arc<App>>, _caller: Caller) -> Api<Vec<service::ApprovalView>> {
+async fn approvals(
+    State(app): State<Arc<App>>,
+    _caller: Caller,
+) -> Api<Vec<service::ApprovalView>> {
     Ok(Json(app.with_store(|s| Ok(service::approvals(s)?)).await?))
 }
 
@@ -354,7 +351,9 @@ async fn decide(
             )));
         }
     };
-    let by = caller.who(body.by.as_deref()).map_err(ApiError::bad_input)?;
+    let by = caller
+        .who(body.by.as_deref())
+        .map_err(ApiError::bad_input)?;
     let decided = Decided {
         run_id: run_id.clone(),
         seq,
@@ -384,7 +383,9 @@ async fn unknown_calls(
     State(app): State<Arc<App>>,
     _caller: Caller,
 ) -> Api<Vec<service::UnknownCallView>> {
-    Ok(Json(app.with_store(|s| Ok(service::unknown_calls(s)?)).await?))
+    Ok(Json(
+        app.with_store(|s| Ok(service::unknown_calls(s)?)).await?,
+    ))
 }
 
 #[derive(Debug, Deserialize)]
@@ -424,7 +425,9 @@ async fn resolve(
             )));
         }
     };
-    let by = caller.who(body.by.as_deref()).map_err(ApiError::bad_input)?;
+    let by = caller
+        .who(body.by.as_deref())
+        .map_err(ApiError::bad_input)?;
     let decided = Decided {
         run_id: run_id.clone(),
         seq,

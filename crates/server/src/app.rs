@@ -47,7 +47,11 @@ impl App {
     {
         let app = self.clone();
         tokio::task::spawn_blocking(move || {
-            let taken = app.idle_stores.lock().unwrap_or_else(|p| p.into_inner()).pop();
+            let taken = app
+                .idle_stores
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .pop();
             let store = match taken {
                 Some(store) => store,
                 None => app.pool.store()?,

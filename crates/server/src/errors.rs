@@ -120,17 +120,17 @@ impl From<HostError> for ApiError {
                 "the module does not match the run's recording; see the message",
             ),
             _ => match e.exit_code() {
-                exit::BAD_INPUT => (
-                    400,
-                    "bad_input",
-                    "correct the request as the message says",
-                ),
+                exit::BAD_INPUT => (400, "bad_input", "correct the request as the message says"),
                 exit::CLAIMED => (
                     409,
                     "conflict",
                     "another worker or person changed the run first; read it again and retry",
                 ),
-                _ => (500, "internal", "retry; if it persists, see the server's log"),
+                _ => (
+                    500,
+                    "internal",
+                    "retry; if it persists, see the server's log",
+                ),
             },
         };
         ApiError::new(status, code, message, fix)

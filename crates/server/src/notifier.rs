@@ -70,7 +70,12 @@ impl Notifier {
     }
 
     /// Looks and sends every `every` until `shutdown`.
-    pub fn run(mut self, pool: Arc<dyn stephost_core::Pool>, every: Duration, shutdown: &AtomicBool) {
+    pub fn run(
+        mut self,
+        pool: Arc<dyn stephost_core::Pool>,
+        every: Duration,
+        shutdown: &AtomicBool,
+    ) {
         if self.targets.is_empty() {
             return;
         }
@@ -222,7 +227,10 @@ impl Notifier {
             };
         };
         let config = &target.hook.config;
-        let signature = format!("sha256={}", hex::encode(target.key.mac(notice.body.as_bytes())));
+        let signature = format!(
+            "sha256={}",
+            hex::encode(target.key.mac(notice.body.as_bytes()))
+        );
         let result = ureq::http::Request::post(&config.url)
             .header("Content-Type", "application/json")
             .header("Stephost-Delivery", &notice.delivery_id)
@@ -237,7 +245,11 @@ impl Notifier {
                     at_ms: stephost_core::clock::now_ms(),
                 };
             }
-            Ok(response) => format!("{} answered HTTP {}", config.url, response.status().as_u16()),
+            Ok(response) => format!(
+                "{} answered HTTP {}",
+                config.url,
+                response.status().as_u16()
+            ),
             Err(e) => format!("{}: {e}", config.url),
         };
         let attempts = notice.attempts + 1;

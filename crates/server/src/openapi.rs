@@ -9,21 +9,81 @@ pub const OPERATIONS: &[(&str, &str, &str)] = &[
     ("get", "/healthz", "The process is up."),
     ("get", "/readyz", "The ledger can be read (503 if not)."),
     ("get", "/metrics", "Metrics, Prometheus text format."),
-    ("get", "/api/summary", "Runs per status, oldest runnable and waiting ages, open approvals and unknown calls."),
-    ("post", "/api/modules", "Store a module (raw bytes of a component or core module); operator."),
-    ("get", "/api/runs", "Runs, newest first: filters status, module, step, created_after_ms, created_before_ms; pages by after and limit."),
-    ("post", "/api/runs", "Submit a run: module_digest or module_base64, input, run_id; operator."),
-    ("get", "/api/runs/{run_id}", "A run's row, log and notifications."),
-    ("get", "/api/runs/{run_id}/calls", "A page of a run's timeline: from_seq, limit; bodies cut (see the call's own page)."),
-    ("get", "/api/runs/{run_id}/calls/{seq}", "One call, whole, with its attempts."),
-    ("get", "/api/runs/{run_id}/export", "The run as a portable fixture (stephost export)."),
-    ("get", "/api/runs/{run_id}/verify", "Check the run's chain and seal."),
-    ("post", "/api/runs/{run_id}/replay", "Replay offline against the recorded build or module_digest/module_base64; operator."),
-    ("get", "/api/approvals", "Approvals waiting, with their details and the details' sha256."),
-    ("post", "/api/approvals/{run_id}/{seq}", "Approve or reject: verdict, details_sha256 (as shown), note, by; operator."),
-    ("get", "/api/unknown", "Calls whose outcome is unknown, with what the receiver was sent."),
-    ("post", "/api/unknown/{run_id}/{seq}", "Resolve: outcome succeeded with response, or failed with message; by; operator."),
-    ("get", "/api/events", "Server-sent events: `runs`, the runs that changed."),
+    (
+        "get",
+        "/api/summary",
+        "Runs per status, oldest runnable and waiting ages, open approvals and unknown calls.",
+    ),
+    (
+        "post",
+        "/api/modules",
+        "Store a module (raw bytes of a component or core module); operator.",
+    ),
+    (
+        "get",
+        "/api/runs",
+        "Runs, newest first: filters status, module, step, created_after_ms, created_before_ms; pages by after and limit.",
+    ),
+    (
+        "post",
+        "/api/runs",
+        "Submit a run: module_digest or module_base64, input, run_id; operator.",
+    ),
+    (
+        "get",
+        "/api/runs/{run_id}",
+        "A run's row, log and notifications.",
+    ),
+    (
+        "get",
+        "/api/runs/{run_id}/calls",
+        "A page of a run's timeline: from_seq, limit; bodies cut (see the call's own page).",
+    ),
+    (
+        "get",
+        "/api/runs/{run_id}/calls/{seq}",
+        "One call, whole, with its attempts.",
+    ),
+    (
+        "get",
+        "/api/runs/{run_id}/export",
+        "The run as a portable fixture (stephost export).",
+    ),
+    (
+        "get",
+        "/api/runs/{run_id}/verify",
+        "Check the run's chain and seal.",
+    ),
+    (
+        "post",
+        "/api/runs/{run_id}/replay",
+        "Replay offline against the recorded build or module_digest/module_base64; operator.",
+    ),
+    (
+        "get",
+        "/api/approvals",
+        "Approvals waiting, with their details and the details' sha256.",
+    ),
+    (
+        "post",
+        "/api/approvals/{run_id}/{seq}",
+        "Approve or reject: verdict, details_sha256 (as shown), note, by; operator.",
+    ),
+    (
+        "get",
+        "/api/unknown",
+        "Calls whose outcome is unknown, with what the receiver was sent.",
+    ),
+    (
+        "post",
+        "/api/unknown/{run_id}/{seq}",
+        "Resolve: outcome succeeded with response, or failed with message; by; operator.",
+    ),
+    (
+        "get",
+        "/api/events",
+        "Server-sent events: `runs`, the runs that changed.",
+    ),
 ];
 
 pub async fn document() -> Json<Value> {
@@ -38,9 +98,7 @@ pub async fn document() -> Json<Value> {
                        "schema": {"type": if name == "seq" { "integer" } else { "string" }}})
             })
             .collect();
-        let entry = paths
-            .entry(path.to_string())
-            .or_insert_with(|| json!({}));
+        let entry = paths.entry(path.to_string()).or_insert_with(|| json!({}));
         entry[*method] = json!({
             "summary": summary,
             "parameters": params,

@@ -33,7 +33,12 @@ fn webhook(url: &str) -> String {
 /// A run of multi-write whose write (call #3) was sent and then the
 /// process died: the server's worker resumes it and parks the call.
 fn crash_after_a_write(sb: &Sandbox, run_id: &str) {
-    let crashed = sb.run_crashing_at("after-send@3", guests::MULTI_WRITE, r#"{"count":1}"#, run_id);
+    let crashed = sb.run_crashing_at(
+        "after-send@3",
+        guests::MULTI_WRITE,
+        r#"{"count":1}"#,
+        run_id,
+    );
     assert_eq!(crashed.signal, Some(libc::SIGABRT), "{crashed:?}");
 }
 
@@ -60,13 +65,18 @@ fn the_api_submits_lists_pages_and_shows_runs_in_the_clis_shapes() {
     let client = served.client();
     let digest = client.upload(guests::SUPPLIER_ORDER);
     for i in 0..3 {
-        let run = submit(&served, &digest, supplier_input(2, false), &format!("r{i}"));
+        let run = submit(
+            &served,
+            &digest,
+            supplier_input(10, false),
+            &format!("r{i}"),
+        );
         assert_eq!(run["run_id"], format!("r{i}"));
         assert_eq!(run["module_digest"], digest);
     }
     // The same id with the same module and input is the same run; another
     // input is refused, as `stephost submit` refuses it.
-    submit(&served, &digest, supplier_input(2, false), "r0");
+    submit(&served, &digest, supplier_input(10, false), "r0");
     served
         .post(
             "/api/runs",
@@ -74,16 +84,9 @@ fn the_api_submits_lists_pages_and_shows_runs_in_the_clis_shapes() {
         )
         .expect_error(409, "run_exists");
     let b64 = {
-        use std::io::Write;
-        let bytes = std::fs::read(guests::SUPPLIER_ORDER).unwrap();
-        let mut child = std::process::Command::new("base64")
-            .arg("-w0")
-            .stdin(std::process::Stdio::piped())
-            .stdout(std::process::Stdio::piped())
-            .spawn()
-            .unwrap();
-        child.stdin.take().unwrap().write_all(&bytes).unwrap();
-        String::from_utf8(child.wait_with_output().unwrap().stdout).unwrap()
+        use base64::Engine as _;
+        base64::engine::general_purpose::STANDARD
+            .encode(std::fs::read(guests::SUPPLIER_ORDER).unwrap())
     };
     let uploaded = served
         .post(
@@ -153,11 +156,15 @@ fn the_api_submits_lists_pages_and_shows_runs_in_the_clis_shapes() {
     served
         .get("/api/runs/r1/calls/99")
         .expect_error(404, "not_found");
-    served.get("/api/runs/nope").expect_error(404, "unknown_run");
+    served
+        .get("/api/runs/nope")
+        .expect_error(404, "unknown_run");
     served
         .get("/api/runs/nope/calls")
         .expect_error(404, "unknown_run");
-    served.get("/api/no/such/path").expect_error(404, "not_found");
+    served
+        .get("/api/no/such/path")
+        .expect_error(404, "not_found");
 
     // Export is the CLI's fixture; verify and replay agree with the CLI.
     let exported = served.get("/api/runs/r1/export").expect(200);
@@ -165,9 +172,7 @@ fn the_api_submits_lists_pages_and_shows_runs_in_the_clis_shapes() {
     assert_eq!(exported, cli_export);
     let verified = served.get("/api/runs/r1/verify").expect(200);
     assert_eq!(verified["result"], "intact", "{verified:#}");
-    let replayed = served
-        .post("/api/runs/r1/replay", &json!({}))
-        .expect(200);
+    let replayed = served.post("/api/runs/r1/replay", &json!({})).expect(200);
     assert_eq!(replayed["result"], "consistent", "{replayed:#}");
     let other = client.upload(guests::DIVERGENT);
     let diverged = served
@@ -185,7 +190,9 @@ fn the_api_submits_lists_pages_and_shows_runs_in_the_clis_shapes() {
     let metrics = served.get("/metrics");
     assert_eq!(metrics.status, 200);
     assert!(
-        metrics.body.contains("stephost_runs{status=\"completed\"} 4"),
+        metrics
+            .body
+            .contains("stephost_runs{status=\"completed\"} 4"),
         "{}",
         metrics.body
     );
@@ -206,9 +213,7 @@ fn with_tokens_every_request_needs_one_decisions_an_operator_and_who_is_the_toke
     let wrong = served.with_token("ana-token-0123456789abcdeX");
 
     for client in [&nobody, &wrong] {
-        client
-            .get("/api/runs")
-            .expect_error(401, "unauthorized");
+        client.get("/api/runs").expect_error(401, "unauthorized");
         client.get("/metrics").expect_error(401, "unauthorized");
     }
     // Health checks and the console's page need no token.
@@ -232,7 +237,10 @@ fn with_tokens_every_request_needs_one_decisions_an_operator_and_who_is_the_toke
     let sha = approval["details_sha256"].as_str().unwrap();
     let path = format!("/api/approvals/a/{seq}");
     viewer
-        .post(&path, &json!({"verdict": "approved", "details_sha256": sha}))
+        .post(
+            &path,
+            &json!({"verdict": "approved", "details_sha256": sha}),
+        )
         .expect_error(403, "forbidden");
     // Approving something other than what was shown is refused.
     let refused = ana
@@ -241,7 +249,10 @@ fn with_tokens_every_request_needs_one_decisions_an_operator_and_who_is_the_toke
             &json!({"verdict": "approved", "details_sha256": "0000000000000000"}),
         )
         .expect_error(409, "not_decidable");
-    assert!(refused["message"].as_str().unwrap().contains(sha), "{refused:#}");
+    assert!(
+        refused["message"].as_str().unwrap().contains(sha),
+        "{refused:#}"
+    );
     ana.post(&path, &json!({"verdict": "approved"}))
         .expect_error(409, "not_decidable");
     ana.post(&path, &json!({"verdict": "maybe", "details_sha256": sha}))
@@ -303,7 +314,10 @@ fn an_unknown_call_resolved_through_the_api_lets_the_run_continue() {
     served.wait_status("u", "parked");
     let queue = served.get("/api/unknown").expect(200);
     let unknown = &queue[0];
-    assert_eq!((unknown["run_id"].as_str(), unknown["seq"].as_u64()), (Some("u"), Some(3)));
+    assert_eq!(
+        (unknown["run_id"].as_str(), unknown["seq"].as_u64()),
+        (Some("u"), Some(3))
+    );
     assert!(!unknown["operation_id"].as_str().unwrap().is_empty());
     assert!(unknown["request"].as_str().is_some());
     // The receiver got it once; nothing was sent again.
@@ -313,10 +327,16 @@ fn an_unknown_call_resolved_through_the_api_lets_the_run_continue() {
         .post(path, &json!({"outcome": "succeeded", "by": "ana"}))
         .expect_error(400, "bad_input");
     served
-        .post(path, &json!({"outcome": "succeeded", "response": {"receipt": "R-1"}}))
+        .post(
+            path,
+            &json!({"outcome": "succeeded", "response": {"receipt": "R-1"}}),
+        )
         .expect_error(400, "bad_input");
     served
-        .post("/api/unknown/u/1", &json!({"outcome": "failed", "message": "no", "by": "ana"}))
+        .post(
+            "/api/unknown/u/1",
+            &json!({"outcome": "failed", "message": "no", "by": "ana"}),
+        )
         .expect_error(409, "not_decidable");
     served
         .post(
@@ -325,7 +345,10 @@ fn an_unknown_call_resolved_through_the_api_lets_the_run_continue() {
         )
         .expect(200);
     let done = served.wait_status("u", "completed");
-    assert!(done["run"]["output"].as_str().unwrap().contains("R-1"), "{done:#}");
+    assert!(
+        done["run"]["output"].as_str().unwrap().contains("R-1"),
+        "{done:#}"
+    );
     assert_eq!(sb.received("orders.jsonl").len(), 1);
     assert_eq!(served.get("/api/unknown").expect(200), json!([]));
     let call = served.get("/api/runs/u/calls/3").expect(200);
@@ -344,7 +367,11 @@ fn a_server_on_a_public_address_needs_tokens_and_a_bad_token_line_is_refused() {
         &["serve", "--listen", "127.0.0.1:0"],
     );
     bad.expect_code(2);
-    assert!(bad.stderr.contains("neither read nor operator"), "{}", bad.stderr);
+    assert!(
+        bad.stderr.contains("neither read nor operator"),
+        "{}",
+        bad.stderr
+    );
     // A webhook whose secret is not set is refused before anything starts.
     sb.set_config(&config(&webhook("http://127.0.0.1:9/hook")));
     let unset = sb.stephost(&["serve", "--listen", "127.0.0.1:0"]);
@@ -366,17 +393,24 @@ fn every_documented_route_is_served_and_live_updates_name_the_runs_that_change()
             if concrete == "/api/events" {
                 continue; // a stream; read below
             }
-            let answer = served
-                .client()
-                .request(&method.to_uppercase(), &concrete, (method == "post").then_some(b"{}"));
+            let answer = served.client().request(
+                &method.to_uppercase(),
+                &concrete,
+                (method == "post").then_some(b"{}"),
+            );
             let routed = !answer.body.contains("no such path");
-            assert!(routed, "{method} {path} is documented but not served: {answer:?}");
+            assert!(
+                routed,
+                "{method} {path} is documented but not served: {answer:?}"
+            );
         }
     }
     let digest = served.client().upload(guests::SUPPLIER_ORDER);
-    let events = served.client().events_until("\"live\"", Duration::from_secs(30), || {
-        submit(&served, &digest, supplier_input(1, false), "live");
-    });
+    let events = served
+        .client()
+        .events_until("\"live\"", Duration::from_secs(30), || {
+            submit(&served, &digest, supplier_input(1, false), "live");
+        });
     assert!(events.contains("text/event-stream"), "{events}");
     assert!(events.contains("event: runs"), "{events}");
     assert!(events.contains("\"run_id\":\"live\""), "{events}");
@@ -398,7 +432,10 @@ fn webhooks_are_signed_retried_after_a_500_and_still_owed_after_a_sigkill() {
     let served = sb.serve(&[], &env);
     let digest = served.client().upload(guests::PANICKER);
     served
-        .post("/api/runs", &json!({"module_digest": digest, "input": null, "run_id": "f"}))
+        .post(
+            "/api/runs",
+            &json!({"module_digest": digest, "input": null, "run_id": "f"}),
+        )
         .expect(201);
     served.wait_status("f", "failed");
     let got = receiver.wait_for("a delivery after a 500", |d| {
@@ -411,14 +448,24 @@ fn webhooks_are_signed_retried_after_a_500_and_still_owed_after_a_sigkill() {
         assert_eq!(d.header("Stephost-Event"), Some("failed"));
     }
     // The retry is the same notification: same delivery id, same body.
-    assert_eq!(first.header("Stephost-Delivery"), second.header("Stephost-Delivery"));
+    assert_eq!(
+        first.header("Stephost-Delivery"),
+        second.header("Stephost-Delivery")
+    );
     assert_eq!(first.body, second.body);
     let body: Value = serde_json::from_str(&second.body).unwrap();
     assert_eq!(
-        (body["event"].as_str(), body["run_id"].as_str(), body["status"].as_str()),
+        (
+            body["event"].as_str(),
+            body["run_id"].as_str(),
+            body["status"].as_str()
+        ),
         (Some("failed"), Some("f"), Some("failed"))
     );
-    assert_eq!(body["delivery_id"].as_str(), second.header("Stephost-Delivery"));
+    assert_eq!(
+        body["delivery_id"].as_str(),
+        second.header("Stephost-Delivery")
+    );
     let view = served.get("/api/runs/f").expect(200);
     assert_eq!(view["notices"][0]["state"], "delivered", "{view:#}");
     assert_eq!(view["notices"][0]["attempts"], 2);
@@ -431,7 +478,8 @@ fn webhooks_are_signed_retried_after_a_500_and_still_owed_after_a_sigkill() {
     let served = sb.serve(&[], &env);
     served.wait_status("p", "parked");
     receiver.wait_for("an attempt at the parked notice", |d| {
-        d.iter().any(|x| x.header("Stephost-Event") == Some("parked"))
+        d.iter()
+            .any(|x| x.header("Stephost-Event") == Some("parked"))
     });
     served.kill();
     receiver.script(&[]);
@@ -445,8 +493,10 @@ fn webhooks_are_signed_retried_after_a_500_and_still_owed_after_a_sigkill() {
         .filter(|d| d.header("Stephost-Event") == Some("parked"))
         .collect();
     assert!(parked.iter().all(|d| signature_ok(d)));
-    let ids: std::collections::BTreeSet<_> =
-        parked.iter().map(|d| d.header("Stephost-Delivery")).collect();
+    let ids: std::collections::BTreeSet<_> = parked
+        .iter()
+        .map(|d| d.header("Stephost-Delivery"))
+        .collect();
     assert_eq!(ids.len(), 1, "one notification, however often it was tried");
     // Delivered, it is not sent again.
     std::thread::sleep(Duration::from_millis(1_500));
