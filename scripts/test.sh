@@ -4,11 +4,13 @@
 #
 #   scripts/test.sh
 #
-# 1. the guest toolchains (scripts/guest-toolchains.sh) and PostgreSQL's
+# 1. the guest toolchains (scripts/guest-toolchains.sh), PostgreSQL's
 #    server programs, which the tests start a throwaway cluster of (in a
-#    temporary folder, on 127.0.0.1; stopped when the tests end). Set
+#    temporary folder, on 127.0.0.1; stopped when the tests end), and
+#    Chromium with playwright-core for the console's browser tests. Set
 #    STEPHOST_TEST_POSTGRES=postgres://USER@HOST:PORT/DB to use a server of
-#    your own instead (the user must be able to create schemas);
+#    your own instead (the user must be able to create schemas), and
+#    STEPHOST_CHROMIUM=PATH for a Chromium of your own;
 # 2. `cargo test --workspace`: unit tests, the conformance suite on every
 #    backend, and the end-to-end suite on SQLite;
 # 3. the end-to-end suite again, on PostgreSQL.
@@ -17,16 +19,16 @@ cd "$(dirname "$0")/.."
 
 scripts/guest-toolchains.sh
 
-if [ -z "${STEPHOST_TEST_POSTGRES:-}" ] && [ -z "${STEPHOST_PG_BIN:-}" ] \
-    && ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then
-    echo "== PostgreSQL: apt-get install postgresql"
+# Installs Debian packages (root only), without starting any service they
+# bring: the tests start what they need themselves.
+apt_install() {
+    echo "== apt-get install $*"
     if [ "$(id -u)" -ne 0 ]; then
-        echo "error: PostgreSQL is missing and installing it needs root:" >&2
-        echo "  apt-get install -y postgresql" >&2
+        echo "error: these Debian packages are missing and installing them needs root:" >&2
+        echo "  apt-get install -y $*" >&2
         exit 1
     fi
     export DEBIAN_FRONTEND=noninteractive
-    # Installed, not started: the tests run clusters of their own.
     policy=/usr/sbin/policy-rc.d
     made_policy=false
     if [ ! -e "$policy" ]; then
@@ -35,9 +37,22 @@ if [ -z "${STEPHOST_TEST_POSTGRES:-}" ] && [ -z "${STEPHOST_PG_BIN:-}" ] \
         made_policy=true
     fi
     apt-get update -qq
-    apt-get install -y -qq postgresql >/dev/null
+    apt-get install -y -qq "$@" >/dev/null
     if $made_policy; then rm -f "$policy"; fi
+}
+
+if [ -z "${STEPHOST_TEST_POSTGRES:-}" ] && [ -z "${STEPHOST_PG_BIN:-}" ] \
+    && ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then
+    apt_install postgresql
 fi
+
+# The console's browser tests: Debian's Chromium, driven by playwright-core
+# (npm, pinned by tests/browser/package-lock.json).
+if [ -z "${STEPHOST_CHROMIUM:-}" ] && [ ! -x /usr/bin/chromium ]; then
+    apt_install chromium
+fi
+echo "== browser tests: npm ci (playwright-core)"
+npm ci --prefix tests/browser --no-audit --no-fund --loglevel=error
 
 rustup target add wasm32-wasip2
 cargo test --workspace

@@ -12,6 +12,7 @@ mod floor;
 mod postgres;
 mod procstat;
 mod report;
+mod server;
 
 use std::error::Error;
 use std::path::{Path, PathBuf};
@@ -104,7 +105,7 @@ pub(crate) struct Args {
     out: PathBuf,
     /// Where the ledgers are created (a temporary folder inside it).
     dir: Option<PathBuf>,
-    /// Figures to run (1 to 10); all when empty.
+    /// Figures to run (1 to 11); all when empty.
     only: Vec<u32>,
     /// `--ab`: the other build to compare with.
     ab: Option<ab::Other>,
@@ -438,6 +439,9 @@ impl Bench {
         }
         if args.wants(8) || args.wants(9) || args.wants(10) {
             self.postgres(args)?;
+        }
+        if args.wants(11) {
+            self.server(args)?;
         }
         Ok(())
     }

@@ -11,6 +11,8 @@ pub const RSS_PENDING: &str = "7 RSS per pending run";
 pub const PG_WRITE_EFFECT: &str = "8 PostgreSQL write effect";
 pub const PG_TWO_WORKERS: &str = "9 PostgreSQL, 64 runs, 2 worker processes";
 pub const PG_CLAIM: &str = "10 PostgreSQL claim among 100,000 pending";
+/// Figure 11's console page of a long run (an absolute target).
+pub const TIMELINE_P50: &str = "11 timeline page, 10,000-call run, p50";
 
 /// Whether a value (with its ratio to the floor, if any) meets a target.
 pub type Meets = fn(f64, Option<f64>) -> bool;
@@ -33,6 +35,7 @@ pub fn target_of(figure: &str) -> Option<(&'static str, Meets)> {
         PG_CLAIM => Some(("≤ 10× a lookup", |_, ratio| {
             ratio.is_some_and(|r| r <= 10.0)
         })),
+        TIMELINE_P50 => Some(("≤ 50 ms", |value, _| value <= 50.0)),
         _ => None,
     }
 }

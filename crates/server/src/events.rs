@@ -85,16 +85,13 @@ pub async fn stream(
 ) -> Sse<impl Stream<Item = Result<Event, Infallible>>> {
     let receiver = app.changes.subscribe();
     let events = futures_util::stream::unfold(receiver, |mut receiver| async move {
-        loop {
-            match receiver.recv().await {
-                Ok(text) => return Some((Ok(Event::default().event("runs").data(text)), receiver)),
-                // A slow reader missed some: tell it to refresh everything.
-                Err(broadcast::error::RecvError::Lagged(_)) => {
-                    return Some((Ok(Event::default().event("runs").data("[]")), receiver));
-                }
-                Err(broadcast::error::RecvError::Closed) => return None,
-            }
-        }
+        let data = match receiver.recv().await {
+            Ok(text) => text,
+            // A slow reader missed some: it refreshes everything.
+            Err(broadcast::error::RecvError::Lagged(_)) => "[]".to_string(),
+            Err(broadcast::error::RecvError::Closed) => return None,
+        };
+        Some((Ok(Event::default().event("runs").data(data)), receiver))
     });
     Sse::new(events).keep_alive(KeepAlive::new().interval(Duration::from_secs(15)))
 }

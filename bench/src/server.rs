@@ -1,0 +1,201 @@
+//! Figure 11: `stephost serve` on an SQLite ledger, measured over HTTP on
+//! 127.0.0.1 as a client sees it: how fast runs are submitted through the
+//! API (the server's worker executing them meanwhile), and how long the
+//! console's page of a long run takes (its row and log, then its first 200
+//! calls), for a run of 10,000 calls.
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+
+use crate::report::{self, Row};
+use crate::{Args, Bench, Res, config_text, progress};
+
+/// Runs submitted, by this many clients at once.
+const SUBMITS: usize = 1_000;
+const SUBMIT_CLIENTS: usize = 4;
+/// The long run's calls, and the times its page is loaded.
+const TIMELINE_CALLS: u64 = 10_000;
+const TIMELINE_LOADS: usize = 200;
+/// Calls on the console's first page of a run.
+const PAGE_CALLS: usize = 200;
+
+struct Served {
+    child: Child,
+    base: String,
+    agent: ureq::Agent,
+}
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        let _ = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status();
+        let _ = self.child.wait();
+    }
+}
+
+impl Served {
+    fn request(&self, method: &str, path: &str, body: Option<Vec<u8>>) -> Res<(u16, String)> {
+        let builder = ureq::http::Request::builder()
+            .method(method)
+            .uri(format!("{}{path}", self.base));
+        let mut response = match body {
+            Some(bytes) => self.agent.run(
+                builder
+                    .header("Content-Type", "application/json")
+                    .body(bytes)?,
+            )?,
+            None => self.agent.run(builder.body(())?)?,
+        };
+        let status = response.status().as_u16();
+        Ok((status, response.body_mut().read_to_string()?))
+    }
+
+    fn json(&self, method: &str, path: &str, body: Option<Vec<u8>>) -> Res<Value> {
+        let (status, text) = self.request(method, path, body)?;
+        if !(200..300).contains(&status) {
+            return Err(format!("{method} {path}: HTTP {status}: {text}").into());
+        }
+        Ok(serde_json::from_str(&text)?)
+    }
+}
+
+impl Bench {
+    pub(crate) fn server(&mut self, args: &Args) -> Res<()> {
+        let Some(cli) = args.cli_path() else {
+            self.note(
+                "11: skipped, no `stephost` binary (build it: cargo build -p stephost)".into(),
+            );
+            return Ok(());
+        };
+        let dir = self.dir.join("serve");
+        std::fs::create_dir_all(&dir)?;
+        std::fs::write(dir.join("stephost.toml"), config_text(&self.gate))?;
+        let mut child = Command::new(cli)
+            .arg("--db")
+            .arg(dir.join("ledger.db"))
+            .arg("--config")
+            .arg(dir.join("stephost.toml"))
+            .arg("--cache-dir")
+            .arg(dir.join("cache"))
+            .args(["serve", "--listen", "127.0.0.1:0", "--concurrency", "4"])
+            .env_remove("STEPHOST_API_TOKENS")
+            .env_remove("STEPHOST_API_TOKENS_FILE")
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()?;
+        let mut lines = BufReader::new(child.stderr.take().ok_or("no stderr")?).lines();
+        let addr = loop {
+            let line = lines
+                .next()
+                .ok_or("stephost serve stopped before it listened")??;
+            if let Some(rest) = line.split("listening on http://").nth(1) {
+                break rest.split('/').next().unwrap_or_default().to_string();
+            }
+        };
+        // Keep reading what the server prints, so it never blocks on it.
+        std::thread::spawn(move || for _ in lines {});
+        let served = Served {
+            child,
+            base: format!("http://{addr}"),
+            agent: ureq::Agent::config_builder()
+                .http_status_as_error(false)
+                .timeout_global(Some(Duration::from_secs(120)))
+                .build()
+                .into(),
+        };
+        let stored = served.json("POST", "/api/modules", Some(self.module.clone()))?;
+        let digest = stored["module_digest"]
+            .as_str()
+            .ok_or("no digest")?
+            .to_string();
+
+        // The console's page of a run of 10,000 calls.
+        progress("11: recording a run of 10,000 calls through the server");
+        let long = json!({"module_digest": digest, "run_id": "long",
+                          "input": {"mode": "observe", "count": TIMELINE_CALLS}});
+        served.json("POST", "/api/runs", Some(long.to_string().into_bytes()))?;
+        let deadline = Instant::now() + Duration::from_secs(300);
+        while served.json("GET", "/api/runs/long", None)?["run"]["status"] != "completed" {
+            if Instant::now() > deadline {
+                return Err("11: the run of 10,000 calls did not complete in 300 s".into());
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let mut loads = Vec::with_capacity(TIMELINE_LOADS);
+        for _ in 0..TIMELINE_LOADS {
+            let t = Instant::now();
+            served.json("GET", "/api/runs/long", None)?;
+            let page = served.json(
+                "GET",
+                &format!("/api/runs/long/calls?from_seq=1&limit={PAGE_CALLS}"),
+                None,
+            )?;
+            loads.push(t.elapsed().as_secs_f64() * 1e3);
+            if page["calls"].as_array().map_or(0, Vec::len) != PAGE_CALLS {
+                return Err("11: the timeline page did not hold 200 calls".into());
+            }
+        }
+        loads.sort_by(f64::total_cmp);
+        let at = |q: f64| loads[((loads.len() as f64 * q) as usize).min(loads.len() - 1)];
+        let (p50, p99) = (at(0.50), at(0.99));
+        progress(&format!(
+            "11: timeline page p50 {p50:.1} ms, p99 {p99:.1} ms"
+        ));
+        self.rows.push(Row::new(report::TIMELINE_P50, p50, "ms"));
+        self.rows.push(Row::new(
+            "11 timeline page, 10,000-call run, p99",
+            p99,
+            "ms",
+        ));
+
+        // Submissions over the API, several clients at once.
+        progress("11: submitting 1,000 runs over the API");
+        let body = |i: usize| {
+            json!({"module_digest": digest, "run_id": format!("s{i}"), "input": {"mode": "none"}})
+                .to_string()
+                .into_bytes()
+        };
+        let t = Instant::now();
+        let failed = std::thread::scope(|scope| {
+            let handles: Vec<_> = (0..SUBMIT_CLIENTS)
+                .map(|c| {
+                    let served = &served;
+                    scope.spawn(move || {
+                        (c..SUBMITS)
+                            .step_by(SUBMIT_CLIENTS)
+                            .filter(|&i| {
+                                !matches!(
+                                    served.request("POST", "/api/runs", Some(body(i))),
+                                    Ok((201, _))
+                                )
+                            })
+                            .count()
+                    })
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| h.join().unwrap_or(SUBMITS))
+                .sum::<usize>()
+        });
+        let rate = SUBMITS as f64 / t.elapsed().as_secs_f64();
+        if failed > 0 {
+            return Err(format!("11: {failed} of {SUBMITS} submissions failed").into());
+        }
+        progress(&format!("11: {rate:.0} submissions/s"));
+        self.rows
+            .push(Row::new("11 API submit, 4 clients", rate, "runs/s"));
+        self.note(format!(
+            "11: `stephost serve` (SQLite, --concurrency 4) on 127.0.0.1; submissions: {SUBMITS} \
+             POST /api/runs of a stored module by {SUBMIT_CLIENTS} clients at once, each one \
+             durable (fsync'd) before its answer, the server's worker executing them meanwhile; \
+             timeline page: GET /api/runs/ID then GET /api/runs/ID/calls?limit={PAGE_CALLS} of a \
+             run of {TIMELINE_CALLS} calls, {TIMELINE_LOADS} times, p50 and p99"
+        ));
+        Ok(())
+    }
+}
