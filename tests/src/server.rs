@@ -134,11 +134,26 @@ impl Served {
         self.child.as_ref().unwrap().id() as i32
     }
 
-    /// SIGTERM, then waits; the exit code.
+    /// SIGTERM, then waits (at most a minute: a server that does not
+    /// drain fails the test); the exit code.
     pub fn stop(mut self) -> Option<i32> {
         let mut child = self.child.take().unwrap();
         signal_process(child.id() as i32, "TERM");
-        child.wait().unwrap().code()
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            if let Some(status) = child.try_wait().unwrap() {
+                return status.code();
+            }
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!(
+                    "stephost serve did not stop within a minute of SIGTERM:\n{}",
+                    self.log.lock().unwrap()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
     }
 
     /// SIGKILL, then waits.
@@ -250,6 +265,18 @@ impl Client {
             .as_str()
             .unwrap()
             .to_string()
+    }
+
+    /// Opens `/api/events` and reads until its headers came; the stream
+    /// stays open while the result lives.
+    pub fn open_events(&self) -> TcpStream {
+        let addr = self.base.trim_start_matches("http://").to_string();
+        let mut stream = TcpStream::connect(&addr).unwrap();
+        write!(stream, "GET /api/events HTTP/1.1\r\nHost: {addr}\r\n\r\n").unwrap();
+        let mut buf = [0u8; 1024];
+        let n = stream.read(&mut buf).unwrap();
+        assert!(String::from_utf8_lossy(&buf[..n]).contains("200 OK"));
+        stream
     }
 
     /// Reads `/api/events` until an event's data contains `needle` or

@@ -18,6 +18,10 @@ use tokio::sync::broadcast;
 use crate::access::Caller;
 use crate::app::App;
 
+/// Sent to every stream when the server stops: each ends, so a draining
+/// server is not held open by a console left on a page.
+const CLOSING: &str = "closing";
+
 /// Rows changed this long before a look are looked at again (a commit can
 /// land with a time slightly before the look that would miss it).
 const OVERLAP_MS: i64 = 2_000;
@@ -75,6 +79,7 @@ pub fn watch(app: Arc<App>, shutdown: Arc<AtomicBool>) {
         }
         std::thread::sleep(Duration::from_millis(app.settings.watch_ms));
     }
+    let _ = app.changes.send(CLOSING.to_string());
 }
 
 /// `GET /api/events`: a stream of `runs` events, each the runs that
@@ -86,6 +91,7 @@ pub async fn stream(
     let receiver = app.changes.subscribe();
     let events = futures_util::stream::unfold(receiver, |mut receiver| async move {
         let data = match receiver.recv().await {
+            Ok(text) if text == CLOSING => return None,
             Ok(text) => text,
             // A slow reader missed some: it refreshes everything.
             Err(broadcast::error::RecvError::Lagged(_)) => "[]".to_string(),

@@ -414,6 +414,10 @@ fn every_documented_route_is_served_and_live_updates_name_the_runs_that_change()
     assert!(events.contains("text/event-stream"), "{events}");
     assert!(events.contains("event: runs"), "{events}");
     assert!(events.contains("\"run_id\":\"live\""), "{events}");
+    // A stream left open does not hold a draining server.
+    let open = served.client().open_events();
+    assert_eq!(served.stop(), Some(0));
+    drop(open);
 }
 
 fn signature_ok(delivery: &stephost_tests::server::Delivery) -> bool {
