@@ -18,8 +18,6 @@ pub struct Served {
     pub base: String,
     /// What the server printed on stderr so far.
     pub log: Arc<Mutex<String>>,
-    /// Sent as the bearer token, when set.
-    pub token: Option<String>,
 }
 
 /// An HTTP answer: status and body.
@@ -100,7 +98,6 @@ impl Sandbox {
             child: Some(child),
             base: format!("http://{addr}"),
             log,
-            token: None,
         }
     }
 }
@@ -109,15 +106,17 @@ impl Served {
     /// This server, sending `token` with each request.
     pub fn with_token(&self, token: &str) -> Client {
         Client {
-            base: self.base.clone(),
             token: Some(token.to_string()),
+            ..self.client()
         }
     }
 
+    /// This server, with no token.
     pub fn client(&self) -> Client {
         Client {
             base: self.base.clone(),
-            token: self.token.clone(),
+            token: None,
+            log: self.log.clone(),
         }
     }
 
@@ -165,6 +164,45 @@ impl Served {
 
     /// Polls `GET path` until `done` holds of its JSON body.
     pub fn wait_for(&self, what: &str, path: &str, done: impl Fn(&Value) -> bool) -> Value {
+        self.client().wait_for(what, path, done)
+    }
+
+    /// Waits until run `run_id` has `status`.
+    pub fn wait_status(&self, run_id: &str, status: &str) -> Value {
+        self.client().wait_status(run_id, status)
+    }
+}
+
+fn signal_process(pid: i32, signal: &str) {
+    let status = std::process::Command::new("kill")
+        .arg(format!("-{signal}"))
+        .arg(pid.to_string())
+        .status()
+        .expect("kill");
+    assert!(status.success());
+}
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+/// Requests to a server, with a token or none.
+#[derive(Debug, Clone)]
+pub struct Client {
+    pub base: String,
+    pub token: Option<String>,
+    /// The server's log, for messages.
+    log: Arc<Mutex<String>>,
+}
+
+impl Client {
+    /// Polls `GET path` until `done` holds of its JSON body.
+    pub fn wait_for(&self, what: &str, path: &str, done: impl Fn(&Value) -> bool) -> Value {
         let deadline = Instant::now() + Duration::from_secs(60);
         loop {
             let answer = self.get(path);
@@ -193,35 +231,21 @@ impl Served {
             |v| v["run"]["status"] == status,
         )
     }
-}
 
-fn signal_process(pid: i32, signal: &str) {
-    let status = std::process::Command::new("kill")
-        .arg(format!("-{signal}"))
-        .arg(pid.to_string())
-        .status()
-        .expect("kill");
-    assert!(status.success());
-}
-
-impl Drop for Served {
-    fn drop(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-    }
-}
-
-/// Requests to a server, with a token or none.
-#[derive(Debug, Clone)]
-pub struct Client {
-    pub base: String,
-    pub token: Option<String>,
-}
-
-impl Client {
     pub fn request(&self, method: &str, path: &str, body: Option<&[u8]>) -> Answer {
+        let json = [("Content-Type", "application/json")];
+        let headers: &[(&str, &str)] = if body.is_some() { &json } else { &[] };
+        self.request_with(method, path, body, headers)
+    }
+
+    /// A request with these headers (and the token, if any).
+    pub fn request_with(
+        &self,
+        method: &str,
+        path: &str,
+        body: Option<&[u8]>,
+        headers: &[(&str, &str)],
+    ) -> Answer {
         let agent: ureq::Agent = ureq::Agent::config_builder()
             .http_status_as_error(false)
             .timeout_global(Some(Duration::from_secs(60)))
@@ -233,13 +257,11 @@ impl Client {
         if let Some(token) = &self.token {
             builder = builder.header("Authorization", format!("Bearer {token}"));
         }
+        for (name, value) in headers {
+            builder = builder.header(*name, *value);
+        }
         let result = match body {
-            Some(bytes) => agent.run(
-                builder
-                    .header("Content-Type", "application/json")
-                    .body(bytes.to_vec())
-                    .unwrap(),
-            ),
+            Some(bytes) => agent.run(builder.body(bytes.to_vec()).unwrap()),
             None => agent.run(builder.body(()).unwrap()),
         };
         let mut response = result.unwrap_or_else(|e| panic!("{method} {path}: {e}"));

@@ -403,18 +403,14 @@ fn execute(cli: Cli) -> Result<i32, HostError> {
             options(&config)?; // refuse a bad configuration before claiming anything
             let shutdown = stop_on_signals()?;
             let worker_options = stephost_host::worker::WorkerOptions {
-                concurrency: concurrency.max(1),
-                lease_ms: lease_ms.max(100),
-                worker_id: worker_id.unwrap_or_else(stephost_host::owner::this_process),
                 exit_when_idle,
-                ..stephost_host::worker::WorkerOptions::default()
+                ..stephost_host::worker::WorkerOptions::new(
+                    concurrency,
+                    lease_ms,
+                    worker_id.unwrap_or_else(stephost_host::owner::this_process),
+                )
             };
-            let make = || {
-                let mut o = options(&config).unwrap_or_default();
-                o.owner = worker_options.worker_id.clone();
-                o.lease_ms = worker_options.lease_ms;
-                o
-            };
+            let make = || options(&config).expect(CHECKED);
             let report = stephost_host::worker::run(&ledger, &make, &worker_options, &shutdown)?;
             print_worker_report(&report, worker_options.concurrency);
             Ok(exit::OK)
@@ -430,13 +426,13 @@ fn execute(cli: Cli) -> Result<i32, HostError> {
             let tokens = stephost_server::Tokens::from_env().map_err(HostError::BadInput)?;
             let settings = stephost_server::ServeSettings {
                 listen,
-                concurrency: concurrency.max(1),
+                concurrency,
                 lease_ms,
                 worker_id: worker_id.unwrap_or_else(stephost_host::owner::this_process),
                 ..stephost_server::ServeSettings::default()
             };
             let shutdown = stop_on_signals()?;
-            let make = || options(&config).unwrap_or_default();
+            let make = || options(&config).expect(CHECKED);
             let report =
                 stephost_server::serve(&ledger, &make, webhooks, tokens, settings, shutdown)?;
             print_worker_report(&report, concurrency);
@@ -562,7 +558,16 @@ fn execute(cli: Cli) -> Result<i32, HostError> {
                 (None, None) => unreachable!("clap requires --succeeded or --failed"),
             };
             let host = open(&ledger, quiet_options(&config))?;
-            service::resolve(&host, &run_id, seq, &resolution, &by)?;
+            let options = host.options();
+            service::resolve(
+                host.store(),
+                &options.signer,
+                &options.limits,
+                &run_id,
+                seq,
+                &resolution,
+                &by,
+            )?;
             eprintln!(
                 "stephost: call #{seq} of run {run_id} resolved by {by}; continue it with \
                  `stephost resume {run_id}`"
@@ -689,6 +694,10 @@ fn execute(cli: Cli) -> Result<i32, HostError> {
         }
     }
 }
+
+/// Why building the host's options again cannot fail: the configuration
+/// was checked before the worker or server started.
+const CHECKED: &str = "the configuration was checked when the process started";
 
 /// Sets the flag returned on SIGINT or SIGTERM.
 fn stop_on_signals() -> Result<Arc<std::sync::atomic::AtomicBool>, HostError> {

@@ -1408,15 +1408,34 @@ pub fn notices_are_owed_once_taken_by_one_taker_and_settled_by_attempts(make: &M
     );
     assert_eq!(b.notices(Some("r2"), 10).unwrap(), vec![failed.clone()]);
 
+    let ops = vec!["ops".to_string()];
+    // Another server's webhooks are not taken.
+    assert!(
+        a.take_notices(&["dev".to_string()], T0, T0 + 1_000, 10)
+            .unwrap()
+            .is_empty()
+    );
     // Nothing is due before its time; a taker holds what it takes.
-    assert!(a.take_notices(T0 - 1, T0 + 1_000, 10).unwrap().is_empty());
-    let taken = a.take_notices(T0, T0 + 1_000, 1).unwrap();
+    assert!(
+        a.take_notices(&ops, T0 - 1, T0 + 1_000, 10)
+            .unwrap()
+            .is_empty()
+    );
+    let taken = a.take_notices(&ops, T0, T0 + 1_000, 1).unwrap();
     assert_eq!(taken.len(), 1);
+    assert_eq!(
+        taken[0].delivery_id, parked.delivery_id,
+        "the first owed first"
+    );
     assert_eq!(taken[0].next_at_ms, T0 + 1_000);
-    let other = b.take_notices(T0, T0 + 1_000, 10).unwrap();
+    let other = b.take_notices(&ops, T0, T0 + 1_000, 10).unwrap();
     assert_eq!(other.len(), 1, "the other taker gets only the one not held");
     assert_ne!(other[0].delivery_id, taken[0].delivery_id);
-    assert!(a.take_notices(T0 + 999, T0 + 2_000, 10).unwrap().is_empty());
+    assert!(
+        a.take_notices(&ops, T0 + 999, T0 + 2_000, 10)
+            .unwrap()
+            .is_empty()
+    );
 
     // Attempts: a retry moves the time, a delivery ends it.
     let id = &parked.delivery_id;
@@ -1424,7 +1443,9 @@ pub fn notices_are_owed_once_taken_by_one_taker_and_settled_by_attempts(make: &M
         next_at_ms: T0 + 5_000,
         error: "HTTP 500".into(),
     };
-    a.notice_tried(id, &retry).unwrap();
+    // A taker whose hold lapsed records nothing.
+    assert!(!a.notice_tried(id, T0 + 7, &retry).unwrap());
+    assert!(a.notice_tried(id, T0 + 1_000, &retry).unwrap());
     let mut expected = parked.clone();
     notices::apply(&mut expected, &retry);
     let now = |store: &dyn Store| {
@@ -1436,14 +1457,17 @@ pub fn notices_are_owed_once_taken_by_one_taker_and_settled_by_attempts(make: &M
             .unwrap()
     };
     assert_eq!(now(b.as_ref()), expected);
-    assert!(
-        b.take_notices(T0 + 4_999, T0 + 9_000, 10)
-            .unwrap()
-            .iter()
-            .all(|n| n.delivery_id != *id)
-    );
+    // Not due again before its time: only the other (its hold lapsed) is.
+    let lapsed = b.take_notices(&ops, T0 + 4_999, T0 + 9_000, 10).unwrap();
+    assert_eq!(lapsed.len(), 1);
+    assert_eq!(lapsed[0].delivery_id, failed.delivery_id);
     let delivered = NoticeAttempt::Delivered { at_ms: T0 + 5_001 };
-    a.notice_tried(id, &delivered).unwrap();
+    // Taken again once due, then delivered.
+    let again = a.take_notices(&ops, T0 + 5_000, T0 + 6_000, 10).unwrap();
+    assert_eq!(again.len(), 1);
+    assert_eq!(again[0].delivery_id, *id);
+    assert!(a.notice_tried(id, T0 + 6_000, &delivered).unwrap());
+    expected.next_at_ms = T0 + 6_000;
     notices::apply(&mut expected, &delivered);
     let found = now(b.as_ref());
     assert_eq!(found, expected);
@@ -1451,23 +1475,31 @@ pub fn notices_are_owed_once_taken_by_one_taker_and_settled_by_attempts(make: &M
         (found.state, found.attempts, found.last_error.as_deref()),
         (NoticeState::Delivered, 2, Some("HTTP 500"))
     );
-    assert!(
-        b.take_notices(i64::MAX, i64::MAX, 10)
-            .unwrap()
-            .iter()
-            .all(|n| n.delivery_id != *id),
+    let last = b.take_notices(&ops, i64::MAX, i64::MAX, 10).unwrap();
+    assert_eq!(
+        last.iter().map(|n| &n.delivery_id).collect::<Vec<_>>(),
+        vec![&failed.delivery_id],
         "a delivered notice is not sent again"
     );
 
     // An abandoned one is not taken again either.
-    a.notice_tried(
-        &failed.delivery_id,
-        &NoticeAttempt::Abandoned {
-            error: "HTTP 410".into(),
-        },
-    )
-    .unwrap();
-    assert!(b.take_notices(i64::MAX, i64::MAX, 10).unwrap().is_empty());
+    assert!(
+        a.notice_tried(
+            &failed.delivery_id,
+            i64::MAX,
+            &NoticeAttempt::Abandoned {
+                error: "HTTP 410".into(),
+            },
+        )
+        .unwrap()
+    );
+    // A late answer of a lapsed taker does not undo a settled notice.
+    assert!(!b.notice_tried(id, T0 + 6_000, &retry).unwrap());
+    assert!(
+        b.take_notices(&ops, i64::MAX, i64::MAX, 10)
+            .unwrap()
+            .is_empty()
+    );
     assert_eq!(
         b.notices(Some("r2"), 10).unwrap()[0].state,
         NoticeState::Abandoned

@@ -316,6 +316,7 @@ impl Store for MemoryPool {
 
     fn take_notices(
         &self,
+        webhooks: &[String],
         now_ms: i64,
         hold_until_ms: i64,
         limit: usize,
@@ -325,6 +326,7 @@ impl Store for MemoryPool {
             .notices
             .iter_mut()
             .filter(|n| n.state == NoticeState::Owed && n.next_at_ms <= now_ms)
+            .filter(|n| webhooks.contains(&n.webhook))
             .collect();
         due.sort_by_key(|n| n.next_at_ms);
         Ok(due
@@ -337,16 +339,19 @@ impl Store for MemoryPool {
             .collect())
     }
 
-    fn notice_tried(&self, delivery_id: &str, attempt: &NoticeAttempt) -> StoreResult<()> {
+    fn notice_tried(
+        &self,
+        delivery_id: &str,
+        held_until_ms: i64,
+        attempt: &NoticeAttempt,
+    ) -> StoreResult<bool> {
         let mut state = self.lock();
-        if let Some(n) = state
-            .notices
-            .iter_mut()
-            .find(|n| n.delivery_id == delivery_id)
-        {
-            notices::apply(n, attempt);
-        }
-        Ok(())
+        let held = state.notices.iter_mut().find(|n| {
+            n.delivery_id == delivery_id
+                && n.state == NoticeState::Owed
+                && n.next_at_ms == held_until_ms
+        });
+        Ok(held.map(|n| notices::apply(n, attempt)).is_some())
     }
 
     fn notices(&self, run_id: Option<&str>, limit: usize) -> StoreResult<Vec<Notice>> {

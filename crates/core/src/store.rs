@@ -237,16 +237,26 @@ pub trait Store: Send {
     /// recorded already is left as it is. Durable when it returns; how many
     /// were new.
     fn owe_notices(&self, notices: &[Notice]) -> StoreResult<usize>;
-    /// Up to `limit` owed notices due at `now_ms`, earliest due first, each
-    /// held from other takers (its `next_at_ms` set) until `hold_until_ms`.
+    /// Up to `limit` owed notices to the webhooks named `webhooks`, due at
+    /// `now_ms`, earliest due first, each held from other takers (its
+    /// `next_at_ms` set) until `hold_until_ms`.
     fn take_notices(
         &self,
+        webhooks: &[String],
         now_ms: i64,
         hold_until_ms: i64,
         limit: usize,
     ) -> StoreResult<Vec<Notice>>;
-    /// Records an attempt to deliver the notice (durably).
-    fn notice_tried(&self, delivery_id: &str, attempt: &NoticeAttempt) -> StoreResult<()>;
+    /// Records an attempt to deliver the notice (durably), if it is still
+    /// owed and held until `held_until_ms` (as [`Store::take_notices`] left
+    /// it): a taker whose hold lapsed and was taken over records nothing.
+    /// Whether it was recorded.
+    fn notice_tried(
+        &self,
+        delivery_id: &str,
+        held_until_ms: i64,
+        attempt: &NoticeAttempt,
+    ) -> StoreResult<bool>;
     /// The notices about run `run_id` (about any run, if none), oldest
     /// first, at most `limit`.
     fn notices(&self, run_id: Option<&str>, limit: usize) -> StoreResult<Vec<Notice>>;

@@ -253,7 +253,7 @@ pub struct WebhookConfig {
     /// Where each notification is POSTed (JSON).
     pub url: String,
     /// The environment variable holding the secret each body is signed
-    /// with (HMAC-SHA256, header `X-Stephost-Signature: sha256=HEX`).
+    /// with (HMAC-SHA256, header `Stephost-Signature: sha256=HEX`).
     pub secret_env: String,
     /// Which events it is sent: `parked`, `approval`, `failed`,
     /// `diverged` (default all).

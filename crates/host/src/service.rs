@@ -72,6 +72,11 @@ pub fn calls_page(
     limit: usize,
     body_bytes_max: usize,
 ) -> Result<CallsPage, HostError> {
+    if from_seq > i64::MAX as u64 {
+        return Err(HostError::BadInput(format!(
+            "from_seq {from_seq} is past any call; calls are numbered from 1"
+        )));
+    }
     store.run(run_id)?;
     let limit = limit.max(1);
     let mut calls = store.calls(run_id, from_seq.max(1), limit.saturating_add(1))?;
@@ -254,7 +259,9 @@ pub fn decide(
 /// Records a person's decision on a call parked as unknown; the run can then
 /// be resumed and the guest sees the decided outcome.
 pub fn resolve(
-    host: &Host,
+    store: &dyn Store,
+    signer: &Signer,
+    limits: &stephost_core::Limits,
     run_id: &str,
     seq: u64,
     resolution: &Resolution,
@@ -264,11 +271,11 @@ pub fn resolve(
         return Err(HostError::BadInput("--by must name who decided".into()));
     }
     if let Resolution::Succeeded(response) = resolution {
-        check_json(response, "the resolved response", &host.options().limits)?;
+        check_json(response, "the resolved response", limits)?;
     }
     settle::resolve(
-        host.store(),
-        &host.options().signer,
+        store,
+        signer,
         run_id,
         seq,
         resolution,

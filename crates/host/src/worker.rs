@@ -94,14 +94,33 @@ enum Event {
     Due,
 }
 
+impl WorkerOptions {
+    /// A worker's options from its flags: at least one run at once, and a
+    /// lease of at least 100 ms.
+    pub fn new(concurrency: usize, lease_ms: i64, worker_id: String) -> Self {
+        WorkerOptions {
+            concurrency: concurrency.max(1),
+            lease_ms: lease_ms.max(100),
+            worker_id,
+            ..WorkerOptions::default()
+        }
+    }
+}
+
 /// Runs a worker over `ledger` until `shutdown` is set (or, with
-/// `exit_when_idle`, until there is nothing left to do).
+/// `exit_when_idle`, until there is nothing left to do). The hosts it runs
+/// runs with take `make_options()`, with this worker's owner name and lease.
 pub fn run(
     ledger: &Ledger,
     make_options: &(dyn Fn() -> HostOptions + Sync),
     options: &WorkerOptions,
     shutdown: &AtomicBool,
 ) -> Result<WorkerReport, HostError> {
+    let make_options = &|| HostOptions {
+        owner: options.worker_id.clone(),
+        lease_ms: options.lease_ms,
+        ..make_options()
+    };
     // A worker lives for many runs: their instances come from a pool with
     // a slot for each run it may hold at once (and one for a replay).
     let mut host_options = make_options();

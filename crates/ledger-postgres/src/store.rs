@@ -476,50 +476,66 @@ impl Store for PgStore {
 
     fn take_notices(
         &self,
+        webhooks: &[String],
         now_ms: i64,
         hold_until_ms: i64,
         limit: usize,
     ) -> StoreResult<Vec<Notice>> {
         let limit = limit.min(i64::MAX as usize) as i64;
-        self.shared.block(move |conn| async move {
+        let webhooks = webhooks.to_vec();
+        let mut taken = self.shared.block(move |conn| async move {
             let found = conn
                 .client
                 .query(
                     format!(
                         "UPDATE notices SET next_at = $2 WHERE no IN (SELECT no FROM notices \
-                         WHERE state = 'owed' AND next_at <= $1 ORDER BY next_at, no LIMIT $3 \
-                         FOR UPDATE SKIP LOCKED) RETURNING {}",
+                         WHERE state = 'owed' AND next_at <= $1 AND webhook = ANY($4) \
+                         ORDER BY next_at, no LIMIT $3 FOR UPDATE SKIP LOCKED) RETURNING {}",
                         rows::NOTICE_COLUMNS
                     )
                     .as_str(),
-                    &[&now_ms, &hold_until_ms, &limit],
+                    &[&now_ms, &hold_until_ms, &limit, &webhooks],
                 )
                 .await
                 .map_err(error)?;
-            found.iter().map(rows::notice_from_row).collect()
-        })
+            found
+                .iter()
+                .map(rows::notice_from_row)
+                .collect::<StoreResult<Vec<_>>>()
+        })?;
+        // RETURNING gives no order; the order they were owed in stands in.
+        taken.sort_by_key(|n| n.created_at_ms);
+        Ok(taken)
     }
 
-    fn notice_tried(&self, delivery_id: &str, attempt: &NoticeAttempt) -> StoreResult<()> {
+    fn notice_tried(
+        &self,
+        delivery_id: &str,
+        held_until_ms: i64,
+        attempt: &NoticeAttempt,
+    ) -> StoreResult<bool> {
         let (state, next_at, delivered_at, last_error) = attempt.columns();
         let (delivery_id, last_error) = (delivery_id.to_string(), last_error.map(str::to_string));
         self.shared.block(move |conn| async move {
-            conn.client
+            let changed = conn
+                .client
                 .execute(
                     "UPDATE notices SET attempts = attempts + 1, state = $2, \
                      next_at = coalesce($3, next_at), delivered_at = coalesce($4, delivered_at), \
-                     last_error = coalesce($5, last_error) WHERE delivery_id = $1",
+                     last_error = coalesce($5, last_error) \
+                     WHERE delivery_id = $1 AND state = 'owed' AND next_at = $6",
                     &[
                         &delivery_id,
                         &state.as_str(),
                         &next_at,
                         &delivered_at,
                         &last_error,
+                        &held_until_ms,
                     ],
                 )
                 .await
                 .map_err(error)?;
-            Ok(())
+            Ok(changed == 1)
         })
     }
 

@@ -400,47 +400,68 @@ impl Store for SqliteStore {
 
     fn take_notices(
         &self,
+        webhooks: &[String],
         now_ms: i64,
         hold_until_ms: i64,
         limit: usize,
     ) -> StoreResult<Vec<Notice>> {
-        self.write(|conn| {
+        if webhooks.is_empty() {
+            return Ok(Vec::new());
+        }
+        let names: Vec<String> = (0..webhooks.len()).map(|i| format!("?{}", i + 4)).collect();
+        let mut values: Vec<rusqlite::types::Value> = vec![
+            now_ms.into(),
+            hold_until_ms.into(),
+            (limit.min(i64::MAX as usize) as i64).into(),
+        ];
+        values.extend(webhooks.iter().map(|w| w.clone().into()));
+        let mut taken = self.write(|conn| {
             conn.prepare_cached(&format!(
                 "UPDATE notices SET next_at = ?2 WHERE no IN (SELECT no FROM notices \
-                 WHERE state = 'owed' AND next_at <= ?1 ORDER BY next_at, no LIMIT ?3) \
-                 RETURNING {}",
+                 WHERE state = 'owed' AND next_at <= ?1 AND webhook IN ({}) \
+                 ORDER BY next_at, no LIMIT ?3) RETURNING {}",
+                names.join(", "),
                 rows::NOTICE_COLUMNS
             ))
             .and_then(|mut s| {
-                s.query_map(
-                    params![now_ms, hold_until_ms, limit.min(i64::MAX as usize) as i64],
-                    rows::notice_from_row,
-                )?
-                .collect::<Result<Vec<_>, _>>()
+                s.query_map(params_from_iter(values), rows::notice_from_row)?
+                    .collect::<Result<Vec<_>, _>>()
             })
             .map_err(error)
-        })
+        })?;
+        // RETURNING gives no order; the due time (as it was) is lost, the
+        // order they were owed in stands in for it.
+        taken.sort_by_key(|n| n.created_at_ms);
+        Ok(taken)
     }
 
-    fn notice_tried(&self, delivery_id: &str, attempt: &NoticeAttempt) -> StoreResult<()> {
+    fn notice_tried(
+        &self,
+        delivery_id: &str,
+        held_until_ms: i64,
+        attempt: &NoticeAttempt,
+    ) -> StoreResult<bool> {
         let (state, next_at, delivered_at, last_error) = attempt.columns();
         self.write(|conn| {
-            conn.prepare_cached(
-                "UPDATE notices SET attempts = attempts + 1, state = ?2, \
-                 next_at = coalesce(?3, next_at), delivered_at = coalesce(?4, delivered_at), \
-                 last_error = coalesce(?5, last_error) WHERE delivery_id = ?1",
-            )
-            .and_then(|mut s| {
-                s.execute(params![
-                    delivery_id,
-                    state.as_str(),
-                    next_at,
-                    delivered_at,
-                    last_error
-                ])
-            })
-            .map_err(error)?;
-            Ok(())
+            let changed = conn
+                .prepare_cached(
+                    "UPDATE notices SET attempts = attempts + 1, state = ?2, \
+                     next_at = coalesce(?3, next_at), delivered_at = coalesce(?4, delivered_at), \
+                     last_error = coalesce(?5, last_error) \
+                     WHERE delivery_id = ?1 AND state = 'owed' AND next_at = ?6",
+                )
+                .and_then(|mut s| {
+                    s.execute(params![
+                        delivery_id,
+                        state.as_str(),
+                        next_at,
+                        delivered_at,
+                        last_error,
+                        held_until_ms
+                    ])
+                })
+                .map_err(error)?;
+            Ok(changed == 1)
         })
     }
 

@@ -167,6 +167,64 @@ impl Caller {
     }
 }
 
+/// Refuses what a browser could be tricked into sending: on a server
+/// without tokens, a request whose `Host` is not a loopback name (a page
+/// that rebinds its own name to 127.0.0.1); and on any server, a request
+/// other than GET whose `Origin` is another site.
+pub async fn guard(
+    axum::extract::State(app): axum::extract::State<std::sync::Arc<crate::app::App>>,
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    use axum::response::IntoResponse;
+    let headers = request.headers();
+    let host = headers
+        .get(axum::http::header::HOST)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default();
+    if app.tokens.is_empty() && !is_loopback_host(host) {
+        return crate::errors::ApiError::new(
+            403,
+            "forbidden",
+            format!("a server without tokens answers only loopback names, not Host {host:?}"),
+            "use http://127.0.0.1:PORT/ or http://localhost:PORT/, or configure tokens",
+        )
+        .into_response();
+    }
+    let safe = matches!(
+        *request.method(),
+        axum::http::Method::GET | axum::http::Method::HEAD
+    );
+    if !safe && let Some(origin) = headers.get(axum::http::header::ORIGIN) {
+        let origin = origin.to_str().unwrap_or_default();
+        let same = origin
+            .split_once("://")
+            .is_some_and(|(_, authority)| authority == host);
+        if !same {
+            return crate::errors::ApiError::new(
+                403,
+                "forbidden",
+                format!("a request from another site ({origin}) may not change anything"),
+                "send it from the console's own page, or without an Origin header",
+            )
+            .into_response();
+        }
+    }
+    next.run(request).await
+}
+
+/// Whether `host` (a `Host` header: name and port) names this machine.
+fn is_loopback_host(host: &str) -> bool {
+    let name = match host.strip_prefix('[') {
+        Some(rest) => rest.split(']').next().unwrap_or_default(),
+        None => host.rsplit_once(':').map_or(host, |(name, _)| name),
+    };
+    name.eq_ignore_ascii_case("localhost")
+        || name
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -216,6 +274,28 @@ mod tests {
         ] {
             let e = Tokens::parse(text, "X").unwrap_err();
             assert!(e.contains(says), "{text}: {e}");
+        }
+    }
+
+    #[test]
+    fn only_loopback_names_are_loopback_hosts() {
+        for yes in [
+            "127.0.0.1:7070",
+            "localhost:80",
+            "LOCALHOST",
+            "[::1]:7070",
+            "127.1.2.3",
+        ] {
+            assert!(is_loopback_host(yes), "{yes}");
+        }
+        for no in [
+            "evil.example:7070",
+            "10.0.0.1:7070",
+            "",
+            "[::2]:1",
+            "localhost.evil:1",
+        ] {
+            assert!(!is_loopback_host(no), "{no}");
         }
     }
 

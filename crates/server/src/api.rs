@@ -6,6 +6,7 @@ use std::sync::Arc;
 use axum::Json;
 use axum::Router;
 use axum::body::Bytes;
+use axum::extract::rejection::{JsonRejection, PathRejection, QueryRejection};
 use axum::extract::{DefaultBodyLimit, Path, Query, State};
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
@@ -29,6 +30,8 @@ pub fn router(app: Arc<App>) -> Router {
     let body_max = app.settings.request_bytes_max;
     Router::new()
         .route("/", get(crate::console::page))
+        .route("/console.js", get(crate::console::script))
+        .route("/console.css", get(crate::console::styles))
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(ready))
         .route("/metrics", get(metrics))
@@ -48,6 +51,18 @@ pub fn router(app: Arc<App>) -> Router {
         .route("/api/unknown/{run_id}/{seq}", post(resolve))
         .route("/api/events", get(crate::events::stream))
         .fallback(|| async { ApiError::not_found("no such path") })
+        .method_not_allowed_fallback(|| async {
+            ApiError::new(
+                405,
+                "method_not_allowed",
+                "this path does not take this method",
+                "see /openapi.json for the methods each path takes",
+            )
+        })
+        .layer(axum::middleware::from_fn_with_state(
+            app.clone(),
+            crate::access::guard,
+        ))
         .layer(DefaultBodyLimit::max(body_max))
         .with_state(app)
 }
@@ -138,8 +153,9 @@ pub struct SubmitBody {
 async fn submit(
     State(app): State<Arc<App>>,
     caller: Caller,
-    Json(body): Json<SubmitBody>,
+    body: Result<Json<SubmitBody>, JsonRejection>,
 ) -> Result<(StatusCode, Json<RunRecord>), ApiError> {
+    let Json(body) = body?;
     caller.operator()?;
     let run = app
         .with_host(move |host| {
@@ -177,8 +193,9 @@ pub struct RunsPage {
 async fn list_runs(
     State(app): State<Arc<App>>,
     _caller: Caller,
-    Query(p): Query<RunsParams>,
+    query: Result<Query<RunsParams>, QueryRejection>,
 ) -> Api<RunsPage> {
+    let Query(p) = query?;
     let limit = p.limit.unwrap_or(50).clamp(1, app.settings.runs_page_max);
     let query = RunQuery {
         status: p.status.as_deref().map(service::parse_status).transpose()?,
@@ -237,8 +254,9 @@ async fn calls(
     State(app): State<Arc<App>>,
     _caller: Caller,
     Path(run_id): Path<String>,
-    Query(p): Query<CallsParams>,
+    query: Result<Query<CallsParams>, QueryRejection>,
 ) -> Api<service::CallsPage> {
+    let Query(p) = query?;
     let limit = p.limit.unwrap_or(100).clamp(1, app.settings.calls_page_max);
     let cut = app.settings.timeline_body_bytes_max;
     let from = p.from_seq.unwrap_or(1);
@@ -251,8 +269,9 @@ async fn calls(
 async fn call(
     State(app): State<Arc<App>>,
     _caller: Caller,
-    Path((run_id, seq)): Path<(String, u64)>,
+    path: Result<Path<(String, u64)>, PathRejection>,
 ) -> Api<service::CallView> {
+    let Path((run_id, seq)) = path?;
     let page = app
         .with_store(move |s| Ok(service::calls_page(s, &run_id, seq, 1, usize::MAX)?))
         .await?;
@@ -269,7 +288,14 @@ async fn export(
     Path(run_id): Path<String>,
 ) -> Api<stephost_host::replay::Fixture> {
     Ok(Json(
-        app.with_host(move |host| Ok(host.export(&run_id)?)).await?,
+        app.with_store(move |s| {
+            let run = s.run(&run_id)?;
+            Ok(stephost_host::replay::Fixture::new(
+                &run,
+                s.calls(&run_id, 1, usize::MAX)?,
+            ))
+        })
+        .await?,
     ))
 }
 
@@ -293,10 +319,14 @@ async fn replay(
     State(app): State<Arc<App>>,
     caller: Caller,
     Path(run_id): Path<String>,
-    body: Option<Json<ModuleRef>>,
+    body: Bytes,
 ) -> Api<stephost_host::replay::ReplayReport> {
     caller.operator()?;
-    let module = body.map(|Json(m)| m).unwrap_or_default();
+    let module: ModuleRef = match body.iter().all(u8::is_ascii_whitespace) {
+        true => ModuleRef::default(),
+        false => serde_json::from_slice(&body)
+            .map_err(|e| ApiError::bad_input(format!("the body is not a module reference: {e}")))?,
+    };
     Ok(Json(
         app.with_host(move |host| {
             let module = module.bytes(host)?;
@@ -338,9 +368,10 @@ pub struct Decided {
 async fn decide(
     State(app): State<Arc<App>>,
     caller: Caller,
-    Path((run_id, seq)): Path<(String, u64)>,
-    Json(body): Json<DecideBody>,
+    path: Result<Path<(String, u64)>, PathRejection>,
+    body: Result<Json<DecideBody>, JsonRejection>,
 ) -> Api<Decided> {
+    let (Path((run_id, seq)), Json(body)) = (path?, body?);
     caller.operator()?;
     let verdict = match body.verdict.as_str() {
         "approved" => Verdict::Approved,
@@ -360,20 +391,15 @@ async fn decide(
         decision: verdict.as_str().to_string(),
         by: by.clone(),
     };
-    app.with_host(move |host| {
+    let signer = app.signer.clone();
+    app.with_store(move |s| {
         let decision = Decision {
             verdict,
             by: &by,
             note: body.note.as_deref(),
             details_sha256: body.details_sha256.as_deref(),
         };
-        Ok(service::decide(
-            host.store(),
-            &host.options().signer,
-            &run_id,
-            seq,
-            &decision,
-        )?)
+        Ok(service::decide(s, &signer, &run_id, seq, &decision)?)
     })
     .await?;
     Ok(Json(decided))
@@ -402,9 +428,10 @@ pub struct ResolveBody {
 async fn resolve(
     State(app): State<Arc<App>>,
     caller: Caller,
-    Path((run_id, seq)): Path<(String, u64)>,
-    Json(body): Json<ResolveBody>,
+    path: Result<Path<(String, u64)>, PathRejection>,
+    body: Result<Json<ResolveBody>, JsonRejection>,
 ) -> Api<Decided> {
+    let (Path((run_id, seq)), Json(body)) = (path?, body?);
     caller.operator()?;
     let resolution = match (body.outcome.as_str(), body.response, body.message) {
         ("succeeded", Some(response), None) => Resolution::Succeeded(response.to_string()),
@@ -434,8 +461,17 @@ async fn resolve(
         decision: body.outcome,
         by: by.clone(),
     };
-    app.with_host(move |host| {
-        service::resolve(host, &run_id, seq, &resolution, &by).map_err(ApiError::from)
+    let (signer, limits) = (app.signer.clone(), app.limits.clone());
+    app.with_store(move |s| {
+        Ok(service::resolve(
+            s,
+            &signer,
+            &limits,
+            &run_id,
+            seq,
+            &resolution,
+            &by,
+        )?)
     })
     .await?;
     Ok(Json(decided))

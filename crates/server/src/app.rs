@@ -3,10 +3,12 @@
 //! blocking, so handlers hand it to tokio's blocking threads with a store
 //! from a small free list.
 
+use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
 
 use axum::extract::FromRequestParts;
 use axum::http::request::Parts;
+use stephost_core::chain::Signer;
 use stephost_core::{Pool, Store};
 use stephost_host::Host;
 use tokio::sync::broadcast;
@@ -25,10 +27,18 @@ pub struct App {
     pub settings: ServeSettings,
     /// Runs that changed, as server-sent events (see [`crate::events`]).
     pub changes: broadcast::Sender<String>,
+    /// Set once the server stops: event streams end.
+    pub stopping: AtomicBool,
+    /// Signs decisions made through the API.
+    pub signer: Signer,
+    /// Sizes a resolved response is held to.
+    pub limits: stephost_core::Limits,
 }
 
 impl App {
     pub fn new(pool: Arc<dyn Pool>, host: Host, tokens: Tokens, settings: ServeSettings) -> Self {
+        let signer = host.options().signer.clone();
+        let limits = host.options().limits.clone();
         App {
             pool,
             idle_stores: Mutex::default(),
@@ -36,6 +46,9 @@ impl App {
             tokens,
             settings,
             changes: broadcast::channel(64).0,
+            stopping: AtomicBool::new(false),
+            signer,
+            limits,
         }
     }
 

@@ -149,3 +149,25 @@ impl IntoResponse for ApiError {
         (status, Json(self)).into_response()
     }
 }
+
+/// A body, path or query the API cannot read: `bad_input`, with what was
+/// wrong, as JSON like every other error.
+macro_rules! rejection {
+    ($($rejection:ty),*) => {$(
+        impl From<$rejection> for ApiError {
+            fn from(e: $rejection) -> Self {
+                let mut error = ApiError::bad_input(e.body_text());
+                if e.status() == axum::http::StatusCode::UNSUPPORTED_MEDIA_TYPE {
+                    error.fix = "send the body as JSON with `Content-Type: application/json`".into();
+                }
+                error
+            }
+        }
+    )*};
+}
+
+rejection!(
+    axum::extract::rejection::JsonRejection,
+    axum::extract::rejection::PathRejection,
+    axum::extract::rejection::QueryRejection
+);

@@ -19,8 +19,12 @@ use crate::access::Caller;
 use crate::app::App;
 
 /// Sent to every stream when the server stops: each ends, so a draining
-/// server is not held open by a console left on a page.
+/// server is not held open by a console left on a page (a stream opened
+/// after it sees [`App::stopping`]).
 const CLOSING: &str = "closing";
+
+/// Changed runs one look takes, at most.
+const CHANGED_MAX: usize = 1_000;
 
 /// Rows changed this long before a look are looked at again (a commit can
 /// land with a time slightly before the look that would miss it).
@@ -37,25 +41,30 @@ struct Changed {
 pub fn watch(app: Arc<App>, shutdown: Arc<AtomicBool>) {
     let mut seen: HashMap<String, (i64, i64)> = HashMap::new();
     let mut since = stephost_core::clock::now_ms();
-    let store = loop {
-        match app.pool.store() {
-            Ok(store) => break store,
-            Err(e) => {
-                eprintln!("stephost serve: live updates wait for the ledger: {e}");
-                std::thread::sleep(Duration::from_secs(1));
-            }
-        }
-    };
+    let mut store = None;
     while !shutdown.load(Ordering::Relaxed) {
+        let Some(store) = store.as_ref() else {
+            match app.pool.store() {
+                Ok(opened) => store = Some(opened),
+                Err(e) => {
+                    eprintln!("stephost serve: live updates wait for the ledger: {e}");
+                    std::thread::sleep(Duration::from_secs(1));
+                }
+            }
+            continue;
+        };
         let look = stephost_core::clock::now_ms();
         let query = RunQuery {
             updated_after_ms: Some(since - OVERLAP_MS),
-            limit: Some(1_000),
+            limit: Some(CHANGED_MAX),
             ..RunQuery::default()
         };
         match store.runs(&query) {
             Ok(runs) => {
                 let mut changed = Vec::new();
+                // More changed than one look takes: everyone refreshes
+                // everything (an empty list says so).
+                let all = runs.len() == CHANGED_MAX;
                 for r in runs {
                     let known = seen.insert(r.run_id.clone(), (r.version, r.updated_at_ms));
                     if known.map(|k| k.0) != Some(r.version) {
@@ -67,7 +76,10 @@ pub fn watch(app: Arc<App>, shutdown: Arc<AtomicBool>) {
                     }
                 }
                 seen.retain(|_, (_, at)| *at > since - 2 * OVERLAP_MS);
-                if !changed.is_empty()
+                if all {
+                    changed.clear();
+                }
+                if (all || !changed.is_empty())
                     && let Ok(text) = serde_json::to_string(&changed)
                 {
                     // No receivers is fine: nobody is watching.
@@ -79,6 +91,7 @@ pub fn watch(app: Arc<App>, shutdown: Arc<AtomicBool>) {
         }
         std::thread::sleep(Duration::from_millis(app.settings.watch_ms));
     }
+    app.stopping.store(true, Ordering::SeqCst);
     let _ = app.changes.send(CLOSING.to_string());
 }
 
@@ -89,7 +102,13 @@ pub async fn stream(
     _caller: Caller,
 ) -> Sse<impl Stream<Item = Result<Event, Infallible>>> {
     let receiver = app.changes.subscribe();
-    let events = futures_util::stream::unfold(receiver, |mut receiver| async move {
+    // Subscribed first: a server that stops after this look sends CLOSING
+    // to this stream; one that stopped before is seen here.
+    let stopped = app.stopping.load(Ordering::SeqCst);
+    let events = futures_util::stream::unfold(receiver, move |mut receiver| async move {
+        if stopped {
+            return None;
+        }
         let data = match receiver.recv().await {
             Ok(text) if text == CLOSING => return None,
             Ok(text) => text,

@@ -73,22 +73,16 @@ pub fn serve(
         "stephost serve: listening on http://{local}/ (API under /api, /openapi.json); ledger {}",
         ledger.url()
     );
-    let worker_options = WorkerOptions {
-        concurrency: settings.concurrency.max(1),
-        lease_ms: settings.lease_ms.max(100),
-        worker_id: settings.worker_id.clone(),
-        ..WorkerOptions::default()
-    };
-    let make = || {
-        let mut o = make_options();
-        o.owner = worker_options.worker_id.clone();
-        o.lease_ms = worker_options.lease_ms;
-        o
-    };
+    let worker_options = WorkerOptions::new(
+        settings.concurrency,
+        settings.lease_ms,
+        settings.worker_id.clone(),
+    );
     let every = Duration::from_millis(settings.watch_ms.max(10));
     std::thread::scope(|scope| {
         let worker = scope.spawn(|| {
-            let report = stephost_host::worker::run(ledger, &make, &worker_options, &shutdown);
+            let report =
+                stephost_host::worker::run(ledger, make_options, &worker_options, &shutdown);
             // A worker that cannot go on takes the server down with it.
             shutdown.store(true, Ordering::Relaxed);
             report

@@ -25,8 +25,9 @@ use stephost_core::store::RunQuery;
 use stephost_core::{CallState, RunStatus, Store, StoreResult, approvals};
 use stephost_host::config::Webhook;
 
-/// Notices sent per look, at most.
-const SEND_BATCH_MAX: usize = 32;
+/// Notices sent per look, at most (each taken on its own, so that its
+/// hold covers its own attempt only).
+const SEND_PER_LOOK_MAX: usize = 32;
 
 /// A webhook with its agent and key.
 struct Target {
@@ -42,14 +43,20 @@ pub struct Notifier {
     owed: HashSet<String>,
     /// Failed and diverged runs changed after this time are looked at.
     since_ms: i64,
+    /// How long a taken notice is held (see [`HOLD_MARGIN_MS`]).
+    hold_ms: i64,
 }
 
 /// Runs changed this long before the last look are looked at again.
 const OVERLAP_MS: i64 = 60_000;
 
+/// A taken notice is held from other servers for the longest attempt's
+/// time limit and this much more.
+const HOLD_MARGIN_MS: i64 = 5_000;
+
 impl Notifier {
     pub fn new(webhooks: Vec<Webhook>, lookback_ms: i64) -> Self {
-        let targets = webhooks
+        let targets: Vec<Target> = webhooks
             .into_iter()
             .map(|hook| Target {
                 key: MacKey::new(&hook.secret),
@@ -62,7 +69,14 @@ impl Notifier {
                 hook,
             })
             .collect();
+        let hold_ms = targets
+            .iter()
+            .map(|t| t.hook.config.timeout_ms.min(i64::MAX as u64 / 2) as i64)
+            .max()
+            .unwrap_or(0)
+            + HOLD_MARGIN_MS;
         Notifier {
+            hold_ms,
             targets,
             owed: HashSet::new(),
             since_ms: stephost_core::clock::now_ms().saturating_sub(lookback_ms),
@@ -82,7 +96,7 @@ impl Notifier {
         let mut store: Option<Box<dyn Store>> = None;
         while !shutdown.load(Ordering::Relaxed) {
             let result = match &store {
-                Some(s) => self.look(s.as_ref()),
+                Some(s) => self.look(s.as_ref(), shutdown),
                 None => pool.store().map(|s| store = Some(s)),
             };
             if let Err(e) = result {
@@ -92,8 +106,8 @@ impl Notifier {
         }
     }
 
-    /// One look: owe what is new, send what is due.
-    pub fn look(&mut self, store: &dyn Store) -> StoreResult<()> {
+    /// One look: owe what is new, send what is due (until `shutdown`).
+    pub fn look(&mut self, store: &dyn Store, shutdown: &AtomicBool) -> StoreResult<()> {
         let now = stephost_core::clock::now_ms();
         let found = self.events(store)?;
         let new: Vec<Notice> = found
@@ -103,16 +117,26 @@ impl Notifier {
         store.owe_notices(&new)?;
         self.owed.extend(new.into_iter().map(|n| n.delivery_id));
         self.since_ms = now - OVERLAP_MS;
-        let hold = self
+        let names: Vec<String> = self
             .targets
             .iter()
-            .map(|t| t.hook.config.timeout_ms as i64)
-            .max()
-            .unwrap_or(0)
-            + 5_000;
-        for notice in store.take_notices(now, now + hold, SEND_BATCH_MAX)? {
+            .map(|t| t.hook.config.name.clone())
+            .collect();
+        for _ in 0..SEND_PER_LOOK_MAX {
+            if shutdown.load(Ordering::Relaxed) {
+                break;
+            }
+            let now = stephost_core::clock::now_ms();
+            let Some(notice) = store
+                .take_notices(&names, now, now + self.hold_ms, 1)?
+                .pop()
+            else {
+                break;
+            };
             let attempt = self.send(&notice);
-            store.notice_tried(&notice.delivery_id, &attempt)?;
+            // Not recorded if this attempt outlived its hold and another
+            // server took the notice over: its answer stands.
+            store.notice_tried(&notice.delivery_id, notice.next_at_ms, &attempt)?;
         }
         Ok(())
     }

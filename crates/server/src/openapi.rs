@@ -1,11 +1,13 @@
-//! `GET /openapi.json`: the API described as OpenAPI 3.1. A test checks
-//! that every route the router serves is in it and the other way round.
+//! `GET /openapi.json`: the API described as OpenAPI 3.1. An end-to-end
+//! test checks that every path and method it lists is served.
 
 use axum::Json;
 use serde_json::{Value, json};
 
 /// Every path and method the API serves, as the document lists them.
 pub const OPERATIONS: &[(&str, &str, &str)] = &[
+    ("get", "/", "The web console (its page; no data)."),
+    ("get", "/openapi.json", "This document."),
     ("get", "/healthz", "The process is up."),
     ("get", "/readyz", "The ledger can be read (503 if not)."),
     ("get", "/metrics", "Metrics, Prometheus text format."),
@@ -109,6 +111,7 @@ pub async fn document() -> Json<Value> {
                 "401": {"description": "unauthorized", "content": {"application/json": {"schema": error}}},
                 "403": {"description": "forbidden (a read-only token)", "content": {"application/json": {"schema": error}}},
                 "404": {"description": "unknown_run, unknown_module, not_found", "content": {"application/json": {"schema": error}}},
+                "405": {"description": "method_not_allowed", "content": {"application/json": {"schema": error}}},
                 "409": {"description": "not_decidable, run_exists, conflict, diverged, integrity", "content": {"application/json": {"schema": error}}},
                 "503": {"description": "unavailable", "content": {"application/json": {"schema": error}}},
             }
@@ -129,7 +132,7 @@ pub async fn document() -> Json<Value> {
                     "type": "object",
                     "required": ["code", "message", "fix"],
                     "properties": {
-                        "code": {"type": "string", "enum": ["bad_input", "unauthorized", "forbidden", "not_found", "unknown_run", "unknown_module", "not_decidable", "run_exists", "conflict", "diverged", "integrity", "unavailable", "internal"]},
+                        "code": {"type": "string", "enum": ["bad_input", "unauthorized", "forbidden", "not_found", "method_not_allowed", "unknown_run", "unknown_module", "not_decidable", "run_exists", "conflict", "diverged", "integrity", "unavailable", "internal"]},
                         "message": {"type": "string"},
                         "fix": {"type": "string"}
                     }

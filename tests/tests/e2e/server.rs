@@ -26,7 +26,7 @@ const SECRET: &str = "webhook-secret-0123456789";
 fn webhook(url: &str) -> String {
     format!(
         "\n[[webhooks]]\nname = \"ops\"\nurl = \"{url}\"\nsecret_env = \"HOOK_SECRET\"\n\
-         backoff_first_ms = 100\nbackoff_max_ms = 400\n"
+         backoff_first_ms = 100\nbackoff_max_ms = 400\ntimeout_ms = 2000\n"
     )
 }
 
@@ -186,6 +186,57 @@ fn the_api_submits_lists_pages_and_shows_runs_in_the_clis_shapes() {
         .post("/api/runs", &json!({"module_digest": "00", "input": 1}))
         .expect_error(404, "unknown_module");
 
+    // What the API cannot read is a JSON error too.
+    let client = served.client();
+    let bad_json = client.request("POST", "/api/runs", Some(b"{not json"));
+    bad_json.expect_error(400, "bad_input");
+    served
+        .post(
+            "/api/runs",
+            &json!({"module_digest": digest, "colour": "red"}),
+        )
+        .expect_error(400, "bad_input");
+    let plain = client.request_with("POST", "/api/approvals/r1/1", Some(b"{}"), &[]);
+    let plain = plain.expect_error(400, "bad_input");
+    assert!(
+        plain["fix"].as_str().unwrap().contains("application/json"),
+        "{plain:#}"
+    );
+    served
+        .get("/api/approvals/r1/x")
+        .expect_error(405, "method_not_allowed");
+    served
+        .post("/api/approvals/r1/x", &json!({"verdict": "approved"}))
+        .expect_error(400, "bad_input");
+    // What a browser could be tricked into sending is refused: a POST from
+    // another site, and (without tokens) a name other than loopback.
+    let json = ("Content-Type", "application/json");
+    client
+        .request_with(
+            "POST",
+            "/api/runs/r1/replay",
+            Some(b"{}"),
+            &[json, ("Origin", "http://evil.example")],
+        )
+        .expect_error(403, "forbidden");
+    let own = served.base.clone();
+    client
+        .request_with(
+            "POST",
+            "/api/runs/r1/replay",
+            Some(b"{}"),
+            &[json, ("Origin", &own)],
+        )
+        .expect(200);
+    client
+        .request_with(
+            "GET",
+            "/api/runs",
+            None,
+            &[("Host", "rebound.evil.example:7070")],
+        )
+        .expect_error(403, "forbidden");
+
     // Metrics and health.
     let metrics = served.get("/metrics");
     assert_eq!(metrics.status, 200);
@@ -226,7 +277,7 @@ fn with_tokens_every_request_needs_one_decisions_an_operator_and_who_is_the_toke
         .post("/api/runs", &body)
         .expect_error(403, "forbidden");
     ana.post("/api/runs", &body).expect(201);
-    let waiting = served_wait(&served, &viewer, "a", "waiting");
+    let waiting = viewer.wait_status("a", "waiting");
     assert_eq!(waiting["run"]["status"], "waiting");
 
     let inbox = viewer.get("/api/approvals").expect(200);
@@ -265,7 +316,7 @@ fn with_tokens_every_request_needs_one_decisions_an_operator_and_who_is_the_toke
         )
         .expect(200);
     assert_eq!(decided["by"], "ana");
-    served_wait(&served, &viewer, "a", "completed");
+    viewer.wait_status("a", "completed");
     assert_eq!(sb.received("supplier-orders.jsonl").len(), 1);
     let show = sb.show("a");
     let call = &show["calls"][seq as usize - 1];
@@ -283,27 +334,6 @@ fn with_tokens_every_request_needs_one_decisions_an_operator_and_who_is_the_toke
             .contains("ana-token-0123456789abcdef")
     );
     assert_eq!(served.stop(), Some(0));
-}
-
-fn served_wait(
-    served: &Served,
-    client: &stephost_tests::server::Client,
-    run_id: &str,
-    status: &str,
-) -> Value {
-    let deadline = std::time::Instant::now() + Duration::from_secs(60);
-    loop {
-        let view = client.get(&format!("/api/runs/{run_id}")).expect(200);
-        if view["run"]["status"] == status {
-            return view;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "run {run_id} not {status}: {view:#}\n{}",
-            served.log.lock().unwrap()
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
 }
 
 #[test]
@@ -393,6 +423,12 @@ fn every_documented_route_is_served_and_live_updates_name_the_runs_that_change()
             if concrete == "/api/events" {
                 continue; // a stream; read below
             }
+            if concrete == "/api/runs/nope/calls/1" {
+                // Served, and says the run is unknown (a missing route
+                // would say not_found).
+                served.get(&concrete).expect_error(404, "unknown_run");
+                continue;
+            }
             let answer = served.client().request(
                 &method.to_uppercase(),
                 &concrete,
@@ -470,12 +506,15 @@ fn webhooks_are_signed_retried_after_a_500_and_still_owed_after_a_sigkill() {
         body["delivery_id"].as_str(),
         second.header("Stephost-Delivery")
     );
-    let view = served.get("/api/runs/f").expect(200);
-    assert_eq!(view["notices"][0]["state"], "delivered", "{view:#}");
-    assert_eq!(view["notices"][0]["attempts"], 2);
+    let view = served.wait_for("the notice marked delivered", "/api/runs/f", |v| {
+        v["notices"][0]["state"] == "delivered"
+    });
+    assert_eq!(view["notices"][0]["attempts"], 2, "{view:#}");
 
     // The receiver fails every attempt while a run parks; the server is
-    // killed; the notice is delivered by the next server.
+    // killed; a person resolves the call meanwhile, so nothing in the
+    // ledger's state calls for the notice any more: only its record does.
+    // The next server delivers it.
     receiver.script(&[503; 1000]);
     served.kill();
     crash_after_a_write(&sb, "p");
@@ -486,6 +525,8 @@ fn webhooks_are_signed_retried_after_a_500_and_still_owed_after_a_sigkill() {
             .any(|x| x.header("Stephost-Event") == Some("parked"))
     });
     served.kill();
+    sb.stephost(&["resolve", "p", "3", "--failed", "not there", "--by", "ana"])
+        .expect_code(0);
     receiver.script(&[]);
     let served = sb.serve(&[], &env);
     let got = receiver.wait_for("the parked notice delivered after the kill", |d| {
@@ -502,14 +543,32 @@ fn webhooks_are_signed_retried_after_a_500_and_still_owed_after_a_sigkill() {
         .map(|d| d.header("Stephost-Delivery"))
         .collect();
     assert_eq!(ids.len(), 1, "one notification, however often it was tried");
-    // Delivered, it is not sent again.
+    let body: Value = serde_json::from_str(&parked[0].body).unwrap();
+    assert_eq!(
+        (body["run_id"].as_str(), body["seq"].as_u64()),
+        (Some("p"), Some(3))
+    );
+    // Delivered, each is not sent again: two notifications accepted, once
+    // each (the resolved run then fails: a third, its own).
+    served.wait_status("p", "failed");
+    receiver.wait_for("the failed run's notice", |d| {
+        d.iter().any(|x| {
+            x.answered == 200
+                && x.header("Stephost-Event") == Some("failed")
+                && x.body.contains("\"run_id\":\"p\"")
+        })
+    });
     std::thread::sleep(Duration::from_millis(1_500));
-    let delivered = receiver
-        .deliveries()
+    let accepted = receiver.deliveries();
+    let mut ids: Vec<_> = accepted
         .iter()
         .filter(|d| d.answered == 200)
-        .count();
-    assert_eq!(delivered, 2, "{:#?}", receiver.deliveries());
+        .map(|d| d.header("Stephost-Delivery").unwrap().to_string())
+        .collect();
+    let all = ids.len();
+    ids.sort();
+    ids.dedup();
+    assert_eq!((ids.len(), all), (3, 3), "{accepted:#?}");
     assert_eq!(served.stop(), Some(0));
 }
 

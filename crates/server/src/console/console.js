@@ -1,0 +1,314 @@
+// The console (served as /console.js): one page over the API.
+"use strict";
+// Everything the API returns is put on the page as text (textContent), never as HTML.
+const main = document.getElementById("main");
+let token = sessionStorage.getItem("stephost-token") || "";
+
+function el(tag, attrs, ...children) {
+  const e = document.createElement(tag);
+  for (const [k, v] of Object.entries(attrs || {})) {
+    if (k === "class") e.className = v;
+    else if (k.startsWith("on")) e.addEventListener(k.slice(2), v);
+    else if (v !== undefined && v !== null && v !== false) e.setAttribute(k, v === true ? "" : v);
+  }
+  for (const c of children.flat()) {
+    if (c === null || c === undefined || c === false) continue;
+    e.append(c instanceof Node ? c : document.createTextNode(String(c)));
+  }
+  return e;
+}
+// What the person just did, kept above the page until they go elsewhere (a
+// live update may redraw the page, and the card they acted on, meanwhile).
+let flash = null;
+window.addEventListener("hashchange", () => { flash = null; });
+
+// Whether a form on the page has input not yet sent, and whether a live
+// update was held back for it.
+let editing = false, stale = false;
+main.addEventListener("input", () => { editing = true; });
+main.addEventListener("change", () => { editing = true; });
+
+// Replaces the page's content; children as `el` takes them (arrays, nulls).
+function show(...children) {
+  editing = false;
+  if (stale) { stale = false; document.getElementById("live").textContent = "live"; }
+  const note = flash ? el("div", {class: "notice", role: "status"}, flash.text, " ",
+    el("a", {href: `#/run/${encodeURIComponent(flash.runId)}`}, `Open run ${flash.runId}`)) : null;
+  main.replaceChildren(...[note, children].flat(3).filter(c => c !== null && c !== undefined && c !== false));
+}
+const time = ms => ms ? new Date(ms).toLocaleString() : "";
+const age = ms => ms < 1000 ? `${ms} ms` : ms < 60000 ? `${(ms/1000).toFixed(1)} s` : ms < 3600000 ? `${Math.round(ms/60000)} min` : `${(ms/3600000).toFixed(1)} h`;
+const status = s => el("span", {class: `status s-${s}`}, s);
+const pretty = text => { try { return JSON.stringify(typeof text === "string" ? JSON.parse(text) : text, null, 2); } catch { return String(text); } };
+
+class ApiError extends Error { constructor(status, body) { super(body.message || `HTTP ${status}`); this.status = status; this.body = body; } }
+
+async function api(path, options = {}) {
+  const headers = Object.assign({"Accept": "application/json"}, options.body ? {"Content-Type": "application/json"} : {});
+  if (token) headers["Authorization"] = `Bearer ${token}`;
+  const r = await fetch(path, Object.assign({}, options, {headers}));
+  const body = await r.json().catch(() => ({}));
+  if (!r.ok) throw new ApiError(r.status, body);
+  return body;
+}
+
+function showError(e) {
+  if (e instanceof ApiError && e.status === 401) return login();
+  const box = el("div", {class: "error", role: "alert"}, e.message, e.body && e.body.fix ? el("div", {}, "What to do: ", e.body.fix) : null);
+  main.prepend(box);
+}
+
+function login() {
+  show(el("h2", {}, "Sign in"),
+    el("p", {}, "This server needs an API token (from STEPHOST_API_TOKENS). It is kept in this tab only."),
+    el("form", {onsubmit: ev => { ev.preventDefault(); token = ev.target.token.value.trim(); sessionStorage.setItem("stephost-token", token); connect(); route(); }},
+      el("div", {class: "row"},
+        el("label", {}, "Token", el("input", {name: "token", type: "password", required: true, autocomplete: "off", size: 40})),
+        el("button", {type: "submit"}, "Sign in"))));
+  main.querySelector("input").focus();
+}
+
+// ---- runs list
+async function runsView(params) {
+  const q = new URLSearchParams(params);
+  if (!q.get("limit")) q.set("limit", "50");
+  const [summary, page] = await Promise.all([api("/api/summary"), api(`/api/runs?${q}`)]);
+  const counts = el("div", {class: "counts", "aria-label": "Runs by status"},
+    Object.entries(summary.counts).map(([s, n]) => el("div", {}, status(s), " ", n)),
+    el("div", {}, "oldest runnable ", age(summary.oldest_runnable_age_ms)),
+    el("div", {}, "oldest waiting ", age(summary.oldest_waiting_age_ms)));
+  const field = (name, label, attrs = {}) => el("label", {}, label, el("input", Object.assign({name, value: params[name] || ""}, attrs)));
+  const filters = el("form", {class: "filters", role: "search", onsubmit: ev => {
+      ev.preventDefault();
+      const f = new FormData(ev.target), p = new URLSearchParams();
+      for (const [k, v] of f) if (v) p.set(k, k.endsWith("_ms") ? String(new Date(v).getTime()) : v);
+      location.hash = `#/runs?${p}`;
+    }},
+    el("label", {}, "Status", el("select", {name: "status", "aria-label": "Status"}, el("option", {value: ""}, "any"),
+      Object.keys(summary.counts).map(s => el("option", {value: s, selected: params.status === s}, s)))),
+    field("module", "Module digest", {size: 20}),
+    field("step", "Step name@version", {size: 18}),
+    el("label", {}, "Created after", el("input", {name: "created_after_ms", type: "datetime-local"})),
+    el("label", {}, "Created before", el("input", {name: "created_before_ms", type: "datetime-local"})),
+    el("button", {type: "submit"}, "Filter"),
+    el("a", {href: "#/runs"}, "clear"));
+  const rows = page.runs.map(r => el("tr", {},
+    el("td", {}, el("a", {href: `#/run/${encodeURIComponent(r.run_id)}`, class: "mono"}, r.run_id)),
+    el("td", {}, status(r.status)),
+    el("td", {}, r.step || el("span", {class: "mono"}, r.module_digest.slice(0, 12))),
+    el("td", {}, time(r.created_at_ms)),
+    el("td", {}, time(r.updated_at_ms)),
+    el("td", {}, r.error || "")));
+  const table = rows.length ? el("table", {}, el("caption", {class: "visually-hidden"}, "Runs, newest first"),
+      el("thead", {}, el("tr", {}, ["Run", "Status", "Step", "Created", "Changed", "Error"].map(h => el("th", {scope: "col"}, h)))),
+      el("tbody", {}, rows))
+    : el("p", {class: "empty"}, Object.keys(params).length ? "No runs match these filters." : "No runs yet. Submit one with `stephost submit` or POST /api/runs.");
+  const more = page.next ? el("p", {}, el("a", {href: `#/runs?${new URLSearchParams(Object.assign({}, params, {after: page.next}))}`}, "Older runs →")) : null;
+  show(el("h2", {}, "Runs"), counts, filters, table, more);
+}
+
+// ---- one run
+async function runView(runId, params) {
+  const from = Number(params.from_seq || 1);
+  const [view, page] = await Promise.all([
+    api(`/api/runs/${encodeURIComponent(runId)}`),
+    api(`/api/runs/${encodeURIComponent(runId)}/calls?from_seq=${from}&limit=200`)]);
+  const r = view.run;
+  const divergedAt = r.status === "diverged" && /#(\d+)/.exec(r.error || "") ? Number(/#(\d+)/.exec(r.error)[1]) : null;
+  const facts = el("dl", {},
+    el("dt", {}, "Status"), el("dd", {}, status(r.status)),
+    el("dt", {}, "Step"), el("dd", {}, r.step || "-"),
+    el("dt", {}, "Module"), el("dd", {class: "mono"}, r.module_digest),
+    el("dt", {}, "Fence"), el("dd", {}, `${r.fence} (sent to receivers with each write as Stephost-Fence)`),
+    el("dt", {}, "Owner"), el("dd", {}, r.owner ? `${r.owner}, lease until ${time(r.lease_until_ms)}` : "none"),
+    el("dt", {}, "Created"), el("dd", {}, time(r.created_at_ms)),
+    el("dt", {}, "Input"), el("dd", {}, el("pre", {}, pretty(r.input))),
+    r.output ? [el("dt", {}, "Output"), el("dd", {}, el("pre", {}, pretty(r.output)))] : null,
+    r.error ? [el("dt", {}, "Error"), el("dd", {class: "s-failed"}, r.error)] : null);
+  const calls = page.calls.map(c => {
+    const body = (label, text, full, field) => {
+      const pre = el("pre", {}, pretty(text));
+      // The whole body is fetched with the token, into the same place.
+      const whole = full ? el("button", {type: "button", class: "secondary", onclick: async () => {
+        try {
+          const call = await api(`/api/runs/${encodeURIComponent(runId)}/calls/${c.seq}`);
+          pre.textContent = pretty(call[field]);
+          whole.remove();
+        } catch (e) { showError(e); }
+      }}, `show all ${full} bytes`) : null;
+      return el("details", {}, el("summary", {}, label, full ? " (cut)" : ""), pre, whole);
+    };
+    return el("tr", {class: c.seq === divergedAt ? "diverged" : "", id: `call-${c.seq}`},
+      el("td", {}, c.seq),
+      el("td", {}, c.class),
+      el("td", {}, el("div", {class: "mono"}, c.name), el("div", {class: "mono", title: "operation id (Idempotency-Key)"}, "op ", c.operation_id.slice(0, 16))),
+      el("td", {}, status(c.state), c.resolved_by ? el("div", {}, "by ", c.resolved_by) : null,
+        c.seq === divergedAt ? el("div", {class: "s-failed"}, "diverged here") : null),
+      el("td", {}, c.duration_ms === null || c.duration_ms === undefined ? "" : `${c.duration_ms} ms`),
+      el("td", {}, c.attempts.length ? el("ol", {}, c.attempts.map(a => el("li", {}, `${a.kind}: ${a.result}`, a.detail ? ` (${a.detail})` : ""))) : ""),
+      el("td", {}, body("request", c.request, c.truncated && c.request_bytes > c.request.length ? c.request_bytes : 0, "request"),
+        c.outcome ? body("outcome", c.outcome, c.truncated && c.outcome_bytes > c.outcome.length ? c.outcome_bytes : 0, "outcome") : null));
+  });
+  const timeline = calls.length ? el("table", {}, el("caption", {class: "visually-hidden"}, "Call timeline"),
+      el("thead", {}, el("tr", {}, ["#", "Class", "Call", "State", "Took", "Attempts", "Bodies"].map(h => el("th", {scope: "col"}, h)))),
+      el("tbody", {}, calls))
+    : el("p", {class: "empty"}, from > 1 ? "No calls from here on." : "The run has made no calls yet.");
+  const nav = el("p", {}, from > 1 ? el("a", {href: `#/run/${encodeURIComponent(runId)}`}, "← first calls") : null, " ",
+    page.next_seq ? el("a", {href: `#/run/${encodeURIComponent(runId)}?from_seq=${page.next_seq}`}, "later calls →") : null);
+  const logs = view.logs.length ? el("pre", {}, view.logs.map(l => `${time(l.at_ms)} ${l.level}: ${l.message}`).join("\n")) : el("p", {class: "empty"}, "No log lines.");
+  const replayOut = el("div", {role: "status"});
+  const replay = el("button", {class: "secondary", type: "button", onclick: async () => {
+    replayOut.replaceChildren("replaying…");
+    try {
+      const rep = await api(`/api/runs/${encodeURIComponent(runId)}/replay`, {method: "POST", body: "{}"});
+      replayOut.replaceChildren(el("pre", {}, pretty(rep)));
+    } catch (e) { replayOut.replaceChildren(el("div", {class: "error"}, e.message)); }
+  }}, "Replay offline");
+  const notices = view.notices.length ? el("ul", {}, view.notices.map(n => el("li", {}, `${n.event} → ${n.webhook}: ${n.state} after ${n.attempts} attempt(s)`, n.last_error ? ` (${n.last_error})` : ""))) : null;
+  show(el("h2", {}, "Run ", el("span", {class: "mono"}, runId)), facts,
+    el("div", {class: "row"}, replay, el("button", {type: "button", class: "secondary", onclick: async () => {
+      // Fetched with the token, then saved as a file.
+      try {
+        const fixture = await api(`/api/runs/${encodeURIComponent(runId)}/export`);
+        const url = URL.createObjectURL(new Blob([JSON.stringify(fixture, null, 2)], {type: "application/json"}));
+        const link = el("a", {href: url, download: `${runId}.json`});
+        document.body.append(link); link.click(); link.remove();
+        setTimeout(() => URL.revokeObjectURL(url), 10000);
+      } catch (e) { showError(e); }
+    }}, "Export")), replayOut,
+    el("h3", {}, "Timeline"), nav, timeline,
+    el("h3", {}, "Log"), logs,
+    notices ? [el("h3", {}, "Notifications"), notices] : null);
+}
+
+// ---- approvals inbox
+function whoField() { return el("label", {}, "Your name", el("input", {name: "by", autocomplete: "name", required: !token, placeholder: token ? "(the token's name is recorded)" : ""})); }
+
+async function approvalsView() {
+  const list = await api("/api/approvals");
+  const cards = list.map(a => {
+    const out = el("div", {role: "status"});
+    const decide = verdict => async ev => {
+      const form = ev.target.closest("form");
+      if (!form.reportValidity()) return;
+      const f = new FormData(form);
+      try {
+        await api(`/api/approvals/${encodeURIComponent(a.run_id)}/${a.seq}`, {method: "POST",
+          body: JSON.stringify({verdict, details_sha256: a.details_sha256, note: f.get("note") || null, by: f.get("by") || null})});
+        flash = {runId: a.run_id, text: `Call #${a.seq}: ${verdict} — a worker continues the run.`};
+        route();
+      } catch (e) { out.replaceChildren(el("div", {class: "error", role: "alert"}, e.message)); }
+    };
+    return el("section", {class: "card", "aria-label": `Approval for run ${a.run_id}`},
+      el("h3", {}, typeof a.subject === "string" ? a.subject : pretty(a.subject)),
+      el("dl", {},
+        el("dt", {}, "Run"), el("dd", {}, el("a", {href: `#/run/${encodeURIComponent(a.run_id)}`, class: "mono"}, a.run_id), ` call #${a.seq}`),
+        el("dt", {}, "Asked"), el("dd", {}, time(a.asked_at_ms)),
+        el("dt", {}, "Expires"), el("dd", {}, time(a.expires_at_ms)),
+        el("dt", {}, "Details sha256"), el("dd", {class: "mono"}, a.details_sha256)),
+      el("pre", {"aria-label": "Details"}, pretty(a.details)),
+      el("form", {onsubmit: ev => ev.preventDefault()},
+        el("div", {class: "row"}, whoField(), el("label", {}, "Note", el("input", {name: "note"})),
+          el("button", {type: "button", onclick: decide("approved")}, "Approve"),
+          el("button", {type: "button", class: "danger", onclick: decide("rejected")}, "Reject"))),
+      out);
+  });
+  show(el("h2", {}, "Approvals waiting"), cards.length ? cards : el("p", {class: "empty"}, "Nothing waits for an approval."));
+}
+
+// ---- unknown calls
+async function unknownView() {
+  const list = await api("/api/unknown");
+  const cards = list.map(u => {
+    const out = el("div", {role: "status"});
+    const form = el("form", {onsubmit: async ev => {
+      ev.preventDefault();
+      const f = new FormData(ev.target), outcome = f.get("outcome");
+      const body = {outcome, by: f.get("by") || null};
+      try {
+        if (outcome === "succeeded") body.response = JSON.parse(f.get("detail") || "null");
+        else body.message = f.get("detail");
+      } catch (e) { out.replaceChildren(el("div", {class: "error", role: "alert"}, `The receipt is not JSON: ${e.message}`)); return; }
+      try {
+        await api(`/api/unknown/${encodeURIComponent(u.run_id)}/${u.seq}`, {method: "POST", body: JSON.stringify(body)});
+        flash = {runId: u.run_id, text: `Call #${u.seq}: resolved as ${outcome} — a worker continues the run.`};
+        route();
+      } catch (e) { out.replaceChildren(el("div", {class: "error", role: "alert"}, e.message)); }
+    }},
+      el("fieldset", {}, el("legend", {}, "What happened at the receiver?"),
+        el("label", {}, el("span", {}, el("input", {type: "radio", name: "outcome", value: "succeeded", required: true}), " It happened (give its receipt as JSON)")),
+        el("label", {}, el("span", {}, el("input", {type: "radio", name: "outcome", value: "failed"}), " It did not happen (give the reason)"))),
+      el("label", {}, "Receipt JSON or reason", el("textarea", {name: "detail", required: true})),
+      el("div", {class: "row"}, whoField(), el("button", {type: "submit"}, "Resolve")));
+    return el("section", {class: "card", "aria-label": `Unknown call ${u.seq} of run ${u.run_id}`},
+      el("h3", {}, u.name),
+      el("dl", {},
+        el("dt", {}, "Run"), el("dd", {}, el("a", {href: `#/run/${encodeURIComponent(u.run_id)}`, class: "mono"}, u.run_id), ` call #${u.seq}`),
+        el("dt", {}, "Operation id"), el("dd", {class: "mono"}, u.operation_id),
+        el("dt", {}, "Started"), el("dd", {}, time(u.started_at_ms)),
+        el("dt", {}, "Attempts"), el("dd", {}, u.attempts.map(a => `${a.kind}: ${a.result}${a.detail ? ` (${a.detail})` : ""}`).join("; ") || "none")),
+      el("p", {}, "Ask the receiver about this operation id, then record what it says. Sent:"),
+      el("pre", {"aria-label": "Request sent"}, pretty(u.request)), form, out);
+  });
+  show(el("h2", {}, "Calls whose outcome is unknown"), cards.length ? cards : el("p", {class: "empty"}, "No call's outcome is in doubt."));
+}
+
+// ---- routing and live updates
+function parseHash() {
+  const [path, query] = (location.hash.slice(1) || "/runs").split("?");
+  return {parts: path.split("/").filter(Boolean), params: Object.fromEntries(new URLSearchParams(query || ""))};
+}
+let rendering = false, again = false;
+async function route() {
+  if (rendering) { again = true; return; }
+  rendering = true;
+  const {parts, params} = parseHash();
+  for (const a of document.querySelectorAll("nav a")) {
+    if (a.dataset.nav === parts[0]) a.setAttribute("aria-current", "page"); else a.removeAttribute("aria-current");
+  }
+  try {
+    if (parts[0] === "run" && parts[1]) await runView(decodeURIComponent(parts[1]), params);
+    else if (parts[0] === "approvals") await approvalsView();
+    else if (parts[0] === "unknown") await unknownView();
+    else await runsView(params);
+    const s = await api("/api/summary");
+    document.getElementById("n-approvals").textContent = s.approvals_waiting ? `(${s.approvals_waiting})` : "";
+    document.getElementById("n-unknown").textContent = s.unknown_calls ? `(${s.unknown_calls})` : "";
+  } catch (e) { showError(e); }
+  rendering = false;
+  if (again) { again = false; route(); }
+}
+
+// Server-sent events, read with fetch so the token goes in a header, not the URL.
+let stream = null;
+async function connect() {
+  if (stream) stream.abort();
+  stream = new AbortController();
+  const live = document.getElementById("live");
+  try {
+    const r = await fetch("/api/events", {headers: token ? {"Authorization": `Bearer ${token}`} : {}, signal: stream.signal});
+    if (!r.ok) { live.textContent = "live updates off"; return; }
+    live.textContent = "live";
+    const reader = r.body.getReader(), decoder = new TextDecoder();
+    let buffer = "";
+    for (;;) {
+      const {value, done} = await reader.read();
+      if (done) break;
+      buffer += decoder.decode(value, {stream: true});
+      let cut;
+      while ((cut = buffer.indexOf("\n\n")) >= 0) {
+        const event = buffer.slice(0, cut); buffer = buffer.slice(cut + 2);
+        if (!/^event: runs$/m.test(event)) continue;
+        // A form someone has started filling in is not redrawn under them.
+        if (editing) { live.textContent = "live (paused while you edit)"; stale = true; }
+        else route();
+      }
+    }
+  } catch (e) { if (e.name === "AbortError") return; }
+  live.textContent = "reconnecting…";
+  setTimeout(connect, 2000);
+}
+
+window.addEventListener("hashchange", route);
+route();
+connect();
