@@ -412,7 +412,7 @@ fn execute(cli: Cli) -> Result<i32, HostError> {
             };
             let make = || options(&config).expect(CHECKED);
             let report = stephost_host::worker::run(&ledger, &make, &worker_options, &shutdown)?;
-            print_worker_report(&report, worker_options.concurrency);
+            print_worker_report("worker", &report, worker_options.concurrency);
             Ok(exit::OK)
         }
         Command::Serve {
@@ -435,7 +435,7 @@ fn execute(cli: Cli) -> Result<i32, HostError> {
             let make = || options(&config).expect(CHECKED);
             let report =
                 stephost_server::serve(&ledger, &make, webhooks, tokens, settings, shutdown)?;
-            print_worker_report(&report, concurrency);
+            print_worker_report("serve", &report, concurrency);
             Ok(exit::OK)
         }
         Command::Resume {
@@ -710,7 +710,11 @@ fn stop_on_signals() -> Result<Arc<std::sync::atomic::AtomicBool>, HostError> {
 }
 
 /// What a worker (or a server's worker) did, on stderr.
-fn print_worker_report(report: &stephost_host::worker::WorkerReport, concurrency: usize) {
+fn print_worker_report(
+    command: &str,
+    report: &stephost_host::worker::WorkerReport,
+    concurrency: usize,
+) {
     // Only a worker that runs several runs at once groups its commits.
     let shared = if concurrency > 1 {
         let c = &report.commits;
@@ -722,7 +726,7 @@ fn print_worker_report(report: &stephost_host::worker::WorkerReport, concurrency
         String::new()
     };
     eprintln!(
-        "stephost worker: {} completed, {} failed, {} parked, {} released, {} abandoned, \
+        "stephost {command}: {} completed, {} failed, {} parked, {} released, {} abandoned, \
          {} claim conflicts, {} lease losses{shared}",
         report.completed,
         report.failed,

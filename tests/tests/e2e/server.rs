@@ -612,3 +612,60 @@ fn the_console_in_a_browser_approves_and_resolves() {
     let call = served.get("/api/runs/parked-run/calls/3").expect(200);
     assert_eq!(call["resolved_by"], "browser-ana");
 }
+
+#[test]
+fn two_servers_on_one_ledger_share_the_runs_and_notify_each_event_once() {
+    let receiver = WebhookReceiver::start(&[]);
+    let sb = Sandbox::with_config(BIN, &config(&webhook(&receiver.url)));
+    let env = [("HOOK_SECRET", SECRET)];
+    let (a, b) = (sb.serve(&[], &env), sb.serve(&[], &env));
+    let digest = a.client().upload(guests::SUPPLIER_ORDER);
+    let runs: Vec<String> = (0..6).map(|i| format!("two-{i}")).collect();
+    for run_id in &runs {
+        submit(&a, &digest, supplier_input(10, true), run_id);
+    }
+    // Each waits for an approval; each is decided through the other server.
+    for run_id in &runs {
+        b.wait_status(run_id, "waiting");
+    }
+    // Both servers see every approval waiting; each is notified once.
+    receiver.wait_for("an approval notice per run", |d| {
+        d.iter().filter(|x| x.answered == 200).count() >= runs.len()
+    });
+    let inbox = b.get("/api/approvals").expect(200);
+    assert_eq!(inbox.as_array().unwrap().len(), runs.len());
+    for approval in inbox.as_array().unwrap() {
+        let path = format!(
+            "/api/approvals/{}/{}",
+            approval["run_id"].as_str().unwrap(),
+            approval["seq"]
+        );
+        b.post(
+            &path,
+            &json!({"verdict": "approved", "details_sha256": approval["details_sha256"], "by": "ana"}),
+        )
+        .expect(200);
+    }
+    for run_id in &runs {
+        a.wait_status(run_id, "completed");
+    }
+    assert_eq!(sb.received("supplier-orders.jsonl").len(), runs.len());
+    // One approval notice per run, each sent once, though both servers saw
+    // every approval.
+    std::thread::sleep(Duration::from_millis(1_500));
+    let got = receiver.deliveries();
+    let mut ids: Vec<&str> = got
+        .iter()
+        .map(|d| d.header("Stephost-Delivery").unwrap())
+        .collect();
+    ids.sort();
+    let sent = ids.len();
+    ids.dedup();
+    assert_eq!((ids.len(), sent), (runs.len(), runs.len()), "{got:#?}");
+    assert!(
+        got.iter()
+            .all(|d| d.header("Stephost-Event") == Some("approval"))
+    );
+    assert_eq!(a.stop(), Some(0));
+    assert_eq!(b.stop(), Some(0));
+}

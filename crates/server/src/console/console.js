@@ -141,7 +141,7 @@ async function runView(runId, params) {
     return el("tr", {class: c.seq === divergedAt ? "diverged" : "", id: `call-${c.seq}`},
       el("td", {}, c.seq),
       el("td", {}, c.class),
-      el("td", {}, el("div", {class: "mono"}, c.name), el("div", {class: "mono", title: "operation id (Idempotency-Key)"}, "op ", c.operation_id.slice(0, 16))),
+      el("td", {}, el("div", {class: "mono"}, c.name), c.operation_id ? el("div", {class: "mono", title: "operation id (Idempotency-Key)"}, "op ", c.operation_id.slice(0, 16)) : null),
       el("td", {}, status(c.state), c.resolved_by ? el("div", {}, "by ", c.resolved_by) : null,
         c.seq === divergedAt ? el("div", {class: "s-failed"}, "diverged here") : null),
       el("td", {}, c.duration_ms === null || c.duration_ms === undefined ? "" : `${c.duration_ms} ms`),
