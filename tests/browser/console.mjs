@@ -2,8 +2,9 @@
 // timeline, approve a waiting approval and see the run complete, resolve an
 // unknown call and see its run continue. Called by
 // tests/tests/e2e/server.rs with the server's base URL; the server holds a run
-// "approval-run" waiting for an approval and a run "parked-run" parked at
-// call #3. Exits non-zero, naming the step, on the first failure.
+// "approval-run" waiting for an approval, a run "parked-run" parked at call #3
+// and a run "diverged-run" that diverged at call #1. Exits non-zero, naming
+// the step, on the first failure.
 import { chromium } from "playwright-core";
 
 const base = process.argv[2];
@@ -44,6 +45,15 @@ try {
   await timeline.getByText(/^op [0-9a-f]{16}$/).first().waitFor();
   await timeline.getByText("send: ok").waitFor();
   await page.getByText("Fence", { exact: true }).waitFor();
+
+  step = "a diverged run's timeline marks the call where it diverged";
+  await page.goto(base + "/#/run/diverged-run");
+  const divergedRow = page.locator("tr.diverged");
+  await divergedRow.getByText("diverged here").waitFor();
+  if (await divergedRow.locator("td").first().innerText() !== "1")
+    throw new Error("the divergence is marked at another call than #1");
+  if (await page.locator("tr.diverged").count() !== 1)
+    throw new Error("more than one call is marked as the divergence");
 
   step = "the approvals inbox shows the details and approving sends the order";
   await page.getByRole("link", { name: /^Approvals/ }).click();

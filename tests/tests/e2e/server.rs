@@ -573,18 +573,37 @@ fn webhooks_are_signed_retried_after_a_500_and_still_owed_after_a_sigkill() {
 }
 
 /// The console in headless Chromium, driven by `tests/browser/console.mjs`
-/// (playwright-core): find a run, open its timeline, approve a waiting
-/// approval and see the run complete, resolve an unknown call and see its
-/// run continue.
+/// (playwright-core): find a run, open its timeline, see a divergence at
+/// its call, approve a waiting approval and see the run complete, resolve
+/// an unknown call and see its run continue.
 #[test]
 fn the_console_in_a_browser_approves_and_resolves() {
     let sb = Sandbox::with_config(BIN, &config(""));
     crash_after_a_write(&sb, "parked-run");
+    // A run whose recording no longer matches its step at call #1 (as if
+    // the step had read something the host did not record): it diverges
+    // when the server's worker resumes it.
+    crash_after_a_write(&sb, "diverged-run");
+    let changed = sb.sql(
+        "UPDATE calls SET request = '{\"changed\":1}', request_hash = 'changed' \
+         WHERE run_no = (SELECT run_no FROM runs WHERE run_id = 'diverged-run') AND seq = 1",
+        "UPDATE calls SET request = '{\"changed\":1}', request_hash = 'changed' \
+         WHERE run_id = 'diverged-run' AND seq = 1",
+    );
+    assert_eq!(changed, 1);
     let served = sb.serve(&[], &[]);
     let digest = served.client().upload(guests::SUPPLIER_ORDER);
     submit(&served, &digest, supplier_input(10, true), "approval-run");
     served.wait_status("approval-run", "waiting");
     served.wait_status("parked-run", "parked");
+    let diverged = served.wait_status("diverged-run", "diverged");
+    assert!(
+        diverged["run"]["error"]
+            .as_str()
+            .unwrap()
+            .contains("call #1 diverged"),
+        "{diverged:#}"
+    );
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/browser/console.mjs");
     let out = std::process::Command::new("node")
         .arg(script)
@@ -608,7 +627,9 @@ fn the_console_in_a_browser_approves_and_resolves() {
     assert_eq!(sb.received("supplier-orders.jsonl").len(), 1);
     let resolved = served.wait_status("parked-run", "completed");
     assert!(resolved["run"]["output"].as_str().unwrap().contains("R-77"));
-    assert_eq!(sb.received("orders.jsonl").len(), 1);
+    // One write each of parked-run and diverged-run, sent before their
+    // crashes; neither sent again.
+    assert_eq!(sb.received("orders.jsonl").len(), 2);
     let call = served.get("/api/runs/parked-run/calls/3").expect(200);
     assert_eq!(call["resolved_by"], "browser-ana");
 }

@@ -114,7 +114,9 @@ async function runView(runId, params) {
     api(`/api/runs/${encodeURIComponent(runId)}`),
     api(`/api/runs/${encodeURIComponent(runId)}/calls?from_seq=${from}&limit=200`)]);
   const r = view.run;
-  const divergedAt = r.status === "diverged" && /#(\d+)/.exec(r.error || "") ? Number(/#(\d+)/.exec(r.error)[1]) : null;
+  // The call a divergence names ("call #N diverged"), marked in the timeline.
+  const divergence = r.status === "diverged" ? /call #(\d+) diverged/.exec(r.error || "") : null;
+  const divergedAt = divergence ? Number(divergence[1]) : null;
   const facts = el("dl", {},
     el("dt", {}, "Status"), el("dd", {}, status(r.status)),
     el("dt", {}, "Step"), el("dd", {}, r.step || "-"),
