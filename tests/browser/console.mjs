@@ -44,7 +44,10 @@ try {
   await timeline.getByText("approvals.request").waitFor();
   await timeline.getByText(/^op [0-9a-f]{16}$/).first().waitFor();
   await timeline.getByText("send: ok").waitFor();
-  await page.getByText("Fence", { exact: true }).waitFor();
+  await page.getByText("Fence", { exact: true }).first().waitFor();
+  // approval-run's calls so far were performed live by its one execution.
+  const firstRow = timeline.locator("tbody tr").first();
+  await firstRow.getByText("live", { exact: true }).waitFor();
 
   step = "a diverged run's timeline marks the call where it diverged";
   await page.goto(base + "/#/run/diverged-run");
@@ -69,6 +72,13 @@ try {
   step = "the run completes on screen without a reload";
   await page.getByRole("link", { name: "Open run approval-run" }).click();
   await page.locator("dd .status.s-completed").waitFor();
+
+  step = "after the approval, the calls before it were replayed, the rest performed live";
+  const rows = page.getByRole("table").locator("tbody tr");
+  await rows.first().getByText("replayed since").waitFor();
+  const last = rows.last();
+  await last.getByText("supplier.order").waitFor();
+  await last.getByText("live", { exact: true }).waitFor();
 
   step = "the unknown-calls queue shows what was sent and its operation id";
   await page.getByRole("link", { name: /^Unknown calls/ }).click();

@@ -537,6 +537,7 @@ mod tests {
                 outcome: Some(r#"{"ok":"done"}"#.into()),
                 started_at_ms: 1,
                 finished_at_ms: Some(2),
+                fence: 1,
                 resolved_by: None,
                 chain: None,
             };

@@ -115,6 +115,8 @@ fn call(seq: u64, class: CallClass, state: CallState) -> CallRecord {
         outcome: state.has_outcome().then(|| format!("{{\"ok\":{seq}}}")),
         started_at_ms: T0 + seq as i64,
         finished_at_ms: state.has_outcome().then_some(T0 + seq as i64),
+        // The first claim's fence: a call is kept under its claim's.
+        fence: 1,
         resolved_by: None,
         chain: None,
     }
@@ -353,6 +355,15 @@ pub fn a_stale_writer_is_refused_on_every_write_path(make: &Make) {
         ))],
     )
     .unwrap();
+    // Each call is kept under the fence of the claim that recorded it.
+    let fences: Vec<i64> = store
+        .calls("f", 1, 10)
+        .unwrap()
+        .iter()
+        .map(|c| c.fence)
+        .collect();
+    assert_eq!(fences, vec![stale.fence, newest.fence]);
+    assert!(stale.fence < newest.fence);
     let paths: Vec<(&str, WriteOp)> = vec![
         ("a finished call", finished(3)),
         (

@@ -432,7 +432,12 @@ fn apply_op(
             if call.seq != rows.calls.len() as u64 + 1 {
                 return Err(not_appended(call.seq));
             }
-            rows.calls.push(call);
+            // Kept under the claim's fence, whatever the record says, as
+            // the database backends keep it.
+            rows.calls.push(CallRecord {
+                fence: claim.fence,
+                ..call
+            });
         }
         WriteOp::Outcome {
             seq,

@@ -104,6 +104,11 @@ pub struct CallRecord {
     pub outcome: Option<String>,
     pub started_at_ms: i64,
     pub finished_at_ms: Option<i64>,
+    /// The fencing token of the execution that recorded the call: it was
+    /// performed live under this fence, and every execution under a later
+    /// one replayed it (0 in runs exported before it was kept).
+    #[serde(default)]
+    pub fence: i64,
     /// Who decided the outcome of a call that waited for a person.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub resolved_by: Option<String>,

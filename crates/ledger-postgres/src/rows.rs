@@ -133,7 +133,7 @@ pub struct CallRow {
 
 /// The call whose columns are, from column `at` on: seq, class, interface,
 /// function, operation_id, request, request_split, request_hash, state,
-/// outcome, outcome_split, started_at, finished_at, resolved_by, chain.
+/// outcome, outcome_split, started_at, finished_at, resolved_by, chain, fence.
 pub fn call_from_row(r: &Row, at: usize) -> Result<CallRow, StoreError> {
     let get_err = |e| error(e);
     let class: &str = r.try_get(at + 1).map_err(get_err)?;
@@ -156,6 +156,7 @@ pub fn call_from_row(r: &Row, at: usize) -> Result<CallRow, StoreError> {
             finished_at_ms: r.try_get(at + 12).map_err(get_err)?,
             resolved_by: r.try_get(at + 13).map_err(get_err)?,
             chain: r.try_get(at + 14).map_err(get_err)?,
+            fence: r.try_get(at + 15).map_err(get_err)?,
         },
         request_split: r.try_get(at + 6).map_err(get_err)?,
         outcome_split: r.try_get(at + 10).map_err(get_err)?,
@@ -291,7 +292,7 @@ pub async fn calls(
         .statement(
             "SELECT seq, class, interface, function, operation_id, request, request_split, \
              request_hash, state, outcome, outcome_split, started_at, finished_at, resolved_by, \
-             chain FROM calls WHERE run_id = $1 AND seq >= $2 ORDER BY seq LIMIT $3",
+             chain, fence FROM calls WHERE run_id = $1 AND seq >= $2 ORDER BY seq LIMIT $3",
         )
         .await?;
     let limit = limit.min(i64::MAX as usize) as i64;

@@ -301,7 +301,7 @@ impl Store for PgStore {
                      r.wake_at, r.world, r.step, r.exit_code, r.seal, c.seq, c.class, c.interface, \
                      c.function, c.operation_id, c.request, c.request_split, c.request_hash, \
                      c.state, c.outcome, c.outcome_split, c.started_at, c.finished_at, \
-                     c.resolved_by, c.chain \
+                     c.resolved_by, c.chain, c.fence \
                      FROM runs r CROSS JOIN LATERAL (SELECT * FROM calls \
                      WHERE calls.run_id = r.run_id ORDER BY seq DESC LIMIT 1) c \
                      WHERE r.status IN ('running', 'waiting', 'parked') AND c.state = $1 \

@@ -161,7 +161,7 @@ pub fn version_conflict(conn: &Connection, run_id: &str, expected: i64) -> Store
 /// those [`crate::segments::read`] needs).
 pub const CALL_COLUMNS: &str = "run_no, seq, class, interface, function, operation_id, request, \
      request_split, request_hash, state, outcome, outcome_split, started_at, finished_at, \
-     resolved_by, chain";
+     resolved_by, chain, fence";
 
 /// Which bodies of a call row are split into `payloads` and must be loaded.
 #[derive(Clone, Copy)]
@@ -211,6 +211,7 @@ pub fn call_from_row(r: &Row<'_>, at: usize) -> rusqlite::Result<(CallRecord, Sp
         finished_at_ms: r.get(at + 12)?,
         resolved_by: r.get(at + 13)?,
         chain: r.get(at + 14)?,
+        fence: r.get(at + 15)?,
     };
     let split = Split {
         request: r.get(at + 6)?,

@@ -51,6 +51,7 @@ fn read_call(seq: u64, request: &str, outcome: &str) -> CallRecord {
         outcome: Some(outcome.into()),
         started_at_ms: 3,
         finished_at_ms: Some(4),
+        fence: 1,
         resolved_by: None,
         chain: None,
     }

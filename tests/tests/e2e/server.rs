@@ -150,6 +150,9 @@ fn the_api_submits_lists_pages_and_shows_runs_in_the_clis_shapes() {
     for (page_call, shown) in all["calls"].as_array().unwrap().iter().zip(shown_calls) {
         assert_eq!(page_call["operation_id"], shown["operation_id"]);
         assert_eq!(page_call["request"], shown["request"]);
+        // Performed by the run's one execution, under its claim's fence.
+        assert_eq!(page_call["fence"], shown["fence"]);
+        assert_eq!(page_call["fence"], view["run"]["fence"]);
     }
     let call = served.get("/api/runs/r1/calls/1").expect(200);
     assert_eq!(call["request"], shown_calls[0]["request"]);

@@ -938,6 +938,7 @@ impl Journal {
             outcome: None,
             started_at_ms: crate::clock::now_ms(),
             finished_at_ms: None,
+            fence: self.fence(),
             resolved_by: None,
             chain: None,
         }

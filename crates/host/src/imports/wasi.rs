@@ -257,6 +257,7 @@ mod tests {
             outcome: Some(format!("{{\"ok\":{RECORDED}}}")),
             started_at_ms: 1,
             finished_at_ms: Some(1),
+            fence: 1,
             resolved_by: None,
             chain: Some("c1".into()),
         };

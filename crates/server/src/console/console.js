@@ -127,6 +127,12 @@ async function runView(runId, params) {
     el("dt", {}, "Input"), el("dd", {}, el("pre", {}, pretty(r.input))),
     r.output ? [el("dt", {}, "Output"), el("dd", {}, el("pre", {}, pretty(r.output)))] : null,
     r.error ? [el("dt", {}, "Error"), el("dd", {class: "s-failed"}, r.error)] : null);
+  // A call is performed live once, by the execution whose fence it is kept
+  // under; an execution under a later fence replayed it. A run waiting for
+  // a worker (no owner, not finished) has not been replayed since its last
+  // decision yet.
+  const executed = r.owner || ["completed", "failed", "diverged", "parked", "waiting"].includes(r.status);
+  const replayed = c => executed && c.fence < r.fence;
   const calls = page.calls.map(c => {
     const body = (label, text, full, field) => {
       const pre = el("pre", {}, pretty(text));
@@ -146,13 +152,14 @@ async function runView(runId, params) {
       el("td", {}, el("div", {class: "mono"}, c.name), c.operation_id ? el("div", {class: "mono", title: "operation id (Idempotency-Key)"}, "op ", c.operation_id.slice(0, 16)) : null),
       el("td", {}, status(c.state), c.resolved_by ? el("div", {}, "by ", c.resolved_by) : null,
         c.seq === divergedAt ? el("div", {class: "s-failed"}, "diverged here") : null),
+      el("td", {}, String(c.fence), el("div", {class: "muted"}, replayed(c) ? "replayed since" : "live")),
       el("td", {}, c.duration_ms === null || c.duration_ms === undefined ? "" : `${c.duration_ms} ms`),
       el("td", {}, c.attempts.length ? el("ol", {}, c.attempts.map(a => el("li", {}, `${a.kind}: ${a.result}`, a.detail ? ` (${a.detail})` : ""))) : ""),
       el("td", {}, body("request", c.request, c.truncated && c.request_bytes > c.request.length ? c.request_bytes : 0, "request"),
         c.outcome ? body("outcome", c.outcome, c.truncated && c.outcome_bytes > c.outcome.length ? c.outcome_bytes : 0, "outcome") : null));
   });
   const timeline = calls.length ? el("table", {}, el("caption", {class: "visually-hidden"}, "Call timeline"),
-      el("thead", {}, el("tr", {}, ["#", "Class", "Call", "State", "Took", "Attempts", "Bodies"].map(h => el("th", {scope: "col"}, h)))),
+      el("thead", {}, el("tr", {}, ["#", "Class", "Call", "State", "Fence", "Took", "Attempts", "Bodies"].map(h => el("th", {scope: "col"}, h)))),
       el("tbody", {}, calls))
     : el("p", {class: "empty"}, from > 1 ? "No calls from here on." : "The run has made no calls yet.");
   const nav = el("p", {}, from > 1 ? el("a", {href: `#/run/${encodeURIComponent(runId)}`}, "← first calls") : null, " ",
@@ -178,7 +185,9 @@ async function runView(runId, params) {
         setTimeout(() => URL.revokeObjectURL(url), 10000);
       } catch (e) { showError(e); }
     }}, "Export")), replayOut,
-    el("h3", {}, "Timeline"), nav, timeline,
+    el("h3", {}, "Timeline"),
+    el("p", {class: "muted"}, "Each call was performed live once, under the fence shown; an execution under a later fence replayed it from the ledger (\u201creplayed since\u201d) instead of performing it again."),
+    nav, timeline,
     el("h3", {}, "Log"), logs,
     notices ? [el("h3", {}, "Notifications"), notices] : null);
 }
