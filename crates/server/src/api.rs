@@ -365,6 +365,25 @@ pub struct Decided {
     pub by: String,
 }
 
+impl Decided {
+    /// A decision on call `seq` of `run_id`, made by `caller` (named by the
+    /// token, or by `by` on a server without tokens).
+    fn by(
+        caller: &Caller,
+        by: Option<&str>,
+        run_id: &str,
+        seq: u64,
+        decision: &str,
+    ) -> Result<Self, ApiError> {
+        Ok(Decided {
+            run_id: run_id.to_string(),
+            seq,
+            decision: decision.to_string(),
+            by: caller.who(by).map_err(ApiError::bad_input)?,
+        })
+    }
+}
+
 async fn decide(
     State(app): State<Arc<App>>,
     caller: Caller,
@@ -382,15 +401,8 @@ async fn decide(
             )));
         }
     };
-    let by = caller
-        .who(body.by.as_deref())
-        .map_err(ApiError::bad_input)?;
-    let decided = Decided {
-        run_id: run_id.clone(),
-        seq,
-        decision: verdict.as_str().to_string(),
-        by: by.clone(),
-    };
+    let decided = Decided::by(&caller, body.by.as_deref(), &run_id, seq, verdict.as_str())?;
+    let by = decided.by.clone();
     let signer = app.signer.clone();
     app.with_store(move |s| {
         let decision = Decision {
@@ -452,15 +464,8 @@ async fn resolve(
             )));
         }
     };
-    let by = caller
-        .who(body.by.as_deref())
-        .map_err(ApiError::bad_input)?;
-    let decided = Decided {
-        run_id: run_id.clone(),
-        seq,
-        decision: body.outcome,
-        by: by.clone(),
-    };
+    let decided = Decided::by(&caller, body.by.as_deref(), &run_id, seq, &body.outcome)?;
+    let by = decided.by.clone();
     let (signer, limits) = (app.signer.clone(), app.limits.clone());
     app.with_store(move |s| {
         Ok(service::resolve(

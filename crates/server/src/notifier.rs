@@ -150,16 +150,14 @@ impl Notifier {
                 NoticeEvent::Parked,
                 open.run.run_id.clone(),
                 Some(open.call.seq),
-                json!({
-                    "run_id": open.run.run_id,
-                    "seq": open.call.seq,
-                    "status": open.run.status.as_str(),
-                    "call": stephost_host::service::call_name(&open.call),
-                    "operation_id": open.call.operation_id,
-                    "error": open.run.error,
-                    "module_digest": open.run.module_digest,
-                    "step": open.run.step,
-                }),
+                about(
+                    &open.run,
+                    json!({
+                        "seq": open.call.seq,
+                        "call": stephost_host::service::call_name(&open.call),
+                        "operation_id": open.call.operation_id,
+                    }),
+                ),
             ));
         }
         for open in store.open_calls(CallState::Started, Some(approvals::INTERFACE))? {
@@ -169,16 +167,15 @@ impl Notifier {
                 NoticeEvent::Approval,
                 open.run.run_id.clone(),
                 Some(open.call.seq),
-                json!({
-                    "run_id": open.run.run_id,
-                    "seq": open.call.seq,
-                    "status": open.run.status.as_str(),
-                    "subject": request["subject"],
-                    "details_sha256": request["details_sha256"],
-                    "expires_at_ms": approvals::expires_at_ms(&open.call),
-                    "module_digest": open.run.module_digest,
-                    "step": open.run.step,
-                }),
+                about(
+                    &open.run,
+                    json!({
+                        "seq": open.call.seq,
+                        "subject": request["subject"],
+                        "details_sha256": request["details_sha256"],
+                        "expires_at_ms": approvals::expires_at_ms(&open.call),
+                    }),
+                ),
             ));
         }
         for (status, event) in [
@@ -191,18 +188,7 @@ impl Notifier {
                 ..RunQuery::default()
             })?;
             for run in runs {
-                bodies.push((
-                    event,
-                    run.run_id.clone(),
-                    None,
-                    json!({
-                        "run_id": run.run_id,
-                        "status": run.status.as_str(),
-                        "error": run.error,
-                        "module_digest": run.module_digest,
-                        "step": run.step,
-                    }),
-                ));
+                bodies.push((event, run.run_id.clone(), None, about(&run, json!({}))));
             }
         }
         let mut owed = Vec::new();
@@ -290,4 +276,19 @@ impl Notifier {
             error,
         }
     }
+}
+
+/// A notice's body: what it says of the call (`fields`), and of its run.
+fn about(run: &stephost_core::RunRecord, fields: serde_json::Value) -> serde_json::Value {
+    let mut body = json!({
+        "run_id": run.run_id,
+        "status": run.status.as_str(),
+        "error": run.error,
+        "module_digest": run.module_digest,
+        "step": run.step,
+    });
+    if let (Some(body), serde_json::Value::Object(fields)) = (body.as_object_mut(), fields) {
+        body.extend(fields);
+    }
+    body
 }
