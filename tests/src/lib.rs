@@ -290,12 +290,16 @@ impl Sandbox {
         value: impl AsRef<std::ffi::OsStr>,
         args: &[&str],
     ) -> Ran {
-        Ran::from(
-            self.command(args)
-                .env(name, value)
-                .output()
-                .expect("start stephost"),
-        )
+        self.stephost_with_envs(&[(name, value.as_ref())], args)
+    }
+
+    /// `stephost ARGS` with each `(name, value)` in its environment.
+    pub fn stephost_with_envs(&self, vars: &[(&str, &std::ffi::OsStr)], args: &[&str]) -> Ran {
+        let mut command = self.command(args);
+        for (name, value) in vars {
+            command.env(name, value);
+        }
+        Ran::from(command.output().expect("start stephost"))
     }
 
     /// `stephost run GUEST --input INPUT --run-id ID`.

@@ -632,29 +632,18 @@ fn execute(cli: Cli) -> Result<i32, HostError> {
             };
             let run_id = &run.run_id;
             let mut out = std::io::stdout().lock();
-            match service::verify(&config.signer, &calls, Some(&run)) {
+            match service::verify(&config.signer, &calls, &run) {
                 Verification::Intact {
                     calls,
                     links,
                     signed,
-                    sealed,
                 } => {
-                    let how = match (signed, sealed) {
-                        (true, true) => "signed with the chain key; the run's row matches its seal",
-                        (true, false) => {
-                            "signed with the chain key; the run's row has no seal (recorded \
-                             before seals)"
-                        }
-                        (false, true) => {
-                            "UNSIGNED: a plain hash chain, which anyone who can write the \
-                             ledger can redo (set STEPHOST_CHAIN_KEY_FILE when recording); the \
-                             run's row matches its seal"
-                        }
-                        (false, false) => {
-                            "UNSIGNED: a plain hash chain, which anyone who can write the \
-                             ledger can redo (set STEPHOST_CHAIN_KEY_FILE when recording); the \
-                             run's row has no seal"
-                        }
+                    let how = if signed {
+                        "signed with the chain key; the run's row matches its seal"
+                    } else {
+                        "UNSIGNED: a plain hash chain, which anyone who can write the ledger can \
+                         redo (set STEPHOST_CHAIN_KEY_FILE when recording); the run's row matches \
+                         its seal"
                     };
                     let _ = writeln!(
                         out,

@@ -1,12 +1,12 @@
 //! The tamper-evident record of a run: a chain over its calls, and a seal
 //! over its row.
 //!
-//! Each finished call carries a link over the link before it, its seq,
-//! class, interface, function, operation id, request hash (itself checked
-//! against the stored request), state, outcome and who decided it, so
-//! changing, dropping or reordering any recorded call breaks every link
-//! after it. Timestamps are not covered: they are not part of what a replay
-//! feeds back.
+//! Each finished call carries a link over the link before it, its run id,
+//! seq, class, interface, function, operation id, request hash (itself
+//! checked against the stored request), state, outcome and who decided it,
+//! so changing, dropping, reordering or moving any recorded call (into
+//! another run included) breaks every link after it. Timestamps are not
+//! covered: they are not part of what a replay feeds back.
 //!
 //! The run's row carries a seal: keyed digests of its input, its module,
 //! its end (status when finished, output, error, exit code) and its calls
@@ -15,12 +15,16 @@
 //! So an edited row, or calls dropped from the end, are detected too, and
 //! `verify` names which part changed.
 //!
-//! With a key ([`Signer::keyed`]) links and seals are HMAC-SHA256s
-//! (`k2:`): without the key nobody can make a chain that verifies. Without
-//! one they are plain SHA-256 (`h2:`): evidence against accidents, not
-//! against someone who can write the ledger, and `verify` says it is
-//! unsigned. Links of the first format (bare hex, no prefix) are still
-//! checked; they do not cover who decided.
+//! Every run is sealed when it is recorded, so a row without a seal was
+//! stripped of it: it does not verify.
+//!
+//! With a key ([`Signer::keyed`]) links are HMAC-SHA256s (`k3:`) and so are
+//! seals (`k2:`): without the key nobody can make a record that verifies.
+//! Without one they are plain SHA-256 (`h3:`, `h2:`): evidence against
+//! accidents, not against someone who can write the ledger, and `verify`
+//! says it is unsigned. Links of the earlier formats are still checked:
+//! `k2:`/`h2:` (not covering the run id) and bare hex (not covering who
+//! decided either).
 
 use std::sync::Arc;
 
@@ -30,10 +34,19 @@ use sha2::{Digest, Sha256};
 use crate::mac::{MacKey, ct_eq};
 use crate::records::{CallRecord, CallState, RunRecord};
 
-/// The prefix of a link or seal digest made with a key.
-pub const SIGNED: &str = "k2:";
-/// The prefix of one made without.
-pub const PLAIN: &str = "h2:";
+/// The prefix of a link made with a key.
+pub const SIGNED: &str = "k3:";
+/// The prefix of a link made without.
+pub const PLAIN: &str = "h3:";
+/// The prefixes of a seal's digests (and of links of the second format,
+/// which did not cover the run id), with a key and without.
+const SIGNED_V2: &str = "k2:";
+const PLAIN_V2: &str = "h2:";
+
+/// Whether a link or seal digest was made with a key.
+fn is_signed(digest: &str) -> bool {
+    digest.starts_with(SIGNED) || digest.starts_with(SIGNED_V2)
+}
 
 /// The fewest bytes a chain key may have.
 pub const KEY_BYTES_MIN: usize = 32;
@@ -96,8 +109,34 @@ pub struct Verified {
     pub links: usize,
     /// Every link and the seal were made with the key checked against.
     pub signed: bool,
-    /// The run's row carries a seal, and it was checked.
-    pub sealed: bool,
+}
+
+impl Broken {
+    /// A break in the run's row (not at a call).
+    fn row(reason: impl Into<String>) -> Self {
+        Broken {
+            seq: None,
+            reason: reason.into(),
+            needs_key: false,
+        }
+    }
+
+    fn at(seq: u64, reason: impl Into<String>) -> Self {
+        Broken {
+            seq: Some(seq),
+            reason: reason.into(),
+            needs_key: false,
+        }
+    }
+}
+
+impl std::fmt::Display for Broken {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.seq {
+            Some(seq) => write!(f, "call #{seq}: {}", self.reason),
+            None => write!(f, "its row: {}", self.reason),
+        }
+    }
 }
 
 impl Signer {
@@ -124,8 +163,18 @@ impl Signer {
         self.key.is_some()
     }
 
-    fn prefix(&self) -> &'static str {
+    /// The prefix of this signer's links.
+    fn link_prefix(&self) -> &'static str {
         if self.is_keyed() { SIGNED } else { PLAIN }
+    }
+
+    /// The prefix of this signer's seal digests (and second-format links).
+    fn seal_prefix(&self) -> &'static str {
+        if self.is_keyed() {
+            SIGNED_V2
+        } else {
+            PLAIN_V2
+        }
     }
 
     fn hasher(&self, domain: &[u8]) -> Sha256 {
@@ -137,13 +186,13 @@ impl Signer {
         h
     }
 
-    fn finish_into(&self, out: &mut String, h: Sha256) {
+    fn finish_into(&self, out: &mut String, prefix: &str, h: Sha256) {
         let digest: [u8; 32] = match &self.key {
             Some(key) => key.finish(h),
             None => h.finalize().into(),
         };
         out.clear();
-        out.push_str(self.prefix());
+        out.push_str(prefix);
         crate::ids::push_hex(out, &digest);
     }
 
@@ -151,38 +200,35 @@ impl Signer {
         let mut h = self.hasher(domain);
         feed(&mut h, fields);
         let mut out = String::new();
-        self.finish_into(&mut out, h);
+        self.finish_into(&mut out, self.seal_prefix(), h);
         out
     }
 
-    /// The link of `call` finished with `state`, `outcome` and (for a
-    /// person's decision) `resolved_by`, following `previous`, into `out`.
-    pub fn link_into(
-        &self,
-        out: &mut String,
-        previous: &str,
-        call: &CallRecord,
-        state: CallState,
-        outcome: Option<&str>,
-        resolved_by: Option<&str>,
-    ) {
-        let mut h = self.hasher(b"stephost/chain/v2");
-        feed_link(&mut h, previous, call, state, outcome);
-        feed(&mut h, &[resolved_by.unwrap_or("").as_bytes()]);
-        self.finish_into(out, h);
+    /// The link of `call` of run `run_id`, finished with `state`, `outcome`
+    /// and (for a person's decision) `resolved_by`, following `previous`,
+    /// into `out`.
+    pub fn link_into(&self, out: &mut String, run_id: &str, previous: &str, finished: &Finished<'_>) {
+        let mut h = self.hasher(b"stephost/chain/v3");
+        feed(&mut h, &[run_id.as_bytes()]);
+        feed_link(&mut h, previous, finished.call, finished.state, finished.outcome);
+        feed(&mut h, &[finished.resolved_by.unwrap_or("").as_bytes()]);
+        self.finish_into(out, self.link_prefix(), h);
     }
 
     /// [`Signer::link_into`], returned.
-    pub fn link(
-        &self,
-        previous: &str,
-        call: &CallRecord,
-        state: CallState,
-        outcome: Option<&str>,
-        resolved_by: Option<&str>,
-    ) -> String {
+    pub fn link(&self, run_id: &str, previous: &str, finished: &Finished<'_>) -> String {
         let mut out = String::new();
-        self.link_into(&mut out, previous, call, state, outcome, resolved_by);
+        self.link_into(&mut out, run_id, previous, finished);
+        out
+    }
+
+    /// A link of the second format, which did not cover the run id.
+    fn link_v2(&self, previous: &str, call: &CallRecord) -> String {
+        let mut h = self.hasher(b"stephost/chain/v2");
+        feed_link(&mut h, previous, call, call.state, call.outcome.as_deref());
+        feed(&mut h, &[call.resolved_by.as_deref().unwrap_or("").as_bytes()]);
+        let mut out = String::new();
+        self.finish_into(&mut out, self.seal_prefix(), h);
         out
     }
 
@@ -257,45 +303,69 @@ impl Signer {
         Some(self.seal(run, &head))
     }
 
-    /// Checks a run's calls (in order) and, when `run` is given, its seal.
-    pub fn verify(
-        &self,
-        calls: &[CallRecord],
-        run: Option<&RunRecord>,
-    ) -> Result<Verified, Broken> {
+    /// Checks a run's row against its seal, and its calls (in order)
+    /// against their links and the seal's head.
+    pub fn verify(&self, calls: &[CallRecord], run: &RunRecord) -> Result<Verified, Broken> {
+        let sealed = self.check_row(run)?;
+        let (verified, head) = self.check_chain(&run.run_id, calls)?;
+        // The sealed head must be in the chain: calls dropped from the end
+        // leave it pointing past the last call.
+        let linked = calls
+            .get((sealed.seq as usize).wrapping_sub(1))
+            .and_then(|c| c.chain.as_deref());
+        if sealed.seq > 0 && linked.is_none_or(|l| !ct_eq(l.as_bytes(), sealed.link.as_bytes())) {
+            return Err(Broken::row(format!(
+                "the run was sealed with {} linked call(s) and its chain now ends at #{}: calls \
+                 were dropped or changed",
+                sealed.seq, head.seq
+            )));
+        }
+        // A run at rest has nothing after its seal; a running one may.
+        if !matches!(
+            run.status,
+            crate::records::RunStatus::Running | crate::records::RunStatus::Pending
+        ) && head.seq != sealed.seq
+        {
+            return Err(Broken::row(format!(
+                "calls #{}..#{} were added after the run was sealed",
+                sealed.seq + 1,
+                head.seq
+            )));
+        }
+        Ok(verified)
+    }
+
+    /// Checks the calls (in order) of run `run_id` against their links,
+    /// not against the run's seal (see [`Signer::verify`]).
+    pub fn verify_chain(&self, run_id: &str, calls: &[CallRecord]) -> Result<Verified, Broken> {
+        self.check_chain(run_id, calls).map(|(verified, _)| verified)
+    }
+
+    /// [`Signer::verify_chain`], and the chain's head.
+    fn check_chain(&self, run_id: &str, calls: &[CallRecord]) -> Result<(Verified, Head), Broken> {
         let mut previous = String::new();
         let mut links = 0;
         let mut signed = true;
         let mut head = Head::default();
         for (index, call) in calls.iter().enumerate() {
-            let broken = |reason: String| Broken {
-                seq: Some(call.seq),
-                reason,
-                needs_key: false,
-            };
             if call.seq != index as u64 + 1 {
-                return Err(broken(format!(
-                    "call #{} stands where #{} belongs",
+                return Err(Broken::at(
                     call.seq,
-                    index + 1
-                )));
+                    format!("call #{} stands where #{} belongs", call.seq, index + 1),
+                ));
             }
             if crate::ids::request_hash(&call.interface, &call.function, &call.request)
                 != call.request_hash
             {
-                return Err(broken("its request does not match its hash".into()));
+                return Err(Broken::at(
+                    call.seq,
+                    "its request does not match its hash",
+                ));
             }
             match &call.chain {
                 Some(found) => {
-                    let expected = self.expected_link(&previous, call, found)?;
-                    if !ct_eq(found.as_bytes(), expected.as_bytes()) {
-                        return Err(broken(
-                            "its chain link does not match its content and the calls before it"
-                                .into(),
-                        ));
-                    }
-                    signed &= found.starts_with(SIGNED);
-                    previous = expected;
+                    previous = self.check_link(run_id, &previous, call)?;
+                    signed &= is_signed(found);
                     head = Head {
                         seq: call.seq,
                         link: previous.clone(),
@@ -305,105 +375,94 @@ impl Signer {
                 // Only a call still in flight, waiting or unknown has no
                 // link, and nothing can follow it.
                 None if call.state.has_outcome() => {
-                    return Err(broken("a finished call has no chain link".into()));
+                    return Err(Broken::at(call.seq, "a finished call has no chain link"));
                 }
                 None if index + 1 != calls.len() => {
-                    return Err(broken(
-                        "an unfinished call is followed by other calls".into(),
+                    return Err(Broken::at(
+                        call.seq,
+                        "an unfinished call is followed by other calls",
                     ));
                 }
                 None => {}
             }
         }
-        let Some(seal) = run.and_then(|r| r.seal.as_deref()) else {
-            return Ok(Verified {
-                links,
-                signed: signed && self.is_keyed() && links > 0,
-                sealed: false,
-            });
-        };
-        let run = run.expect("a seal comes with its run");
-        self.check_seal(run, seal, &head, calls)?;
-        Ok(Verified {
+        let verified = Verified {
             links,
-            signed: signed && self.is_keyed() && seal.contains(SIGNED),
-            sealed: true,
-        })
+            signed: signed && self.is_keyed(),
+        };
+        Ok((verified, head))
     }
 
-    /// The link `call` should carry, in the format `found` is in; a
-    /// signed link without the key, or a plain one with it, is refused.
-    fn expected_link(
+    /// Checks the link `call` of run `run_id` carries, following
+    /// `previous`; the link, which the next call follows. A signed link
+    /// without the key, or a plain one with it, is refused.
+    pub fn check_link(
         &self,
+        run_id: &str,
         previous: &str,
         call: &CallRecord,
-        found: &str,
     ) -> Result<String, Broken> {
-        let broken = |reason: String| Broken {
-            seq: Some(call.seq),
-            reason,
-            needs_key: false,
-        };
-        let outcome = call.outcome.as_deref();
-        if found.starts_with(SIGNED) {
+        let found = call.chain.as_deref().unwrap_or("");
+        let expected = if is_signed(found) {
             if !self.is_keyed() {
                 return Err(Broken {
                     needs_key: true,
-                    ..broken(format!("its link is signed; {NEEDS_KEY}"))
+                    ..Broken::at(call.seq, format!("its link is signed; {NEEDS_KEY}"))
                 });
             }
-            return Ok(self.link(
-                previous,
-                call,
-                call.state,
-                outcome,
-                call.resolved_by.as_deref(),
+            self.expected_link(run_id, previous, call, found)
+        } else if self.is_keyed() {
+            return Err(Broken::at(
+                call.seq,
+                "its link is not signed with the chain key: it was recorded without the key, or \
+                 forged",
+            ));
+        } else {
+            self.expected_link(run_id, previous, call, found)
+        };
+        if !ct_eq(found.as_bytes(), expected.as_bytes()) {
+            return Err(Broken::at(
+                call.seq,
+                "its chain link does not match its content and the calls before it",
             ));
         }
-        if self.is_keyed() {
-            return Err(broken(
-                "its link is not signed with the chain key: it was recorded without the key, \
-                 or forged"
-                    .into(),
-            ));
-        }
-        if found.starts_with(PLAIN) {
-            return Ok(self.link(
-                previous,
-                call,
-                call.state,
-                outcome,
-                call.resolved_by.as_deref(),
-            ));
-        }
-        Ok(link_v1(previous, call))
+        Ok(expected)
     }
 
-    fn check_seal(
-        &self,
-        run: &RunRecord,
-        seal: &str,
-        head: &Head,
-        calls: &[CallRecord],
-    ) -> Result<(), Broken> {
-        let broken = |reason: String| Broken {
-            seq: None,
-            reason,
-            needs_key: false,
+    /// The link `call` should carry, in the format `found` is in.
+    fn expected_link(&self, run_id: &str, previous: &str, call: &CallRecord, found: &str) -> String {
+        if found.starts_with(SIGNED) || found.starts_with(PLAIN) {
+            self.link(run_id, previous, &Finished::recorded(call))
+        } else if found.starts_with(SIGNED_V2) || found.starts_with(PLAIN_V2) {
+            self.link_v2(previous, call)
+        } else {
+            link_v1(previous, call)
+        }
+    }
+
+    /// Checks a run's row against its seal (not its calls: see
+    /// [`Signer::verify`]); the head of the chain the seal names. A row
+    /// without a seal does not verify: every run is sealed when recorded.
+    pub fn check_row(&self, run: &RunRecord) -> Result<Head, Broken> {
+        let Some(seal) = run.seal.as_deref() else {
+            return Err(Broken::row(
+                "the run's row has no seal: every run is sealed when it is recorded, so the \
+                 seal was removed (or the run was recorded before seals, and nothing vouches \
+                 for its row)",
+            ));
         };
-        let found: Seal = serde_json::from_str(seal)
-            .map_err(|_| broken("the run's seal is not a seal".into()))?;
-        if found.chain.starts_with(SIGNED) && !self.is_keyed() {
+        let found: Seal =
+            serde_json::from_str(seal).map_err(|_| Broken::row("the run's seal is not a seal"))?;
+        if is_signed(&found.chain) && !self.is_keyed() {
             return Err(Broken {
                 needs_key: true,
-                ..broken(format!("the run's seal is signed; {NEEDS_KEY}"))
+                ..Broken::row(format!("the run's seal is signed; {NEEDS_KEY}"))
             });
         }
-        if self.is_keyed() && !found.chain.starts_with(SIGNED) {
-            return Err(broken(
+        if self.is_keyed() && !is_signed(&found.chain) {
+            return Err(Broken::row(
                 "the run's seal is not signed with the chain key: it was made without the key, \
-                 or forged"
-                    .into(),
+                 or forged",
             ));
         }
         let sealed_head = Head {
@@ -413,51 +472,90 @@ impl Signer {
         let expected = self.seal_parts(run, &sealed_head);
         let same = |a: &str, b: &str| ct_eq(a.as_bytes(), b.as_bytes());
         if !same(&found.chain, &expected.chain) {
-            return Err(broken(
-                "the run's seal does not match the calls it names: the seal was changed".into(),
+            return Err(Broken::row(
+                "the run's seal does not match the calls it names: the seal was changed",
             ));
         }
         if !same(&found.input, &expected.input) {
-            return Err(broken(
-                "the run's input was changed after it was sealed".into(),
+            return Err(Broken::row(
+                "the run's input was changed after it was sealed",
             ));
         }
         if !same(&found.module, &expected.module) {
-            return Err(broken(
-                "the run's module (digest, world or step) was changed after it was sealed".into(),
+            return Err(Broken::row(
+                "the run's module (digest, world or step) was changed after it was sealed",
             ));
         }
         if !same(&found.end, &expected.end) {
-            return Err(broken(
+            return Err(Broken::row(
                 "the run's end (status, output, error or exit code) was changed after it was \
-                 sealed"
-                    .into(),
+                 sealed",
             ));
         }
-        // The sealed head must be in the chain: calls dropped from the end
-        // leave it pointing past the last call.
-        let linked = calls
-            .iter()
-            .find(|c| c.seq == found.calls)
-            .and_then(|c| c.chain.as_deref());
-        if found.calls > 0 && linked.is_none_or(|l| !same(l, &found.head)) {
-            return Err(broken(format!(
-                "the run was sealed with {} linked call(s) and its chain now ends at #{}: calls \
-                 were dropped or changed",
-                found.calls, head.seq
-            )));
+        Ok(sealed_head)
+    }
+
+    /// What an execution checks the run's recorded calls against as it
+    /// replays them, with a key (`None` without: a plain chain anyone can
+    /// redo, so checking it on every resume would stop no one).
+    pub fn replay_check(&self, run: &RunRecord) -> Option<Result<ReplayCheck, Broken>> {
+        if !self.is_keyed() {
+            return None;
         }
-        // A run at rest has nothing after its seal; a running one may.
-        if !matches!(
-            run.status,
-            crate::records::RunStatus::Running | crate::records::RunStatus::Pending
-        ) && head.seq != found.calls
-        {
-            return Err(broken(format!(
-                "calls #{}..#{} were added after the run was sealed",
-                found.calls + 1,
-                head.seq
-            )));
+        Some(self.check_row(run).map(|sealed| ReplayCheck {
+            signer: self.clone(),
+            sealed,
+        }))
+    }
+}
+
+/// A call and how it finished, as its link covers it.
+#[derive(Debug, Clone, Copy)]
+pub struct Finished<'a> {
+    pub call: &'a CallRecord,
+    pub state: CallState,
+    pub outcome: Option<&'a str>,
+    /// Who decided, for a person's decision.
+    pub resolved_by: Option<&'a str>,
+}
+
+impl<'a> Finished<'a> {
+    /// `call` as it is recorded.
+    pub fn recorded(call: &'a CallRecord) -> Self {
+        Finished {
+            call,
+            state: call.state,
+            outcome: call.outcome.as_deref(),
+            resolved_by: call.resolved_by.as_deref(),
+        }
+    }
+}
+
+/// Checks, with a key, each recorded call an execution replays before it
+/// extends the chain or seals the run (see [`Signer::replay_check`]): an
+/// edit made to the ledger between two executions is refused, never signed.
+#[derive(Debug, Clone)]
+pub struct ReplayCheck {
+    signer: Signer,
+    /// The head the run's seal names.
+    sealed: Head,
+}
+
+impl ReplayCheck {
+    /// Calls the seal names that the history must hold.
+    pub fn sealed_calls(&self) -> u64 {
+        self.sealed.seq
+    }
+
+    /// Checks finished call `call` of run `run_id`, replayed after the
+    /// call whose link is `previous`.
+    pub fn replayed(&self, run_id: &str, previous: &str, call: &CallRecord) -> Result<(), Broken> {
+        let link = self.signer.check_link(run_id, previous, call)?;
+        if call.seq == self.sealed.seq && !ct_eq(link.as_bytes(), self.sealed.link.as_bytes()) {
+            return Err(Broken::at(
+                call.seq,
+                "its link is not the one the run's seal names: calls were changed",
+            ));
         }
         Ok(())
     }
@@ -541,7 +639,7 @@ mod tests {
                 resolved_by: None,
                 chain: None,
             };
-            let link = signer.link(&head.link, &call, call.state, call.outcome.as_deref(), None);
+            let link = signer.link("r", &head.link, &Finished::recorded(&call));
             call.chain = Some(link.clone());
             head = Head { seq, link };
             calls.push(call);
@@ -558,18 +656,15 @@ mod tests {
     #[test]
     fn a_signed_record_verifies_only_with_its_key() {
         let (run, calls) = recorded(&key(), 3);
-        let checked = key().verify(&calls, Some(&run)).unwrap();
-        assert_eq!(
-            (checked.links, checked.signed, checked.sealed),
-            (3, true, true)
-        );
-        assert!(Signer::plain().verify(&calls, Some(&run)).is_err());
+        let checked = key().verify(&calls, &run).unwrap();
+        assert_eq!((checked.links, checked.signed), (3, true));
+        assert!(Signer::plain().verify(&calls, &run).is_err());
         let other = Signer::keyed(&[8u8; 32]).unwrap();
-        assert!(other.verify(&calls, Some(&run)).is_err());
+        assert!(other.verify(&calls, &run).is_err());
         // A plain record passes for unsigned, never for signed.
         let (run, calls) = recorded(&Signer::plain(), 3);
-        assert!(!Signer::plain().verify(&calls, Some(&run)).unwrap().signed);
-        assert!(key().verify(&calls, Some(&run)).is_err());
+        assert!(!Signer::plain().verify(&calls, &run).unwrap().signed);
+        assert!(key().verify(&calls, &run).is_err());
     }
 
     #[test]
@@ -578,7 +673,7 @@ mod tests {
         let broken = |edit: &dyn Fn(&mut RunRecord)| {
             let (mut run, calls) = recorded(&signer, 2);
             edit(&mut run);
-            signer.verify(&calls, Some(&run)).unwrap_err().reason
+            signer.verify(&calls, &run).unwrap_err().reason
         };
         assert!(broken(&|r| r.input = "{}".into()).contains("input"));
         assert!(broken(&|r| r.module_digest = "m2".into()).contains("module"));
@@ -588,11 +683,77 @@ mod tests {
         calls.pop();
         assert!(
             signer
-                .verify(&calls, Some(&run))
+                .verify(&calls, &run)
                 .unwrap_err()
                 .reason
                 .contains("dropped")
         );
+    }
+
+    #[test]
+    fn a_row_stripped_of_its_seal_does_not_verify_with_a_key_or_without() {
+        for signer in [key(), Signer::plain()] {
+            let (mut run, mut calls) = recorded(&signer, 3);
+            run.seal = None;
+            run.output = Some(r#"{"forged":true}"#.into());
+            calls.pop();
+            let broken = signer.verify(&calls, &run).unwrap_err();
+            assert!(broken.reason.contains("no seal"), "{broken}");
+            assert!(signer.check_row(&run).is_err());
+        }
+    }
+
+    #[test]
+    fn calls_moved_from_another_run_break_their_links() {
+        let signer = key();
+        let (run, calls) = recorded(&signer, 2);
+        let mut other = run.clone();
+        other.run_id = "other".into();
+        other.seal = Some(signer.seal(
+            &other,
+            &Head {
+                seq: 2,
+                link: calls[1].chain.clone().unwrap(),
+            },
+        ));
+        let broken = signer.verify(&calls, &other).unwrap_err();
+        assert_eq!(broken.seq, Some(1), "{broken}");
+    }
+
+    #[test]
+    fn links_of_the_second_format_still_verify() {
+        let signer = key();
+        let (mut run, mut calls) = recorded(&signer, 2);
+        let mut previous = String::new();
+        for call in &mut calls {
+            call.chain = Some(signer.link_v2(&previous, call));
+            previous = call.chain.clone().unwrap();
+        }
+        run.seal = Some(signer.seal(
+            &run,
+            &Head {
+                seq: 2,
+                link: previous,
+            },
+        ));
+        assert_eq!(signer.verify(&calls, &run).unwrap().links, 2);
+    }
+
+    #[test]
+    fn a_replay_check_refuses_an_edited_call_and_a_moved_seal_head() {
+        let signer = key();
+        let (run, mut calls) = recorded(&signer, 3);
+        let check = signer.replay_check(&run).unwrap().unwrap();
+        assert_eq!(check.sealed_calls(), 3);
+        let mut previous = String::new();
+        for call in &calls {
+            check.replayed("r", &previous, call).unwrap();
+            previous = call.chain.clone().unwrap();
+        }
+        calls[1].outcome = Some(r#"{"ok":"edited"}"#.into());
+        let link_1 = calls[0].chain.clone().unwrap();
+        assert!(check.replayed("r", &link_1, &calls[1]).is_err());
+        assert!(Signer::plain().replay_check(&run).is_none());
     }
 
     #[test]

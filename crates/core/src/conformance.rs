@@ -831,17 +831,14 @@ pub fn a_person_approves_a_waiting_call_once_and_the_run_is_due_with_a_new_fence
     // The decision is linked with who made it, and the run's row sealed
     // with it as the chain's head.
     let link = Signer::plain().link(
+        "ap",
         "",
-        decided,
-        decided.state,
-        decided.outcome.as_deref(),
-        Some("ana"),
+        &crate::chain::Finished::recorded(decided),
     );
     assert_eq!(decided.chain.as_deref(), Some(link.as_str()));
-    let checked = Signer::plain()
-        .verify(&calls_of(store.as_ref(), "ap"), Some(&run))
-        .unwrap();
-    assert!(checked.sealed, "the backend dropped the seal: {run:?}");
+    Signer::plain()
+        .verify(&calls_of(store.as_ref(), "ap"), &run)
+        .unwrap_or_else(|broken| panic!("the backend dropped or changed the seal ({broken}): {run:?}"));
     let outcome: serde_json::Value =
         serde_json::from_str(decided.outcome.as_deref().unwrap()).unwrap();
     let decided: serde_json::Value = serde_json::from_str(outcome["ok"].as_str().unwrap()).unwrap();

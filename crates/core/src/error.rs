@@ -98,6 +98,14 @@ pub enum StoreError {
     NotAppended { run_id: String, seq: u64 },
     #[error("ledger data is corrupt: {0}")]
     Corrupt(String),
+    /// The run's record does not verify against the chain key: it was
+    /// changed after it was written, and is not claimed, decided or
+    /// repinned (which would sign the change).
+    #[error(
+        "run {run_id}'s record does not verify ({reason}): it was changed after it was written; \
+         check it with `stephost verify {run_id}` and restore the ledger from a backup"
+    )]
+    Integrity { run_id: String, reason: String },
     /// The ledger could not be reached or written (I/O, a lost connection,
     /// a lock held too long): the operation may succeed if tried again.
     #[error("ledger unavailable: {0}")]

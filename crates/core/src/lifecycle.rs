@@ -271,6 +271,24 @@ pub fn claim_read(
     Ok(claim)
 }
 
+/// With a key, refuses a run whose row does not match its seal (or has
+/// none): whoever claims it would extend the chain and seal the change with
+/// the real key. Its calls are checked as the execution replays them
+/// ([`crate::chain::ReplayCheck`]). Without a key the seal is a plain hash
+/// anyone can redo, and nothing is refused.
+pub fn check_sealed(signer: &crate::chain::Signer, run: &RunRecord) -> Result<(), StoreError> {
+    if !signer.is_keyed() {
+        return Ok(());
+    }
+    signer
+        .check_row(run)
+        .map(|_| ())
+        .map_err(|broken| StoreError::Integrity {
+            run_id: run.run_id.clone(),
+            reason: broken.to_string(),
+        })
+}
+
 /// Extends `claim`'s lease to `now_ms` + its lease time. `Ok(false)`: the
 /// claim ended by its own holder meanwhile (the run finished, waits or was
 /// released), so there is nothing to renew; [`StoreError::Fenced`]: another
@@ -355,6 +373,7 @@ pub fn repin(
     {
         return Err(conflict());
     }
+    crate::settle::check_record(store, signer, &run)?;
     // The fence moves, and a lapsed claim goes with it: an execution of the
     // old build that was stalled (not dead) is refused at its next write.
     let row = RunRecord {

@@ -7,7 +7,7 @@
 //! execution's end) is read again and the rules checked again.
 
 use crate::approvals::{self, Decision, Verdict};
-use crate::chain::{Head, Signer};
+use crate::chain::{Finished, Head, Signer};
 use crate::lifecycle::{self, CAS_TRIES_MAX};
 use crate::outcome::{CallErrorKind, Outcome};
 use crate::records::{CallRecord, CallState, Counters, RunRecord};
@@ -180,12 +180,22 @@ fn settle(
     let mut last = None;
     for _ in 0..CAS_TRIES_MAX {
         let run = store.run(run_id)?;
+        check_record(store, signer, &run)?;
         let (previous, call) = call_and_previous(store, &run, seq)?;
         let call = call.ok_or_else(missing)?;
         check(&call)?;
         let state = outcome.state();
         let text = outcome.to_json();
-        let chain = signer.link(&previous, &call, state, Some(&text), Some(by));
+        let chain = signer.link(
+            run_id,
+            &previous,
+            &Finished {
+                call: &call,
+                state,
+                outcome: Some(&text),
+                resolved_by: Some(by),
+            },
+        );
         let mut row = lifecycle::settled(&run, now_ms);
         row.seal = Some(signer.seal(
             &row,
@@ -218,6 +228,24 @@ fn settle(
         }
     }
     Err(last.unwrap_or_else(|| StoreError::Unavailable("settlement kept conflicting".into())))
+}
+
+/// With a key, refuses to decide on (and so to sign) a run whose record
+/// does not verify: an edit made since its last event would be sealed with
+/// the real key. Without one the chain is plain, and checking it stops no
+/// one.
+pub fn check_record(store: &dyn Store, signer: &Signer, run: &RunRecord) -> StoreResult<()> {
+    if !signer.is_keyed() {
+        return Ok(());
+    }
+    let calls = store.calls(&run.run_id, 1, usize::MAX)?;
+    signer
+        .verify(&calls, run)
+        .map(|_| ())
+        .map_err(|broken| StoreError::Integrity {
+            run_id: run.run_id.clone(),
+            reason: broken.to_string(),
+        })
 }
 
 /// Call `seq` of `run` and the chain link of the call before it.

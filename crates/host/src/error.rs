@@ -28,8 +28,10 @@ pub mod exit {
 
 #[derive(Debug, thiserror::Error)]
 pub enum HostError {
+    /// A ledger error (a record that does not verify is
+    /// [`HostError::Integrity`] instead).
     #[error(transparent)]
-    Ledger(#[from] StoreError),
+    Ledger(StoreError),
     #[error(transparent)]
     Module(#[from] ModuleError),
     #[error(transparent)]
@@ -53,11 +55,21 @@ pub enum HostError {
     Fenced(String),
     #[error("{0}")]
     VersionMismatch(String),
-    /// Stored bytes do not match the digest they are kept under.
+    /// Stored bytes do not match the digest they are kept under, or a run's
+    /// record does not verify against the chain key.
     #[error("{0}")]
     Integrity(String),
     #[error("internal error: {0}")]
     Internal(String),
+}
+
+impl From<StoreError> for HostError {
+    fn from(e: StoreError) -> Self {
+        match e {
+            StoreError::Integrity { .. } => HostError::Integrity(e.to_string()),
+            other => HostError::Ledger(other),
+        }
+    }
 }
 
 impl HostError {

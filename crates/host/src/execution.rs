@@ -193,6 +193,9 @@ pub fn conclude(
         Some(Stop::LedgerRead { message, corrupt }) => {
             return done(writer, Err(HostError::reading_calls(message, corrupt)));
         }
+        // A record that does not verify: nothing more is written, so the
+        // change is never sealed; the claim lapses.
+        Some(Stop::Integrity(m)) => return done(writer, Err(HostError::Integrity(m))),
         // Damaged records: leave the run as it is for a person to look at.
         Some(Stop::Corrupt(m)) => {
             return done(writer, Err(stephost_core::StoreError::Corrupt(m).into()));

@@ -20,7 +20,7 @@ pub fn fixture(data: &[u8]) {
     };
     if let Ok(fixture) = crate::replay::Fixture::parse(text) {
         let run = fixture.run_record();
-        let _ = stephost_core::chain::Signer::plain().verify(&fixture.calls, Some(&run));
+        let _ = stephost_core::chain::Signer::plain().verify(&fixture.calls, &run);
     }
 }
 

@@ -63,6 +63,10 @@ pub const COUNTERS: &[(&str, &str)] = &[
         "Claims whose lease could not be renewed (the run was stopped).",
     ),
     (
+        "integrity_refusal_total",
+        "Runs a worker did not claim, or stopped, because their record does not verify against the chain key (counted when the worker exits).",
+    ),
+    (
         "group_commit_commit_total",
         "Commits of runs handed to a worker's group committer (counted when the worker exits).",
     ),

@@ -225,6 +225,7 @@ impl Host {
 
     /// Claims `run` for this host, as a person resuming it does.
     fn claim(&self, run: &RunRecord) -> Result<Claim, HostError> {
+        lifecycle::check_sealed(&self.options.signer, run)?;
         let claim = lifecycle::claim_read(
             self.store.as_ref(),
             run,

@@ -289,13 +289,12 @@ pub fn resolve(
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(tag = "result", rename_all = "snake_case")]
 pub enum Verification {
+    /// The row matches its seal and every call its link.
     Intact {
         calls: usize,
         links: usize,
         /// Every link and the seal are HMACs under the configured key.
         signed: bool,
-        /// The run's row (input, module, end, chain head) was checked too.
-        sealed: bool,
     },
     Broken {
         /// The call where the chain breaks; none when the run's row does
@@ -307,14 +306,13 @@ pub enum Verification {
     NeedsKey { reason: String },
 }
 
-/// Checks a run's chain of calls and, given its row, the row's seal.
-pub fn verify(signer: &Signer, calls: &[CallRecord], run: Option<&RunRecord>) -> Verification {
+/// Checks a run's row against its seal and its chain of calls.
+pub fn verify(signer: &Signer, calls: &[CallRecord], run: &RunRecord) -> Verification {
     match signer.verify(calls, run) {
         Ok(v) => Verification::Intact {
             calls: calls.len(),
             links: v.links,
             signed: v.signed,
-            sealed: v.sealed,
         },
         Err(broken) if broken.needs_key => Verification::NeedsKey {
             reason: broken.reason,

@@ -74,6 +74,9 @@ pub struct WorkerReport {
     pub abandoned: usize,
     pub claim_conflicts: usize,
     pub lease_losses: usize,
+    /// Runs not claimed, or stopped, because their record does not verify
+    /// against the chain key.
+    pub integrity_refusals: usize,
     /// How the runs' commits shared transactions and fsyncs (with
     /// `concurrency` above 1; zeros otherwise).
     pub commits: CommitCounts,
@@ -82,6 +85,50 @@ pub struct WorkerReport {
 struct Active {
     claim: Claim,
     control: Arc<RunControl>,
+}
+
+/// Runs a worker will not claim again: their record does not verify. Kept
+/// by run id and the row's version, so a run whose row changes (restored
+/// from a backup) is looked at again; bounded.
+#[derive(Default)]
+struct Refused(std::collections::HashSet<(String, i64)>);
+
+impl Refused {
+    /// Most runs remembered; past it the set starts over.
+    const RUNS_MAX: usize = 10_000;
+
+    fn contains(&self, run: &stephost_core::RunRecord) -> bool {
+        self.0.contains(&(run.run_id.clone(), run.version))
+    }
+
+    /// Whether the run was refused at any version.
+    fn contains_run(&self, run_id: &str) -> bool {
+        self.0.iter().any(|(id, _)| id == run_id)
+    }
+
+    fn insert(&mut self, run: &stephost_core::RunRecord) {
+        self.remember(run.run_id.clone(), run.version);
+    }
+
+    fn remember(&mut self, run_id: String, version: i64) {
+        if self.0.len() >= Self::RUNS_MAX {
+            self.0.clear();
+        }
+        self.0.insert((run_id, version));
+    }
+
+    /// A run this worker executed stopped on a record that does not
+    /// verify (its calls, checked as they were replayed): its claim lapses
+    /// and it is not claimed again, at the version its row has now.
+    fn note(&mut self, store: &dyn Store, finished: &Finished, report: &mut WorkerReport) {
+        let (run_id, result) = finished;
+        if let Err(HostError::Integrity(_)) = result {
+            report.integrity_refusals += 1;
+            if let Ok(run) = store.run(run_id) {
+                self.insert(&run);
+            }
+        }
+    }
 }
 
 type Finished = (String, Result<RunReport, HostError>);
@@ -155,6 +202,10 @@ pub fn run(
         false => options.poll_ms,
     });
     let mut report = WorkerReport::default();
+    // Runs whose record does not verify (by id and the version seen): not
+    // claimed again until their row changes.
+    let mut refused = Refused::default();
+    let signer = host_options.signer.clone();
     let mut last_renewal = Instant::now();
     let renew_every = Duration::from_millis((options.lease_ms / 3).max(10) as u64);
 
@@ -162,6 +213,7 @@ pub fn run(
         loop {
             while let Ok(event) = done_rx.try_recv() {
                 if let Event::Finished(finished) = event {
+                    refused.note(store.as_ref(), &finished, &mut report);
                     collect(&active, &mut report, finished);
                 }
             }
@@ -204,6 +256,7 @@ pub fn run(
                         break;
                     }
                     if active_lock(&active).contains_key(&run.run_id)
+                        || refused.contains(run)
                         || lifecycle::check_claimable(
                             run,
                             &options.worker_id,
@@ -213,6 +266,12 @@ pub fn run(
                         )
                         .is_err()
                     {
+                        continue;
+                    }
+                    if let Err(e) = lifecycle::check_sealed(&signer, run) {
+                        eprintln!("stephost worker: not claiming run {}: {e}", run.run_id);
+                        refused.insert(run);
+                        report.integrity_refusals += 1;
                         continue;
                     }
                     let claim = match lifecycle::claim_read(
@@ -276,10 +335,12 @@ pub fn run(
                 if options.exit_when_idle && active_lock(&active).is_empty() {
                     let now = stephost_core::clock::now_ms();
                     // Nothing due, and nobody else holds a run that may
-                    // come back (a held run is due when its lease runs out).
+                    // come back (a held run is due when its lease runs out);
+                    // runs refused for their record do not count.
                     let idle = store.due_runs(64).is_ok_and(|runs| {
-                        runs.iter()
-                            .all(|r| r.status != RunStatus::Running && !lifecycle::is_due(r, now))
+                        runs.iter().filter(|r| !refused.contains_run(&r.run_id)).all(|r| {
+                            r.status != RunStatus::Running && !lifecycle::is_due(r, now)
+                        })
                     });
                     if idle {
                         break;
@@ -293,6 +354,7 @@ pub fn run(
                 });
                 let wait = until_due.map_or(poll, |d| d.min(poll));
                 if let Ok(Event::Finished(finished)) = done_rx.recv_timeout(wait) {
+                    refused.note(store.as_ref(), &finished, &mut report);
                     collect(&active, &mut report, finished);
                 }
             }
@@ -500,6 +562,10 @@ fn counters(report: &WorkerReport) -> Counters {
     let mut c = Counters::new();
     c.insert("claim_conflict_total", report.claim_conflicts as i64);
     c.insert("lease_loss_total", report.lease_losses as i64);
+    c.insert(
+        "integrity_refusal_total",
+        report.integrity_refusals as i64,
+    );
     let commits = &report.commits;
     c.insert("group_commit_commit_total", commits.commits as i64);
     c.insert(

@@ -308,7 +308,7 @@ async fn verify(
         app.with_host(move |host| {
             let run = host.store().run(&run_id)?;
             let calls = host.store().calls(&run_id, 1, usize::MAX)?;
-            Ok(service::verify(&host.options().signer, &calls, Some(&run)))
+            Ok(service::verify(&host.options().signer, &calls, &run))
         })
         .await?,
     ))

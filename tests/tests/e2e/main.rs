@@ -11,6 +11,7 @@ mod languages;
 mod run_replay;
 mod server;
 mod suspension;
+mod tamper;
 mod unknown_outcome;
 mod versioning;
 mod workers;

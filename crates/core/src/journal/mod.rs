@@ -21,7 +21,7 @@ use std::collections::HashMap;
 
 use serde::Serialize;
 
-use crate::chain::{Head, Signer};
+use crate::chain::{Finished, Head, ReplayCheck, Signer};
 use crate::crash;
 use crate::error::StoreError;
 use crate::history::History;
@@ -268,6 +268,22 @@ pub enum Stop {
     /// its claim is released for another worker.
     #[error("released at call #{seq}: the worker is shutting down")]
     Released { seq: u64 },
+    /// The run's record does not verify against the chain key: it was
+    /// changed after it was written. The execution writes nothing more
+    /// (no outcome, no end, no seal): a person looks at it.
+    #[error("{0}")]
+    Integrity(String),
+}
+
+impl Stop {
+    /// The stop of an execution whose run's record does not verify.
+    pub fn integrity(run_id: &str, broken: &crate::chain::Broken) -> Stop {
+        Stop::Integrity(format!(
+            "run {run_id}'s record does not verify ({broken}): it was changed after it was \
+             written, so it is not resumed, extended or sealed; check it with `stephost verify \
+             {run_id}` and restore the ledger from a backup"
+        ))
+    }
 }
 
 impl Stop {
@@ -410,10 +426,13 @@ pub struct Journal {
 /// The head of a run's chain as an execution extends it.
 #[derive(Default)]
 struct ChainState {
+    run_id: String,
     signer: Signer,
     head: Head,
     /// The run's row as this execution found it, to seal at its end.
     run: Option<Box<RunRecord>>,
+    /// With a key: what each replayed call is checked against.
+    check: Option<ReplayCheck>,
 }
 
 /// Seals a run's row as an execution's end leaves it.
@@ -446,8 +465,14 @@ impl ChainState {
             return None;
         }
         let mut link = String::new();
+        let finished = Finished {
+            call,
+            state,
+            outcome,
+            resolved_by: None,
+        };
         self.signer
-            .link_into(&mut link, &self.head.link, call, state, outcome, None);
+            .link_into(&mut link, &self.run_id, &self.head.link, &finished);
         self.head.link.clone_from(&link);
         self.head.seq = call.seq;
         Some(link)
@@ -486,7 +511,10 @@ impl Journal {
             counters: Counters::new(),
             pending: Vec::new(),
             outcome_pending: false,
-            chain: ChainState::default(),
+            chain: ChainState {
+                run_id: run_id.to_string(),
+                ..ChainState::default()
+            },
             request_hashes: None,
             chain_at: None,
             control: None,
@@ -585,8 +613,33 @@ impl Journal {
     }
 
     /// Links this execution's calls with `signer` (plain by default), and
-    /// seals `run`'s row at the execution's end ([`Journal::seal_end`]).
+    /// seals `run`'s row at the execution's end ([`Journal::end_sealer`]).
+    /// With a key, the run's row is checked against its seal now, and each
+    /// recorded call as it is replayed: a record changed between two
+    /// executions stops this one before it writes anything.
     pub fn set_signer(&mut self, signer: Signer, run: &RunRecord) {
+        self.chain.check = match signer.replay_check(run) {
+            None => None,
+            Some(Ok(check)) if check.sealed_calls() > self.history.len() as u64 => {
+                let broken = crate::chain::Broken {
+                    seq: None,
+                    reason: format!(
+                        "the run was sealed with {} linked call(s) and the ledger holds {}: \
+                         calls were dropped",
+                        check.sealed_calls(),
+                        self.history.len()
+                    ),
+                    needs_key: false,
+                };
+                self.set_stop(Stop::integrity(run.run_id.as_str(), &broken));
+                None
+            }
+            Some(Ok(check)) => Some(check),
+            Some(Err(broken)) => {
+                self.set_stop(Stop::integrity(run.run_id.as_str(), &broken));
+                None
+            }
+        };
         self.chain.signer = signer;
         self.chain.run = Some(Box::new(run.clone()));
     }
@@ -875,6 +928,19 @@ impl Journal {
         self.next_seq += 1;
         match recorded.state {
             CallState::Succeeded | CallState::Failed => {
+                if let Some(check) = &self.chain.check {
+                    let previous = match index.checked_sub(1) {
+                        Some(before) => self
+                            .history
+                            .arrived(before)
+                            .and_then(|c| c.chain.as_deref())
+                            .unwrap_or(""),
+                        None => "",
+                    };
+                    check
+                        .replayed(&self.run_id, previous, recorded)
+                        .map_err(|broken| Stop::integrity(&self.run_id, &broken))?;
+                }
                 self.stats.replayed += 1;
                 self.chain_at = Some(index);
                 let outcome = parse_outcome(recorded)?;

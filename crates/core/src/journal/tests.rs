@@ -225,7 +225,7 @@ fn live_calls_are_recorded_and_a_resume_replays_them_without_performing() {
     );
     assert_eq!(
         crate::chain::Signer::plain()
-            .verify(&fx.calls(), None)
+            .verify_chain(RUN, &fx.calls())
             .map(|v| v.links),
         Ok(3)
     );
@@ -689,7 +689,7 @@ fn the_chain_goes_on_from_the_recorded_calls_across_a_resume() {
     fx.end(second, completed());
     assert_eq!(
         crate::chain::Signer::plain()
-            .verify(&fx.calls(), None)
+            .verify_chain(RUN, &fx.calls())
             .map(|v| v.links),
         Ok(4)
     );
