@@ -180,6 +180,19 @@ fn poll_oneoff(
     if count == 0 {
         return Ok(INVAL);
     }
+    // The subscriptions (and the events written back) must lie within the
+    // guest's memory before anything is allocated for them: a count the
+    // guest chose is not a size to allocate.
+    let size = memory.data_size(&caller);
+    let within = |at: i32, each: usize| {
+        count
+            .checked_mul(each)
+            .and_then(|len| (at as u32 as usize).checked_add(len))
+            .is_some_and(|end| end <= size)
+    };
+    if !within(subscriptions, SUBSCRIPTION) || !within(events, EVENT) {
+        return Ok(FAULT);
+    }
     let mut raw = vec![0u8; count * SUBSCRIPTION];
     if memory
         .read(&caller, subscriptions as u32 as usize, &mut raw)

@@ -10,6 +10,8 @@
  * optional trailing newline allowed), it exits with code N; otherwise 0.
  * If stdin is "sleep=N", it first sleeps N milliseconds (nanosleep: one
  * WASI poll_oneoff on a clock).
+ * If stdin is "poll=huge", it asks poll_oneoff about 0xFFFFFFFF
+ * subscriptions (a hostile guest) and prints {"poll_errno":N} instead.
  * Bytes of stdin that are not valid UTF-8 are written as U+FFFD.
  */
 #include <stdint.h>
@@ -18,6 +20,7 @@
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
+#include <wasi/api.h>
 
 /* All of stdin, malloc'd; *len gets its length. Exits with 1 on failure. */
 static char *read_stdin(size_t *len) {
@@ -97,6 +100,14 @@ static int exit_code(const char *s, size_t len) {
 int main(void) {
     size_t len;
     char *input = read_stdin(&len);
+    if (len >= 9 && memcmp(input, "poll=huge", 9) == 0) {
+        __wasi_subscription_t sub = {0};
+        __wasi_event_t event;
+        __wasi_size_t n = 0;
+        __wasi_errno_t err = __wasi_poll_oneoff(&sub, &event, 0xFFFFFFFFu, &n);
+        printf("{\"poll_errno\":%d}\n", (int)err);
+        return 0;
+    }
     if (len > 6 && memcmp(input, "sleep=", 6) == 0) {
         long ms = 0;
         for (size_t i = 6; i < len && input[i] >= '0' && input[i] <= '9'; i++)

@@ -349,6 +349,38 @@ fn a_wasi_preview1_program_is_a_step_and_keeps_its_exit_code() {
 }
 
 #[test]
+fn a_hostile_poll_oneoff_count_is_a_fault_not_a_host_abort() {
+    let module = build("tests/guests/c-command/build.sh", "c_command.wasm");
+    let sb = Sandbox::new(BIN);
+    // Under an address-space limit, as workers often run: an allocation
+    // sized by the guest's count would abort the host.
+    let mut limited = std::process::Command::new("sh");
+    let args = sb.command(&["run", &module, "--input", r#""poll=huge""#, "--run-id", "p"]);
+    limited
+        .arg("-c")
+        .arg("ulimit -v 8000000 && exec \"$0\" \"$@\"")
+        .arg(args.get_program())
+        .args(args.get_args())
+        .current_dir(args.get_current_dir().expect("the sandbox"));
+    for (name, value) in args.get_envs() {
+        match value {
+            Some(value) => limited.env(name, value),
+            None => limited.env_remove(name),
+        };
+    }
+    let out = limited.output().expect("start stephost");
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let output: Value = serde_json::from_slice(&out.stdout).expect("JSON output");
+    // EFAULT: the subscriptions do not fit in the guest's memory.
+    assert_eq!(output["poll_errno"], 21, "{output}");
+}
+
+#[test]
 fn a_command_printing_text_gets_a_json_string_output() {
     let sb = Sandbox::new(BIN);
     let ran = sb.run(guests::COMMAND, r#""text""#, "t-1");
