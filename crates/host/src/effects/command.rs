@@ -9,7 +9,11 @@
 //! folder (a relative program path is resolved there). When it ends, or its
 //! timeout passes, the whole group is killed: a process it left in the
 //! background cannot hold its output open or outlive it. Its output is read
-//! up to the payload limit.
+//! up to the payload limit. The timeout holds whatever the command does: a
+//! process it started outside its group (`setsid`) that keeps the pipes
+//! open makes the attempt a timeout, not a wait. A program that cannot be
+//! started for want of descriptors, processes or memory is retryable (it
+//! never ran); a missing or forbidden one is a refusal.
 //!
 //! Exit status: 0 is success; 75 (`EX_TEMPFAIL`) is retryable, as is a
 //! timeout or a kill by signal; any other is a refusal, final only if the
@@ -59,6 +63,9 @@ pub struct CommandEffect {
 struct Finished {
     status: Option<i32>,
     timed_out: bool,
+    /// It exited before its timeout, but a process it started outside its
+    /// process group kept its output open past it.
+    held_open: bool,
     stdout: Output,
     stderr: Output,
 }
@@ -110,64 +117,259 @@ impl CommandEffect {
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()
-            .map_err(|e| Failure::Rejected(format!("cannot start {program}: {e}")))?;
+            .map_err(|e| spawn_failure(program, &e))?;
         let group = child.id();
-        let mut input = child.stdin.take();
-        let stdin_text = stdin.to_string();
-        let writer = std::thread::spawn(move || {
-            if let Some(pipe) = input.as_mut() {
-                let _ = pipe.write_all(stdin_text.as_bytes());
-            }
-        });
-        let limit = self.options.output_bytes_max;
-        let out = child.stdout.take();
-        let err = child.stderr.take();
-        let reader = std::thread::spawn(move || read_bounded(out, limit));
-        let err_reader = std::thread::spawn(move || read_bounded(err, limit));
         let deadline = Instant::now() + self.options.timeout;
+        let mut pipes = Pipes::new(
+            child.stdin.take(),
+            child.stdout.take(),
+            child.stderr.take(),
+            stdin.as_bytes().to_vec(),
+            self.options.output_bytes_max,
+        );
+        let mut status = None;
         let mut timed_out = false;
-        let status = loop {
-            match child.try_wait() {
-                Ok(Some(status)) => break status,
-                Ok(None) if Instant::now() >= deadline => {
-                    timed_out = true;
-                    kill_group(group);
-                    break child
-                        .wait()
-                        .map_err(|e| Failure::retryable(format!("{program}: {e}")))?;
-                }
-                Ok(None) => std::thread::sleep(Duration::from_millis(5)),
-                Err(e) => {
-                    kill_group(group);
-                    return Err(Failure::retryable(format!("{program}: {e}")));
+        let mut held_open = false;
+        // Until the command has exited and its output ended, or the
+        // deadline: whichever comes first. A process that left the group
+        // (`setsid`) may hold the pipes open after the group is killed; the
+        // deadline holds all the same.
+        loop {
+            if status.is_none() {
+                match child.try_wait() {
+                    Ok(Some(exited)) => {
+                        status = Some(exited);
+                        // What it left behind in its group goes with it.
+                        kill_group(group);
+                    }
+                    Ok(None) => {}
+                    Err(e) => {
+                        kill_group(group);
+                        return Err(Failure::retryable(format!("{program}: {e}")));
+                    }
                 }
             }
-        };
-        // What it left behind goes with it, and its output ends here.
+            if status.is_some() && pipes.output_ended() {
+                break;
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                timed_out = true;
+                held_open = status.is_some();
+                break;
+            }
+            // While it runs, look at it again every few milliseconds.
+            let wait = match status {
+                None => POLL_WAIT.min(deadline - now),
+                Some(_) => deadline - now,
+            };
+            pipes.pump(wait);
+        }
         kill_group(group);
-        let _ = writer.join();
+        let status = match status {
+            Some(status) => status,
+            None => child
+                .wait()
+                .map_err(|e| Failure::retryable(format!("{program}: {e}")))?,
+        };
+        let (stdout, stderr) = pipes.finish();
         Ok(Finished {
             status: status.code(),
             timed_out,
-            stdout: reader.join().unwrap_or_default(),
-            stderr: err_reader.join().unwrap_or_default(),
+            held_open,
+            stdout,
+            stderr,
         })
     }
 }
 
-/// Reads `pipe` to its end, keeping at most `limit` bytes; past them the
-/// pipe is closed (a writer then fails or is killed with its group).
-fn read_bounded(pipe: Option<impl Read>, limit: usize) -> Output {
-    let Some(pipe) = pipe else {
-        return Output::default();
-    };
-    let mut bytes = Vec::new();
-    let _ = pipe.take(limit as u64 + 1).read_to_end(&mut bytes);
-    let cut = bytes.len() > limit;
-    bytes.truncate(limit);
-    Output {
-        text: String::from_utf8_lossy(&bytes).into_owned(),
-        cut,
+/// How often a running command is looked at while its pipes are quiet.
+const POLL_WAIT: Duration = Duration::from_millis(5);
+
+/// Why a command could not be started: a resource the host lacks for now
+/// (file descriptors, processes, memory) is worth another attempt, and the
+/// command never ran; a missing or forbidden program is a refusal.
+fn spawn_failure(program: &str, e: &std::io::Error) -> Failure {
+    let message = format!("cannot start {program}: {e}");
+    match e.raw_os_error() {
+        Some(libc::EMFILE | libc::ENFILE | libc::EAGAIN | libc::ENOMEM) => {
+            Failure::not_received(message)
+        }
+        _ => Failure::Rejected(message),
+    }
+}
+
+/// A command's three pipes, driven from one thread without blocking: the
+/// request written to stdin, stdout and stderr read up to the limit (past
+/// it the pipe is closed: a writer then fails or is killed with its group).
+struct Pipes {
+    stdin: Option<std::process::ChildStdin>,
+    input: Vec<u8>,
+    written: usize,
+    stdout: Stream<std::process::ChildStdout>,
+    stderr: Stream<std::process::ChildStderr>,
+}
+
+struct Stream<R> {
+    pipe: Option<R>,
+    bytes: Vec<u8>,
+    limit: usize,
+}
+
+impl<R: Read + std::os::fd::AsRawFd> Stream<R> {
+    fn new(pipe: Option<R>, limit: usize) -> Self {
+        if let Some(p) = &pipe {
+            nonblocking(p.as_raw_fd());
+        }
+        Stream {
+            pipe,
+            bytes: Vec::new(),
+            limit,
+        }
+    }
+
+    /// Reads what is there; closes the pipe at its end or past the limit.
+    fn read(&mut self) {
+        let Some(pipe) = self.pipe.as_mut() else {
+            return;
+        };
+        let mut chunk = [0u8; 16 * 1024];
+        loop {
+            match pipe.read(&mut chunk) {
+                Ok(0) => {
+                    self.pipe = None;
+                    return;
+                }
+                Ok(n) => {
+                    self.bytes.extend_from_slice(&chunk[..n]);
+                    if self.bytes.len() > self.limit {
+                        self.pipe = None;
+                        return;
+                    }
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return,
+                Err(_) => {
+                    self.pipe = None;
+                    return;
+                }
+            }
+        }
+    }
+
+    fn output(self) -> Output {
+        let cut = self.bytes.len() > self.limit;
+        let mut bytes = self.bytes;
+        bytes.truncate(self.limit);
+        Output {
+            text: String::from_utf8_lossy(&bytes).into_owned(),
+            cut,
+        }
+    }
+}
+
+impl Pipes {
+    fn new(
+        stdin: Option<std::process::ChildStdin>,
+        stdout: Option<std::process::ChildStdout>,
+        stderr: Option<std::process::ChildStderr>,
+        input: Vec<u8>,
+        limit: usize,
+    ) -> Self {
+        use std::os::fd::AsRawFd;
+        if let Some(p) = &stdin {
+            nonblocking(p.as_raw_fd());
+        }
+        let mut pipes = Pipes {
+            stdin,
+            input,
+            written: 0,
+            stdout: Stream::new(stdout, limit),
+            stderr: Stream::new(stderr, limit),
+        };
+        pipes.write();
+        pipes
+    }
+
+    /// Whether stdout and stderr have both ended (or were closed).
+    fn output_ended(&self) -> bool {
+        self.stdout.pipe.is_none() && self.stderr.pipe.is_none()
+    }
+
+    /// Writes what the stdin pipe takes; closes it once all is written (or
+    /// the command closed its end).
+    fn write(&mut self) {
+        let Some(pipe) = self.stdin.as_mut() else {
+            return;
+        };
+        while self.written < self.input.len() {
+            match pipe.write(&self.input[self.written..]) {
+                Ok(n) => self.written += n,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return,
+                Err(_) => break,
+            }
+        }
+        self.stdin = None;
+    }
+
+    /// Waits up to `wait` for any pipe to be ready, then moves what it can.
+    fn pump(&mut self, wait: Duration) {
+        use std::os::fd::AsRawFd;
+        let mut fds = Vec::with_capacity(3);
+        if let Some(p) = &self.stdin {
+            fds.push(libc::pollfd {
+                fd: p.as_raw_fd(),
+                events: libc::POLLOUT,
+                revents: 0,
+            });
+        }
+        for fd in [
+            self.stdout.pipe.as_ref().map(|p| p.as_raw_fd()),
+            self.stderr.pipe.as_ref().map(|p| p.as_raw_fd()),
+        ]
+        .into_iter()
+        .flatten()
+        {
+            fds.push(libc::pollfd {
+                fd,
+                events: libc::POLLIN,
+                revents: 0,
+            });
+        }
+        if fds.is_empty() {
+            std::thread::sleep(wait);
+            return;
+        }
+        let millis = i32::try_from(wait.as_millis().max(1)).unwrap_or(i32::MAX);
+        // SAFETY: poll(2) reads and writes `fds.len()` pollfd entries of a
+        // vector we own, which outlives the call.
+        #[allow(unsafe_code)]
+        unsafe {
+            libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, millis);
+        }
+        self.write();
+        self.stdout.read();
+        self.stderr.read();
+    }
+
+    fn finish(mut self) -> (Output, Output) {
+        self.stdout.read();
+        self.stderr.read();
+        (self.stdout.output(), self.stderr.output())
+    }
+}
+
+/// Makes `fd` non-blocking, so that one thread can drive all three pipes.
+fn nonblocking(fd: std::os::fd::RawFd) {
+    // SAFETY: fcntl(2) on a descriptor we own, reading and setting its
+    // status flags; no memory of ours is touched.
+    #[allow(unsafe_code)]
+    unsafe {
+        let flags = libc::fcntl(fd, libc::F_GETFL);
+        if flags >= 0 {
+            libc::fcntl(fd, libc::F_SETFL, flags | libc::O_NONBLOCK);
+        }
     }
 }
 
@@ -198,8 +400,14 @@ impl Handler for CommandEffect {
         let done = self.run(&self.options.argv, request, request.body)?;
         let program = &self.options.argv[0];
         if done.timed_out {
+            let held = if done.held_open {
+                " (it exited, but a process it started outside its process group kept its \
+                 output open)"
+            } else {
+                ""
+            };
             return Err(Failure::retryable(format!(
-                "{program} did not finish within {} ms",
+                "{program} did not finish within {} ms{held}",
                 self.options.timeout.as_millis()
             )));
         }
@@ -367,6 +575,48 @@ mod tests {
             err.message().contains("did not finish within 100 ms"),
             "{err:?}"
         );
+    }
+
+    #[test]
+    fn the_timeout_holds_when_a_descendant_leaves_the_group_with_the_pipes_open() {
+        let mut escaping = options(&["sh", "-c", "setsid sleep 20 & echo '{}'"]);
+        escaping.timeout = Duration::from_millis(1000);
+        let started = Instant::now();
+        let err = CommandEffect::new(escaping)
+            .perform(&request("{}"))
+            .unwrap_err();
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "returned after {:?}",
+            started.elapsed()
+        );
+        assert!(matches!(err, Failure::Retryable { .. }), "{err:?}");
+    }
+
+    #[test]
+    fn a_large_request_reaches_a_command_that_reads_it_all() {
+        let body = format!("{{\"pad\":\"{}\"}}", "x".repeat(300_000));
+        let mut counting = options(&["sh", "-c", "wc -c | tr -d ' '"]);
+        counting.output_bytes_max = 64;
+        let reply = CommandEffect::new(counting).perform(&request(&body)).unwrap();
+        assert_eq!(reply.body, body.len().to_string());
+    }
+
+    #[test]
+    fn a_program_that_cannot_start_for_want_of_resources_is_retryable() {
+        let busy = spawn_failure("p", &std::io::Error::from_raw_os_error(libc::EMFILE));
+        assert!(
+            matches!(
+                busy,
+                Failure::Retryable {
+                    maybe_received: false,
+                    ..
+                }
+            ),
+            "{busy:?}"
+        );
+        let missing = spawn_failure("p", &std::io::Error::from_raw_os_error(libc::ENOENT));
+        assert!(matches!(missing, Failure::Rejected(_)), "{missing:?}");
     }
 
     #[test]
