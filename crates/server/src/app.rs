@@ -110,12 +110,19 @@ impl FromRequestParts<Arc<App>> for Caller {
     }
 }
 
-impl Caller {
-    /// Refuses a read-only caller (403).
-    pub fn operator(&self) -> Result<(), ApiError> {
-        match self.role {
-            Role::Operator => Ok(()),
-            Role::Read => Err(ApiError::forbidden(self.name.as_deref().unwrap_or("-"))),
+/// A caller with the operator role. Checked from the request's head,
+/// before its body is read: a read-only or unknown caller is refused (403,
+/// 401) however large a body it sends, and the body is never read.
+pub struct Operator(pub Caller);
+
+impl FromRequestParts<Arc<App>> for Operator {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, app: &Arc<App>) -> Result<Self, ApiError> {
+        let caller = Caller::from_request_parts(parts, app).await?;
+        match caller.role {
+            Role::Operator => Ok(Operator(caller)),
+            Role::Read => Err(ApiError::forbidden(caller.name.as_deref().unwrap_or("-"))),
         }
     }
 }
