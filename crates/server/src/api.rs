@@ -73,9 +73,12 @@ pub fn router(app: Arc<App>) -> Router {
         .with_state(app)
 }
 
+/// Whether the ledger can be read: a small read (the metric counters),
+/// at most once per `ready_cache_ms` however many ask.
 async fn ready(State(app): State<Arc<App>>) -> Response {
-    match app.with_store(|s| Ok(s.status_counts()?)).await {
-        Ok(_) => "ready\n".into_response(),
+    let check = app.with_store(|s| s.counters().map(|_| ()).map_err(ApiError::from));
+    match app.ready.get(app.settings.ready_cache_ms, check).await {
+        Ok(()) => "ready\n".into_response(),
         Err(e) => (StatusCode::SERVICE_UNAVAILABLE, Json(e)).into_response(),
     }
 }
@@ -87,8 +90,18 @@ async fn metrics(State(app): State<Arc<App>>, _caller: Caller) -> Result<Respons
     Ok(([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response())
 }
 
-async fn summary(State(app): State<Arc<App>>, _caller: Caller) -> Api<service::Summary> {
-    Ok(Json(app.with_store(|s| Ok(service::summary(s)?)).await?))
+/// The summary, computed at most once per `summary_cache_ms` however many
+/// ask (it counts over the ledger).
+async fn summary(State(app): State<Arc<App>>, _caller: Caller) -> Api<serde_json::Value> {
+    let compute = app.with_store(|s| {
+        serde_json::to_value(service::summary(s)?)
+            .map_err(|e| ApiError::internal(format!("cannot encode the summary: {e}")))
+    });
+    Ok(Json(
+        app.summary
+            .get(app.settings.summary_cache_ms, compute)
+            .await?,
+    ))
 }
 
 /// A module given by digest (already stored) or as base64 bytes.
