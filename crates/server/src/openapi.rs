@@ -246,13 +246,41 @@ fn operations() -> Vec<Operation> {
             summary: "Runs, newest first, a page at a time.",
             access: Read,
             query: vec![
-                query("status", json!({"type": "string", "enum": statuses}), "only runs in this status"),
-                query("module", json!({"type": "string"}), "only runs of this module digest"),
-                query("step", json!({"type": "string"}), "only runs of this step (name@version)"),
-                query("created_after_ms", millis(), "only runs created after this time"),
-                query("created_before_ms", millis(), "only runs created before this time"),
-                query("after", json!({"type": "string"}), "the previous page's `next`"),
-                query("limit", unsigned(), "runs in the page (default 50; at most runs_page_max, 1 at least)"),
+                query(
+                    "status",
+                    json!({"type": "string", "enum": statuses}),
+                    "only runs in this status",
+                ),
+                query(
+                    "module",
+                    json!({"type": "string"}),
+                    "only runs of this module digest",
+                ),
+                query(
+                    "step",
+                    json!({"type": "string"}),
+                    "only runs of this step (name@version)",
+                ),
+                query(
+                    "created_after_ms",
+                    millis(),
+                    "only runs created after this time",
+                ),
+                query(
+                    "created_before_ms",
+                    millis(),
+                    "only runs created before this time",
+                ),
+                query(
+                    "after",
+                    json!({"type": "string"}),
+                    "the previous page's `next`",
+                ),
+                query(
+                    "limit",
+                    unsigned(),
+                    "runs in the page (default 50; at most runs_page_max, 1 at least)",
+                ),
             ],
             body: Body::None,
             ok: (200, "application/json", any_object.clone()),
@@ -285,7 +313,11 @@ fn operations() -> Vec<Operation> {
             access: Read,
             query: vec![
                 query("from_seq", seq(), "the first call (default 1)"),
-                query("limit", unsigned(), "calls in the page (default 100; at most calls_page_max, 1 at least)"),
+                query(
+                    "limit",
+                    unsigned(),
+                    "calls in the page (default 100; at most calls_page_max, 1 at least)",
+                ),
             ],
             body: Body::None,
             ok: (200, "application/json", any_object.clone()),
@@ -459,7 +491,9 @@ pub fn openapi() -> Value {
                 });
             }
         }
-        let entry = paths.entry(op.path.to_string()).or_insert_with(|| json!({}));
+        let entry = paths
+            .entry(op.path.to_string())
+            .or_insert_with(|| json!({}));
         entry[op.method] = operation;
     }
     json!({
