@@ -94,7 +94,11 @@ pub fn serve(
         });
         let watcher = app.clone();
         scope.spawn(|| events::watch(watcher, shutdown.clone()));
-        let notifier = notifier::Notifier::new(webhooks, settings.notify_lookback_ms);
+        let notifier = notifier::Notifier::new(
+            webhooks,
+            settings.notify_lookback_ms,
+            settings.notify_page_runs_max,
+        );
         scope.spawn(|| notifier.run(pool.clone(), every, &shutdown));
         let router = api::router(app.clone());
         let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
