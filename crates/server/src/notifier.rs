@@ -402,7 +402,8 @@ fn redact(text: &str, url: &str) -> String {
     {
         text = text.replace(userinfo, "…");
     }
-    for secret in [tail, tail.split_once('?').map_or("", |(_, q)| q)] {
+    let (path, query) = tail.split_once('?').unwrap_or((tail, ""));
+    for secret in [tail, path, query] {
         if secret.len() >= 4 {
             text = text.replace(secret, "…");
         }
