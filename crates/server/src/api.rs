@@ -21,7 +21,7 @@ use stephost_core::{LogRecord, RunRecord};
 use stephost_host::service;
 
 use crate::access::Caller;
-use crate::app::{App, Operator};
+use crate::app::{App, Fits, Operator};
 use crate::errors::ApiError;
 
 type Api<T> = Result<Json<T>, ApiError>;
@@ -142,6 +142,7 @@ pub struct StoredModule {
 async fn upload_module(
     State(app): State<Arc<App>>,
     _operator: Operator,
+    _fits: Fits,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<(StatusCode, Json<StoredModule>), ApiError> {
     let body = body?;
@@ -172,6 +173,7 @@ pub struct SubmitBody {
 async fn submit(
     State(app): State<Arc<App>>,
     _operator: Operator,
+    _fits: Fits,
     body: Result<Json<SubmitBody>, JsonRejection>,
 ) -> Result<(StatusCode, Json<RunRecord>), ApiError> {
     let Json(body) = body?;
@@ -336,6 +338,7 @@ async fn verify(
 async fn replay(
     State(app): State<Arc<App>>,
     _operator: Operator,
+    _fits: Fits,
     path: Result<Path<String>, PathRejection>,
     body: Result<Bytes, BytesRejection>,
 ) -> Api<stephost_host::replay::ReplayReport> {
@@ -405,6 +408,7 @@ impl Decided {
 async fn decide(
     State(app): State<Arc<App>>,
     Operator(caller): Operator,
+    _fits: Fits,
     path: Result<Path<(String, u64)>, PathRejection>,
     body: Result<Json<DecideBody>, JsonRejection>,
 ) -> Api<Decided> {
@@ -457,6 +461,7 @@ pub struct ResolveBody {
 async fn resolve(
     State(app): State<Arc<App>>,
     Operator(caller): Operator,
+    _fits: Fits,
     path: Result<Path<(String, u64)>, PathRejection>,
     body: Result<Json<ResolveBody>, JsonRejection>,
 ) -> Api<Decided> {

@@ -171,3 +171,32 @@ impl FromRequestParts<Arc<App>> for Operator {
         }
     }
 }
+
+/// A request whose declared length (`Content-Length`) is within its
+/// route's limit: `module_bytes_max` for a module upload,
+/// `json_body_bytes_max` for any other body. Checked from the head, after
+/// the caller: a body too large is refused (413) before any of it is read.
+/// A body sent without a length is cut at the limit as it is read.
+pub struct Fits;
+
+impl FromRequestParts<Arc<App>> for Fits {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, app: &Arc<App>) -> Result<Self, ApiError> {
+        let limit = match parts.uri.path() {
+            "/api/modules" => app.settings.module_bytes_max,
+            _ => app.settings.json_body_bytes_max,
+        };
+        let declared = parts
+            .headers
+            .get(axum::http::header::CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.trim().parse::<u64>().ok());
+        match declared {
+            Some(length) if length > limit as u64 => Err(ApiError::too_large(format!(
+                "the body is {length} bytes; this route takes at most {limit}"
+            ))),
+            _ => Ok(Fits),
+        }
+    }
+}
