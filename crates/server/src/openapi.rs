@@ -99,11 +99,14 @@ fn operations() -> Vec<Operation> {
         .iter()
         .map(|s| s.as_str())
         .collect();
+    // A field the server reads as absent when it is null is declared
+    // nullable; so is the other module field of each choice.
     let submit = {
-        let module = |name: &str, schema: Value| {
+        let module = |name: &str, schema: Value, other: &str| {
             object(
                 json!({
                     name: schema,
+                    other: {"type": "null"},
                     "input": {"description": "the run's input, any JSON (null if absent)"},
                     "run_id": nullable_string(),
                 }),
@@ -111,19 +114,22 @@ fn operations() -> Vec<Operation> {
             )
         };
         json!({"oneOf": [
-            module("module_digest", json!({"type": "string", "description": "a module stored already"})),
+            module("module_digest", json!({"type": "string", "description": "a module stored already"}), "module_base64"),
             module("module_base64", json!({"type": "string", "contentEncoding": "base64",
-                                           "description": "the module's bytes"})),
+                                           "description": "the module's bytes"}), "module_digest"),
         ]})
     };
     let replay = json!({
         "type": "object",
         "additionalProperties": false,
         "properties": {
-            "module_digest": {"type": "string"},
-            "module_base64": {"type": "string", "contentEncoding": "base64"},
+            "module_digest": nullable_string(),
+            "module_base64": {"type": ["string", "null"], "contentEncoding": "base64"},
         },
-        "not": {"required": ["module_digest", "module_base64"]},
+        "not": {
+            "required": ["module_digest", "module_base64"],
+            "properties": {"module_digest": {"type": "string"}, "module_base64": {"type": "string"}},
+        },
         "description": "another build to replay against; none (or no body) for the recorded one",
     });
     let decide = object(
@@ -138,11 +144,13 @@ fn operations() -> Vec<Operation> {
     );
     let resolve = json!({"oneOf": [
         object(
-            json!({"outcome": {"const": "succeeded"}, "response": not_null(), "by": nullable_string()}),
+            json!({"outcome": {"const": "succeeded"}, "response": not_null(),
+                   "message": {"type": "null"}, "by": nullable_string()}),
             &["outcome", "response"],
         ),
         object(
-            json!({"outcome": {"const": "failed"}, "message": {"type": "string"}, "by": nullable_string()}),
+            json!({"outcome": {"const": "failed"}, "message": {"type": "string"},
+                   "response": {"type": "null"}, "by": nullable_string()}),
             &["outcome", "message"],
         ),
     ]});
