@@ -164,7 +164,7 @@ impl Notifier {
     /// notices their events call for.
     fn owe(&mut self, store: &dyn Store) -> StoreResult<()> {
         let now = stephost_core::clock::now_ms();
-        let scan = self.scan.get_or_insert_with(|| Scan {
+        let scan = self.scan.get_or_insert(Scan {
             started_ms: now,
             after: None,
         });
