@@ -10,7 +10,9 @@
 #    Chromium with playwright-core for the console's browser tests. Set
 #    STEPHOST_TEST_POSTGRES=postgres://USER@HOST:PORT/DB to use a server of
 #    your own instead (the user must be able to create schemas), and
-#    STEPHOST_CHROMIUM=PATH for a Chromium of your own;
+#    STEPHOST_CHROMIUM=PATH for a Chromium of your own; and schemathesis
+#    (PyPI, pinned, in a venv under target/schemathesis) for the API's
+#    contract test;
 # 2. `cargo test --workspace`: unit tests, the conformance suite on every
 #    backend, and the end-to-end suite on SQLite;
 # 3. the end-to-end suite again, on PostgreSQL.
@@ -53,6 +55,17 @@ if [ -z "${STEPHOST_CHROMIUM:-}" ] && [ ! -x /usr/bin/chromium ]; then
 fi
 echo "== browser tests: npm ci (playwright-core)"
 npm ci --prefix tests/browser --no-audit --no-fund --loglevel=error
+
+# The API's contract test (tests/tests/e2e/server.rs): schemathesis from PyPI,
+# pinned, in a venv of its own. The test fails if it is missing.
+SCHEMATHESIS_VERSION=4.32.5
+schemathesis_venv=target/schemathesis
+if [ "$("$schemathesis_venv/bin/schemathesis" --version 2>/dev/null | awk '{print $3}')" != "$SCHEMATHESIS_VERSION" ]; then
+    echo "== contract test: schemathesis $SCHEMATHESIS_VERSION (venv)"
+    python3 -m venv "$schemathesis_venv"
+    "$schemathesis_venv/bin/pip" install --quiet --disable-pip-version-check \
+        "schemathesis==$SCHEMATHESIS_VERSION"
+fi
 
 rustup target add wasm32-wasip2
 cargo test --workspace

@@ -135,10 +135,16 @@ impl Served {
 
     /// SIGTERM, then waits (at most a minute: a server that does not
     /// drain fails the test); the exit code.
-    pub fn stop(mut self) -> Option<i32> {
+    pub fn stop(self) -> Option<i32> {
+        self.stop_within(Duration::from_secs(60))
+    }
+
+    /// SIGTERM, then waits at most `limit` (a server still running then
+    /// fails the test); the exit code.
+    pub fn stop_within(mut self, limit: Duration) -> Option<i32> {
         let mut child = self.child.take().unwrap();
         signal_process(child.id() as i32, "TERM");
-        let deadline = Instant::now() + Duration::from_secs(60);
+        let deadline = Instant::now() + limit;
         loop {
             if let Some(status) = child.try_wait().unwrap() {
                 return status.code();
@@ -147,12 +153,24 @@ impl Served {
                 let _ = child.kill();
                 let _ = child.wait();
                 panic!(
-                    "stephost serve did not stop within a minute of SIGTERM:\n{}",
+                    "stephost serve did not stop within {limit:?} of SIGTERM:\n{}",
                     self.log.lock().unwrap()
                 );
             }
             std::thread::sleep(Duration::from_millis(20));
         }
+    }
+
+    /// `127.0.0.1:PORT`.
+    pub fn addr(&self) -> String {
+        self.base.trim_start_matches("http://").to_string()
+    }
+
+    /// How many files and sockets the server process has open.
+    pub fn open_fds(&self) -> usize {
+        std::fs::read_dir(format!("/proc/{}/fd", self.pid()))
+            .expect("read the server's /proc/PID/fd")
+            .count()
     }
 
     /// SIGKILL, then waits.

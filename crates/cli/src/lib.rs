@@ -115,6 +115,23 @@ pub enum Command {
         /// Owner name in claims (default: host/pid/start-time).
         #[arg(long)]
         worker_id: Option<String>,
+        /// The largest module upload (POST /api/modules), in bytes.
+        #[arg(long, default_value_t = stephost_server::settings::defaults::MODULE_BYTES_MAX)]
+        module_bytes_max: usize,
+        /// The largest JSON body of any other request, in bytes.
+        #[arg(long, default_value_t = stephost_server::settings::defaults::JSON_BODY_BYTES_MAX)]
+        json_body_bytes_max: usize,
+        /// A connection that has not sent a whole request head within this
+        /// time (also an idle kept-alive one) is closed.
+        #[arg(long, default_value_t = stephost_server::settings::defaults::HEADER_READ_TIMEOUT_MS)]
+        header_read_timeout_ms: u64,
+        /// Connections served at once; more wait to be accepted.
+        #[arg(long, default_value_t = stephost_server::settings::defaults::CONNECTIONS_MAX)]
+        connections_max: usize,
+        /// On SIGINT/SIGTERM, requests in flight have this long to finish;
+        /// then connections still open are dropped.
+        #[arg(long, default_value_t = stephost_server::settings::defaults::SHUTDOWN_GRACE_MS)]
+        shutdown_grace_ms: u64,
     },
     /// Continue an interrupted run: replay its recorded calls, then go live.
     Resume {
@@ -420,6 +437,11 @@ fn execute(cli: Cli) -> Result<i32, HostError> {
             concurrency,
             lease_ms,
             worker_id,
+            module_bytes_max,
+            json_body_bytes_max,
+            header_read_timeout_ms,
+            connections_max,
+            shutdown_grace_ms,
         } => {
             options(&config)?; // refuse a bad configuration before serving anything
             let webhooks = config.webhooks()?;
@@ -429,6 +451,11 @@ fn execute(cli: Cli) -> Result<i32, HostError> {
                 concurrency,
                 lease_ms,
                 worker_id: worker_id.unwrap_or_else(stephost_host::owner::this_process),
+                module_bytes_max,
+                json_body_bytes_max,
+                header_read_timeout_ms,
+                connections_max,
+                shutdown_grace_ms,
                 ..stephost_server::ServeSettings::default()
             };
             let shutdown = stop_on_signals()?;

@@ -62,7 +62,8 @@ macro_rules! conformance_tests {
             a_long_history_streams_back_whole_and_in_order,
             large_bodies_and_conversations_read_back_byte_for_byte,
             counters_add_up_across_commits_and_stores,
-            notices_are_owed_once_taken_by_one_taker_and_settled_by_attempts
+            notices_are_owed_once_taken_by_one_taker_and_settled_by_attempts,
+            a_runs_last_call_is_read_alone
         );
     };
     (@cases $make:expr; $($case:ident),* $(,)?) => {
@@ -1512,4 +1513,30 @@ pub fn notices_are_owed_once_taken_by_one_taker_and_settled_by_attempts(make: &M
         b.notices(Some("r2"), 10).unwrap()[0].state,
         NoticeState::Abandoned
     );
+}
+
+pub fn a_runs_last_call_is_read_alone(make: &Make) {
+    let ledger = make();
+    let store = ledger.store();
+    new_run(store.as_ref(), "a", T0);
+    assert_eq!(store.last_call("a").unwrap(), None, "no call yet");
+    let c = claim(store.as_ref(), "a", "w", T0);
+    commit(
+        ledger.pool.as_ref(),
+        &c,
+        vec![
+            finished(1),
+            finished(2),
+            WriteOp::Started(call(3, CallClass::Write, CallState::Started)),
+        ],
+    )
+    .unwrap();
+    assert_eq!(
+        store.last_call("a").unwrap(),
+        Some(call(3, CallClass::Write, CallState::Started))
+    );
+    assert!(matches!(
+        store.last_call("nope"),
+        Err(StoreError::UnknownRun(_))
+    ));
 }

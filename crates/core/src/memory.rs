@@ -364,6 +364,13 @@ impl Store for MemoryPool {
             .cloned()
             .collect())
     }
+
+    fn last_call(&self, run_id: &str) -> StoreResult<Option<CallRecord>> {
+        let locked = self.lock();
+        let rows = locked.runs.get(run_id).ok_or_else(|| unknown(run_id))?;
+        rows.run.as_ref().ok_or_else(|| unknown(run_id))?;
+        Ok(rows.calls.last().cloned())
+    }
 }
 
 impl Writer for MemoryPool {

@@ -260,6 +260,13 @@ pub trait Store: Send {
     /// The notices about run `run_id` (about any run, if none), oldest
     /// first, at most `limit`.
     fn notices(&self, run_id: Option<&str>, limit: usize) -> StoreResult<Vec<Notice>>;
+
+    /// The run's last call (the one an approval or an unknown outcome
+    /// waits on), none if it has made no call; one read, whatever the
+    /// run's length (a backend that can should override the default).
+    fn last_call(&self, run_id: &str) -> StoreResult<Option<CallRecord>> {
+        Ok(self.calls(run_id, 1, usize::MAX)?.pop())
+    }
 }
 
 /// One execution's commits.

@@ -559,6 +559,17 @@ impl Store for PgStore {
             found.iter().map(rows::notice_from_row).collect()
         })
     }
+
+    fn last_call(&self, run_id: &str) -> StoreResult<Option<CallRecord>> {
+        let id = run_id.to_string();
+        self.shared.block(move |mut conn| async move {
+            rows::run(&mut conn, &id).await?;
+            match rows::last_seq(&mut conn, &id).await? {
+                0 => Ok(None),
+                last => Ok(rows::calls(&mut conn, &id, last, 1).await?.pop()),
+            }
+        })
+    }
 }
 
 async fn attempts_of(

@@ -130,7 +130,7 @@ pub fn find(conn: &Connection, run_no: i64, seq: u64) -> Result<Option<i64>, Sto
     let Some((first_seq, first_id)) = segment_of(conn, run_no, seq)? else {
         return Ok(None);
     };
-    let id = first_id + (seq - first_seq) as i64;
+    let id = first_id.saturating_add((seq - first_seq) as i64);
     Ok(holds(conn, id, run_no, seq)?.then_some(id))
 }
 
@@ -210,7 +210,8 @@ pub fn read<T>(
         let Some((first_seq, first_id)) = segment_of(conn, run_no, seq)? else {
             break;
         };
-        let start = first_id + (seq - first_seq) as i64;
+        // Saturating: a `seq` far past the run's calls finds nothing.
+        let start = first_id.saturating_add((seq - first_seq) as i64);
         let wanted = (limit - out.len()).min(i64::MAX as usize) as i64;
         let mut rows = stmt.query(params![start, wanted]).map_err(error)?;
         let before = out.len();

@@ -481,6 +481,16 @@ impl Store for SqliteStore {
             .map_err(error)
         })
     }
+
+    fn last_call(&self, run_id: &str) -> StoreResult<Option<CallRecord>> {
+        self.read(|conn| {
+            let run_no = rows::run_no(conn, run_id)?;
+            match segments::last_seq(conn, run_no)? {
+                0 => Ok(None),
+                last => Ok(segments::calls(conn, run_no, last, 1)?.pop()),
+            }
+        })
+    }
 }
 
 fn attempts_of(

@@ -14,6 +14,12 @@ use stephost_core::mac::ct_eq;
 pub const TOKENS_VAR: &str = "STEPHOST_API_TOKENS";
 /// The variable naming a file of token lines (readable by its owner only).
 pub const TOKENS_FILE_VAR: &str = "STEPHOST_API_TOKENS_FILE";
+/// What a server without tokens says when it starts.
+pub const TOKENLESS_WARNING: &str = "stephost serve: WARNING: no API tokens are configured, so every \
+    process and user on this machine can submit, approve and resolve as an operator. This is for \
+    trying stephost out, not for production: set STEPHOST_API_TOKENS or STEPHOST_API_TOKENS_FILE \
+    (lines `NAME ROLE TOKEN`).";
+
 /// The shortest token accepted.
 pub const TOKEN_CHARS_MIN: usize = 16;
 

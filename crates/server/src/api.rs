@@ -6,7 +6,7 @@ use std::sync::Arc;
 use axum::Json;
 use axum::Router;
 use axum::body::Bytes;
-use axum::extract::rejection::{JsonRejection, PathRejection, QueryRejection};
+use axum::extract::rejection::{BytesRejection, JsonRejection, PathRejection, QueryRejection};
 use axum::extract::{DefaultBodyLimit, Path, Query, State};
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
@@ -21,13 +21,16 @@ use stephost_core::{LogRecord, RunRecord};
 use stephost_host::service;
 
 use crate::access::Caller;
-use crate::app::App;
+use crate::app::{App, Fits, Operator};
 use crate::errors::ApiError;
 
 type Api<T> = Result<Json<T>, ApiError>;
 
 pub fn router(app: Arc<App>) -> Router {
-    let body_max = app.settings.request_bytes_max;
+    let (module_max, json_max) = (
+        app.settings.module_bytes_max,
+        app.settings.json_body_bytes_max,
+    );
     Router::new()
         .route("/", get(crate::console::page))
         .route("/console.js", get(crate::console::script))
@@ -37,7 +40,10 @@ pub fn router(app: Arc<App>) -> Router {
         .route("/metrics", get(metrics))
         .route("/openapi.json", get(crate::openapi::document))
         .route("/api/summary", get(summary))
-        .route("/api/modules", post(upload_module))
+        .route(
+            "/api/modules",
+            post(upload_module).layer(DefaultBodyLimit::max(module_max)),
+        )
         .route("/api/runs", get(list_runs).post(submit))
         .route("/api/runs/{run_id}", get(run))
         .route("/api/runs/{run_id}/calls", get(calls))
@@ -63,13 +69,16 @@ pub fn router(app: Arc<App>) -> Router {
             app.clone(),
             crate::access::guard,
         ))
-        .layer(DefaultBodyLimit::max(body_max))
+        .layer(DefaultBodyLimit::max(json_max))
         .with_state(app)
 }
 
+/// Whether the ledger can be read: a small read (the metric counters),
+/// at most once per `ready_cache_ms` however many ask.
 async fn ready(State(app): State<Arc<App>>) -> Response {
-    match app.with_store(|s| Ok(s.status_counts()?)).await {
-        Ok(_) => "ready\n".into_response(),
+    let check = app.with_store(|s| s.counters().map(|_| ()).map_err(ApiError::from));
+    match app.ready.get(app.settings.ready_cache_ms, check).await {
+        Ok(()) => "ready\n".into_response(),
         Err(e) => (StatusCode::SERVICE_UNAVAILABLE, Json(e)).into_response(),
     }
 }
@@ -81,8 +90,18 @@ async fn metrics(State(app): State<Arc<App>>, _caller: Caller) -> Result<Respons
     Ok(([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response())
 }
 
-async fn summary(State(app): State<Arc<App>>, _caller: Caller) -> Api<service::Summary> {
-    Ok(Json(app.with_store(|s| Ok(service::summary(s)?)).await?))
+/// The summary, computed at most once per `summary_cache_ms` however many
+/// ask (it counts over the ledger).
+async fn summary(State(app): State<Arc<App>>, _caller: Caller) -> Api<serde_json::Value> {
+    let compute = app.with_store(|s| {
+        serde_json::to_value(service::summary(s)?)
+            .map_err(|e| ApiError::internal(format!("cannot encode the summary: {e}")))
+    });
+    Ok(Json(
+        app.summary
+            .get(app.settings.summary_cache_ms, compute)
+            .await?,
+    ))
 }
 
 /// A module given by digest (already stored) or as base64 bytes.
@@ -122,10 +141,11 @@ pub struct StoredModule {
 /// to be submitted by digest.
 async fn upload_module(
     State(app): State<Arc<App>>,
-    caller: Caller,
-    body: Bytes,
+    _operator: Operator,
+    _fits: Fits,
+    body: Result<Bytes, BytesRejection>,
 ) -> Result<(StatusCode, Json<StoredModule>), ApiError> {
-    caller.operator()?;
+    let body = body?;
     let stored = app
         .with_host(move |host| {
             let loaded = host.load(&body, "the uploaded module")?;
@@ -152,11 +172,11 @@ pub struct SubmitBody {
 /// Records a run for the server's worker (or any worker on the ledger).
 async fn submit(
     State(app): State<Arc<App>>,
-    caller: Caller,
+    _operator: Operator,
+    _fits: Fits,
     body: Result<Json<SubmitBody>, JsonRejection>,
 ) -> Result<(StatusCode, Json<RunRecord>), ApiError> {
     let Json(body) = body?;
-    caller.operator()?;
     let run = app
         .with_host(move |host| {
             let (bytes, what) = body.module.bytes(host)?.ok_or_else(|| {
@@ -317,11 +337,12 @@ async fn verify(
 /// Replays a run offline (no I/O) against its own build or another.
 async fn replay(
     State(app): State<Arc<App>>,
-    caller: Caller,
-    Path(run_id): Path<String>,
-    body: Bytes,
+    _operator: Operator,
+    _fits: Fits,
+    path: Result<Path<String>, PathRejection>,
+    body: Result<Bytes, BytesRejection>,
 ) -> Api<stephost_host::replay::ReplayReport> {
-    caller.operator()?;
+    let (Path(run_id), body) = (path?, body?);
     let module: ModuleRef = match body.iter().all(u8::is_ascii_whitespace) {
         true => ModuleRef::default(),
         false => serde_json::from_slice(&body)
@@ -386,12 +407,12 @@ impl Decided {
 
 async fn decide(
     State(app): State<Arc<App>>,
-    caller: Caller,
+    Operator(caller): Operator,
+    _fits: Fits,
     path: Result<Path<(String, u64)>, PathRejection>,
     body: Result<Json<DecideBody>, JsonRejection>,
 ) -> Api<Decided> {
     let (Path((run_id, seq)), Json(body)) = (path?, body?);
-    caller.operator()?;
     let verdict = match body.verdict.as_str() {
         "approved" => Verdict::Approved,
         "rejected" => Verdict::Rejected,
@@ -439,12 +460,12 @@ pub struct ResolveBody {
 
 async fn resolve(
     State(app): State<Arc<App>>,
-    caller: Caller,
+    Operator(caller): Operator,
+    _fits: Fits,
     path: Result<Path<(String, u64)>, PathRejection>,
     body: Result<Json<ResolveBody>, JsonRejection>,
 ) -> Api<Decided> {
     let (Path((run_id, seq)), Json(body)) = (path?, body?);
-    caller.operator()?;
     let resolution = match (body.outcome.as_str(), body.response, body.message) {
         ("succeeded", Some(response), None) => Resolution::Succeeded(response.to_string()),
         ("failed", None, Some(message)) => Resolution::Failed(message),

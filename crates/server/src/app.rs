@@ -1,17 +1,20 @@
 //! What every request handler shares: the ledger, a host for submissions
 //! and replays, the tokens and the server's settings. Ledger work is
 //! blocking, so handlers hand it to tokio's blocking threads with a store
-//! from a small free list.
+//! from a small free list: at most `ledger_stores_max` are in use at once
+//! (a request waits for one) and as many are kept open.
 
+use std::future::Future;
 use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use axum::extract::FromRequestParts;
 use axum::http::request::Parts;
 use stephost_core::chain::Signer;
 use stephost_core::{Pool, Store};
 use stephost_host::Host;
-use tokio::sync::broadcast;
+use tokio::sync::{Semaphore, broadcast};
 
 use crate::access::{Caller, Role, Tokens};
 use crate::errors::ApiError;
@@ -20,6 +23,12 @@ use crate::settings::ServeSettings;
 pub struct App {
     pub pool: Arc<dyn Pool>,
     idle_stores: Mutex<Vec<Box<dyn Store>>>,
+    /// One per store the handlers may use at once.
+    store_permits: Arc<Semaphore>,
+    /// `/readyz`'s last answer.
+    pub ready: Cached<Result<(), ApiError>>,
+    /// `/api/summary`'s last answer.
+    pub summary: Cached<Result<serde_json::Value, ApiError>>,
     /// Submissions, uploads and replays compile modules: one host, taken in
     /// turn.
     host: Mutex<Host>,
@@ -42,6 +51,9 @@ impl App {
         App {
             pool,
             idle_stores: Mutex::default(),
+            store_permits: Arc::new(Semaphore::new(settings.ledger_stores_max.max(1))),
+            ready: Cached::default(),
+            summary: Cached::default(),
             host: Mutex::new(host),
             tokens,
             settings,
@@ -59,7 +71,14 @@ impl App {
         F: FnOnce(&dyn Store) -> Result<T, ApiError> + Send + 'static,
     {
         let app = self.clone();
+        let permit = self
+            .store_permits
+            .clone()
+            .acquire_owned()
+            .await
+            .map_err(|_| ApiError::internal("the server is stopping"))?;
         tokio::task::spawn_blocking(move || {
+            let _permit = permit;
             let taken = app
                 .idle_stores
                 .lock()
@@ -96,6 +115,32 @@ impl App {
     }
 }
 
+/// A value computed at most once per period, shared by every caller in
+/// between and by callers that come while it is computed.
+pub struct Cached<T>(tokio::sync::Mutex<Option<(Instant, T)>>);
+
+impl<T> Default for Cached<T> {
+    fn default() -> Self {
+        Cached(tokio::sync::Mutex::new(None))
+    }
+}
+
+impl<T: Clone> Cached<T> {
+    /// The value, computed by `compute` if the last one is older than
+    /// `period_ms`.
+    pub async fn get(&self, period_ms: u64, compute: impl Future<Output = T>) -> T {
+        let mut last = self.0.lock().await;
+        if let Some((at, value)) = last.as_ref()
+            && at.elapsed() < Duration::from_millis(period_ms)
+        {
+            return value.clone();
+        }
+        let value = compute.await;
+        *last = Some((Instant::now(), value.clone()));
+        value
+    }
+}
+
 /// A request's caller, from its bearer token; refused (401) if the server
 /// has tokens and the request names none of them.
 impl FromRequestParts<Arc<App>> for Caller {
@@ -110,12 +155,48 @@ impl FromRequestParts<Arc<App>> for Caller {
     }
 }
 
-impl Caller {
-    /// Refuses a read-only caller (403).
-    pub fn operator(&self) -> Result<(), ApiError> {
-        match self.role {
-            Role::Operator => Ok(()),
-            Role::Read => Err(ApiError::forbidden(self.name.as_deref().unwrap_or("-"))),
+/// A caller with the operator role. Checked from the request's head,
+/// before its body is read: a read-only or unknown caller is refused (403,
+/// 401) however large a body it sends, and the body is never read.
+pub struct Operator(pub Caller);
+
+impl FromRequestParts<Arc<App>> for Operator {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, app: &Arc<App>) -> Result<Self, ApiError> {
+        let caller = Caller::from_request_parts(parts, app).await?;
+        match caller.role {
+            Role::Operator => Ok(Operator(caller)),
+            Role::Read => Err(ApiError::forbidden(caller.name.as_deref().unwrap_or("-"))),
+        }
+    }
+}
+
+/// A request whose declared length (`Content-Length`) is within its
+/// route's limit: `module_bytes_max` for a module upload,
+/// `json_body_bytes_max` for any other body. Checked from the head, after
+/// the caller: a body too large is refused (413) before any of it is read.
+/// A body sent without a length is cut at the limit as it is read.
+pub struct Fits;
+
+impl FromRequestParts<Arc<App>> for Fits {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, app: &Arc<App>) -> Result<Self, ApiError> {
+        let limit = match parts.uri.path() {
+            "/api/modules" => app.settings.module_bytes_max,
+            _ => app.settings.json_body_bytes_max,
+        };
+        let declared = parts
+            .headers
+            .get(axum::http::header::CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.trim().parse::<u64>().ok());
+        match declared {
+            Some(length) if length > limit as u64 => Err(ApiError::too_large(format!(
+                "the body is {length} bytes; this route takes at most {limit}"
+            ))),
+            _ => Ok(Fits),
         }
     }
 }

@@ -70,6 +70,19 @@ impl ApiError {
         )
     }
 
+    /// A body over its limit (`json_body_bytes_max`, or
+    /// `module_bytes_max` for a module upload).
+    pub fn too_large(message: impl Into<String>) -> Self {
+        Self::new(
+            413,
+            "too_large",
+            message,
+            "send a smaller body: JSON bodies are limited to json_body_bytes_max (1 MiB by \
+             default); upload a large module with POST /api/modules (module_bytes_max, 64 MiB) \
+             and name it by module_digest",
+        )
+    }
+
     pub fn internal(message: impl Into<String>) -> Self {
         Self::new(
             500,
@@ -156,6 +169,9 @@ macro_rules! rejection {
     ($($rejection:ty),*) => {$(
         impl From<$rejection> for ApiError {
             fn from(e: $rejection) -> Self {
+                if e.status() == axum::http::StatusCode::PAYLOAD_TOO_LARGE {
+                    return ApiError::too_large(e.body_text());
+                }
                 let mut error = ApiError::bad_input(e.body_text());
                 if e.status() == axum::http::StatusCode::UNSUPPORTED_MEDIA_TYPE {
                     error.fix = "send the body as JSON with `Content-Type: application/json`".into();
@@ -167,6 +183,7 @@ macro_rules! rejection {
 }
 
 rejection!(
+    axum::extract::rejection::BytesRejection,
     axum::extract::rejection::JsonRejection,
     axum::extract::rejection::PathRejection,
     axum::extract::rejection::QueryRejection

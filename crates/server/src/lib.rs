@@ -10,6 +10,7 @@ pub mod app;
 pub mod console;
 pub mod errors;
 pub mod events;
+pub mod http;
 pub mod notifier;
 pub mod openapi;
 pub mod settings;
@@ -53,6 +54,7 @@ pub fn serve(
     listener
         .set_nonblocking(true)
         .map_err(|e| HostError::Internal(format!("cannot set up the listener: {e}")))?;
+    let tokenless = tokens.is_empty();
     let pool = ledger.open(PoolOptions::default())?;
     let host = Host::open(pool.clone(), make_options())?;
     let app = Arc::new(app::App::new(pool.clone(), host, tokens, settings.clone()));
@@ -69,6 +71,9 @@ pub fn serve(
             .map_err(|e| HostError::Internal(format!("cannot set up the listener: {e}")))?
     };
     let local = listener.local_addr().unwrap_or(addr);
+    if tokenless {
+        eprintln!("{}", access::TOKENLESS_WARNING);
+    }
     eprintln!(
         "stephost serve: listening on http://{local}/ (API under /api, /openapi.json); ledger {}",
         ledger.url()
@@ -89,26 +94,37 @@ pub fn serve(
         });
         let watcher = app.clone();
         scope.spawn(|| events::watch(watcher, shutdown.clone()));
-        let notifier = notifier::Notifier::new(webhooks, settings.notify_lookback_ms);
+        let notifier = notifier::Notifier::new(
+            webhooks,
+            settings.notify_lookback_ms,
+            settings.notify_page_runs_max,
+        );
         scope.spawn(|| notifier.run(pool.clone(), every, &shutdown));
         let router = api::router(app.clone());
+        let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
         let stop = shutdown.clone();
-        let served = runtime.block_on(async move {
-            axum::serve(listener, router)
-                .with_graceful_shutdown(async move {
-                    while !stop.load(Ordering::Relaxed) {
-                        tokio::time::sleep(Duration::from_millis(50)).await;
-                    }
-                })
-                .await
+        let http_settings = settings.clone();
+        let stopped = runtime.block_on(async move {
+            tokio::spawn(async move {
+                while !stop.load(Ordering::Relaxed) {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                let _ = stop_tx.send(true);
+            });
+            http::serve(listener, router, &http_settings, stop_rx).await
         });
+        if stopped.dropped > 0 {
+            eprintln!(
+                "stephost serve: {} connection(s) still open after the {} ms grace were dropped",
+                stopped.dropped, settings.shutdown_grace_ms
+            );
+        }
         // Open event streams end with the runtime.
         runtime.shutdown_timeout(Duration::from_secs(1));
         shutdown.store(true, Ordering::Relaxed);
         let report = worker
             .join()
             .map_err(|_| HostError::Internal("the server's worker panicked".into()))??;
-        served.map_err(|e| HostError::Internal(format!("the server stopped: {e}")))?;
         Ok(report)
     })
 }

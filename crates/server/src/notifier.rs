@@ -1,19 +1,27 @@
 //! Webhook notifications: a run parked (a call's outcome is unknown), an
 //! approval waiting, a run failed or diverged.
 //!
-//! Each look finds the events, owes each webhook a notice for each event
+//! Each look reads the runs changed since the last look (a page at a time,
+//! at most `notify_page_runs_max`; on start, those changed within
+//! `notify_lookback_ms`) and, of a parked or waiting run not seen at its
+//! version, its last call alone; owes each webhook a notice for each event
 //! it takes (in the ledger, under a delivery id derived from the event, so
 //! an event is owed once whoever sees it first), then sends the notices
-//! due. A notice is marked delivered only on a 2xx answer; otherwise it is
+//! due. Nothing is read of the runs that did not change. A notice is marked delivered only on a 2xx answer; otherwise it is
 //! sent again with a doubling wait, up to the webhook's attempts. A notice
 //! owed when the server dies is still owed when it (or another server on
 //! the ledger) starts: delivery is at least once, and receivers
 //! deduplicate by the `Stephost-Delivery` header.
 //!
-//! Each body is signed: `Stephost-Signature: sha256=HEX`, the HMAC-SHA256
-//! of the body's bytes under the webhook's secret.
+//! Each attempt is signed: `Stephost-Timestamp: SECONDS` (Unix time of the
+//! attempt) and `Stephost-Signature: sha256=HEX`, the HMAC-SHA256 under the
+//! webhook's secret of `SECONDS.DELIVERY_ID.BODY` ([`signed_text`]): the
+//! deduplication header and the time are covered with the body, so a
+//! receiver can refuse a replayed old request. An attempt's error, which
+//! readers of the API see, names the webhook, never its URL (which may hold
+//! a secret).
 
-use std::collections::HashSet;
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
@@ -22,7 +30,7 @@ use serde_json::json;
 use stephost_core::mac::MacKey;
 use stephost_core::notices::{self, Notice, NoticeAttempt, NoticeEvent, NoticeState};
 use stephost_core::store::RunQuery;
-use stephost_core::{CallState, RunStatus, Store, StoreResult, approvals};
+use stephost_core::{CallState, RunRecord, RunStatus, Store, StoreResult, approvals};
 use stephost_host::config::Webhook;
 
 /// Notices sent per look, at most (each taken on its own, so that its
@@ -38,14 +46,31 @@ struct Target {
 
 pub struct Notifier {
     targets: Vec<Target>,
-    /// Delivery ids owed by this process already (owing one again is a
-    /// no-op, but a write).
-    owed: HashSet<String>,
-    /// Failed and diverged runs changed after this time are looked at.
+    /// Runs whose notices this process owed, at the version it saw, and
+    /// when they changed (owing them again is a no-op, but a write); those
+    /// that changed before the looks reach are forgotten, and all once
+    /// there are [`SEEN_RUNS_MAX`].
+    seen: HashMap<String, (i64, i64)>,
+    /// Runs changed after this time are looked at.
     since_ms: i64,
+    /// The look under way over the runs changed since `since_ms`, when it
+    /// takes more than one page.
+    scan: Option<Scan>,
+    /// Runs read in one look, at most.
+    page_runs_max: usize,
     /// How long a taken notice is held (see [`HOLD_MARGIN_MS`]).
     hold_ms: i64,
 }
+
+/// A look over the changed runs, a page at a time.
+struct Scan {
+    started_ms: i64,
+    /// The last run of the page before.
+    after: Option<String>,
+}
+
+/// Runs the notifier remembers having owed notices for, at most.
+pub const SEEN_RUNS_MAX: usize = 100_000;
 
 /// Runs changed this long before the last look are looked at again.
 const OVERLAP_MS: i64 = 60_000;
@@ -55,7 +80,7 @@ const OVERLAP_MS: i64 = 60_000;
 const HOLD_MARGIN_MS: i64 = 5_000;
 
 impl Notifier {
-    pub fn new(webhooks: Vec<Webhook>, lookback_ms: i64) -> Self {
+    pub fn new(webhooks: Vec<Webhook>, lookback_ms: i64, page_runs_max: usize) -> Self {
         let targets: Vec<Target> = webhooks
             .into_iter()
             .map(|hook| Target {
@@ -78,8 +103,10 @@ impl Notifier {
         Notifier {
             hold_ms,
             targets,
-            owed: HashSet::new(),
+            seen: HashMap::new(),
             since_ms: stephost_core::clock::now_ms().saturating_sub(lookback_ms),
+            scan: None,
+            page_runs_max: page_runs_max.max(1),
         }
     }
 
@@ -108,15 +135,7 @@ impl Notifier {
 
     /// One look: owe what is new, send what is due (until `shutdown`).
     pub fn look(&mut self, store: &dyn Store, shutdown: &AtomicBool) -> StoreResult<()> {
-        let now = stephost_core::clock::now_ms();
-        let found = self.events(store)?;
-        let new: Vec<Notice> = found
-            .into_iter()
-            .filter(|n| !self.owed.contains(&n.delivery_id))
-            .collect();
-        store.owe_notices(&new)?;
-        self.owed.extend(new.into_iter().map(|n| n.delivery_id));
-        self.since_ms = now - OVERLAP_MS;
+        self.owe(store)?;
         let names: Vec<String> = self
             .targets
             .iter()
@@ -141,60 +160,60 @@ impl Notifier {
         Ok(())
     }
 
-    /// The notices the ledger's current state calls for.
-    fn events(&self, store: &dyn Store) -> StoreResult<Vec<Notice>> {
+    /// Reads a page of the runs changed since the last look and owes the
+    /// notices their events call for.
+    fn owe(&mut self, store: &dyn Store) -> StoreResult<()> {
         let now = stephost_core::clock::now_ms();
+        let scan = self.scan.get_or_insert(Scan {
+            started_ms: now,
+            after: None,
+        });
+        let page = store.runs(&RunQuery {
+            updated_after_ms: Some(self.since_ms),
+            after_run_id: scan.after.clone(),
+            limit: Some(self.page_runs_max),
+            ..RunQuery::default()
+        })?;
+        let last_page = page.len() < self.page_runs_max;
         let mut bodies = Vec::new();
-        for open in store.open_calls(CallState::Unknown, None)? {
-            bodies.push((
-                NoticeEvent::Parked,
-                open.run.run_id.clone(),
-                Some(open.call.seq),
-                about(
-                    &open.run,
-                    json!({
-                        "seq": open.call.seq,
-                        "call": stephost_host::service::call_name(&open.call),
-                        "operation_id": open.call.operation_id,
-                    }),
-                ),
-            ));
-        }
-        for open in store.open_calls(CallState::Started, Some(approvals::INTERFACE))? {
-            let request: serde_json::Value =
-                serde_json::from_str(&open.call.request).unwrap_or_default();
-            bodies.push((
-                NoticeEvent::Approval,
-                open.run.run_id.clone(),
-                Some(open.call.seq),
-                about(
-                    &open.run,
-                    json!({
-                        "seq": open.call.seq,
-                        "subject": request["subject"],
-                        "details_sha256": request["details_sha256"],
-                        "expires_at_ms": approvals::expires_at_ms(&open.call),
-                    }),
-                ),
-            ));
-        }
-        for (status, event) in [
-            (RunStatus::Failed, NoticeEvent::Failed),
-            (RunStatus::Diverged, NoticeEvent::Diverged),
-        ] {
-            let runs = store.runs(&RunQuery {
-                status: Some(status),
-                updated_after_ms: Some(self.since_ms),
-                ..RunQuery::default()
-            })?;
-            for run in runs {
-                bodies.push((event, run.run_id.clone(), None, about(&run, json!({}))));
+        let mut owed_for = Vec::new();
+        for run in &page {
+            if self.seen.get(&run.run_id).map(|s| s.0) == Some(run.version) {
+                continue;
+            }
+            if let Some(event) = event_of(store, run)? {
+                bodies.push(event);
+                owed_for.push((run.run_id.clone(), (run.version, run.updated_at_ms)));
             }
         }
+        store.owe_notices(&self.notices(bodies, now))?;
+        if self.seen.len() + owed_for.len() > SEEN_RUNS_MAX {
+            self.seen.clear();
+        }
+        self.seen.extend(owed_for);
+        match last_page {
+            false => {
+                let after = page.last().map(|r| r.run_id.clone());
+                if let Some(scan) = self.scan.as_mut() {
+                    scan.after = after;
+                }
+            }
+            true => {
+                let started = self.scan.take().map_or(now, |s| s.started_ms);
+                self.since_ms = started - OVERLAP_MS;
+                let since = self.since_ms;
+                self.seen.retain(|_, (_, at)| *at > since);
+            }
+        }
+        Ok(())
+    }
+
+    /// The notices owed to each webhook for `events`.
+    fn notices(&self, events: Vec<Event>, now: i64) -> Vec<Notice> {
         let mut owed = Vec::new();
         for target in &self.targets {
             let name = &target.hook.config.name;
-            for (event, run_id, seq, body) in &bodies {
+            for (event, run_id, seq, body) in &events {
                 if !target.hook.events.contains(event) {
                     continue;
                 }
@@ -219,7 +238,7 @@ impl Notifier {
                 });
             }
         }
-        Ok(owed)
+        owed
     }
 
     /// One delivery attempt.
@@ -237,18 +256,29 @@ impl Notifier {
             };
         };
         let config = &target.hook.config;
+        let at_s = stephost_core::clock::now_ms() / 1_000;
         let signature = format!(
             "sha256={}",
-            hex::encode(target.key.mac(notice.body.as_bytes()))
+            hex::encode(
+                target
+                    .key
+                    .mac(signed_text(at_s, &notice.delivery_id, &notice.body).as_bytes())
+            )
         );
         let result = ureq::http::Request::post(&config.url)
             .header("Content-Type", "application/json")
             .header("Stephost-Delivery", &notice.delivery_id)
             .header("Stephost-Event", notice.event.as_str())
+            .header("Stephost-Timestamp", at_s.to_string())
             .header("Stephost-Signature", signature)
             .body(notice.body.clone())
-            .map_err(|e| e.to_string())
-            .and_then(|request| target.agent.run(request).map_err(|e| e.to_string()));
+            .map_err(|e| redact(&e.to_string(), &config.url))
+            .and_then(|request| {
+                target
+                    .agent
+                    .run(request)
+                    .map_err(|e| attempt_error(&e, &config.url))
+            });
         let error = match result {
             Ok(response) if response.status().is_success() => {
                 return NoticeAttempt::Delivered {
@@ -256,11 +286,11 @@ impl Notifier {
                 };
             }
             Ok(response) => format!(
-                "{} answered HTTP {}",
-                config.url,
+                "webhook {:?} answered HTTP {}",
+                config.name,
                 response.status().as_u16()
             ),
-            Err(e) => format!("{}: {e}", config.url),
+            Err(e) => format!("webhook {:?}: {e}", config.name),
         };
         let attempts = notice.attempts + 1;
         if attempts >= config.attempts_max {
@@ -291,4 +321,109 @@ fn about(run: &stephost_core::RunRecord, fields: serde_json::Value) -> serde_jso
         body.extend(fields);
     }
     body
+}
+
+/// An event a run calls for: its kind, run id, call and body.
+type Event = (NoticeEvent, String, Option<u64>, serde_json::Value);
+
+/// The event `run`'s state calls for, if any: a parked run's unknown call,
+/// a waiting run's approval (its last call, read alone), a failed or
+/// diverged run.
+fn event_of(store: &dyn Store, run: &RunRecord) -> StoreResult<Option<Event>> {
+    let id = run.run_id.clone();
+    Ok(match run.status {
+        RunStatus::Parked => match store.last_call(&run.run_id)? {
+            Some(call) if call.state == CallState::Unknown => Some((
+                NoticeEvent::Parked,
+                id,
+                Some(call.seq),
+                about(
+                    run,
+                    json!({
+                        "seq": call.seq,
+                        "call": stephost_host::service::call_name(&call),
+                        "operation_id": call.operation_id,
+                    }),
+                ),
+            )),
+            _ => None,
+        },
+        RunStatus::Waiting => match store.last_call(&run.run_id)? {
+            Some(call)
+                if call.state == CallState::Started && call.interface == approvals::INTERFACE =>
+            {
+                let request: serde_json::Value =
+                    serde_json::from_str(&call.request).unwrap_or_default();
+                Some((
+                    NoticeEvent::Approval,
+                    id,
+                    Some(call.seq),
+                    about(
+                        run,
+                        json!({
+                            "seq": call.seq,
+                            "subject": request["subject"],
+                            "details_sha256": request["details_sha256"],
+                            "expires_at_ms": approvals::expires_at_ms(&call),
+                        }),
+                    ),
+                ))
+            }
+            _ => None,
+        },
+        RunStatus::Failed => Some((NoticeEvent::Failed, id, None, about(run, json!({})))),
+        RunStatus::Diverged => Some((NoticeEvent::Diverged, id, None, about(run, json!({})))),
+        _ => None,
+    })
+}
+
+/// What an attempt's signature covers: the attempt's Unix time in seconds,
+/// the delivery id and the body, joined by `.`.
+pub fn signed_text(at_s: i64, delivery_id: &str, body: &str) -> String {
+    format!("{at_s}.{delivery_id}.{body}")
+}
+
+/// A failed request's error, without the webhook's URL.
+fn attempt_error(e: &ureq::Error, url: &str) -> String {
+    match e {
+        ureq::Error::BadUri(_) => "its url is not a valid URI".to_string(),
+        other => redact(&other.to_string(), url),
+    }
+}
+
+/// `text` without `url` or the parts of it that may hold a secret: the
+/// user and password, the path and the query.
+fn redact(text: &str, url: &str) -> String {
+    let mut text = text.replace(url, "(its url)");
+    let rest = url.split_once("://").map_or(url, |(_, rest)| rest);
+    let (authority, tail) = rest.split_once('/').unwrap_or((rest, ""));
+    if let Some((userinfo, _)) = authority.rsplit_once('@')
+        && !userinfo.is_empty()
+    {
+        text = text.replace(userinfo, "…");
+    }
+    let (path, query) = tail.split_once('?').unwrap_or((tail, ""));
+    for secret in [tail, path, query] {
+        if secret.len() >= 4 {
+            text = text.replace(secret, "…");
+        }
+    }
+    text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_attempts_error_holds_no_part_of_the_url_that_may_be_secret() {
+        let url = "https://user:pw-123@hooks.example/services/T0/SECRETPATH?token=SECRETQUERY";
+        let said = redact(
+            &format!("failed to reach {url}; path services/T0/SECRETPATH, token=SECRETQUERY"),
+            url,
+        );
+        for secret in ["SECRETPATH", "SECRETQUERY", "pw-123"] {
+            assert!(!said.contains(secret), "{said}");
+        }
+    }
 }

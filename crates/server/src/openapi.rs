@@ -1,123 +1,510 @@
-//! `GET /openapi.json`: the API described as OpenAPI 3.1. An end-to-end
-//! test checks that every path and method it lists is served.
+//! `GET /openapi.json`: the API described as OpenAPI 3.1, as it is served:
+//! which routes need no token, each body's content type and shape (and that
+//! it is required), and every status each route answers with, errors as
+//! the JSON `Error` object. An end-to-end test checks that every path and
+//! method it lists is served, and a contract test (schemathesis, every
+//! check) checks the server against it.
 
 use axum::Json;
 use serde_json::{Value, json};
 
-/// Every path and method the API serves, as the document lists them.
-pub const OPERATIONS: &[(&str, &str, &str)] = &[
-    ("get", "/", "The web console (its page; no data)."),
-    ("get", "/openapi.json", "This document."),
-    ("get", "/healthz", "The process is up."),
-    ("get", "/readyz", "The ledger can be read (503 if not)."),
-    ("get", "/metrics", "Metrics, Prometheus text format."),
-    (
-        "get",
-        "/api/summary",
-        "Runs per status, oldest runnable and waiting ages, open approvals and unknown calls.",
-    ),
-    (
-        "post",
-        "/api/modules",
-        "Store a module (raw bytes of a component or core module); operator.",
-    ),
-    (
-        "get",
-        "/api/runs",
-        "Runs, newest first: filters status, module, step, created_after_ms, created_before_ms; pages by after and limit.",
-    ),
-    (
-        "post",
-        "/api/runs",
-        "Submit a run: module_digest or module_base64, input, run_id; operator.",
-    ),
-    (
-        "get",
-        "/api/runs/{run_id}",
-        "A run's row, log and notifications.",
-    ),
-    (
-        "get",
-        "/api/runs/{run_id}/calls",
-        "A page of a run's timeline: from_seq, limit; bodies cut (see the call's own page).",
-    ),
-    (
-        "get",
-        "/api/runs/{run_id}/calls/{seq}",
-        "One call, whole, with its attempts.",
-    ),
-    (
-        "get",
-        "/api/runs/{run_id}/export",
-        "The run as a portable fixture (stephost export).",
-    ),
-    (
-        "get",
-        "/api/runs/{run_id}/verify",
-        "Check the run's chain and seal.",
-    ),
-    (
-        "post",
-        "/api/runs/{run_id}/replay",
-        "Replay offline against the recorded build or module_digest/module_base64; operator.",
-    ),
-    (
-        "get",
-        "/api/approvals",
-        "Approvals waiting, with their details and the details' sha256.",
-    ),
-    (
-        "post",
-        "/api/approvals/{run_id}/{seq}",
-        "Approve or reject: verdict, details_sha256 (as shown), note, by; operator.",
-    ),
-    (
-        "get",
-        "/api/unknown",
-        "Calls whose outcome is unknown, with what the receiver was sent.",
-    ),
-    (
-        "post",
-        "/api/unknown/{run_id}/{seq}",
-        "Resolve: outcome succeeded with response, or failed with message; by; operator.",
-    ),
-    (
-        "get",
-        "/api/events",
-        "Server-sent events: `runs`, the runs that changed.",
-    ),
-];
+/// Who may call an operation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Access {
+    /// No token needed (health checks, the console's files, this document).
+    Public,
+    /// Any token.
+    Read,
+    /// A token with the operator role.
+    Operator,
+}
 
-pub async fn document() -> Json<Value> {
+/// An operation's request body.
+#[derive(Debug, Clone)]
+enum Body {
+    None,
+    /// A module's raw bytes.
+    Module,
+    /// JSON of this schema; whether a body must be sent.
+    Json(Value, bool),
+}
+
+/// An operation as the document lists it.
+struct Operation {
+    method: &'static str,
+    path: &'static str,
+    summary: &'static str,
+    access: Access,
+    query: Vec<Value>,
+    body: Body,
+    /// The success status, its content type and schema.
+    ok: (u16, &'static str, Value),
+    /// Statuses beyond those every operation of its kind answers with.
+    more: &'static [u16],
+}
+
+/// The codes each error status carries.
+fn error_codes(status: u16) -> &'static str {
+    match status {
+        400 => "bad_input: a body, path or query the API cannot read or accept",
+        401 => "unauthorized: tokens are configured and the request names none of them",
+        403 => {
+            "forbidden: a read-only token asked to change something; a request from another \
+             site; without tokens, a Host that is not a loopback name"
+        }
+        404 => "not_found, unknown_run, unknown_module",
+        409 => "not_decidable, run_exists, conflict, diverged, integrity",
+        413 => "too_large: a body over json_body_bytes_max (module_bytes_max for an upload)",
+        500 => "internal",
+        503 => "unavailable: the ledger cannot be reached",
+        _ => "an error",
+    }
+}
+
+fn unsigned() -> Value {
+    json!({"type": "integer", "minimum": 0, "maximum": u64::MAX})
+}
+
+/// A call's number: the ledger numbers calls from 1 up to `i64::MAX`.
+fn seq() -> Value {
+    json!({"type": "integer", "minimum": 0, "maximum": i64::MAX})
+}
+
+fn millis() -> Value {
+    json!({"type": "integer", "minimum": i64::MIN, "maximum": i64::MAX})
+}
+
+fn query(name: &str, schema: Value, description: &str) -> Value {
+    json!({"name": name, "in": "query", "required": false, "schema": schema,
+           "description": description})
+}
+
+fn object(properties: Value, required: &[&str]) -> Value {
+    json!({"type": "object", "additionalProperties": false, "required": required,
+           "properties": properties})
+}
+
+fn nullable_string() -> Value {
+    json!({"type": ["string", "null"]})
+}
+
+/// Any JSON value but `null`.
+fn not_null() -> Value {
+    json!({"type": ["object", "array", "string", "number", "boolean"]})
+}
+
+fn operations() -> Vec<Operation> {
+    use Access::*;
+    let statuses: Vec<&str> = stephost_core::RunStatus::ALL
+        .iter()
+        .map(|s| s.as_str())
+        .collect();
+    // A field the server reads as absent when it is null is declared
+    // nullable; so is the other module field of each choice.
+    let submit = {
+        let module = |name: &str, schema: Value, other: &str| {
+            object(
+                json!({
+                    name: schema,
+                    other: {"type": "null"},
+                    "input": {"description": "the run's input, any JSON (null if absent)"},
+                    "run_id": nullable_string(),
+                }),
+                &[name],
+            )
+        };
+        json!({"oneOf": [
+            module("module_digest", json!({"type": "string", "description": "a module stored already"}), "module_base64"),
+            module("module_base64", json!({"type": "string", "contentEncoding": "base64",
+                                           "description": "the module's bytes"}), "module_digest"),
+        ]})
+    };
+    let replay = json!({
+        "type": "object",
+        "additionalProperties": false,
+        "properties": {
+            "module_digest": nullable_string(),
+            "module_base64": {"type": ["string", "null"], "contentEncoding": "base64"},
+        },
+        "not": {
+            "required": ["module_digest", "module_base64"],
+            "properties": {"module_digest": {"type": "string"}, "module_base64": {"type": "string"}},
+        },
+        "description": "another build to replay against; none (or no body) for the recorded one",
+    });
+    let decide = object(
+        json!({
+            "verdict": {"enum": ["approved", "rejected"]},
+            "details_sha256": {"type": ["string", "null"],
+                               "description": "the sha256 of the details shown (at least 8 characters); required to approve"},
+            "note": nullable_string(),
+            "by": {"type": ["string", "null"], "description": "who decided, on a server without tokens (else the token's name)"},
+        }),
+        &["verdict"],
+    );
+    let resolve = json!({"oneOf": [
+        object(
+            json!({"outcome": {"const": "succeeded"}, "response": not_null(),
+                   "message": {"type": "null"}, "by": nullable_string()}),
+            &["outcome", "response"],
+        ),
+        object(
+            json!({"outcome": {"const": "failed"}, "message": {"type": "string"},
+                   "response": {"type": "null"}, "by": nullable_string()}),
+            &["outcome", "message"],
+        ),
+    ]});
+    let any_object = json!({"type": "object"});
+    let any_array = json!({"type": "array"});
+    let text = json!({"type": "string"});
+    vec![
+        Operation {
+            method: "get",
+            path: "/",
+            summary: "The web console (its page; no data).",
+            access: Public,
+            query: vec![],
+            body: Body::None,
+            ok: (200, "text/html", text.clone()),
+            more: &[],
+        },
+        Operation {
+            method: "get",
+            path: "/console.js",
+            summary: "The console's script.",
+            access: Public,
+            query: vec![],
+            body: Body::None,
+            ok: (200, "text/javascript", text.clone()),
+            more: &[],
+        },
+        Operation {
+            method: "get",
+            path: "/console.css",
+            summary: "The console's styles.",
+            access: Public,
+            query: vec![],
+            body: Body::None,
+            ok: (200, "text/css", text.clone()),
+            more: &[],
+        },
+        Operation {
+            method: "get",
+            path: "/openapi.json",
+            summary: "This document.",
+            access: Public,
+            query: vec![],
+            body: Body::None,
+            ok: (200, "application/json", any_object.clone()),
+            more: &[],
+        },
+        Operation {
+            method: "get",
+            path: "/healthz",
+            summary: "The process is up.",
+            access: Public,
+            query: vec![],
+            body: Body::None,
+            ok: (200, "text/plain", text.clone()),
+            more: &[],
+        },
+        Operation {
+            method: "get",
+            path: "/readyz",
+            summary: "The ledger can be read (503 if not); checked at most once per ready_cache_ms.",
+            access: Public,
+            query: vec![],
+            body: Body::None,
+            ok: (200, "text/plain", text.clone()),
+            more: &[503],
+        },
+        Operation {
+            method: "get",
+            path: "/metrics",
+            summary: "Metrics, Prometheus text format.",
+            access: Read,
+            query: vec![],
+            body: Body::None,
+            ok: (200, "text/plain", text.clone()),
+            more: &[],
+        },
+        Operation {
+            method: "get",
+            path: "/api/summary",
+            summary: "Runs per status, oldest runnable and waiting ages, open approvals and unknown calls; computed at most once per summary_cache_ms.",
+            access: Read,
+            query: vec![],
+            body: Body::None,
+            ok: (200, "application/json", any_object.clone()),
+            more: &[],
+        },
+        Operation {
+            method: "post",
+            path: "/api/modules",
+            summary: "Store a module: the raw bytes of a component or core module (at most module_bytes_max).",
+            access: Operator,
+            query: vec![],
+            body: Body::Module,
+            ok: (201, "application/json", any_object.clone()),
+            more: &[409],
+        },
+        Operation {
+            method: "get",
+            path: "/api/runs",
+            summary: "Runs, newest first, a page at a time.",
+            access: Read,
+            query: vec![
+                query(
+                    "status",
+                    json!({"type": "string", "enum": statuses}),
+                    "only runs in this status",
+                ),
+                query(
+                    "module",
+                    json!({"type": "string"}),
+                    "only runs of this module digest",
+                ),
+                query(
+                    "step",
+                    json!({"type": "string"}),
+                    "only runs of this step (name@version)",
+                ),
+                query(
+                    "created_after_ms",
+                    millis(),
+                    "only runs created after this time",
+                ),
+                query(
+                    "created_before_ms",
+                    millis(),
+                    "only runs created before this time",
+                ),
+                query(
+                    "after",
+                    json!({"type": "string"}),
+                    "the previous page's `next`",
+                ),
+                query(
+                    "limit",
+                    unsigned(),
+                    "runs in the page (default 50; at most runs_page_max, 1 at least)",
+                ),
+            ],
+            body: Body::None,
+            ok: (200, "application/json", any_object.clone()),
+            more: &[],
+        },
+        Operation {
+            method: "post",
+            path: "/api/runs",
+            summary: "Submit a run for a worker.",
+            access: Operator,
+            query: vec![],
+            body: Body::Json(submit, true),
+            ok: (201, "application/json", any_object.clone()),
+            more: &[409],
+        },
+        Operation {
+            method: "get",
+            path: "/api/runs/{run_id}",
+            summary: "A run's row, log and notifications.",
+            access: Read,
+            query: vec![],
+            body: Body::None,
+            ok: (200, "application/json", any_object.clone()),
+            more: &[],
+        },
+        Operation {
+            method: "get",
+            path: "/api/runs/{run_id}/calls",
+            summary: "A page of a run's timeline; bodies cut at timeline_body_bytes_max (see the call's own page).",
+            access: Read,
+            query: vec![
+                query("from_seq", seq(), "the first call (default 1)"),
+                query(
+                    "limit",
+                    unsigned(),
+                    "calls in the page (default 100; at most calls_page_max, 1 at least)",
+                ),
+            ],
+            body: Body::None,
+            ok: (200, "application/json", any_object.clone()),
+            more: &[],
+        },
+        Operation {
+            method: "get",
+            path: "/api/runs/{run_id}/calls/{seq}",
+            summary: "One call, whole, with its attempts.",
+            access: Read,
+            query: vec![],
+            body: Body::None,
+            ok: (200, "application/json", any_object.clone()),
+            more: &[],
+        },
+        Operation {
+            method: "get",
+            path: "/api/runs/{run_id}/export",
+            summary: "The run as a portable fixture (stephost export).",
+            access: Read,
+            query: vec![],
+            body: Body::None,
+            ok: (200, "application/json", any_object.clone()),
+            more: &[409],
+        },
+        Operation {
+            method: "get",
+            path: "/api/runs/{run_id}/verify",
+            summary: "Check the run's chain and seal.",
+            access: Read,
+            query: vec![],
+            body: Body::None,
+            ok: (200, "application/json", any_object.clone()),
+            more: &[409],
+        },
+        Operation {
+            method: "post",
+            path: "/api/runs/{run_id}/replay",
+            summary: "Replay offline against the recorded build, or another given by module_digest or module_base64.",
+            access: Operator,
+            query: vec![],
+            body: Body::Json(replay, false),
+            ok: (200, "application/json", any_object.clone()),
+            more: &[409],
+        },
+        Operation {
+            method: "get",
+            path: "/api/approvals",
+            summary: "Approvals waiting, with their details and the details' sha256.",
+            access: Read,
+            query: vec![],
+            body: Body::None,
+            ok: (200, "application/json", any_array.clone()),
+            more: &[],
+        },
+        Operation {
+            method: "post",
+            path: "/api/approvals/{run_id}/{seq}",
+            summary: "Approve or reject a waiting approval.",
+            access: Operator,
+            query: vec![],
+            body: Body::Json(decide, true),
+            ok: (200, "application/json", any_object.clone()),
+            more: &[409],
+        },
+        Operation {
+            method: "get",
+            path: "/api/unknown",
+            summary: "Calls whose outcome is unknown, with what the receiver was sent.",
+            access: Read,
+            query: vec![],
+            body: Body::None,
+            ok: (200, "application/json", any_array),
+            more: &[],
+        },
+        Operation {
+            method: "post",
+            path: "/api/unknown/{run_id}/{seq}",
+            summary: "Resolve a call whose outcome is unknown: succeeded with the receipt, or failed with a message.",
+            access: Operator,
+            query: vec![],
+            body: Body::Json(resolve, true),
+            ok: (200, "application/json", any_object),
+            more: &[409],
+        },
+        Operation {
+            method: "get",
+            path: "/api/events",
+            summary: "Server-sent events: `runs`, the runs that changed.",
+            access: Read,
+            query: vec![],
+            body: Body::None,
+            ok: (200, "text/event-stream", text),
+            more: &[],
+        },
+    ]
+}
+
+/// The document.
+pub fn openapi() -> Value {
     let error = json!({"$ref": "#/components/schemas/Error"});
     let mut paths = serde_json::Map::new();
-    for (method, path, summary) in OPERATIONS {
-        let params: Vec<Value> = path
+    for op in operations() {
+        let mut parameters: Vec<Value> = op
+            .path
             .split('/')
             .filter_map(|seg| seg.strip_prefix('{')?.strip_suffix('}'))
             .map(|name| {
-                json!({"name": name, "in": "path", "required": true,
-                       "schema": {"type": if name == "seq" { "integer" } else { "string" }}})
+                let schema = match name {
+                    "seq" => seq(),
+                    _ => json!({"type": "string"}),
+                };
+                json!({"name": name, "in": "path", "required": true, "schema": schema})
             })
             .collect();
-        let entry = paths.entry(path.to_string()).or_insert_with(|| json!({}));
-        entry[*method] = json!({
-            "summary": summary,
-            "parameters": params,
-            "security": [{"bearer": []}],
-            "responses": {
-                "200": {"description": "OK (201 for a submission or upload)"},
-                "400": {"description": "bad_input", "content": {"application/json": {"schema": error}}},
-                "401": {"description": "unauthorized", "content": {"application/json": {"schema": error}}},
-                "403": {"description": "forbidden (a read-only token)", "content": {"application/json": {"schema": error}}},
-                "404": {"description": "unknown_run, unknown_module, not_found", "content": {"application/json": {"schema": error}}},
-                "405": {"description": "method_not_allowed", "content": {"application/json": {"schema": error}}},
-                "409": {"description": "not_decidable, run_exists, conflict, diverged, integrity", "content": {"application/json": {"schema": error}}},
-                "503": {"description": "unavailable", "content": {"application/json": {"schema": error}}},
-            }
+        let has_path = !parameters.is_empty();
+        parameters.extend(op.query.iter().cloned());
+        // Every route may refuse a request as a browser could be tricked
+        // into sending it (403).
+        let mut errors: Vec<u16> = vec![403];
+        if op.access != Access::Public {
+            errors.extend([400, 401, 500, 503]);
+        }
+        if has_path {
+            errors.extend([400, 404]);
+        }
+        match &op.body {
+            Body::None => {}
+            Body::Module | Body::Json(..) => errors.extend([400, 404, 413]),
+        }
+        errors.extend(op.more);
+        errors.sort_unstable();
+        errors.dedup();
+        let mut responses = serde_json::Map::new();
+        let (status, content_type, schema) = &op.ok;
+        responses.insert(
+            status.to_string(),
+            json!({"description": "OK", "content": {*content_type: {"schema": schema}}}),
+        );
+        for status in errors {
+            responses.insert(
+                status.to_string(),
+                json!({"description": error_codes(status),
+                       "content": {"application/json": {"schema": error}}}),
+            );
+        }
+        let mut operation = json!({
+            "summary": op.summary,
+            "parameters": parameters,
+            "security": match op.access {
+                Access::Public => json!([]),
+                _ => json!([{"bearer": []}]),
+            },
+            "responses": responses,
         });
+        if op.access == Access::Operator {
+            operation["description"] = json!("Needs a token with the operator role.");
+        }
+        match op.body {
+            Body::None => {}
+            Body::Module => {
+                operation["requestBody"] = json!({
+                    "required": true,
+                    "content": {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}},
+                });
+            }
+            Body::Json(schema, required) => {
+                operation["requestBody"] = json!({
+                    "required": required,
+                    "content": {"application/json": {"schema": schema}},
+                });
+            }
+        }
+        let entry = paths
+            .entry(op.path.to_string())
+            .or_insert_with(|| json!({}));
+        entry[op.method] = operation;
     }
-    Json(json!({
+    json!({
         "openapi": "3.1.0",
         "info": {
             "title": "stephost",
@@ -132,12 +519,16 @@ pub async fn document() -> Json<Value> {
                     "type": "object",
                     "required": ["code", "message", "fix"],
                     "properties": {
-                        "code": {"type": "string", "enum": ["bad_input", "unauthorized", "forbidden", "not_found", "method_not_allowed", "unknown_run", "unknown_module", "not_decidable", "run_exists", "conflict", "diverged", "integrity", "unavailable", "internal"]},
+                        "code": {"type": "string", "enum": ["bad_input", "unauthorized", "forbidden", "not_found", "method_not_allowed", "unknown_run", "unknown_module", "not_decidable", "run_exists", "conflict", "diverged", "integrity", "too_large", "unavailable", "internal"]},
                         "message": {"type": "string"},
                         "fix": {"type": "string"}
                     }
                 }
             }
         }
-    }))
+    })
+}
+
+pub async fn document() -> Json<Value> {
+    Json(openapi())
 }

@@ -2,7 +2,9 @@
 //! webhooks, against a real server process on 127.0.0.1 on the backend the
 //! suite runs on; and the console in headless Chromium.
 
-use std::time::Duration;
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 use stephost_core::mac::MacKey;
@@ -459,12 +461,26 @@ fn every_documented_route_is_served_and_live_updates_name_the_runs_that_change()
     drop(open);
 }
 
+/// Whether a delivery is signed as docs/api.md tells a receiver to check:
+/// `Stephost-Signature` is the HMAC of `TIMESTAMP.DELIVERY_ID.BODY`, and
+/// the timestamp is recent (a receiver refuses older ones as replays).
 fn signature_ok(delivery: &stephost_tests::server::Delivery) -> bool {
+    let (Some(at), Some(id)) = (
+        delivery.header("Stephost-Timestamp"),
+        delivery.header("Stephost-Delivery"),
+    ) else {
+        return false;
+    };
+    let Ok(at_s) = at.parse::<i64>() else {
+        return false;
+    };
+    let now_s = stephost_core::clock::now_ms() / 1_000;
+    let signed = format!("{at_s}.{id}.{}", delivery.body);
     let expected = format!(
         "sha256={}",
-        stephost_core::ids::to_hex(&MacKey::new(SECRET.as_bytes()).mac(delivery.body.as_bytes()))
+        stephost_core::ids::to_hex(&MacKey::new(SECRET.as_bytes()).mac(signed.as_bytes()))
     );
-    delivery.header("Stephost-Signature") == Some(expected.as_str())
+    (now_s - at_s).abs() <= 300 && delivery.header("Stephost-Signature") == Some(expected.as_str())
 }
 
 #[test]
@@ -692,4 +708,352 @@ fn two_servers_on_one_ledger_share_the_runs_and_notify_each_event_once() {
     );
     assert_eq!(a.stop(), Some(0));
     assert_eq!(b.stop(), Some(0));
+}
+
+/// A request whose head is sent whole and whose body is not: `length` is
+/// declared, `sent` bytes of it are sent. What the server answers, read
+/// without sending the rest (at most 20 s: an answer that needs the rest
+/// never comes).
+fn answer_to_partial_body(
+    addr: &str,
+    path: &str,
+    token: Option<&str>,
+    length: usize,
+    sent: usize,
+) -> String {
+    let mut stream = TcpStream::connect(addr).unwrap();
+    let auth = token
+        .map(|t| format!("Authorization: Bearer {t}\r\n"))
+        .unwrap_or_default();
+    write!(
+        stream,
+        "POST {path} HTTP/1.1\r\nHost: {addr}\r\n{auth}Content-Type: application/json\r\n\
+         Content-Length: {length}\r\n\r\n"
+    )
+    .unwrap();
+    stream.write_all(&vec![b' '; sent]).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(20)))
+        .unwrap();
+    let mut read = Vec::new();
+    let mut buf = [0u8; 4096];
+    loop {
+        match stream.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => {
+                read.extend_from_slice(&buf[..n]);
+                let text = String::from_utf8_lossy(&read);
+                if text.contains("\r\n\r\n") && text.trim_end().ends_with('}') {
+                    break;
+                }
+            }
+            Err(e) => {
+                assert!(
+                    !read.is_empty(),
+                    "no answer to POST {path} ({length} bytes declared, {sent} sent) \
+                     without the rest of its body: {e}"
+                );
+                break;
+            }
+        }
+    }
+    String::from_utf8_lossy(&read).into_owned()
+}
+
+#[test]
+fn a_read_token_is_refused_before_its_body_is_read_and_json_bodies_are_limited() {
+    let sb = Sandbox::with_config(BIN, &config(""));
+    let tokens = "ana operator ana-token-0123456789abcdef\nviewer read viewer-token-0123456789";
+    let served = sb.serve(&[], &[("STEPHOST_API_TOKENS", tokens)]);
+    let addr = served.addr();
+    // A read token's 60 MiB POST is refused from its head: the answer comes
+    // while 59.99 MiB of it are still unsent. So is one with no token.
+    for path in [
+        "/api/runs",
+        "/api/modules",
+        "/api/approvals/r/1",
+        "/api/runs/r/replay",
+    ] {
+        let answer = answer_to_partial_body(
+            &addr,
+            path,
+            Some("viewer-token-0123456789"),
+            60 << 20,
+            16 << 10,
+        );
+        assert!(answer.starts_with("HTTP/1.1 403"), "{path}: {answer}");
+        assert!(answer.contains("\"forbidden\""), "{path}: {answer}");
+        let answer = answer_to_partial_body(&addr, path, None, 60 << 20, 16 << 10);
+        assert!(answer.starts_with("HTTP/1.1 401"), "{path}: {answer}");
+    }
+    // An operator's JSON body over json_body_bytes_max (1 MiB) is refused
+    // as too large, also from its head; a module upload may be larger.
+    let answer = answer_to_partial_body(
+        &addr,
+        "/api/runs",
+        Some("ana-token-0123456789abcdef"),
+        2 << 20,
+        16 << 10,
+    );
+    assert!(answer.starts_with("HTTP/1.1 413"), "{answer}");
+    assert!(answer.contains("\"too_large\""), "{answer}");
+    let ana = served.with_token("ana-token-0123456789abcdef");
+    let not_a_module = ana.request("POST", "/api/modules", Some(&vec![b'x'; 2 << 20]));
+    not_a_module.expect_error(400, "bad_input");
+    // The server took no harm and still serves.
+    assert_eq!(served.get("/healthz").status, 200);
+    assert_eq!(served.stop(), Some(0));
+}
+
+#[test]
+fn serve_stops_on_sigterm_while_half_sent_requests_are_open() {
+    let sb = Sandbox::with_config(BIN, &config(""));
+    let served = sb.serve(&[], &[]);
+    let addr = served.addr();
+    // 400 connections that sent a request line and one header, and no more.
+    let open: Vec<TcpStream> = (0..400)
+        .map(|_| {
+            let mut stream = TcpStream::connect(&addr).unwrap();
+            write!(stream, "GET /healthz HTTP/1.1\r\nHost: {addr}\r\n").unwrap();
+            stream
+        })
+        .collect();
+    assert_eq!(served.get("/healthz").status, 200, "served meanwhile");
+    // Told to stop, it stops (after shutdown_grace_ms, 5 s by default,
+    // dropping them) and drains its worker: exit 0.
+    let asked = Instant::now();
+    assert_eq!(served.stop_within(Duration::from_secs(20)), Some(0));
+    eprintln!("stopped {:?} after SIGTERM", asked.elapsed());
+    drop(open);
+}
+
+#[test]
+fn a_half_sent_request_is_closed_after_the_header_timeout_and_connections_are_bounded() {
+    let sb = Sandbox::with_config(BIN, &config(""));
+    let served = sb.serve(
+        &[
+            "--header-read-timeout-ms",
+            "1000",
+            "--connections-max",
+            "16",
+        ],
+        &[],
+    );
+    let addr = served.addr();
+    // A request head never finished: the server closes the connection.
+    let mut stream = TcpStream::connect(&addr).unwrap();
+    write!(stream, "GET /healthz HTTP/1.1\r\nHost: {addr}\r\n").unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(20)))
+        .unwrap();
+    let mut buf = [0u8; 1024];
+    match stream.read(&mut buf) {
+        Ok(_) => {} // closed (0), or a 408 before closing
+        Err(e) => assert!(
+            !matches!(
+                e.kind(),
+                std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+            ),
+            "a half-sent request was kept open: {e}"
+        ),
+    }
+    // 100 connections at once: at most 16 are taken in; the rest wait to
+    // be accepted, and every one is served in its turn.
+    let before = served.open_fds();
+    let mut waiting: Vec<TcpStream> = (0..100)
+        .map(|_| TcpStream::connect(&addr).unwrap())
+        .collect();
+    std::thread::sleep(Duration::from_millis(500));
+    let taken = served.open_fds().saturating_sub(before);
+    assert!(
+        taken <= 16 + 2,
+        "{taken} connections taken in at once; the bound is 16"
+    );
+    for stream in &mut waiting {
+        write!(
+            stream,
+            "GET /healthz HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+        )
+        .unwrap();
+    }
+    for stream in &mut waiting {
+        stream
+            .set_read_timeout(Some(Duration::from_secs(60)))
+            .unwrap();
+        let mut answer = String::new();
+        let _ = stream.read_to_string(&mut answer);
+        // Answered, or closed after waiting past the header timeout.
+        assert!(
+            answer.is_empty() || answer.starts_with("HTTP/1.1 200"),
+            "{answer}"
+        );
+    }
+    assert_eq!(served.get("/healthz").status, 200);
+    assert_eq!(served.stop(), Some(0));
+}
+
+#[test]
+fn readyz_is_a_cached_check_and_the_ledger_connections_stay_bounded() {
+    let sb = Sandbox::with_config(BIN, &config(""));
+    // A ledger of 200,000 runs, where counting them is work.
+    sb.stephost(&["runs"]).expect_code(0);
+    let filled = sb.sql(
+        "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 200000) \
+         INSERT INTO runs (run_id, module_digest, input, status, created_at, updated_at, version, \
+         fence, world) SELECT 'filler-' || i, 'm', '{}', 'completed', i, i, 1, 0, 'w' FROM n",
+        "INSERT INTO runs (run_id, module_digest, input, status, created_at, updated_at, version, \
+         fence, world) SELECT 'filler-' || i, 'm', '{}', 'completed', i, i, 1, 0, 'w' \
+         FROM generate_series(1, 200000) i",
+    );
+    assert_eq!(filled, 200_000);
+    let served = sb.serve(&[], &[]);
+    assert_eq!(served.get("/readyz").status, 200);
+    let before = served.open_fds();
+    // 64 callers at once, four times each.
+    let gate = std::sync::Barrier::new(64);
+    std::thread::scope(|scope| {
+        for _ in 0..64 {
+            scope.spawn(|| {
+                gate.wait();
+                for _ in 0..4 {
+                    assert_eq!(served.get("/readyz").status, 200);
+                }
+                assert_eq!(served.get("/api/summary").status, 200);
+            });
+        }
+    });
+    std::thread::sleep(Duration::from_millis(500));
+    // Each ledger connection is a file or a socket or two; the handlers
+    // keep ledger_stores_max (8) at most.
+    let kept = served.open_fds().saturating_sub(before);
+    assert!(
+        kept <= 2 * 8,
+        "{kept} more files open after the callers left"
+    );
+    let summary = served.get("/api/summary").expect(200);
+    assert_eq!(summary["counts"]["completed"], 200_000);
+    assert_eq!(served.stop(), Some(0));
+}
+
+#[test]
+fn a_server_without_tokens_says_it_is_not_for_production() {
+    let sb = Sandbox::with_config(BIN, &config(""));
+    let served = sb.serve(&[], &[]);
+    let log = served.log.lock().unwrap().clone();
+    assert!(
+        log.contains("WARNING: no API tokens") && log.contains("not for production"),
+        "{log}"
+    );
+    let tokens = "ana operator ana-token-0123456789abcdef";
+    let with = sb.serve(&[], &[("STEPHOST_API_TOKENS", tokens)]);
+    assert!(!with.log.lock().unwrap().contains("WARNING"));
+    assert_eq!(served.stop(), Some(0));
+    assert_eq!(with.stop(), Some(0));
+}
+
+#[test]
+fn a_webhooks_url_is_never_in_what_readers_see() {
+    let receiver = WebhookReceiver::start(&[500; 1000]);
+    let hooks = format!(
+        "\n[[webhooks]]\nname = \"ops\"\nurl = \"{}?token=SECRET-IN-QUERY\"\nsecret_env = \"HOOK_SECRET\"\n\
+         backoff_first_ms = 100\nbackoff_max_ms = 200\ntimeout_ms = 2000\n\
+         \n[[webhooks]]\nname = \"down\"\nurl = \"http://127.0.0.1:9/SECRET-IN-PATH\"\n\
+         secret_env = \"HOOK_SECRET\"\nbackoff_first_ms = 100\nbackoff_max_ms = 200\ntimeout_ms = 2000\n",
+        receiver.url
+    );
+    let sb = Sandbox::with_config(BIN, &config(&hooks));
+    let tokens = "ana operator ana-token-0123456789abcdef\nviewer read viewer-token-0123456789";
+    let served = sb.serve(
+        &[],
+        &[("HOOK_SECRET", SECRET), ("STEPHOST_API_TOKENS", tokens)],
+    );
+    let ana = served.with_token("ana-token-0123456789abcdef");
+    let viewer = served.with_token("viewer-token-0123456789");
+    let digest = ana.upload(guests::PANICKER);
+    ana.post(
+        "/api/runs",
+        &json!({"module_digest": digest, "input": null, "run_id": "f"}),
+    )
+    .expect(201);
+    let view = viewer.wait_for("both webhooks tried and failed", "/api/runs/f", |v| {
+        v["notices"]
+            .as_array()
+            .is_some_and(|n| n.len() == 2 && n.iter().all(|n| n["last_error"].is_string()))
+    });
+    for notice in view["notices"].as_array().unwrap() {
+        let error = notice["last_error"].as_str().unwrap();
+        let name = notice["webhook"].as_str().unwrap();
+        assert!(error.contains(&format!("webhook {name:?}")), "{error}");
+        assert!(
+            !error.contains("SECRET") && !error.contains("http"),
+            "{error}"
+        );
+    }
+    let text = viewer.get("/api/runs/f").body;
+    assert!(!text.contains("SECRET"), "{text}");
+    // The receiver got each attempt signed (with a recent timestamp).
+    let got = receiver.wait_for("an attempt", |d| !d.is_empty());
+    assert!(signature_ok(&got[0]), "{:#?}", got[0]);
+    assert_eq!(served.stop(), Some(0));
+}
+
+/// The API against its own /openapi.json: schemathesis (every check, an
+/// operator token, a bounded number of examples) against a real server with
+/// a completed run and a waiting one. Needs schemathesis in
+/// target/schemathesis (scripts/test.sh installs it) or at
+/// STEPHOST_SCHEMATHESIS; fails, never skips, without it.
+#[test]
+fn the_api_matches_its_openapi_document() {
+    let tool = std::env::var("STEPHOST_SCHEMATHESIS").unwrap_or_else(|_| {
+        concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../target/schemathesis/bin/schemathesis"
+        )
+        .to_string()
+    });
+    assert!(
+        std::path::Path::new(&tool).exists(),
+        "schemathesis is not installed at {tool}: run scripts/test.sh (it installs it in a \
+         venv under target/schemathesis), or set STEPHOST_SCHEMATHESIS"
+    );
+    let sb = Sandbox::with_config(BIN, &config(""));
+    let token = "contract-token-0123456789abcdef";
+    let served = sb.serve(
+        &[],
+        &[("STEPHOST_API_TOKENS", &format!("contract operator {token}"))],
+    );
+    let client = served.with_token(token);
+    let digest = client.upload(guests::SUPPLIER_ORDER);
+    for (run_id, approval) in [("contract-completed", false), ("contract-waiting", true)] {
+        client
+            .post(
+                "/api/runs",
+                &json!({"module_digest": digest, "input": supplier_input(10, approval), "run_id": run_id}),
+            )
+            .expect(201);
+    }
+    client.wait_status("contract-completed", "completed");
+    client.wait_status("contract-waiting", "waiting");
+    let config = concat!(env!("CARGO_MANIFEST_DIR"), "/contract/schemathesis.toml");
+    let started = Instant::now();
+    let out = std::process::Command::new(&tool)
+        .args(["--config-file", config, "run"])
+        .arg(format!("{}/openapi.json", served.base))
+        .args(["--checks", "all", "--max-examples", "20", "--workers", "1"])
+        .env("STEPHOST_CONTRACT_TOKEN", token)
+        .env("NO_COLOR", "1")
+        .current_dir(sb.dir.path())
+        .output()
+        .expect("run schemathesis");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    eprintln!("schemathesis took {:?}", started.elapsed());
+    assert!(
+        out.status.success(),
+        "the API does not match /openapi.json:\n{stdout}\n{stderr}\nserver log:\n{}",
+        served.log.lock().unwrap()
+    );
+    assert!(stdout.contains("passed"), "{stdout}");
+    assert!(!served.log.lock().unwrap().contains("panicked"));
+    assert_eq!(served.stop(), Some(0));
 }
