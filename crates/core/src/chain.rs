@@ -170,11 +170,7 @@ impl Signer {
 
     /// The prefix of this signer's seal digests (and second-format links).
     fn seal_prefix(&self) -> &'static str {
-        if self.is_keyed() {
-            SIGNED_V2
-        } else {
-            PLAIN_V2
-        }
+        if self.is_keyed() { SIGNED_V2 } else { PLAIN_V2 }
     }
 
     fn hasher(&self, domain: &[u8]) -> Sha256 {
@@ -207,10 +203,22 @@ impl Signer {
     /// The link of `call` of run `run_id`, finished with `state`, `outcome`
     /// and (for a person's decision) `resolved_by`, following `previous`,
     /// into `out`.
-    pub fn link_into(&self, out: &mut String, run_id: &str, previous: &str, finished: &Finished<'_>) {
+    pub fn link_into(
+        &self,
+        out: &mut String,
+        run_id: &str,
+        previous: &str,
+        finished: &Finished<'_>,
+    ) {
         let mut h = self.hasher(b"stephost/chain/v3");
         feed(&mut h, &[run_id.as_bytes()]);
-        feed_link(&mut h, previous, finished.call, finished.state, finished.outcome);
+        feed_link(
+            &mut h,
+            previous,
+            finished.call,
+            finished.state,
+            finished.outcome,
+        );
         feed(&mut h, &[finished.resolved_by.unwrap_or("").as_bytes()]);
         self.finish_into(out, self.link_prefix(), h);
     }
@@ -226,7 +234,10 @@ impl Signer {
     fn link_v2(&self, previous: &str, call: &CallRecord) -> String {
         let mut h = self.hasher(b"stephost/chain/v2");
         feed_link(&mut h, previous, call, call.state, call.outcome.as_deref());
-        feed(&mut h, &[call.resolved_by.as_deref().unwrap_or("").as_bytes()]);
+        feed(
+            &mut h,
+            &[call.resolved_by.as_deref().unwrap_or("").as_bytes()],
+        );
         let mut out = String::new();
         self.finish_into(&mut out, self.seal_prefix(), h);
         out
@@ -338,7 +349,8 @@ impl Signer {
     /// Checks the calls (in order) of run `run_id` against their links,
     /// not against the run's seal (see [`Signer::verify`]).
     pub fn verify_chain(&self, run_id: &str, calls: &[CallRecord]) -> Result<Verified, Broken> {
-        self.check_chain(run_id, calls).map(|(verified, _)| verified)
+        self.check_chain(run_id, calls)
+            .map(|(verified, _)| verified)
     }
 
     /// [`Signer::verify_chain`], and the chain's head.
@@ -357,10 +369,7 @@ impl Signer {
             if crate::ids::request_hash(&call.interface, &call.function, &call.request)
                 != call.request_hash
             {
-                return Err(Broken::at(
-                    call.seq,
-                    "its request does not match its hash",
-                ));
+                return Err(Broken::at(call.seq, "its request does not match its hash"));
             }
             match &call.chain {
                 Some(found) => {
@@ -430,7 +439,13 @@ impl Signer {
     }
 
     /// The link `call` should carry, in the format `found` is in.
-    fn expected_link(&self, run_id: &str, previous: &str, call: &CallRecord, found: &str) -> String {
+    fn expected_link(
+        &self,
+        run_id: &str,
+        previous: &str,
+        call: &CallRecord,
+        found: &str,
+    ) -> String {
         if found.starts_with(SIGNED) || found.starts_with(PLAIN) {
             self.link(run_id, previous, &Finished::recorded(call))
         } else if found.starts_with(SIGNED_V2) || found.starts_with(PLAIN_V2) {

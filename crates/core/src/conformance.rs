@@ -831,15 +831,13 @@ pub fn a_person_approves_a_waiting_call_once_and_the_run_is_due_with_a_new_fence
     assert_eq!(decided.resolved_by.as_deref(), Some("ana"));
     // The decision is linked with who made it, and the run's row sealed
     // with it as the chain's head.
-    let link = Signer::plain().link(
-        "ap",
-        "",
-        &crate::chain::Finished::recorded(decided),
-    );
+    let link = Signer::plain().link("ap", "", &crate::chain::Finished::recorded(decided));
     assert_eq!(decided.chain.as_deref(), Some(link.as_str()));
     Signer::plain()
         .verify(&calls_of(store.as_ref(), "ap"), &run)
-        .unwrap_or_else(|broken| panic!("the backend dropped or changed the seal ({broken}): {run:?}"));
+        .unwrap_or_else(|broken| {
+            panic!("the backend dropped or changed the seal ({broken}): {run:?}")
+        });
     let outcome: serde_json::Value =
         serde_json::from_str(decided.outcome.as_deref().unwrap()).unwrap();
     let decided: serde_json::Value = serde_json::from_str(outcome["ok"].as_str().unwrap()).unwrap();

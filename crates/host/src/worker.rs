@@ -338,9 +338,9 @@ pub fn run(
                     // come back (a held run is due when its lease runs out);
                     // runs refused for their record do not count.
                     let idle = store.due_runs(64).is_ok_and(|runs| {
-                        runs.iter().filter(|r| !refused.contains_run(&r.run_id)).all(|r| {
-                            r.status != RunStatus::Running && !lifecycle::is_due(r, now)
-                        })
+                        runs.iter()
+                            .filter(|r| !refused.contains_run(&r.run_id))
+                            .all(|r| r.status != RunStatus::Running && !lifecycle::is_due(r, now))
                     });
                     if idle {
                         break;
@@ -562,10 +562,7 @@ fn counters(report: &WorkerReport) -> Counters {
     let mut c = Counters::new();
     c.insert("claim_conflict_total", report.claim_conflicts as i64);
     c.insert("lease_loss_total", report.lease_losses as i64);
-    c.insert(
-        "integrity_refusal_total",
-        report.integrity_refusals as i64,
-    );
+    c.insert("integrity_refusal_total", report.integrity_refusals as i64);
     let commits = &report.commits;
     c.insert("group_commit_commit_total", commits.commits as i64);
     c.insert(

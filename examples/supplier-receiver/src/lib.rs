@@ -83,6 +83,9 @@ pub enum Fault {
     DropBeforeCommit,
     /// Process the request normally, then wait this long before replying.
     Delay(Duration),
+    /// Wait this long, then process the request normally and reply: a
+    /// lookup meanwhile finds no order yet (a receiver that commits late).
+    CommitLate(Duration),
 }
 
 impl Fault {
@@ -644,6 +647,10 @@ impl Shared {
                 let resp = self.place_order(req);
                 std::thread::sleep(delay);
                 Outcome::Reply(resp)
+            }
+            Some(Fault::CommitLate(delay)) => {
+                std::thread::sleep(delay);
+                Outcome::Reply(self.place_order(req))
             }
             None => Outcome::Reply(self.place_order(req)),
         }

@@ -610,6 +610,34 @@ fn replies_all_lost_after_the_commit_are_settled_by_lookup_not_called_exhausted(
 }
 
 #[test]
+fn a_receiver_that_commits_after_the_lookup_leaves_the_call_unknown_not_failed() {
+    let receiver = Receiver::start().unwrap();
+    // The attempt times out at 300 ms; the lookup right after it finds no
+    // order; the receiver commits it 2 s after it arrived.
+    receiver.push_fault(Fault::CommitLate(Duration::from_secs(2)));
+    let sb = Sandbox::with_config(
+        BIN,
+        &with_order_timeout(config(&receiver, false, true), 300),
+    );
+    let ran = run(&sb);
+    ran.expect_code(5);
+    let show = sb.show("order-1");
+    assert_eq!(show["run"]["status"], "parked");
+    assert_eq!(calls(&show)[ORDER_SEQ as usize - 1]["state"], "unknown");
+    let results = attempt_results(&show, ORDER_SEQ);
+    assert!(
+        results.iter().any(|r| r == "lookup:not_found"),
+        "{results:?}"
+    );
+    // And the receiver does hold the order: "failed" would have been a lie.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while receiver.business_effects() == 0 && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(receiver.business_effects(), 1);
+}
+
+#[test]
 fn replies_all_lost_with_no_lookup_park_the_call_as_unknown() {
     let receiver = Receiver::start().unwrap();
     for _ in 0..4 {

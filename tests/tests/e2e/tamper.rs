@@ -38,7 +38,14 @@ fn a_run_stripped_of_its_seal_does_not_verify() {
     keyed(
         &sb,
         &key,
-        &["run", guests::MULTI_WRITE, "--input", r#"{"count":2}"#, "--run-id", "s"],
+        &[
+            "run",
+            guests::MULTI_WRITE,
+            "--input",
+            r#"{"count":2}"#,
+            "--run-id",
+            "s",
+        ],
     )
     .expect_code(0);
     keyed(&sb, &key, &["verify", "s"]).expect_code(0);
@@ -56,7 +63,14 @@ fn a_run_stripped_of_its_seal_does_not_verify() {
     keyed(
         &sb,
         &key,
-        &["run", guests::MULTI_WRITE, "--input", r#"{"count":2}"#, "--run-id", "e"],
+        &[
+            "run",
+            guests::MULTI_WRITE,
+            "--input",
+            r#"{"count":2}"#,
+            "--run-id",
+            "e",
+        ],
     )
     .expect_code(0);
     let export = sb.stephost(&["export", "e"]);
@@ -81,7 +95,14 @@ fn an_edited_call_is_refused_by_resume_and_workers_and_never_sealed() {
     ];
     let crashed = sb.stephost_with_envs(
         &crash_and_key,
-        &["run", guests::MULTI_WRITE, "--input", r#"{"count":2}"#, "--run-id", "t"],
+        &[
+            "run",
+            guests::MULTI_WRITE,
+            "--input",
+            r#"{"count":2}"#,
+            "--run-id",
+            "t",
+        ],
     );
     assert_eq!(crashed.signal, Some(libc::SIGABRT));
     let orders = sb.received("orders.jsonl").len();
@@ -169,7 +190,11 @@ path = "orders.jsonl"
         "a",
         r#"input = '{"sku":"WIDGET-7","quantity":9999,"ttl_seconds":3600}'"#,
     );
-    let approved = keyed(&sb, &key, &["approve", "a", "1", "--details", &sha, "--by", "alice"]);
+    let approved = keyed(
+        &sb,
+        &key,
+        &["approve", "a", "1", "--details", &sha, "--by", "alice"],
+    );
     approved.expect_code(4);
     assert!(
         approved.stderr.contains("does not verify") && approved.stderr.contains("input"),
@@ -177,7 +202,10 @@ path = "orders.jsonl"
         approved.stderr
     );
     let show = sb.show("a");
-    assert_eq!(show["calls"][0]["state"], "started", "the approval was decided");
+    assert_eq!(
+        show["calls"][0]["state"], "started",
+        "the approval was decided"
+    );
     assert_eq!(show["run"]["status"], "waiting");
 
     keyed(&sb, &key, &["resume", "a"]).expect_code(4);
@@ -188,7 +216,14 @@ path = "orders.jsonl"
     keyed(
         &sb,
         &key,
-        &["submit", guests::MULTI_WRITE, "--input", r#"{"count":1}"#, "--run-id", "p"],
+        &[
+            "submit",
+            guests::MULTI_WRITE,
+            "--input",
+            r#"{"count":1}"#,
+            "--run-id",
+            "p",
+        ],
     )
     .expect_code(0);
     edit_run(&sb, "p", r#"input = '{"count":3}'"#);

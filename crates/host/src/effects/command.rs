@@ -579,7 +579,8 @@ mod tests {
 
     #[test]
     fn the_timeout_holds_when_a_descendant_leaves_the_group_with_the_pipes_open() {
-        let mut escaping = options(&["sh", "-c", "setsid sleep 20 & echo '{}'"]);
+        // The pause lets `setsid` leave the group before the command exits.
+        let mut escaping = options(&["sh", "-c", "setsid sleep 20 & sleep 0.3; echo '{}'"]);
         escaping.timeout = Duration::from_millis(1000);
         let started = Instant::now();
         let err = CommandEffect::new(escaping)
@@ -591,6 +592,7 @@ mod tests {
             started.elapsed()
         );
         assert!(matches!(err, Failure::Retryable { .. }), "{err:?}");
+        assert!(err.message().contains("kept its output open"), "{err:?}");
     }
 
     #[test]
@@ -598,7 +600,9 @@ mod tests {
         let body = format!("{{\"pad\":\"{}\"}}", "x".repeat(300_000));
         let mut counting = options(&["sh", "-c", "wc -c | tr -d ' '"]);
         counting.output_bytes_max = 64;
-        let reply = CommandEffect::new(counting).perform(&request(&body)).unwrap();
+        let reply = CommandEffect::new(counting)
+            .perform(&request(&body))
+            .unwrap();
         assert_eq!(reply.body, body.len().to_string());
     }
 

@@ -272,7 +272,7 @@ pub struct EffectCall<'a> {
 enum Answer {
     /// A receipt for this operation: it happened.
     Receipt(String),
-    /// The receiver says it has no record of the operation.
+    /// The receiver says it has no record of the operation (yet).
     NotFound,
     /// Nothing either way (no lookup, the lookup failed, or its answer
     /// proves nothing), and why.
@@ -281,21 +281,21 @@ enum Answer {
 
 impl EffectCall<'_> {
     /// After a write that may have acted failed and will not be sent again:
-    /// asks the receiver. A receipt makes it a success; the receiver saying
-    /// it has no record makes it a failure; anything else leaves it
-    /// `unknown` (the journal parks the run) rather than a guess.
+    /// asks the receiver. A receipt makes it a success; anything else
+    /// leaves it `unknown` (the journal parks the run) rather than a guess.
+    /// "No record" is no proof either: asked right after a timeout, a
+    /// receiver that got the request and has not committed it yet says the
+    /// same as one that never got it.
     fn settle(&mut self, op: &OpContext<'_>, attempts: &mut Attempts<'_>, last: &str) -> Outcome {
-        match self.ask(op, attempts) {
-            Answer::Receipt(receipt) => Outcome::Ok(serde_json::Value::String(receipt)),
-            Answer::NotFound => Outcome::error(
-                CallErrorKind::Exhausted,
-                format!("the receiver has no record of the operation; last failure: {last}"),
-            ),
-            Answer::CannotTell(reason) => {
-                self.unknown = Some(format!("{last}; {reason}"));
-                Outcome::error(CallErrorKind::Exhausted, "outcome unknown")
-            }
-        }
+        let reason = match self.ask(op, attempts) {
+            Answer::Receipt(receipt) => return Outcome::Ok(serde_json::Value::String(receipt)),
+            Answer::NotFound => "the receiver has no record of the operation yet, which does \
+                                 not prove it never will (it may not have committed it)"
+                .to_string(),
+            Answer::CannotTell(reason) => reason,
+        };
+        self.unknown = Some(format!("{last}; {reason}"));
+        Outcome::error(CallErrorKind::Exhausted, "outcome unknown")
     }
 
     /// Asks the receiver about the operation, again under the effect's
