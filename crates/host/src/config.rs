@@ -633,19 +633,26 @@ fn describe(text: &str, e: &toml::de::Error) -> String {
     };
     let start = span.start.min(text.len());
     let mut line = text[..start].matches('\n').count() + 1;
-    // For a table the span points at the table; name the offending key's
-    // own line (up to the next table header) when the message names one.
-    if let Some(field) = message
+    // For a table the span points at the table (an effect's table always:
+    // its `kind` decides its fields, and serde reads it whole). Name the
+    // offending key's own line (up to the next table header): the unknown
+    // field the message names, or else the key without which the table's
+    // error goes away.
+    let field = message
         .strip_prefix("unknown field `")
         .and_then(|rest| rest.split('`').next())
-    {
-        let mut table = text[start..]
+        .map(str::to_string)
+        .or_else(|| key_at_fault(text, start, &message));
+    if let Some(field) = field {
+        let from = table_start(text, start);
+        line = text[..from].matches('\n').count() + 1;
+        let mut table = text[from..]
             .lines()
             .enumerate()
             .take_while(|(i, l)| *i == 0 || !l.trim_start().starts_with('['));
         if let Some((offset, _)) = table.find(|(_, l)| {
             let l = l.trim_start().trim_start_matches('"');
-            l.strip_prefix(field).is_some_and(|after| {
+            l.strip_prefix(field.as_str()).is_some_and(|after| {
                 after.trim_start().starts_with(['=', '"', ' ']) || after.is_empty()
             })
         }) {
@@ -653,6 +660,73 @@ fn describe(text: &str, e: &toml::de::Error) -> String {
         }
     }
     format!("line {line}: {message}")
+}
+
+/// Where the table holding offset `at` begins: its header line, or the
+/// line of `at` if no header comes before it.
+fn table_start(text: &str, at: usize) -> usize {
+    let own = text[..at].rfind('\n').map_or(0, |n| n + 1);
+    let mut pos = own;
+    loop {
+        if text[pos..].trim_start().starts_with('[') {
+            return pos;
+        }
+        if pos == 0 {
+            return own;
+        }
+        pos = text[..pos - 1].rfind('\n').map_or(0, |n| n + 1);
+    }
+}
+
+/// The key of the table holding offset `at` without which the
+/// configuration no longer fails with `message`: the key at fault.
+fn key_at_fault(text: &str, at: usize, message: &str) -> Option<String> {
+    let header = text[table_start(text, at)..].lines().next()?.trim();
+    if !header.starts_with('[') || header.starts_with("[[") {
+        return None;
+    }
+    // The header's dotted path, as TOML reads it.
+    let mut path = Vec::new();
+    let mut level: toml::Table = toml::from_str(&format!("{header}\n")).ok()?;
+    while let Some((key, value)) = level.into_iter().next() {
+        path.push(key);
+        match value {
+            toml::Value::Table(inner) if !inner.is_empty() => level = inner,
+            _ => break,
+        }
+    }
+    let doc: toml::Table = toml::from_str(text).ok()?;
+    let table_at = |doc: &toml::Table| -> Option<toml::Table> {
+        let mut table = doc.clone();
+        for key in &path {
+            table = table.get(key)?.as_table()?.clone();
+        }
+        Some(table)
+    };
+    // An effect's `kind` is its tag: without it every table fails anew.
+    let keys: Vec<String> = table_at(&doc)?
+        .keys()
+        .filter(|key| *key != "kind")
+        .cloned()
+        .collect();
+    keys.into_iter().find(|key| {
+        let mut without = doc.clone();
+        let mut table = &mut without;
+        for step in &path {
+            match table.get_mut(step).and_then(toml::Value::as_table_mut) {
+                Some(inner) => table = inner,
+                None => return false,
+            }
+        }
+        table.remove(key);
+        let Ok(again) = toml::to_string(&without) else {
+            return false;
+        };
+        match toml::from_str::<Config>(&again) {
+            Ok(_) => true,
+            Err(e) => e.message() == format!("missing field `{key}`"),
+        }
+    })
 }
 
 #[cfg(test)]
@@ -666,6 +740,17 @@ mod tests {
                 .unwrap_err();
         assert!(err.contains("line 4"), "{err}");
         assert!(err.contains("retries"), "{err}");
+    }
+
+    #[test]
+    fn a_value_of_the_wrong_type_in_an_effect_names_its_own_line() {
+        let err = Config::parse(
+            "[limits]\nfuel_max = 5\n\n[effects.x]\nkind = \"static\"\nclass = \"read\"\n\
+             response = { a = 1 }\n",
+        )
+        .unwrap_err();
+        assert!(err.starts_with("line 7:"), "{err}");
+        assert!(err.contains("expected a string"), "{err}");
     }
 
     #[test]
