@@ -55,6 +55,7 @@ macro_rules! conformance_tests {
             a_person_approves_a_waiting_call_once_and_the_run_is_due_with_a_new_fence,
             an_expired_or_misaimed_approval_is_refused,
             a_persons_decision_supersedes_a_concurrent_execution,
+            a_decision_racing_an_executions_commit_on_its_call_never_deadlocks,
             an_unknown_call_is_resolved_once_and_only_if_unknown,
             a_timer_waits_out_of_memory_until_it_is_due,
             renewal_extends_a_live_claim_and_release_makes_the_run_due,
@@ -960,6 +961,63 @@ pub fn a_persons_decision_supersedes_a_concurrent_execution(make: &Make) {
     let run = store.run("sup").unwrap();
     assert_eq!(run.status, RunStatus::Running);
     assert!(lifecycle::is_due(&run, T0 + 6));
+}
+
+/// A person decides an approval while the execution that asked it commits
+/// its outcome (it expired, say) and its end: one of them wins, the other is
+/// refused as stale or already decided. Both lock the run's row before its
+/// call's, so they never wait on each other in a cycle.
+pub fn a_decision_racing_an_executions_commit_on_its_call_never_deadlocks(make: &Make) {
+    let ledger = make();
+    for round in 0..24 {
+        let run_id = format!("race-{round}");
+        let running = waiting_for_approval(&ledger, &run_id, 3_600);
+        let pool = ledger.pool.as_ref();
+        let barrier = Barrier::new(2);
+        let (committed, decided) = std::thread::scope(|scope| {
+            let execution = scope.spawn(|| {
+                barrier.wait();
+                commit(
+                    pool,
+                    &running,
+                    vec![
+                        WriteOp::Outcome {
+                            seq: 1,
+                            state: CallState::Succeeded,
+                            outcome: Some("{\"ok\":\"expired\"}".into()),
+                            now_ms: T0 + 7,
+                            chain: None,
+                        },
+                        end(
+                            RunEnd::Completed {
+                                output: "{}".into(),
+                                exit_code: None,
+                            },
+                            T0 + 7,
+                        ),
+                    ],
+                )
+            });
+            let person = scope.spawn(|| {
+                let store = pool.store().expect("a store");
+                barrier.wait();
+                settle::decide_approval(
+                    store.as_ref(),
+                    &Signer::plain(),
+                    &run_id,
+                    1,
+                    &decision(Verdict::Approved, "ana", None),
+                    T0 + 7,
+                )
+            });
+            (execution.join().unwrap(), person.join().unwrap())
+        });
+        match (&committed, &decided) {
+            (Ok(()), Err(StoreError::NotDecidable { .. } | StoreError::NotClaimable { .. }))
+            | (Err(StoreError::Fenced { .. }), Ok(())) => {}
+            other => panic!("round {round}: {other:?}"),
+        }
+    }
 }
 
 pub fn an_unknown_call_is_resolved_once_and_only_if_unknown(make: &Make) {

@@ -351,6 +351,19 @@ impl Store for PgStore {
                     .await
                     .map_err(error)?;
             }
+            // The run's row first, then its call's: the order every commit
+            // locks them in, so a decision and a commit never wait on each
+            // other in a cycle.
+            let mut values = rows::run_values(&s.run);
+            values.push(boxed(s.expected_version));
+            let swapped = transaction
+                .execute(&swap, &refs(&values))
+                .await
+                .map_err(error)?;
+            if swapped != 1 {
+                drop(transaction);
+                return Err(rows::version_conflict(&mut conn, &s.run_id, s.expected_version).await);
+            }
             let decided = transaction
                 .execute(
                     &decide,
@@ -382,16 +395,6 @@ impl Store for PgStore {
                     expected: s.expected_state,
                     found,
                 });
-            }
-            let mut values = rows::run_values(&s.run);
-            values.push(boxed(s.expected_version));
-            let swapped = transaction
-                .execute(&swap, &refs(&values))
-                .await
-                .map_err(error)?;
-            if swapped != 1 {
-                drop(transaction);
-                return Err(rows::version_conflict(&mut conn, &s.run_id, s.expected_version).await);
             }
             if !s.counters.is_empty() {
                 transaction
