@@ -35,6 +35,18 @@ impl PgConn {
             // client's next request then fails as closed.
             let _ = connection.await;
         });
+        // A durable commit is on disk when answered whatever the server,
+        // database or role default says (commits that need not be durable
+        // turn it off for themselves).
+        client
+            .batch_execute("SET synchronous_commit TO on")
+            .await
+            .map_err(|e| {
+                stephost_core::StoreError::Unavailable(format!(
+                    "cannot set up a ledger connection: {}",
+                    describe(&e)
+                ))
+            })?;
         Ok(PgConn {
             client,
             statements: HashMap::new(),
@@ -129,5 +141,32 @@ impl Drop for Lease {
                 .unwrap_or_else(|p| p.into_inner())
                 .push(conn);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::str::FromStr;
+
+    #[test]
+    fn a_connection_commits_synchronously_whatever_the_servers_default() {
+        let url = crate::throwaway::TestServer::shared().fresh_ledger();
+        let mut config = Config::from_str(&url).unwrap();
+        config.options("-c synchronous_commit=off");
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let setting: String = runtime.block_on(async {
+            let conn = PgConn::connect(&config).await.unwrap();
+            let row = conn
+                .client
+                .query_one("SHOW synchronous_commit", &[])
+                .await
+                .unwrap();
+            row.get(0)
+        });
+        assert_eq!(setting, "on");
     }
 }

@@ -113,6 +113,14 @@ impl PgPool {
                  postgres://USER@HOST:PORT/DATABASE"
             ))
         })?;
+        if config.get_ssl_mode() == tokio_postgres::config::SslMode::Require {
+            return Err(StoreError::Config(format!(
+                "ledger URL {location} asks for sslmode=require, and this build of stephost \
+                 speaks to PostgreSQL without TLS; reach the server over a Unix socket, \
+                 loopback or a private network, or through a TLS-terminating proxy on this \
+                 machine, and drop sslmode from the URL"
+            )));
+        }
         if config.get_application_name().is_none() {
             config.application_name("stephost");
         }
