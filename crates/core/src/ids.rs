@@ -132,6 +132,33 @@ impl RequestHasher {
 
 /// A fresh run id: `run-` and 20 hex digits from the clock, the process id
 /// and a process-wide counter.
+/// The longest run id a caller may choose, in bytes.
+pub const RUN_ID_BYTES_MAX: usize = 128;
+
+/// Checks a run id a caller chose: 1 to [`RUN_ID_BYTES_MAX`] bytes of
+/// ASCII letters, digits and `- _ . : @ + =`, starting with a letter or a
+/// digit, so that it is safe in a URL path, a header, a file name and on a
+/// terminal.
+pub fn check_run_id(run_id: &str) -> Result<(), String> {
+    let allowed = |c: char| c.is_ascii_alphanumeric() || "-_.:@+=".contains(c);
+    if run_id.is_empty() || run_id.len() > RUN_ID_BYTES_MAX {
+        return Err(format!(
+            "a run id has 1 to {RUN_ID_BYTES_MAX} bytes; this one has {}",
+            run_id.len()
+        ));
+    }
+    if !run_id.starts_with(|c: char| c.is_ascii_alphanumeric()) {
+        return Err("a run id starts with an ASCII letter or digit".into());
+    }
+    if let Some(bad) = run_id.chars().find(|c| !allowed(*c)) {
+        return Err(format!(
+            "a run id holds only ASCII letters, digits and - _ . : @ + =; this one holds {:?}",
+            bad
+        ));
+    }
+    Ok(())
+}
+
 pub fn new_run_id() -> String {
     use std::sync::atomic::{AtomicU64, Ordering};
     static COUNTER: AtomicU64 = AtomicU64::new(0);
@@ -163,6 +190,28 @@ pub fn insecure_seed(run_id: &str) -> u128 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn run_ids_are_short_printable_and_safe_in_paths() {
+        assert!(check_run_id("order-1").is_ok());
+        assert!(check_run_id(&new_run_id()).is_ok());
+        assert!(check_run_id("a@b:c.d+e=f_g").is_ok());
+        for bad in [
+            "",
+            "a/b",
+            "a b",
+            "x\u{1b}[31m",
+            "é",
+            "../x",
+            "a?b",
+            "..",
+            "-x",
+        ] {
+            assert!(check_run_id(bad).is_err(), "{bad:?}");
+        }
+        assert!(check_run_id(&"x".repeat(RUN_ID_BYTES_MAX)).is_ok());
+        assert!(check_run_id(&"x".repeat(RUN_ID_BYTES_MAX + 1)).is_err());
+    }
 
     #[test]
     fn operation_ids_are_stable_and_keyed_ids_ignore_the_sequence_number() {

@@ -145,10 +145,8 @@ impl Host {
         run_id: Option<&str>,
     ) -> Result<(Arc<Loaded>, String), HostError> {
         check_json(input, "input", &self.options.limits)?;
+        let run_id = chosen_run_id(run_id)?;
         let loaded = self.load(module, what)?;
-        let run_id = run_id
-            .map(str::to_string)
-            .unwrap_or_else(stephost_core::ids::new_run_id);
         Ok((loaded, run_id))
     }
 
@@ -185,9 +183,7 @@ impl Host {
         run_id: Option<&str>,
     ) -> Result<RunReport, HostError> {
         check_json(input, "input", &self.options.limits)?;
-        let run_id = run_id
-            .map(str::to_string)
-            .unwrap_or_else(stephost_core::ids::new_run_id);
+        let run_id = chosen_run_id(run_id)?;
         self.start(loaded, &run_id, input)
     }
 
@@ -513,6 +509,19 @@ impl Host {
         let run = self.store.run(run_id)?;
         let calls = self.store.calls(run_id, 1, usize::MAX)?;
         Ok(Fixture::new(&run, calls))
+    }
+}
+
+/// The id of a new run: the caller's, checked, or a new one.
+fn chosen_run_id(run_id: Option<&str>) -> Result<String, HostError> {
+    match run_id {
+        Some(id) => {
+            stephost_core::ids::check_run_id(id).map_err(|e| {
+                HostError::BadInput(format!("run id {:?} is refused: {e}", id.escape_debug()))
+            })?;
+            Ok(id.to_string())
+        }
+        None => Ok(stephost_core::ids::new_run_id()),
     }
 }
 

@@ -116,6 +116,33 @@ fn input_that_is_not_json_is_refused_before_anything_runs() {
 }
 
 #[test]
+fn a_run_id_that_is_empty_huge_or_holds_control_characters_is_refused() {
+    let sb = Sandbox::new(BIN);
+    let huge = "x".repeat(4096);
+    for id in ["", huge.as_str(), "order\u{1b}[2J1", "a/../b"] {
+        for command in ["run", "submit"] {
+            let ran = sb.stephost(&[
+                command,
+                guests::MULTI_WRITE,
+                "--input",
+                "{\"count\":1}",
+                "--run-id",
+                id,
+            ]);
+            ran.expect_code(2);
+            assert!(
+                ran.stderr.contains("run id"),
+                "{command} {id:?}: {}",
+                ran.stderr
+            );
+            assert!(!ran.stderr.contains('\u{1b}'), "{}", ran.stderr);
+        }
+    }
+    ledger_holds(&sb, &[]);
+    assert!(sb.received("orders.jsonl").is_empty());
+}
+
+#[test]
 fn an_unknown_run_id_is_reported_for_every_command() {
     let sb = Sandbox::new(BIN);
     for args in [
