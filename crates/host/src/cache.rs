@@ -37,8 +37,23 @@ impl DiskCache {
             .mode(0o700)
             .create(dir)
             .ok()?;
-        // A folder made before (or by hand) is made private too.
+        // A folder made before (or by hand) is made private too, and
+        // trusted only if it is ours: whoever owns it could swap a file in.
         let _ = std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700));
+        if let Err(why) = check_private(dir, true).and_then(|()| {
+            let key = dir.join(KEY_FILE);
+            match std::fs::symlink_metadata(&key) {
+                Ok(_) => check_private(&key, false),
+                Err(_) => Ok(()),
+            }
+        }) {
+            eprintln!(
+                "stephost: not using the compiled-component cache {}: {why}; point \
+                 STEPHOST_CACHE_DIR at a folder of this user's",
+                dir.display()
+            );
+            return None;
+        }
         let key = read_or_create_key(&dir.join(KEY_FILE))?;
         Some(DiskCache {
             dir: dir.to_path_buf(),
@@ -93,6 +108,43 @@ impl DiskCache {
             write_private(&self.mac_path(digest), &mac)
         });
     }
+}
+
+/// Checks that `path` is a folder (or a file) of this user's that nobody
+/// else can write or read: not a symbolic link, owned by this process's
+/// user, with no permission for group or others.
+fn check_private(path: &Path, folder: bool) -> Result<(), String> {
+    use std::os::unix::fs::MetadataExt;
+    let meta = std::fs::symlink_metadata(path).map_err(|e| e.to_string())?;
+    if meta.file_type().is_symlink() {
+        return Err("it is a symbolic link".into());
+    }
+    if meta.is_dir() != folder {
+        return Err(format!(
+            "{} is not a {}",
+            path.display(),
+            if folder { "folder" } else { "file" }
+        ));
+    }
+    // SAFETY: geteuid(2) takes no arguments, reads no memory of ours and
+    // cannot fail.
+    #[allow(unsafe_code)]
+    let me = unsafe { libc::geteuid() };
+    if meta.uid() != me {
+        return Err(format!(
+            "{} is owned by uid {}, not by this user (uid {me})",
+            path.display(),
+            meta.uid()
+        ));
+    }
+    if meta.mode() & 0o077 != 0 {
+        return Err(format!(
+            "{} can be used by others (mode {:o})",
+            path.display(),
+            meta.mode() & 0o777
+        ));
+    }
+    Ok(())
 }
 
 fn read_or_create_key(path: &Path) -> Option<Vec<u8>> {
@@ -167,5 +219,27 @@ mod tests {
         assert_eq!(mode(&root), 0o700);
         assert_eq!(mode(&root.join(KEY_FILE)), 0o600);
         assert_eq!(mode(&cache.path("bbbb")), 0o600);
+    }
+
+    #[test]
+    fn a_folder_that_is_not_this_users_own_is_not_trusted() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let real = dir.path().join("real");
+        assert!(DiskCache::open(&real, "engine").is_some());
+        // A link to it: whoever controls the link chooses the folder.
+        let link = dir.path().join("link");
+        std::os::unix::fs::symlink(&real, &link).unwrap();
+        assert!(DiskCache::open(&link, "engine").is_none());
+        // A key others can read is no key.
+        std::fs::set_permissions(real.join(KEY_FILE), std::fs::Permissions::from_mode(0o644))
+            .unwrap();
+        assert!(DiskCache::open(&real, "engine").is_none());
+        // A folder owned by someone else (only root can make one here).
+        let theirs = dir.path().join("theirs");
+        std::fs::create_dir(&theirs).unwrap();
+        if std::os::unix::fs::chown(&theirs, Some(65534), Some(65534)).is_ok() {
+            assert!(DiskCache::open(&theirs, "engine").is_none());
+        }
     }
 }
