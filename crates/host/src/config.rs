@@ -642,7 +642,7 @@ fn describe(text: &str, e: &toml::de::Error) -> String {
         .strip_prefix("unknown field `")
         .and_then(|rest| rest.split('`').next())
         .map(str::to_string)
-        .or_else(|| key_at_fault(text, start, &message));
+        .or_else(|| key_at_fault(text, start));
     if let Some(field) = field {
         let from = table_start(text, start);
         line = text[..from].matches('\n').count() + 1;
@@ -679,8 +679,9 @@ fn table_start(text: &str, at: usize) -> usize {
 }
 
 /// The key of the table holding offset `at` without which the
-/// configuration no longer fails with `message`: the key at fault.
-fn key_at_fault(text: &str, at: usize, message: &str) -> Option<String> {
+/// configuration no longer fails as it did: the key at fault (left out, the
+/// configuration loads, or misses only that key).
+fn key_at_fault(text: &str, at: usize) -> Option<String> {
     let header = text[table_start(text, at)..].lines().next()?.trim();
     if !header.starts_with('[') || header.starts_with("[[") {
         return None;

@@ -13,7 +13,6 @@
 //!   `wit-bindgen c` or similar emit) it is made a step component
 //!   in-process with the preview1 reactor adapter.
 
-use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -26,6 +25,7 @@ use wasmtime::{
 use wasmtime_wasi::p2::bindings::sync::CommandPre;
 
 use crate::bindings::{Step, StepPre};
+use crate::bounded::Bounded;
 use crate::command::Preview1State;
 use crate::imports::StepState;
 
@@ -224,6 +224,11 @@ fn tick_epochs(engine: &Engine) {
         });
 }
 
+/// Most compiled modules an engine keeps in memory (a long-lived server may
+/// be sent any number); the one used longest ago makes room, and is loaded
+/// again (from the disk cache, if any) when next needed.
+pub const MODULES_CACHED_MAX: usize = 64;
+
 pub struct StepEngine {
     engine: Engine,
     linker: Linker<StepState>,
@@ -231,9 +236,11 @@ pub struct StepEngine {
     task_linker: OnceLock<Result<Linker<StepState>, String>>,
     /// WASI preview1 for core command modules.
     preview1: wasmtime::Linker<Preview1State>,
-    cache: Mutex<HashMap<String, Arc<Loaded>>>,
-    /// Module bytes already hashed, by length and a sample hash.
-    digests: Mutex<HashMap<SampleKey, (Vec<u8>, String)>>,
+    /// Loaded modules by digest, at most [`MODULES_CACHED_MAX`].
+    cache: Mutex<Bounded<String, Arc<Loaded>>>,
+    /// Module bytes already hashed, by length and a sample hash, at most
+    /// [`MODULES_CACHED_MAX`].
+    digests: Mutex<Bounded<SampleKey, (Vec<u8>, String)>>,
     /// Held while compiling, so that runs of one new module starting at once
     /// compile it once instead of once each.
     compiling: Mutex<()>,
@@ -290,8 +297,8 @@ impl StepEngine {
             linker,
             task_linker: OnceLock::new(),
             preview1,
-            cache: Mutex::new(HashMap::new()),
-            digests: Mutex::new(HashMap::new()),
+            cache: Mutex::new(Bounded::new(MODULES_CACHED_MAX)),
+            digests: Mutex::new(Bounded::new(MODULES_CACHED_MAX)),
             compiling: Mutex::new(()),
             disk_cache: dir.map(Path::to_path_buf),
             disk: OnceLock::new(),
@@ -337,7 +344,7 @@ impl StepEngine {
 
     /// The loaded step of `digest`, if this engine has it.
     pub fn cached(&self, digest: &str) -> Option<Arc<Loaded>> {
-        self.cache_lock().get(digest).cloned()
+        self.cache_lock().get(&digest.to_string()).cloned()
     }
 
     /// The sha256 digest of `bytes`. Bytes this engine has hashed before
@@ -364,13 +371,13 @@ impl StepEngine {
         digest: String,
         what: &str,
     ) -> Result<Arc<Loaded>, ModuleError> {
-        if let Some(hit) = self.cache_lock().get(&digest) {
-            return Ok(hit.clone());
+        if let Some(hit) = self.cache_lock().get(&digest).cloned() {
+            return Ok(hit);
         }
         let _compiling = self.compiling.lock().unwrap_or_else(|p| p.into_inner());
         // Another thread may have compiled it while this one waited.
-        if let Some(hit) = self.cache_lock().get(&digest) {
-            return Ok(hit.clone());
+        if let Some(hit) = self.cache_lock().get(&digest).cloned() {
+            return Ok(hit);
         }
         let what = what.to_string();
         let wrong_world = |e: wasmtime::Error| ModuleError::WrongWorld {
@@ -492,7 +499,7 @@ impl StepEngine {
         Ok(compiled)
     }
 
-    fn cache_lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<Loaded>>> {
+    fn cache_lock(&self) -> std::sync::MutexGuard<'_, Bounded<String, Arc<Loaded>>> {
         self.cache.lock().unwrap_or_else(|p| p.into_inner())
     }
 

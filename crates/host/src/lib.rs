@@ -18,6 +18,7 @@
 
 pub mod adapt;
 pub mod bindings;
+pub mod bounded;
 pub mod cache;
 pub mod command;
 pub mod config;
