@@ -250,6 +250,21 @@ pub fn a_run_is_inserted_once_and_listed_by_its_filters(make: &Make) {
     let mut counts = store.status_counts().unwrap();
     counts.sort_by_key(|(s, _)| s.as_str());
     assert_eq!(counts, [(RunStatus::Pending, 4), (RunStatus::Running, 1)]);
+    // A filter or an id no stored value can be (a NUL byte) finds nothing,
+    // or is refused as bad input: never "the ledger is unavailable".
+    let nul = RunQuery {
+        step: Some("st\0ep".into()),
+        after_run_id: Some("r\0".into()),
+        ..RunQuery::default()
+    };
+    match store.runs(&nul) {
+        Ok(found) => assert!(found.is_empty()),
+        Err(e) => assert!(matches!(e, StoreError::Config(_)), "{e:?}"),
+    }
+    match store.run("r\0") {
+        Err(StoreError::UnknownRun(_) | StoreError::Config(_)) => {}
+        other => panic!("{other:?}"),
+    }
 }
 
 pub fn sixteen_racing_claimants_have_one_winner_per_version(make: &Make) {

@@ -12,6 +12,14 @@ pub const CALL_NOT_RECORDED: &str = "SH004";
 /// An error with no more specific meaning: the database could not be
 /// reached or did not do what was asked; trying again may succeed.
 pub fn error(e: tokio_postgres::Error) -> StoreError {
+    // A text PostgreSQL cannot hold (a NUL character): no stored value can
+    // be it, and trying again will not help.
+    if e.code() == Some(&SqlState::CHARACTER_NOT_IN_REPERTOIRE) {
+        return StoreError::Config(format!(
+            "a value holds a character the ledger cannot store (a NUL byte): {}",
+            describe(&e)
+        ));
+    }
     StoreError::Unavailable(describe(&e))
 }
 
