@@ -21,11 +21,11 @@ use std::time::Instant;
 mod procstat;
 
 use stephost_core::store::{CommitCounts, PoolOptions};
-use stephost_host::HostOptions;
-use stephost_host::config::Config;
-use stephost_host::ledger::Ledger;
-use stephost_host::runner::Host;
-use stephost_host::worker::{self, WorkerOptions};
+use stephost_runtime::HostOptions;
+use stephost_runtime::config::Config;
+use stephost_runtime::ledger::Ledger;
+use stephost_runtime::runner::Host;
+use stephost_runtime::worker::{self, WorkerOptions};
 
 /// A host over the SQLite ledger at `db`, or the ledger `LEDGER` names
 /// (e.g. a PostgreSQL URL).

@@ -23,12 +23,12 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use serde_json::{Value, json};
 use stephost_core::RunStatus;
 use stephost_core::store::PoolOptions;
-use stephost_host::HostOptions;
-use stephost_host::config::Config;
-use stephost_host::ledger::Ledger;
-use stephost_host::replay::ReplayVerdict;
-use stephost_host::runner::{Host, RunReport};
-use stephost_host::worker::{self, WorkerOptions, WorkerReport};
+use stephost_runtime::HostOptions;
+use stephost_runtime::config::Config;
+use stephost_runtime::ledger::Ledger;
+use stephost_runtime::replay::ReplayVerdict;
+use stephost_runtime::runner::{Host, RunReport};
+use stephost_runtime::worker::{self, WorkerOptions, WorkerReport};
 
 use crate::floor::floor_us;
 use crate::report::Row;

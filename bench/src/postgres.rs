@@ -10,8 +10,8 @@ use std::time::{Duration, Instant};
 use serde_json::json;
 use stephost_core::lifecycle::{self, ClaimMode};
 use stephost_core::store::PoolOptions;
-use stephost_host::ledger::Ledger;
-use stephost_host::runner::Host;
+use stephost_runtime::ledger::Ledger;
+use stephost_runtime::runner::Host;
 use stephost_ledger_postgres::throwaway::Cluster;
 
 use crate::report::{self, Row};

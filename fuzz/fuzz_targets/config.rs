@@ -1,3 +1,3 @@
 #![no_main]
 
-libfuzzer_sys::fuzz_target!(|data: &[u8]| stephost_host::fuzzing::config(data));
+libfuzzer_sys::fuzz_target!(|data: &[u8]| stephost_runtime::fuzzing::config(data));

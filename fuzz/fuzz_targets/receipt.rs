@@ -1,3 +1,3 @@
 #![no_main]
 
-libfuzzer_sys::fuzz_target!(|data: &[u8]| stephost_host::fuzzing::receipt(data));
+libfuzzer_sys::fuzz_target!(|data: &[u8]| stephost_runtime::fuzzing::receipt(data));

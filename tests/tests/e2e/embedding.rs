@@ -4,8 +4,8 @@
 use serde_json::Value;
 use stephost_core::RunStatus;
 use stephost_core::store::PoolOptions;
-use stephost_host::config::Config;
-use stephost_host::{Host, HostOptions, Ledger};
+use stephost_runtime::config::Config;
+use stephost_runtime::{Host, HostOptions, Ledger};
 use stephost_tests::{SUPPLIER_CONFIG, guests};
 
 /// A host over the SQLite ledger at `db`.
@@ -23,7 +23,7 @@ fn host_with_step(
     dir: &std::path::Path,
     options: HostOptions,
     path: &str,
-) -> (Host, std::sync::Arc<stephost_host::engine::Loaded>) {
+) -> (Host, std::sync::Arc<stephost_runtime::engine::Loaded>) {
     let mut host = open_host(&dir.join("runs.db"), options);
     let module = std::fs::read(path).expect("the step's component");
     let step = host.load(&module, path).expect("load");
@@ -34,7 +34,7 @@ fn host_with_step(
 /// returns its output.
 fn completed_output(
     host: &mut Host,
-    step: &std::sync::Arc<stephost_host::engine::Loaded>,
+    step: &std::sync::Arc<stephost_runtime::engine::Loaded>,
     input: &str,
     run_id: &str,
 ) -> Value {
@@ -141,7 +141,7 @@ fn a_worker_takes_the_next_run_as_soon_as_one_ends_not_after_its_poll_interval()
     // a worker that slept out the interval while its run was executing
     // would take twenty minutes for the next two. (Its own thread, not a
     // scoped one, so that such a worker fails the test instead of holding it.)
-    let worker = stephost_host::worker::WorkerOptions {
+    let worker = stephost_runtime::worker::WorkerOptions {
         concurrency: 1,
         poll_ms: 600_000,
         exit_when_idle: true,
@@ -150,7 +150,7 @@ fn a_worker_takes_the_next_run_as_soon_as_one_ends_not_after_its_poll_interval()
     let (done, finished) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
         let never = std::sync::atomic::AtomicBool::new(false);
-        let _ = done.send(stephost_host::worker::run(
+        let _ = done.send(stephost_runtime::worker::run(
             &Ledger::sqlite(&db),
             &options,
             &worker,
@@ -187,13 +187,13 @@ fn a_worker_runs_the_next_run_on_the_host_a_failed_run_gave_back() {
     for (id, module, what) in runs {
         host.submit(module, what, INPUT, Some(id)).expect("submit");
     }
-    let worker = stephost_host::worker::WorkerOptions {
+    let worker = stephost_runtime::worker::WorkerOptions {
         concurrency: 1,
         exit_when_idle: true,
         ..Default::default()
     };
     let never = std::sync::atomic::AtomicBool::new(false);
-    let report = stephost_host::worker::run(&Ledger::sqlite(&db), &options, &worker, &never)
+    let report = stephost_runtime::worker::run(&Ledger::sqlite(&db), &options, &worker, &never)
         .expect("the worker ran");
     assert_eq!((report.completed, report.failed), (3, 1), "{report:?}");
     let first = host.store().calls("1-order", 1, usize::MAX).expect("calls");

@@ -31,7 +31,7 @@ use stephost_core::mac::MacKey;
 use stephost_core::notices::{self, Notice, NoticeAttempt, NoticeEvent, NoticeState};
 use stephost_core::store::RunQuery;
 use stephost_core::{CallState, RunRecord, RunStatus, Store, StoreResult, approvals};
-use stephost_host::config::Webhook;
+use stephost_runtime::config::Webhook;
 
 /// Notices sent per look, at most (each taken on its own, so that its
 /// hold covers its own attempt only).
@@ -341,7 +341,7 @@ fn event_of(store: &dyn Store, run: &RunRecord) -> StoreResult<Option<Event>> {
                     run,
                     json!({
                         "seq": call.seq,
-                        "call": stephost_host::service::call_name(&call),
+                        "call": stephost_runtime::service::call_name(&call),
                         "operation_id": call.operation_id,
                     }),
                 ),

@@ -20,9 +20,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use stephost_core::store::PoolOptions;
-use stephost_host::config::Webhook;
-use stephost_host::worker::{WorkerOptions, WorkerReport};
-use stephost_host::{Host, HostError, HostOptions, Ledger};
+use stephost_runtime::config::Webhook;
+use stephost_runtime::worker::{WorkerOptions, WorkerReport};
+use stephost_runtime::{Host, HostError, HostOptions, Ledger};
 
 pub use access::Tokens;
 pub use settings::ServeSettings;
@@ -87,7 +87,7 @@ pub fn serve(
     std::thread::scope(|scope| {
         let worker = scope.spawn(|| {
             let report =
-                stephost_host::worker::run(ledger, make_options, &worker_options, &shutdown);
+                stephost_runtime::worker::run(ledger, make_options, &worker_options, &shutdown);
             // A worker that cannot go on takes the server down with it.
             shutdown.store(true, Ordering::Relaxed);
             report

@@ -1,4 +1,4 @@
-//! stephost-host: the runtime that runs steps as sandboxed WebAssembly
+//! stephost-runtime: the runtime that runs steps as sandboxed WebAssembly
 //! components over a ledger (see `stephost-core` for the records, rules and
 //! the journal every import call passes through).
 //!

@@ -8,7 +8,7 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use serde::Serialize;
 use stephost_core::StoreError;
-use stephost_host::{HostError, exit};
+use stephost_runtime::{HostError, exit};
 
 /// An error as the API answers it.
 #[derive(Debug, Clone, Serialize, thiserror::Error)]

@@ -1,6 +1,6 @@
 //! The `stephost` command line. Thin: parses arguments, loads
 //! configuration, calls the host's service layer, prints (see [`print`]),
-//! and maps the result to an exit code (see [`stephost_host::exit`]).
+//! and maps the result to an exit code (see [`stephost_runtime::exit`]).
 
 pub mod allocator;
 mod print;
@@ -14,10 +14,10 @@ use stephost_core::LogRecord;
 use stephost_core::approvals::{Decision, Verdict};
 use stephost_core::settle::Resolution;
 use stephost_core::store::{PoolOptions, RunQuery};
-use stephost_host::config::Config;
-use stephost_host::replay::{Fixture, replay_fixture};
-use stephost_host::service::{self, Verification};
-use stephost_host::{Host, HostError, HostOptions, Ledger, exit};
+use stephost_runtime::config::Config;
+use stephost_runtime::replay::{Fixture, replay_fixture};
+use stephost_runtime::service::{self, Verification};
+use stephost_runtime::{Host, HostError, HostOptions, Ledger, exit};
 
 use crate::print::{print_json, print_replay, print_run, print_runs, print_show};
 
@@ -359,7 +359,7 @@ impl Cli {
         match (&self.ledger, &self.db) {
             (Some(url), _) => Ok(Ledger::parse(url)?),
             (None, Some(path)) => Ok(Ledger::sqlite(path)),
-            (None, None) => Ok(Ledger::parse(stephost_host::ledger::DEFAULT_URL)?),
+            (None, None) => Ok(Ledger::parse(stephost_runtime::ledger::DEFAULT_URL)?),
         }
     }
 }
@@ -372,7 +372,7 @@ fn open(ledger: &Ledger, options: HostOptions) -> Result<Host, HostError> {
 fn execute(cli: Cli) -> Result<i32, HostError> {
     let mut config = load_config(cli.config.as_deref())?;
     config.cache_dir = compile_cache_dir(cli.cache_dir.as_deref());
-    config.signer = stephost_host::config::signer_from_env()?;
+    config.signer = stephost_runtime::config::signer_from_env()?;
     let ledger = cli.ledger()?;
     match cli.command {
         Command::Run {
@@ -419,16 +419,16 @@ fn execute(cli: Cli) -> Result<i32, HostError> {
         } => {
             options(&config)?; // refuse a bad configuration before claiming anything
             let shutdown = stop_on_signals()?;
-            let worker_options = stephost_host::worker::WorkerOptions {
+            let worker_options = stephost_runtime::worker::WorkerOptions {
                 exit_when_idle,
-                ..stephost_host::worker::WorkerOptions::new(
+                ..stephost_runtime::worker::WorkerOptions::new(
                     concurrency,
                     lease_ms,
-                    worker_id.unwrap_or_else(stephost_host::owner::this_process),
+                    worker_id.unwrap_or_else(stephost_runtime::owner::this_process),
                 )
             };
             let make = || options(&config).expect(CHECKED);
-            let report = stephost_host::worker::run(&ledger, &make, &worker_options, &shutdown)?;
+            let report = stephost_runtime::worker::run(&ledger, &make, &worker_options, &shutdown)?;
             print_worker_report("worker", &report, worker_options.concurrency);
             Ok(exit::OK)
         }
@@ -450,7 +450,7 @@ fn execute(cli: Cli) -> Result<i32, HostError> {
                 listen,
                 concurrency,
                 lease_ms,
-                worker_id: worker_id.unwrap_or_else(stephost_host::owner::this_process),
+                worker_id: worker_id.unwrap_or_else(stephost_runtime::owner::this_process),
                 module_bytes_max,
                 json_body_bytes_max,
                 header_read_timeout_ms,
@@ -501,7 +501,7 @@ fn execute(cli: Cli) -> Result<i32, HostError> {
                 (Some(file), _) => {
                     let fixture = read_fixture(&file)?;
                     let (bytes, what) = new_module.expect("clap requires --module with --fixture");
-                    let engine = stephost_host::engine::StepEngine::with_disk_cache(
+                    let engine = stephost_runtime::engine::StepEngine::with_disk_cache(
                         opts.cache_dir.as_deref(),
                     )?;
                     replay_fixture(&engine, fixture, &bytes, &what, &opts)?
@@ -699,7 +699,7 @@ fn execute(cli: Cli) -> Result<i32, HostError> {
         }
         Command::Metrics => {
             let host = open(&ledger, quiet_options(&config))?;
-            let text = stephost_host::metrics::render(host.store())?;
+            let text = stephost_runtime::metrics::render(host.store())?;
             let _ = std::io::stdout().lock().write_all(text.as_bytes());
             Ok(exit::OK)
         }
@@ -728,7 +728,7 @@ fn stop_on_signals() -> Result<Arc<std::sync::atomic::AtomicBool>, HostError> {
 /// What a worker (or a server's worker) did, on stderr.
 fn print_worker_report(
     command: &str,
-    report: &stephost_host::worker::WorkerReport,
+    report: &stephost_runtime::worker::WorkerReport,
     concurrency: usize,
 ) {
     // Only a worker that runs several runs at once groups its commits.
@@ -770,7 +770,7 @@ fn replay_corpus(
 ) -> Result<i32, HostError> {
     let bytes = read_file(module)?;
     let what = module.display().to_string();
-    let engine = stephost_host::engine::StepEngine::with_disk_cache(opts.cache_dir.as_deref())?;
+    let engine = stephost_runtime::engine::StepEngine::with_disk_cache(opts.cache_dir.as_deref())?;
     let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
         .map_err(|source| HostError::Read {
             path: dir.display().to_string(),

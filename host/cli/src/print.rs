@@ -7,11 +7,11 @@ use serde::Serialize;
 use stephost_core::RunRecord;
 use stephost_core::RunStatus;
 use stephost_core::clock::format_time;
-use stephost_host::exit;
-use stephost_host::replay::{ReplayReport, ReplayVerdict};
-use stephost_host::runner::RunReport;
-use stephost_host::runner::UpgradeOutcome;
-use stephost_host::service::{self, ApprovalView, RunDetail};
+use stephost_runtime::exit;
+use stephost_runtime::replay::{ReplayReport, ReplayVerdict};
+use stephost_runtime::runner::RunReport;
+use stephost_runtime::runner::UpgradeOutcome;
+use stephost_runtime::service::{self, ApprovalView, RunDetail};
 
 /// Text a step chose (log lines, subjects, effect names, errors, requests),
 /// shown on a terminal: a line break is followed by an indent, so the text

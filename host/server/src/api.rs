@@ -18,7 +18,7 @@ use stephost_core::notices::Notice;
 use stephost_core::settle::Resolution;
 use stephost_core::store::RunQuery;
 use stephost_core::{LogRecord, RunRecord};
-use stephost_host::service;
+use stephost_runtime::service;
 
 use crate::access::Caller;
 use crate::app::{App, Fits, Operator};
@@ -85,7 +85,7 @@ async fn ready(State(app): State<Arc<App>>) -> Response {
 
 async fn metrics(State(app): State<Arc<App>>, _caller: Caller) -> Result<Response, ApiError> {
     let text = app
-        .with_store(|s| Ok(stephost_host::metrics::render(s)?))
+        .with_store(|s| Ok(stephost_runtime::metrics::render(s)?))
         .await?;
     Ok(([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response())
 }
@@ -115,7 +115,7 @@ pub struct ModuleRef {
 impl ModuleRef {
     /// The module's bytes and how messages name it; `None` if neither is
     /// given.
-    fn bytes(&self, host: &stephost_host::Host) -> Result<Option<(Vec<u8>, String)>, ApiError> {
+    fn bytes(&self, host: &stephost_runtime::Host) -> Result<Option<(Vec<u8>, String)>, ApiError> {
         match (&self.module_digest, &self.module_base64) {
             (Some(_), Some(_)) => Err(ApiError::bad_input(
                 "give module_digest or module_base64, not both",
@@ -306,11 +306,11 @@ async fn export(
     State(app): State<Arc<App>>,
     _caller: Caller,
     Path(run_id): Path<String>,
-) -> Api<stephost_host::replay::Fixture> {
+) -> Api<stephost_runtime::replay::Fixture> {
     Ok(Json(
         app.with_store(move |s| {
             let run = s.run(&run_id)?;
-            Ok(stephost_host::replay::Fixture::new(
+            Ok(stephost_runtime::replay::Fixture::new(
                 &run,
                 s.calls(&run_id, 1, usize::MAX)?,
             ))
@@ -341,7 +341,7 @@ async fn replay(
     _fits: Fits,
     path: Result<Path<String>, PathRejection>,
     body: Result<Bytes, BytesRejection>,
-) -> Api<stephost_host::replay::ReplayReport> {
+) -> Api<stephost_runtime::replay::ReplayReport> {
     let (Path(run_id), body) = (path?, body?);
     let module: ModuleRef = match body.iter().all(u8::is_ascii_whitespace) {
         true => ModuleRef::default(),

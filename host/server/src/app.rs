@@ -13,7 +13,7 @@ use axum::extract::FromRequestParts;
 use axum::http::request::Parts;
 use stephost_core::chain::Signer;
 use stephost_core::{Pool, Store};
-use stephost_host::Host;
+use stephost_runtime::Host;
 use tokio::sync::{Semaphore, broadcast};
 
 use crate::access::{Caller, Role, Tokens};

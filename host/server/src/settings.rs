@@ -68,7 +68,7 @@ impl Default for ServeSettings {
             listen: SocketAddr::from(([127, 0, 0, 1], 7070)),
             concurrency: 4,
             lease_ms: 30_000,
-            worker_id: stephost_host::owner::this_process(),
+            worker_id: stephost_runtime::owner::this_process(),
             module_bytes_max: defaults::MODULE_BYTES_MAX,
             json_body_bytes_max: defaults::JSON_BODY_BYTES_MAX,
             header_read_timeout_ms: defaults::HEADER_READ_TIMEOUT_MS,
