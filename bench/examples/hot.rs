@@ -20,10 +20,11 @@ use std::time::Instant;
 #[path = "../src/procstat.rs"]
 mod procstat;
 
+use stephost_core::store::Opener;
 use stephost_core::store::{CommitCounts, PoolOptions};
+use stephost_ledger::Ledger;
 use stephost_runtime::HostOptions;
 use stephost_runtime::config::Config;
-use stephost_runtime::ledger::Ledger;
 use stephost_runtime::runner::Host;
 use stephost_runtime::worker::{self, WorkerOptions};
 

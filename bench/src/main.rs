@@ -22,10 +22,11 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use serde_json::{Value, json};
 use stephost_core::RunStatus;
+use stephost_core::store::Opener;
 use stephost_core::store::PoolOptions;
+use stephost_ledger::Ledger;
 use stephost_runtime::HostOptions;
 use stephost_runtime::config::Config;
-use stephost_runtime::ledger::Ledger;
 use stephost_runtime::replay::ReplayVerdict;
 use stephost_runtime::runner::{Host, RunReport};
 use stephost_runtime::worker::{self, WorkerOptions, WorkerReport};

@@ -9,10 +9,11 @@ use std::time::{Duration, Instant};
 
 use serde_json::json;
 use stephost_core::lifecycle::{self, ClaimMode};
+use stephost_core::store::Opener;
 use stephost_core::store::PoolOptions;
-use stephost_runtime::ledger::Ledger;
-use stephost_runtime::runner::Host;
+use stephost_ledger::Ledger;
 use stephost_ledger_postgres::throwaway::Cluster;
+use stephost_runtime::runner::Host;
 
 use crate::report::{self, Row};
 use crate::{Args, Bench, Res, WHAT, mean_us, median_by, now_ns, progress, us};

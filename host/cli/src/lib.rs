@@ -13,11 +13,13 @@ use clap::{Parser, Subcommand};
 use stephost_core::LogRecord;
 use stephost_core::approvals::{Decision, Verdict};
 use stephost_core::settle::Resolution;
+use stephost_core::store::Opener;
 use stephost_core::store::{PoolOptions, RunQuery};
+use stephost_ledger::Ledger;
 use stephost_runtime::config::Config;
 use stephost_runtime::replay::{Fixture, replay_fixture};
 use stephost_runtime::service::{self, Verification};
-use stephost_runtime::{Host, HostError, HostOptions, Ledger, exit};
+use stephost_runtime::{Host, HostError, HostOptions, exit};
 
 use crate::print::{print_json, print_replay, print_run, print_runs, print_show};
 
@@ -359,7 +361,7 @@ impl Cli {
         match (&self.ledger, &self.db) {
             (Some(url), _) => Ok(Ledger::parse(url)?),
             (None, Some(path)) => Ok(Ledger::sqlite(path)),
-            (None, None) => Ok(Ledger::parse(stephost_runtime::ledger::DEFAULT_URL)?),
+            (None, None) => Ok(Ledger::parse(stephost_ledger::DEFAULT_URL)?),
         }
     }
 }

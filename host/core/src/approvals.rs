@@ -24,11 +24,6 @@ pub fn expires_at_ms(call: &CallRecord) -> i64 {
         .saturating_add(i64::try_from(ttl.saturating_mul(1000)).unwrap_or(i64::MAX))
 }
 
-/// Whether `call` is an approval still waiting for a decision.
-pub fn is_waiting(call: &CallRecord) -> bool {
-    call.interface == INTERFACE && call.state == crate::records::CallState::Started
-}
-
 /// The fewest hex characters of the details' sha256 a person must name to
 /// approve: enough that approving something other than what was shown
 /// cannot happen by accident.

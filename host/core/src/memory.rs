@@ -47,10 +47,6 @@ impl MemoryPool {
 }
 
 impl Pool for MemoryPool {
-    fn location(&self) -> String {
-        "memory".to_string()
-    }
-
     fn store(&self) -> StoreResult<Box<dyn Store>> {
         Ok(Box::new(self.clone()))
     }

@@ -154,8 +154,6 @@ pub struct PoolOptions {
 
 /// Hands out stores and writers over one ledger.
 pub trait Pool: Send + Sync {
-    /// What the pool was opened from, for messages (no secrets).
-    fn location(&self) -> String;
     fn store(&self) -> StoreResult<Box<dyn Store>>;
     /// A writer for one execution at a time. A pool opened for several
     /// concurrent runs may let its writers' commits share transactions and
@@ -173,6 +171,14 @@ pub trait Pool: Send + Sync {
         let _ = wake;
         Ok(false)
     }
+}
+
+/// Opens pools of one ledger: what a worker or a server is given, so that
+/// nothing above the backends names one (see the `stephost-ledger` crate).
+pub trait Opener: Send + Sync {
+    fn open(&self, options: PoolOptions) -> StoreResult<Arc<dyn Pool>>;
+    /// Where the ledger is, for messages (no password).
+    fn url(&self) -> String;
 }
 
 /// What a pool calls when a run may have become due.

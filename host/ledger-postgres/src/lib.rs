@@ -48,7 +48,6 @@ pub(crate) struct Shared {
     runtime: Mutex<Option<tokio::runtime::Runtime>>,
     handle: tokio::runtime::Handle,
     conns: Arc<Conns>,
-    location: String,
 }
 
 impl Shared {
@@ -136,7 +135,6 @@ impl PgPool {
             handle: runtime.handle().clone(),
             runtime: Mutex::new(Some(runtime)),
             conns: Conns::new(config, conns::CONNECTIONS_MAX),
-            location: location.clone(),
         });
         shared.block(move |mut conn| async move { schema::prepare(&mut conn, &location).await })?;
         let group = options
@@ -151,10 +149,6 @@ impl PgPool {
 }
 
 impl Pool for PgPool {
-    fn location(&self) -> String {
-        self.shared.location.clone()
-    }
-
     fn store(&self) -> StoreResult<Box<dyn Store>> {
         Ok(Box::new(PgStore::new(self.shared.clone())))
     }

@@ -81,10 +81,6 @@ impl SqlitePool {
 }
 
 impl Pool for SqlitePool {
-    fn location(&self) -> String {
-        format!("sqlite:{}", self.path.display())
-    }
-
     fn store(&self) -> StoreResult<Box<dyn Store>> {
         Ok(Box::new(self.sqlite_store()?))
     }

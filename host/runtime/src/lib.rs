@@ -13,7 +13,6 @@
 //! - [`runner`]: a host over a ledger: run, resume, replay, upgrade.
 //! - [`worker`]: claims due runs and executes several at once.
 //! - [`service`]: the views and decisions the CLI and the server share.
-//! - [`ledger`]: a ledger URL opened as a pool of its backend.
 //! - [`config`], [`options`], [`metrics`], [`replay`], [`owner`], [`error`].
 
 pub mod adapt;
@@ -29,7 +28,6 @@ pub mod execution;
 pub mod fuzzing;
 pub mod imports;
 pub mod instance;
-pub mod ledger;
 pub mod limiter;
 pub mod metrics;
 pub mod options;
@@ -40,6 +38,5 @@ pub mod service;
 pub mod worker;
 
 pub use error::{HostError, exit};
-pub use ledger::Ledger;
 pub use options::HostOptions;
 pub use runner::{Host, RunReport};

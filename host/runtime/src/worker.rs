@@ -20,12 +20,11 @@ use std::time::{Duration, Instant};
 
 use stephost_core::journal::{Counters, RunControl};
 use stephost_core::lifecycle::{self, ClaimMode};
-use stephost_core::store::{CommitCounts, PoolOptions};
+use stephost_core::store::{CommitCounts, Opener, PoolOptions};
 use stephost_core::{Claim, Pool, RunStatus, Store, StoreError};
 
 use crate::engine::StepEngine;
 use crate::error::HostError;
-use crate::ledger::Ledger;
 use crate::options::HostOptions;
 use crate::runner::{Host, RunReport};
 
@@ -158,7 +157,7 @@ impl WorkerOptions {
 /// `exit_when_idle`, until there is nothing left to do). The hosts it runs
 /// runs with take `make_options()`, with this worker's owner name and lease.
 pub fn run(
-    ledger: &Ledger,
+    ledger: &dyn Opener,
     make_options: &(dyn Fn() -> HostOptions + Sync),
     options: &WorkerOptions,
     shutdown: &AtomicBool,

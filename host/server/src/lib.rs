@@ -19,10 +19,11 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
+use stephost_core::store::Opener;
 use stephost_core::store::PoolOptions;
 use stephost_runtime::config::Webhook;
 use stephost_runtime::worker::{WorkerOptions, WorkerReport};
-use stephost_runtime::{Host, HostError, HostOptions, Ledger};
+use stephost_runtime::{Host, HostError, HostOptions};
 
 pub use access::Tokens;
 pub use settings::ServeSettings;
@@ -30,7 +31,7 @@ pub use settings::ServeSettings;
 /// Serves until `shutdown` is set, then drains the worker like `stephost
 /// worker` does and returns its report.
 pub fn serve(
-    ledger: &Ledger,
+    ledger: &dyn Opener,
     make_options: &(dyn Fn() -> HostOptions + Sync),
     webhooks: Vec<Webhook>,
     tokens: Tokens,

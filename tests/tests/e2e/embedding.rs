@@ -3,9 +3,11 @@
 
 use serde_json::Value;
 use stephost_core::RunStatus;
+use stephost_core::store::Opener;
 use stephost_core::store::PoolOptions;
+use stephost_ledger::Ledger;
 use stephost_runtime::config::Config;
-use stephost_runtime::{Host, HostOptions, Ledger};
+use stephost_runtime::{Host, HostOptions};
 use stephost_tests::{SUPPLIER_CONFIG, guests};
 
 /// A host over the SQLite ledger at `db`.

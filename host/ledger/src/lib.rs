@@ -1,12 +1,14 @@
-//! Where the ledger is: a URL names the backend and its place, and opening
-//! it gives a pool of that backend. Nothing else in the host names a
-//! backend.
+//! stephost-ledger: where the ledger is. A URL names the backend and its
+//! place, and opening it gives a pool of that backend ([`Opener`]). Nothing
+//! else names a backend: the runtime, the server and the CLI see only the
+//! storage roles. One cargo feature per backend (`sqlite`, `postgres`, both
+//! by default).
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use stephost_core::StoreError;
-use stephost_core::store::{Pool, PoolOptions};
+use stephost_core::store::{Opener, Pool, PoolOptions};
 
 /// A ledger's location.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -48,25 +50,50 @@ impl Ledger {
     pub fn sqlite(path: &Path) -> Self {
         Ledger::Sqlite(path.to_path_buf())
     }
+}
 
+impl Opener for Ledger {
     /// Opens the ledger (creating an embedded one if absent).
-    pub fn open(&self, options: PoolOptions) -> Result<Arc<dyn Pool>, StoreError> {
+    fn open(&self, options: PoolOptions) -> Result<Arc<dyn Pool>, StoreError> {
         match self {
+            #[cfg(feature = "sqlite")]
             Ledger::Sqlite(path) => Ok(Arc::new(stephost_ledger_sqlite::SqlitePool::open(
                 path, options,
             )?)),
+            #[cfg(feature = "postgres")]
             Ledger::Postgres(url) => Ok(Arc::new(stephost_ledger_postgres::PgPool::open(
                 url, options,
             )?)),
+            #[allow(unreachable_patterns)]
+            other => {
+                let _ = options;
+                Err(StoreError::Config(format!(
+                    "this stephost was built without the backend of {}",
+                    other.url()
+                )))
+            }
         }
     }
 
     /// The URL, for messages (without a password).
-    pub fn url(&self) -> String {
+    fn url(&self) -> String {
         match self {
             Ledger::Sqlite(path) => format!("sqlite:{}", path.display()),
-            Ledger::Postgres(url) => stephost_ledger_postgres::redact(url),
+            Ledger::Postgres(url) => redact(url),
         }
+    }
+}
+
+/// A PostgreSQL URL with its password left out, for messages.
+fn redact(url: &str) -> String {
+    #[cfg(feature = "postgres")]
+    {
+        stephost_ledger_postgres::redact(url)
+    }
+    #[cfg(not(feature = "postgres"))]
+    {
+        url.split_once('@')
+            .map_or(url.to_string(), |(_, host)| format!("postgres://…@{host}"))
     }
 }
 
