@@ -212,10 +212,14 @@ impl Sandbox {
     /// Whether `text` is anywhere in the ledger's data.
     pub fn ledger_contains(&self, text: &str) -> bool {
         match test_backend() {
-            Backend::Sqlite => std::fs::read(self.db())
-                .expect("read the ledger file")
-                .windows(text.len())
-                .any(|w| w == text.as_bytes()),
+            // The file and its write-ahead log: a commit may not have
+            // reached the file yet.
+            Backend::Sqlite => ["ledger.db", "ledger.db-wal"].iter().any(|name| {
+                std::fs::read(self.path(name))
+                    .unwrap_or_default()
+                    .windows(text.len())
+                    .any(|w| w == text.as_bytes())
+            }),
             Backend::Postgres => {
                 let dump = self.psql(
                     "SELECT string_agg(t::text, ' ') FROM (SELECT r::text AS t FROM runs r \

@@ -8,7 +8,7 @@
 //! kind = "file"        # echo | static | file | reject
 //! class = "write"      # read | write (default write)
 //! path = "orders.jsonl"
-//! retry = { max_attempts = 5, initial_backoff_ms = 50 }
+//! retry = { attempts_max = 5, backoff_first_ms = 50 }
 //! ```
 //! Unknown fields are refused with their line named. Deny by default: a step
 //! may call only the effects named here.

@@ -36,7 +36,7 @@ class = "write"
 method = "POST"
 url = "URL/orders"
 idempotent = {idempotent}
-{lookup}retry = {{ max_attempts = 4, initial_backoff_ms = 10, max_backoff_ms = 50 }}
+{lookup}retry = {{ attempts_max = 4, backoff_first_ms = 10, backoff_max_ms = 50 }}
 "#
     )
     .replace("URL", &receiver.url())
@@ -357,7 +357,7 @@ fn a_command_effect_is_retried_by_exit_status_and_not_run_on_replay() {
 kind = "command"
 class = "write"
 argv = ["sh", "{}"]
-retry = {{ max_attempts = 3, initial_backoff_ms = 10 }}
+retry = {{ attempts_max = 3, backoff_first_ms = 10 }}
 "#,
         script.display()
     ));
@@ -534,7 +534,7 @@ kind = "command"
 class = "write"
 argv = ["sh", "{}"]
 lookup = ["sh", "{}"]
-retry = {{ max_attempts = 3, initial_backoff_ms = 10 }}
+retry = {{ attempts_max = 3, backoff_first_ms = 10 }}
 "#,
         send.display(),
         lookup.display()

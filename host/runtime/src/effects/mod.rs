@@ -307,7 +307,7 @@ impl EffectCall<'_> {
         let mut n = 1;
         while let Err(Failure::Retryable { message, .. }) = &lookup {
             let pause = self.effect.retry.backoff(n + 1, 0.5);
-            if n >= self.effect.retry.max_attempts.max(1)
+            if n >= self.effect.retry.attempts_max.max(1)
                 || first.elapsed().saturating_add(pause) > self.wall_left
             {
                 break;
@@ -366,7 +366,7 @@ impl LiveCall for EffectCall<'_> {
     fn perform(&mut self, op: &OpContext<'_>, attempts: &mut Attempts<'_>) -> Outcome {
         let policy = &self.effect.retry;
         let first = std::time::Instant::now();
-        let max_attempts = policy.max_attempts.max(1);
+        let attempts_max = policy.attempts_max.max(1);
         let mut n = 1;
         let mut ambiguous = false;
         loop {
@@ -434,7 +434,7 @@ impl LiveCall for EffectCall<'_> {
                         pause = pause.max(hint.min(deadline));
                     }
                     let elapsed = first.elapsed();
-                    if n >= max_attempts || elapsed.saturating_add(pause) > deadline {
+                    if n >= attempts_max || elapsed.saturating_add(pause) > deadline {
                         attempts.count("retry_exhausted_total");
                         if write && ambiguous {
                             // "Exhausted" would claim it did not happen.
