@@ -150,9 +150,17 @@ impl Sandbox {
         self.ledger.clone()
     }
 
-    /// Runs `sqlite` or `postgres` (the same change in each backend's
-    /// schema) against the ledger, as an operator (or an attacker) with
-    /// direct access might; returns the rows changed.
+    /// Changes the ledger as someone with direct access to its database
+    /// might (no rule checked, no seal made), on either backend.
+    pub fn tamper(&self) -> Box<dyn stephost_core::tamper::Tamper> {
+        stephost_ledger::Ledger::parse(&self.ledger_url())
+            .and_then(|ledger| ledger.tamper())
+            .expect("open the ledger to change it")
+    }
+
+    /// Runs `sqlite` or `postgres` (the same statement in each dialect)
+    /// against the ledger's database: for a database that is not a
+    /// stephost ledger; a ledger is changed through [`Sandbox::tamper`].
     pub fn sql(&self, sqlite: &str, postgres: &str) -> usize {
         match test_backend() {
             Backend::Sqlite => rusqlite::Connection::open(self.db())

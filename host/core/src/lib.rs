@@ -33,6 +33,8 @@ pub mod payload;
 pub mod records;
 pub mod settle;
 pub mod store;
+#[cfg(feature = "testing")]
+pub mod tamper;
 
 pub use history::History;
 pub use limits::Limits;

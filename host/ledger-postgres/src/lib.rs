@@ -25,6 +25,9 @@ mod rows;
 pub mod schema;
 mod store;
 mod stream;
+#[cfg(feature = "testing")]
+mod tamper;
+#[cfg(any(test, feature = "testing"))]
 pub mod throwaway;
 mod writer;
 
@@ -104,6 +107,12 @@ pub struct PgPool {
 impl PgPool {
     /// Opens the ledger at `url`, creating its schema if the database (or
     /// the schema `search_path` names first) has none yet.
+    /// What changes the ledger behind stephost's back, for tests.
+    #[cfg(feature = "testing")]
+    pub fn tamper(&self) -> StoreResult<Box<dyn stephost_core::tamper::Tamper>> {
+        Ok(Box::new(store::PgStore::new(self.shared.clone())))
+    }
+
     pub fn open(url: &str, options: PoolOptions) -> StoreResult<Self> {
         let location = redact(url);
         let mut config = tokio_postgres::Config::from_str(url).map_err(|e| {

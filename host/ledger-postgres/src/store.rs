@@ -21,7 +21,7 @@ pub const STREAM_CALLS_MIN: usize = 4096;
 
 /// A store over the pool's connections.
 pub struct PgStore {
-    shared: Arc<Shared>,
+    pub(crate) shared: Arc<Shared>,
 }
 
 impl PgStore {

@@ -19,6 +19,8 @@ pub mod schema;
 pub mod segments;
 mod store;
 mod stream;
+#[cfg(feature = "testing")]
+mod tamper;
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, mpsc};
@@ -77,6 +79,12 @@ impl SqlitePool {
     /// A store of this pool's, typed.
     pub fn sqlite_store(&self) -> StoreResult<SqliteStore> {
         Ok(SqliteStore::new(self.connection()?, &self.path))
+    }
+
+    /// What changes the ledger behind stephost's back, for tests.
+    #[cfg(feature = "testing")]
+    pub fn tamper(&self) -> StoreResult<Box<dyn stephost_core::tamper::Tamper>> {
+        Ok(Box::new(self.sqlite_store()?))
     }
 }
 

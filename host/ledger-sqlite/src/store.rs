@@ -37,7 +37,10 @@ impl SqliteStore {
     }
 
     /// Runs `f` in a write transaction, fsync'd at commit.
-    fn write<T>(&self, f: impl FnOnce(&rusqlite::Connection) -> StoreResult<T>) -> StoreResult<T> {
+    pub(crate) fn write<T>(
+        &self,
+        f: impl FnOnce(&rusqlite::Connection) -> StoreResult<T>,
+    ) -> StoreResult<T> {
         self.write_synced(Sync::Full, f)
     }
 

@@ -52,6 +52,29 @@ impl Ledger {
     }
 }
 
+impl Ledger {
+    /// What changes this ledger behind stephost's back, for tests: no rule
+    /// checked, no seal made.
+    #[cfg(feature = "testing")]
+    pub fn tamper(&self) -> Result<Box<dyn stephost_core::tamper::Tamper>, StoreError> {
+        match self {
+            #[cfg(feature = "sqlite")]
+            Ledger::Sqlite(path) => {
+                stephost_ledger_sqlite::SqlitePool::open(path, PoolOptions::default())?.tamper()
+            }
+            #[cfg(feature = "postgres")]
+            Ledger::Postgres(url) => {
+                stephost_ledger_postgres::PgPool::open(url, PoolOptions::default())?.tamper()
+            }
+            #[allow(unreachable_patterns)]
+            other => Err(StoreError::Config(format!(
+                "this stephost was built without the backend of {}",
+                other.url()
+            ))),
+        }
+    }
+}
+
 impl Opener for Ledger {
     /// Opens the ledger (creating an embedded one if absent).
     fn open(&self, options: PoolOptions) -> Result<Arc<dyn Pool>, StoreError> {

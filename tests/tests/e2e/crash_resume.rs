@@ -130,13 +130,12 @@ fn a_run_that_diverges_on_resume_leaves_its_in_flight_write_unknown() {
     crash_order_at(&sb, "after-started");
     // The recording no longer matches the step before its write, as if the
     // step had read something the host did not record.
-    let changed = sb.sql(
-        "UPDATE calls SET request = '{\"sku\":\"OTHER\"}', request_hash = 'changed' \
-         WHERE run_no = (SELECT run_no FROM runs WHERE run_id = 'order-1') AND seq = 1",
-        "UPDATE calls SET request = '{\"sku\":\"OTHER\"}', request_hash = 'changed' \
-         WHERE run_id = 'order-1' AND seq = 1",
-    );
-    assert_eq!(changed, 1);
+    sb.tamper()
+        .edit_call("order-1", 1, &mut |call| {
+            call.request = r#"{"sku":"OTHER"}"#.into();
+            call.request_hash = "changed".into();
+        })
+        .unwrap();
 
     let resumed = sb.stephost(&["resume", "order-1"]);
     resumed.expect_code(4);
@@ -282,12 +281,7 @@ fn a_run_with_a_long_history_resumes_and_replays_it_read_while_replayed() {
     sb.stephost(&["verify", "long"]).expect_code(0);
     // A call missing from the middle of the history: replay reports the
     // damaged ledger, not a verdict on the step.
-    let deleted = sb.sql(
-        "DELETE FROM calls WHERE run_no = (SELECT run_no FROM runs WHERE run_id = 'long') \
-         AND seq = 3000",
-        "DELETE FROM calls WHERE run_id = 'long' AND seq = 3000",
-    );
-    assert_eq!(deleted, 1);
+    sb.tamper().delete_call("long", 3000).unwrap();
     let damaged = sb.stephost(&["replay", "long"]);
     damaged.expect_code(1);
     assert!(

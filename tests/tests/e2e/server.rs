@@ -603,13 +603,12 @@ fn the_console_in_a_browser_approves_and_resolves() {
     // the step had read something the host did not record): it diverges
     // when the server's worker resumes it.
     crash_after_a_write(&sb, "diverged-run");
-    let changed = sb.sql(
-        "UPDATE calls SET request = '{\"changed\":1}', request_hash = 'changed' \
-         WHERE run_no = (SELECT run_no FROM runs WHERE run_id = 'diverged-run') AND seq = 1",
-        "UPDATE calls SET request = '{\"changed\":1}', request_hash = 'changed' \
-         WHERE run_id = 'diverged-run' AND seq = 1",
-    );
-    assert_eq!(changed, 1);
+    sb.tamper()
+        .edit_call("diverged-run", 1, &mut |call| {
+            call.request = r#"{"changed":1}"#.into();
+            call.request_hash = "changed".into();
+        })
+        .unwrap();
     let served = sb.serve(&[], &[]);
     let digest = served.client().upload(guests::SUPPLIER_ORDER);
     submit(&served, &digest, supplier_input(10, true), "approval-run");
@@ -897,15 +896,23 @@ fn readyz_is_a_cached_check_and_the_ledger_connections_stay_bounded() {
     let sb = Sandbox::with_config(BIN, &config(""));
     // A ledger of 200,000 runs, where counting them is work.
     sb.stephost(&["runs"]).expect_code(0);
-    let filled = sb.sql(
-        "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 200000) \
-         INSERT INTO runs (run_id, module_digest, input, status, created_at, updated_at, version, \
-         fence, world) SELECT 'filler-' || i, 'm', '{}', 'completed', i, i, 1, 0, 'w' FROM n",
-        "INSERT INTO runs (run_id, module_digest, input, status, created_at, updated_at, version, \
-         fence, world) SELECT 'filler-' || i, 'm', '{}', 'completed', i, i, 1, 0, 'w' \
-         FROM generate_series(1, 200000) i",
-    );
-    assert_eq!(filled, 200_000);
+    let filler: Vec<_> = (1..=200_000)
+        .map(|i| {
+            let run_id = format!("filler-{i}");
+            let mut run = stephost_core::NewRun {
+                run_id: &run_id,
+                module_digest: "m",
+                step: None,
+                world: "w",
+                input: "{}",
+                now_ms: i,
+            }
+            .record(None);
+            run.status = stephost_core::RunStatus::Completed;
+            run
+        })
+        .collect();
+    sb.tamper().insert_runs(&filler).unwrap();
     let served = sb.serve(&[], &[]);
     assert_eq!(served.get("/readyz").status, 200);
     let before = served.open_fds();

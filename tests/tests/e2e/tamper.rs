@@ -26,9 +26,8 @@ fn keyed(sb: &Sandbox, key: &PathBuf, args: &[&str]) -> Ran {
 }
 
 /// Changes the run's row in the ledger as someone with direct access might.
-fn edit_run(sb: &Sandbox, run_id: &str, set: &str) {
-    let change = format!("UPDATE runs SET {set} WHERE run_id = '{run_id}'");
-    assert_eq!(sb.sql(&change, &change), 1, "{change}");
+fn edit_run(sb: &Sandbox, run_id: &str, edit: &mut dyn FnMut(&mut stephost_core::RunRecord)) {
+    sb.tamper().edit_run(run_id, edit).unwrap();
 }
 
 #[test]
@@ -51,7 +50,10 @@ fn a_run_stripped_of_its_seal_does_not_verify() {
     keyed(&sb, &key, &["verify", "s"]).expect_code(0);
 
     // In the ledger: the seal removed, the output forged.
-    edit_run(&sb, "s", r#"seal = NULL, output = '{"forged":true}'"#);
+    edit_run(&sb, "s", &mut |run| {
+        run.seal = None;
+        run.output = Some(r#"{"forged":true}"#.into());
+    });
     let stripped = keyed(&sb, &key, &["verify", "s"]);
     stripped.expect_code(4);
     assert!(stripped.stdout.contains("no seal"), "{}", stripped.stdout);
@@ -109,10 +111,11 @@ fn an_edited_call_is_refused_by_resume_and_workers_and_never_sealed() {
     assert_eq!(orders, 1);
 
     // Between two executions: the first clock reading is changed.
-    let change = "UPDATE calls SET outcome = '{\"ok\":1}' WHERE seq = 1 AND run_no = \
-                  (SELECT run_no FROM runs WHERE run_id = 't')";
-    let change_pg = "UPDATE calls SET outcome = '{\"ok\":1}' WHERE seq = 1 AND run_id = 't'";
-    assert_eq!(sb.sql(change, change_pg), 1);
+    sb.tamper()
+        .edit_call("t", 1, &mut |call| {
+            call.outcome = Some(r#"{"ok":1}"#.into())
+        })
+        .unwrap();
     let before = sb.show("t")["run"].clone();
 
     let resumed = keyed(&sb, &key, &["resume", "t"]);
@@ -185,11 +188,9 @@ path = "orders.jsonl"
     let sha = listed[0]["details_sha256"].as_str().unwrap()[..12].to_string();
 
     // While it waits for a person, its input is changed in the ledger.
-    edit_run(
-        &sb,
-        "a",
-        r#"input = '{"sku":"WIDGET-7","quantity":9999,"ttl_seconds":3600}'"#,
-    );
+    edit_run(&sb, "a", &mut |run| {
+        run.input = r#"{"sku":"WIDGET-7","quantity":9999,"ttl_seconds":3600}"#.into()
+    });
     let approved = keyed(
         &sb,
         &key,
@@ -226,7 +227,7 @@ path = "orders.jsonl"
         ],
     )
     .expect_code(0);
-    edit_run(&sb, "p", r#"input = '{"count":3}'"#);
+    edit_run(&sb, "p", &mut |run| run.input = r#"{"count":3}"#.into());
     let pending = sb.show("p")["run"].clone();
     let worker = keyed(&sb, &key, &["worker", "--exit-when-idle"]);
     worker.expect_code(0);

@@ -289,11 +289,9 @@ fn a_changed_module_row_is_refused_before_it_runs() {
             );
         }
     }
-    let change = format!(
-        "UPDATE modules SET bytes = (SELECT bytes FROM modules WHERE digest = '{other}') \
-         WHERE digest = '{pinned}'"
-    );
-    assert_eq!(sb.sql(&change, &change), 1);
+    let _ = other;
+    let divergent = std::fs::read(guests::DIVERGENT).unwrap();
+    sb.tamper().replace_module(&pinned, &divergent).unwrap();
     let resumed = sb.stephost(&["resume", "p"]);
     resumed.expect_code(4);
     assert!(
@@ -350,20 +348,16 @@ fn verify_covers_the_runs_row_a_dropped_tail_and_forged_placeholders() {
     let output = sb.show("v")["run"]["output"].as_str().unwrap().to_string();
     let forged = output.replace("R-", "X-");
     assert_ne!(forged, output);
-    let change = format!(
-        "UPDATE runs SET output = '{}' WHERE run_id = 'v'",
-        forged.replace('\'', "''")
-    );
-    assert_eq!(sb.sql(&change, &change), 1);
+    sb.tamper()
+        .edit_run("v", &mut |run| run.output = Some(forged.clone()))
+        .unwrap();
     let edited = sb.stephost(&["verify", "v"]);
     edited.expect_code(4);
     assert!(edited.stdout.contains("its row"), "{}", edited.stdout);
     assert!(edited.stdout.contains("output"), "{}", edited.stdout);
-    let restore = format!(
-        "UPDATE runs SET output = '{}' WHERE run_id = 'v'",
-        output.replace('\'', "''")
-    );
-    sb.sql(&restore, &restore);
+    sb.tamper()
+        .edit_run("v", &mut |run| run.output = Some(output.clone()))
+        .unwrap();
     sb.stephost(&["verify", "v"]).expect_code(0);
 
     // The last calls dropped: every remaining link still holds.
