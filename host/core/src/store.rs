@@ -1,5 +1,5 @@
-//! The storage roles every ledger backend fills (see `DESIGN.md`, "Storage
-//! roles"):
+//! The storage roles every ledger backend fills (see docs/ARCHITECTURE.md,
+//! "Storage roles"):
 //!
 //! - a [`Pool`], opened from a URL, hands out the two below;
 //! - a [`Store`]: reads, listings, and compare-and-set writes of a run's

@@ -15,7 +15,9 @@
 //!
 //! Observe and read calls are buffered and ride on the next commit; a
 //! write's `started` row is committed durably, with everything buffered
-//! before it, before the request leaves the host.
+//! before it, before the request leaves the host. Every branch, by class
+//! (a write's outcome buffered or committed at once, an unknown outcome, a
+//! suspension): docs/ARCHITECTURE.md, "The call protocol".
 
 use std::collections::HashMap;
 
@@ -1303,7 +1305,8 @@ impl Journal {
     }
 
     /// A call recorded as started with no outcome: the previous execution
-    /// died between recording it and recording its outcome (invariant 4).
+    /// died between recording it and recording its outcome (see
+    /// docs/durability.md, "No recorded I/O twice").
     fn reconcile(
         &mut self,
         recorded: &CallRecord,
