@@ -33,8 +33,10 @@ use crate::print::{print_json, print_replay, print_run, print_runs, print_show};
                   7 run waiting (timer or approval)"
 )]
 pub struct Cli {
-    /// The ledger, as a URL: `sqlite:PATH` (created if absent). Default
-    /// `sqlite:stephost.db`.
+    /// The ledger, as a URL: `sqlite:PATH` (an embedded ledger file, created
+    /// if absent) or `postgres://USER@HOST:PORT/DATABASE` (or
+    /// `postgresql://`; a database that workers on many machines share, its
+    /// tables created by the first command). Default `sqlite:stephost.db`.
     #[arg(long, global = true, env = "STEPHOST_LEDGER")]
     pub ledger: Option<String>,
     /// Shorthand for `--ledger sqlite:PATH` (`--ledger` wins when both are
@@ -75,11 +77,17 @@ pub enum Command {
     },
     /// Record a run for a worker to execute; prints its run id.
     Submit {
+        /// The step: a component for stephost:step/step, a core module with
+        /// that world's component type, or a WASI command program.
         module: PathBuf,
+        /// The input JSON.
         #[arg(long, conflicts_with = "input_file")]
         input: Option<String>,
+        /// Read the input JSON from a file (`-` for stdin).
         #[arg(long)]
         input_file: Option<PathBuf>,
+        /// Use this run id (submitting an existing id with the same module
+        /// and input returns that run).
         #[arg(long)]
         run_id: Option<String>,
     },
@@ -137,10 +145,12 @@ pub enum Command {
     },
     /// Continue an interrupted run: replay its recorded calls, then go live.
     Resume {
+        /// The run to continue.
         run_id: String,
         /// Insist on this build: refused unless the run is pinned to it.
         #[arg(long)]
         module: Option<PathBuf>,
+        /// Print the run report as JSON instead of the bare output.
         #[arg(long)]
         json: bool,
     },
@@ -159,6 +169,8 @@ pub enum Command {
         /// a corpus check for CI; exits 4 if any run diverges.
         #[arg(long, requires = "module", conflicts_with = "run_id")]
         fixtures: Option<PathBuf>,
+        /// Print the replay report (or, with --fixtures, one per run) as
+        /// JSON.
         #[arg(long)]
         json: bool,
     },
@@ -174,12 +186,17 @@ pub enum Command {
         /// The new build.
         #[arg(long)]
         module: PathBuf,
+        /// Print each run's outcome (moved, or its first divergent call) as
+        /// JSON.
         #[arg(long)]
         json: bool,
     },
     /// Show a run and its call timeline.
     Show {
+        /// The run to show.
         run_id: String,
+        /// Print the run, its calls with their attempts, and its log as JSON
+        /// (the API's shape).
         #[arg(long)]
         json: bool,
     },
@@ -195,13 +212,16 @@ pub enum Command {
         /// At most this many runs, newest first.
         #[arg(long)]
         limit: Option<usize>,
+        /// Print the runs as JSON (the API's shape).
         #[arg(long)]
         json: bool,
     },
     /// Decide the outcome of a call parked as unknown, after checking with the
     /// receiver by hand; then `stephost resume` continues the run.
     Resolve {
+        /// The parked run.
         run_id: String,
+        /// The number of its call whose outcome is unknown.
         seq: u64,
         /// The operation happened; this JSON is the response the step sees.
         #[arg(long, conflicts_with = "failed", required_unless_present = "failed")]
@@ -215,32 +235,44 @@ pub enum Command {
     },
     /// List approvals waiting for a decision.
     Approvals {
+        /// Print them as JSON, with each run's module and the details'
+        /// whole sha256.
         #[arg(long)]
         json: bool,
     },
     /// Approve a waiting approval call; a worker (or `stephost resume`) then
     /// continues the run.
     Approve {
+        /// The waiting run.
         run_id: String,
+        /// The number of its approval call, as `stephost approvals` lists it.
         seq: u64,
         /// The sha256 of the details approved, as `stephost approvals`
         /// lists it (at least its first 8 characters).
         #[arg(long)]
         details: String,
+        /// Who decides (kept in the ledger with the time).
         #[arg(long)]
         by: String,
+        /// Why, for whoever reads the run later (kept in the ledger with the
+        /// decision).
         #[arg(long)]
         note: Option<String>,
     },
     /// Reject a waiting approval call.
     Reject {
+        /// The waiting run.
         run_id: String,
+        /// The number of its approval call, as `stephost approvals` lists it.
         seq: u64,
         /// The sha256 of the details rejected (optional; checked when given).
         #[arg(long)]
         details: Option<String>,
+        /// Who decides (kept in the ledger with the time).
         #[arg(long)]
         by: String,
+        /// Why, for whoever reads the run later (kept in the ledger with the
+        /// decision).
         #[arg(long)]
         note: Option<String>,
     },
@@ -253,7 +285,10 @@ pub enum Command {
     /// Print metrics in the Prometheus text format.
     Metrics,
     /// Write a run as a portable JSON fixture to stdout.
-    Export { run_id: String },
+    Export {
+        /// The run to export.
+        run_id: String,
+    },
 }
 
 /// Parses the process arguments, runs the command, returns the exit code.
