@@ -9,12 +9,12 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use clap::{Parser, Subcommand};
-use stephost_core::LogRecord;
+use clap::{Args, Parser, Subcommand};
 use stephost_core::approvals::{Decision, Verdict};
 use stephost_core::settle::Resolution;
 use stephost_core::store::Opener;
 use stephost_core::store::{PoolOptions, RunQuery};
+use stephost_core::{LogRecord, Views};
 use stephost_ledger::Ledger;
 use stephost_runtime::config::Config;
 use stephost_runtime::replay::{Fixture, replay_fixture};
@@ -58,237 +58,297 @@ pub struct Cli {
 #[derive(Subcommand, Debug)]
 pub enum Command {
     /// Run a step module on an input; prints the output JSON.
-    Run {
-        /// The step: a component for stephost:step/step, a core module with
-        /// that world's component type, or a WASI command program.
-        module: PathBuf,
-        /// The input JSON.
-        #[arg(long, conflicts_with = "input_file")]
-        input: Option<String>,
-        /// Read the input JSON from a file (`-` for stdin).
-        #[arg(long)]
-        input_file: Option<PathBuf>,
-        /// Use this run id (re-running an existing id continues that run).
-        #[arg(long)]
-        run_id: Option<String>,
-        /// Print the run report as JSON instead of the bare output.
-        #[arg(long)]
-        json: bool,
-    },
+    Run(RunArgs),
     /// Record a run for a worker to execute; prints its run id.
-    Submit {
-        /// The step: a component for stephost:step/step, a core module with
-        /// that world's component type, or a WASI command program.
-        module: PathBuf,
-        /// The input JSON.
-        #[arg(long, conflicts_with = "input_file")]
-        input: Option<String>,
-        /// Read the input JSON from a file (`-` for stdin).
-        #[arg(long)]
-        input_file: Option<PathBuf>,
-        /// Use this run id (submitting an existing id with the same module
-        /// and input returns that run).
-        #[arg(long)]
-        run_id: Option<String>,
-    },
+    Submit(SubmitArgs),
     /// Claim runnable runs and execute them until stopped (SIGINT/SIGTERM:
     /// stop claiming, let active runs reach their next call, release them).
-    Worker {
-        /// Runs executed at once.
-        #[arg(long, default_value_t = 4)]
-        concurrency: usize,
-        /// Lease of each claim, renewed in the background.
-        #[arg(long, default_value_t = 30_000)]
-        lease_ms: i64,
-        /// Owner name in claims (default: host/pid/start-time).
-        #[arg(long)]
-        worker_id: Option<String>,
-        /// Exit once nothing is runnable and nothing is active.
-        #[arg(long)]
-        exit_when_idle: bool,
-    },
+    Worker(WorkerArgs),
     /// Run a worker and serve the HTTP API, the web console and webhook
     /// notifications (SIGINT/SIGTERM: stop serving, drain like `worker`).
     /// Tokens: STEPHOST_API_TOKENS or STEPHOST_API_TOKENS_FILE, lines
     /// `NAME ROLE TOKEN` (ROLE read or operator); required unless --listen
     /// is a loopback address.
-    Serve {
-        /// Address and port to listen on.
-        #[arg(long, default_value = "127.0.0.1:7070")]
-        listen: std::net::SocketAddr,
-        /// Runs executed at once.
-        #[arg(long, default_value_t = 4)]
-        concurrency: usize,
-        /// Lease of each claim, renewed in the background.
-        #[arg(long, default_value_t = 30_000)]
-        lease_ms: i64,
-        /// Owner name in claims (default: host/pid/start-time).
-        #[arg(long)]
-        worker_id: Option<String>,
-        /// The largest module upload (POST /api/modules), in bytes.
-        #[arg(long, default_value_t = stephost_server::settings::defaults::MODULE_BYTES_MAX)]
-        module_bytes_max: usize,
-        /// The largest JSON body of any other request, in bytes.
-        #[arg(long, default_value_t = stephost_server::settings::defaults::JSON_BODY_BYTES_MAX)]
-        json_body_bytes_max: usize,
-        /// A connection that has not sent a whole request head within this
-        /// time (also an idle kept-alive one) is closed.
-        #[arg(long, default_value_t = stephost_server::settings::defaults::HEADER_READ_TIMEOUT_MS)]
-        header_read_timeout_ms: u64,
-        /// Connections served at once; more wait to be accepted.
-        #[arg(long, default_value_t = stephost_server::settings::defaults::CONNECTIONS_MAX)]
-        connections_max: usize,
-        /// On SIGINT/SIGTERM, requests in flight have this long to finish;
-        /// then connections still open are dropped.
-        #[arg(long, default_value_t = stephost_server::settings::defaults::SHUTDOWN_GRACE_MS)]
-        shutdown_grace_ms: u64,
-    },
+    Serve(ServeArgs),
     /// Continue an interrupted run: replay its recorded calls, then go live.
-    Resume {
-        /// The run to continue.
-        run_id: String,
-        /// Insist on this build: refused unless the run is pinned to it.
-        #[arg(long)]
-        module: Option<PathBuf>,
-        /// Print the run report as JSON instead of the bare output.
-        #[arg(long)]
-        json: bool,
-    },
+    Resume(ResumeArgs),
     /// Replay a recorded run offline (no I/O) and report the first divergence.
-    Replay {
-        /// The run to replay (from the ledger).
-        #[arg(required_unless_present_any = ["fixture", "fixtures"], conflicts_with = "fixture")]
-        run_id: Option<String>,
-        /// Replay against this module instead of the recorded one.
-        #[arg(long)]
-        module: Option<PathBuf>,
-        /// Replay an exported run file (needs --module); no ledger is opened.
-        #[arg(long, requires = "module", conflicts_with = "fixtures")]
-        fixture: Option<PathBuf>,
-        /// Replay every exported run (`*.json`) in a folder against --module:
-        /// a corpus check for CI; exits 4 if any run diverges.
-        #[arg(long, requires = "module", conflicts_with = "run_id")]
-        fixtures: Option<PathBuf>,
-        /// Print the replay report (or, with --fixtures, one per run) as
-        /// JSON.
-        #[arg(long)]
-        json: bool,
-    },
+    Replay(ReplayArgs),
     /// Move unfinished runs to a new build of their step: replays each run's
     /// history against it with no I/O and repins only runs that match.
-    Upgrade {
-        /// The run to upgrade.
-        #[arg(required_unless_present = "from", conflicts_with = "from")]
-        run_id: Option<String>,
-        /// Upgrade every unfinished run pinned to this module digest.
-        #[arg(long)]
-        from: Option<String>,
-        /// The new build.
-        #[arg(long)]
-        module: PathBuf,
-        /// Print each run's outcome (moved, or its first divergent call) as
-        /// JSON.
-        #[arg(long)]
-        json: bool,
-    },
+    Upgrade(UpgradeArgs),
     /// Show a run and its call timeline.
-    Show {
-        /// The run to show.
-        run_id: String,
-        /// Print the run, its calls with their attempts, and its log as JSON
-        /// (the API's shape).
-        #[arg(long)]
-        json: bool,
-    },
+    Show(ShowArgs),
     /// List runs.
-    Runs {
-        /// Only runs with this status (pending, running, waiting, completed,
-        /// failed, parked, diverged).
-        #[arg(long)]
-        status: Option<String>,
-        /// Only runs pinned to this module digest.
-        #[arg(long)]
-        module: Option<String>,
-        /// At most this many runs, newest first.
-        #[arg(long)]
-        limit: Option<usize>,
-        /// Print the runs as JSON (the API's shape).
-        #[arg(long)]
-        json: bool,
-    },
+    Runs(RunsArgs),
     /// Decide the outcome of a call parked as unknown, after checking with the
     /// receiver by hand; then `stephost resume` continues the run.
-    Resolve {
-        /// The parked run.
-        run_id: String,
-        /// The number of its call whose outcome is unknown.
-        seq: u64,
-        /// The operation happened; this JSON is the response the step sees.
-        #[arg(long, conflicts_with = "failed", required_unless_present = "failed")]
-        succeeded: Option<String>,
-        /// The operation did not happen; the step sees `rejected` with this message.
-        #[arg(long)]
-        failed: Option<String>,
-        /// Who decided (kept in the ledger with the time).
-        #[arg(long)]
-        by: String,
-    },
+    Resolve(ResolveArgs),
     /// List approvals waiting for a decision.
-    Approvals {
-        /// Print them as JSON, with each run's module and the details'
-        /// whole sha256.
-        #[arg(long)]
-        json: bool,
-    },
+    Approvals(ApprovalsArgs),
     /// Approve a waiting approval call; a worker (or `stephost resume`) then
     /// continues the run.
-    Approve {
-        /// The waiting run.
-        run_id: String,
-        /// The number of its approval call, as `stephost approvals` lists it.
-        seq: u64,
-        /// The sha256 of the details approved, as `stephost approvals`
-        /// lists it (at least its first 8 characters).
-        #[arg(long)]
-        details: String,
-        /// Who decides (kept in the ledger with the time).
-        #[arg(long)]
-        by: String,
-        /// Why, for whoever reads the run later (kept in the ledger with the
-        /// decision).
-        #[arg(long)]
-        note: Option<String>,
-    },
+    Approve(ApproveArgs),
     /// Reject a waiting approval call.
-    Reject {
-        /// The waiting run.
-        run_id: String,
-        /// The number of its approval call, as `stephost approvals` lists it.
-        seq: u64,
-        /// The sha256 of the details rejected (optional; checked when given).
-        #[arg(long)]
-        details: Option<String>,
-        /// Who decides (kept in the ledger with the time).
-        #[arg(long)]
-        by: String,
-        /// Why, for whoever reads the run later (kept in the ledger with the
-        /// decision).
-        #[arg(long)]
-        note: Option<String>,
-    },
+    Reject(RejectArgs),
     /// Check the tamper-evident chain of a run in the ledger, or of an
     /// exported run file.
-    Verify {
-        /// A run id, or the path of an exported run (`stephost export`).
-        target: String,
-    },
+    Verify(VerifyArgs),
     /// Print metrics in the Prometheus text format.
     Metrics,
     /// Write a run as a portable JSON fixture to stdout.
-    Export {
-        /// The run to export.
-        run_id: String,
-    },
+    Export(ExportArgs),
+}
+
+/// The arguments of `stephost run`.
+#[derive(Args, Debug)]
+pub struct RunArgs {
+    /// The step: a component for stephost:step/step, a core module with
+    /// that world's component type, or a WASI command program.
+    pub module: PathBuf,
+    /// The input JSON.
+    #[arg(long, conflicts_with = "input_file")]
+    pub input: Option<String>,
+    /// Read the input JSON from a file (`-` for stdin).
+    #[arg(long)]
+    pub input_file: Option<PathBuf>,
+    /// Use this run id (re-running an existing id continues that run).
+    #[arg(long)]
+    pub run_id: Option<String>,
+    /// Print the run report as JSON instead of the bare output.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// The arguments of `stephost submit`.
+#[derive(Args, Debug)]
+pub struct SubmitArgs {
+    /// The step: a component for stephost:step/step, a core module with
+    /// that world's component type, or a WASI command program.
+    pub module: PathBuf,
+    /// The input JSON.
+    #[arg(long, conflicts_with = "input_file")]
+    pub input: Option<String>,
+    /// Read the input JSON from a file (`-` for stdin).
+    #[arg(long)]
+    pub input_file: Option<PathBuf>,
+    /// Use this run id (submitting an existing id with the same module
+    /// and input returns that run).
+    #[arg(long)]
+    pub run_id: Option<String>,
+}
+
+/// The arguments of `stephost worker`.
+#[derive(Args, Debug)]
+pub struct WorkerArgs {
+    /// Runs executed at once.
+    #[arg(long, default_value_t = 4)]
+    pub concurrency: usize,
+    /// Lease of each claim, renewed in the background.
+    #[arg(long, default_value_t = 30_000)]
+    pub lease_ms: i64,
+    /// Owner name in claims (default: host/pid/start-time).
+    #[arg(long)]
+    pub worker_id: Option<String>,
+    /// Exit once nothing is runnable and nothing is active.
+    #[arg(long)]
+    pub exit_when_idle: bool,
+}
+
+/// The arguments of `stephost serve`.
+#[derive(Args, Debug)]
+pub struct ServeArgs {
+    /// Address and port to listen on.
+    #[arg(long, default_value = "127.0.0.1:7070")]
+    pub listen: std::net::SocketAddr,
+    /// Runs executed at once.
+    #[arg(long, default_value_t = 4)]
+    pub concurrency: usize,
+    /// Lease of each claim, renewed in the background.
+    #[arg(long, default_value_t = 30_000)]
+    pub lease_ms: i64,
+    /// Owner name in claims (default: host/pid/start-time).
+    #[arg(long)]
+    pub worker_id: Option<String>,
+    /// The largest module upload (POST /api/modules), in bytes.
+    #[arg(long, default_value_t = stephost_server::settings::defaults::MODULE_BYTES_MAX)]
+    pub module_bytes_max: usize,
+    /// The largest JSON body of any other request, in bytes.
+    #[arg(long, default_value_t = stephost_server::settings::defaults::JSON_BODY_BYTES_MAX)]
+    pub json_body_bytes_max: usize,
+    /// A connection that has not sent a whole request head within this
+    /// time (also an idle kept-alive one) is closed.
+    #[arg(long, default_value_t = stephost_server::settings::defaults::HEADER_READ_TIMEOUT_MS)]
+    pub header_read_timeout_ms: u64,
+    /// Connections served at once; more wait to be accepted.
+    #[arg(long, default_value_t = stephost_server::settings::defaults::CONNECTIONS_MAX)]
+    pub connections_max: usize,
+    /// On SIGINT/SIGTERM, requests in flight have this long to finish;
+    /// then connections still open are dropped.
+    #[arg(long, default_value_t = stephost_server::settings::defaults::SHUTDOWN_GRACE_MS)]
+    pub shutdown_grace_ms: u64,
+}
+
+/// The arguments of `stephost resume`.
+#[derive(Args, Debug)]
+pub struct ResumeArgs {
+    /// The run to continue.
+    pub run_id: String,
+    /// Insist on this build: refused unless the run is pinned to it.
+    #[arg(long)]
+    pub module: Option<PathBuf>,
+    /// Print the run report as JSON instead of the bare output.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// The arguments of `stephost replay`.
+#[derive(Args, Debug)]
+pub struct ReplayArgs {
+    /// The run to replay (from the ledger).
+    #[arg(required_unless_present_any = ["fixture", "fixtures"], conflicts_with = "fixture")]
+    pub run_id: Option<String>,
+    /// Replay against this module instead of the recorded one.
+    #[arg(long)]
+    pub module: Option<PathBuf>,
+    /// Replay an exported run file (needs --module); no ledger is opened.
+    #[arg(long, requires = "module", conflicts_with = "fixtures")]
+    pub fixture: Option<PathBuf>,
+    /// Replay every exported run (`*.json`) in a folder against --module:
+    /// a corpus check for CI; exits 4 if any run diverges.
+    #[arg(long, requires = "module", conflicts_with = "run_id")]
+    pub fixtures: Option<PathBuf>,
+    /// Print the replay report (or, with --fixtures, one per run) as
+    /// JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// The arguments of `stephost upgrade`.
+#[derive(Args, Debug)]
+pub struct UpgradeArgs {
+    /// The run to upgrade.
+    #[arg(required_unless_present = "from", conflicts_with = "from")]
+    pub run_id: Option<String>,
+    /// Upgrade every unfinished run pinned to this module digest.
+    #[arg(long)]
+    pub from: Option<String>,
+    /// The new build.
+    #[arg(long)]
+    pub module: PathBuf,
+    /// Print each run's outcome (moved, or its first divergent call) as
+    /// JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// The arguments of `stephost show`.
+#[derive(Args, Debug)]
+pub struct ShowArgs {
+    /// The run to show.
+    pub run_id: String,
+    /// Print the run, its calls with their attempts, and its log as JSON
+    /// (the API's shape).
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// The arguments of `stephost runs`.
+#[derive(Args, Debug)]
+pub struct RunsArgs {
+    /// Only runs with this status (pending, running, waiting, completed,
+    /// failed, parked, diverged).
+    #[arg(long)]
+    pub status: Option<String>,
+    /// Only runs pinned to this module digest.
+    #[arg(long)]
+    pub module: Option<String>,
+    /// At most this many runs, newest first.
+    #[arg(long)]
+    pub limit: Option<usize>,
+    /// Print the runs as JSON (the API's shape).
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// The arguments of `stephost resolve`.
+#[derive(Args, Debug)]
+pub struct ResolveArgs {
+    /// The parked run.
+    pub run_id: String,
+    /// The number of its call whose outcome is unknown.
+    pub seq: u64,
+    /// The operation happened; this JSON is the response the step sees.
+    #[arg(long, conflicts_with = "failed", required_unless_present = "failed")]
+    pub succeeded: Option<String>,
+    /// The operation did not happen; the step sees `rejected` with this message.
+    #[arg(long)]
+    pub failed: Option<String>,
+    /// Who decided (kept in the ledger with the time).
+    #[arg(long)]
+    pub by: String,
+}
+
+/// The arguments of `stephost approvals`.
+#[derive(Args, Debug)]
+pub struct ApprovalsArgs {
+    /// Print them as JSON, with each run's module and the details'
+    /// whole sha256.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// The arguments of `stephost approve`.
+#[derive(Args, Debug)]
+pub struct ApproveArgs {
+    /// The waiting run.
+    pub run_id: String,
+    /// The number of its approval call, as `stephost approvals` lists it.
+    pub seq: u64,
+    /// The sha256 of the details approved, as `stephost approvals`
+    /// lists it (at least its first 8 characters).
+    #[arg(long)]
+    pub details: String,
+    /// Who decides (kept in the ledger with the time).
+    #[arg(long)]
+    pub by: String,
+    /// Why, for whoever reads the run later (kept in the ledger with the
+    /// decision).
+    #[arg(long)]
+    pub note: Option<String>,
+}
+
+/// The arguments of `stephost reject`.
+#[derive(Args, Debug)]
+pub struct RejectArgs {
+    /// The waiting run.
+    pub run_id: String,
+    /// The number of its approval call, as `stephost approvals` lists it.
+    pub seq: u64,
+    /// The sha256 of the details rejected (optional; checked when given).
+    #[arg(long)]
+    pub details: Option<String>,
+    /// Who decides (kept in the ledger with the time).
+    #[arg(long)]
+    pub by: String,
+    /// Why, for whoever reads the run later (kept in the ledger with the
+    /// decision).
+    #[arg(long)]
+    pub note: Option<String>,
+}
+
+/// The arguments of `stephost verify`.
+#[derive(Args, Debug)]
+pub struct VerifyArgs {
+    /// A run id, or the path of an exported run (`stephost export`).
+    pub target: String,
+}
+
+/// The arguments of `stephost export`.
+#[derive(Args, Debug)]
+pub struct ExportArgs {
+    /// The run to export.
+    pub run_id: String,
 }
 
 /// Parses the process arguments, runs the command, returns the exit code.
@@ -406,346 +466,432 @@ fn open(ledger: &Ledger, options: HostOptions) -> Result<Host, HostError> {
     Host::open(ledger.open(PoolOptions::default())?, options)
 }
 
+/// The ledger's views alone: what the listing commands read, with no
+/// engine built.
+fn views(ledger: &Ledger) -> Result<Box<dyn Views>, HostError> {
+    Ok(ledger.open(PoolOptions::default())?.views()?)
+}
+
+/// What every command is given: the configuration and the ledger.
+struct Ctx {
+    config: Config,
+    ledger: Ledger,
+}
+
 fn execute(cli: Cli) -> Result<i32, HostError> {
     let mut config = load_config(cli.config.as_deref())?;
     config.cache_dir = compile_cache_dir(cli.cache_dir.as_deref());
     config.signer = stephost_runtime::config::signer_from_env()?;
-    let ledger = cli.ledger()?;
+    let ctx = Ctx {
+        config,
+        ledger: cli.ledger()?,
+    };
     match cli.command {
-        Command::Run {
-            module,
-            input,
-            input_file,
-            run_id,
-            json,
-        } => {
-            let input = read_input(input, input_file)?;
-            let bytes = read_file(&module)?;
-            let mut host = open(&ledger, options(&config)?)?;
-            let report = host.run(
-                &bytes,
-                &module.display().to_string(),
-                &input,
-                run_id.as_deref(),
-            )?;
-            Ok(print_run(&report, json))
-        }
-        Command::Submit {
-            module,
-            input,
-            input_file,
-            run_id,
-        } => {
-            let input = read_input(input, input_file)?;
-            let bytes = read_file(&module)?;
-            let mut host = open(&ledger, options(&config)?)?;
-            let run = host.submit(
-                &bytes,
-                &module.display().to_string(),
-                &input,
-                run_id.as_deref(),
-            )?;
-            let _ = writeln!(std::io::stdout().lock(), "{}", run.run_id);
-            Ok(exit::OK)
-        }
-        Command::Worker {
+        Command::Run(args) => run_step(&ctx, args),
+        Command::Submit(args) => submit(&ctx, args),
+        Command::Worker(args) => worker(&ctx, args),
+        Command::Serve(args) => serve(&ctx, args),
+        Command::Resume(args) => resume(&ctx, args),
+        Command::Replay(args) => replay(&ctx, args),
+        Command::Upgrade(args) => upgrade(&ctx, args),
+        Command::Show(args) => show(&ctx, args),
+        Command::Runs(args) => runs(&ctx, args),
+        Command::Resolve(args) => resolve(&ctx, args),
+        Command::Approvals(args) => approvals(&ctx, args),
+        Command::Approve(args) => approve(&ctx, args),
+        Command::Reject(args) => reject(&ctx, args),
+        Command::Verify(args) => verify(&ctx, args),
+        Command::Metrics => metrics(&ctx),
+        Command::Export(args) => export(&ctx, args),
+    }
+}
+
+fn run_step(
+    ctx: &Ctx,
+    RunArgs {
+        module,
+        input,
+        input_file,
+        run_id,
+        json,
+    }: RunArgs,
+) -> Result<i32, HostError> {
+    let Ctx { config, ledger } = ctx;
+    let input = read_input(input, input_file)?;
+    let bytes = read_file(&module)?;
+    let mut host = open(ledger, options(config)?)?;
+    let report = host.run(
+        &bytes,
+        &module.display().to_string(),
+        &input,
+        run_id.as_deref(),
+    )?;
+    Ok(print_run(&report, json))
+}
+
+fn submit(
+    ctx: &Ctx,
+    SubmitArgs {
+        module,
+        input,
+        input_file,
+        run_id,
+    }: SubmitArgs,
+) -> Result<i32, HostError> {
+    let Ctx { config, ledger } = ctx;
+    let input = read_input(input, input_file)?;
+    let bytes = read_file(&module)?;
+    let mut host = open(ledger, options(config)?)?;
+    let run = host.submit(
+        &bytes,
+        &module.display().to_string(),
+        &input,
+        run_id.as_deref(),
+    )?;
+    let _ = writeln!(std::io::stdout().lock(), "{}", run.run_id);
+    Ok(exit::OK)
+}
+
+fn worker(
+    ctx: &Ctx,
+    WorkerArgs {
+        concurrency,
+        lease_ms,
+        worker_id,
+        exit_when_idle,
+    }: WorkerArgs,
+) -> Result<i32, HostError> {
+    let Ctx { config, ledger } = ctx;
+    options(config)?; // refuse a bad configuration before claiming anything
+    let shutdown = stop_on_signals()?;
+    let worker_options = stephost_runtime::worker::WorkerOptions {
+        exit_when_idle,
+        ..stephost_runtime::worker::WorkerOptions::new(
             concurrency,
             lease_ms,
-            worker_id,
-            exit_when_idle,
-        } => {
-            options(&config)?; // refuse a bad configuration before claiming anything
-            let shutdown = stop_on_signals()?;
-            let worker_options = stephost_runtime::worker::WorkerOptions {
-                exit_when_idle,
-                ..stephost_runtime::worker::WorkerOptions::new(
-                    concurrency,
-                    lease_ms,
-                    worker_id.unwrap_or_else(stephost_runtime::owner::this_process),
-                )
-            };
-            let make = || options(&config).expect(CHECKED);
-            let report = stephost_runtime::worker::run(&ledger, &make, &worker_options, &shutdown)?;
-            print_worker_report("worker", &report, worker_options.concurrency);
-            Ok(exit::OK)
+            worker_id.unwrap_or_else(stephost_runtime::owner::this_process),
+        )
+    };
+    let make = || options(config).expect(CHECKED);
+    let report = stephost_runtime::worker::run(ledger, &make, &worker_options, &shutdown)?;
+    print_worker_report("worker", &report, worker_options.concurrency);
+    Ok(exit::OK)
+}
+
+fn serve(
+    ctx: &Ctx,
+    ServeArgs {
+        listen,
+        concurrency,
+        lease_ms,
+        worker_id,
+        module_bytes_max,
+        json_body_bytes_max,
+        header_read_timeout_ms,
+        connections_max,
+        shutdown_grace_ms,
+    }: ServeArgs,
+) -> Result<i32, HostError> {
+    let Ctx { config, ledger } = ctx;
+    options(config)?; // refuse a bad configuration before serving anything
+    let webhooks = config.webhooks()?;
+    let tokens = stephost_server::Tokens::from_env().map_err(HostError::BadInput)?;
+    let settings = stephost_server::ServeSettings {
+        listen,
+        concurrency,
+        lease_ms,
+        worker_id: worker_id.unwrap_or_else(stephost_runtime::owner::this_process),
+        module_bytes_max,
+        json_body_bytes_max,
+        header_read_timeout_ms,
+        connections_max,
+        shutdown_grace_ms,
+        ..stephost_server::ServeSettings::default()
+    };
+    let shutdown = stop_on_signals()?;
+    let make = || options(config).expect(CHECKED);
+    let report = stephost_server::serve(ledger, &make, webhooks, tokens, settings, shutdown)?;
+    print_worker_report("serve", &report, concurrency);
+    Ok(exit::OK)
+}
+
+fn resume(
+    ctx: &Ctx,
+    ResumeArgs {
+        run_id,
+        module,
+        json,
+    }: ResumeArgs,
+) -> Result<i32, HostError> {
+    let Ctx { config, ledger } = ctx;
+    let module = match &module {
+        Some(path) => Some((read_file(path)?, path.display().to_string())),
+        None => None,
+    };
+    let mut host = open(ledger, options(config)?)?;
+    let report = host.resume_with(
+        &run_id,
+        module.as_ref().map(|(b, w)| (b.as_slice(), w.as_str())),
+    )?;
+    Ok(print_run(&report, json))
+}
+
+fn replay(
+    ctx: &Ctx,
+    ReplayArgs {
+        run_id,
+        module,
+        fixture,
+        fixtures,
+        json,
+    }: ReplayArgs,
+) -> Result<i32, HostError> {
+    let Ctx { config, ledger } = ctx;
+    let opts = options(config)?;
+    if let Some(dir) = fixtures {
+        let module = module.expect("clap requires --module with --fixtures");
+        return replay_corpus(&dir, &module, &opts, json);
+    }
+    let new_module = match &module {
+        Some(path) => Some((read_file(path)?, path.display().to_string())),
+        None => None,
+    };
+    let report = match (fixture, run_id) {
+        (Some(file), _) => {
+            let fixture = read_fixture(&file)?;
+            let (bytes, what) = new_module.expect("clap requires --module with --fixture");
+            let engine =
+                stephost_runtime::engine::StepEngine::with_disk_cache(opts.cache_dir.as_deref())?;
+            replay_fixture(&engine, fixture, &bytes, &what, &opts)?
         }
-        Command::Serve {
-            listen,
-            concurrency,
-            lease_ms,
-            worker_id,
-            module_bytes_max,
-            json_body_bytes_max,
-            header_read_timeout_ms,
-            connections_max,
-            shutdown_grace_ms,
-        } => {
-            options(&config)?; // refuse a bad configuration before serving anything
-            let webhooks = config.webhooks()?;
-            let tokens = stephost_server::Tokens::from_env().map_err(HostError::BadInput)?;
-            let settings = stephost_server::ServeSettings {
-                listen,
-                concurrency,
-                lease_ms,
-                worker_id: worker_id.unwrap_or_else(stephost_runtime::owner::this_process),
-                module_bytes_max,
-                json_body_bytes_max,
-                header_read_timeout_ms,
-                connections_max,
-                shutdown_grace_ms,
-                ..stephost_server::ServeSettings::default()
-            };
-            let shutdown = stop_on_signals()?;
-            let make = || options(&config).expect(CHECKED);
-            let report =
-                stephost_server::serve(&ledger, &make, webhooks, tokens, settings, shutdown)?;
-            print_worker_report("serve", &report, concurrency);
-            Ok(exit::OK)
+        (None, Some(run_id)) => {
+            let host = open(ledger, opts)?;
+            let module = new_module.as_ref().map(|(b, w)| (b.as_slice(), w.as_str()));
+            host.replay(&run_id, module)?
         }
-        Command::Resume {
-            run_id,
-            module,
-            json,
+        (None, None) => unreachable!("clap requires a run id or --fixture"),
+    };
+    print_replay(&report, json);
+    Ok(report.exit_code())
+}
+
+fn upgrade(
+    ctx: &Ctx,
+    UpgradeArgs {
+        run_id,
+        from,
+        module,
+        json,
+    }: UpgradeArgs,
+) -> Result<i32, HostError> {
+    let Ctx { config, ledger } = ctx;
+    let bytes = read_file(&module)?;
+    let what = module.display().to_string();
+    let mut host = open(ledger, options(config)?)?;
+    let outcomes = match (run_id, from) {
+        (Some(id), _) => vec![host.upgrade(&id, &bytes, &what)?],
+        (None, Some(digest)) => service::upgrade_from(&mut host, &digest, &bytes, &what)?,
+        (None, None) => unreachable!("clap requires a run id or --from"),
+    };
+    if json {
+        print_json(&outcomes);
+    } else {
+        print::print_upgrades(&outcomes);
+    }
+    Ok(if outcomes.iter().all(|o| o.moved) {
+        exit::OK
+    } else {
+        exit::DIVERGED
+    })
+}
+
+fn show(ctx: &Ctx, ShowArgs { run_id, json }: ShowArgs) -> Result<i32, HostError> {
+    let detail = service::run_detail(views(&ctx.ledger)?.as_ref(), &run_id)?;
+    if json {
+        print_json(&detail);
+    } else {
+        print_show(&detail);
+    }
+    Ok(exit::OK)
+}
+
+fn runs(
+    ctx: &Ctx,
+    RunsArgs {
+        status,
+        module,
+        limit,
+        json,
+    }: RunsArgs,
+) -> Result<i32, HostError> {
+    let query = RunQuery {
+        status: status.as_deref().map(service::parse_status).transpose()?,
+        module_digest: module,
+        limit,
+        ..RunQuery::default()
+    };
+    let runs = service::runs(views(&ctx.ledger)?.as_ref(), &query)?;
+    if json {
+        print_json(&runs);
+    } else {
+        print_runs(&runs);
+    }
+    Ok(exit::OK)
+}
+
+fn resolve(
+    ctx: &Ctx,
+    ResolveArgs {
+        run_id,
+        seq,
+        succeeded,
+        failed,
+        by,
+    }: ResolveArgs,
+) -> Result<i32, HostError> {
+    let Ctx { config, ledger } = ctx;
+    let resolution = match (succeeded, failed) {
+        (Some(response), _) => Resolution::Succeeded(response),
+        (None, Some(message)) => Resolution::Failed(message),
+        (None, None) => unreachable!("clap requires --succeeded or --failed"),
+    };
+    let host = open(ledger, quiet_options(config))?;
+    let options = host.options();
+    service::resolve(
+        host.store(),
+        &options.signer,
+        &options.limits,
+        &run_id,
+        seq,
+        &resolution,
+        &by,
+    )?;
+    eprintln!(
+        "stephost: call #{seq} of run {run_id} resolved by {by}; continue it with \
+         `stephost resume {run_id}`"
+    );
+    Ok(exit::OK)
+}
+
+fn approvals(ctx: &Ctx, ApprovalsArgs { json }: ApprovalsArgs) -> Result<i32, HostError> {
+    let rows = service::approvals(views(&ctx.ledger)?.as_ref())?;
+    if json {
+        print_json(&rows);
+    } else {
+        print::print_approvals(&rows);
+    }
+    Ok(exit::OK)
+}
+
+fn approve(
+    ctx: &Ctx,
+    ApproveArgs {
+        run_id,
+        seq,
+        details,
+        by,
+        note,
+    }: ApproveArgs,
+) -> Result<i32, HostError> {
+    let Ctx { config, ledger } = ctx;
+    decide(
+        ledger,
+        config,
+        &run_id,
+        seq,
+        &Decision {
+            verdict: Verdict::Approved,
+            by: &by,
+            note: note.as_deref(),
+            details_sha256: Some(&details),
+        },
+    )
+}
+
+fn reject(
+    ctx: &Ctx,
+    RejectArgs {
+        run_id,
+        seq,
+        details,
+        by,
+        note,
+    }: RejectArgs,
+) -> Result<i32, HostError> {
+    let Ctx { config, ledger } = ctx;
+    decide(
+        ledger,
+        config,
+        &run_id,
+        seq,
+        &Decision {
+            verdict: Verdict::Rejected,
+            by: &by,
+            note: note.as_deref(),
+            details_sha256: details.as_deref(),
+        },
+    )
+}
+
+fn verify(ctx: &Ctx, VerifyArgs { target }: VerifyArgs) -> Result<i32, HostError> {
+    let path = Path::new(&target);
+    let (run, calls) = if path.is_file() {
+        let fixture = read_fixture(path)?;
+        (fixture.run_record(), fixture.calls)
+    } else {
+        let fixture = service::export(views(&ctx.ledger)?.as_ref(), &target)?;
+        (fixture.run_record(), fixture.calls)
+    };
+    let run_id = &run.run_id;
+    let mut out = std::io::stdout().lock();
+    match service::verify(&ctx.config.signer, &calls, &run) {
+        Verification::Intact {
+            calls,
+            links,
+            signed,
         } => {
-            let module = match &module {
-                Some(path) => Some((read_file(path)?, path.display().to_string())),
-                None => None,
-            };
-            let mut host = open(&ledger, options(&config)?)?;
-            let report = host.resume_with(
-                &run_id,
-                module.as_ref().map(|(b, w)| (b.as_slice(), w.as_str())),
-            )?;
-            Ok(print_run(&report, json))
-        }
-        Command::Replay {
-            run_id,
-            module,
-            fixture,
-            fixtures,
-            json,
-        } => {
-            let opts = options(&config)?;
-            if let Some(dir) = fixtures {
-                let module = module.expect("clap requires --module with --fixtures");
-                return replay_corpus(&dir, &module, &opts, json);
-            }
-            let new_module = match &module {
-                Some(path) => Some((read_file(path)?, path.display().to_string())),
-                None => None,
-            };
-            let report = match (fixture, run_id) {
-                (Some(file), _) => {
-                    let fixture = read_fixture(&file)?;
-                    let (bytes, what) = new_module.expect("clap requires --module with --fixture");
-                    let engine = stephost_runtime::engine::StepEngine::with_disk_cache(
-                        opts.cache_dir.as_deref(),
-                    )?;
-                    replay_fixture(&engine, fixture, &bytes, &what, &opts)?
-                }
-                (None, Some(run_id)) => {
-                    let host = open(&ledger, opts)?;
-                    let module = new_module.as_ref().map(|(b, w)| (b.as_slice(), w.as_str()));
-                    host.replay(&run_id, module)?
-                }
-                (None, None) => unreachable!("clap requires a run id or --fixture"),
-            };
-            print_replay(&report, json);
-            Ok(report.exit_code())
-        }
-        Command::Upgrade {
-            run_id,
-            from,
-            module,
-            json,
-        } => {
-            let bytes = read_file(&module)?;
-            let what = module.display().to_string();
-            let mut host = open(&ledger, options(&config)?)?;
-            let outcomes = match (run_id, from) {
-                (Some(id), _) => vec![host.upgrade(&id, &bytes, &what)?],
-                (None, Some(digest)) => service::upgrade_from(&mut host, &digest, &bytes, &what)?,
-                (None, None) => unreachable!("clap requires a run id or --from"),
-            };
-            if json {
-                print_json(&outcomes);
+            let how = if signed {
+                "signed with the chain key; the run's row matches its seal"
             } else {
-                print::print_upgrades(&outcomes);
-            }
-            Ok(if outcomes.iter().all(|o| o.moved) {
-                exit::OK
-            } else {
-                exit::DIVERGED
-            })
-        }
-        Command::Show { run_id, json } => {
-            let host = open(&ledger, quiet_options(&config))?;
-            let detail = service::run_detail(host.store(), &run_id)?;
-            if json {
-                print_json(&detail);
-            } else {
-                print_show(&detail);
-            }
-            Ok(exit::OK)
-        }
-        Command::Runs {
-            status,
-            module,
-            limit,
-            json,
-        } => {
-            let query = RunQuery {
-                status: status.as_deref().map(service::parse_status).transpose()?,
-                module_digest: module,
-                limit,
-                ..RunQuery::default()
+                "UNSIGNED: a plain hash chain, which anyone who can write the ledger can \
+                 redo (set STEPHOST_CHAIN_KEY_FILE when recording); the run's row matches \
+                 its seal"
             };
-            let host = open(&ledger, quiet_options(&config))?;
-            let runs = service::runs(host.store(), &query)?;
-            if json {
-                print_json(&runs);
-            } else {
-                print_runs(&runs);
-            }
-            Ok(exit::OK)
-        }
-        Command::Resolve {
-            run_id,
-            seq,
-            succeeded,
-            failed,
-            by,
-        } => {
-            let resolution = match (succeeded, failed) {
-                (Some(response), _) => Resolution::Succeeded(response),
-                (None, Some(message)) => Resolution::Failed(message),
-                (None, None) => unreachable!("clap requires --succeeded or --failed"),
-            };
-            let host = open(&ledger, quiet_options(&config))?;
-            let options = host.options();
-            service::resolve(
-                host.store(),
-                &options.signer,
-                &options.limits,
-                &run_id,
-                seq,
-                &resolution,
-                &by,
-            )?;
-            eprintln!(
-                "stephost: call #{seq} of run {run_id} resolved by {by}; continue it with \
-                 `stephost resume {run_id}`"
+            let _ = writeln!(
+                out,
+                "intact: run {run_id}, {calls} call(s), {links} chain link(s) verified; \
+                 {how}"
             );
             Ok(exit::OK)
         }
-        Command::Approvals { json } => {
-            let host = open(&ledger, quiet_options(&config))?;
-            let rows = service::approvals(host.store())?;
-            if json {
-                print_json(&rows);
-            } else {
-                print::print_approvals(&rows);
-            }
-            Ok(exit::OK)
+        Verification::Broken { seq, reason } => {
+            let at = seq
+                .map(|s| format!("call #{s}"))
+                .unwrap_or("its row".into());
+            let _ = writeln!(
+                out,
+                "broken: run {run_id}, {at}: {reason}; the recording was changed or \
+                 damaged after it was written"
+            );
+            Ok(exit::DIVERGED)
         }
-        Command::Approve {
-            run_id,
-            seq,
-            details,
-            by,
-            note,
-        } => decide(
-            &ledger,
-            &config,
-            &run_id,
-            seq,
-            &Decision {
-                verdict: Verdict::Approved,
-                by: &by,
-                note: note.as_deref(),
-                details_sha256: Some(&details),
-            },
-        ),
-        Command::Reject {
-            run_id,
-            seq,
-            details,
-            by,
-            note,
-        } => decide(
-            &ledger,
-            &config,
-            &run_id,
-            seq,
-            &Decision {
-                verdict: Verdict::Rejected,
-                by: &by,
-                note: note.as_deref(),
-                details_sha256: details.as_deref(),
-            },
-        ),
-        Command::Verify { target } => {
-            let path = Path::new(&target);
-            let (run, calls) = if path.is_file() {
-                let fixture = read_fixture(path)?;
-                (fixture.run_record(), fixture.calls)
-            } else {
-                let host = open(&ledger, quiet_options(&config))?;
-                let calls = host.store().calls(&target, 1, usize::MAX)?;
-                (host.store().run(&target)?, calls)
-            };
-            let run_id = &run.run_id;
-            let mut out = std::io::stdout().lock();
-            match service::verify(&config.signer, &calls, &run) {
-                Verification::Intact {
-                    calls,
-                    links,
-                    signed,
-                } => {
-                    let how = if signed {
-                        "signed with the chain key; the run's row matches its seal"
-                    } else {
-                        "UNSIGNED: a plain hash chain, which anyone who can write the ledger can \
-                         redo (set STEPHOST_CHAIN_KEY_FILE when recording); the run's row matches \
-                         its seal"
-                    };
-                    let _ = writeln!(
-                        out,
-                        "intact: run {run_id}, {calls} call(s), {links} chain link(s) verified; \
-                         {how}"
-                    );
-                    Ok(exit::OK)
-                }
-                Verification::Broken { seq, reason } => {
-                    let at = seq
-                        .map(|s| format!("call #{s}"))
-                        .unwrap_or("its row".into());
-                    let _ = writeln!(
-                        out,
-                        "broken: run {run_id}, {at}: {reason}; the recording was changed or \
-                         damaged after it was written"
-                    );
-                    Ok(exit::DIVERGED)
-                }
-                // Nothing is known to be changed, so it is not called broken.
-                Verification::NeedsKey { reason } => {
-                    let _ = writeln!(out, "not checked: run {run_id}: {reason}");
-                    Ok(exit::DIVERGED)
-                }
-            }
-        }
-        Command::Metrics => {
-            let host = open(&ledger, quiet_options(&config))?;
-            let text = stephost_runtime::metrics::render(host.store())?;
-            let _ = std::io::stdout().lock().write_all(text.as_bytes());
-            Ok(exit::OK)
-        }
-        Command::Export { run_id } => {
-            let host = open(&ledger, quiet_options(&config))?;
-            print_json(&host.export(&run_id)?);
-            Ok(exit::OK)
+        // Nothing is known to be changed, so it is not called broken.
+        Verification::NeedsKey { reason } => {
+            let _ = writeln!(out, "not checked: run {run_id}: {reason}");
+            Ok(exit::DIVERGED)
         }
     }
+}
+
+fn metrics(ctx: &Ctx) -> Result<i32, HostError> {
+    let text = stephost_runtime::metrics::render(views(&ctx.ledger)?.as_ref())?;
+    let _ = std::io::stdout().lock().write_all(text.as_bytes());
+    Ok(exit::OK)
+}
+
+fn export(ctx: &Ctx, ExportArgs { run_id }: ExportArgs) -> Result<i32, HostError> {
+    print_json(&service::export(views(&ctx.ledger)?.as_ref(), &run_id)?);
+    Ok(exit::OK)
 }
 
 /// Why building the host's options again cannot fail: the configuration

@@ -22,7 +22,7 @@ use crate::records::{
     RunRecord, RunStatus,
 };
 use crate::settle::{self, Resolution};
-use crate::store::{Pool, RunQuery, Store, StoreError, WriteOp};
+use crate::store::{Outbox, Pool, RunQuery, Store, StoreError, WriteOp};
 
 /// A pool over a new, empty ledger, and what must outlive it.
 pub struct TestLedger {
@@ -33,6 +33,10 @@ pub struct TestLedger {
 impl TestLedger {
     pub fn store(&self) -> Box<dyn Store> {
         self.pool.store().expect("a store from the pool")
+    }
+
+    pub fn outbox(&self) -> Box<dyn Outbox> {
+        self.pool.outbox().expect("an outbox from the pool")
     }
 }
 
@@ -64,6 +68,7 @@ macro_rules! conformance_tests {
             large_bodies_and_conversations_read_back_byte_for_byte,
             counters_add_up_across_commits_and_stores,
             notices_are_owed_once_taken_by_one_taker_and_settled_by_attempts,
+            notices_are_taken_earliest_due_first_whatever_their_creation_order,
             a_runs_last_call_is_read_alone
         );
     };
@@ -422,7 +427,6 @@ pub fn a_stale_writer_is_refused_on_every_write_path(make: &Make) {
             "a lease",
             WriteOp::Lease {
                 until_ms: T0 + 99_999,
-                due_at_ms: Some(T0 + 99_999),
             },
         ),
         (
@@ -491,11 +495,26 @@ pub fn due_runs_come_earliest_first_and_workers_claim_only_due_ones(make: &Make)
         "timer-due",
         "timer-later",
         "held",
+        "renewed",
         "parked",
         "done",
     ] {
         new_run(store.as_ref(), id, T0);
     }
+    // A lease renewed inside a commit: due when the new lease ends, not
+    // when the first one did.
+    let renewed = claim(store.as_ref(), "renewed", "w-live", T0);
+    commit(
+        pool,
+        &renewed,
+        vec![
+            finished(1),
+            WriteOp::Lease {
+                until_ms: now + 10_000,
+            },
+        ],
+    )
+    .unwrap();
     let released = claim(store.as_ref(), "released", "w", T0 + 20);
     lifecycle::release(store.as_ref(), &released, T0 + 30).unwrap();
     for (id, wake) in [("timer-due", now - 5), ("timer-later", now + 60_000)] {
@@ -541,7 +560,14 @@ pub fn due_runs_come_earliest_first_and_workers_claim_only_due_ones(make: &Make)
         .collect();
     assert_eq!(
         listed,
-        ["pending", "released", "timer-due", "held", "timer-later"]
+        [
+            "pending",
+            "released",
+            "timer-due",
+            "renewed",
+            "held",
+            "timer-later"
+        ]
     );
     assert_eq!(store.due_runs(2).unwrap().len(), 2);
     let claimable: Vec<&str> = listed
@@ -1203,7 +1229,6 @@ pub fn renewal_extends_a_live_claim_and_release_makes_the_run_due(make: &Make) {
             finished(1),
             WriteOp::Lease {
                 until_ms: T0 + 90_000,
-                due_at_ms: Some(T0 + 90_000),
             },
         ],
     )
@@ -1474,7 +1499,8 @@ fn notice(webhook: &str, event: NoticeEvent, run_id: &str, seq: Option<u64>) -> 
 
 pub fn notices_are_owed_once_taken_by_one_taker_and_settled_by_attempts(make: &Make) {
     let ledger = make();
-    let (a, b) = (ledger.store(), ledger.store());
+    let (a, b) = (ledger.outbox(), ledger.outbox());
+    let views = ledger.store();
     let parked = notice("ops", NoticeEvent::Parked, "r1", Some(2));
     let failed = notice("ops", NoticeEvent::Failed, "r2", None);
     assert_eq!(a.owe_notices(&[parked.clone(), failed.clone()]).unwrap(), 2);
@@ -1483,10 +1509,10 @@ pub fn notices_are_owed_once_taken_by_one_taker_and_settled_by_attempts(make: &M
     again.body = "changed".into();
     assert_eq!(b.owe_notices(&[again]).unwrap(), 0);
     assert_eq!(
-        b.notices(None, 10).unwrap(),
+        views.notices(None, 10).unwrap(),
         vec![parked.clone(), failed.clone()]
     );
-    assert_eq!(b.notices(Some("r2"), 10).unwrap(), vec![failed.clone()]);
+    assert_eq!(views.notices(Some("r2"), 10).unwrap(), vec![failed.clone()]);
 
     let ops = vec!["ops".to_string()];
     // Another server's webhooks are not taken.
@@ -1536,7 +1562,7 @@ pub fn notices_are_owed_once_taken_by_one_taker_and_settled_by_attempts(make: &M
             .next()
             .unwrap()
     };
-    assert_eq!(now(b.as_ref()), expected);
+    assert_eq!(now(views.as_ref()), expected);
     // Not due again before its time: only the other (its hold lapsed) is.
     let lapsed = b.take_notices(&ops, T0 + 4_999, T0 + 9_000, 10).unwrap();
     assert_eq!(lapsed.len(), 1);
@@ -1549,7 +1575,7 @@ pub fn notices_are_owed_once_taken_by_one_taker_and_settled_by_attempts(make: &M
     assert!(a.notice_tried(id, T0 + 6_000, &delivered).unwrap());
     expected.next_at_ms = T0 + 6_000;
     notices::apply(&mut expected, &delivered);
-    let found = now(b.as_ref());
+    let found = now(views.as_ref());
     assert_eq!(found, expected);
     assert_eq!(
         (found.state, found.attempts, found.last_error.as_deref()),
@@ -1581,9 +1607,40 @@ pub fn notices_are_owed_once_taken_by_one_taker_and_settled_by_attempts(make: &M
             .is_empty()
     );
     assert_eq!(
-        b.notices(Some("r2"), 10).unwrap()[0].state,
+        views.notices(Some("r2"), 10).unwrap()[0].state,
         NoticeState::Abandoned
     );
+}
+
+pub fn notices_are_taken_earliest_due_first_whatever_their_creation_order(make: &Make) {
+    let ledger = make();
+    let store = ledger.outbox();
+    // Owed first but due last, and the other way round.
+    let mut late = notice("ops", NoticeEvent::Parked, "r1", Some(1));
+    late.next_at_ms = T0 + 500;
+    let mut early = notice("ops", NoticeEvent::Failed, "r2", None);
+    early.created_at_ms = T0 + 1;
+    early.next_at_ms = T0;
+    let mut middle = notice("ops", NoticeEvent::Diverged, "r3", None);
+    middle.created_at_ms = T0 + 2;
+    middle.next_at_ms = T0 + 200;
+    assert_eq!(
+        store
+            .owe_notices(&[late.clone(), early.clone(), middle.clone()])
+            .unwrap(),
+        3
+    );
+    let ops = vec!["ops".to_string()];
+    let first = store.take_notices(&ops, T0 + 500, T0 + 1_000, 1).unwrap();
+    assert_eq!(first.len(), 1);
+    assert_eq!(first[0].delivery_id, early.delivery_id, "the earliest due");
+    let rest: Vec<String> = store
+        .take_notices(&ops, T0 + 500, T0 + 1_000, 10)
+        .unwrap()
+        .into_iter()
+        .map(|n| n.delivery_id)
+        .collect();
+    assert_eq!(rest, [middle.delivery_id, late.delivery_id]);
 }
 
 pub fn a_runs_last_call_is_read_alone(make: &Make) {

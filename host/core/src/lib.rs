@@ -7,6 +7,8 @@
 //! - [`settle`] and [`approvals`]: a person's decisions.
 //! - [`ids`], [`chain`], [`payload`]: operation ids and hashes, the
 //!   tamper-evident chain, content-addressed bodies.
+//! - [`commit`]: what an execution's commit means, checked once and laid
+//!   out as plain data each backend writes.
 //! - [`store`]: the storage roles (pool, store, writer) every backend fills;
 //!   [`memory`] is one in memory, [`conformance`] the suite they all pass.
 //! - [`notices`]: notifications owed to webhooks, recorded before sent.
@@ -16,6 +18,7 @@
 pub mod approvals;
 pub mod chain;
 pub mod clock;
+pub mod commit;
 #[cfg(any(test, feature = "conformance"))]
 pub mod conformance;
 pub mod crash;
@@ -43,4 +46,4 @@ pub use records::{
     AttemptRecord, CallClass, CallRecord, CallState, Claim, LogRecord, NewRun, RunEnd, RunRecord,
     RunStatus,
 };
-pub use store::{Pool, Store, StoreError, StoreResult, WriteOp, Writer};
+pub use store::{Outbox, Pool, Store, StoreError, StoreResult, Views, WriteOp, Writer};

@@ -210,11 +210,9 @@ pub fn ended(end: &RunEnd, now_ms: i64) -> EndRow {
     }
 }
 
-/// The lease a renewal at `now_ms` gives `claim`, and when the run is due
-/// under it.
-pub fn renewed_lease(claim: &Claim, now_ms: i64) -> (i64, Option<i64>) {
-    let until = now_ms.saturating_add(claim.lease_ms);
-    (until, Some(until))
+/// Until when a renewal at `now_ms` extends `claim`'s lease.
+pub fn renewed_lease(claim: &Claim, now_ms: i64) -> i64 {
+    now_ms.saturating_add(claim.lease_ms)
 }
 
 /// The run's row once a person decides one of its calls: runnable at once,
@@ -302,7 +300,7 @@ pub fn renew(store: &dyn Store, claim: &Claim, now_ms: i64) -> Result<bool, Stor
         if !holds(&run, claim) {
             return Ok(false);
         }
-        let (until, _) = renewed_lease(claim, now_ms);
+        let until = renewed_lease(claim, now_ms);
         let row = RunRecord {
             lease_until_ms: Some(until),
             version: run.version + 1,

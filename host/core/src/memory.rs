@@ -5,14 +5,16 @@
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard};
 
+use crate::commit::CommitPlan;
 use crate::history::History;
 use crate::lifecycle;
 use crate::notices::{self, Notice, NoticeAttempt, NoticeState};
 use crate::records::{
-    AttemptRecord, CallRecord, CallState, Claim, Counters, LogRecord, RunRecord, RunStatus,
+    AttemptRecord, CallRecord, CallState, Counters, LogRecord, RunRecord, RunStatus,
 };
 use crate::store::{
-    Commit, OpenCall, Pool, RunQuery, Settlement, Store, StoreError, StoreResult, WriteOp, Writer,
+    Commit, OpenCall, Outbox, Pool, RunQuery, Settlement, Store, StoreError, StoreResult, Views,
+    Writer,
 };
 
 #[derive(Default, Clone)]
@@ -51,6 +53,10 @@ impl Pool for MemoryPool {
         Ok(Box::new(self.clone()))
     }
 
+    fn outbox(&self) -> StoreResult<Box<dyn Outbox>> {
+        Ok(Box::new(self.clone()))
+    }
+
     fn writer(&self) -> StoreResult<Box<dyn Writer>> {
         Ok(Box::new(self.clone()))
     }
@@ -75,13 +81,17 @@ impl State {
     }
 }
 
-impl Store for MemoryPool {
-    fn put_module(&self, digest: &str, bytes: &[u8]) -> StoreResult<()> {
-        self.lock()
-            .modules
-            .entry(digest.to_string())
-            .or_insert_with(|| bytes.to_vec());
-        Ok(())
+impl Views for MemoryPool {
+    fn due_runs(&self, limit: usize) -> StoreResult<Vec<RunRecord>> {
+        let state = self.lock();
+        let mut due: Vec<(i64, RunRecord)> = state
+            .runs
+            .values()
+            .filter_map(|r| r.run.as_ref())
+            .filter_map(|r| lifecycle::due_at(r).map(|at| (at, r.clone())))
+            .collect();
+        due.sort_by(|a, b| (a.0, &a.1.run_id).cmp(&(b.0, &b.1.run_id)));
+        Ok(due.into_iter().take(limit).map(|(_, r)| r).collect())
     }
 
     fn module(&self, digest: &str) -> StoreResult<Vec<u8>> {
@@ -90,12 +100,6 @@ impl Store for MemoryPool {
             .get(digest)
             .cloned()
             .ok_or_else(|| StoreError::UnknownModule(digest.to_string()))
-    }
-
-    fn insert_run(&self, run: &RunRecord) -> StoreResult<RunRecord> {
-        let mut state = self.lock();
-        let rows = state.runs.entry(run.run_id.clone()).or_default();
-        Ok(rows.run.get_or_insert_with(|| run.clone()).clone())
     }
 
     fn run(&self, run_id: &str) -> StoreResult<RunRecord> {
@@ -135,36 +139,6 @@ impl Store for MemoryPool {
                 .1 += 1;
         }
         Ok(counts.into_values().collect())
-    }
-
-    fn due_runs(&self, limit: usize) -> StoreResult<Vec<RunRecord>> {
-        let state = self.lock();
-        let mut due: Vec<(i64, RunRecord)> = state
-            .runs
-            .values()
-            .filter_map(|r| r.run.as_ref())
-            .filter_map(|r| lifecycle::due_at(r).map(|at| (at, r.clone())))
-            .collect();
-        due.sort_by(|a, b| (a.0, &a.1.run_id).cmp(&(b.0, &b.1.run_id)));
-        Ok(due.into_iter().take(limit).map(|(_, r)| r).collect())
-    }
-
-    fn swap_run(&self, expected_version: i64, run: &RunRecord, _durable: bool) -> StoreResult<()> {
-        let mut state = self.lock();
-        let rows = state
-            .runs
-            .get_mut(&run.run_id)
-            .and_then(|r| r.run.as_mut())
-            .ok_or_else(|| unknown(&run.run_id))?;
-        if rows.version != expected_version {
-            return Err(StoreError::VersionConflict {
-                run_id: run.run_id.clone(),
-                expected: expected_version,
-                found: rows.version,
-            });
-        }
-        *rows = run.clone();
-        Ok(())
     }
 
     fn calls(&self, run_id: &str, from_seq: u64, limit: usize) -> StoreResult<Vec<CallRecord>> {
@@ -238,6 +212,67 @@ impl Store for MemoryPool {
         Ok(open)
     }
 
+    fn counters(&self) -> StoreResult<Vec<(String, i64)>> {
+        Ok(self
+            .lock()
+            .counters
+            .iter()
+            .map(|(k, v)| (k.clone(), *v))
+            .collect())
+    }
+
+    fn notices(&self, run_id: Option<&str>, limit: usize) -> StoreResult<Vec<Notice>> {
+        Ok(self
+            .lock()
+            .notices
+            .iter()
+            .filter(|n| run_id.is_none_or(|r| n.run_id == r))
+            .take(limit)
+            .cloned()
+            .collect())
+    }
+
+    fn last_call(&self, run_id: &str) -> StoreResult<Option<CallRecord>> {
+        let locked = self.lock();
+        let rows = locked.runs.get(run_id).ok_or_else(|| unknown(run_id))?;
+        rows.run.as_ref().ok_or_else(|| unknown(run_id))?;
+        Ok(rows.calls.last().cloned())
+    }
+}
+
+impl Store for MemoryPool {
+    fn put_module(&self, digest: &str, bytes: &[u8]) -> StoreResult<()> {
+        self.lock()
+            .modules
+            .entry(digest.to_string())
+            .or_insert_with(|| bytes.to_vec());
+        Ok(())
+    }
+
+    fn insert_run(&self, run: &RunRecord) -> StoreResult<RunRecord> {
+        let mut state = self.lock();
+        let rows = state.runs.entry(run.run_id.clone()).or_default();
+        Ok(rows.run.get_or_insert_with(|| run.clone()).clone())
+    }
+
+    fn swap_run(&self, expected_version: i64, run: &RunRecord, _durable: bool) -> StoreResult<()> {
+        let mut state = self.lock();
+        let rows = state
+            .runs
+            .get_mut(&run.run_id)
+            .and_then(|r| r.run.as_mut())
+            .ok_or_else(|| unknown(&run.run_id))?;
+        if rows.version != expected_version {
+            return Err(StoreError::VersionConflict {
+                run_id: run.run_id.clone(),
+                expected: expected_version,
+                found: rows.version,
+            });
+        }
+        *rows = run.clone();
+        Ok(())
+    }
+
     fn settle(&self, s: &Settlement) -> StoreResult<()> {
         let mut state = self.lock();
         let rows = state
@@ -284,16 +319,9 @@ impl Store for MemoryPool {
         self.lock().add(counters);
         Ok(())
     }
+}
 
-    fn counters(&self) -> StoreResult<Vec<(String, i64)>> {
-        Ok(self
-            .lock()
-            .counters
-            .iter()
-            .map(|(k, v)| (k.clone(), *v))
-            .collect())
-    }
-
+impl Outbox for MemoryPool {
     fn owe_notices(&self, owed: &[Notice]) -> StoreResult<usize> {
         let mut state = self.lock();
         let mut new = 0;
@@ -349,29 +377,11 @@ impl Store for MemoryPool {
         });
         Ok(held.map(|n| notices::apply(n, attempt)).is_some())
     }
-
-    fn notices(&self, run_id: Option<&str>, limit: usize) -> StoreResult<Vec<Notice>> {
-        Ok(self
-            .lock()
-            .notices
-            .iter()
-            .filter(|n| run_id.is_none_or(|r| n.run_id == r))
-            .take(limit)
-            .cloned()
-            .collect())
-    }
-
-    fn last_call(&self, run_id: &str) -> StoreResult<Option<CallRecord>> {
-        let locked = self.lock();
-        let rows = locked.runs.get(run_id).ok_or_else(|| unknown(run_id))?;
-        rows.run.as_ref().ok_or_else(|| unknown(run_id))?;
-        Ok(rows.calls.last().cloned())
-    }
 }
 
 impl Writer for MemoryPool {
-    fn commit(&mut self, claim: &Claim, ops: Vec<WriteOp>) -> Commit {
-        Commit::Done(self.apply(claim, ops))
+    fn write(&mut self, plan: CommitPlan) -> Commit {
+        Commit::Done(self.apply(plan))
     }
 
     fn landed(&mut self) -> StoreResult<()> {
@@ -380,108 +390,79 @@ impl Writer for MemoryPool {
 }
 
 impl MemoryPool {
-    /// Applies a commit all or nothing: the run's rows are changed in a
-    /// copy, put back only if every op applied.
-    fn apply(&self, claim: &Claim, ops: Vec<WriteOp>) -> StoreResult<()> {
+    /// Applies a plan all or nothing: the run's rows are changed in a copy,
+    /// put back only if every part applied.
+    fn apply(&self, plan: CommitPlan) -> StoreResult<()> {
         let mut state = self.lock();
-        let mut rows = state.runs.get(&claim.run_id).cloned().unwrap_or_default();
-        let mut counters = Counters::new();
-        for op in ops {
-            match op {
-                WriteOp::Create(run) => {
-                    if let Some(found) = &rows.run {
-                        return Err(StoreError::ClaimedElsewhere {
-                            run_id: found.run_id.clone(),
-                            owner: found
-                                .owner
-                                .clone()
-                                .unwrap_or_else(|| "another process".into()),
-                            lease_until_ms: found.lease_until_ms.unwrap_or(found.updated_at_ms),
-                        });
-                    }
-                    rows.run = Some(*run);
-                }
-                op => {
-                    let run = rows.run.as_mut().ok_or_else(|| unknown(&claim.run_id))?;
-                    if run.fence != claim.fence {
-                        return Err(lifecycle::fenced(run, claim));
-                    }
-                    apply_op(&mut rows, claim, op, &mut counters)?;
-                }
+        let mut rows = state.runs.get(&plan.run_id).cloned().unwrap_or_default();
+        let first_seq = plan.first_seq();
+        if let Some(run) = plan.create {
+            if let Some(found) = &rows.run {
+                return Err(StoreError::ClaimedElsewhere {
+                    run_id: found.run_id.clone(),
+                    owner: found
+                        .owner
+                        .clone()
+                        .unwrap_or_else(|| "another process".into()),
+                    lease_until_ms: found.lease_until_ms.unwrap_or(found.updated_at_ms),
+                });
             }
+            rows.run = Some(run);
         }
-        if rows.run.is_none() {
-            return Err(unknown(&claim.run_id));
-        }
-        state.runs.insert(claim.run_id.clone(), rows);
-        state.add(&counters);
-        Ok(())
-    }
-}
-
-fn apply_op(
-    rows: &mut RunRows,
-    claim: &Claim,
-    op: WriteOp,
-    counters: &mut Counters,
-) -> StoreResult<()> {
-    let not_appended = |seq| StoreError::NotAppended {
-        run_id: claim.run_id.clone(),
-        seq,
-    };
-    match op {
-        WriteOp::Create(_) => unreachable!("handled by the caller"),
-        WriteOp::Call(call) | WriteOp::Started(call) => {
-            if call.seq != rows.calls.len() as u64 + 1 {
-                return Err(not_appended(call.seq));
-            }
-            // Kept under the claim's fence, whatever the record says, as
-            // the database backends keep it.
-            rows.calls.push(CallRecord {
-                fence: claim.fence,
-                ..call
+        let run = rows.run.as_mut().ok_or_else(|| unknown(&plan.run_id))?;
+        if run.fence != plan.fence {
+            return Err(StoreError::Fenced {
+                run_id: plan.run_id.clone(),
+                held: plan.fence,
+                newest: run.fence,
             });
         }
-        WriteOp::Outcome {
-            seq,
-            state,
-            outcome,
-            now_ms,
-            chain,
-        } => {
+        if let Some(first) = first_seq
+            && first != rows.calls.len() as u64 + 1
+        {
+            return Err(StoreError::NotAppended {
+                run_id: plan.run_id.clone(),
+                seq: first,
+            });
+        }
+        for new in plan.calls {
+            rows.attempts.extend(new.attempts);
+            rows.calls.push(new.call);
+        }
+        for update in plan.updates {
             let call = rows
                 .calls
                 .iter_mut()
-                .find(|c| c.seq == seq)
+                .find(|c| c.seq == update.seq)
                 .ok_or_else(|| {
                     StoreError::Corrupt(format!(
-                        "an outcome for call #{seq} of run {}, which is not recorded",
-                        claim.run_id
+                        "an outcome for call #{} of run {}, which is not recorded",
+                        update.seq, plan.run_id
                     ))
                 })?;
-            call.state = state;
-            call.outcome = outcome;
-            call.finished_at_ms = Some(now_ms);
-            call.chain = chain;
+            if let Some(settled) = update.outcome {
+                call.state = settled.state;
+                call.outcome = settled.outcome;
+                call.finished_at_ms = Some(settled.finished_at_ms);
+                call.chain = settled.chain;
+            }
+            rows.attempts.extend(update.attempts);
         }
-        WriteOp::Attempt(attempt) => rows.attempts.push(attempt),
-        WriteOp::Log(log) => rows.logs.push(log),
-        WriteOp::Lease { until_ms, .. } => {
-            let run = rows.run.as_mut().expect("checked by the caller");
-            run.lease_until_ms = Some(until_ms);
+        rows.logs.extend(plan.logs);
+        let run = rows.run.as_mut().expect("checked above");
+        if let Some(lease) = plan.lease {
+            // The run's due time follows from its row (lifecycle::due_at),
+            // which the lease's due time was computed by.
+            run.lease_until_ms = Some(lease.lease_until_ms);
             run.version += 1;
         }
-        WriteOp::End(end) => {
-            let run = rows.run.as_mut().expect("checked by the caller");
+        if let Some(end) = &plan.end {
             *run = end.applied_to(run);
         }
-        WriteOp::Counters(more) => {
-            for (name, by) in more {
-                *counters.entry(name).or_insert(0) += by;
-            }
-        }
+        state.runs.insert(plan.run_id, rows);
+        state.add(&plan.counters);
+        Ok(())
     }
-    Ok(())
 }
 
 #[cfg(test)]

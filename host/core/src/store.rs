@@ -1,12 +1,15 @@
-//! The storage roles every ledger backend fills (see docs/ARCHITECTURE.md,
-//! "Storage roles"):
+//! The storage roles every ledger backend fills, each scoped to its
+//! callers (see docs/ARCHITECTURE.md, "Storage roles"):
 //!
-//! - a [`Pool`], opened from a URL, hands out the two below;
-//! - a [`Store`]: reads, listings, and compare-and-set writes of a run's
-//!   row (claims, renewals, releases, repins) and a person's
-//!   [`Settlement`]; the CLI, the server and a worker's claim loop use it;
-//! - a [`Writer`]: one execution's commits, fenced in the same transaction
-//!   as every write.
+//! - a [`Pool`], opened from a URL, hands out the roles below;
+//! - [`Views`]: reads and listings, all that the server's read-only role
+//!   and the CLI's listing commands get;
+//! - a [`Store`]: the views plus the claim loop and compare-and-set writes
+//!   of a run's row (claims, renewals, releases, repins) and a person's
+//!   [`Settlement`];
+//! - an [`Outbox`]: the notices owed to webhooks, the notifier's;
+//! - a [`Writer`]: one execution's commits ([`CommitPlan`]), fenced in the
+//!   same transaction as every write.
 //!
 //! Durability contract of every backend:
 //! - a commit holding a durable op ([`WriteOp::durable`]: a write's
@@ -28,6 +31,7 @@ use std::pin::Pin;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::task::{Context, Poll, Waker};
 
+use crate::commit::CommitPlan;
 use crate::history::History;
 use crate::notices::{Notice, NoticeAttempt};
 use crate::records::{
@@ -64,7 +68,6 @@ pub enum WriteOp {
     /// The claim's lease, renewed until `until_ms` (the run due then).
     Lease {
         until_ms: i64,
-        due_at_ms: Option<i64>,
     },
     /// The execution's end (or its wait), giving the claim up: durable.
     End(EndRow),
@@ -152,9 +155,14 @@ pub struct PoolOptions {
     pub group_commit: bool,
 }
 
-/// Hands out stores and writers over one ledger.
+/// Hands out the storage roles over one ledger.
 pub trait Pool: Send + Sync {
     fn store(&self) -> StoreResult<Box<dyn Store>>;
+    /// Reads alone.
+    fn views(&self) -> StoreResult<Box<dyn Views>> {
+        Ok(self.store()?)
+    }
+    fn outbox(&self) -> StoreResult<Box<dyn Outbox>>;
     /// A writer for one execution at a time. A pool opened for several
     /// concurrent runs may let its writers' commits share transactions and
     /// fsyncs (group commit).
@@ -195,15 +203,9 @@ pub struct CommitCounts {
     pub fsyncs: u64,
 }
 
-/// Reads, listings and compare-and-set writes.
-pub trait Store: Send {
-    /// Stores module bytes under their digest (idempotent).
-    fn put_module(&self, digest: &str, bytes: &[u8]) -> StoreResult<()>;
+/// Reads and listings: nothing here changes the ledger.
+pub trait Views: Send {
     fn module(&self, digest: &str) -> StoreResult<Vec<u8>>;
-
-    /// Inserts `run` (durably) unless a run with its id exists; returns the
-    /// run's row as stored: `run`, or the one that was there.
-    fn insert_run(&self, run: &RunRecord) -> StoreResult<RunRecord>;
     fn run(&self, run_id: &str) -> StoreResult<RunRecord>;
     /// Runs that pass `query`'s filters, newest first.
     fn runs(&self, query: &RunQuery) -> StoreResult<Vec<RunRecord>>;
@@ -212,14 +214,6 @@ pub trait Store: Send {
     /// Runs by the time they are due ([`crate::lifecycle::due_at`]), earliest
     /// first, at most `limit`: every due run comes before any not yet due.
     fn due_runs(&self, limit: usize) -> StoreResult<Vec<RunRecord>>;
-    /// Replaces the run's row with `run` if its version is still
-    /// `expected_version`; else [`StoreError::VersionConflict`] with the
-    /// version found. Durable when it returns if `durable`; otherwise
-    /// ordered before the next durable write (a claim needs no fsync of its
-    /// own: nothing leaves the host before the claimant's first durable
-    /// commit, which carries it).
-    fn swap_run(&self, expected_version: i64, run: &RunRecord, durable: bool) -> StoreResult<()>;
-
     /// Calls from `from_seq` on, in order, at most `limit`.
     fn calls(&self, run_id: &str, from_seq: u64, limit: usize) -> StoreResult<Vec<CallRecord>>;
     /// Every call of the run, in order, as an execution replays them.
@@ -231,42 +225,10 @@ pub trait Store: Send {
     /// Calls in `state` (of `interface`, if given) of runs not finished,
     /// oldest first.
     fn open_calls(&self, state: CallState, interface: Option<&str>) -> StoreResult<Vec<OpenCall>>;
-
-    /// Writes a person's decision (durably); see [`Settlement`].
-    fn settle(&self, settlement: &Settlement) -> StoreResult<()>;
-
-    /// Adds to the metric counters (kept in the ledger across restarts).
-    fn add_counters(&self, counters: &Counters) -> StoreResult<()>;
     fn counters(&self) -> StoreResult<Vec<(String, i64)>>;
-
-    /// Records notices owed ([`crate::notices`]); one whose delivery id is
-    /// recorded already is left as it is. Durable when it returns; how many
-    /// were new.
-    fn owe_notices(&self, notices: &[Notice]) -> StoreResult<usize>;
-    /// Up to `limit` owed notices to the webhooks named `webhooks`, due at
-    /// `now_ms`, earliest due first, each held from other takers (its
-    /// `next_at_ms` set) until `hold_until_ms`.
-    fn take_notices(
-        &self,
-        webhooks: &[String],
-        now_ms: i64,
-        hold_until_ms: i64,
-        limit: usize,
-    ) -> StoreResult<Vec<Notice>>;
-    /// Records an attempt to deliver the notice (durably), if it is still
-    /// owed and held until `held_until_ms` (as [`Store::take_notices`] left
-    /// it): a taker whose hold lapsed and was taken over records nothing.
-    /// Whether it was recorded.
-    fn notice_tried(
-        &self,
-        delivery_id: &str,
-        held_until_ms: i64,
-        attempt: &NoticeAttempt,
-    ) -> StoreResult<bool>;
     /// The notices about run `run_id` (about any run, if none), oldest
     /// first, at most `limit`.
     fn notices(&self, run_id: Option<&str>, limit: usize) -> StoreResult<Vec<Notice>>;
-
     /// The run's last call (the one an approval or an unknown outcome
     /// waits on), none if it has made no call; one read, whatever the
     /// run's length (a backend that can should override the default).
@@ -275,13 +237,75 @@ pub trait Store: Send {
     }
 }
 
+/// The views, and the writes of the claim loop and of people: runs and
+/// modules put in, compare-and-set of a run's row, decisions.
+pub trait Store: Views {
+    /// Stores module bytes under their digest (idempotent).
+    fn put_module(&self, digest: &str, bytes: &[u8]) -> StoreResult<()>;
+    /// Inserts `run` (durably) unless a run with its id exists; returns the
+    /// run's row as stored: `run`, or the one that was there.
+    fn insert_run(&self, run: &RunRecord) -> StoreResult<RunRecord>;
+    /// Replaces the run's row with `run` if its version is still
+    /// `expected_version`; else [`StoreError::VersionConflict`] with the
+    /// version found. Durable when it returns if `durable`; otherwise
+    /// ordered before the next durable write (a claim needs no fsync of its
+    /// own: nothing leaves the host before the claimant's first durable
+    /// commit, which carries it).
+    fn swap_run(&self, expected_version: i64, run: &RunRecord, durable: bool) -> StoreResult<()>;
+    /// Writes a person's decision (durably); see [`Settlement`].
+    fn settle(&self, settlement: &Settlement) -> StoreResult<()>;
+    /// Adds to the metric counters (kept in the ledger across restarts).
+    fn add_counters(&self, counters: &Counters) -> StoreResult<()>;
+}
+
+/// Notices owed to webhooks ([`crate::notices`]): recorded before they are
+/// sent, taken by one notifier at a time, settled by their attempts.
+pub trait Outbox: Send {
+    /// Records notices owed; one whose delivery id is recorded already is
+    /// left as it is. Durable when it returns; how many were new.
+    fn owe_notices(&self, notices: &[Notice]) -> StoreResult<usize>;
+    /// Up to `limit` owed notices to the webhooks named `webhooks`, due at
+    /// `now_ms`, earliest due first (then first owed), each held from other
+    /// takers (its `next_at_ms` set) until `hold_until_ms`.
+    fn take_notices(
+        &self,
+        webhooks: &[String],
+        now_ms: i64,
+        hold_until_ms: i64,
+        limit: usize,
+    ) -> StoreResult<Vec<Notice>>;
+    /// Records an attempt to deliver the notice (durably), if it is still
+    /// owed and held until `held_until_ms` (as [`Outbox::take_notices`] left
+    /// it): a taker whose hold lapsed and was taken over records nothing.
+    /// Whether it was recorded.
+    fn notice_tried(
+        &self,
+        delivery_id: &str,
+        held_until_ms: i64,
+        attempt: &NoticeAttempt,
+    ) -> StoreResult<bool>;
+}
+
 /// One execution's commits.
 pub trait Writer: Send {
     /// Applies `ops` for the claim's run in one transaction, fenced, in
-    /// order after the writer's earlier commits. A backend may apply a
-    /// commit with no durable op later, on another thread: then its error,
+    /// order after the writer's earlier commits: checks them as
+    /// [`CommitPlan::new`] does and writes the plan ([`Writer::write`]).
+    fn commit(&mut self, claim: &Claim, ops: Vec<WriteOp>) -> Commit {
+        match CommitPlan::new(claim, ops) {
+            Ok(plan) => self.write(plan),
+            Err(e) => Commit::Done(Err(e)),
+        }
+    }
+
+    /// Writes `plan` in one transaction: creates the run if the plan does
+    /// (refused as [`StoreError::ClaimedElsewhere`] if it exists), refuses
+    /// it unless its fence is the run's newest ([`StoreError::Fenced`]) and
+    /// its first call follows the run's last ([`StoreError::NotAppended`]),
+    /// then writes what it holds and nothing else. A backend may write a
+    /// plan that is not durable later, on another thread: then its error,
     /// if any, is the answer of a later commit or of [`Writer::landed`].
-    fn commit(&mut self, claim: &Claim, ops: Vec<WriteOp>) -> Commit;
+    fn write(&mut self, plan: CommitPlan) -> Commit;
 
     /// Returns once every commit handed in before is applied (not
     /// necessarily on disk), with the first error among them.

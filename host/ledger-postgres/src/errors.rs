@@ -14,7 +14,10 @@ pub const CALL_NOT_RECORDED: &str = "SH004";
 pub fn error(e: tokio_postgres::Error) -> StoreError {
     // A text PostgreSQL cannot hold (a NUL character): no stored value can
     // be it, and trying again will not help.
-    if e.code() == Some(&SqlState::CHARACTER_NOT_IN_REPERTOIRE) {
+    if matches!(
+        e.code(),
+        Some(&SqlState::CHARACTER_NOT_IN_REPERTOIRE | &SqlState::UNTRANSLATABLE_CHARACTER)
+    ) {
         return StoreError::Config(format!(
             "a value holds a character the ledger cannot store (a NUL byte): {}",
             describe(&e)

@@ -8,8 +8,9 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use stephost_core::store::{Commit, CommitCounts, CommitReply, PendingCommit, WriteOp, Writer};
-use stephost_core::{Claim, StoreError, StoreResult};
+use stephost_core::commit::CommitPlan;
+use stephost_core::store::{Commit, CommitCounts, CommitReply, PendingCommit, Writer};
+use stephost_core::{StoreError, StoreResult};
 use tokio::sync::mpsc;
 
 use crate::Shared;
@@ -54,8 +55,7 @@ impl WriterState {
 
 enum Request {
     Commit {
-        claim: Claim,
-        ops: Vec<WriteOp>,
+        plan: Box<CommitPlan>,
         reply: CommitReply,
         writer: Arc<WriterState>,
     },
@@ -111,11 +111,10 @@ async fn committer(
         for request in batch {
             match request {
                 Request::Commit {
-                    claim,
-                    ops,
+                    plan,
                     reply,
                     writer,
-                } => jobs.push((claim, ops, reply, writer)),
+                } => jobs.push((plan, reply, writer)),
                 Request::Landed(reply, writer) => landed.push((reply, writer)),
             }
         }
@@ -129,7 +128,7 @@ async fn committer(
     }
 }
 
-type Queued = (Claim, Vec<WriteOp>, CommitReply, Arc<WriterState>);
+type Queued = (Box<CommitPlan>, CommitReply, Arc<WriterState>);
 
 async fn apply_batch(
     conns: &Conns,
@@ -141,8 +140,8 @@ async fn apply_batch(
     loop {
         // A writer whose earlier commit failed has none after it applied.
         let (dead, live): (Vec<Queued>, Vec<Queued>) =
-            jobs.into_iter().partition(|job| job.3.failed().is_some());
-        for (_, _, reply, writer) in dead {
+            jobs.into_iter().partition(|job| job.2.failed().is_some());
+        for (_, reply, writer) in dead {
             reply.send(Err(writer.failed().unwrap_or_else(|| {
                 StoreError::Unavailable("an earlier commit failed".into())
             })));
@@ -161,10 +160,7 @@ async fn apply_batch(
             }
         }
         let Some(c) = conn.as_mut() else { return };
-        let batch: Vec<Job<'_>> = jobs
-            .iter()
-            .map(|(claim, ops, _, _)| Job { claim, ops })
-            .collect();
+        let batch: Vec<Job<'_>> = jobs.iter().map(|(plan, _, _)| Job { plan }).collect();
         let durable = commit::durable(&batch);
         let result = commit::apply(c, &batch).await;
         drop(batch);
@@ -174,13 +170,13 @@ async fn apply_batch(
                 if durable {
                     counts.fsyncs.fetch_add(1, Ordering::Relaxed);
                 }
-                for (_, _, reply, _) in jobs {
+                for (_, reply, _) in jobs {
                     reply.send(Ok(()));
                 }
                 return;
             }
             Err(Failed::Job(at, e)) => {
-                let (_, _, reply, writer) = jobs.remove(at);
+                let (_, reply, writer) = jobs.remove(at);
                 writer.fail(&e);
                 reply.send(Err(e));
             }
@@ -200,7 +196,7 @@ async fn apply_batch(
 }
 
 fn fail_all(jobs: Vec<Queued>, e: &StoreError) {
-    for (_, _, reply, writer) in jobs {
+    for (_, reply, writer) in jobs {
         writer.fail(e);
         reply.send(Err(e.clone()));
     }
@@ -220,14 +216,13 @@ impl GroupWriter {
 }
 
 impl Writer for GroupWriter {
-    fn commit(&mut self, claim: &Claim, ops: Vec<WriteOp>) -> Commit {
+    fn write(&mut self, plan: CommitPlan) -> Commit {
         if let Some(e) = self.state.failed() {
             return Commit::Done(Err(e));
         }
         let (reply, pending) = PendingCommit::new();
         self.send(Request::Commit {
-            claim: claim.clone(),
-            ops,
+            plan: Box::new(plan),
             reply,
             writer: self.state.clone(),
         });

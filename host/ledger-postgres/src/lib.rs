@@ -35,7 +35,7 @@ use std::future::Future;
 use std::str::FromStr;
 use std::sync::{Arc, Mutex};
 
-use stephost_core::store::{CommitCounts, Pool, PoolOptions, Store, WakeUp, Writer};
+use stephost_core::store::{CommitCounts, Outbox, Pool, PoolOptions, Store, WakeUp, Writer};
 use stephost_core::{StoreError, StoreResult};
 
 pub use errors::redact;
@@ -159,6 +159,10 @@ impl PgPool {
 
 impl Pool for PgPool {
     fn store(&self) -> StoreResult<Box<dyn Store>> {
+        Ok(Box::new(PgStore::new(self.shared.clone())))
+    }
+
+    fn outbox(&self) -> StoreResult<Box<dyn Outbox>> {
         Ok(Box::new(PgStore::new(self.shared.clone())))
     }
 

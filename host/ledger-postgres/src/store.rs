@@ -6,7 +6,7 @@ use std::sync::Arc;
 use stephost_core::History;
 use stephost_core::journal::Counters;
 use stephost_core::notices::{Notice, NoticeAttempt};
-use stephost_core::store::{OpenCall, RunQuery, Settlement, Store, StoreResult};
+use stephost_core::store::{OpenCall, Outbox, RunQuery, Settlement, Store, StoreResult, Views};
 use stephost_core::{
     AttemptRecord, CallRecord, CallState, LogRecord, RunRecord, RunStatus, StoreError,
 };
@@ -30,29 +30,25 @@ impl PgStore {
     }
 }
 
-impl Store for PgStore {
-    fn put_module(&self, digest: &str, bytes: &[u8]) -> StoreResult<()> {
-        let (digest, bytes) = (digest.to_string(), bytes.to_vec());
+impl Views for PgStore {
+    fn due_runs(&self, limit: usize) -> StoreResult<Vec<RunRecord>> {
+        let limit = limit.min(i64::MAX as usize) as i64;
         self.shared.block(move |mut conn| async move {
             let statement = conn
                 .statement(
-                    "INSERT INTO modules (digest, bytes, size, created_at) VALUES ($1, $2, $3, $4) \
-                     ON CONFLICT (digest) DO NOTHING",
+                    "SELECT run_id, module_digest, input, status, output, error, created_at, \
+                     updated_at, version, owner, lease_until, fence, wake_at, world, step, \
+                     exit_code, seal FROM runs WHERE due_at IS NOT NULL ORDER BY due_at, run_id \
+                     LIMIT $1",
                 )
                 .await?;
             conn.client
-                .execute(
-                    &statement,
-                    &[
-                        &digest,
-                        &bytes,
-                        &(bytes.len() as i64),
-                        &stephost_core::clock::now_ms(),
-                    ],
-                )
+                .query(&statement, &[&limit])
                 .await
-                .map_err(error)?;
-            Ok(())
+                .map_err(error)?
+                .iter()
+                .map(rows::run_from_row)
+                .collect()
         })
     }
 
@@ -68,24 +64,6 @@ impl Store for PgStore {
                 .map_err(error)?
                 .map(|r| r.get(0))
                 .ok_or(StoreError::UnknownModule(digest))
-        })
-    }
-
-    fn insert_run(&self, run: &RunRecord) -> StoreResult<RunRecord> {
-        let run = run.clone();
-        self.shared.block(move |mut conn| async move {
-            let statement = conn.statement(rows::INSERT_RUN_UNLESS_EXISTS).await?;
-            let values = rows::run_values(&run);
-            let inserted = conn
-                .client
-                .execute(&statement, &refs(&values))
-                .await
-                .map_err(error)?;
-            if inserted == 1 {
-                Ok(run)
-            } else {
-                rows::run(&mut conn, &run.run_id).await
-            }
         })
     }
 
@@ -163,60 +141,6 @@ impl Store for PgStore {
                         .ok_or_else(|| StoreError::Corrupt(format!("a run has status {status:?}")))
                 })
                 .collect()
-        })
-    }
-
-    fn due_runs(&self, limit: usize) -> StoreResult<Vec<RunRecord>> {
-        let limit = limit.min(i64::MAX as usize) as i64;
-        self.shared.block(move |mut conn| async move {
-            let statement = conn
-                .statement(
-                    "SELECT run_id, module_digest, input, status, output, error, created_at, \
-                     updated_at, version, owner, lease_until, fence, wake_at, world, step, \
-                     exit_code, seal FROM runs WHERE due_at IS NOT NULL ORDER BY due_at, run_id \
-                     LIMIT $1",
-                )
-                .await?;
-            conn.client
-                .query(&statement, &[&limit])
-                .await
-                .map_err(error)?
-                .iter()
-                .map(rows::run_from_row)
-                .collect()
-        })
-    }
-
-    fn swap_run(&self, expected_version: i64, run: &RunRecord, durable: bool) -> StoreResult<()> {
-        let run = run.clone();
-        self.shared.block(move |mut conn| async move {
-            let statement = conn.statement(rows::SWAP_RUN).await?;
-            let mut values = rows::run_values(&run);
-            values.push(boxed(expected_version));
-            let values = refs(&values);
-            let changed = if durable {
-                conn.client
-                    .execute(&statement, &values)
-                    .await
-                    .map_err(error)?
-            } else {
-                // A claim needs no flush of its own: nothing leaves the
-                // host before the claimant's first durable commit.
-                let client = &conn.client;
-                let (began, changed, committed) = futures_util::join!(
-                    client.batch_execute("BEGIN; SET LOCAL synchronous_commit TO OFF"),
-                    client.execute(&statement, &values),
-                    client.batch_execute("COMMIT")
-                );
-                began.map_err(error)?;
-                let changed = changed.map_err(error)?;
-                committed.map_err(error)?;
-                changed
-            };
-            match changed {
-                1 => Ok(()),
-                _ => Err(rows::version_conflict(&mut conn, &run.run_id, expected_version).await),
-            }
         })
     }
 
@@ -329,6 +253,132 @@ impl Store for PgStore {
         })
     }
 
+    fn counters(&self) -> StoreResult<Vec<(String, i64)>> {
+        self.shared.block(move |mut conn| async move {
+            let statement = conn
+                .statement("SELECT name, value FROM counters ORDER BY name")
+                .await?;
+            Ok(conn
+                .client
+                .query(&statement, &[])
+                .await
+                .map_err(error)?
+                .iter()
+                .map(|r| (r.get(0), r.get(1)))
+                .collect())
+        })
+    }
+
+    fn notices(&self, run_id: Option<&str>, limit: usize) -> StoreResult<Vec<Notice>> {
+        let run_id = run_id.map(str::to_string);
+        let limit = limit.min(i64::MAX as usize) as i64;
+        self.shared.block(move |conn| async move {
+            let found = conn
+                .client
+                .query(
+                    format!(
+                        "SELECT {} FROM notices WHERE $1::text IS NULL OR run_id = $1 \
+                         ORDER BY no LIMIT $2",
+                        rows::NOTICE_COLUMNS
+                    )
+                    .as_str(),
+                    &[&run_id, &limit],
+                )
+                .await
+                .map_err(error)?;
+            found.iter().map(rows::notice_from_row).collect()
+        })
+    }
+
+    fn last_call(&self, run_id: &str) -> StoreResult<Option<CallRecord>> {
+        let id = run_id.to_string();
+        self.shared.block(move |mut conn| async move {
+            rows::run(&mut conn, &id).await?;
+            match rows::last_seq(&mut conn, &id).await? {
+                0 => Ok(None),
+                last => Ok(rows::calls(&mut conn, &id, last, 1).await?.pop()),
+            }
+        })
+    }
+}
+
+impl Store for PgStore {
+    fn put_module(&self, digest: &str, bytes: &[u8]) -> StoreResult<()> {
+        let (digest, bytes) = (digest.to_string(), bytes.to_vec());
+        self.shared.block(move |mut conn| async move {
+            let statement = conn
+                .statement(
+                    "INSERT INTO modules (digest, bytes, size, created_at) VALUES ($1, $2, $3, $4) \
+                     ON CONFLICT (digest) DO NOTHING",
+                )
+                .await?;
+            conn.client
+                .execute(
+                    &statement,
+                    &[
+                        &digest,
+                        &bytes,
+                        &(bytes.len() as i64),
+                        &stephost_core::clock::now_ms(),
+                    ],
+                )
+                .await
+                .map_err(error)?;
+            Ok(())
+        })
+    }
+
+    fn insert_run(&self, run: &RunRecord) -> StoreResult<RunRecord> {
+        let run = run.clone();
+        self.shared.block(move |mut conn| async move {
+            let statement = conn.statement(rows::INSERT_RUN_UNLESS_EXISTS).await?;
+            let values = rows::run_values(&run);
+            let inserted = conn
+                .client
+                .execute(&statement, &refs(&values))
+                .await
+                .map_err(error)?;
+            if inserted == 1 {
+                Ok(run)
+            } else {
+                rows::run(&mut conn, &run.run_id).await
+            }
+        })
+    }
+
+    fn swap_run(&self, expected_version: i64, run: &RunRecord, durable: bool) -> StoreResult<()> {
+        let run = run.clone();
+        self.shared.block(move |mut conn| async move {
+            let statement = conn.statement(rows::SWAP_RUN).await?;
+            let mut values = rows::run_values(&run);
+            values.push(boxed(expected_version));
+            let values = refs(&values);
+            let changed = if durable {
+                conn.client
+                    .execute(&statement, &values)
+                    .await
+                    .map_err(error)?
+            } else {
+                // A claim needs no flush of its own: nothing leaves the
+                // host before the claimant's first durable commit.
+                let client = &conn.client;
+                let (began, changed, committed) = futures_util::join!(
+                    client.batch_execute("BEGIN; SET LOCAL synchronous_commit TO OFF"),
+                    client.execute(&statement, &values),
+                    client.batch_execute("COMMIT")
+                );
+                began.map_err(error)?;
+                let changed = changed.map_err(error)?;
+                committed.map_err(error)?;
+                changed
+            };
+            match changed {
+                1 => Ok(()),
+                _ => Err(rows::version_conflict(&mut conn, &run.run_id, expected_version).await),
+            }
+        })
+    }
+
     fn settle(&self, s: &Settlement) -> StoreResult<()> {
         let s = s.clone();
         self.shared.block(move |mut conn| async move {
@@ -420,23 +470,9 @@ impl Store for PgStore {
             Ok(())
         })
     }
+}
 
-    fn counters(&self) -> StoreResult<Vec<(String, i64)>> {
-        self.shared.block(move |mut conn| async move {
-            let statement = conn
-                .statement("SELECT name, value FROM counters ORDER BY name")
-                .await?;
-            Ok(conn
-                .client
-                .query(&statement, &[])
-                .await
-                .map_err(error)?
-                .iter()
-                .map(|r| (r.get(0), r.get(1)))
-                .collect())
-        })
-    }
-
+impl Outbox for PgStore {
     fn owe_notices(&self, notices: &[Notice]) -> StoreResult<usize> {
         if notices.is_empty() {
             return Ok(0);
@@ -486,14 +522,16 @@ impl Store for PgStore {
     ) -> StoreResult<Vec<Notice>> {
         let limit = limit.min(i64::MAX as usize) as i64;
         let webhooks = webhooks.to_vec();
-        let mut taken = self.shared.block(move |conn| async move {
+        self.shared.block(move |conn| async move {
             let found = conn
                 .client
                 .query(
                     format!(
-                        "UPDATE notices SET next_at = $2 WHERE no IN (SELECT no FROM notices \
+                        "WITH due AS (SELECT no AS due_no, next_at AS was FROM notices \
                          WHERE state = 'owed' AND next_at <= $1 AND webhook = ANY($4) \
-                         ORDER BY next_at, no LIMIT $3 FOR UPDATE SKIP LOCKED) RETURNING {}",
+                         ORDER BY next_at, no LIMIT $3 FOR UPDATE SKIP LOCKED) \
+                         UPDATE notices SET next_at = $2 FROM due WHERE no = due_no \
+                         RETURNING {}, was, no",
                         rows::NOTICE_COLUMNS
                     )
                     .as_str(),
@@ -501,14 +539,18 @@ impl Store for PgStore {
                 )
                 .await
                 .map_err(error)?;
-            found
+            let mut taken = found
                 .iter()
-                .map(rows::notice_from_row)
-                .collect::<StoreResult<Vec<_>>>()
-        })?;
-        // RETURNING gives no order; the order they were owed in stands in.
-        taken.sort_by_key(|n| n.created_at_ms);
-        Ok(taken)
+                .map(|row| {
+                    let was: i64 = row.try_get(11).map_err(error)?;
+                    let no: i64 = row.try_get(12).map_err(error)?;
+                    Ok(((was, no), rows::notice_from_row(row)?))
+                })
+                .collect::<StoreResult<Vec<_>>>()?;
+            // RETURNING gives no order: earliest due first, then owed first.
+            taken.sort_by_key(|(order, _)| *order);
+            Ok(taken.into_iter().map(|(_, n)| n).collect())
+        })
     }
 
     fn notice_tried(
@@ -539,38 +581,6 @@ impl Store for PgStore {
                 .await
                 .map_err(error)?;
             Ok(changed == 1)
-        })
-    }
-
-    fn notices(&self, run_id: Option<&str>, limit: usize) -> StoreResult<Vec<Notice>> {
-        let run_id = run_id.map(str::to_string);
-        let limit = limit.min(i64::MAX as usize) as i64;
-        self.shared.block(move |conn| async move {
-            let found = conn
-                .client
-                .query(
-                    format!(
-                        "SELECT {} FROM notices WHERE $1::text IS NULL OR run_id = $1 \
-                         ORDER BY no LIMIT $2",
-                        rows::NOTICE_COLUMNS
-                    )
-                    .as_str(),
-                    &[&run_id, &limit],
-                )
-                .await
-                .map_err(error)?;
-            found.iter().map(rows::notice_from_row).collect()
-        })
-    }
-
-    fn last_call(&self, run_id: &str) -> StoreResult<Option<CallRecord>> {
-        let id = run_id.to_string();
-        self.shared.block(move |mut conn| async move {
-            rows::run(&mut conn, &id).await?;
-            match rows::last_seq(&mut conn, &id).await? {
-                0 => Ok(None),
-                last => Ok(rows::calls(&mut conn, &id, last, 1).await?.pop()),
-            }
         })
     }
 }

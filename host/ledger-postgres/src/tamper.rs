@@ -11,7 +11,7 @@ use crate::store::PgStore;
 
 impl Tamper for PgStore {
     fn edit_run(&self, run_id: &str, edit: &mut dyn FnMut(&mut RunRecord)) -> StoreResult<()> {
-        let mut run = stephost_core::Store::run(self, run_id)?;
+        let mut run = stephost_core::Views::run(self, run_id)?;
         let version = run.version;
         edit(&mut run);
         run.run_id = run_id.to_string();

@@ -4,8 +4,9 @@
 
 use std::sync::Arc;
 
-use stephost_core::store::{Commit, CommitReply, PendingCommit, WriteOp, Writer};
-use stephost_core::{Claim, StoreError, StoreResult};
+use stephost_core::commit::CommitPlan;
+use stephost_core::store::{Commit, CommitReply, PendingCommit, Writer};
+use stephost_core::{StoreError, StoreResult};
 use tokio::sync::mpsc;
 
 use crate::Shared;
@@ -13,7 +14,7 @@ use crate::commit::{self, Failed, Job};
 use crate::conns::Conns;
 
 enum Request {
-    Commit(Claim, Vec<WriteOp>, CommitReply),
+    Commit(Box<CommitPlan>, CommitReply),
     /// Answered once every commit before it is applied.
     Landed(CommitReply),
 }
@@ -32,12 +33,12 @@ impl DirectWriter {
             while let Some(request) = requests.recv().await {
                 match request {
                     Request::Landed(reply) => reply.send(failed.clone().map_or(Ok(()), Err)),
-                    Request::Commit(claim, ops, reply) => {
+                    Request::Commit(plan, reply) => {
                         if let Some(e) = &failed {
                             reply.send(Err(e.clone()));
                             continue;
                         }
-                        let result = apply(&conns, &claim, &ops).await;
+                        let result = apply(&conns, &plan).await;
                         if let Err(e) = &result {
                             failed = Some(e.clone());
                         }
@@ -57,18 +58,17 @@ impl DirectWriter {
     }
 }
 
-async fn apply(conns: &Arc<Conns>, claim: &Claim, ops: &[WriteOp]) -> StoreResult<()> {
+async fn apply(conns: &Arc<Conns>, plan: &CommitPlan) -> StoreResult<()> {
     let mut conn = conns.get().await?;
-    match commit::apply(&mut conn, &[Job { claim, ops }]).await {
+    match commit::apply(&mut conn, &[Job { plan }]).await {
         Ok(()) => Ok(()),
         Err(Failed::Job(_, e)) | Err(Failed::All(e)) => Err(e),
     }
 }
 
 impl Writer for DirectWriter {
-    fn commit(&mut self, claim: &Claim, ops: Vec<WriteOp>) -> Commit {
-        let claim = claim.clone();
-        Commit::Pending(self.send(|reply| Request::Commit(claim, ops, reply)))
+    fn write(&mut self, plan: CommitPlan) -> Commit {
+        Commit::Pending(self.send(|reply| Request::Commit(Box::new(plan), reply)))
     }
 
     fn landed(&mut self) -> StoreResult<()> {

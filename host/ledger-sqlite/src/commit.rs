@@ -1,28 +1,22 @@
-//! An execution's commit, applied inside a transaction (or a savepoint of a
-//! group commit's transaction): the run's row first if the commit creates
-//! it, then the fence check, then every op in order.
-
-use std::collections::HashMap;
+//! An execution's commit, written inside a transaction (or a savepoint of a
+//! group commit's transaction). What the commit holds was checked and laid
+//! out once, in core ([`CommitPlan`]); here it is only written: the run's
+//! row first if the plan creates it, then the fence check, then each part
+//! in the plan's order.
 
 use rusqlite::{Connection, OptionalExtension, params};
-use stephost_core::store::WriteOp;
-use stephost_core::{AttemptRecord, CallRecord, Claim, StoreError};
+use stephost_core::StoreError;
+use stephost_core::commit::{CommitPlan, NewCall, stored_attempts};
 
 use crate::errors::error;
 use crate::known::Known;
 use crate::rows;
 use crate::segments;
 
-/// Applies `ops` under `claim`; the caller holds the write transaction and
-/// has brought `known` up to date for it ([`Known::begin`]).
-pub fn apply(
-    conn: &Connection,
-    known: &mut Known,
-    claim: &Claim,
-    ops: &[WriteOp],
-) -> Result<(), StoreError> {
-    let mut ops = ops;
-    if let Some(WriteOp::Create(run)) = ops.first() {
+/// Writes `plan`; the caller holds the write transaction and has brought
+/// `known` up to date for it ([`Known::begin`]).
+pub fn apply(conn: &Connection, known: &mut Known, plan: &CommitPlan) -> Result<(), StoreError> {
+    if let Some(run) = &plan.create {
         if let Some(found) = rows::find_run(conn, &run.run_id)? {
             // Another process started the same run id first.
             return Err(StoreError::ClaimedElsewhere {
@@ -32,181 +26,118 @@ pub fn apply(
             });
         }
         rows::insert_run(conn, run)?;
-        ops = &ops[1..];
     }
-    let run_no = check_fence(conn, claim)?;
-    // A call's attempts are kept in its row: those of a call this commit
-    // writes go with it, the others are appended to rows already written.
-    let mut attempts: HashMap<u64, Vec<&AttemptRecord>> = HashMap::new();
-    for op in ops {
-        if let WriteOp::Attempt(a) = op {
-            attempts.entry(a.seq).or_default().push(a);
-        }
-    }
-    let mut calls: Vec<&CallRecord> = Vec::new();
-    for (at, op) in ops.iter().enumerate() {
-        match op {
-            WriteOp::Create(_) => {
-                return Err(StoreError::Corrupt(
-                    "a commit creates its run only as its first op".into(),
-                ));
-            }
-            WriteOp::Call(call) | WriteOp::Started(call) => {
-                // Consecutive calls go in together, a chunk per statement.
-                calls.push(call);
-                let next_is_call = matches!(
-                    ops.get(at + 1),
-                    Some(WriteOp::Call(_) | WriteOp::Started(_))
-                );
-                if !next_is_call {
-                    insert_calls(conn, known, run_no, claim, &calls, &mut attempts)?;
-                    calls.clear();
-                }
-            }
-            WriteOp::Outcome {
-                seq,
-                state,
-                outcome,
-                now_ms,
-                chain,
-            } => {
-                let (outcome, split) = match outcome {
+    let run_no = check_fence(conn, &plan.run_id, plan.fence)?;
+    insert_calls(conn, known, run_no, plan)?;
+    for update in &plan.updates {
+        let key = find(conn, known, run_no, update.seq)?
+            .ok_or_else(|| segments::missing(&plan.run_id, update.seq, "an outcome for"))?;
+        let tried = stored_attempts(&update.attempts);
+        let changed = match &update.outcome {
+            Some(settled) => {
+                let (outcome, split) = match &settled.outcome {
                     Some(body) => {
                         let (text, split) = rows::store_body(conn, body)?;
                         (Some(text), split)
                     }
                     None => (None, false),
                 };
-                let tried = attempts
-                    .remove(seq)
-                    .map(|a| AttemptRecord::to_stored_json(&a));
-                let key = find(conn, known, run_no, *seq)?
-                    .ok_or_else(|| segments::missing(&claim.run_id, *seq, "an outcome for"))?;
-                let changed = conn
-                    .prepare_cached(&format!(
-                        "UPDATE calls SET state = ?2, outcome = ?3, outcome_split = ?4, \
-                         finished_at = ?5, chain = ?6, attempts = {} \
-                         WHERE id = ?1",
-                        if tried.is_some() {
-                            rows::append_attempts(7)
-                        } else {
-                            "attempts".into()
-                        }
-                    ))
-                    .and_then(|mut s| match &tried {
-                        Some(t) => s.execute(params![
-                            key,
-                            state.as_str(),
-                            outcome,
-                            split,
-                            now_ms,
-                            chain,
-                            t
-                        ]),
-                        None => {
-                            s.execute(params![key, state.as_str(), outcome, split, now_ms, chain])
-                        }
-                    })
-                    .map_err(error)?;
-                if changed != 1 {
-                    return Err(StoreError::Corrupt(format!(
-                        "an outcome for call #{seq} of run {}, which is not recorded",
-                        claim.run_id
-                    )));
-                }
-            }
-            // Kept for their call (above or below).
-            WriteOp::Attempt(_) => {}
-            WriteOp::Log(log) => {
-                conn.prepare_cached(
-                    "INSERT INTO logs (run_no, after_seq, level, message, at) \
-                     VALUES (?1, ?2, ?3, ?4, ?5)",
-                )
+                conn.prepare_cached(&format!(
+                    "UPDATE calls SET state = ?2, outcome = ?3, outcome_split = ?4, \
+                     finished_at = ?5, chain = ?6, attempts = {} WHERE id = ?1",
+                    rows::append_attempts(7)
+                ))
                 .and_then(|mut s| {
                     s.execute(params![
-                        run_no,
-                        log.after_seq as i64,
-                        log.level,
-                        log.message,
-                        log.at_ms
+                        key,
+                        settled.state.as_str(),
+                        outcome,
+                        split,
+                        settled.finished_at_ms,
+                        settled.chain,
+                        tried
                     ])
                 })
-                .map_err(error)?;
             }
-            WriteOp::Lease {
-                until_ms,
-                due_at_ms,
-            } => {
-                conn.prepare_cached(
-                    "UPDATE runs SET lease_until = ?2, due_at = ?3, version = version + 1 \
-                     WHERE run_id = ?1",
-                )
-                .and_then(|mut s| s.execute(params![claim.run_id, until_ms, due_at_ms]))
-                .map_err(error)?;
-            }
-            WriteOp::End(end) => {
-                conn.prepare_cached(
-                    "UPDATE runs SET status = ?2, output = ?3, error = ?4, exit_code = ?5, \
-                     wake_at = ?6, due_at = ?7, updated_at = ?8, owner = NULL, \
-                     lease_until = NULL, version = version + 1, seal = coalesce(?9, seal) \
-                     WHERE run_id = ?1",
-                )
-                .and_then(|mut s| {
-                    s.execute(params![
-                        claim.run_id,
-                        end.status.as_str(),
-                        end.output,
-                        end.error,
-                        end.exit_code,
-                        end.wake_at_ms,
-                        end.due_at_ms,
-                        end.updated_at_ms,
-                        end.seal
-                    ])
-                })
-                .map_err(error)?;
-            }
-            WriteOp::Counters(counters) => add_counters(conn, counters)?,
+            None => conn
+                .prepare_cached(&format!(
+                    "UPDATE calls SET attempts = {} WHERE id = ?1",
+                    rows::append_attempts(2)
+                ))
+                .and_then(|mut s| s.execute(params![key, tried])),
         }
-    }
-    // Attempts of calls written by earlier commits (a write's retries).
-    let mut rest: Vec<(u64, Vec<&AttemptRecord>)> = attempts.into_iter().collect();
-    rest.sort_by_key(|(seq, _)| *seq);
-    for (seq, tried) in rest {
-        let key = find(conn, known, run_no, seq)?
-            .ok_or_else(|| segments::missing(&claim.run_id, seq, "attempts of"))?;
-        let changed = conn
-            .prepare_cached(&format!(
-                "UPDATE calls SET attempts = {} WHERE id = ?1",
-                rows::append_attempts(2)
-            ))
-            .and_then(|mut s| s.execute(params![key, AttemptRecord::to_stored_json(&tried)]))
-            .map_err(error)?;
+        .map_err(error)?;
         if changed != 1 {
             return Err(StoreError::Corrupt(format!(
-                "attempts of call #{seq} of run {}, which is not recorded",
-                claim.run_id
+                "an outcome for call #{} of run {}, which is not recorded",
+                update.seq, plan.run_id
             )));
         }
     }
-    Ok(())
+    for log in &plan.logs {
+        conn.prepare_cached(
+            "INSERT INTO logs (run_no, after_seq, level, message, at) \
+             VALUES (?1, ?2, ?3, ?4, ?5)",
+        )
+        .and_then(|mut s| {
+            s.execute(params![
+                run_no,
+                log.after_seq as i64,
+                log.level,
+                log.message,
+                log.at_ms
+            ])
+        })
+        .map_err(error)?;
+    }
+    if let Some(lease) = &plan.lease {
+        conn.prepare_cached(
+            "UPDATE runs SET lease_until = ?2, due_at = ?3, version = version + 1 \
+             WHERE run_id = ?1",
+        )
+        .and_then(|mut s| s.execute(params![plan.run_id, lease.lease_until_ms, lease.due_at_ms]))
+        .map_err(error)?;
+    }
+    if let Some(end) = &plan.end {
+        conn.prepare_cached(
+            "UPDATE runs SET status = ?2, output = ?3, error = ?4, exit_code = ?5, \
+             wake_at = ?6, due_at = ?7, updated_at = ?8, owner = NULL, \
+             lease_until = NULL, version = version + 1, seal = coalesce(?9, seal) \
+             WHERE run_id = ?1",
+        )
+        .and_then(|mut s| {
+            s.execute(params![
+                plan.run_id,
+                end.status.as_str(),
+                end.output,
+                end.error,
+                end.exit_code,
+                end.wake_at_ms,
+                end.due_at_ms,
+                end.updated_at_ms,
+                end.seal
+            ])
+        })
+        .map_err(error)?;
+    }
+    add_counters(conn, &plan.counters)
 }
 
-/// Refuses the commit unless `claim` holds the run's newest fencing token;
-/// the run's number.
-fn check_fence(conn: &Connection, claim: &Claim) -> Result<i64, StoreError> {
+/// Refuses the commit unless `fence` is run `run_id`'s newest fencing
+/// token; the run's number.
+fn check_fence(conn: &Connection, run_id: &str, fence: i64) -> Result<i64, StoreError> {
     let found: Option<(i64, i64)> = conn
         .prepare_cached("SELECT run_no, fence FROM runs WHERE run_id = ?1")
         .and_then(|mut s| {
-            s.query_row([&claim.run_id], |r| Ok((r.get(0)?, r.get(1)?)))
+            s.query_row([run_id], |r| Ok((r.get(0)?, r.get(1)?)))
                 .optional()
         })
         .map_err(error)?;
     match found {
-        None => Err(StoreError::UnknownRun(claim.run_id.clone())),
-        Some((_, newest)) if newest != claim.fence => Err(StoreError::Fenced {
-            run_id: claim.run_id.clone(),
-            held: claim.fence,
+        None => Err(StoreError::UnknownRun(run_id.to_string())),
+        Some((_, newest)) if newest != fence => Err(StoreError::Fenced {
+            run_id: run_id.to_string(),
+            held: fence,
             newest,
         }),
         Some((run_no, _)) => Ok(run_no),
@@ -217,16 +148,14 @@ fn check_fence(conn: &Connection, claim: &Claim) -> Result<i64, StoreError> {
 /// than eight statements.
 const CALLS_PER_INSERT: usize = 8;
 
-/// Appends `calls` (consecutive calls of run `run_no`, in order) at the
-/// table's end, each with its attempts from `attempts`; refuses them unless
-/// the first follows the run's last recorded call.
+/// Appends the plan's calls (consecutive, checked by the plan) at the
+/// table's end, each with its attempts; refuses them unless the first
+/// follows the run's last recorded call.
 fn insert_calls(
     conn: &Connection,
     known: &mut Known,
     run_no: i64,
-    claim: &Claim,
-    calls: &[&CallRecord],
-    attempts: &mut HashMap<u64, Vec<&AttemptRecord>>,
+    plan: &CommitPlan,
 ) -> Result<(), StoreError> {
     static SQL: std::sync::OnceLock<[String; 2]> = std::sync::OnceLock::new();
     let sql = SQL.get_or_init(|| {
@@ -240,12 +169,9 @@ fn insert_calls(
         };
         [insert(1), insert(CALLS_PER_INSERT)]
     });
-    let Some(first) = calls.first() else {
+    let calls = &plan.calls;
+    let Some(first) = calls.first().map(|c| &c.call) else {
         return Ok(());
-    };
-    let not_appended = |seq| StoreError::NotAppended {
-        run_id: claim.run_id.clone(),
-        seq,
     };
     let (first_id, continues) = segments::next_place(conn, run_no, first.seq)?;
     if !continues {
@@ -254,18 +180,16 @@ fn insert_calls(
             None => segments::last_seq(conn, run_no)?,
         };
         if first.seq != last + 1 {
-            return Err(not_appended(first.seq));
+            return Err(StoreError::NotAppended {
+                run_id: plan.run_id.clone(),
+                seq: first.seq,
+            });
         }
         segments::begin(conn, run_no, first.seq, first_id)?;
     }
-    for (offset, call) in calls.iter().enumerate() {
-        if call.seq != first.seq + offset as u64 {
-            return Err(not_appended(call.seq));
-        }
-    }
     let mut id = first_id;
     for chunk in calls.chunks(CALLS_PER_INSERT) {
-        let chunks: Vec<&[&CallRecord]> = if chunk.len() == CALLS_PER_INSERT {
+        let chunks: Vec<&[NewCall]> = if chunk.len() == CALLS_PER_INSERT {
             vec![chunk]
         } else {
             chunk.chunks(1).collect()
@@ -275,7 +199,7 @@ fn insert_calls(
                 .prepare_cached(&sql[usize::from(rows.len() > 1)])
                 .map_err(error)?;
             let mut n = 0;
-            for call in rows {
+            for NewCall { call, attempts } in rows {
                 let (request, request_split) = rows::store_body(conn, &call.request)?;
                 let (outcome, outcome_split) = match &call.outcome {
                     Some(body) => {
@@ -284,9 +208,7 @@ fn insert_calls(
                     }
                     None => (None, false),
                 };
-                let tried = attempts
-                    .remove(&call.seq)
-                    .map(|a| AttemptRecord::to_stored_json(&a));
+                let tried = stored_attempts(attempts);
                 let values: [&dyn rusqlite::ToSql; 18] = [
                     &id,
                     &run_no,
@@ -303,7 +225,7 @@ fn insert_calls(
                     &outcome_split,
                     &call.started_at_ms,
                     &call.finished_at_ms,
-                    &claim.fence,
+                    &call.fence,
                     &call.chain,
                     &tried,
                 ];
@@ -346,9 +268,4 @@ pub fn add_counters(
         .map_err(error)?;
     }
     Ok(())
-}
-
-/// Whether any op of the commit must be on disk before it is answered.
-pub fn durable(ops: &[WriteOp]) -> bool {
-    ops.iter().any(WriteOp::durable)
 }

@@ -117,22 +117,18 @@ impl Conn {
             .map_err(error)
     }
 
-    /// Applies `ops` under `claim` in one write transaction, committed in
-    /// the sync mode their durability asks for.
-    pub fn commit(
-        &mut self,
-        claim: &stephost_core::Claim,
-        ops: &[stephost_core::store::WriteOp],
-    ) -> Result<(), StoreError> {
-        if ops.is_empty() {
+    /// Writes `plan` in one write transaction, committed in the sync mode
+    /// its durability asks for.
+    pub fn commit(&mut self, plan: &stephost_core::commit::CommitPlan) -> Result<(), StoreError> {
+        if plan.is_empty() {
             return Ok(());
         }
-        self.set_sync(Sync::when(crate::commit::durable(ops)))?;
+        self.set_sync(Sync::when(plan.durable))?;
         Conn::run(&self.conn, "BEGIN IMMEDIATE")?;
         let applied = self
             .known
             .begin(&self.conn)
-            .and_then(|()| crate::commit::apply(&self.conn, &mut self.known, claim, ops))
+            .and_then(|()| crate::commit::apply(&self.conn, &mut self.known, plan))
             .and_then(|()| Conn::run(&self.conn, "COMMIT"));
         if applied.is_err() {
             let _ = Conn::run(&self.conn, "ROLLBACK");

@@ -21,8 +21,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, mpsc};
 use std::thread::JoinHandle;
 
-use stephost_core::store::{Commit, CommitCounts, CommitReply, PendingCommit, WriteOp, Writer};
-use stephost_core::{Claim, StoreError, StoreResult};
+use stephost_core::commit::CommitPlan;
+use stephost_core::store::{Commit, CommitCounts, CommitReply, PendingCommit, Writer};
+use stephost_core::{StoreError, StoreResult};
 
 use crate::commit;
 use crate::conn::{Conn, Sync};
@@ -31,8 +32,7 @@ use crate::conn::{Conn, Sync};
 pub const BATCH_COMMITS_MAX: usize = 512;
 
 struct Job {
-    claim: Claim,
-    ops: Vec<WriteOp>,
+    plan: CommitPlan,
     reply: CommitReply,
 }
 
@@ -110,13 +110,9 @@ pub struct GroupWriter {
 }
 
 impl Writer for GroupWriter {
-    fn commit(&mut self, claim: &Claim, ops: Vec<WriteOp>) -> Commit {
+    fn write(&mut self, plan: CommitPlan) -> Commit {
         let (reply, pending) = PendingCommit::new();
-        let job = Job {
-            claim: claim.clone(),
-            ops,
-            reply,
-        };
+        let job = Job { plan, reply };
         if self.queue.send(job).is_err() {
             return Commit::Done(Err(StoreError::Unavailable(
                 "the committer has stopped".into(),
@@ -141,7 +137,7 @@ fn run(conn: &mut Conn, queue: &mpsc::Receiver<Job>, syncer: &Syncer, counts: &C
                 Err(_) => break,
             }
         }
-        let durable = batch.iter().any(|job| commit::durable(&job.ops));
+        let durable = batch.iter().any(|job| job.plan.durable);
         let answers = apply_batch(conn, &batch);
         counts
             .commits
@@ -260,8 +256,8 @@ fn apply_batch(conn: &mut Conn, batch: &[Job]) -> Vec<StoreResult<()>> {
     let db = &conn.conn;
     let known = &mut conn.known;
     for job in batch {
-        let applied = Conn::run(db, "SAVEPOINT job")
-            .and_then(|()| commit::apply(db, known, &job.claim, &job.ops));
+        let applied =
+            Conn::run(db, "SAVEPOINT job").and_then(|()| commit::apply(db, known, &job.plan));
         if applied.is_err() {
             known.forget();
         }

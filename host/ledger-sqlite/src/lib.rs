@@ -25,8 +25,9 @@ mod tamper;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, mpsc};
 
-use stephost_core::store::{Commit, CommitCounts, Pool, PoolOptions, Store, WriteOp, Writer};
-use stephost_core::{Claim, StoreError, StoreResult};
+use stephost_core::commit::CommitPlan;
+use stephost_core::store::{Commit, CommitCounts, Outbox, Pool, PoolOptions, Store, Writer};
+use stephost_core::{StoreError, StoreResult};
 
 pub use conn::BUSY_TIMEOUT_MS;
 pub use store::SqliteStore;
@@ -93,6 +94,10 @@ impl Pool for SqlitePool {
         Ok(Box::new(self.sqlite_store()?))
     }
 
+    fn outbox(&self) -> StoreResult<Box<dyn Outbox>> {
+        Ok(Box::new(self.sqlite_store()?))
+    }
+
     fn writer(&self) -> StoreResult<Box<dyn Writer>> {
         match &self.group {
             Some(group) => Ok(Box::new(group.writer()?)),
@@ -125,7 +130,7 @@ pub struct DirectWriter {
 
 /// Commits handed to the writer's thread and not yet answered.
 struct Behind {
-    jobs: Option<mpsc::SyncSender<(Claim, Vec<WriteOp>)>>,
+    jobs: Option<mpsc::SyncSender<CommitPlan>>,
     answers: mpsc::Receiver<StoreResult<()>>,
     in_flight: usize,
     /// The first error it answered.
@@ -146,8 +151,8 @@ impl DirectWriter {
         })
     }
 
-    /// Hands `ops` to the writer's thread, starting it if need be.
-    fn hand_over(&mut self, claim: &Claim, ops: Vec<WriteOp>) -> StoreResult<()> {
+    /// Hands `plan` to the writer's thread, starting it if need be.
+    fn hand_over(&mut self, plan: CommitPlan) -> StoreResult<()> {
         if self.behind.is_none() {
             let checkpointer = self.checkpointer.get()?;
             self.behind = Some(Behind::start(&self.path, &checkpointer)?);
@@ -157,7 +162,7 @@ impl DirectWriter {
         let sent = behind
             .jobs
             .as_ref()
-            .map(|jobs| jobs.send((claim.clone(), ops)).is_ok())
+            .map(|jobs| jobs.send(plan).is_ok())
             .unwrap_or(false);
         if !sent {
             return Err(StoreError::Unavailable(
@@ -177,16 +182,16 @@ impl Behind {
         // commits checkpoint inline, as SQLite does: there the checkpointer's
         // fsyncs would compete with the writer's own for the disk.)
         checkpointer.take_over(&mut conn)?;
-        let (jobs, queue) = mpsc::sync_channel::<(Claim, Vec<WriteOp>)>(BEHIND_COMMITS_MAX);
+        let (jobs, queue) = mpsc::sync_channel::<CommitPlan>(BEHIND_COMMITS_MAX);
         let (answer, answers) = mpsc::channel();
         let thread = std::thread::Builder::new()
             .name("stephost-write".into())
             .spawn(move || {
                 let mut failed: Option<StoreError> = None;
-                for (claim, ops) in queue {
+                for plan in queue {
                     let result = match &failed {
                         Some(first) => Err(first.clone()),
-                        None => conn.commit(&claim, &ops),
+                        None => conn.commit(&plan),
                     };
                     if let Err(e) = &result {
                         failed.get_or_insert_with(|| e.clone());
@@ -247,11 +252,11 @@ impl Drop for Behind {
 }
 
 impl Writer for DirectWriter {
-    fn commit(&mut self, claim: &Claim, ops: Vec<WriteOp>) -> Commit {
-        if commit::durable(&ops) {
-            return Commit::Done(self.landed().and_then(|()| self.conn.commit(claim, &ops)));
+    fn write(&mut self, plan: CommitPlan) -> Commit {
+        if plan.durable {
+            return Commit::Done(self.landed().and_then(|()| self.conn.commit(&plan)));
         }
-        Commit::Done(self.hand_over(claim, ops))
+        Commit::Done(self.hand_over(plan))
     }
 
     fn landed(&mut self) -> StoreResult<()> {

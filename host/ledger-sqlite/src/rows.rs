@@ -39,20 +39,25 @@ pub const NOTICE_COLUMNS: &str = "delivery_id, webhook, event, run_id, body, cre
      next_at, attempts, delivered_at, last_error";
 
 pub fn notice_from_row(r: &Row<'_>) -> rusqlite::Result<Notice> {
-    let event: String = r.get(2)?;
-    let state: String = r.get(6)?;
+    notice_from_row_at(r, 0)
+}
+
+/// A notice from [`NOTICE_COLUMNS`] starting at column `at`.
+pub fn notice_from_row_at(r: &Row<'_>, at: usize) -> rusqlite::Result<Notice> {
+    let event: String = r.get(at + 2)?;
+    let state: String = r.get(at + 6)?;
     Ok(Notice {
-        delivery_id: r.get(0)?,
-        webhook: r.get(1)?,
-        event: NoticeEvent::parse(&event).ok_or_else(|| bad_value(2, &event))?,
-        run_id: r.get(3)?,
-        body: r.get(4)?,
-        created_at_ms: r.get(5)?,
-        state: NoticeState::parse(&state).ok_or_else(|| bad_value(6, &state))?,
-        next_at_ms: r.get(7)?,
-        attempts: r.get(8)?,
-        delivered_at_ms: r.get(9)?,
-        last_error: r.get(10)?,
+        delivery_id: r.get(at)?,
+        webhook: r.get(at + 1)?,
+        event: NoticeEvent::parse(&event).ok_or_else(|| bad_value(at + 2, &event))?,
+        run_id: r.get(at + 3)?,
+        body: r.get(at + 4)?,
+        created_at_ms: r.get(at + 5)?,
+        state: NoticeState::parse(&state).ok_or_else(|| bad_value(at + 6, &state))?,
+        next_at_ms: r.get(at + 7)?,
+        attempts: r.get(at + 8)?,
+        delivered_at_ms: r.get(at + 9)?,
+        last_error: r.get(at + 10)?,
     })
 }
 

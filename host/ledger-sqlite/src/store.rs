@@ -6,7 +6,7 @@ use rusqlite::{OptionalExtension, params, params_from_iter};
 use stephost_core::History;
 use stephost_core::journal::Counters;
 use stephost_core::notices::{Notice, NoticeAttempt};
-use stephost_core::store::{OpenCall, RunQuery, Settlement, Store, StoreResult};
+use stephost_core::store::{OpenCall, Outbox, RunQuery, Settlement, Store, StoreResult, Views};
 use stephost_core::{
     AttemptRecord, CallRecord, CallState, LogRecord, RunRecord, RunStatus, StoreError,
 };
@@ -71,23 +71,18 @@ impl SqliteStore {
     }
 }
 
-impl Store for SqliteStore {
-    fn put_module(&self, digest: &str, bytes: &[u8]) -> StoreResult<()> {
-        self.write(|conn| {
-            conn.prepare_cached(
-                "INSERT INTO modules (digest, bytes, size, created_at) VALUES (?1, ?2, ?3, ?4) \
-                 ON CONFLICT (digest) DO NOTHING",
-            )
+impl Views for SqliteStore {
+    fn due_runs(&self, limit: usize) -> StoreResult<Vec<RunRecord>> {
+        self.read(|conn| {
+            conn.prepare_cached(&format!(
+                "SELECT {RUN_COLUMNS} FROM runs WHERE due_at IS NOT NULL \
+                 ORDER BY due_at, run_id LIMIT ?1"
+            ))
             .and_then(|mut s| {
-                s.execute(params![
-                    digest,
-                    bytes,
-                    bytes.len() as i64,
-                    stephost_core::clock::now_ms()
-                ])
+                s.query_map([limit.min(i64::MAX as usize) as i64], rows::run_from_row)?
+                    .collect()
             })
-            .map_err(error)?;
-            Ok(())
+            .map_err(error)
         })
     }
 
@@ -97,16 +92,6 @@ impl Store for SqliteStore {
                 .and_then(|mut s| s.query_row([digest], |r| r.get(0)).optional())
                 .map_err(error)?
                 .ok_or_else(|| StoreError::UnknownModule(digest.to_string()))
-        })
-    }
-
-    fn insert_run(&self, run: &RunRecord) -> StoreResult<RunRecord> {
-        self.write(|conn| {
-            if rows::insert_run(conn, run)? {
-                Ok(run.clone())
-            } else {
-                rows::run(conn, &run.run_id)
-            }
         })
     }
 
@@ -183,34 +168,6 @@ impl Store for SqliteStore {
                 })
                 .collect()
         })
-    }
-
-    fn due_runs(&self, limit: usize) -> StoreResult<Vec<RunRecord>> {
-        self.read(|conn| {
-            conn.prepare_cached(&format!(
-                "SELECT {RUN_COLUMNS} FROM runs WHERE due_at IS NOT NULL \
-                 ORDER BY due_at, run_id LIMIT ?1"
-            ))
-            .and_then(|mut s| {
-                s.query_map([limit.min(i64::MAX as usize) as i64], rows::run_from_row)?
-                    .collect()
-            })
-            .map_err(error)
-        })
-    }
-
-    fn swap_run(&self, expected_version: i64, run: &RunRecord, durable: bool) -> StoreResult<()> {
-        // One statement: atomic on its own, no transaction around it.
-        let mut conn = self.conn.borrow_mut();
-        conn.set_sync(Sync::when(durable))?;
-        match rows::swap_run(&conn.conn, expected_version, run)? {
-            1 => Ok(()),
-            _ => Err(rows::version_conflict(
-                &conn.conn,
-                &run.run_id,
-                expected_version,
-            )),
-        }
     }
 
     fn calls(&self, run_id: &str, from_seq: u64, limit: usize) -> StoreResult<Vec<CallRecord>> {
@@ -308,6 +265,86 @@ impl Store for SqliteStore {
         })
     }
 
+    fn counters(&self) -> StoreResult<Vec<(String, i64)>> {
+        self.read(|conn| {
+            conn.prepare_cached("SELECT name, value FROM counters ORDER BY name")
+                .and_then(|mut s| s.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?.collect())
+                .map_err(error)
+        })
+    }
+
+    fn notices(&self, run_id: Option<&str>, limit: usize) -> StoreResult<Vec<Notice>> {
+        self.read(|conn| {
+            conn.prepare_cached(&format!(
+                "SELECT {} FROM notices WHERE ?1 IS NULL OR run_id = ?1 ORDER BY no LIMIT ?2",
+                rows::NOTICE_COLUMNS
+            ))
+            .and_then(|mut s| {
+                s.query_map(
+                    params![run_id, limit.min(i64::MAX as usize) as i64],
+                    rows::notice_from_row,
+                )?
+                .collect::<Result<Vec<_>, _>>()
+            })
+            .map_err(error)
+        })
+    }
+
+    fn last_call(&self, run_id: &str) -> StoreResult<Option<CallRecord>> {
+        self.read(|conn| {
+            let run_no = rows::run_no(conn, run_id)?;
+            match segments::last_seq(conn, run_no)? {
+                0 => Ok(None),
+                last => Ok(segments::calls(conn, run_no, last, 1)?.pop()),
+            }
+        })
+    }
+}
+
+impl Store for SqliteStore {
+    fn put_module(&self, digest: &str, bytes: &[u8]) -> StoreResult<()> {
+        self.write(|conn| {
+            conn.prepare_cached(
+                "INSERT INTO modules (digest, bytes, size, created_at) VALUES (?1, ?2, ?3, ?4) \
+                 ON CONFLICT (digest) DO NOTHING",
+            )
+            .and_then(|mut s| {
+                s.execute(params![
+                    digest,
+                    bytes,
+                    bytes.len() as i64,
+                    stephost_core::clock::now_ms()
+                ])
+            })
+            .map_err(error)?;
+            Ok(())
+        })
+    }
+
+    fn insert_run(&self, run: &RunRecord) -> StoreResult<RunRecord> {
+        self.write(|conn| {
+            if rows::insert_run(conn, run)? {
+                Ok(run.clone())
+            } else {
+                rows::run(conn, &run.run_id)
+            }
+        })
+    }
+
+    fn swap_run(&self, expected_version: i64, run: &RunRecord, durable: bool) -> StoreResult<()> {
+        // One statement: atomic on its own, no transaction around it.
+        let mut conn = self.conn.borrow_mut();
+        conn.set_sync(Sync::when(durable))?;
+        match rows::swap_run(&conn.conn, expected_version, run)? {
+            1 => Ok(()),
+            _ => Err(rows::version_conflict(
+                &conn.conn,
+                &run.run_id,
+                expected_version,
+            )),
+        }
+    }
+
     fn settle(&self, s: &Settlement) -> StoreResult<()> {
         self.write(|conn| {
             let (outcome, split) = rows::store_body(conn, &s.outcome)?;
@@ -358,15 +395,9 @@ impl Store for SqliteStore {
         }
         self.write(|conn| add_counters(conn, counters))
     }
+}
 
-    fn counters(&self) -> StoreResult<Vec<(String, i64)>> {
-        self.read(|conn| {
-            conn.prepare_cached("SELECT name, value FROM counters ORDER BY name")
-                .and_then(|mut s| s.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?.collect())
-                .map_err(error)
-        })
-    }
-
+impl Outbox for SqliteStore {
     fn owe_notices(&self, notices: &[Notice]) -> StoreResult<usize> {
         if notices.is_empty() {
             return Ok(0);
@@ -418,24 +449,32 @@ impl Store for SqliteStore {
             (limit.min(i64::MAX as usize) as i64).into(),
         ];
         values.extend(webhooks.iter().map(|w| w.clone().into()));
-        let mut taken = self.write(|conn| {
-            conn.prepare_cached(&format!(
-                "UPDATE notices SET next_at = ?2 WHERE no IN (SELECT no FROM notices \
-                 WHERE state = 'owed' AND next_at <= ?1 AND webhook IN ({}) \
-                 ORDER BY next_at, no LIMIT ?3) RETURNING {}",
-                names.join(", "),
-                rows::NOTICE_COLUMNS
-            ))
-            .and_then(|mut s| {
-                s.query_map(params_from_iter(values), rows::notice_from_row)?
+        // Read in the order they are due (then owed), and held, in one
+        // write transaction.
+        self.write(|conn| {
+            let mut taken: Vec<(i64, Notice)> = conn
+                .prepare_cached(&format!(
+                    "SELECT no, {} FROM notices \
+                     WHERE state = 'owed' AND next_at <= ?1 AND webhook IN ({}) \
+                     ORDER BY next_at, no LIMIT ?3",
+                    rows::NOTICE_COLUMNS,
+                    names.join(", "),
+                ))
+                .and_then(|mut s| {
+                    s.query_map(params_from_iter(values), |r| {
+                        Ok((r.get(0)?, rows::notice_from_row_at(r, 1)?))
+                    })?
                     .collect::<Result<Vec<_>, _>>()
-            })
-            .map_err(error)
-        })?;
-        // RETURNING gives no order; the due time (as it was) is lost, the
-        // order they were owed in stands in for it.
-        taken.sort_by_key(|n| n.created_at_ms);
-        Ok(taken)
+                })
+                .map_err(error)?;
+            for (no, notice) in &mut taken {
+                conn.prepare_cached("UPDATE notices SET next_at = ?2 WHERE no = ?1")
+                    .and_then(|mut s| s.execute(params![*no, hold_until_ms]))
+                    .map_err(error)?;
+                notice.next_at_ms = hold_until_ms;
+            }
+            Ok(taken.into_iter().map(|(_, n)| n).collect())
+        })
     }
 
     fn notice_tried(
@@ -465,33 +504,6 @@ impl Store for SqliteStore {
                 })
                 .map_err(error)?;
             Ok(changed == 1)
-        })
-    }
-
-    fn notices(&self, run_id: Option<&str>, limit: usize) -> StoreResult<Vec<Notice>> {
-        self.read(|conn| {
-            conn.prepare_cached(&format!(
-                "SELECT {} FROM notices WHERE ?1 IS NULL OR run_id = ?1 ORDER BY no LIMIT ?2",
-                rows::NOTICE_COLUMNS
-            ))
-            .and_then(|mut s| {
-                s.query_map(
-                    params![run_id, limit.min(i64::MAX as usize) as i64],
-                    rows::notice_from_row,
-                )?
-                .collect::<Result<Vec<_>, _>>()
-            })
-            .map_err(error)
-        })
-    }
-
-    fn last_call(&self, run_id: &str) -> StoreResult<Option<CallRecord>> {
-        self.read(|conn| {
-            let run_no = rows::run_no(conn, run_id)?;
-            match segments::last_seq(conn, run_no)? {
-                0 => Ok(None),
-                last => Ok(segments::calls(conn, run_no, last, 1)?.pop()),
-            }
         })
     }
 }

@@ -24,7 +24,7 @@ use wasmtime::{
 };
 use wasmtime_wasi::p2::bindings::sync::CommandPre;
 
-use crate::bindings::{Step, StepPre};
+use crate::bindings::StepPre;
 use crate::bounded::Bounded;
 use crate::command::Preview1State;
 use crate::imports::StepState;
@@ -186,23 +186,45 @@ impl InstancePool {
 
 /// The linker for runs executed as tasks (see [`StepEngine::task_pre`]):
 /// WASI's async bindings, and the step world's imports with `effects.call`
-/// made async.
+/// async ([`crate::imports::effects::link_call_as_task`]).
 fn task_linker(engine: &Engine) -> wasmtime::Result<Linker<StepState>> {
     let mut linker = Linker::new(engine);
     wasmtime_wasi::p2::add_to_linker_async(&mut linker)?;
-    link_step_world(&mut linker)?;
-    linker.allow_shadowing(true);
-    crate::imports::effects::add_task_call_to_linker(&mut linker)?;
-    linker.allow_shadowing(false);
+    link_step_world(&mut linker, EffectsCall::AsTask)?;
     Ok(linker)
 }
 
+/// How a linker serves `effects.call`.
+#[derive(Clone, Copy)]
+enum EffectsCall {
+    /// On the calling thread, which waits for a write's durable commit (a
+    /// single run: [`crate::imports::effects`]'s `Host::call`).
+    OnThread,
+    /// Awaiting a write's durable commit, so that the thread goes on with
+    /// other runs (a worker's tasks).
+    AsTask,
+}
+
 /// The step world's imports, WASI's randomness recorded per call and its
-/// waits recorded as durable sleeps, on a linker that has WASI already.
-fn link_step_world(linker: &mut Linker<StepState>) -> wasmtime::Result<()> {
+/// waits recorded as durable sleeps, on a linker that has WASI already;
+/// `effects.call` linked once, as `call` says.
+fn link_step_world(linker: &mut Linker<StepState>, call: EffectsCall) -> wasmtime::Result<()> {
+    use crate::bindings::stephost::step::{approvals, clock, effects, llm, log, random, timers};
     crate::imports::wasi::record_random_bytes_per_call(linker)?;
     crate::imports::wasi::record_waits(linker)?;
-    Step::add_to_linker::<StepState, HasSelf<StepState>>(linker, |s| s)
+    fn this(s: &mut StepState) -> &mut StepState {
+        s
+    }
+    match call {
+        EffectsCall::OnThread => effects::add_to_linker::<_, HasSelf<StepState>>(linker, this)?,
+        EffectsCall::AsTask => crate::imports::effects::link_call_as_task(linker)?,
+    }
+    llm::add_to_linker::<_, HasSelf<StepState>>(linker, this)?;
+    clock::add_to_linker::<_, HasSelf<StepState>>(linker, this)?;
+    random::add_to_linker::<_, HasSelf<StepState>>(linker, this)?;
+    log::add_to_linker::<_, HasSelf<StepState>>(linker, this)?;
+    timers::add_to_linker::<_, HasSelf<StepState>>(linker, this)?;
+    approvals::add_to_linker::<_, HasSelf<StepState>>(linker, this)
 }
 
 /// How often a running step is interrupted to ask whether it must stop
@@ -283,7 +305,7 @@ impl StepEngine {
         tick_epochs(&engine);
         let mut linker = Linker::new(&engine);
         wasmtime_wasi::p2::add_to_linker_sync(&mut linker)
-            .and_then(|()| link_step_world(&mut linker))
+            .and_then(|()| link_step_world(&mut linker, EffectsCall::OnThread))
             .map_err(|e| ModuleError::Engine(format!("{e:#}")))?;
         let mut preview1 = wasmtime::Linker::new(&engine);
         wasmtime_wasi::p1::add_to_linker_sync(&mut preview1, |s: &mut Preview1State| &mut s.wasi)

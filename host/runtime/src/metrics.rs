@@ -5,7 +5,7 @@ use std::fmt::Write as _;
 
 use stephost_core::lifecycle;
 use stephost_core::store::RunQuery;
-use stephost_core::{RunStatus, Store, StoreError};
+use stephost_core::{RunStatus, StoreError, Views};
 
 /// Every counter stephost keeps, with its help text.
 pub const COUNTERS: &[(&str, &str)] = &[
@@ -104,7 +104,7 @@ pub fn resume_latency(
 }
 
 /// Renders all metrics.
-pub fn render(store: &dyn Store) -> Result<String, StoreError> {
+pub fn render(store: &dyn Views) -> Result<String, StoreError> {
     let stored = store.counters()?;
     let mut out = String::new();
     for (name, help) in COUNTERS {
@@ -196,7 +196,7 @@ pub struct Ages {
     pub oldest_waiting_ms: i64,
 }
 
-pub fn ages(store: &dyn Store, now: i64) -> Result<Ages, StoreError> {
+pub fn ages(store: &dyn Views, now: i64) -> Result<Ages, StoreError> {
     // The earliest-due run, if it is due: how long it has waited for a worker.
     let oldest_runnable_ms = store
         .due_runs(1)?

@@ -506,9 +506,7 @@ impl Host {
 
     /// A portable copy of a run: module digest, input, calls, output.
     pub fn export(&self, run_id: &str) -> Result<Fixture, HostError> {
-        let run = self.store.run(run_id)?;
-        let calls = self.store.calls(run_id, 1, usize::MAX)?;
-        Ok(Fixture::new(&run, calls))
+        crate::service::export(self.store.as_ref(), run_id)
     }
 }
 

@@ -8,10 +8,13 @@ use stephost_core::approvals::{self, Decision};
 use stephost_core::chain::Signer;
 use stephost_core::settle::{self, Resolution};
 use stephost_core::store::RunQuery;
-use stephost_core::{AttemptRecord, CallRecord, CallState, LogRecord, RunRecord, RunStatus, Store};
+use stephost_core::{
+    AttemptRecord, CallRecord, CallState, LogRecord, RunRecord, RunStatus, Store, Views,
+};
 
 use crate::error::HostError;
 use crate::instance::check_json;
+use crate::replay::Fixture;
 use crate::runner::{Host, UpgradeOutcome};
 
 /// A run with everything recorded of it (`stephost show`).
@@ -25,7 +28,7 @@ pub struct RunDetail {
     pub logs: Vec<LogRecord>,
 }
 
-pub fn run_detail(store: &dyn Store, run_id: &str) -> Result<RunDetail, HostError> {
+pub fn run_detail(store: &dyn Views, run_id: &str) -> Result<RunDetail, HostError> {
     let run = store.run(run_id)?;
     let calls = store.calls(run_id, 1, usize::MAX)?;
     let attempts = store.attempts(run_id, None)?;
@@ -66,7 +69,7 @@ pub struct CallsPage {
 /// Calls `from_seq` on of a run, at most `limit`, their request and
 /// outcome cut to `body_bytes_max` bytes each (at a character boundary).
 pub fn calls_page(
-    store: &dyn Store,
+    store: &dyn Views,
     run_id: &str,
     from_seq: u64,
     limit: usize,
@@ -142,7 +145,7 @@ pub struct Summary {
     pub unknown_calls: usize,
 }
 
-pub fn summary(store: &dyn Store) -> Result<Summary, HostError> {
+pub fn summary(store: &dyn Views) -> Result<Summary, HostError> {
     let mut counts: std::collections::BTreeMap<String, u64> = RunStatus::ALL
         .iter()
         .map(|s| (s.as_str().to_string(), 0))
@@ -163,7 +166,7 @@ pub fn summary(store: &dyn Store) -> Result<Summary, HostError> {
 }
 
 /// Runs by their filters, newest first (`stephost runs`).
-pub fn runs(store: &dyn Store, query: &RunQuery) -> Result<Vec<RunRecord>, HostError> {
+pub fn runs(store: &dyn Views, query: &RunQuery) -> Result<Vec<RunRecord>, HostError> {
     Ok(store.runs(query)?)
 }
 
@@ -182,7 +185,7 @@ pub struct ApprovalView {
 }
 
 /// The approvals inbox, oldest first (`stephost approvals`).
-pub fn approvals(store: &dyn Store) -> Result<Vec<ApprovalView>, HostError> {
+pub fn approvals(store: &dyn Views) -> Result<Vec<ApprovalView>, HostError> {
     let open = store.open_calls(CallState::Started, Some(approvals::INTERFACE))?;
     Ok(open
         .into_iter()
@@ -216,7 +219,7 @@ pub struct UnknownCallView {
 }
 
 /// Calls parked as unknown, oldest first.
-pub fn unknown_calls(store: &dyn Store) -> Result<Vec<UnknownCallView>, HostError> {
+pub fn unknown_calls(store: &dyn Views) -> Result<Vec<UnknownCallView>, HostError> {
     store
         .open_calls(CallState::Unknown, None)?
         .into_iter()
@@ -307,6 +310,13 @@ pub enum Verification {
 }
 
 /// Checks a run's row against its seal and its chain of calls.
+/// Run `run_id` with every call it recorded, as `stephost export` writes it.
+pub fn export(store: &dyn Views, run_id: &str) -> Result<Fixture, HostError> {
+    let run = store.run(run_id)?;
+    let calls = store.calls(run_id, 1, usize::MAX)?;
+    Ok(Fixture::new(&run, calls))
+}
+
 pub fn verify(signer: &Signer, calls: &[CallRecord], run: &RunRecord) -> Verification {
     match signer.verify(calls, run) {
         Ok(v) => Verification::Intact {

@@ -76,7 +76,7 @@ pub fn router(app: Arc<App>) -> Router {
 /// Whether the ledger can be read: a small read (the metric counters),
 /// at most once per `ready_cache_ms` however many ask.
 async fn ready(State(app): State<Arc<App>>) -> Response {
-    let check = app.with_store(|s| s.counters().map(|_| ()).map_err(ApiError::from));
+    let check = app.with_views(|s| s.counters().map(|_| ()).map_err(ApiError::from));
     match app.ready.get(app.settings.ready_cache_ms, check).await {
         Ok(()) => "ready\n".into_response(),
         Err(e) => (StatusCode::SERVICE_UNAVAILABLE, Json(e)).into_response(),
@@ -85,7 +85,7 @@ async fn ready(State(app): State<Arc<App>>) -> Response {
 
 async fn metrics(State(app): State<Arc<App>>, _caller: Caller) -> Result<Response, ApiError> {
     let text = app
-        .with_store(|s| Ok(stephost_runtime::metrics::render(s)?))
+        .with_views(|s| Ok(stephost_runtime::metrics::render(s)?))
         .await?;
     Ok(([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response())
 }
@@ -93,7 +93,7 @@ async fn metrics(State(app): State<Arc<App>>, _caller: Caller) -> Result<Respons
 /// The summary, computed at most once per `summary_cache_ms` however many
 /// ask (it counts over the ledger).
 async fn summary(State(app): State<Arc<App>>, _caller: Caller) -> Api<serde_json::Value> {
-    let compute = app.with_store(|s| {
+    let compute = app.with_views(|s| {
         serde_json::to_value(service::summary(s)?)
             .map_err(|e| ApiError::internal(format!("cannot encode the summary: {e}")))
     });
@@ -228,7 +228,7 @@ async fn list_runs(
         limit: Some(limit),
     };
     let runs = app
-        .with_store(move |s| Ok(service::runs(s, &query)?))
+        .with_views(move |s| Ok(service::runs(s, &query)?))
         .await?;
     let next = match runs.len() == limit {
         true => runs.last().map(|r| r.run_id.clone()),
@@ -252,7 +252,7 @@ async fn run(
     Path(run_id): Path<String>,
 ) -> Api<RunView> {
     Ok(Json(
-        app.with_store(move |s| {
+        app.with_views(move |s| {
             Ok(RunView {
                 run: s.run(&run_id)?,
                 logs: s.logs(&run_id)?,
@@ -281,7 +281,7 @@ async fn calls(
     let cut = app.settings.timeline_body_bytes_max;
     let from = p.from_seq.unwrap_or(1);
     Ok(Json(
-        app.with_store(move |s| Ok(service::calls_page(s, &run_id, from, limit, cut)?))
+        app.with_views(move |s| Ok(service::calls_page(s, &run_id, from, limit, cut)?))
             .await?,
     ))
 }
@@ -293,7 +293,7 @@ async fn call(
 ) -> Api<service::CallView> {
     let Path((run_id, seq)) = path?;
     let page = app
-        .with_store(move |s| Ok(service::calls_page(s, &run_id, seq, 1, usize::MAX)?))
+        .with_views(move |s| Ok(service::calls_page(s, &run_id, seq, 1, usize::MAX)?))
         .await?;
     page.calls
         .into_iter()
@@ -308,14 +308,8 @@ async fn export(
     Path(run_id): Path<String>,
 ) -> Api<stephost_runtime::replay::Fixture> {
     Ok(Json(
-        app.with_store(move |s| {
-            let run = s.run(&run_id)?;
-            Ok(stephost_runtime::replay::Fixture::new(
-                &run,
-                s.calls(&run_id, 1, usize::MAX)?,
-            ))
-        })
-        .await?,
+        app.with_views(move |s| Ok(service::export(s, &run_id)?))
+            .await?,
     ))
 }
 
@@ -362,7 +356,7 @@ async fn approvals(
     State(app): State<Arc<App>>,
     _caller: Caller,
 ) -> Api<Vec<service::ApprovalView>> {
-    Ok(Json(app.with_store(|s| Ok(service::approvals(s)?)).await?))
+    Ok(Json(app.with_views(|s| Ok(service::approvals(s)?)).await?))
 }
 
 #[derive(Debug, Deserialize)]
@@ -443,7 +437,7 @@ async fn unknown_calls(
     _caller: Caller,
 ) -> Api<Vec<service::UnknownCallView>> {
     Ok(Json(
-        app.with_store(|s| Ok(service::unknown_calls(s)?)).await?,
+        app.with_views(|s| Ok(service::unknown_calls(s)?)).await?,
     ))
 }
 

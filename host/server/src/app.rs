@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use axum::extract::FromRequestParts;
 use axum::http::request::Parts;
 use stephost_core::chain::Signer;
-use stephost_core::{Pool, Store};
+use stephost_core::{Pool, Store, Views};
 use stephost_runtime::Host;
 use tokio::sync::{Semaphore, broadcast};
 
@@ -97,6 +97,16 @@ impl App {
         })
         .await
         .map_err(|e| ApiError::internal(format!("a request's work stopped: {e}")))?
+    }
+
+    /// Runs `work` with the ledger's views (reads alone) on a blocking
+    /// thread: what every route a read-only caller may use gets.
+    pub async fn with_views<T, F>(self: &Arc<Self>, work: F) -> Result<T, ApiError>
+    where
+        T: Send + 'static,
+        F: FnOnce(&dyn Views) -> Result<T, ApiError> + Send + 'static,
+    {
+        self.with_store(move |store| work(store)).await
     }
 
     /// Runs `work` with the host on a blocking thread.

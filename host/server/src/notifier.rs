@@ -30,7 +30,7 @@ use serde_json::json;
 use stephost_core::mac::MacKey;
 use stephost_core::notices::{self, Notice, NoticeAttempt, NoticeEvent, NoticeState};
 use stephost_core::store::RunQuery;
-use stephost_core::{CallState, RunRecord, RunStatus, Store, StoreResult, approvals};
+use stephost_core::{CallState, Outbox, RunRecord, RunStatus, StoreResult, Views, approvals};
 use stephost_runtime::config::Webhook;
 
 /// Notices sent per look, at most (each taken on its own, so that its
@@ -120,11 +120,14 @@ impl Notifier {
         if self.targets.is_empty() {
             return;
         }
-        let mut store: Option<Box<dyn Store>> = None;
+        let mut roles: Option<(Box<dyn Views>, Box<dyn Outbox>)> = None;
         while !shutdown.load(Ordering::Relaxed) {
-            let result = match &store {
-                Some(s) => self.look(s.as_ref(), shutdown),
-                None => pool.store().map(|s| store = Some(s)),
+            let result = match &roles {
+                Some((views, outbox)) => self.look(views.as_ref(), outbox.as_ref(), shutdown),
+                None => pool
+                    .views()
+                    .and_then(|views| Ok((views, pool.outbox()?)))
+                    .map(|r| roles = Some(r)),
             };
             if let Err(e) = result {
                 eprintln!("stephost serve: notifications: {e}; trying again");
@@ -134,8 +137,13 @@ impl Notifier {
     }
 
     /// One look: owe what is new, send what is due (until `shutdown`).
-    pub fn look(&mut self, store: &dyn Store, shutdown: &AtomicBool) -> StoreResult<()> {
-        self.owe(store)?;
+    pub fn look(
+        &mut self,
+        views: &dyn Views,
+        outbox: &dyn Outbox,
+        shutdown: &AtomicBool,
+    ) -> StoreResult<()> {
+        self.owe(views, outbox)?;
         let names: Vec<String> = self
             .targets
             .iter()
@@ -146,7 +154,7 @@ impl Notifier {
                 break;
             }
             let now = stephost_core::clock::now_ms();
-            let Some(notice) = store
+            let Some(notice) = outbox
                 .take_notices(&names, now, now + self.hold_ms, 1)?
                 .pop()
             else {
@@ -155,14 +163,14 @@ impl Notifier {
             let attempt = self.send(&notice);
             // Not recorded if this attempt outlived its hold and another
             // server took the notice over: its answer stands.
-            store.notice_tried(&notice.delivery_id, notice.next_at_ms, &attempt)?;
+            outbox.notice_tried(&notice.delivery_id, notice.next_at_ms, &attempt)?;
         }
         Ok(())
     }
 
     /// Reads a page of the runs changed since the last look and owes the
     /// notices their events call for.
-    fn owe(&mut self, store: &dyn Store) -> StoreResult<()> {
+    fn owe(&mut self, store: &dyn Views, outbox: &dyn Outbox) -> StoreResult<()> {
         let now = stephost_core::clock::now_ms();
         let scan = self.scan.get_or_insert(Scan {
             started_ms: now,
@@ -186,7 +194,7 @@ impl Notifier {
                 owed_for.push((run.run_id.clone(), (run.version, run.updated_at_ms)));
             }
         }
-        store.owe_notices(&self.notices(bodies, now))?;
+        outbox.owe_notices(&self.notices(bodies, now))?;
         if self.seen.len() + owed_for.len() > SEEN_RUNS_MAX {
             self.seen.clear();
         }
@@ -329,7 +337,7 @@ type Event = (NoticeEvent, String, Option<u64>, serde_json::Value);
 /// The event `run`'s state calls for, if any: a parked run's unknown call,
 /// a waiting run's approval (its last call, read alone), a failed or
 /// diverged run.
-fn event_of(store: &dyn Store, run: &RunRecord) -> StoreResult<Option<Event>> {
+fn event_of(store: &dyn Views, run: &RunRecord) -> StoreResult<Option<Event>> {
     let id = run.run_id.clone();
     Ok(match run.status {
         RunStatus::Parked => match store.last_call(&run.run_id)? {

@@ -103,9 +103,26 @@ pub enum Wait {
     },
 }
 
+/// What performing a call live established.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Performed {
+    /// The call's outcome: a value, or an error the step sees.
+    Done(Outcome),
+    /// A write that may or may not have acted, with no way to tell which:
+    /// its outcome is unknown and the run waits for a person. The reason
+    /// says what was tried.
+    Unknown(String),
+}
+
+impl From<Outcome> for Performed {
+    fn from(outcome: Outcome) -> Performed {
+        Performed::Done(outcome)
+    }
+}
+
 /// Live I/O for one call.
 pub trait LiveCall {
-    fn perform(&mut self, op: &OpContext<'_>, attempts: &mut Attempts<'_>) -> Outcome;
+    fn perform(&mut self, op: &OpContext<'_>, attempts: &mut Attempts<'_>) -> Performed;
 
     /// For `suspend` calls: may the call complete now? `started_at_ms` is
     /// when it was first recorded.
@@ -118,11 +135,6 @@ pub trait LiveCall {
 
     fn reconcile(&mut self, _op: &OpContext<'_>, _attempts: &mut Attempts<'_>) -> Reconciled {
         Reconciled::PerformAgain
-    }
-
-    /// After `perform`: the reason, if the outcome could not be established.
-    fn take_unknown(&mut self) -> Option<String> {
-        None
     }
 
     /// Whether this call can settle a recorded write left in flight (only
@@ -144,8 +156,8 @@ pub trait LiveCall {
 pub struct Compute<F: FnMut() -> Outcome>(pub F);
 
 impl<F: FnMut() -> Outcome> LiveCall for Compute<F> {
-    fn perform(&mut self, _op: &OpContext<'_>, _attempts: &mut Attempts<'_>) -> Outcome {
-        (self.0)()
+    fn perform(&mut self, _op: &OpContext<'_>, _attempts: &mut Attempts<'_>) -> Performed {
+        Performed::Done((self.0)())
     }
 }
 
@@ -1028,7 +1040,13 @@ impl Journal {
             next: 1,
             counters: &mut self.counters,
         };
-        let outcome = live.perform(&OpContext::of(&self.run_id, &record, fence), &mut attempts);
+        let outcome =
+            match live.perform(&OpContext::of(&self.run_id, &record, fence), &mut attempts) {
+                Performed::Done(outcome) => outcome,
+                // Only a write's outcome can be unknown: a read that could not
+                // be established failed.
+                Performed::Unknown(reason) => Outcome::error(CallErrorKind::Exhausted, reason),
+            };
         if with_attempts {
             crash::point("after-send", seq);
         }
@@ -1089,24 +1107,27 @@ impl Journal {
             next: 1,
             counters: &mut self.counters,
         };
-        let outcome = live.perform(&OpContext::of(&self.run_id, &started, fence), &mut attempts);
+        let performed = live.perform(&OpContext::of(&self.run_id, &started, fence), &mut attempts);
         crash::point("after-send", seq);
-        if let Some(reason) = live.take_unknown() {
-            self.pending.push(WriteOp::Outcome {
-                seq,
-                state: CallState::Unknown,
-                outcome: None,
-                now_ms: crate::clock::now_ms(),
-                chain: None,
-            });
-            self.flush_now()?;
-            self.count("side_effect_unknown_total");
-            return Err(Stop::Parked {
-                seq,
-                name: started.function,
-                reason,
-            });
-        }
+        let outcome = match performed {
+            Performed::Done(outcome) => outcome,
+            Performed::Unknown(reason) => {
+                self.pending.push(WriteOp::Outcome {
+                    seq,
+                    state: CallState::Unknown,
+                    outcome: None,
+                    now_ms: crate::clock::now_ms(),
+                    chain: None,
+                });
+                self.flush_now()?;
+                self.count("side_effect_unknown_total");
+                return Err(Stop::Parked {
+                    seq,
+                    name: started.function,
+                    reason,
+                });
+            }
+        };
         Self::push_outcome(
             &mut self.chain,
             &mut self.pending,
@@ -1213,11 +1234,8 @@ impl Journal {
         if (self.lease_checked.elapsed().as_millis() as i64).saturating_mul(2) < claim.lease_ms {
             return Ok(());
         }
-        let (until_ms, due_at_ms) = crate::lifecycle::renewed_lease(claim, crate::clock::now_ms());
-        self.pending.push(WriteOp::Lease {
-            until_ms,
-            due_at_ms,
-        });
+        let until_ms = crate::lifecycle::renewed_lease(claim, crate::clock::now_ms());
+        self.pending.push(WriteOp::Lease { until_ms });
         self.flush()?;
         self.lease_checked = std::time::Instant::now();
         Ok(())
@@ -1298,7 +1316,7 @@ impl Journal {
     fn take_ops(pending: &mut Vec<WriteOp>, claim: &Claim) -> Vec<WriteOp> {
         let mut ops = std::mem::take(pending);
         if let Some(WriteOp::Create(run)) = ops.first_mut() {
-            let (until, _) = crate::lifecycle::renewed_lease(claim, crate::clock::now_ms());
+            let until = crate::lifecycle::renewed_lease(claim, crate::clock::now_ms());
             run.lease_until_ms = Some(run.lease_until_ms.unwrap_or(until).max(until));
         }
         ops
@@ -1333,11 +1351,11 @@ impl Journal {
         let (state, outcome) = match reconciled {
             Reconciled::Outcome(outcome) => (outcome.state(), Ok(outcome)),
             Reconciled::PerformAgain => {
-                let outcome = live.perform(&op, &mut attempts);
+                let performed = live.perform(&op, &mut attempts);
                 crash::point("after-send", seq);
-                match live.take_unknown() {
-                    Some(reason) => (CallState::Unknown, Err(reason)),
-                    None => (outcome.state(), Ok(outcome)),
+                match performed {
+                    Performed::Done(outcome) => (outcome.state(), Ok(outcome)),
+                    Performed::Unknown(reason) => (CallState::Unknown, Err(reason)),
                 }
             }
             Reconciled::Unknown(reason) => (CallState::Unknown, Err(reason)),

@@ -127,7 +127,7 @@ struct Receiver {
 }
 
 impl LiveCall for Receiver {
-    fn perform(&mut self, op: &OpContext<'_>, attempts: &mut Attempts<'_>) -> Outcome {
+    fn perform(&mut self, op: &OpContext<'_>, attempts: &mut Attempts<'_>) -> Performed {
         self.performed += 1;
         if let Some(store) = &self.store {
             let calls = store.calls(op.run_id, op.seq, 1).unwrap();
@@ -136,17 +136,16 @@ impl LiveCall for Receiver {
             }));
         }
         attempts.record("send", 0, "ok", None);
-        Outcome::Ok(serde_json::json!(format!("receipt-{}", op.seq)))
+        match self.unknown.take() {
+            Some(reason) => Performed::Unknown(reason),
+            None => Outcome::Ok(serde_json::json!(format!("receipt-{}", op.seq))).into(),
+        }
     }
 
     fn reconcile(&mut self, _op: &OpContext<'_>, attempts: &mut Attempts<'_>) -> Reconciled {
         self.reconciled += 1;
         attempts.record("lookup", 0, "not_found", None);
         self.answer.clone().unwrap_or(Reconciled::PerformAgain)
-    }
-
-    fn take_unknown(&mut self) -> Option<String> {
-        self.unknown.take()
     }
 
     fn reconciles_writes(&self) -> bool {
@@ -462,8 +461,8 @@ struct Timer {
 }
 
 impl LiveCall for Timer {
-    fn perform(&mut self, _op: &OpContext<'_>, _attempts: &mut Attempts<'_>) -> Outcome {
-        Outcome::Ok(serde_json::Value::Null)
+    fn perform(&mut self, _op: &OpContext<'_>, _attempts: &mut Attempts<'_>) -> Performed {
+        Outcome::Ok(serde_json::Value::Null).into()
     }
 
     fn wait(&mut self, _op: &OpContext<'_>, started_at_ms: i64) -> Wait {

@@ -14,7 +14,9 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use stephost_core::CallClass;
-use stephost_core::journal::{Attempts, CallErrorKind, LiveCall, OpContext, Outcome, Reconciled};
+use stephost_core::journal::{
+    Attempts, CallErrorKind, LiveCall, OpContext, Outcome, Performed, Reconciled,
+};
 
 pub use retry::RetryPolicy;
 
@@ -261,8 +263,6 @@ pub struct EffectCall<'a> {
     pub payload_bytes_max: usize,
     /// Wait between attempts; tests pass a no-op.
     pub sleep: &'a dyn Fn(std::time::Duration),
-    /// Set when the outcome could not be established (see `take_unknown`).
-    pub unknown: Option<String>,
     /// What is left of the execution's `wall_ms_max`: retries stop there
     /// too, whatever the effect's own deadline.
     pub wall_left: std::time::Duration,
@@ -286,16 +286,17 @@ impl EffectCall<'_> {
     /// "No record" is no proof either: asked right after a timeout, a
     /// receiver that got the request and has not committed it yet says the
     /// same as one that never got it.
-    fn settle(&mut self, op: &OpContext<'_>, attempts: &mut Attempts<'_>, last: &str) -> Outcome {
+    fn settle(&mut self, op: &OpContext<'_>, attempts: &mut Attempts<'_>, last: &str) -> Performed {
         let reason = match self.ask(op, attempts) {
-            Answer::Receipt(receipt) => return Outcome::Ok(serde_json::Value::String(receipt)),
+            Answer::Receipt(receipt) => {
+                return Outcome::Ok(serde_json::Value::String(receipt)).into();
+            }
             Answer::NotFound => "the receiver has no record of the operation yet, which does \
                                  not prove it never will (it may not have committed it)"
                 .to_string(),
             Answer::CannotTell(reason) => reason,
         };
-        self.unknown = Some(format!("{last}; {reason}"));
-        Outcome::error(CallErrorKind::Exhausted, "outcome unknown")
+        Performed::Unknown(format!("{last}; {reason}"))
     }
 
     /// Asks the receiver about the operation, again under the effect's
@@ -363,7 +364,7 @@ impl EffectCall<'_> {
 }
 
 impl LiveCall for EffectCall<'_> {
-    fn perform(&mut self, op: &OpContext<'_>, attempts: &mut Attempts<'_>) -> Outcome {
+    fn perform(&mut self, op: &OpContext<'_>, attempts: &mut Attempts<'_>) -> Performed {
         let policy = &self.effect.retry;
         let first = std::time::Instant::now();
         let attempts_max = policy.attempts_max.max(1);
@@ -384,17 +385,17 @@ impl LiveCall for EffectCall<'_> {
                         "stephost_response_bytes": reply.body.len(),
                         "stephost_response_sha256": payload_sha256(&reply.body),
                     });
-                    return Outcome::Ok(serde_json::Value::String(summary.to_string()));
+                    return Outcome::Ok(serde_json::Value::String(summary.to_string())).into();
                 }
                 Ok(reply) => {
                     if reply.duplicate {
                         attempts.count("idempotency_key_hit_total");
                     }
-                    return Outcome::Ok(serde_json::Value::String(reply.body));
+                    return Outcome::Ok(serde_json::Value::String(reply.body)).into();
                 }
                 Err(Failure::Rejected(m)) => {
                     attempts.count("non_retryable_failure_total");
-                    return Outcome::error(CallErrorKind::Rejected, m);
+                    return Outcome::error(CallErrorKind::Rejected, m).into();
                 }
                 // After an attempt that may have acted, a refusal that is not
                 // declared final does not say the operation did not happen.
@@ -403,11 +404,11 @@ impl LiveCall for EffectCall<'_> {
                 }
                 Err(Failure::Refused(m)) => {
                     attempts.count("non_retryable_failure_total");
-                    return Outcome::error(CallErrorKind::Rejected, m);
+                    return Outcome::error(CallErrorKind::Rejected, m).into();
                 }
                 Err(Failure::Invalid(m)) => {
                     attempts.count("non_retryable_failure_total");
-                    return Outcome::error(CallErrorKind::Invalid, m);
+                    return Outcome::error(CallErrorKind::Invalid, m).into();
                 }
                 Err(Failure::Retryable {
                     message,
@@ -443,7 +444,8 @@ impl LiveCall for EffectCall<'_> {
                         return Outcome::error(
                             CallErrorKind::Exhausted,
                             format!("{n} attempt(s) failed; last: {message}"),
-                        );
+                        )
+                        .into();
                     }
                     n += 1;
                     attempts.count("activity_retry_total");
@@ -451,10 +453,6 @@ impl LiveCall for EffectCall<'_> {
                 }
             }
         }
-    }
-
-    fn take_unknown(&mut self) -> Option<String> {
-        self.unknown.take()
     }
 
     fn reconciles_writes(&self) -> bool {

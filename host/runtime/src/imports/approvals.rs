@@ -14,7 +14,7 @@ use crate::imports::{StepState, lock, trap};
 use stephost_core::CallClass;
 use stephost_core::approvals::{self, INTERFACE, decision_json};
 use stephost_core::journal::{
-    Attempts, CallErrorKind, CallSpec, Compute, LiveCall, OpContext, Outcome, Wait,
+    Attempts, CallErrorKind, CallSpec, Compute, LiveCall, OpContext, Outcome, Performed, Wait,
 };
 
 struct Approval {
@@ -23,8 +23,8 @@ struct Approval {
 }
 
 impl LiveCall for Approval {
-    fn perform(&mut self, _op: &OpContext<'_>, _attempts: &mut Attempts<'_>) -> Outcome {
-        Outcome::error(CallErrorKind::Invalid, "an approval is decided by a person")
+    fn perform(&mut self, _op: &OpContext<'_>, _attempts: &mut Attempts<'_>) -> Performed {
+        Outcome::error(CallErrorKind::Invalid, "an approval is decided by a person").into()
     }
 
     fn wait(&mut self, _op: &OpContext<'_>, started_at_ms: i64) -> Wait {

@@ -75,7 +75,7 @@ fn not_granted(name: &str) -> String {
 /// commit, when another thread makes it, is awaited, so that the thread
 /// goes on with other runs meanwhile; a call of an effect that may block
 /// tells the runtime first ([`Effect::call_on`]).
-pub fn add_task_call_to_linker(linker: &mut Linker<StepState>) -> wasmtime::Result<()> {
+pub fn link_call_as_task(linker: &mut Linker<StepState>) -> wasmtime::Result<()> {
     linker.instance(INSTANCE)?.func_wrap_async(
         "call",
         |mut store: StoreContextMut<'_, StepState>,
@@ -237,7 +237,6 @@ fn effect_call<'a>(
         body,
         payload_bytes_max: journal.limits().payload_bytes_max as usize,
         sleep: &state.sleep,
-        unknown: None,
         wall_left: journal.wall_left(),
     }
 }

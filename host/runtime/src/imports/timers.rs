@@ -12,7 +12,7 @@ use std::sync::Mutex;
 use stephost_core::CallClass;
 
 use stephost_core::journal::{
-    Attempts, CallSpec, Journal, LiveCall, OpContext, Outcome, Stop, Wait,
+    Attempts, CallSpec, Journal, LiveCall, OpContext, Outcome, Performed, Stop, Wait,
 };
 
 pub const INTERFACE: &str = "stephost:step/timers";
@@ -25,8 +25,8 @@ struct Sleep {
 }
 
 impl LiveCall for Sleep {
-    fn perform(&mut self, _op: &OpContext<'_>, _attempts: &mut Attempts<'_>) -> Outcome {
-        Outcome::Ok(serde_json::Value::Null)
+    fn perform(&mut self, _op: &OpContext<'_>, _attempts: &mut Attempts<'_>) -> Performed {
+        Outcome::Ok(serde_json::Value::Null).into()
     }
 
     fn wait(&mut self, _op: &OpContext<'_>, started_at_ms: i64) -> Wait {
