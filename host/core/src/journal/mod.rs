@@ -34,6 +34,7 @@ use crate::records::{
     AttemptRecord, CallClass, CallRecord, CallState, Claim, EndRow, LogRecord, RunRecord,
 };
 use crate::store::{Commit, PendingCommit, WriteOp, Writer};
+use budget::Budget;
 
 /// Most buffered writes before they are committed anyway.
 pub const PENDING_WRITES_MAX: usize = 1024;
@@ -398,18 +399,10 @@ pub struct Journal {
     mode: Mode,
     history: History,
     next_seq: u64,
-    limits: Limits,
+    /// What the execution may spend, and has.
+    budget: Budget,
     stop: Option<Stop>,
     logs_recorded: HashMap<u64, usize>,
-    /// Bytes the run has recorded in calls and log lines so far (replayed
-    /// ones counted again as they are replayed), against
-    /// `recorded_bytes_max`.
-    recorded_bytes: u64,
-    /// Log lines and their bytes the run has written so far.
-    log_lines: u64,
-    log_bytes: u64,
-    /// `recorded_bytes` at the last commit of the buffer.
-    recorded_at_flush: u64,
     log_sink: Option<LogSink>,
     /// In a replay: whether the recording is of a finished run, so that a
     /// call past its end is a divergence rather than the end of the record.
@@ -429,7 +422,6 @@ pub struct Journal {
     /// (a replay of 100,000 calls need not copy 100,000 links).
     chain_at: Option<usize>,
     control: Option<std::sync::Arc<RunControl>>,
-    started: std::time::Instant,
     /// When the lease was last renewed by this execution.
     lease_checked: std::time::Instant,
     /// Time from the start of this execution to its first live call.
@@ -513,13 +505,9 @@ impl Journal {
             mode,
             history,
             next_seq: 1,
-            limits,
+            budget: Budget::new(limits),
             stop: None,
             logs_recorded,
-            recorded_bytes: 0,
-            log_lines: 0,
-            log_bytes: 0,
-            recorded_at_flush: 0,
             log_sink: None,
             recording_complete: false,
             counters: Counters::new(),
@@ -532,7 +520,6 @@ impl Journal {
             request_hashes: None,
             chain_at: None,
             control: None,
-            started: std::time::Instant::now(),
             lease_checked: std::time::Instant::now(),
             first_live_after: None,
             stats: Stats::default(),
@@ -578,7 +565,7 @@ impl Journal {
             let seq = self.next_seq;
             self.stop = self
                 .check_control(seq)
-                .and_then(|()| self.check_wall())
+                .and_then(|()| self.budget.check_wall())
                 .err();
         }
         self.stop.clone()
@@ -586,21 +573,7 @@ impl Journal {
 
     /// What is left of this execution's `wall_ms_max`.
     pub fn wall_left(&self) -> std::time::Duration {
-        std::time::Duration::from_millis(self.limits.wall_ms_max)
-            .saturating_sub(self.started.elapsed())
-    }
-
-    /// Stops the run once this execution has taken longer than
-    /// `wall_ms_max`.
-    fn check_wall(&self) -> Result<(), Stop> {
-        let max = self.limits.wall_ms_max;
-        if self.started.elapsed().as_millis() > u128::from(max) {
-            return Err(Stop::Limit(format!(
-                "the execution took longer than wall_ms_max = {max} ms; raise [limits] \
-                 wall_ms_max if the step is meant to"
-            )));
-        }
-        Ok(())
+        self.budget.wall_left()
     }
 
     /// Stops the run if its worker has lost the claim's lease.
@@ -674,7 +647,7 @@ impl Journal {
     }
 
     pub fn limits(&self) -> &Limits {
-        &self.limits
+        &self.budget.limits
     }
 
     /// The first condition that stopped the run, if any.
@@ -762,31 +735,17 @@ impl Journal {
             return Err(stop.clone());
         }
         let result = self
+            .budget
             .check_wall()
-            .and_then(|()| self.charge(spec.request.len() as u64))
+            .and_then(|()| self.budget.charge(spec.request.len() as u64))
             .and_then(|()| {
                 let call = self.call_inner(spec, live)?;
                 if let Call::Done(outcome) = &call {
-                    self.charge(outcome.recorded_bytes())?;
+                    self.budget.charge(outcome.recorded_bytes())?;
                 }
                 Ok(call)
             });
         self.stopping(result)
-    }
-
-    /// Counts `bytes` more recorded by the run; past `recorded_bytes_max`
-    /// the run stops with the limit named (what it recorded stays within
-    /// the budget and one payload).
-    fn charge(&mut self, bytes: u64) -> Result<(), Stop> {
-        self.recorded_bytes = self.recorded_bytes.saturating_add(bytes);
-        let max = self.limits.recorded_bytes_max;
-        if self.recorded_bytes > max {
-            return Err(Stop::Limit(format!(
-                "the run recorded more than recorded_bytes_max = {max} bytes in its calls and \
-                 log lines; raise [limits] recorded_bytes_max if it is meant to"
-            )));
-        }
-        Ok(())
     }
 
     /// The rest of a write that [`Journal::begin`] left pending, once its
@@ -808,7 +767,7 @@ impl Journal {
             .and_then(|()| self.check_lease(seq))
             .and_then(|()| self.perform_write(write.0, live))
             .and_then(|outcome| {
-                self.charge(outcome.recorded_bytes())?;
+                self.budget.charge(outcome.recorded_bytes())?;
                 Ok(outcome)
             });
         self.stopping(result)
@@ -825,12 +784,7 @@ impl Journal {
 
     fn call_inner(&mut self, spec: &CallSpec<'_>, live: &mut dyn LiveCall) -> Result<Call, Stop> {
         let seq = self.next_seq;
-        let calls_max = self.limits.calls_max.min(crate::records::CALLS_PER_RUN_MAX);
-        if seq > calls_max {
-            return Err(Stop::Limit(format!(
-                "the run made more than calls_max = {calls_max} import calls"
-            )));
-        }
+        self.budget.check_calls(seq)?;
         let recorded = self
             .history
             .get(seq as usize - 1)
@@ -989,7 +943,7 @@ impl Journal {
         self.check_control(seq)?;
         self.keep_lease()?;
         self.first_live_after
-            .get_or_insert_with(|| self.started.elapsed());
+            .get_or_insert_with(|| self.budget.elapsed());
         self.follow_recorded_chain();
         Ok(())
     }
@@ -1157,7 +1111,7 @@ impl Journal {
     /// the call.
     fn call_done(&mut self) -> Result<(), Stop> {
         if self.pending.len() >= PENDING_WRITES_MAX
-            || self.recorded_bytes - self.recorded_at_flush >= PENDING_BYTES_MAX
+            || self.budget.unflushed_bytes() >= PENDING_BYTES_MAX
         {
             self.flush()?;
         }
@@ -1276,7 +1230,7 @@ impl Journal {
     /// later (with a later commit, or [`Journal::landed`]).
     pub fn flush(&mut self) -> Result<(), Stop> {
         self.outcome_pending = false;
-        self.recorded_at_flush = self.recorded_bytes;
+        self.budget.flushed();
         if self.pending.is_empty() {
             return Ok(());
         }
@@ -1388,38 +1342,14 @@ impl Journal {
     /// A line from the step's log. Not a ledger call: lines already in the
     /// ledger (from an earlier execution of the same prefix) are not written
     /// again, and are passed to the sink marked as replayed.
-    /// Counts one more log line of `bytes` against `log_lines_max`,
-    /// `log_bytes_max` and the run's recorded bytes.
-    fn charge_log(&mut self, bytes: u64) -> Result<(), Stop> {
-        self.log_lines += 1;
-        self.log_bytes = self.log_bytes.saturating_add(bytes);
-        let limits = &self.limits;
-        let past = if self.log_lines > limits.log_lines_max {
-            format!(
-                "more than log_lines_max = {} log lines",
-                limits.log_lines_max
-            )
-        } else if self.log_bytes > limits.log_bytes_max {
-            format!(
-                "more than log_bytes_max = {} bytes of log lines",
-                limits.log_bytes_max
-            )
-        } else {
-            return self.charge(bytes);
-        };
-        Err(Stop::Limit(format!(
-            "the run wrote {past}; raise it in [limits] if the step is meant to"
-        )))
-    }
-
     pub fn log(&mut self, level: &str, message: &str) -> Result<(), Stop> {
         if let Some(stop) = &self.stop {
             return Err(stop.clone());
         }
         let after_seq = self.next_seq - 1;
-        let max = self.limits.payload_bytes_max as usize;
+        let max = self.budget.limits.payload_bytes_max as usize;
         let message = truncate(message, max);
-        let charged = self.charge_log(message.len() as u64);
+        let charged = self.budget.charge_log(message.len() as u64);
         self.stopping(charged)?;
         let record = LogRecord {
             after_seq,
@@ -1490,5 +1420,6 @@ pub fn truncate(s: &str, max: usize) -> &str {
     &s[..end]
 }
 
+mod budget;
 #[cfg(test)]
 mod tests;
