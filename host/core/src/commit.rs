@@ -116,7 +116,7 @@ impl CommitPlan {
                         "a commit creates its run only as its first op".into(),
                     ));
                 }
-                WriteOp::Call(call) | WriteOp::Started(call) => {
+                WriteOp::Call(call) | WriteOp::Answer(call) | WriteOp::Started(call) => {
                     let follows = match plan.calls.last() {
                         Some(last) => call.seq == last.call.seq + 1,
                         None => !updates.keys().any(|seq| *seq >= call.seq),

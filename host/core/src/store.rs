@@ -50,6 +50,9 @@ pub enum WriteOp {
     /// A finished call row: an observe call with its value, or a read with
     /// its outcome. Not durable on its own.
     Call(CallRecord),
+    /// A finished read whose answer was paid for (a model's): durable, so
+    /// that a process that dies after it is never asks (and pays) again.
+    Answer(CallRecord),
     /// A write or suspend call, before it leaves the host: durable.
     Started(CallRecord),
     /// The outcome of a call recorded `started`.
@@ -78,7 +81,10 @@ pub enum WriteOp {
 impl WriteOp {
     /// Whether the op must be on disk before its writer goes on.
     pub fn durable(&self) -> bool {
-        matches!(self, WriteOp::Started(_) | WriteOp::End(_))
+        matches!(
+            self,
+            WriteOp::Started(_) | WriteOp::Answer(_) | WriteOp::End(_)
+        )
     }
 }
 

@@ -818,3 +818,57 @@ fn a_placeholder_in_a_url_host_is_refused_when_the_configuration_loads() {
     assert!(ran.stderr.contains("inventory.read"), "{}", ran.stderr);
     assert_eq!(receiver.requests().len(), 0);
 }
+
+#[test]
+fn a_model_answer_is_committed_before_the_step_sees_it_and_never_asked_twice() {
+    let stub = ModelStub::start("Order 7 more widgets.", 42);
+    let sb = Sandbox::with_config(
+        BIN,
+        &format!(
+            "[llm]\nurl = \"{}\"\nmodel = \"stub-model\"\napi_key_env = \"STEPHOST_TEST_KEY\"\n",
+            stub.url()
+        ),
+    );
+    // The process dies right after the model answered (its first call).
+    let crashed = sb
+        .command(&[
+            "run",
+            guests::LLM_STEP,
+            "--input",
+            r#"{"question":"how many?"}"#,
+            "--run-id",
+            "l",
+        ])
+        .env("STEPHOST_TEST_KEY", "sk-test")
+        .env("STEPHOST_CRASH_AT", "after-outcome@1")
+        .output()
+        .unwrap();
+    assert_eq!(
+        crashed.status.code(),
+        None,
+        "the process was to abort at its crash point: {}",
+        String::from_utf8_lossy(&crashed.stderr)
+    );
+    assert_eq!(stub.requests().len(), 1);
+    let before = sb.show("l");
+    assert_eq!(calls(&before).len(), 1, "the answer was not recorded");
+    assert_eq!(calls(&before)[0]["state"], "succeeded");
+    let resumed = sb
+        .command(&["resume", "l"])
+        .env("STEPHOST_TEST_KEY", "sk-test")
+        .output()
+        .unwrap();
+    assert_eq!(
+        resumed.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&resumed.stderr)
+    );
+    let out: Value = serde_json::from_slice(&resumed.stdout).unwrap();
+    assert_eq!(out["answer"], "Order 7 more widgets.");
+    assert_eq!(
+        stub.requests().len(),
+        1,
+        "the resumed run asked the model again"
+    );
+}

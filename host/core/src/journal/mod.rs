@@ -54,6 +54,10 @@ pub struct CallSpec<'a> {
     pub request: &'a str,
     /// The guest's business key, for the operation id.
     pub key: Option<&'a str>,
+    /// A read whose answer is paid for (a model's): its outcome is
+    /// committed durably before the step sees it, so it is never asked
+    /// twice.
+    pub paid: bool,
 }
 
 /// The identity of the operation being performed, handed to live I/O.
@@ -829,6 +833,9 @@ impl Journal {
                 self.before_read_leaves()?;
                 crash::point("after-started", seq);
                 let outcome = self.perform_buffered(record, live, true)?;
+                if spec.paid && outcome.state() == CallState::Succeeded {
+                    self.commit_answer()?;
+                }
                 crash::point("after-outcome", seq);
                 self.call_done()?;
                 Ok(Call::Done(outcome))
@@ -1016,6 +1023,21 @@ impl Journal {
             .extend(&record, record.state, record.outcome.as_deref());
         self.pending.push(WriteOp::Call(record));
         Ok(outcome)
+    }
+
+    /// Commits the buffer with the paid read just performed (the last
+    /// buffered call) durably: one fsync, far cheaper than the tokens.
+    fn commit_answer(&mut self) -> Result<(), Stop> {
+        let last = self
+            .pending
+            .iter()
+            .rposition(|op| matches!(op, WriteOp::Call(_)));
+        if let Some(at) = last
+            && let WriteOp::Call(call) = self.pending.remove(at)
+        {
+            self.pending.insert(at, WriteOp::Answer(call));
+        }
+        self.flush_now()
     }
 
     /// Before a read leaves the host (it may take long: an LLM, a slow

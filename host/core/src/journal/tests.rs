@@ -110,6 +110,7 @@ fn spec<'a>(class: CallClass, function: &'a str, request: &'a str) -> CallSpec<'
         function,
         request,
         key: None,
+        paid: false,
     }
 }
 
@@ -164,6 +165,7 @@ fn observe(journal: &mut Journal, value: u64) -> Outcome {
         function: "now",
         request: "",
         key: None,
+        paid: false,
     };
     journal
         .call(&spec, &mut Compute(|| Outcome::Ok(value.into())))
@@ -600,6 +602,7 @@ fn calls_past_calls_max_stop_the_run_with_the_limit_named() {
         function: "now",
         request: "",
         key: None,
+        paid: false,
     };
     let stop = journal
         .call(&spec, &mut Compute(|| Outcome::Ok(3.into())))
@@ -623,6 +626,7 @@ fn recorded_bytes_past_their_budget_stop_the_run_across_resumes() {
         function: "now",
         request: "0123456789",
         key: None,
+        paid: false,
     };
     let mut first = fx.execution_with(limits.clone());
     first

@@ -1,7 +1,9 @@
 //! The model endpoint behind the `llm` import: an OpenAI-compatible
 //! chat-completions API over [`HttpEffect`]. Each completion is a recorded
-//! `read`, so a replay costs no tokens; the response keeps the provider's
-//! `usage`, which `stephost show` sums per run.
+//! `read` committed durably before the step sees it (paid for: never asked
+//! twice, whatever dies after it), so neither a resume nor a replay costs
+//! tokens again; the response keeps the provider's `usage`, which
+//! `stephost show` sums per run.
 
 use super::http::HttpEffect;
 use super::{Failure, Handler, Reply, Request};
@@ -29,6 +31,10 @@ impl Handler for Llm {
     }
 
     fn idempotent(&self) -> bool {
+        true
+    }
+
+    fn paid(&self) -> bool {
         true
     }
 }

@@ -140,6 +140,12 @@ pub trait Handler: Send + Sync {
     fn blocks(&self) -> bool {
         true
     }
+
+    /// Whether an answer costs money (a model's tokens): it is committed
+    /// durably before the step sees it, so it is never asked for twice.
+    fn paid(&self) -> bool {
+        false
+    }
 }
 
 /// The hex sha256 of a request body, sent as `Stephost-Payload-Sha256` and

@@ -121,6 +121,7 @@ impl Host for StepState {
             function: "request",
             request: &request,
             key: None,
+            paid: false,
         };
         let outcome = match refusal {
             Some(message) => {

@@ -171,6 +171,7 @@ fn through_journal<T: From<Outcome>>(
                 function,
                 request,
                 key,
+                paid: effect.handler.paid(),
             };
             let mut live = effect_call(state, effect, function, request, &journal);
             go(&mut journal, &spec, &mut live)
@@ -191,6 +192,7 @@ fn through_journal<T: From<Outcome>>(
                 function,
                 request: &recorded,
                 key,
+                paid: false,
             };
             journal
                 .call(&spec, &mut Compute(|| outcome.clone()))

@@ -81,6 +81,7 @@ pub fn observe(
         function,
         request,
         key: None,
+        paid: false,
     };
     match lock(journal).call(&spec, &mut Compute(|| Outcome::Ok(f())))? {
         Outcome::Ok(value) => Ok(value),

@@ -65,6 +65,7 @@ pub fn durable_sleep(
         function,
         request: &request,
         key: None,
+        paid: false,
     };
     // Durable, and it may sleep in place: as a task, the thread's other
     // runs go on meanwhile.
