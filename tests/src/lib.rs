@@ -8,6 +8,7 @@ use std::process::{Command, Output};
 use serde_json::Value;
 use stephost_ledger_postgres::throwaway::TestServer;
 
+pub mod golden;
 pub mod model_stub;
 pub mod server;
 
@@ -253,6 +254,26 @@ impl Sandbox {
         String::from_utf8_lossy(&out.stdout).into_owned()
     }
 
+    /// `text` with what varies from one sandbox to the next replaced by
+    /// placeholders ([`golden::normalize`]): the ledger's URL (`<ledger>`),
+    /// the sandbox's folder (`<sandbox>`), the compiled-component cache
+    /// (`<cache>`) and the repository's folder (`<repo>`, in the guests'
+    /// paths), and the `extra` values the test knows vary.
+    pub fn normalize(&self, text: &str, extra: &[(&str, &str)]) -> String {
+        let ledger = self.ledger_url();
+        let dir = self.dir.path().display().to_string();
+        let cache = shared_cache_dir().display().to_string();
+        let repo = repo_root().display().to_string();
+        let mut known: Vec<(&str, &str)> = vec![
+            (&ledger, "<ledger>"),
+            (&dir, "<sandbox>"),
+            (&cache, "<cache>"),
+            (&repo, "<repo>"),
+        ];
+        known.extend_from_slice(extra);
+        golden::normalize(text, &known)
+    }
+
     /// Replaces the configuration.
     pub fn set_config(&self, config: &str) {
         std::fs::write(self.path("stephost.toml"), config).expect("write config");
@@ -261,6 +282,9 @@ impl Sandbox {
     /// A command for `stephost ARGS` against this sandbox's ledger and config.
     pub fn command(&self, args: &[&str]) -> Command {
         let mut cmd = Command::new(&self.bin);
+        // Named as people run it, so usage lines read `stephost`, not the
+        // test build's file name.
+        std::os::unix::process::CommandExt::arg0(&mut cmd, "stephost");
         cmd.current_dir(self.dir.path())
             .env("STEPHOST_LEDGER", self.ledger_url())
             .env_remove("STEPHOST_DB")
@@ -368,6 +392,14 @@ pub fn test_backend() -> Backend {
 /// The compiled-component cache the tests share.
 pub fn shared_cache_dir() -> PathBuf {
     std::env::temp_dir().join("stephost-test-cache")
+}
+
+/// The repository's folder (the workspace root).
+pub fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("tests/ is in the repository")
+        .to_path_buf()
 }
 
 /// The calls of a `show --json` document.

@@ -2,7 +2,7 @@
 //! exit code, a recorded typed state, and a ledger that still works.
 
 use serde_json::{Value, json};
-use stephost_tests::{Backend, Sandbox, calls, guests, test_backend};
+use stephost_tests::{Backend, Ran, Sandbox, calls, golden, guests, test_backend};
 
 const BIN: &str = env!("CARGO_BIN_EXE_stephost-crash");
 
@@ -16,6 +16,70 @@ payload_bytes_max = 65_536
 kind = "echo"
 class = "read"
 "#;
+
+/// What bad input made stephost print, for the golden file
+/// `tests/golden/bad-input/NAME.txt`: each command's arguments, exit code
+/// and stderr, normalised (`stephost_tests::golden`).
+struct Transcript<'a> {
+    sb: &'a Sandbox,
+    text: String,
+}
+
+impl<'a> Transcript<'a> {
+    fn new(sb: &'a Sandbox) -> Self {
+        Transcript {
+            sb,
+            text: String::new(),
+        }
+    }
+
+    /// Adds `stephost ARGS` and what it printed on stderr.
+    fn add(&mut self, args: &[&str], ran: &Ran) -> &mut Self {
+        let args: Vec<String> = args
+            .iter()
+            .map(|a| match a.len() {
+                0..=200 => format!("{a:?}"),
+                n => format!("<{n} bytes>"),
+            })
+            .collect();
+        let ended = match (ran.code, ran.signal) {
+            (Some(code), _) => format!("exit {code}"),
+            (None, signal) => format!("signal {signal:?}"),
+        };
+        // A line past 1,000 bytes (a huge run id echoed) is kept in part.
+        let stderr: Vec<String> = ran
+            .stderr
+            .lines()
+            .map(|line| match line.char_indices().nth(300) {
+                Some((cut, _)) if line.len() > 1000 => {
+                    format!("{}… ({} bytes in all)", &line[..cut], line.len())
+                }
+                _ => line.to_string(),
+            })
+            .collect();
+        self.text.push_str(&format!(
+            "$ stephost {}\n{ended}\n{}\n\n",
+            args.join(" "),
+            stderr.join("\n")
+        ));
+        self
+    }
+
+    /// Compares with the golden file `bad-input/NAME.txt`.
+    #[track_caller]
+    fn check(&self, name: &str) {
+        golden::check(
+            &format!("bad-input/{name}.txt"),
+            &self.sb.normalize(&self.text, &[]),
+        );
+    }
+}
+
+/// The golden file of one command's bad input.
+#[track_caller]
+fn golden_stderr(sb: &Sandbox, name: &str, args: &[&str], ran: &Ran) {
+    Transcript::new(sb).add(args, ran).check(name);
+}
 
 /// The ledger still answers and holds exactly the runs named.
 #[track_caller]
@@ -52,6 +116,12 @@ fn a_file_that_is_not_wasm_is_refused_and_no_run_is_created() {
         "{}",
         ran.stderr
     );
+    golden_stderr(
+        &sb,
+        "not-wasm",
+        &["run", "step.wasm", "--input", "{}", "--run-id", "r"],
+        &ran,
+    );
     ledger_holds(&sb, &[]);
 }
 
@@ -68,6 +138,12 @@ fn a_core_module_is_refused_with_how_to_make_a_component() {
         ran.stderr
     );
     assert!(ran.stderr.contains("component"));
+    golden_stderr(
+        &sb,
+        "core-module",
+        &["run", "core.wasm", "--input", "{}", "--run-id", "r"],
+        &ran,
+    );
 }
 
 #[test]
@@ -81,6 +157,12 @@ fn a_truncated_component_is_refused_as_invalid() {
         ran.stderr.contains("not a valid component"),
         "{}",
         ran.stderr
+    );
+    golden_stderr(
+        &sb,
+        "truncated-component",
+        &["run", "cut.wasm", "--input", "{}", "--run-id", "r"],
+        &ran,
     );
     ledger_holds(&sb, &[]);
 }
@@ -98,6 +180,12 @@ fn a_component_for_another_world_names_what_is_missing() {
         ran.stderr
     );
     assert!(ran.stderr.contains("process"), "{}", ran.stderr);
+    golden_stderr(
+        &sb,
+        "another-world",
+        &["run", guests::WRONG_WORLD, "--input", "{}", "--run-id", "r"],
+        &ran,
+    );
     ledger_holds(&sb, &[]);
 }
 
@@ -111,6 +199,19 @@ fn input_that_is_not_json_is_refused_before_anything_runs() {
         "{}",
         ran.stderr
     );
+    golden_stderr(
+        &sb,
+        "input-not-json",
+        &[
+            "run",
+            guests::MULTI_WRITE,
+            "--input",
+            "{count: 1",
+            "--run-id",
+            "r",
+        ],
+        &ran,
+    );
     ledger_holds(&sb, &[]);
     assert!(sb.received("orders.jsonl").is_empty());
 }
@@ -119,16 +220,18 @@ fn input_that_is_not_json_is_refused_before_anything_runs() {
 fn a_run_id_that_is_empty_huge_or_holds_control_characters_is_refused() {
     let sb = Sandbox::new(BIN);
     let huge = "x".repeat(4096);
+    let mut transcript = Transcript::new(&sb);
     for id in ["", huge.as_str(), "order\u{1b}[2J1", "a/../b"] {
         for command in ["run", "submit"] {
-            let ran = sb.stephost(&[
+            let args = [
                 command,
                 guests::MULTI_WRITE,
                 "--input",
                 "{\"count\":1}",
                 "--run-id",
                 id,
-            ]);
+            ];
+            let ran = sb.stephost(&args);
             ran.expect_code(2);
             assert!(
                 ran.stderr.contains("run id"),
@@ -136,8 +239,10 @@ fn a_run_id_that_is_empty_huge_or_holds_control_characters_is_refused() {
                 ran.stderr
             );
             assert!(!ran.stderr.contains('\u{1b}'), "{}", ran.stderr);
+            transcript.add(&args, &ran);
         }
     }
+    transcript.check("run-ids");
     ledger_holds(&sb, &[]);
     assert!(sb.received("orders.jsonl").is_empty());
 }
@@ -145,6 +250,7 @@ fn a_run_id_that_is_empty_huge_or_holds_control_characters_is_refused() {
 #[test]
 fn an_unknown_run_id_is_reported_for_every_command() {
     let sb = Sandbox::new(BIN);
+    let mut transcript = Transcript::new(&sb);
     for args in [
         vec!["resume", "nope"],
         vec!["replay", "nope"],
@@ -158,7 +264,9 @@ fn an_unknown_run_id_is_reported_for_every_command() {
             "{args:?}: {}",
             ran.stderr
         );
+        transcript.add(&args, &ran);
     }
+    transcript.check("unknown-run");
 }
 
 #[test]
@@ -180,6 +288,24 @@ fn a_ledger_that_is_not_a_stephost_database_is_refused_and_left_alone() {
         "{}",
         ran.stderr
     );
+    // What the database is not differs by backend: a golden file for each.
+    let backend = match test_backend() {
+        Backend::Sqlite => "sqlite",
+        Backend::Postgres => "postgres",
+    };
+    golden_stderr(
+        &sb,
+        &format!("not-a-ledger.{backend}"),
+        &[
+            "run",
+            guests::MULTI_WRITE,
+            "--input",
+            r#"{"count":1}"#,
+            "--run-id",
+            "r",
+        ],
+        &ran,
+    );
     match test_backend() {
         Backend::Sqlite => assert_eq!(std::fs::read_to_string(sb.db()).unwrap(), text),
         Backend::Postgres => {
@@ -195,6 +321,12 @@ fn a_guest_that_loops_forever_is_stopped_by_its_fuel_limit() {
     let ran = sb.run(guests::LOOPER, "{}", "loop");
     ran.expect_code(3);
     assert!(ran.stderr.contains("fuel_exhausted"), "{}", ran.stderr);
+    golden_stderr(
+        &sb,
+        "fuel",
+        &["run", guests::LOOPER, "--input", "{}", "--run-id", "loop"],
+        &ran,
+    );
     let show = sb.show("loop");
     assert_eq!(show["run"]["status"], "failed");
     assert!(
@@ -213,6 +345,19 @@ fn a_guest_that_grows_memory_without_bound_is_stopped_by_its_memory_limit() {
     let sb = Sandbox::with_config(BIN, SMALL_LIMITS);
     let ran = sb.run(guests::MEMORY_BOMB, "{}", "bomb");
     ran.expect_code(3);
+    golden_stderr(
+        &sb,
+        "memory",
+        &[
+            "run",
+            guests::MEMORY_BOMB,
+            "--input",
+            "{}",
+            "--run-id",
+            "bomb",
+        ],
+        &ran,
+    );
     let show = sb.show("bomb");
     assert_eq!(show["run"]["status"], "failed");
     let error = show["run"]["error"].as_str().unwrap();
@@ -229,6 +374,12 @@ fn a_guest_that_panics_ends_as_a_failed_run() {
         ran.stderr.contains("step panicked on purpose"),
         "{}",
         ran.stderr
+    );
+    golden_stderr(
+        &sb,
+        "panic",
+        &["run", guests::PANICKER, "--input", "{}", "--run-id", "p"],
+        &ran,
     );
     let show = sb.show("p");
     assert_eq!(show["run"]["status"], "failed");
@@ -248,6 +399,19 @@ fn a_request_larger_than_the_payload_limit_is_refused_as_invalid_and_recorded_by
     );
     ran.expect_code(3);
     assert!(ran.stderr.contains("payload_bytes_max"), "{}", ran.stderr);
+    golden_stderr(
+        &sb,
+        "payload",
+        &[
+            "run",
+            guests::HUGE_PAYLOAD,
+            "--input",
+            &json!({"bytes": 200_000}).to_string(),
+            "--run-id",
+            "big",
+        ],
+        &ran,
+    );
     let show = sb.show("big");
     let call = &calls(&show)[0];
     assert_eq!(call["state"], "failed");
@@ -306,10 +470,17 @@ fn a_step_has_no_environment_files_or_sockets() {
 #[test]
 fn usage_errors_exit_with_the_usage_code() {
     let sb = Sandbox::new(BIN);
-    sb.stephost(&["frobnicate"]).expect_code(2);
-    sb.stephost(&["run"]).expect_code(2);
-    sb.stephost(&["runs", "--status", "sleeping"])
-        .expect_code(2);
+    let mut transcript = Transcript::new(&sb);
+    for args in [
+        &["frobnicate"][..],
+        &["run"],
+        &["runs", "--status", "sleeping"],
+    ] {
+        let ran = sb.stephost(args);
+        ran.expect_code(2);
+        transcript.add(args, &ran);
+    }
+    transcript.check("usage");
     sb.stephost(&["--help"]).expect_code(0);
 }
 
@@ -319,6 +490,19 @@ fn a_configuration_with_an_unknown_field_is_refused_with_its_line() {
     let ran = sb.run(guests::MULTI_WRITE, r#"{"count":1}"#, "r");
     ran.expect_code(2);
     assert!(ran.stderr.contains("line 3"), "{}", ran.stderr);
+    golden_stderr(
+        &sb,
+        "config-unknown-field",
+        &[
+            "run",
+            guests::MULTI_WRITE,
+            "--input",
+            r#"{"count":1}"#,
+            "--run-id",
+            "r",
+        ],
+        &ran,
+    );
 }
 
 #[test]
@@ -335,6 +519,19 @@ fn an_effect_name_past_its_limit_ends_the_run_without_recording_it() {
         ran.stderr.contains("effect_name_bytes_max = 256"),
         "{}",
         ran.stderr
+    );
+    golden_stderr(
+        &sb,
+        "effect-name",
+        &[
+            "run",
+            guests::MULTI_WRITE,
+            "--input",
+            &json!({"count": 1, "effect": name}).to_string(),
+            "--run-id",
+            "long-name",
+        ],
+        &ran,
     );
     let show = sb.show("long-name");
     assert!(
@@ -360,6 +557,19 @@ fn a_run_past_its_recorded_bytes_budget_ends_with_the_limit_named() {
         "{}",
         ran.stderr
     );
+    golden_stderr(
+        &sb,
+        "recorded-bytes",
+        &[
+            "run",
+            guests::MULTI_WRITE,
+            "--input",
+            r#"{"count":50}"#,
+            "--run-id",
+            "big",
+        ],
+        &ran,
+    );
     // What was recorded stays within the budget and one payload.
     let recorded: usize = calls(&sb.show("big"))
         .iter()
@@ -381,6 +591,12 @@ fn a_guest_that_computes_past_its_wall_clock_budget_is_stopped_with_the_limit_na
     let ran = sb.run(guests::LOOPER, "{}", "spin");
     ran.expect_code(3);
     assert!(ran.stderr.contains("wall_ms_max = 300"), "{}", ran.stderr);
+    golden_stderr(
+        &sb,
+        "wall-clock",
+        &["run", guests::LOOPER, "--input", "{}", "--run-id", "spin"],
+        &ran,
+    );
     let show = sb.show("spin");
     assert_eq!(show["run"]["status"], "failed");
     assert!(

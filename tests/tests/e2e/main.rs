@@ -6,6 +6,7 @@
 mod bad_input;
 mod crash_resume;
 mod embedding;
+mod golden;
 mod http_effects;
 mod languages;
 mod run_replay;
