@@ -182,6 +182,7 @@ pub fn print_show(detail: &RunDetail) {
     let RunDetail {
         run,
         tokens_total: tokens,
+        cost_micro_usd_total: cost,
         calls,
         attempts,
         logs,
@@ -217,7 +218,15 @@ pub fn print_show(detail: &RunDetail) {
     if *tokens > 0 {
         let _ = writeln!(
             out,
-            "tokens   {tokens} (model completions; a replay spends none)"
+            "tokens   {tokens} (model calls; a resume or a replay spends none again)"
+        );
+    }
+    if *cost > 0 {
+        let _ = writeln!(
+            out,
+            "cost     ${}.{:06} (by the models' price tables)",
+            cost / 1_000_000,
+            cost % 1_000_000
         );
     }
     let _ = writeln!(out);

@@ -35,6 +35,15 @@ pub struct Limits {
     /// Longest error message a step may end with, in bytes; the rest is
     /// cut (its size is kept).
     pub error_bytes_max: u64,
+    /// Model tokens (input and output) a run may spend, across resumes. A
+    /// model call is sent only if what the run has spent plus the call's
+    /// `max_tokens` stays within it; otherwise it answers `budget`.
+    pub model_tokens_max: u64,
+    /// What a run's model calls may cost, in millionths of a US dollar
+    /// (from each model's price table), across resumes; checked as
+    /// `model_tokens_max` is, a call's worst case priced at its model's
+    /// output price.
+    pub model_cost_micro_usd_max: u64,
 }
 
 impl Default for Limits {
@@ -52,6 +61,8 @@ impl Default for Limits {
             log_lines_max: 10_000,
             log_bytes_max: 1024 * 1024,
             error_bytes_max: 64 * 1024,
+            model_tokens_max: 10_000_000,
+            model_cost_micro_usd_max: 100_000_000,
         }
     }
 }

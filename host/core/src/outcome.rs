@@ -13,6 +13,9 @@ pub enum CallErrorKind {
     Denied,
     Exhausted,
     Invalid,
+    /// Not sent: it would take the run past its budget (model tokens or
+    /// cost). Nothing was spent.
+    Budget,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

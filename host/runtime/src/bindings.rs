@@ -13,3 +13,15 @@ wasmtime::component::bindgen!({
 });
 
 pub use self::stephost::step::types::CallError;
+
+/// The `stephost:step@0.2.0` world: the 0.1.0 interfaces under their 0.2.0
+/// names (served by the same code, [`crate::imports::v0_2`]) and `models`.
+pub mod v0_2 {
+    wasmtime::component::bindgen!({
+        world: "step",
+        path: "../../wit/0.2.0",
+        imports: { default: trappable },
+    });
+
+    pub use self::stephost::step::types::CallError;
+}

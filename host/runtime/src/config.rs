@@ -20,10 +20,12 @@ use serde::Deserialize;
 
 use std::time::Duration;
 
+use crate::effects::ModelEffect;
 use crate::effects::builtin::{Echo, FileReceiver, Reject, Static};
 use crate::effects::command::{CommandEffect, CommandOptions};
 use crate::effects::http::{HttpEffect, Statuses};
 use crate::effects::llm::Llm;
+use crate::effects::model::Model;
 use crate::effects::{Effect, Effects, Handler, RetryPolicy};
 use stephost_core::CallClass;
 use stephost_core::Limits;
@@ -49,6 +51,10 @@ pub struct Config {
     /// The model endpoint behind the `llm` import; without it `llm.complete`
     /// is denied.
     pub llm: Option<LlmConfig>,
+    /// The models a step may call by alias (`[models.NAME]`, the `models`
+    /// import of stephost:step@0.2.0).
+    #[serde(default)]
+    pub models: BTreeMap<String, ModelConfig>,
     /// Where `stephost serve` sends notifications: a run parked, waiting
     /// for an approval, failed or diverged.
     #[serde(default)]
@@ -242,6 +248,61 @@ pub struct LlmConfig {
     pub timeout_ms: u64,
     #[serde(default)]
     pub retry: RetryPolicy,
+}
+
+/// A model a step calls by its alias (`[models.NAME]`). Changing the
+/// provider behind an alias is a change here, not in the step: runs record
+/// the provider-neutral request, so old runs replay whichever API serves it.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModelConfig {
+    /// `openai-chat`, `openai-responses` or `anthropic-messages`.
+    pub api: String,
+    /// The provider's base URL, before `/v1/...` (e.g.
+    /// `https://api.openai.com`, `https://api.anthropic.com`).
+    pub url: String,
+    /// The provider's model id (e.g. `gpt-4.1-mini`,
+    /// `claude-sonnet-4-5`).
+    pub model: String,
+    /// The environment variable holding the API key: sent as a bearer
+    /// token (OpenAI) or `x-api-key` (Anthropic), never recorded, never in
+    /// a log or an error.
+    pub key_env: Option<String>,
+    /// Extra headers sent with every request (e.g. `anthropic-version`;
+    /// Anthropic's is sent as `2023-06-01` unless given here).
+    #[serde(default)]
+    pub headers: BTreeMap<String, String>,
+    /// USD per million tokens, for each call's cost and the run's budget.
+    #[serde(default)]
+    pub prices: stephost_models::Prices,
+    /// The ceiling every call's `max_tokens` is clamped to, and the value
+    /// of a call that sets none, in tokens.
+    #[serde(default = "default_model_max_tokens")]
+    pub max_tokens: u32,
+    /// One attempt's bound, in milliseconds.
+    #[serde(default = "default_llm_timeout_ms")]
+    pub timeout_ms: u64,
+    #[serde(default = "default_model_retry")]
+    pub retry: RetryPolicy,
+    /// Calls of this model in flight at once, shared by every run of a
+    /// process (none: unbounded).
+    pub concurrency_max: Option<usize>,
+}
+
+fn default_model_max_tokens() -> u32 {
+    4096
+}
+
+/// A provider's 429s and 529s pass within seconds to a minute: more
+/// attempts, over a longer deadline, than an effect's default.
+fn default_model_retry() -> RetryPolicy {
+    RetryPolicy {
+        attempts_max: 6,
+        backoff_first_ms: 500,
+        backoff_max_ms: 20_000,
+        deadline_ms: 120_000,
+        ..RetryPolicy::default()
+    }
 }
 
 /// A receiver of notifications (`[[webhooks]]`).
@@ -458,7 +519,15 @@ impl Config {
             })?),
             None => None,
         };
-        Ok(Effects::new(granted, llm))
+        let mut models = BTreeMap::new();
+        for (alias, config) in &self.models {
+            let model = build_model(alias, config).map_err(|message| ConfigError::Invalid {
+                path: self.shown(),
+                message,
+            })?;
+            models.insert(alias.clone(), model);
+        }
+        Ok(Effects::new(granted, llm, models))
     }
 
     fn shown(&self) -> String {
@@ -619,6 +688,61 @@ fn build_llm(llm: &LlmConfig) -> Result<Effect, String> {
             model: llm.model.clone(),
         }),
         receipt_pointer: crate::effects::RECEIPT_OPERATION_POINTER.to_string(),
+    })
+}
+
+fn build_model(alias: &str, config: &ModelConfig) -> Result<ModelEffect, String> {
+    let what = format!("models.{alias}");
+    let api: stephost_models::Api = config.api.parse().map_err(|e| format!("{what}.api: {e}"))?;
+    config
+        .prices
+        .validate()
+        .map_err(|e| format!("{what}.prices: {e}"))?;
+    if config.max_tokens == 0 {
+        return Err(format!("{what}.max_tokens must be at least 1"));
+    }
+    if config.concurrency_max == Some(0) {
+        return Err(format!(
+            "{what}.concurrency_max must be at least 1 (leave it out for no bound)"
+        ));
+    }
+    let mut headers: Vec<(String, String)> = Vec::new();
+    if let Some(var) = &config.key_env {
+        let key = std::env::var(var)
+            .map_err(|_| format!("{what}.key_env names {var}, which is not set"))?;
+        match api {
+            stephost_models::Api::AnthropicMessages => headers.push(("x-api-key".into(), key)),
+            _ => headers.push(("authorization".into(), format!("Bearer {key}"))),
+        }
+    }
+    if api == stephost_models::Api::AnthropicMessages
+        && !config
+            .headers
+            .keys()
+            .any(|h| h.eq_ignore_ascii_case("anthropic-version"))
+    {
+        headers.push(("anthropic-version".into(), "2023-06-01".into()));
+    }
+    headers.extend(config.headers.iter().map(|(k, v)| (k.clone(), v.clone())));
+    let model = std::sync::Arc::new(Model::new(
+        alias.to_string(),
+        api,
+        config.url.clone(),
+        config.model.clone(),
+        headers,
+        config.prices,
+        config.max_tokens,
+        Duration::from_millis(config.timeout_ms),
+        config.concurrency_max,
+    ));
+    Ok(ModelEffect {
+        effect: Effect {
+            class: CallClass::Read,
+            retry: config.retry.clone(),
+            handler: Box::new(model.clone()),
+            receipt_pointer: crate::effects::RECEIPT_OPERATION_POINTER.to_string(),
+        },
+        model,
     })
 }
 

@@ -24,31 +24,38 @@ use wasmtime::{
 };
 use wasmtime_wasi::p2::bindings::sync::CommandPre;
 
-use crate::bindings::StepPre;
 use crate::bounded::Bounded;
 use crate::command::Preview1State;
 use crate::imports::StepState;
 
-/// What `stephost` says a step must look like.
-pub const WORLD: &str = "stephost:step/step@0.1.0";
+/// What `stephost` says a step must look like: the newest step world.
+pub const WORLD: &str = WORLD_0_2;
+
+/// The step worlds this build runs: 0.1.0 (runs pinned to it keep running
+/// and replaying) and 0.2.0 (0.1.0 and model calls).
+pub const WORLD_0_1: &str = "stephost:step/step@0.1.0";
+pub const WORLD_0_2: &str = "stephost:step/step@0.2.0";
+
+/// The step worlds, as messages name them.
+const WORLDS: &str = "stephost:step/step@0.2.0 (or @0.1.0)";
 
 /// The world recorded for runs of WASI command programs.
 pub const COMMAND_WORLD: &str = "wasi:cli/command@0.2";
 
 /// Whether this build can run (and resume) runs started under `world`.
 pub fn provides(world: &str) -> bool {
-    world == WORLD || world == COMMAND_WORLD
+    world == WORLD_0_1 || world == WORLD_0_2 || world == COMMAND_WORLD
 }
 
 #[derive(Debug, thiserror::Error)]
 pub enum ModuleError {
     #[error(
-        "{what} is not a WebAssembly module ({detail}); pass a .wasm component built for {WORLD}"
+        "{what} is not a WebAssembly module ({detail}); pass a .wasm component built for {WORLDS}"
     )]
     NotWasm { what: String, detail: String },
     #[error(
         "{what} is a core WebAssembly module that neither exports `_start` (a WASI command) \
-         nor carries the component type of {WORLD} (as `wit-bindgen` emits it); build it \
+         nor carries the component type of {WORLDS} (as `wit-bindgen` emits it); build it \
          for wasm32-wasip2, or as a WASI program with a `main`, or link the bindings' \
          component-type object into it"
     )]
@@ -58,7 +65,7 @@ pub enum ModuleError {
     #[error("{what} is not a valid component: {detail}")]
     Malformed { what: String, detail: String },
     #[error(
-        "{what} is a component for another world: {detail}. A step must target {WORLD}: \
+        "{what} is a component for another world: {detail}. A step must target {WORLDS}: \
          export `run: func(input: string) -> result<string, string>` and import only \
          stephost:step and WASI interfaces"
     )]
@@ -70,7 +77,11 @@ pub enum ModuleError {
 /// How a loaded step is entered.
 pub enum Entry {
     /// A component of the step world: `run(input) -> result<output, error>`.
-    Step(StepPre<StepState>),
+    Step {
+        pre: ComponentPre<StepState>,
+        /// [`WORLD_0_1`] or [`WORLD_0_2`], as its imports say.
+        world: &'static str,
+    },
     /// A WASI command component: stdin, stdout and an exit code.
     Command(CommandPre<StepState>),
     /// A WASI preview1 command module (`_start`).
@@ -93,7 +104,7 @@ impl Loaded {
     /// The world runs of this step are recorded under.
     pub fn world(&self) -> &'static str {
         match self.entry {
-            Entry::Step(_) => WORLD,
+            Entry::Step { world, .. } => world,
             Entry::Command(_) | Entry::Preview1(_) => COMMAND_WORLD,
         }
     }
@@ -209,22 +220,34 @@ enum EffectsCall {
 /// waits recorded as durable sleeps, on a linker that has WASI already;
 /// `effects.call` linked once, as `call` says.
 fn link_step_world(linker: &mut Linker<StepState>, call: EffectsCall) -> wasmtime::Result<()> {
-    use crate::bindings::stephost::step::{approvals, clock, effects, llm, log, random, timers};
+    use crate::bindings::stephost::step as v1;
+    use crate::bindings::v0_2::stephost::step as v2;
     crate::imports::wasi::record_random_bytes_per_call(linker)?;
     crate::imports::wasi::record_waits(linker)?;
     fn this(s: &mut StepState) -> &mut StepState {
         s
     }
+    type Own = HasSelf<StepState>;
     match call {
-        EffectsCall::OnThread => effects::add_to_linker::<_, HasSelf<StepState>>(linker, this)?,
+        EffectsCall::OnThread => {
+            v1::effects::add_to_linker::<_, Own>(linker, this)?;
+            v2::effects::add_to_linker::<_, Own>(linker, this)?;
+        }
         EffectsCall::AsTask => crate::imports::effects::link_call_as_task(linker)?,
     }
-    llm::add_to_linker::<_, HasSelf<StepState>>(linker, this)?;
-    clock::add_to_linker::<_, HasSelf<StepState>>(linker, this)?;
-    random::add_to_linker::<_, HasSelf<StepState>>(linker, this)?;
-    log::add_to_linker::<_, HasSelf<StepState>>(linker, this)?;
-    timers::add_to_linker::<_, HasSelf<StepState>>(linker, this)?;
-    approvals::add_to_linker::<_, HasSelf<StepState>>(linker, this)
+    v1::llm::add_to_linker::<_, Own>(linker, this)?;
+    v1::clock::add_to_linker::<_, Own>(linker, this)?;
+    v1::random::add_to_linker::<_, Own>(linker, this)?;
+    v1::log::add_to_linker::<_, Own>(linker, this)?;
+    v1::timers::add_to_linker::<_, Own>(linker, this)?;
+    v1::approvals::add_to_linker::<_, Own>(linker, this)?;
+    v2::models::add_to_linker::<_, Own>(linker, this)?;
+    v2::llm::add_to_linker::<_, Own>(linker, this)?;
+    v2::clock::add_to_linker::<_, Own>(linker, this)?;
+    v2::random::add_to_linker::<_, Own>(linker, this)?;
+    v2::log::add_to_linker::<_, Own>(linker, this)?;
+    v2::timers::add_to_linker::<_, Own>(linker, this)?;
+    v2::approvals::add_to_linker::<_, Own>(linker, this)
 }
 
 /// How often a running step is interrupted to ask whether it must stop
@@ -342,7 +365,7 @@ impl StepEngine {
         &self,
         loaded: &'a Loaded,
     ) -> Option<Result<&'a ComponentPre<StepState>, String>> {
-        let Entry::Step(pre) = &loaded.entry else {
+        let Entry::Step { pre, .. } = &loaded.entry else {
             return None;
         };
         let pre = loaded.task.get_or_init(|| {
@@ -352,7 +375,7 @@ impl StepEngine {
                 .as_ref()
                 .map_err(|e| format!("the task linker could not be made: {e}"))?;
             linker
-                .instantiate_pre(pre.instance_pre().component())
+                .instantiate_pre(pre.component())
                 .map_err(|e| format!("{e:#}"))
         });
         Some(pre.as_ref().map_err(Clone::clone))
@@ -421,7 +444,10 @@ impl StepEngine {
                 .instantiate_pre(&component)
                 .map_err(wrong_world)?;
             match kind {
-                Kind::Step => Entry::Step(StepPre::new(instance_pre).map_err(wrong_world)?),
+                Kind::Step(world) => Entry::Step {
+                    pre: instance_pre,
+                    world,
+                },
                 Kind::Command => {
                     Entry::Command(CommandPre::new(instance_pre).map_err(wrong_world)?)
                 }
@@ -548,7 +574,12 @@ impl StepEngine {
             });
         }
         if ty.get_export(&self.engine, "run").is_some() {
-            return Ok(Kind::Step);
+            return step_world(&imports(ty.imports(&self.engine).map(|(name, _)| name)))
+                .map(Kind::Step)
+                .map_err(|detail| ModuleError::WrongWorld {
+                    what: what.to_string(),
+                    detail,
+                });
         }
         let exports: Vec<&str> = ty.exports(&self.engine).map(|(name, _)| name).collect();
         if exports.iter().any(|e| e.starts_with("wasi:cli/run@0.2")) {
@@ -568,8 +599,34 @@ impl StepEngine {
 
 #[derive(Clone, Copy)]
 enum Kind {
-    Step,
+    Step(&'static str),
     Command,
+}
+
+fn imports<'a>(names: impl Iterator<Item = &'a str>) -> Vec<&'a str> {
+    names.collect()
+}
+
+/// The step world a component's `stephost:step` imports are of: all of one
+/// version, 0.1.0 when it imports none.
+fn step_world(imports: &[&str]) -> Result<&'static str, String> {
+    let versions: std::collections::BTreeSet<&str> = imports
+        .iter()
+        .filter(|name| name.starts_with("stephost:step/"))
+        .filter_map(|name| name.rsplit_once('@').map(|(_, version)| version))
+        .collect();
+    match versions.into_iter().collect::<Vec<_>>().as_slice() {
+        [] | ["0.1.0"] => Ok(WORLD_0_1),
+        ["0.2.0"] => Ok(WORLD_0_2),
+        [one] => Err(format!(
+            "it imports stephost:step@{one}, which this build does not provide (it provides \
+             0.1.0 and 0.2.0)"
+        )),
+        many => Err(format!(
+            "it imports stephost:step at several versions ({}); build it against one",
+            many.join(", ")
+        )),
+    }
 }
 
 /// Writes `bytes` to `path` through a temporary file and a rename, so a

@@ -57,9 +57,15 @@ pub fn invoke(
     options: &HostOptions,
 ) -> (GuestResult, Option<i32>) {
     match &loaded.entry {
-        Entry::Step(pre) => {
+        Entry::Step { pre, .. } => {
             let result = new_store(engine, journal, wasi_builder(journal, options), options)
-                .and_then(|mut store| pre.instantiate(&mut store)?.call_run(&mut store, input));
+                .and_then(|mut store| {
+                    let instance = pre.instantiate(&mut store)?;
+                    let run = instance
+                        .get_typed_func::<(&str,), (Result<String, String>,)>(&mut store, "run")?;
+                    let (result,) = run.call(&mut store, (input,))?;
+                    Ok(result)
+                });
             (result, None)
         }
         Entry::Command(pre) => {
@@ -149,6 +155,7 @@ fn new_store(
         limits: store_limits(limits),
         monotonic,
         sleep: std::thread::sleep,
+        models_spent: Default::default(),
     };
     let mut store = Store::new(engine.engine(), state);
     store.limiter(|s| &mut s.limits);

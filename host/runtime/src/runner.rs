@@ -515,7 +515,13 @@ fn chosen_run_id(run_id: Option<&str>) -> Result<String, HostError> {
     match run_id {
         Some(id) => {
             stephost_core::ids::check_run_id(id).map_err(|e| {
-                HostError::BadInput(format!("run id {:?} is refused: {e}", id.escape_debug()))
+                // Shown escaped, and cut: the id is the caller's, of any length.
+                let shown: String = id.chars().take(64).collect();
+                let more = if shown.len() < id.len() { "…" } else { "" };
+                HostError::BadInput(format!(
+                    "run id \"{}{more}\" is refused: {e}",
+                    shown.escape_debug()
+                ))
             })?;
             Ok(id.to_string())
         }

@@ -21,8 +21,11 @@ use crate::runner::{Host, UpgradeOutcome};
 #[derive(Debug, Clone, Serialize)]
 pub struct RunDetail {
     pub run: RunRecord,
-    /// Model tokens its recorded completions spent.
+    /// Model tokens its recorded completions and chats spent.
     pub tokens_total: u64,
+    /// What its model chats cost, in micro-USD (by each model's prices).
+    #[serde(skip_serializing_if = "is_zero")]
+    pub cost_micro_usd_total: u64,
     pub calls: Vec<CallRecord>,
     pub attempts: Vec<AttemptRecord>,
     pub logs: Vec<LogRecord>,
@@ -36,6 +39,7 @@ pub fn run_detail(store: &dyn Views, run_id: &str) -> Result<RunDetail, HostErro
     Ok(RunDetail {
         run,
         tokens_total: tokens_total(&calls),
+        cost_micro_usd_total: cost_total(&calls),
         calls,
         attempts,
         logs,
@@ -353,19 +357,41 @@ pub fn upgrade_from(
         .collect()
 }
 
-/// Model tokens spent by a run's recorded completions.
+/// Model tokens spent by a run's recorded completions (0.1.0's `llm`) and
+/// chats (0.2.0's `models`).
 pub fn tokens_total(calls: &[CallRecord]) -> u64 {
+    let completions: u64 = answers(calls, crate::imports::llm::INTERFACE)
+        .filter_map(|text| crate::effects::llm::total_tokens(&text))
+        .sum();
+    let chats: u64 = chats(calls).map(|r| r.usage.total()).sum();
+    completions + chats
+}
+
+/// What a run's recorded model chats cost, in micro-USD.
+pub fn cost_total(calls: &[CallRecord]) -> u64 {
+    chats(calls)
+        .filter_map(|r| r.cost.map(|c| c.micro_usd))
+        .sum()
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
+}
+
+/// The answers (the `ok` text) of a run's successful calls of `interface`.
+fn answers<'a>(calls: &'a [CallRecord], interface: &'a str) -> impl Iterator<Item = String> + 'a {
     calls
         .iter()
-        .filter(|c| c.interface == crate::imports::llm::INTERFACE)
+        .filter(move |c| c.interface == interface)
         .filter_map(|c| c.outcome.as_deref())
         .filter_map(|o| serde_json::from_str::<serde_json::Value>(o).ok())
-        .filter_map(|o| {
-            o.get("ok")
-                .and_then(|v| v.as_str())
-                .and_then(crate::effects::llm::total_tokens)
-        })
-        .sum()
+        .filter_map(|o| o.get("ok").and_then(|v| v.as_str()).map(str::to_string))
+}
+
+/// A run's recorded model chats' answers.
+fn chats(calls: &[CallRecord]) -> impl Iterator<Item = stephost_models::ChatResponse> + '_ {
+    answers(calls, crate::imports::models::INTERFACE)
+        .filter_map(|text| serde_json::from_str(&text).ok())
 }
 
 /// A call's display name: the effect name, or `interface.function`.

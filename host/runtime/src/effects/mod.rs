@@ -8,6 +8,7 @@ pub mod builtin;
 pub mod command;
 pub mod http;
 pub mod llm;
+pub mod model;
 pub mod retry;
 
 use std::collections::BTreeMap;
@@ -148,6 +149,29 @@ pub trait Handler: Send + Sync {
     }
 }
 
+/// A handler shared (a model serves every run of a process).
+impl<H: Handler + ?Sized> Handler for Arc<H> {
+    fn perform(&self, request: &Request<'_>) -> Result<Reply, Failure> {
+        (**self).perform(request)
+    }
+
+    fn lookup(&self, request: &Request<'_>) -> Result<Lookup, Failure> {
+        (**self).lookup(request)
+    }
+
+    fn idempotent(&self) -> bool {
+        (**self).idempotent()
+    }
+
+    fn blocks(&self) -> bool {
+        (**self).blocks()
+    }
+
+    fn paid(&self) -> bool {
+        (**self).paid()
+    }
+}
+
 /// The hex sha256 of a request body, sent as `Stephost-Payload-Sha256` and
 /// checked against a receipt's `payload_sha256`.
 pub fn payload_sha256(body: &str) -> String {
@@ -236,14 +260,32 @@ pub fn blocking<R>(f: impl FnOnce() -> R) -> R {
 pub struct Effects {
     granted: Arc<BTreeMap<String, Effect>>,
     llm: Option<Arc<Effect>>,
+    models: Arc<BTreeMap<String, ModelEffect>>,
+}
+
+/// A model a step may call by its alias: the effect the journal performs,
+/// and the model it is, for the budget's arithmetic.
+pub struct ModelEffect {
+    pub effect: Effect,
+    pub model: Arc<model::Model>,
 }
 
 impl Effects {
-    pub fn new(granted: BTreeMap<String, Effect>, llm: Option<Effect>) -> Self {
+    pub fn new(
+        granted: BTreeMap<String, Effect>,
+        llm: Option<Effect>,
+        models: BTreeMap<String, ModelEffect>,
+    ) -> Self {
         Effects {
             granted: Arc::new(granted),
             llm: llm.map(Arc::new),
+            models: Arc::new(models),
         }
+    }
+
+    /// The model aliased `alias`, when configured.
+    pub fn model(&self, alias: &str) -> Option<&ModelEffect> {
+        self.models.get(alias)
     }
 
     /// The model endpoint, when configured.

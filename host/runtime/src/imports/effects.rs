@@ -71,15 +71,33 @@ fn not_granted(name: &str) -> String {
 }
 
 /// `effects.call` for runs executed as tasks (see
-/// [`crate::engine::StepEngine::task_pre`]): a write's durable `started`
-/// commit, when another thread makes it, is awaited, so that the thread
-/// goes on with other runs meanwhile; a call of an effect that may block
-/// tells the runtime first ([`Effect::call_on`]).
+/// [`crate::engine::StepEngine::task_pre`]), in both worlds: a write's
+/// durable `started` commit, when another thread makes it, is awaited, so
+/// that the thread goes on with other runs meanwhile; a call of an effect
+/// that may block tells the runtime first ([`Effect::call_on`]).
 pub fn link_call_as_task(linker: &mut Linker<StepState>) -> wasmtime::Result<()> {
-    linker.instance(INSTANCE)?.func_wrap_async(
+    link_task_call(linker, INSTANCE, |answer| answer)?;
+    link_task_call(linker, INSTANCE_0_2, |answer| {
+        answer.map_err(crate::imports::v0_2::call_error)
+    })
+}
+
+/// The 0.2.0 world's instance of this interface.
+const INSTANCE_0_2: &str = "stephost:step/effects@0.2.0";
+
+fn link_task_call<E>(
+    linker: &mut Linker<StepState>,
+    instance: &str,
+    spell: fn(Result<String, CallError>) -> Result<String, E>,
+) -> wasmtime::Result<()>
+where
+    Result<String, E>: wasmtime::component::ComponentType + wasmtime::component::Lower,
+    E: Send + Sync + 'static,
+{
+    linker.instance(instance)?.func_wrap_async(
         "call",
-        |mut store: StoreContextMut<'_, StepState>,
-         (name, request, key): (String, String, Option<String>)| {
+        move |mut store: StoreContextMut<'_, StepState>,
+              (name, request, key): (String, String, Option<String>)| {
             Box::new(async move {
                 let state = store.data_mut();
                 let effects = state.effects.clone();
@@ -98,7 +116,7 @@ pub fn link_call_as_task(linker: &mut Linker<StepState>) -> wasmtime::Result<()>
                             .map_err(trap)?
                     }
                 };
-                Ok((to_guest(outcome),))
+                Ok((spell(to_guest(outcome)),))
             })
         },
     )
@@ -253,6 +271,8 @@ pub fn to_guest(outcome: Outcome) -> Result<String, CallError> {
             CallErrorKind::Denied => CallError::Denied(e.message),
             CallErrorKind::Exhausted => CallError::Exhausted(e.message),
             CallErrorKind::Invalid => CallError::Invalid(e.message),
+            // Only 0.2.0's model calls have a budget ([`crate::imports::v0_2`]).
+            CallErrorKind::Budget => CallError::Rejected(e.message),
         }),
     }
 }

@@ -7,11 +7,13 @@ pub mod clock;
 pub mod effects;
 pub mod llm;
 pub mod log;
+pub mod models;
 pub mod policy;
 pub mod random;
 pub mod stdio;
 pub mod timers;
 pub mod types;
+pub mod v0_2;
 pub mod wasi;
 
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -35,6 +37,8 @@ pub struct StepState {
     pub monotonic: crate::imports::wasi::RecordedMonotonicClock,
     /// How the retry loop waits between attempts.
     pub sleep: fn(std::time::Duration),
+    /// What the run's model calls have spent, as its budget counts it.
+    pub models_spent: models::Spent,
 }
 
 impl WasiView for StepState {

@@ -1,0 +1,225 @@
+//! A model named in `stephost.toml` (`[models.NAME]`): the neutral chat
+//! request a step sends is translated to the provider's wire format
+//! (`stephost-models`), sent, and its answer translated back, with usage
+//! normalised and priced. A model call is a `read` whose answer is paid for:
+//! committed durably before the step sees it, never asked twice. The host
+//! is the one retry owner: what the provider says may pass (408, 409, 429,
+//! 5xx, 529, an overloaded stream) is retried under the model's retry
+//! policy, honouring `retry-after-ms` / `retry-after`; the rest is final.
+
+use std::sync::{Condvar, Mutex};
+use std::time::Duration;
+
+use stephost_models::{Api, ChatRequest, Prices};
+
+use super::{Failure, Handler, Reply, Request};
+
+/// Largest model answer read, in bytes.
+const RESPONSE_BYTES_MAX: u64 = 16 * 1024 * 1024;
+
+pub struct Model {
+    pub alias: String,
+    pub api: Api,
+    /// The provider's base URL (before `/v1/...`).
+    pub url: String,
+    /// The provider's model id.
+    pub model: String,
+    /// Authentication and extra headers, resolved (secrets read from the
+    /// environment once; never recorded).
+    headers: Vec<(String, String)>,
+    pub prices: Prices,
+    /// The ceiling every call's `max_tokens` is clamped to (and the value
+    /// of a call that sets none).
+    pub max_tokens: u32,
+    agent: ureq::Agent,
+    /// Calls in flight at once, shared by every run of this process.
+    slots: Option<Slots>,
+}
+
+impl Model {
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        alias: String,
+        api: Api,
+        url: String,
+        model: String,
+        headers: Vec<(String, String)>,
+        prices: Prices,
+        max_tokens: u32,
+        timeout: Duration,
+        concurrency_max: Option<usize>,
+    ) -> Model {
+        let config = ureq::Agent::config_builder()
+            .http_status_as_error(false)
+            .timeout_global(Some(timeout))
+            .max_redirects(0)
+            .build();
+        Model {
+            alias,
+            api,
+            url: url.trim_end_matches('/').to_string(),
+            model,
+            headers,
+            prices,
+            max_tokens,
+            agent: config.into(),
+            slots: concurrency_max.map(Slots::new),
+        }
+    }
+
+    /// The `max_tokens` a call of `request` is sent with: its own, clamped
+    /// to the model's ceiling.
+    pub fn max_tokens_of(&self, request: &ChatRequest) -> u32 {
+        request
+            .max_tokens
+            .map_or(self.max_tokens, |n| n.min(self.max_tokens))
+    }
+
+    /// The most a call with `max_tokens` can cost, in micro-USD: every
+    /// token priced as output (the dearest).
+    pub fn worst_cost_micro_usd(&self, input_bytes: usize, max_tokens: u32) -> u64 {
+        // About four bytes a token; the input is priced as output too.
+        let tokens = (input_bytes / 4) as f64 + f64::from(max_tokens);
+        (tokens * self.prices.output_per_mtok).ceil() as u64
+    }
+
+    fn send(&self, body: Vec<u8>) -> Result<Answered, String> {
+        let url = format!("{}{}", self.url, self.api.path());
+        let mut request = self
+            .agent
+            .post(&url)
+            .header("content-type", "application/json");
+        for (name, value) in &self.headers {
+            request = request.header(name.as_str(), value.as_str());
+        }
+        let mut response = request.send(&body[..]).map_err(|e| format!("{url}: {e}"))?;
+        let status = response.status().as_u16();
+        let headers = response
+            .headers()
+            .iter()
+            .filter_map(|(name, value)| {
+                Some((name.as_str().to_string(), value.to_str().ok()?.to_string()))
+            })
+            .collect();
+        let body = response
+            .body_mut()
+            .with_config()
+            .limit(RESPONSE_BYTES_MAX)
+            .read_to_vec()
+            .map_err(|e| format!("{url}: reading the answer: {e}"))?;
+        Ok(Answered {
+            status,
+            headers,
+            body,
+        })
+    }
+}
+
+/// A provider's answer as it came.
+struct Answered {
+    status: u16,
+    headers: Vec<(String, String)>,
+    body: Vec<u8>,
+}
+
+impl Handler for Model {
+    fn perform(&self, request: &Request<'_>) -> Result<Reply, Failure> {
+        let chat: ChatRequest = serde_json::from_str(request.body)
+            .map_err(|e| Failure::Invalid(format!("the chat request is not one: {e}")))?;
+        let max_tokens = self.max_tokens_of(&chat);
+        let body = stephost_models::request_bytes(self.api, &chat, &self.model, max_tokens, false)
+            .map_err(|e| Failure::Invalid(format!("model {}: {e}", self.alias)))?;
+        let _slot = self.slots.as_ref().map(Slots::take);
+        let Answered {
+            status,
+            headers,
+            body: answer,
+        } = self.send(body).map_err(|message| {
+            // The request may not have arrived; a model call is a read, so
+            // asking again is safe.
+            Failure::retryable(format!("model {}: {message}", self.alias))
+        })?;
+        if (200..300).contains(&status) {
+            let mut response = stephost_models::parse_response(self.api, &answer).map_err(|e| {
+                let retryable = e.retryable();
+                let message = format!("model {}: {e}", self.alias);
+                if retryable {
+                    Failure::retryable(message)
+                } else {
+                    Failure::Rejected(message)
+                }
+            })?;
+            response.cost = Some(stephost_models::cost(&response.usage, &self.prices));
+            let text = serde_json::to_string(&response).map_err(|e| {
+                Failure::Invalid(format!(
+                    "model {}: the answer cannot be kept: {e}",
+                    self.alias
+                ))
+            })?;
+            return Ok(Reply::new(text));
+        }
+        let error = stephost_models::classify(self.api, status, &headers, &answer);
+        let message = format!(
+            "model {} answered {status}{}: {}",
+            self.alias,
+            error
+                .request_id
+                .as_deref()
+                .map(|id| format!(" (request id {id})"))
+                .unwrap_or_default(),
+            error.message
+        );
+        if error.retryable {
+            Err(Failure::Retryable {
+                message,
+                retry_after: error.retry_after,
+                maybe_received: false,
+            })
+        } else {
+            Err(Failure::Rejected(message))
+        }
+    }
+
+    /// Asking a model again cannot act twice: it is a read.
+    fn idempotent(&self) -> bool {
+        true
+    }
+
+    fn paid(&self) -> bool {
+        true
+    }
+}
+
+/// A counting semaphore: at most `n` calls of a model in flight at once.
+struct Slots {
+    free: Mutex<usize>,
+    freed: Condvar,
+}
+
+/// A slot held until dropped.
+struct Slot<'a>(&'a Slots);
+
+impl Slots {
+    fn new(n: usize) -> Slots {
+        Slots {
+            free: Mutex::new(n.max(1)),
+            freed: Condvar::new(),
+        }
+    }
+
+    fn take(&self) -> Slot<'_> {
+        let mut free = self.free.lock().unwrap_or_else(|p| p.into_inner());
+        while *free == 0 {
+            free = self.freed.wait(free).unwrap_or_else(|p| p.into_inner());
+        }
+        *free -= 1;
+        Slot(self)
+    }
+}
+
+impl Drop for Slot<'_> {
+    fn drop(&mut self) {
+        *self.0.free.lock().unwrap_or_else(|p| p.into_inner()) += 1;
+        self.0.freed.notify_one();
+    }
+}

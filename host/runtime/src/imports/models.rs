@@ -1,0 +1,132 @@
+//! `stephost:step/models` (stephost:step@0.2.0): a chat turn with a model
+//! named in `stephost.toml`. The recorded request is the provider-neutral
+//! one, with the alias in `model`; the answer is committed durably before
+//! the step sees it ([`crate::effects::model`]). A call that would take the
+//! run past its budget (`[limits] model_tokens_max`,
+//! `model_cost_micro_usd_max`) is not sent: it answers `budget`, recorded
+//! like any refusal, so a replay sees it again.
+
+use stephost_core::CallClass;
+use stephost_core::journal::{CallErrorKind, CallSpec, Compute, Outcome};
+use stephost_models::{ChatRequest, ChatResponse};
+
+use crate::bindings::v0_2;
+use crate::imports::effects::{Gated, gated_call};
+use crate::imports::{StepState, lock, trap};
+
+pub const INTERFACE: &str = "stephost:step/models";
+
+/// What a run's model calls have spent so far in this execution's view:
+/// the replayed ones and the live ones, in call order.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct Spent {
+    pub tokens: u64,
+    pub micro_usd: u64,
+}
+
+/// `models.chat(model, request)`.
+pub fn chat(
+    state: &mut StepState,
+    alias: &str,
+    request: &str,
+) -> wasmtime::Result<Result<String, v0_2::CallError>> {
+    let parsed = serde_json::from_str::<ChatRequest>(request)
+        .map_err(|e| format!("the chat request is not one: {e}"))
+        .and_then(|mut chat| {
+            chat.model = alias.to_string();
+            stephost_models::validate(&chat)?;
+            Ok(chat)
+        });
+    let chat = match parsed {
+        Ok(chat) => chat,
+        // Recorded as sent (it may not even be JSON), refused.
+        Err(message) => return refuse(state, request, CallErrorKind::Invalid, message),
+    };
+    let recorded = chat.canonical_json();
+    let effects = state.effects.clone();
+    let Some(model) = effects.model(alias) else {
+        return refuse(
+            state,
+            &recorded,
+            CallErrorKind::Denied,
+            format!(
+                "model `{alias}` is not configured; add [models.{alias}] to stephost.toml \
+                 (api, url, model, key_env)"
+            ),
+        );
+    };
+    let max_tokens = model.model.max_tokens_of(&chat);
+    let limits = lock(&state.journal).limits().clone();
+    let worst_cost = model.model.worst_cost_micro_usd(0, max_tokens);
+    let over = if state
+        .models_spent
+        .tokens
+        .saturating_add(u64::from(max_tokens))
+        > limits.model_tokens_max
+    {
+        Some(format!(
+            "the run has spent {} model tokens; this call may spend {max_tokens} more \
+             (its max_tokens), past model_tokens_max = {}",
+            state.models_spent.tokens, limits.model_tokens_max
+        ))
+    } else if state.models_spent.micro_usd.saturating_add(worst_cost)
+        > limits.model_cost_micro_usd_max
+    {
+        Some(format!(
+            "the run's model calls have cost {} micro-USD; this call may cost {worst_cost} more, \
+             past model_cost_micro_usd_max = {}",
+            state.models_spent.micro_usd, limits.model_cost_micro_usd_max
+        ))
+    } else {
+        None
+    };
+    if let Some(message) = over {
+        return refuse(
+            state,
+            &recorded,
+            CallErrorKind::Budget,
+            format!("{message}; the call was not sent (raise it in [limits])"),
+        );
+    }
+    let call = Gated {
+        interface: INTERFACE,
+        function: "chat",
+        effect: Some(&model.effect),
+        request: &recorded,
+        key: None,
+    };
+    let answer = gated_call(state, &call, String::new)?;
+    if let Ok(text) = &answer
+        && let Ok(response) = serde_json::from_str::<ChatResponse>(text)
+    {
+        let spent = &mut state.models_spent;
+        spent.tokens = spent.tokens.saturating_add(response.usage.total());
+        spent.micro_usd = spent
+            .micro_usd
+            .saturating_add(response.cost.map_or(0, |c| c.micro_usd));
+    }
+    Ok(answer.map_err(crate::imports::v0_2::call_error))
+}
+
+/// A call refused before it was sent, recorded as such (so a replay gives
+/// the step the same answer).
+fn refuse(
+    state: &mut StepState,
+    request: &str,
+    kind: CallErrorKind,
+    message: String,
+) -> wasmtime::Result<Result<String, v0_2::CallError>> {
+    let outcome = Outcome::error(kind, message);
+    let spec = CallSpec {
+        class: CallClass::Observe,
+        interface: INTERFACE,
+        function: "chat",
+        request,
+        key: None,
+        paid: false,
+    };
+    let recorded = lock(&state.journal)
+        .call(&spec, &mut Compute(|| outcome.clone()))
+        .map_err(trap)?;
+    Ok(crate::imports::v0_2::to_guest(recorded))
+}
