@@ -1,5 +1,5 @@
 //! The three wire formats, written from the providers' documented shapes (see
-//! `notes/models.md` §2-§6), independently of the host's own adapters: answers
+//! docs/models.md, "Wire formats", and the providers' API references), independently of the host's own adapters: answers
 //! (whole and as SSE events), error bodies and response headers.
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};

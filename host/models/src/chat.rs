@@ -6,7 +6,7 @@
 //! - the only maps are `serde_json::Map`, which is a `BTreeMap` (sorted keys) as long as serde_json's
 //!   `preserve_order` feature stays off.
 //!
-//! Conventions for [`Usage`] follow the notes (§7): `input` includes cached and cache-write tokens,
+//! Conventions for [`Usage`] follow docs/models.md, "Usage and cost": `input` includes cached and cache-write tokens,
 //! `output` includes reasoning tokens.
 
 use serde::{Deserialize, Serialize};
@@ -265,7 +265,7 @@ impl ChatResponse {
     }
 }
 
-/// Token counts, normalised (notes §7) so that each field means the same for every API.
+/// Token counts, normalised (docs/models.md, "Usage and cost") so that each field means the same for every API.
 ///
 /// `input` is the **whole prompt**, cache reads and cache writes included (OpenAI's convention);
 /// `cached_input` and `cache_write` are parts of it. `output` includes `reasoning`.

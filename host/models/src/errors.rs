@@ -1,7 +1,7 @@
 //! Provider errors: classification of HTTP and in-stream errors into retryable and final kinds,
-//! `retry-after` parsing, rate-limit headers and request ids (notes §6).
+//! `retry-after` parsing, rate-limit headers and request ids (docs/models.md, "Retries and errors").
 //!
-//! The rule (notes §6.2, "Our classification"): retryable are 408, 409, 429, every 5xx (529
+//! The rule (docs/models.md, "Retries and errors"): retryable are 408, 409, 429, every 5xx (529
 //! included) and in-stream overloaded/api/rate-limit errors; final are 400, 401, 402, 403, 404, 413,
 //! 422 and every other 4xx, and, whatever the status, a quota or billing error (OpenAI
 //! `insufficient_quota` / `billing_hard_limit_reached`, Anthropic `billing_error` or "credit balance
@@ -73,7 +73,7 @@ impl ErrorKind {
     }
 }
 
-/// A classified provider error (notes §9.3).
+/// A classified provider error (docs/models.md, "Retries and errors").
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
 #[error("{} ({}{}): {message}", kind.as_str(), if *retryable { "retryable" } else { "final" }, status.map(|s| format!(", HTTP {s}")).unwrap_or_default())]
 pub struct ProviderError {

@@ -1,6 +1,6 @@
 //! The crate as the host uses it, through the root re-exports only: build the bytes to send,
 //! decode a streamed 200 read in arbitrary chunks, classify failed attempts (the scripted model
-//! server's replies, notes §10), and price the usage.
+//! server's replies, docs/models.md "The scripted model server"), and price the usage.
 
 use serde_json::{Value, json};
 use std::time::Duration;

@@ -1,4 +1,4 @@
-//! Anthropic Messages (`POST /v1/messages`), notes §4.
+//! Anthropic Messages (`POST /v1/messages`); docs/models.md, "Wire formats".
 //!
 //! Request mapping:
 //! - `system` → top-level `system` (a string);
@@ -181,7 +181,7 @@ pub fn request_body(
     Ok(Value::Object(body))
 }
 
-/// `stop_reason` → neutral (notes §4.2): `end_turn`, `stop_sequence` → stop; `max_tokens`,
+/// `stop_reason` → neutral: `end_turn`, `stop_sequence` → stop; `max_tokens`,
 /// `model_context_window_exceeded` → length; `tool_use` → tool calls; `refusal` → content filter;
 /// `pause_turn` and anything else → other.
 fn stop_reason(raw: &str) -> StopReason {
@@ -297,7 +297,7 @@ struct BlockStart<'a> {
     content_block: RawBlock<'a>,
 }
 
-/// Assembles a Messages stream (notes §4.3), like the SDK's `accumulate_event`.
+/// Assembles a Messages stream, like the SDK's `accumulate_event`.
 ///
 /// `message_start` gives the id, model and first usage; `content_block_start` opens a block at
 /// its `index`; `text_delta` appends text (reported as progress), `input_json_delta` appends to

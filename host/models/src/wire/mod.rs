@@ -191,7 +191,7 @@ pub(crate) mod testing {
         std::fs::read(&path).unwrap_or_else(|e| panic!("{path}: {e}"))
     }
 
-    /// The weather tool of the notes' examples.
+    /// A weather tool, as in the providers' own examples.
     pub(crate) fn weather_tool() -> ToolDef {
         ToolDef {
             name: "get_weather".into(),

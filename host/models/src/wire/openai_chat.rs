@@ -1,4 +1,4 @@
-//! OpenAI Chat Completions (`POST /v1/chat/completions`), notes §2.
+//! OpenAI Chat Completions (`POST /v1/chat/completions`); docs/models.md, "Wire formats".
 //!
 //! Request mapping:
 //! - `system` → a first `{"role":"system"}` message;
@@ -164,7 +164,7 @@ fn text_content(parts: &[Part]) -> Value {
     }
 }
 
-/// `finish_reason` → neutral (notes §2.2): `stop`; `length`; `tool_calls` and `function_call`;
+/// `finish_reason` → neutral: `stop`; `length`; `tool_calls` and `function_call`;
 /// `content_filter`; anything else or null is `other`.
 fn stop_reason(raw: &str) -> StopReason {
     match raw {
@@ -277,7 +277,7 @@ struct CallSlot {
     arguments: String,
 }
 
-/// Assembles a Chat Completions stream (notes §2.3): `data:`-only chunks ending with
+/// Assembles a Chat Completions stream: `data:`-only chunks ending with
 /// `data: [DONE]`.
 ///
 /// Text deltas of `choices[0]` are concatenated, tool-call fragments are accumulated by `index`

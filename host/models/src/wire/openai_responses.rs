@@ -1,4 +1,4 @@
-//! OpenAI Responses (`POST /v1/responses`), notes §3.
+//! OpenAI Responses (`POST /v1/responses`); docs/models.md, "Wire formats".
 //!
 //! Request mapping:
 //! - `system` → `instructions`;
@@ -286,7 +286,7 @@ fn from_response(
     })
 }
 
-/// Assembles a Responses stream (notes §3.3), dispatching on each event's JSON `type`.
+/// Assembles a Responses stream, dispatching on each event's JSON `type`.
 ///
 /// `response.output_text.delta` is reported as progress; `response.output_item.done` items are
 /// kept; the terminal `response.completed` or `response.incomplete` carries the whole `Response`,
