@@ -18,6 +18,7 @@ const GUESTS: &[(&str, &str)] = &[
     ("guest-wrong-world", "GUEST_WRONG_WORLD"),
     ("guest-wasi-only", "GUEST_WASI_ONLY"),
     ("guest-llm-step", "GUEST_LLM_STEP"),
+    ("guest-chat-step", "GUEST_CHAT_STEP"),
     ("guest-approval-step", "GUEST_APPROVAL_STEP"),
     ("guest-sleeper", "GUEST_SLEEPER"),
     ("guest-command", "GUEST_COMMAND"),

@@ -24,6 +24,7 @@ pub mod guests {
     pub const WRONG_WORLD: &str = env!("GUEST_WRONG_WORLD");
     pub const WASI_ONLY: &str = env!("GUEST_WASI_ONLY");
     pub const LLM_STEP: &str = env!("GUEST_LLM_STEP");
+    pub const CHAT_STEP: &str = env!("GUEST_CHAT_STEP");
     pub const APPROVAL_STEP: &str = env!("GUEST_APPROVAL_STEP");
     pub const SLEEPER: &str = env!("GUEST_SLEEPER");
     pub const COMMAND: &str = env!("GUEST_COMMAND");

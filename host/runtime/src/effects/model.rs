@@ -33,7 +33,7 @@ pub struct Model {
     pub max_tokens: u32,
     agent: ureq::Agent,
     /// Calls in flight at once, shared by every run of this process.
-    slots: Option<Slots>,
+    slots: Option<std::sync::Arc<Slots>>,
 }
 
 impl Model {
@@ -54,6 +54,7 @@ impl Model {
             .timeout_global(Some(timeout))
             .max_redirects(0)
             .build();
+        let alias_key = format!("{alias}\n{url}\n{model}\n{concurrency_max:?}");
         Model {
             alias,
             api,
@@ -63,7 +64,7 @@ impl Model {
             prices,
             max_tokens,
             agent: config.into(),
-            slots: concurrency_max.map(Slots::new),
+            slots: concurrency_max.map(|n| Slots::shared(&alias_key, n)),
         }
     }
 
@@ -129,7 +130,7 @@ impl Handler for Model {
         let max_tokens = self.max_tokens_of(&chat);
         let body = stephost_models::request_bytes(self.api, &chat, &self.model, max_tokens, false)
             .map_err(|e| Failure::Invalid(format!("model {}: {e}", self.alias)))?;
-        let _slot = self.slots.as_ref().map(Slots::take);
+        let _slot = self.slots.as_deref().map(Slots::take);
         let Answered {
             status,
             headers,
@@ -200,11 +201,26 @@ struct Slots {
 struct Slot<'a>(&'a Slots);
 
 impl Slots {
-    fn new(n: usize) -> Slots {
-        Slots {
-            free: Mutex::new(n.max(1)),
-            freed: Condvar::new(),
-        }
+    /// The slots of the model `key` (alias, URL, provider model and bound)
+    /// in this process: however many times the configuration is loaded
+    /// (each worker task, each host), its runs share one bound.
+    fn shared(key: &str, n: usize) -> std::sync::Arc<Slots> {
+        static SHARED: std::sync::OnceLock<
+            Mutex<std::collections::HashMap<String, std::sync::Arc<Slots>>>,
+        > = std::sync::OnceLock::new();
+        let mut shared = SHARED
+            .get_or_init(Default::default)
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        shared
+            .entry(key.to_string())
+            .or_insert_with(|| {
+                std::sync::Arc::new(Slots {
+                    free: Mutex::new(n.max(1)),
+                    freed: Condvar::new(),
+                })
+            })
+            .clone()
     }
 
     fn take(&self) -> Slot<'_> {

@@ -1,0 +1,297 @@
+//! Model calls (stephost:step@0.2.0's `models.chat`) against the scripted
+//! model server on 127.0.0.1, in both OpenAI's and Anthropic's wire
+//! formats: a tool-calling agent crashed mid-loop asks the model nothing it
+//! was already answered and refunds once; a replay asks no model; a call
+//! over the budget is never sent; runs sharing `concurrency_max = 1` never
+//! overlap at the server; 429s are retried by the host alone; an alias
+//! switched to another API keeps old runs replaying; the key is nowhere in
+//! the ledger.
+
+use model_server::{Config, ModelServer, Script};
+use serde_json::Value;
+use stephost_tests::{Ran, Sandbox, calls, guests};
+
+const BIN: &str = env!("CARGO_BIN_EXE_stephost-crash");
+
+const KEY: &str = "sk-test-models-e2e";
+
+const REFUND: &str = r#"{"model":"support","message":"Please refund order A-1001, it arrived broken.","agent":true}"#;
+
+/// The agent's calls: 1 chat (turn 1: lookup_order), 2 orders.lookup,
+/// 3 chat (turn 2: refund), 4 payments.refund, 5 chat (turn 3: the answer).
+const SECOND_ANSWER_SEQ: u64 = 3;
+const REFUND_SEQ: u64 = 4;
+
+fn config(api: &str, url: &str, extra: &str) -> String {
+    format!(
+        r#"
+[models.support]
+api = "{api}"
+url = "{url}"
+model = "scripted-1"
+key_env = "STEPHOST_TEST_MODEL_KEY"
+max_tokens = 1024
+
+[models.support.prices]
+input_per_mtok = 1.0
+cached_input_per_mtok = 0.5
+cache_write_per_mtok = 1.25
+output_per_mtok = 4.0
+
+[models.support.retry]
+attempts_max = 6
+backoff_first_ms = 10
+backoff_max_ms = 200
+deadline_ms = 20000
+
+[effects."orders.lookup"]
+kind = "static"
+class = "read"
+response = '{{"order_id": "A-1001", "amount_cents": 2599, "status": "delivered"}}'
+
+[effects."payments.refund"]
+kind = "file"
+class = "write"
+path = "refunds.jsonl"
+{extra}"#
+    )
+}
+
+fn stephost(sb: &Sandbox, args: &[&str]) -> Ran {
+    sb.stephost_with_envs(&[("STEPHOST_TEST_MODEL_KEY", KEY.as_ref())], args)
+}
+
+fn stephost_crashing_at(sb: &Sandbox, point: &str, args: &[&str]) -> Ran {
+    sb.stephost_with_envs(
+        &[
+            ("STEPHOST_TEST_MODEL_KEY", KEY.as_ref()),
+            ("STEPHOST_CRASH_AT", point.as_ref()),
+        ],
+        args,
+    )
+}
+
+fn model_requests(server: &ModelServer) -> u64 {
+    server.report()["requests_total"].as_u64().unwrap()
+}
+
+fn server_with(script: &str, hold_ms: u64) -> ModelServer {
+    ModelServer::start_with(Config {
+        script: Script::from_json(script).unwrap(),
+        key: Some(KEY.into()),
+        hold: std::time::Duration::from_millis(hold_ms),
+        ..Config::default()
+    })
+    .unwrap()
+}
+
+#[test]
+fn a_refund_agent_crashed_mid_loop_asks_no_turn_twice_refunds_once_and_replays_offline() {
+    for api in ["openai-chat", "anthropic-messages"] {
+        for point in [
+            format!("after-outcome@{SECOND_ANSWER_SEQ}"),
+            format!("after-send@{REFUND_SEQ}"),
+        ] {
+            let server = ModelServer::start_with(Config {
+                key: Some(KEY.into()),
+                ..Config::default()
+            })
+            .unwrap();
+            let sb = Sandbox::with_config(BIN, &config(api, &server.url(), ""));
+            let args = ["run", guests::CHAT_STEP, "--input", REFUND, "--run-id", "a"];
+            let crashed = stephost_crashing_at(&sb, &point, &args);
+            assert_eq!(
+                crashed.signal,
+                Some(libc::SIGABRT),
+                "{api} {point}: {crashed:?}"
+            );
+            let asked = model_requests(&server);
+            assert_eq!(asked, 2, "{api} {point}: the model was asked {asked} times");
+
+            let resumed = stephost(&sb, &["resume", "a"]);
+            resumed.expect_code(0);
+            let out = resumed.json();
+            assert_eq!(out["turns"], 3, "{api} {point}: {out}");
+            assert_eq!(out["tool_calls"], 2, "{api} {point}: {out}");
+            assert!(
+                out["text"].as_str().unwrap().contains("A-1001"),
+                "{api} {point}: {out}"
+            );
+            assert_eq!(
+                model_requests(&server),
+                3,
+                "{api} {point}: a turn already answered was asked again"
+            );
+            let refunds = sb.received("refunds.jsonl");
+            assert_eq!(refunds.len(), 1, "{api} {point}: {refunds:#?}");
+            assert_eq!(refunds[0]["request"]["order_id"], "A-1001");
+            assert_eq!(refunds[0]["request"]["amount_cents"], 2599);
+
+            let show = sb.show("a");
+            assert_eq!(calls(&show).len(), 5);
+            assert!(show["tokens_total"].as_u64().unwrap() > 0, "{show}");
+            assert!(show["cost_micro_usd_total"].as_u64().unwrap() > 0, "{show}");
+            // A replay needs neither the model nor its key.
+            sb.set_config("");
+            sb.stephost(&["replay", "a"]).expect_code(0);
+            assert_eq!(model_requests(&server), 3, "{api}: replay asked the model");
+            assert!(!sb.ledger_contains(KEY), "{api}: the key is in the ledger");
+        }
+    }
+}
+
+#[test]
+fn a_call_that_would_pass_the_budget_is_not_sent() {
+    let server = ModelServer::start_with(Config {
+        key: Some(KEY.into()),
+        ..Config::default()
+    })
+    .unwrap();
+    let sb = Sandbox::with_config(
+        BIN,
+        &config(
+            "openai-chat",
+            &server.url(),
+            "\n[limits]\nmodel_tokens_max = 500\n",
+        ),
+    );
+    let input = r#"{"model":"support","message":"hello","max_tokens":800}"#;
+    let ran = stephost(
+        &sb,
+        &["run", guests::CHAT_STEP, "--input", input, "--run-id", "b"],
+    );
+    ran.expect_code(0);
+    let out = ran.json();
+    assert_eq!(out["error"], "budget", "{out}");
+    assert!(
+        out["message"]
+            .as_str()
+            .unwrap()
+            .contains("model_tokens_max"),
+        "{out}"
+    );
+    assert_eq!(
+        model_requests(&server),
+        0,
+        "a refused call reached the model"
+    );
+    // The refusal is recorded: a replay gives the step the same answer.
+    stephost(&sb, &["replay", "b"]).expect_code(0);
+    // Within the budget, the same call is sent.
+    let input = r#"{"model":"support","message":"hello","max_tokens":300}"#;
+    let ran = stephost(
+        &sb,
+        &["run", guests::CHAT_STEP, "--input", input, "--run-id", "c"],
+    );
+    ran.expect_code(0);
+    assert!(ran.json()["error"].is_null(), "{}", ran.stdout);
+    assert_eq!(model_requests(&server), 1);
+}
+
+#[test]
+fn runs_sharing_a_model_with_concurrency_max_one_never_overlap_at_the_server() {
+    let server = server_with(r#"{"turns": [{"text": "Hello."}]}"#, 300);
+    let sb = Sandbox::with_config(
+        BIN,
+        &config("anthropic-messages", &server.url(), "").replace(
+            "max_tokens = 1024\n",
+            "max_tokens = 1024\nconcurrency_max = 1\n",
+        ),
+    );
+    let input = r#"{"model":"support","message":"hi"}"#;
+    for id in ["r1", "r2", "r3"] {
+        stephost(
+            &sb,
+            &[
+                "submit",
+                guests::CHAT_STEP,
+                "--input",
+                input,
+                "--run-id",
+                id,
+            ],
+        )
+        .expect_code(0);
+    }
+    stephost(&sb, &["worker", "--concurrency", "3", "--exit-when-idle"]).expect_code(0);
+    for id in ["r1", "r2", "r3"] {
+        assert_eq!(sb.show(id)["run"]["status"], "completed", "{id}");
+    }
+    let report = server.report();
+    assert_eq!(report["requests_total"], 3, "{report}");
+    assert_eq!(
+        report["max_in_flight"], 1,
+        "two runs' calls overlapped at the server"
+    );
+}
+
+#[test]
+fn a_429_storm_is_retried_by_the_host_alone_honouring_retry_after() {
+    let server = server_with(
+        r#"{"turns": [{"text": "At last.",
+            "faults": [{"kind": "status", "status": 429, "retry_after_ms": 20, "times": 3}]}]}"#,
+        0,
+    );
+    let sb = Sandbox::with_config(BIN, &config("openai-chat", &server.url(), ""));
+    let input = r#"{"model":"support","message":"hi"}"#;
+    let ran = stephost(
+        &sb,
+        &["run", guests::CHAT_STEP, "--input", input, "--run-id", "s"],
+    );
+    ran.expect_code(0);
+    assert_eq!(ran.json()["text"], "At last.");
+    assert_eq!(model_requests(&server), 4);
+    let show = sb.show("s");
+    let attempts: Vec<&str> = show["attempts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a["result"].as_str().unwrap())
+        .collect();
+    assert_eq!(attempts, ["retryable", "retryable", "retryable", "ok"]);
+    assert_eq!(calls(&show).len(), 1, "the step saw one call");
+}
+
+#[test]
+fn an_alias_switched_to_another_api_keeps_old_runs_replaying() {
+    let server = ModelServer::start_with(Config {
+        key: Some(KEY.into()),
+        ..Config::default()
+    })
+    .unwrap();
+    let sb = Sandbox::with_config(BIN, &config("openai-chat", &server.url(), ""));
+    let ran = stephost(
+        &sb,
+        &["run", guests::CHAT_STEP, "--input", REFUND, "--run-id", "o"],
+    );
+    ran.expect_code(0);
+    assert_eq!(model_requests(&server), 3);
+    sb.set_config(&config("anthropic-messages", &server.url(), ""));
+    stephost(&sb, &["replay", "o"]).expect_code(0);
+    assert_eq!(model_requests(&server), 3, "replay asked the model");
+    // New runs of the same step go to the other API.
+    let ran = stephost(
+        &sb,
+        &["run", guests::CHAT_STEP, "--input", REFUND, "--run-id", "n"],
+    );
+    ran.expect_code(0);
+    let report = server.report();
+    let paths: Vec<&str> = report["requests"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["path"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        paths,
+        [
+            "/v1/chat/completions",
+            "/v1/chat/completions",
+            "/v1/chat/completions",
+            "/v1/messages",
+            "/v1/messages",
+            "/v1/messages"
+        ]
+    );
+    let _: Value = ran.json();
+}
