@@ -24,7 +24,9 @@ result of `export_step` to that name.
 
 This module wraps the bindings that `componentize-py` generates for the
 `stephost:step` world (the `wit_world` package); it is not usable outside a
-component.
+component. It serves both world versions: built against `wit/`
+(stephost:step@0.1.0) or `wit/0.2.0` (stephost:step@0.2.0, which adds the
+`models` interface: `chat`, `run_agent` and the `BudgetError` kind).
 """
 
 import json
@@ -46,7 +48,14 @@ from wit_world.imports import random as _random
 from wit_world.imports import timers as _timers
 from wit_world.imports import types as _types
 
+try:  # stephost:step@0.2.0 only; absent from a 0.1.0 build
+    from wit_world.imports import models as _models
+except ImportError:
+    _models = None
+
 __all__ = [
+    "AgentRun",
+    "BudgetError",
     "Ctx",
     "Decision",
     "DecodeError",
@@ -56,12 +65,21 @@ __all__ = [
     "ExhaustedError",
     "InputError",
     "InvalidError",
+    "MaxTurnsError",
     "RejectedError",
     "StepError",
+    "ToolError",
     "Verdict",
+    "chat",
     "export_step",
     "log",
+    "response_text",
+    "run_agent",
+    "run_agent_full",
     "to_json",
+    "tool_calls",
+    "tool_def",
+    "user_message",
 ]
 
 _U64_MAX = 2**64 - 1
@@ -168,6 +186,14 @@ class InvalidError(EffectError):
     what = "got an invalid request"
 
 
+class BudgetError(EffectError):
+    """The model call was not sent: it would take the run past its budget
+    (model tokens or cost, `[limits]` in stephost.toml). Nothing was spent.
+    stephost:step@0.2.0 only."""
+
+    what = "is over the run's budget"
+
+
 class EncodeError(EffectError):
     """The request could not be encoded as JSON; it was not sent."""
 
@@ -187,12 +213,14 @@ _CALL_ERRORS = (
     (_types.CallError_Denied, DeniedError),
     (_types.CallError_Exhausted, ExhaustedError),
     (_types.CallError_Invalid, InvalidError),
+    # `budget` is a 0.2.0 kind: None (never matched) in a 0.1.0 build.
+    (getattr(_types, "CallError_Budget", None), BudgetError),
 )
 
 
 def _call_error(effect: str, err: Err) -> EffectError:
     for wit_type, error_type in _CALL_ERRORS:
-        if isinstance(err.value, wit_type):
+        if wit_type is not None and isinstance(err.value, wit_type):
             return error_type(effect, err.value.value)
     return EffectError(effect, repr(err.value))
 
@@ -276,6 +304,31 @@ class Ctx:
             raise _call_error("llm", e) from None
         return _decode("llm", response)
 
+    def chat(self, model: str, request: dict) -> dict:
+        """`chat(model, request)`: one turn with the model aliased `model`
+        (stephost:step@0.2.0)."""
+        return chat(model, request)
+
+    def run_agent(
+        self,
+        model: str,
+        request: dict,
+        tools: "dict[str, Callable[[Any], Any]]",
+        max_turns: int = 10,
+    ) -> dict:
+        """`run_agent(model, request, tools, max_turns)` (stephost:step@0.2.0)."""
+        return run_agent(model, request, tools, max_turns)
+
+    def run_agent_full(
+        self,
+        model: str,
+        request: dict,
+        tools: "dict[str, Callable[[Any], Any]]",
+        max_turns: int = 10,
+    ) -> "AgentRun":
+        """`run_agent_full(model, request, tools, max_turns)` (stephost:step@0.2.0)."""
+        return run_agent_full(model, request, tools, max_turns)
+
     def now_ns(self) -> int:
         """Wall-clock time in nanoseconds since the Unix epoch, as recorded."""
         return _clock.now()
@@ -330,6 +383,229 @@ def _decode(effect: str, text: str) -> Any:
         return json.loads(text)
     except ValueError as e:
         raise DecodeError(effect, str(e)) from None
+
+
+# --- models (stephost:step@0.2.0) ---------------------------------------------
+
+
+def chat(model: str, request: dict) -> dict:
+    """One turn of a conversation with the model aliased `model` in
+    stephost.toml (`[models.NAME]`), through `models.chat`.
+
+    `request` is a provider-neutral chat request (a dict): `messages` (each
+    `{"role": "user" | "assistant" | "tool", "content": [parts]}`, a part
+    being `{"type": "text", "text"}`, `{"type": "tool_call", "id", "name",
+    "arguments"}` with `arguments` JSON text, or `{"type": "tool_result",
+    "call_id", "name", "content", "is_error"}`), and optionally `system`,
+    `tools` (`[{"name", "description", "parameters"}]`, parameters a JSON
+    Schema), `tool_choice` (`{"type": "auto" | "none" | "required"}` or
+    `{"type": "tool", "name"}`), `max_tokens`, `temperature`, `stop`,
+    `parallel_tool_calls` and `raw`. Its `model` field is set to `model` (the
+    host records the alias, whichever provider serves it). Unknown fields are
+    refused by the host (`InvalidError`).
+
+    Returns the answer as a dict: `content` (text and tool-call parts),
+    `stop` (`stop`, `length`, `tool_calls`, `content_filter`, `other`),
+    `usage` (`input`, `cached_input`, `cache_write`, `output`, `reasoning`
+    tokens), `cost` (`micro_usd`, ...; absent without prices), and `api`,
+    `model`, `id`, `stop_raw`, `refusal`, `usage_raw`.
+
+    The answer is committed to the ledger before the step sees it: a resumed
+    or replayed run gets it back and spends nothing.
+
+    Raises an `EffectError` subclass with the effect name `models.<model>`:
+    `BudgetError` (not sent: over the run's token or cost budget),
+    `RejectedError`, `DeniedError` (no such model alias), `ExhaustedError`,
+    `InvalidError` (the host refused the request), `EncodeError`,
+    `DecodeError`.
+    """
+    effect = f"models.{model}"
+    if _models is None:
+        raise DeniedError(
+            effect,
+            "this step was built against stephost:step@0.1.0, which has no `models` "
+            "interface; build it against wit/0.2.0",
+        )
+    if not isinstance(request, dict):
+        raise EncodeError(effect, f"a chat request is a dict, got {type(request).__name__}")
+    body = _encode(effect, {**request, "model": model})
+    try:
+        response = _models.chat(model, body)
+    except Err as e:
+        raise _call_error(effect, e) from None
+    return _decode(effect, response)
+
+
+def user_message(text: str) -> dict:
+    """A user message holding one text part."""
+    return {"role": "user", "content": [{"type": "text", "text": text}]}
+
+
+def tool_def(name: str, description: str, parameters: Optional[dict] = None) -> dict:
+    """A tool definition: `parameters` is the JSON Schema of its arguments
+    (an object schema), or None for a tool without arguments."""
+    return {"name": name, "description": description, "parameters": parameters}
+
+
+def response_text(response: dict) -> str:
+    """The concatenated text parts of a chat answer."""
+    return "".join(p["text"] for p in response.get("content", []) if p.get("type") == "text")
+
+
+def tool_calls(response: dict) -> list:
+    """The tool-call parts of a chat answer (`{"type": "tool_call", "id",
+    "name", "arguments"}`, `arguments` as JSON text), in order."""
+    return [p for p in response.get("content", []) if p.get("type") == "tool_call"]
+
+
+class ToolError(Exception):
+    """Raised by a tool given to `run_agent`: the model gets `str(e)` as the
+    call's result with `is_error: true` (and may try something else),
+    instead of the step failing."""
+
+
+class MaxTurnsError(StepError):
+    """`run_agent` asked the model `max_turns` times and its last answer still
+    called tools (those calls were not run)."""
+
+
+@dataclass
+class AgentRun:
+    """How `run_agent_full` ended."""
+
+    #: The model's last answer: no tool calls in it.
+    response: dict
+    #: The request with the whole conversation, the last answer included
+    #: (append a user message to its `messages` to go on).
+    request: dict
+    #: Model calls made (replayed ones included).
+    turns: int
+    #: Tool calls run.
+    tool_calls: int
+    #: Tokens of every turn, summed (`input`, `cached_input`, `cache_write`,
+    #: `output`, `reasoning`).
+    usage: dict
+    #: Cost of every turn in micro-USD, summed (0 when the model has no prices).
+    cost_micro_usd: int
+
+    @property
+    def text(self) -> str:
+        """The text of the last answer."""
+        return response_text(self.response)
+
+
+_USAGE_FIELDS = ("input", "cached_input", "cache_write", "output", "reasoning")
+
+
+def run_agent(
+    model: str,
+    request: dict,
+    tools: "dict[str, Callable[[Any], Any]]",
+    max_turns: int = 10,
+) -> dict:
+    """Runs a tool-calling conversation to its end and returns the model's
+    last answer (the one without tool calls; `response_text(answer)` is its
+    text). `run_agent_full` gives the conversation, turns, usage and cost too.
+
+    Each turn calls `chat(model, request)` and appends the answer's `content`
+    (as it came) as an assistant message. If the answer calls tools, it runs
+    `tools[name](arguments)` for each call, in order (the arguments decoded
+    from JSON), appends one `tool` message per call with the tool's result
+    (a `str` as it is, anything else as compact JSON with sorted keys) and
+    asks again; otherwise the answer is returned.
+
+    A tool that raises `ToolError`, a tool name not in `tools` and arguments
+    that are not JSON give the model an error result (`is_error: true`) to
+    react to; any other exception ends the loop and propagates (e.g. an
+    `EffectError` from a tool's effect, or a `StepError`).
+
+    At most `max_turns` model calls (at least 1): if the last one still calls
+    tools, those calls are not run and `MaxTurnsError` is raised. Every name
+    in the request's `tools` (`tool_def(...)`) must have a function in
+    `tools`. `request` is not modified. Errors of `chat` (`BudgetError`, ...)
+    propagate.
+
+    Every model turn and every effect of a tool is a recorded call: a resumed
+    run replays the turns already answered without asking the model again, so
+    the tools must make the same calls for the same arguments.
+    """
+    return run_agent_full(model, request, tools, max_turns).response
+
+
+def run_agent_full(
+    model: str,
+    request: dict,
+    tools: "dict[str, Callable[[Any], Any]]",
+    max_turns: int = 10,
+) -> AgentRun:
+    """`run_agent`, returning an `AgentRun`: the last answer, the request
+    with the whole conversation, the number of turns and tool calls, and the
+    summed usage and cost."""
+    defined = [t.get("name") for t in request.get("tools", [])]
+    missing = [name for name in defined if name not in tools]
+    if missing:
+        raise StepError(f"run_agent: no function for the tool(s) {', '.join(map(str, missing))}")
+    max_turns = max(int(max_turns), 1)
+    request = {**request, "messages": list(request.get("messages", []))}
+    messages = request["messages"]
+    usage = dict.fromkeys(_USAGE_FIELDS, 0)
+    cost = 0
+    ran = 0
+    for turn in range(1, max_turns + 1):
+        response = chat(model, request)
+        for field in _USAGE_FIELDS:
+            usage[field] += int((response.get("usage") or {}).get(field, 0))
+        cost += int((response.get("cost") or {}).get("micro_usd", 0))
+        calls = tool_calls(response)
+        if response.get("content"):
+            messages.append({"role": "assistant", "content": response["content"]})
+        if not calls:
+            return AgentRun(response, request, turn, ran, usage, cost)
+        if turn == max_turns:
+            names = ", ".join(c["name"] for c in calls)
+            raise MaxTurnsError(
+                f"the model was still calling tools ({names}) after {max_turns} turns (max_turns)"
+            )
+        for call in calls:
+            content, is_error = _run_tool(tools, call)
+            ran += 1
+            messages.append(
+                {
+                    "role": "tool",
+                    "content": [
+                        {
+                            "type": "tool_result",
+                            "call_id": call["id"],
+                            "name": call["name"],
+                            "content": content,
+                            "is_error": is_error,
+                        }
+                    ],
+                }
+            )
+    raise AssertionError("unreachable: the last turn returns or raises")
+
+
+def _run_tool(tools: dict, call: dict) -> "tuple[str, bool]":
+    name = call["name"]
+    tool = tools.get(name)
+    if tool is None:
+        return f"there is no tool `{name}`", True
+    try:
+        arguments = json.loads(call["arguments"]) if call["arguments"].strip() else {}
+    except ValueError as e:
+        return f"the arguments are not JSON: {e}", True
+    try:
+        result = tool(arguments)
+    except ToolError as e:
+        return str(e), True
+    if isinstance(result, str):
+        return result, False
+    try:
+        # Sorted keys: the text the Rust SDK sends for a serde_json::Value.
+        return to_json(result, sort_keys=True), False
+    except (TypeError, ValueError) as e:
+        raise StepError(f"tool `{name}` returned a value that is not JSON: {e}") from None
 
 
 # --- the log -----------------------------------------------------------------
