@@ -2,13 +2,15 @@
 
 use crate::EffectError;
 use crate::bindings::stephost::step::{
-    approvals, clock, effects, llm, random, timers, types::CallError,
+    approvals, clock, effects, llm, models, random, timers, types::CallError,
 };
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use std::time::{Duration, SystemTime};
+use stephost_models::{ChatRequest, ChatResponse};
 
-/// The step's access to the host: effects, the clock and randomness.
+/// The step's access to the host: effects, models, the clock, randomness,
+/// durable timers and approvals.
 ///
 /// Each method is one import call that the host records in the run's ledger
 /// and numbers in the order the step makes it. On replay the host returns
@@ -82,6 +84,45 @@ impl Ctx {
         Resp: DeserializeOwned,
     {
         self.invoke("llm", request, llm::complete)
+    }
+
+    /// One turn of a conversation with the model aliased `model` in
+    /// `stephost.toml` (`[models.NAME]`: OpenAI Chat, OpenAI Responses or
+    /// Anthropic Messages behind the same provider-neutral request).
+    ///
+    /// `request.model` may be left empty: the host sets it to `model`. The
+    /// answer (text and tool calls, why the model stopped, usage and cost) is
+    /// committed durably before the step sees it, so a resumed or replayed
+    /// run gets it back and is not billed twice. For a loop that runs the
+    /// model's tool calls until it answers, see [`Agent`](crate::Agent).
+    ///
+    /// ```no_run
+    /// use stephost_guest::{ChatRequest, Ctx, Error, Message};
+    ///
+    /// fn run(ctx: &mut Ctx, question: String) -> Result<String, Error> {
+    ///     let request = ChatRequest::new("", vec![Message::user(question)]);
+    ///     Ok(ctx.chat("support", &request)?.text())
+    /// }
+    /// # stephost_guest::export_step!(run);
+    /// # fn main() {}
+    /// ```
+    ///
+    /// # Errors
+    /// As for [`Ctx::effect`], with the effect named `models.MODEL`:
+    /// [`EffectError::Denied`] when no such model is configured,
+    /// [`EffectError::Invalid`] when the host refuses the request (for example
+    /// a tool call without its result), [`EffectError::Rejected`] or
+    /// [`EffectError::Exhausted`] when the provider refused or kept failing,
+    /// and [`EffectError::Budget`] when the call would pass the run's budget
+    /// (it was not sent).
+    pub fn chat(
+        &mut self,
+        model: &str,
+        request: &ChatRequest,
+    ) -> Result<ChatResponse, EffectError> {
+        self.invoke(&format!("models.{model}"), request, |body| {
+            models::chat(model, body)
+        })
     }
 
     fn call<Req, Resp>(
@@ -194,6 +235,7 @@ fn effect_error(effect: &str, e: CallError) -> EffectError {
         CallError::Denied(message) => EffectError::Denied { effect, message },
         CallError::Exhausted(message) => EffectError::Exhausted { effect, message },
         CallError::Invalid(message) => EffectError::Invalid { effect, message },
+        CallError::Budget(message) => EffectError::Budget { effect, message },
     }
 }
 

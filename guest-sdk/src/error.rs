@@ -4,10 +4,11 @@ use std::fmt;
 
 /// Why an effect call did not give a response the step can use.
 ///
-/// The first four kinds come from the host (it has already retried what was
+/// The first five kinds come from the host (it has already retried what was
 /// retryable); [`EffectError::Encode`] and [`EffectError::Decode`] are raised
 /// in the step when the request or the response is not the JSON its Rust type
-/// describes. Every variant names the effect and carries a message.
+/// describes. Every variant names the effect (for a model call,
+/// `models.ALIAS`) and carries a message.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum EffectError {
     /// The receiver refused the request; retrying the same request will not help.
@@ -39,6 +40,15 @@ pub enum EffectError {
         /// What is wrong with the request.
         message: String,
     },
+    /// The call was not sent: it would take the run past its budget (model
+    /// tokens or cost, `[limits]` in `stephost.toml`). Nothing was spent; the
+    /// refusal is recorded, so a replay sees it again.
+    Budget {
+        /// The effect's name (`models.ALIAS` for a model call).
+        effect: String,
+        /// What the run has spent and what the call might have added.
+        message: String,
+    },
     /// The request could not be encoded as JSON; it was not sent.
     Encode {
         /// The effect's name.
@@ -64,6 +74,7 @@ impl EffectError {
             | EffectError::Denied { effect, .. }
             | EffectError::Exhausted { effect, .. }
             | EffectError::Invalid { effect, .. }
+            | EffectError::Budget { effect, .. }
             | EffectError::Encode { effect, .. }
             | EffectError::Decode { effect, .. } => effect,
         }
@@ -76,6 +87,7 @@ impl EffectError {
             | EffectError::Denied { message, .. }
             | EffectError::Exhausted { message, .. }
             | EffectError::Invalid { message, .. }
+            | EffectError::Budget { message, .. }
             | EffectError::Encode { message, .. }
             | EffectError::Decode { message, .. } => message,
         }
@@ -89,6 +101,7 @@ impl fmt::Display for EffectError {
             EffectError::Denied { .. } => "is denied",
             EffectError::Exhausted { .. } => "failed and its retries are used up",
             EffectError::Invalid { .. } => "got an invalid request",
+            EffectError::Budget { .. } => "was not called: it would pass the run's budget",
             EffectError::Encode { .. } => "request could not be encoded as JSON",
             EffectError::Decode { .. } => "response did not decode",
         };
@@ -103,9 +116,12 @@ impl std::error::Error for EffectError {}
 /// Converts from [`EffectError`], [`serde_json::Error`], `String` and `&str`,
 /// so `?` works on those in a step function; build one from anything
 /// printable with [`Error::msg`] or return early with [`bail!`](crate::bail).
+/// One made from an [`EffectError`] keeps it: [`Error::effect_error`] tells,
+/// for example, a budget refusal from other failures.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Error {
     message: String,
+    effect: Option<EffectError>,
 }
 
 impl Error {
@@ -113,12 +129,25 @@ impl Error {
     pub fn msg(message: impl fmt::Display) -> Self {
         Error {
             message: message.to_string(),
+            effect: None,
         }
     }
 
     /// The error's message.
     pub fn message(&self) -> &str {
         &self.message
+    }
+
+    /// The effect error this error was made from, if it was made from one.
+    ///
+    /// ```
+    /// # use stephost_guest::{EffectError, Error};
+    /// let e = Error::from(EffectError::Budget { effect: "models.support".into(), message: "over".into() });
+    /// assert!(matches!(e.effect_error(), Some(EffectError::Budget { .. })));
+    /// assert_eq!(Error::msg("plain").effect_error(), None);
+    /// ```
+    pub fn effect_error(&self) -> Option<&EffectError> {
+        self.effect.as_ref()
     }
 }
 
@@ -132,7 +161,10 @@ impl std::error::Error for Error {}
 
 impl From<EffectError> for Error {
     fn from(e: EffectError) -> Self {
-        Error::msg(e)
+        Error {
+            message: e.to_string(),
+            effect: Some(e),
+        }
     }
 }
 
@@ -144,7 +176,10 @@ impl From<serde_json::Error> for Error {
 
 impl From<String> for Error {
     fn from(message: String) -> Self {
-        Error { message }
+        Error {
+            message,
+            effect: None,
+        }
     }
 }
 

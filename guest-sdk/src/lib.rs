@@ -1,11 +1,12 @@
 //! Write stephost steps in Rust.
 //!
 //! A step is a function from a JSON input to a JSON output that reaches the
-//! world only through the host: effects (the single gate for side effects), a
-//! clock, randomness and a log. The host records every one of these calls in
-//! its ledger, so a run can be resumed or replayed: on replay the recorded
-//! results come back instead of new ones, and no completed effect is performed
-//! twice. Write the step as straight-line code; the host takes care of the rest.
+//! world only through the host: effects (the single gate for side effects),
+//! models, a clock, randomness, durable timers, approvals and a log. The host
+//! records every one of these calls in its ledger, so a run can be resumed or
+//! replayed: on replay the recorded results come back instead of new ones,
+//! and no completed effect is performed twice. Write the step as straight-line
+//! code; the host takes care of the rest.
 //!
 //! This crate hides the WebAssembly bindings: a step crate depends on
 //! `stephost-guest` (plus `serde` for its own types), is built as a `cdylib`
@@ -34,26 +35,38 @@
 //! # fn main() {}
 //! ```
 //!
+//! Model calls take a provider-neutral [`ChatRequest`] and give a
+//! [`ChatResponse`] ([`Ctx::chat`]); [`Agent`] runs a model with tools in a
+//! loop until it answers. The model behind an alias (OpenAI or Anthropic) is
+//! chosen in `stephost.toml`, not in the step.
+//!
 //! Determinism: everything the step observes must come through [`Ctx`] (or be
 //! recorded by the host, as WASI clocks and random seeds are). Replay checks
 //! that the step makes the same calls with the same requests in the same order
 //! and stops with a divergence report otherwise.
 
+mod agent;
 mod ctx;
 mod error;
 pub mod log;
 
+pub use agent::{Agent, AgentRun, ToolOutput};
 pub use ctx::{Ctx, Decision, Verdict};
 pub use error::{EffectError, Error};
+/// The provider-neutral chat types ([`ChatRequest`], [`ChatResponse`], ...),
+/// from the crate the host uses, so both sides read the same JSON.
+pub use stephost_models::{
+    ChatRequest, ChatResponse, Cost, Message, Part, Role, StopReason, ToolChoice, ToolDef, Usage,
+};
 
-/// The generated bindings for the `stephost:step` world. Not part of the API:
+/// The generated bindings for the `stephost:step@0.2.0` world. Not part of the API:
 /// use [`Ctx`], [`log`] and [`export_step!`] instead.
 #[doc(hidden)]
 #[allow(unsafe_code)] // generated code: the canonical ABI glue is unsafe by nature
 pub mod bindings {
     wit_bindgen::generate!({
         world: "step",
-        path: "../wit",
+        path: "../wit/0.2.0",
         pub_export_macro: true,
         export_macro_name: "__export_step_world",
         default_bindings_module: "stephost_guest::bindings",

@@ -7,6 +7,16 @@
 //!   `422` for a repeat with another body, `409` for a stale `Stephost-Fence`.
 //! - `GET /orders/{operation_id}` → `200` and the receipt, or `404`.
 //!
+//! For the refund agent example (`examples/agent-refund`) it also plays a shop's
+//! customer orders and refunds:
+//!
+//! - `GET /customer-orders/{order_id}` → `200 {"order_id", "amount_cents",
+//!   "refunded_cents", "currency"}` from a table of customer orders, or `404`.
+//! - `POST /refunds` with `Idempotency-Key` and `{"order_id", "amount_cents", ...}` →
+//!   `201` and a receipt; deduplicated and fenced like `POST /orders`; `422` for an
+//!   unknown order or more than is left to refund.
+//! - `GET /refunds/{operation_id}` → `200` and the receipt, or `404`.
+//!
 //! Tests start it on `127.0.0.1:0` with [`Receiver::start`], queue one-shot [`Fault`]s
 //! for the next `POST /orders` requests, and read its counters. Dropping the
 //! [`Receiver`] stops it.
@@ -31,6 +41,9 @@ use http::{ReadError, Request, Response};
 
 /// `on_hand` for a sku that is not in the stock table, unless configured otherwise.
 pub const DEFAULT_ON_HAND: i64 = 3;
+/// The customer orders a receiver knows unless configured otherwise:
+/// `(order id, amount in cents)`.
+pub const DEFAULT_CUSTOMER_ORDERS: &[(&str, i64)] = &[("A-1001", 4999), ("A-1002", 25000)];
 /// Largest request body accepted (larger ones get `413`).
 pub const MAX_BODY_BYTES: usize = 1 << 20;
 /// An idle keep-alive connection is closed after this long.
@@ -45,6 +58,9 @@ pub struct Config {
     pub stock: HashMap<String, i64>,
     /// `on_hand` for any sku not in `stock`.
     pub default_on_hand: i64,
+    /// Customer orders by id, with their amount in cents, for
+    /// `GET /customer-orders/{order_id}` and `POST /refunds`.
+    pub customer_orders: HashMap<String, i64>,
     /// Persist created orders as JSON lines (fsync'd) and reload them on start.
     /// `None` keeps state in memory only.
     pub state_file: Option<PathBuf>,
@@ -58,6 +74,10 @@ impl Default for Config {
             listen: "127.0.0.1:0".into(),
             stock: HashMap::new(),
             default_on_hand: DEFAULT_ON_HAND,
+            customer_orders: DEFAULT_CUSTOMER_ORDERS
+                .iter()
+                .map(|&(id, cents)| (id.to_string(), cents))
+                .collect(),
             state_file: None,
             log: false,
         }
@@ -146,6 +166,41 @@ impl Order {
     }
 }
 
+/// A refund the receiver made (one business effect of `POST /refunds`). Refunds are
+/// kept in memory only, also with a state file.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Refund {
+    /// `RF-<n>`, n counting from 1.
+    pub refund_id: String,
+    /// The `Idempotency-Key` it was made with.
+    pub operation_id: String,
+    /// sha256 (hex) of the request body bytes.
+    pub payload_sha256: String,
+    /// The customer order refunded.
+    pub order_id: String,
+    /// The amount refunded, in cents.
+    pub amount_cents: i64,
+    /// The request body as received.
+    pub body: String,
+    /// `Stephost-Run-Id` of the creating request, if any.
+    pub run_id: Option<String>,
+    /// `Stephost-Fence` of the creating request, if any.
+    pub fence: Option<u64>,
+}
+
+impl Refund {
+    /// The receipt returned by `POST /refunds` and `GET /refunds/{operation_id}`.
+    pub fn receipt(&self) -> Value {
+        json!({
+            "refund_id": self.refund_id,
+            "operation_id": self.operation_id,
+            "payload_sha256": self.payload_sha256,
+            "order_id": self.order_id,
+            "amount_cents": self.amount_cents,
+        })
+    }
+}
+
 /// One request as the receiver saw it (every endpoint, including faulted ones).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SeenRequest {
@@ -184,6 +239,11 @@ struct State {
     /// Highest `Stephost-Fence` seen per `Stephost-Run-Id`.
     fences: HashMap<String, u64>,
     faults: VecDeque<Fault>,
+    customer_orders: HashMap<String, i64>,
+    refunds: Vec<Refund>,
+    refund_by_key: HashMap<String, usize>,
+    refund_requests_received: usize,
+    customer_order_reads: usize,
     /// What every lookup answers instead of the truth, when set.
     lookup_answer: Option<(u16, Vec<u8>)>,
     requests: Vec<SeenRequest>,
@@ -243,6 +303,7 @@ impl Receiver {
         let mut state = State {
             stock: config.stock,
             default_on_hand: config.default_on_hand,
+            customer_orders: config.customer_orders,
             ..State::default()
         };
         if let Some(path) = &config.state_file {
@@ -350,6 +411,21 @@ impl Receiver {
     /// `GET /inventory/{sku}` requests received.
     pub fn inventory_reads(&self) -> usize {
         lock(&self.shared.state).inventory_reads
+    }
+
+    /// Every `POST /refunds` request received: rejected and duplicate ones too.
+    pub fn refund_requests_received(&self) -> usize {
+        lock(&self.shared.state).refund_requests_received
+    }
+
+    /// The refunds made, oldest first.
+    pub fn refunds(&self) -> Vec<Refund> {
+        lock(&self.shared.state).refunds.clone()
+    }
+
+    /// `GET /customer-orders/{order_id}` requests received (found or not).
+    pub fn customer_order_reads(&self) -> usize {
+        lock(&self.shared.state).customer_order_reads
     }
 
     /// Every request received, on every endpoint, oldest first.
@@ -555,10 +631,15 @@ impl Shared {
             (["inventory", sku], "GET") => Outcome::Reply(self.inventory(sku)),
             (["orders", id], "GET") => Outcome::Reply(self.lookup(id)),
             (["orders"], "POST") => self.post_order(&req, fault),
-            (["inventory", _] | ["orders", _], _) => Outcome::Reply(
-                Response::error(405, "method not allowed").with_header("Allow", "GET"),
-            ),
-            (["orders"], _) => Outcome::Reply(
+            (["customer-orders", id], "GET") => Outcome::Reply(self.customer_order(id)),
+            (["refunds", id], "GET") => Outcome::Reply(self.refund_lookup(id)),
+            (["refunds"], "POST") => Outcome::Reply(self.place_refund(&req)),
+            (["inventory", _] | ["orders", _] | ["customer-orders", _] | ["refunds", _], _) => {
+                Outcome::Reply(
+                    Response::error(405, "method not allowed").with_header("Allow", "GET"),
+                )
+            }
+            (["orders"] | ["refunds"], _) => Outcome::Reply(
                 Response::error(405, "method not allowed").with_header("Allow", "POST"),
             ),
             _ => Outcome::Reply(Response::error(404, "no such endpoint")),
@@ -577,10 +658,10 @@ impl Shared {
             }
             Outcome::Drop => "connection dropped without a response".into(),
         };
-        if post_order {
+        if post_order || (matches!(segments.as_slice(), ["refunds"]) && req.method == "POST") {
             let h = |name: &str| req.header(name).unwrap_or("-").to_string();
             self.log_line(format_args!(
-                "POST /orders Idempotency-Key={} Stephost-Run-Id={} Stephost-Fence={} Stephost-Payload-Sha256={} body={} -> {summary}",
+                "POST {path} Idempotency-Key={} Stephost-Run-Id={} Stephost-Fence={} Stephost-Payload-Sha256={} body={} -> {summary}",
                 h("idempotency-key"),
                 h("stephost-run-id"),
                 h("stephost-fence"),
@@ -658,30 +739,20 @@ impl Shared {
 
     /// The business logic of `POST /orders`, atomic under the state lock.
     fn place_order(&self, req: &Request) -> Response {
-        let Some(key) = req.header("idempotency-key").filter(|k| !k.is_empty()) else {
-            return Response::error(400, "missing Idempotency-Key header");
+        let WriteRequest {
+            key,
+            body,
+            run_id,
+            fence,
+            payload_sha256,
+        } = match WriteRequest::of(req) {
+            Ok(w) => w,
+            Err(resp) => return resp,
         };
-        let body: Value = match serde_json::from_slice(&req.body) {
-            Ok(v) => v,
-            Err(e) => return Response::error(400, &format!("body is not JSON: {e}")),
-        };
-        let run_id = req.header("stephost-run-id").map(str::to_string);
-        let fence = match req.header("stephost-fence").map(str::parse::<u64>) {
-            None => None,
-            Some(Ok(f)) => Some(f),
-            Some(Err(_)) => {
-                return Response::error(400, "Stephost-Fence is not an unsigned integer");
-            }
-        };
-        let payload_sha256 = sha256_hex(&req.body);
 
         let mut state = lock(&self.state);
-        if let (Some(run), Some(fence)) = (&run_id, fence) {
-            let highest = state.fences.entry(run.clone()).or_insert(fence);
-            if fence < *highest {
-                return Response::error(409, "stale fencing token");
-            }
-            *highest = fence;
+        if let Err(resp) = state.check_fence(&run_id, fence) {
+            return resp;
         }
         if let Some(&i) = state.by_key.get(key) {
             let order = &state.orders[i];
@@ -718,5 +789,163 @@ impl Shared {
         state.by_key.insert(order.operation_id.clone(), index);
         state.orders.push(order);
         Response::json(201, &receipt)
+    }
+
+    fn customer_order(&self, id: &str) -> Response {
+        let mut state = lock(&self.state);
+        state.customer_order_reads += 1;
+        let Some((id, amount)) = http::percent_decode(id)
+            .and_then(|id| state.customer_orders.get(&id).map(|&cents| (id, cents)))
+        else {
+            return Response::error(404, "no such customer order");
+        };
+        let refunded = state.refunded_cents(&id);
+        Response::json(
+            200,
+            &json!({
+                "order_id": id,
+                "amount_cents": amount,
+                "refunded_cents": refunded,
+                "currency": "USD",
+            }),
+        )
+    }
+
+    fn refund_lookup(&self, id: &str) -> Response {
+        let state = lock(&self.state);
+        let found = http::percent_decode(id)
+            .and_then(|id| state.refund_by_key.get(&id).copied())
+            .map(|i| state.refunds[i].receipt());
+        match found {
+            Some(receipt) => Response::json(200, &receipt),
+            None => Response::error(404, "no refund with this operation id"),
+        }
+    }
+
+    /// The business logic of `POST /refunds`, atomic under the state lock.
+    fn place_refund(&self, req: &Request) -> Response {
+        lock(&self.state).refund_requests_received += 1;
+        let WriteRequest {
+            key,
+            body,
+            run_id,
+            fence,
+            payload_sha256,
+        } = match WriteRequest::of(req) {
+            Ok(w) => w,
+            Err(resp) => return resp,
+        };
+        let mut state = lock(&self.state);
+        if let Err(resp) = state.check_fence(&run_id, fence) {
+            return resp;
+        }
+        if let Some(&i) = state.refund_by_key.get(key) {
+            let refund = &state.refunds[i];
+            if refund.payload_sha256 != payload_sha256 {
+                return Response::error(422, "idempotency key reused with a different payload");
+            }
+            let receipt = refund.receipt();
+            state.idempotent_replays += 1;
+            return Response::json(200, &receipt).with_header("Idempotent-Replayed", "true");
+        }
+        let (Some(order_id), Some(amount_cents)) = (
+            body.get("order_id").and_then(Value::as_str),
+            body.get("amount_cents").and_then(Value::as_i64),
+        ) else {
+            return Response::error(
+                400,
+                "a refund needs `order_id` (a string) and `amount_cents` (an integer)",
+            );
+        };
+        let Some(&total) = state.customer_orders.get(order_id) else {
+            return Response::error(422, &format!("no customer order {order_id}"));
+        };
+        let left = total - state.refunded_cents(order_id);
+        if amount_cents <= 0 || amount_cents > left {
+            return Response::error(
+                422,
+                &format!(
+                    "cannot refund {amount_cents} cents of order {order_id}: {left} cents are left to refund"
+                ),
+            );
+        }
+        let refund = Refund {
+            refund_id: format!("RF-{}", state.refunds.len() + 1),
+            operation_id: key.to_string(),
+            payload_sha256,
+            order_id: order_id.to_string(),
+            amount_cents,
+            body: String::from_utf8_lossy(&req.body).into_owned(),
+            run_id,
+            fence,
+        };
+        let receipt = refund.receipt();
+        let index = state.refunds.len();
+        state
+            .refund_by_key
+            .insert(refund.operation_id.clone(), index);
+        state.refunds.push(refund);
+        Response::json(201, &receipt)
+    }
+}
+
+/// What every write (`POST /orders`, `POST /refunds`) carries, checked.
+struct WriteRequest<'a> {
+    key: &'a str,
+    body: Value,
+    run_id: Option<String>,
+    fence: Option<u64>,
+    payload_sha256: String,
+}
+
+impl<'a> WriteRequest<'a> {
+    /// The key, the JSON body and the fence of a write, or the `400` it gets.
+    fn of(req: &'a Request) -> Result<Self, Response> {
+        let Some(key) = req.header("idempotency-key").filter(|k| !k.is_empty()) else {
+            return Err(Response::error(400, "missing Idempotency-Key header"));
+        };
+        let body: Value = serde_json::from_slice(&req.body)
+            .map_err(|e| Response::error(400, &format!("body is not JSON: {e}")))?;
+        let fence = match req.header("stephost-fence").map(str::parse::<u64>) {
+            None => None,
+            Some(Ok(f)) => Some(f),
+            Some(Err(_)) => {
+                return Err(Response::error(
+                    400,
+                    "Stephost-Fence is not an unsigned integer",
+                ));
+            }
+        };
+        Ok(WriteRequest {
+            key,
+            body,
+            run_id: req.header("stephost-run-id").map(str::to_string),
+            fence,
+            payload_sha256: sha256_hex(&req.body),
+        })
+    }
+}
+
+impl State {
+    /// Refuses a fence lower than the highest seen for its run (and remembers
+    /// the highest).
+    fn check_fence(&mut self, run_id: &Option<String>, fence: Option<u64>) -> Result<(), Response> {
+        if let (Some(run), Some(fence)) = (run_id, fence) {
+            let highest = self.fences.entry(run.clone()).or_insert(fence);
+            if fence < *highest {
+                return Err(Response::error(409, "stale fencing token"));
+            }
+            *highest = fence;
+        }
+        Ok(())
+    }
+
+    /// Cents refunded so far on a customer order.
+    fn refunded_cents(&self, order_id: &str) -> i64 {
+        self.refunds
+            .iter()
+            .filter(|r| r.order_id == order_id)
+            .map(|r| r.amount_cents)
+            .sum()
     }
 }

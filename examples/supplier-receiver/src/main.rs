@@ -6,10 +6,12 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::Parser;
-use supplier_receiver::{Config, DEFAULT_ON_HAND, Receiver};
+use supplier_receiver::{Config, DEFAULT_CUSTOMER_ORDERS, DEFAULT_ON_HAND, Receiver};
 
 /// A supplier's order API: GET /inventory/{sku}, POST /orders (Idempotency-Key),
-/// GET /orders/{operation_id}. Stop it with Ctrl-C.
+/// GET /orders/{operation_id}; and a shop's customer orders and refunds:
+/// GET /customer-orders/{order_id}, POST /refunds (Idempotency-Key),
+/// GET /refunds/{operation_id}. Stop it with Ctrl-C.
 #[derive(Parser)]
 #[command(name = "supplier-receiver", version)]
 struct Args {
@@ -25,13 +27,17 @@ struct Args {
     /// Stock of every sku not named by --stock.
     #[arg(long, value_name = "N", default_value_t = DEFAULT_ON_HAND)]
     default_on_hand: i64,
+    /// A customer order and its amount in cents, e.g. `--customer-order A-1003=1250`;
+    /// repeatable, added to the built-in A-1001=4999 and A-1002=25000.
+    #[arg(long, value_name = "ID=CENTS", value_parser = parse_stock)]
+    customer_order: Vec<(String, i64)>,
     /// Do not print requests.
     #[arg(long)]
     quiet: bool,
 }
 
 fn parse_stock(s: &str) -> Result<(String, i64), String> {
-    let (sku, n) = s.split_once('=').ok_or("expected SKU=N")?;
+    let (sku, n) = s.split_once('=').ok_or("expected NAME=N")?;
     let n = n.parse().map_err(|e| format!("bad quantity {n:?}: {e}"))?;
     Ok((sku.to_string(), n))
 }
@@ -42,6 +48,11 @@ fn main() -> ExitCode {
         listen: args.listen,
         stock: args.stock.into_iter().collect::<HashMap<_, _>>(),
         default_on_hand: args.default_on_hand,
+        customer_orders: DEFAULT_CUSTOMER_ORDERS
+            .iter()
+            .map(|&(id, cents)| (id.to_string(), cents))
+            .chain(args.customer_order)
+            .collect(),
         state_file: args.state.clone(),
         log: !args.quiet,
     };

@@ -465,3 +465,138 @@ fn stopping_closes_idle_connections_and_the_port() {
     assert!(matches!(idle.read(&mut buf), Ok(0) | Err(_)));
     assert!(TcpStream::connect(addr).is_err());
 }
+
+fn post_refund(agent: &ureq::Agent, rx: &Receiver, key: &str, fence: u64, body: &str) -> Reply {
+    reply(
+        agent
+            .post(format!("{}/refunds", rx.url()))
+            .header("Idempotency-Key", key)
+            .header("Stephost-Run-Id", "run-1")
+            .header("Stephost-Fence", fence.to_string())
+            .content_type("application/json")
+            .send(body),
+    )
+}
+
+#[test]
+fn customer_orders_and_refunds() {
+    let rx = Receiver::start_with(Config {
+        customer_orders: HashMap::from([("A-7".into(), 1000)]),
+        ..Config::default()
+    })
+    .unwrap();
+    let agent = agent();
+    let order = get(&agent, format!("{}/customer-orders/A-7", rx.url()));
+    assert_eq!(order.status, 200);
+    assert_eq!(
+        order.json,
+        json!({"order_id": "A-7", "amount_cents": 1000, "refunded_cents": 0, "currency": "USD"})
+    );
+    assert_eq!(
+        get(&agent, format!("{}/customer-orders/A-1001", rx.url())).status,
+        404,
+        "the configured table replaces the built-in one"
+    );
+
+    let body = r#"{"order_id":"A-7","amount_cents":600,"reason":"late"}"#;
+    let missing = get(&agent, format!("{}/refunds/rf-op-1", rx.url()));
+    assert_eq!(missing.status, 404);
+    let first = post_refund(&agent, &rx, "rf-op-1", 1, body);
+    assert_eq!(first.status, 201);
+    assert_eq!(
+        first.json,
+        json!({
+            "refund_id": "RF-1",
+            "operation_id": "rf-op-1",
+            "payload_sha256": sha256_hex(body.as_bytes()),
+            "order_id": "A-7",
+            "amount_cents": 600,
+        })
+    );
+    // Deduplicated by key, refused with another payload, looked up by key.
+    let again = post_refund(&agent, &rx, "rf-op-1", 1, body);
+    assert_eq!((again.status, again.replayed), (200, true));
+    assert_eq!(again.json, first.json);
+    let other = post_refund(
+        &agent,
+        &rx,
+        "rf-op-1",
+        1,
+        r#"{"order_id":"A-7","amount_cents":601}"#,
+    );
+    assert_eq!(other.status, 422);
+    let found = get(&agent, format!("{}/refunds/rf-op-1", rx.url()));
+    assert_eq!(
+        (found.status, found.json.clone()),
+        (200, first.json.clone())
+    );
+    let order = get(&agent, format!("{}/customer-orders/A-7", rx.url()));
+    assert_eq!(order.json["refunded_cents"], 600);
+
+    // Business refusals: more than is left, an unknown order, a bad body, a stale fence.
+    let too_much = post_refund(
+        &agent,
+        &rx,
+        "rf-op-2",
+        1,
+        r#"{"order_id":"A-7","amount_cents":401}"#,
+    );
+    assert_eq!(too_much.status, 422);
+    assert_eq!(
+        too_much.json["error"],
+        "cannot refund 401 cents of order A-7: 400 cents are left to refund"
+    );
+    let unknown = post_refund(
+        &agent,
+        &rx,
+        "rf-op-3",
+        1,
+        r#"{"order_id":"B-1","amount_cents":1}"#,
+    );
+    assert_eq!(unknown.status, 422);
+    assert_eq!(
+        post_refund(&agent, &rx, "rf-op-4", 1, r#"{"order_id":"A-7"}"#).status,
+        400
+    );
+    assert_eq!(
+        post_refund(
+            &agent,
+            &rx,
+            "rf-op-5",
+            2,
+            r#"{"order_id":"A-7","amount_cents":400}"#
+        )
+        .status,
+        201
+    );
+    assert_eq!(
+        post_refund(
+            &agent,
+            &rx,
+            "rf-op-6",
+            1,
+            r#"{"order_id":"A-7","amount_cents":1}"#
+        )
+        .status,
+        409
+    );
+
+    assert_eq!(rx.refund_requests_received(), 8);
+    assert_eq!(rx.customer_order_reads(), 3);
+    let refunds = rx.refunds();
+    assert_eq!(refunds.len(), 2);
+    assert_eq!(refunds[1].refund_id, "RF-2");
+    assert_eq!(refunds[1].fence, Some(2));
+    // None of it touched the supplier side.
+    assert_eq!((rx.requests_received(), rx.business_effects()), (0, 0));
+}
+
+#[test]
+fn the_built_in_customer_orders() {
+    let rx = Receiver::start().unwrap();
+    let agent = agent();
+    let r = get(&agent, format!("{}/customer-orders/A-1001", rx.url()));
+    assert_eq!(r.json["amount_cents"], 4999);
+    let r = get(&agent, format!("{}/customer-orders/A-1002", rx.url()));
+    assert_eq!(r.json["amount_cents"], 25000);
+}
