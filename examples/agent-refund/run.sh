@@ -40,6 +40,8 @@ cleanup() {
     rm -rf "$work"
 }
 trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
 
 echo "== building the step (wasm32-wasip2), stephost, the model server and the receiver" >&2
 cargo build -q --release --target wasm32-wasip2 --target-dir target/guest-wasm -p agent-refund
@@ -47,19 +49,17 @@ cargo build -q -p stephost -p model-server -p supplier-receiver
 bin="${CARGO_TARGET_DIR:-$root/target}/debug"
 module="target/guest-wasm/wasm32-wasip2/release/agent_refund.wasm"
 
-# Starts a server in the background and prints the URL it says it listens on.
+# Starts a server in the background (in this shell, so that `cleanup` stops
+# it) and sets `url` to the address it says it listens on.
 start() {
     local name="$1" log="$work/$1.log"
     shift
     "$@" >"$log" 2>&1 &
     pids+=("$!")
+    url=""
     for _ in $(seq 1 100); do
-        local url
         url="$(grep -o 'listening on http://[0-9.:]*' "$log" | head -n1 | sed 's/listening on //')" || true
-        if [[ -n "$url" ]]; then
-            echo "$url"
-            return
-        fi
+        [[ -n "$url" ]] && return
         sleep 0.1
     done
     echo "$name did not start:" >&2
@@ -67,11 +67,13 @@ start() {
     exit 1
 }
 
-receiver="$(start receiver "$bin/supplier-receiver" --listen 127.0.0.1:0)"
+start receiver "$bin/supplier-receiver" --listen 127.0.0.1:0
+receiver="$url"
 config="$work/stephost.toml"
 sed "s#http://127.0.0.1:8080#$receiver#g" "$config_in" >"$config"
 if grep -q '^url = "http://127.0.0.1:8081"' "$config"; then
-    model_server="$(start model-server "$bin/model-server" --listen 127.0.0.1:0)"
+    start model-server "$bin/model-server" --listen 127.0.0.1:0
+    model_server="$url"
     sed -i "s#http://127.0.0.1:8081#$model_server#g" "$config"
     # The scripted server takes any key; never send a real one to it.
     key_env="$(sed -n 's/^key_env = "\([A-Za-z0-9_]*\)".*/\1/p' "$config" | head -n1)"
