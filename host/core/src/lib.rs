@@ -34,6 +34,7 @@ pub mod notices;
 pub mod outcome;
 pub mod payload;
 pub mod records;
+pub mod redact;
 pub mod settle;
 pub mod store;
 #[cfg(feature = "testing")]

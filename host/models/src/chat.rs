@@ -18,7 +18,9 @@ use std::collections::{BTreeMap, BTreeSet};
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ChatRequest {
-    /// Model alias from `stephost.toml` (`[models.NAME]`), not the provider's model id.
+    /// Model alias from `stephost.toml` (`[models.NAME]`), not the provider's model id
+    /// (the host fills it from the call's alias; a step may leave it out).
+    #[serde(default)]
     pub model: String,
     /// System prompt.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -304,7 +306,7 @@ impl Usage {
 
 /// Prices of a model in USD per million tokens (`[models.NAME.prices]`).
 #[derive(Debug, Clone, Copy, PartialEq, Default, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(default, deny_unknown_fields)]
 pub struct Prices {
     /// Uncached input tokens.
     pub input_per_mtok: f64,

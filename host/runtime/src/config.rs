@@ -29,6 +29,7 @@ use crate::effects::model::Model;
 use crate::effects::{Effect, Effects, Handler, RetryPolicy};
 use stephost_core::CallClass;
 use stephost_core::Limits;
+use stephost_core::redact::Redaction;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -55,6 +56,10 @@ pub struct Config {
     /// import of stephost:step@0.2.0).
     #[serde(default)]
     pub models: BTreeMap<String, ModelConfig>,
+    /// Values kept only as keyed hashes, by effect name or `models.ALIAS`
+    /// (`[redact."NAME"]`).
+    #[serde(default)]
+    pub redact: BTreeMap<String, RedactConfig>,
     /// Where `stephost serve` sends notifications: a run parked, waiting
     /// for an approval, failed or diverged.
     #[serde(default)]
@@ -305,6 +310,17 @@ fn default_model_retry() -> RetryPolicy {
     }
 }
 
+/// The values of one effect's (or model's) calls that the ledger keeps
+/// only as a keyed hash: JSON pointers into its requests and its responses.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RedactConfig {
+    #[serde(default)]
+    pub request: Vec<String>,
+    #[serde(default)]
+    pub response: Vec<String>,
+}
+
 /// A receiver of notifications (`[[webhooks]]`).
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -428,6 +444,7 @@ impl Config {
             message,
         })?;
         config.base_dir = path.parent().map(Path::to_path_buf).unwrap_or_default();
+        config.path = path.to_path_buf();
         Ok(config)
     }
 
@@ -527,11 +544,47 @@ impl Config {
             })?;
             models.insert(alias.clone(), model);
         }
+        for (name, config) in &self.redact {
+            let effect = match name.strip_prefix("models.") {
+                Some(alias) => models
+                    .get_mut(alias)
+                    .map(|m: &mut ModelEffect| &mut m.effect),
+                None => granted.get_mut(name),
+            };
+            let Some(effect) = effect else {
+                return Err(ConfigError::Invalid {
+                    path: self.shown(),
+                    message: format!(
+                        "[redact.\"{name}\"] names no effect (nor a model, as models.ALIAS)"
+                    ),
+                });
+            };
+            let Some(key) = self.signer.mac_key() else {
+                return Err(ConfigError::Invalid {
+                    path: self.shown(),
+                    message: format!(
+                        "[redact.\"{name}\"] needs the operator's key to hash values with: set \
+                         {CHAIN_KEY_FILE_VAR} (or {CHAIN_KEY_VAR})"
+                    ),
+                });
+            };
+            let redaction =
+                Redaction::new(config.request.clone(), config.response.clone(), key.clone())
+                    .map_err(|message| ConfigError::Invalid {
+                        path: self.shown(),
+                        message: format!("[redact.\"{name}\"]: {message}"),
+                    })?;
+            effect.redaction = Some(redaction);
+        }
         Ok(Effects::new(granted, llm, models))
     }
 
     fn shown(&self) -> String {
-        self.path.display().to_string()
+        if self.path.as_os_str().is_empty() {
+            "(none: the defaults)".to_string()
+        } else {
+            self.path.display().to_string()
+        }
     }
 
     fn build(&self, name: &str, config: &EffectConfig) -> Result<Effect, String> {
@@ -648,6 +701,7 @@ impl Config {
             retry,
             handler,
             receipt_pointer,
+            redaction: None,
         })
     }
 }
@@ -688,6 +742,7 @@ fn build_llm(llm: &LlmConfig) -> Result<Effect, String> {
             model: llm.model.clone(),
         }),
         receipt_pointer: crate::effects::RECEIPT_OPERATION_POINTER.to_string(),
+        redaction: None,
     })
 }
 
@@ -741,6 +796,7 @@ fn build_model(alias: &str, config: &ModelConfig) -> Result<ModelEffect, String>
             retry: config.retry.clone(),
             handler: Box::new(model.clone()),
             receipt_pointer: crate::effects::RECEIPT_OPERATION_POINTER.to_string(),
+            redaction: None,
         },
         model,
     })

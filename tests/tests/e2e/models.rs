@@ -295,3 +295,95 @@ fn an_alias_switched_to_another_api_keeps_old_runs_replaying() {
     );
     let _: Value = ran.json();
 }
+
+#[test]
+fn a_redacted_value_is_nowhere_in_the_ledger_and_a_replay_still_checks_it() {
+    const CARD: &str = "4111-1111-1111-1111";
+    const ANSWER_SECRET: &str = "PIN 8642";
+    let server = server_with(
+        &format!(r#"{{"turns": [{{"text": "Noted, {ANSWER_SECRET}."}}]}}"#),
+        0,
+    );
+    let sb = Sandbox::with_config(
+        BIN,
+        &config(
+            "openai-chat",
+            &server.url(),
+            &format!(
+                r#"
+[effects."vault.read"]
+kind = "static"
+class = "read"
+response = '{{"card": "{CARD}", "holder": "C. One"}}'
+
+[redact."vault.read"]
+response = ["/card"]
+
+[redact."models.support"]
+request = ["/messages/*/content/*/text"]
+response = ["/content/0/text"]
+"#
+            ),
+        ),
+    );
+    let key = sb.path("chain.key");
+    std::fs::write(&key, "a test chain key of enough bytes, 0123456789").unwrap();
+    std::fs::set_permissions(&key, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
+    let with_key = |args: &[&str]| {
+        sb.stephost_with_envs(
+            &[
+                ("STEPHOST_TEST_MODEL_KEY", KEY.as_ref()),
+                ("STEPHOST_CHAIN_KEY_FILE", key.as_os_str()),
+            ],
+            args,
+        )
+    };
+    let input =
+        r#"{"model":"support","message":"Please check my card.","with_card":true,"quiet":true}"#;
+    let ran = with_key(&["run", guests::CHAT_STEP, "--input", input, "--run-id", "p"]);
+    ran.expect_code(0);
+    // The model was sent the real request.
+    assert_eq!(ran.json()["stop"], "stop", "{}", ran.stdout);
+    assert!(
+        server.report().to_string().contains(CARD),
+        "the model was not sent the card"
+    );
+    for secret in [CARD, ANSWER_SECRET] {
+        assert!(
+            !sb.ledger_contains(secret),
+            "{secret} is in the ledger's files"
+        );
+    }
+    let show = with_key(&["show", "p", "--json"]);
+    show.expect_code(0);
+    assert!(show.stdout.contains("stephost_redacted"), "{}", show.stdout);
+    let export = with_key(&["export", "p"]);
+    export.expect_code(0);
+    for secret in [CARD, ANSWER_SECRET] {
+        assert!(!show.stdout.contains(secret), "{secret} in show");
+        assert!(!export.stdout.contains(secret), "{secret} in the export");
+    }
+    with_key(&["verify", "p"]).expect_code(0);
+    // A replay still checks the redacted request: the same run replays (the
+    // card it sends the model now the marker of the card it read); one whose
+    // model request would differ is a divergence.
+    with_key(&["replay", "p"]).expect_code(0);
+    let other = sb.path("other.json");
+    let mut fixture: Value = export.json();
+    fixture["input"] = Value::String(input.replace("\"quiet\"", "\"max_tokens\":7,\"quiet\""));
+    std::fs::write(&other, fixture.to_string()).unwrap();
+    let diverged = with_key(&[
+        "replay",
+        "--fixture",
+        other.to_str().unwrap(),
+        "--module",
+        guests::CHAT_STEP,
+    ]);
+    assert_eq!(diverged.code, Some(4), "{diverged:?}");
+    assert!(
+        diverged.stdout.contains("call #2 diverged"),
+        "{}",
+        diverged.stdout
+    );
+    assert_eq!(model_requests(&server), 1);
+}

@@ -33,6 +33,7 @@ pub use crate::outcome::{CallErrorKind, CallErrorRecord, Outcome};
 use crate::records::{
     AttemptRecord, CallClass, CallRecord, CallState, Claim, EndRow, LogRecord, RunRecord,
 };
+use crate::redact::Redaction;
 use crate::store::{Commit, PendingCommit, WriteOp, Writer};
 use budget::Budget;
 
@@ -58,6 +59,18 @@ pub struct CallSpec<'a> {
     /// committed durably before the step sees it, so it is never asked
     /// twice.
     pub paid: bool,
+    /// Values of the request and the response kept only as keyed hashes.
+    pub redact: Option<&'a Redaction>,
+}
+
+impl CallSpec<'_> {
+    /// The request as the ledger keeps it (redacted, if the call asks).
+    fn kept_request(&self) -> String {
+        match self.redact {
+            Some(redaction) => redaction.request(self.request),
+            None => self.request.to_string(),
+        }
+    }
 }
 
 /// The identity of the operation being performed, handed to live I/O.
@@ -405,6 +418,9 @@ pub struct Journal {
     next_seq: u64,
     /// What the execution may spend, and has.
     budget: Budget,
+    /// The redaction of the live call in progress (its sequence number),
+    /// applied to what the ledger keeps of its outcome.
+    redacting: Option<(u64, Redaction)>,
     stop: Option<Stop>,
     logs_recorded: HashMap<u64, usize>,
     log_sink: Option<LogSink>,
@@ -510,6 +526,7 @@ impl Journal {
             history,
             next_seq: 1,
             budget: Budget::new(limits),
+            redacting: None,
             stop: None,
             logs_recorded,
             log_sink: None,
@@ -887,9 +904,15 @@ impl Journal {
             .expect("the caller found the call recorded");
         // The same request text has the same hash; only a difference
         // needs the hash to decide (a fixture may carry hashes only).
+        // A redacted request no longer holds what its hash covers: its
+        // markers are compared by their keyed hashes.
         let same_request = recorded.request == spec.request
             || recorded.request_hash
-                == ids::request_hash(spec.interface, spec.function, spec.request);
+                == ids::request_hash(spec.interface, spec.function, spec.request)
+            || spec.redact.is_some_and(|r| {
+                crate::redact::is_redacted(&recorded.request)
+                    && r.matches(&recorded.request, spec.request)
+            });
         if recorded.interface != spec.interface
             || recorded.function != spec.function
             || !same_request
@@ -936,6 +959,7 @@ impl Journal {
                     return Err(in_flight_in_replay(seq));
                 }
                 self.going_live(seq)?;
+                self.redacting = spec.redact.map(|r| (seq, r.clone()));
                 if recorded.class == CallClass::Suspend {
                     return self.wait_for(&recorded, live).map(Call::Done);
                 }
@@ -957,6 +981,7 @@ impl Journal {
 
     /// The `started` row of live call `seq`.
     fn new_record(&mut self, spec: &CallSpec<'_>, seq: u64) -> CallRecord {
+        self.redacting = spec.redact.map(|r| (seq, r.clone()));
         let mut request_hash = String::new();
         Self::request_hash(&mut self.request_hashes, spec, &mut request_hash);
         // An observe call (a clock, a random number) acts on nothing outside
@@ -973,7 +998,7 @@ impl Journal {
             interface: spec.interface.to_string(),
             function: spec.function.to_string(),
             operation_id,
-            request: spec.request.to_string(),
+            request: spec.kept_request(),
             request_hash,
             state: CallState::Started,
             outcome: None,
@@ -1012,7 +1037,7 @@ impl Journal {
             crash::point("after-send", seq);
         }
         record.state = outcome.state();
-        record.outcome = Some(outcome.to_json());
+        record.outcome = Some(self.kept(seq, &outcome));
         record.finished_at_ms = Some(if with_attempts {
             crate::clock::now_ms()
         } else {
@@ -1104,12 +1129,13 @@ impl Journal {
                 });
             }
         };
+        let kept = self.kept(seq, &outcome);
         Self::push_outcome(
             &mut self.chain,
             &mut self.pending,
             &started,
             outcome.state(),
-            Some(outcome.to_json()),
+            Some(kept),
         );
         // To a deduplicating receiver, the outcome rides on the next
         // commit (the next write's fsync'd `started`, a read, the run's
@@ -1182,6 +1208,15 @@ impl Journal {
 
     /// Buffers the outcome of `call`, finished in `state` (with `outcome`,
     /// its JSON, if any): it rides on the next commit.
+    /// What the ledger keeps of call `seq`'s outcome: redacted if the call
+    /// asked for it.
+    fn kept(&self, seq: u64, outcome: &Outcome) -> String {
+        match &self.redacting {
+            Some((at, redaction)) if *at == seq => redaction.outcome(outcome),
+            _ => outcome.to_json(),
+        }
+    }
+
     fn push_outcome(
         chain: &mut ChainState,
         pending: &mut Vec<WriteOp>,
@@ -1228,12 +1263,13 @@ impl Journal {
         let op = OpContext::of(&self.run_id, recorded, self.fence());
         match live.wait(&op, recorded.started_at_ms) {
             Wait::Ready(outcome) => {
+                let kept = self.kept(recorded.seq, &outcome);
                 Self::push_outcome(
                     &mut self.chain,
                     &mut self.pending,
                     recorded,
                     outcome.state(),
-                    Some(outcome.to_json()),
+                    Some(kept),
                 );
                 self.flush_now()?;
                 self.stats.live += 1;
@@ -1336,13 +1372,8 @@ impl Journal {
             }
             Reconciled::Unknown(reason) => (CallState::Unknown, Err(reason)),
         };
-        Self::push_outcome(
-            &mut self.chain,
-            &mut self.pending,
-            recorded,
-            state,
-            outcome.as_ref().ok().map(Outcome::to_json),
-        );
+        let kept = outcome.as_ref().ok().map(|o| self.kept(recorded.seq, o));
+        Self::push_outcome(&mut self.chain, &mut self.pending, recorded, state, kept);
         self.flush_now()?;
         match outcome {
             Ok(outcome) => {
@@ -1413,11 +1444,13 @@ fn summary(call: &CallRecord) -> CallSummary {
     }
 }
 
+/// The new side of a divergence, redacted as its record would be (it is
+/// printed and logged).
 fn new_side(spec: &CallSpec<'_>) -> CallSummary {
     CallSummary {
         interface: spec.interface.to_string(),
         function: spec.function.to_string(),
-        request: spec.request.to_string(),
+        request: spec.kept_request(),
     }
 }
 

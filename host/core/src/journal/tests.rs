@@ -111,6 +111,7 @@ fn spec<'a>(class: CallClass, function: &'a str, request: &'a str) -> CallSpec<'
         request,
         key: None,
         paid: false,
+        redact: None,
     }
 }
 
@@ -166,6 +167,7 @@ fn observe(journal: &mut Journal, value: u64) -> Outcome {
         request: "",
         key: None,
         paid: false,
+        redact: None,
     };
     journal
         .call(&spec, &mut Compute(|| Outcome::Ok(value.into())))
@@ -603,6 +605,7 @@ fn calls_past_calls_max_stop_the_run_with_the_limit_named() {
         request: "",
         key: None,
         paid: false,
+        redact: None,
     };
     let stop = journal
         .call(&spec, &mut Compute(|| Outcome::Ok(3.into())))
@@ -627,6 +630,7 @@ fn recorded_bytes_past_their_budget_stop_the_run_across_resumes() {
         request: "0123456789",
         key: None,
         paid: false,
+        redact: None,
     };
     let mut first = fx.execution_with(limits.clone());
     first

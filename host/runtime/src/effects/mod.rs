@@ -226,6 +226,9 @@ pub struct Effect {
     pub handler: Box<dyn Handler>,
     /// Where a receipt names its operation (a JSON pointer).
     pub receipt_pointer: String,
+    /// Values of its requests and responses kept only as keyed hashes
+    /// (`[redact."NAME"]`).
+    pub redaction: Option<stephost_core::redact::Redaction>,
 }
 
 impl Effect {

@@ -122,6 +122,7 @@ impl Host for StepState {
             request: &request,
             key: None,
             paid: false,
+            redact: None,
         };
         let outcome = match refusal {
             Some(message) => {

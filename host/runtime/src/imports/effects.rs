@@ -190,6 +190,7 @@ fn through_journal<T: From<Outcome>>(
                 request,
                 key,
                 paid: effect.handler.paid(),
+                redact: effect.redaction.as_ref(),
             };
             let mut live = effect_call(state, effect, function, request, &journal);
             go(&mut journal, &spec, &mut live)
@@ -211,6 +212,7 @@ fn through_journal<T: From<Outcome>>(
                 request: &recorded,
                 key,
                 paid: false,
+                redact: None,
             };
             journal
                 .call(&spec, &mut Compute(|| outcome.clone()))

@@ -86,6 +86,7 @@ pub fn observe(
         request,
         key: None,
         paid: false,
+        redact: None,
     };
     match lock(journal).call(&spec, &mut Compute(|| Outcome::Ok(f())))? {
         Outcome::Ok(value) => Ok(value),

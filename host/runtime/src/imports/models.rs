@@ -124,6 +124,7 @@ fn refuse(
         request,
         key: None,
         paid: false,
+        redact: None,
     };
     let recorded = lock(&state.journal)
         .call(&spec, &mut Compute(|| outcome.clone()))

@@ -66,6 +66,7 @@ pub fn durable_sleep(
         request: &request,
         key: None,
         paid: false,
+        redact: None,
     };
     // Durable, and it may sleep in place: as a task, the thread's other
     // runs go on meanwhile.

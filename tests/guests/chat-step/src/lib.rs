@@ -18,14 +18,29 @@ struct Input {
     max_tokens: Option<u32>,
     #[serde(default)]
     agent: bool,
+    /// Read the customer's card from the effect `vault.read` and tell the
+    /// model about it.
+    #[serde(default)]
+    with_card: bool,
+    /// Return the answer's stop reason, not its text (so that the run's
+    /// output holds none of it, and a replay, which sees a redacted answer's
+    /// marker, ends with the same output).
+    #[serde(default)]
+    quiet: bool,
 }
 
 fn run(ctx: &mut Ctx, input: Input) -> Result<Value, Error> {
-    let mut request = ChatRequest::new(&input.model, vec![Message::user(&input.message)]);
+    let mut message = input.message.clone();
+    if input.with_card {
+        let card: Value = ctx.effect("vault.read", &json!({"customer": "c-1"}))?;
+        message = format!("{message} The card on file is {}.", card["card"]);
+    }
+    let mut request = ChatRequest::new(&input.model, vec![Message::user(&message)]);
     request.system = Some("You are a support agent. Use the tools; be brief.".into());
     request.max_tokens = input.max_tokens;
     if !input.agent {
         return match ctx.chat(&input.model, &request) {
+            Ok(answer) if input.quiet => Ok(json!({"stop": answer.stop})),
             Ok(answer) => Ok(json!({
                 "text": answer.text(),
                 "stop": answer.stop,
