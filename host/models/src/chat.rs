@@ -419,6 +419,57 @@ impl ChatRequest {
     }
 }
 
+/// The key of the reference that [`ChatRequest::recorded_after`] puts in a
+/// request recorded after an earlier one.
+pub const AFTER: &str = "stephost_after";
+
+impl ChatRequest {
+    /// This request as the ledger keeps it when `previous` (recorded at
+    /// call `previous_seq` of the same run) came before it: the messages
+    /// the two share at their start are left out, and so are `system` and
+    /// `tools` when they are the same; `"stephost_after": {"seq", "messages",
+    /// "same"}` says what was left out. An agent re-sends its whole
+    /// conversation every turn; recorded this way each message is kept
+    /// once. `None` when nothing is shared (the request is kept whole).
+    ///
+    /// The form is a function of the two requests alone, so a replay that
+    /// makes the same calls makes the same text, and a request that differs
+    /// anywhere (in a shared part too, since `previous` was compared when
+    /// it was replayed) makes another.
+    pub fn recorded_after(&self, previous: &ChatRequest, previous_seq: u64) -> Option<String> {
+        let shared = self
+            .messages
+            .iter()
+            .zip(&previous.messages)
+            .take_while(|(a, b)| a == b)
+            .count();
+        let mut same = Vec::new();
+        if self.system.is_some() && self.system == previous.system {
+            same.push("system");
+        }
+        if !self.tools.is_empty() && self.tools == previous.tools {
+            same.push("tools");
+        }
+        if shared == 0 && same.is_empty() {
+            return None;
+        }
+        let Ok(Value::Object(mut fields)) = serde_json::to_value(self) else {
+            return None;
+        };
+        for field in &same {
+            fields.remove(*field);
+        }
+        if let Some(Value::Array(messages)) = fields.get_mut("messages") {
+            messages.drain(..shared);
+        }
+        fields.insert(
+            AFTER.to_string(),
+            serde_json::json!({"seq": previous_seq, "messages": shared, "same": same}),
+        );
+        Some(Value::Object(fields).to_string())
+    }
+}
+
 /// Checks a request before it is mapped to any wire format.
 ///
 /// Rules: a model alias and at least one message; every message has parts, and only the parts its
@@ -978,5 +1029,28 @@ mod tests {
             ..Prices::default()
         };
         assert!(nan.validate().is_err());
+    }
+
+    #[test]
+    fn a_request_after_another_keeps_only_what_is_new() {
+        let first = weather_request();
+        let mut next = first.clone();
+        next.messages.push(Message::user("And in Rome?"));
+        let kept = next.recorded_after(&first, 7).unwrap();
+        let value: Value = serde_json::from_str(&kept).unwrap();
+        assert_eq!(value[AFTER]["seq"], 7);
+        assert_eq!(value[AFTER]["messages"], 3);
+        assert_eq!(value[AFTER]["same"], serde_json::json!(["system", "tools"]));
+        assert_eq!(value["messages"].as_array().unwrap().len(), 1);
+        assert!(value.get("system").is_none() && value.get("tools").is_none());
+        assert!(!kept.contains("Weather in Paris?"), "{kept}");
+        // The same pair, the same text; a change in a shared message, another.
+        assert_eq!(next.recorded_after(&first, 7).unwrap(), kept);
+        let mut edited = next.clone();
+        edited.messages[0] = Message::user("Weather in Lyon?");
+        assert_ne!(edited.recorded_after(&first, 7).unwrap(), kept);
+        // Nothing shared: kept whole.
+        let other = ChatRequest::new("default", vec![Message::user("Hi.")]);
+        assert_eq!(other.recorded_after(&first, 7), None);
     }
 }

@@ -62,8 +62,8 @@ pub mod wire;
 
 pub use api::{Api, UnknownApi};
 pub use chat::{
-    ChatRequest, ChatResponse, Cost, Message, Part, Prices, Role, StopReason, ToolChoice, ToolDef,
-    Usage, cost, validate,
+    AFTER, ChatRequest, ChatResponse, Cost, Message, Part, Prices, Role, StopReason, ToolChoice,
+    ToolDef, Usage, cost, validate,
 };
 pub use errors::{ErrorKind, ProviderError, RateLimits, classify, classify_at, rate_limits};
 pub use wire::{

@@ -156,6 +156,7 @@ fn new_store(
         monotonic,
         sleep: std::thread::sleep,
         models_spent: Default::default(),
+        last_chat: None,
     };
     let mut store = Store::new(engine.engine(), state);
     store.limiter(|s| &mut s.limits);

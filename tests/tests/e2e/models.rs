@@ -129,6 +129,23 @@ fn a_refund_agent_crashed_mid_loop_asks_no_turn_twice_refunds_once_and_replays_o
 
             let show = sb.show("a");
             assert_eq!(calls(&show).len(), 5);
+            // Each message is kept once: a later turn's request keeps what
+            // is new since the turn before, which the model got whole.
+            let requests: Vec<String> = calls(&show)
+                .iter()
+                .map(|c| c["request"].as_str().unwrap().to_string())
+                .collect();
+            assert!(requests[0].contains("arrived broken"), "{}", requests[0]);
+            for later in [&requests[2], &requests[4]] {
+                assert!(!later.contains("arrived broken"), "{later}");
+                assert!(later.contains("stephost_after"), "{later}");
+            }
+            assert!(
+                server.report()["requests"][2]
+                    .to_string()
+                    .contains("arrived broken"),
+                "the model did not get the whole conversation"
+            );
             assert!(show["tokens_total"].as_u64().unwrap() > 0, "{show}");
             assert!(show["cost_micro_usd_total"].as_u64().unwrap() > 0, "{show}");
             // A replay needs neither the model nor its key.

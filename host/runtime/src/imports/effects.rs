@@ -46,7 +46,11 @@ pub struct Gated<'a> {
     pub interface: &'a str,
     pub function: &'a str,
     pub effect: Option<&'a Effect>,
+    /// The request as the ledger keeps it.
     pub request: &'a str,
+    /// What is sent, when it is not `request` (a model's whole conversation,
+    /// of which the ledger keeps what is new).
+    pub sent: Option<&'a str>,
     pub key: Option<&'a str>,
 }
 
@@ -58,6 +62,7 @@ impl<'a> Gated<'a> {
             function: name,
             effect: effects.get(name),
             request,
+            sent: None,
             key,
         }
     }
@@ -154,6 +159,7 @@ fn through_journal<T: From<Outcome>>(
         function,
         effect,
         request,
+        sent,
         key,
     } = *call;
     let mut journal = lock(&state.journal);
@@ -192,7 +198,8 @@ fn through_journal<T: From<Outcome>>(
                 paid: effect.handler.paid(),
                 redact: effect.redaction.as_ref(),
             };
-            let mut live = effect_call(state, effect, function, request, &journal);
+            let body = sent.unwrap_or(request);
+            let mut live = effect_call(state, effect, function, body, &journal);
             go(&mut journal, &spec, &mut live)
         }
         (refusal, _) => {
@@ -233,6 +240,7 @@ fn send_call(
         function,
         effect,
         request,
+        sent,
         ..
     } = *call;
     let Some(effect) = effect else {
@@ -241,7 +249,7 @@ fn send_call(
         )));
     };
     let mut journal = lock(&state.journal);
-    let mut live = effect_call(state, effect, function, request, &journal);
+    let mut live = effect_call(state, effect, function, sent.unwrap_or(request), &journal);
     journal.send(write, answered, &mut live)
 }
 

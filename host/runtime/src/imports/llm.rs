@@ -16,6 +16,7 @@ impl Host for StepState {
             function: "complete",
             effect: effects.llm(),
             request: &request,
+            sent: None,
             key: None,
         };
         gated_call(self, &call, || {

@@ -1,6 +1,8 @@
 //! `stephost:step/models` (stephost:step@0.2.0): a chat turn with a model
 //! named in `stephost.toml`. The recorded request is the provider-neutral
-//! one, with the alias in `model`; the answer is committed durably before
+//! one, with the alias in `model`, and after the execution's first chat
+//! call only what is new since the last
+//! ([`stephost_models::ChatRequest::recorded_after`]); the answer is committed durably before
 //! the step sees it ([`crate::effects::model`]). A call that would take the
 //! run past its budget (`[limits] model_tokens_max`,
 //! `model_cost_micro_usd_max`) is not sent: it answers `budget`, recorded
@@ -42,7 +44,18 @@ pub fn chat(
         // Recorded as sent (it may not even be JSON), refused.
         Err(message) => return refuse(state, request, CallErrorKind::Invalid, message),
     };
-    let recorded = chat.canonical_json();
+    let whole = chat.canonical_json();
+    // The ledger keeps what is new since the execution's last chat call (a
+    // refusal too: a replay without the model configured makes the same
+    // text); the provider gets the whole request.
+    let seq = lock(&state.journal).calls_made() + 1;
+    let after = state
+        .last_chat
+        .as_ref()
+        .and_then(|(at, previous)| chat.recorded_after(previous, *at));
+    let recorded = after.unwrap_or_else(|| whole.clone());
+    let sent = (recorded != whole).then_some(whole.as_str());
+    state.last_chat = Some((seq, chat.clone()));
     let effects = state.effects.clone();
     let Some(model) = effects.model(alias) else {
         return refuse(
@@ -93,6 +106,7 @@ pub fn chat(
         function: "chat",
         effect: Some(&model.effect),
         request: &recorded,
+        sent,
         key: None,
     };
     let answer = gated_call(state, &call, String::new)?;
