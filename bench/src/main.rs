@@ -8,6 +8,7 @@
 //! executable (or `--cli`). See `bench/README.md`.
 
 mod ab;
+mod conversation;
 mod floor;
 mod postgres;
 mod procstat;
@@ -106,7 +107,7 @@ pub(crate) struct Args {
     out: PathBuf,
     /// Where the ledgers are created (a temporary folder inside it).
     dir: Option<PathBuf>,
-    /// Figures to run (1 to 11); all when empty.
+    /// Figures to run (1 to 12); all when empty.
     only: Vec<u32>,
     /// `--ab`: the other build to compare with.
     ab: Option<ab::Other>,
@@ -437,6 +438,9 @@ impl Bench {
         }
         if args.wants(7) {
             self.memory()?;
+        }
+        if args.wants(12) {
+            self.conversation()?;
         }
         if args.wants(8) || args.wants(9) || args.wants(10) {
             self.postgres(args)?;

@@ -36,6 +36,7 @@ pub fn target_of(figure: &str) -> Option<(&'static str, Meets)> {
             ratio.is_some_and(|r| r <= 10.0)
         })),
         TIMELINE_P50 => Some(("≤ 50 ms", |value, _| value <= 50.0)),
+        crate::conversation::LEDGER_RATIO => Some(("≤ 3×", |value, _| value <= 3.0)),
         _ => None,
     }
 }

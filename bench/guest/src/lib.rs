@@ -9,7 +9,16 @@
 //! - `stamp`: one clock call, first thing; its value (the host's wall clock
 //!   when the guest began) is returned as `first_ns`;
 //! - `resume`: N clock calls, one call of `gate.read`, then one write to
-//!   `noop.write` (the bench stops the run while it waits at the gate).
+//!   `noop.write` (the bench stops the run while it waits at the gate);
+//! - `converse`: a conversation of N turns with the model `bench`
+//!   (`models.chat`): each turn adds a user message of `pad` bytes, asks
+//!   the model with the whole conversation, and adds its answer;
+//! - `converse-http`: the same conversation through the effect `chat.read`,
+//!   an `http` read posting the OpenAI Chat Completions body itself (the
+//!   same exchange as a buffered read, for comparison).
+//!
+//! With `"pad": P`, `read` and `write` add P bytes to each request (the
+//! echo effects answer them back).
 //!
 //! With `"gate": true`, the step first calls `gate.read`, which returns when
 //! the bench opens the gate: so many runs can be started together. With
@@ -29,7 +38,7 @@
 
 use serde::Deserialize;
 use serde_json::{Value, json};
-use stephost_guest::{Ctx, Error};
+use stephost_guest::{ChatRequest, Ctx, Error, Message, Part, Role};
 
 #[derive(Debug, Deserialize)]
 struct Input {
@@ -42,11 +51,79 @@ struct Input {
     gate: bool,
     #[serde(default)]
     start_at_ns: Option<u64>,
+    #[serde(default)]
+    pad: usize,
 }
 
-fn effects(ctx: &mut Ctx, name: &str, count: u64) -> Result<(), Error> {
+/// `bytes` of text, different for each `turn`.
+fn filler(turn: u64, bytes: usize) -> String {
+    let mut text = format!("turn {turn}: ");
+    let words = ["order", "refund", "parcel", "invoice", "customer", "status"];
+    let mut i = turn as usize;
+    while text.len() < bytes {
+        text.push_str(words[i % words.len()]);
+        text.push(' ');
+        i = i.wrapping_mul(31).wrapping_add(7);
+    }
+    text.truncate(bytes);
+    text
+}
+
+fn text_of(parts: &[Part]) -> String {
+    parts
+        .iter()
+        .filter_map(|p| match p {
+            Part::Text { text } => Some(text.as_str()),
+            _ => None,
+        })
+        .collect()
+}
+
+/// Input `mode` `converse` or `converse-http`: `turns` turns with the model;
+/// the transcript's bytes (every message's text, once).
+fn converse(ctx: &mut Ctx, turns: u64, pad: usize, http: bool) -> Result<Value, Error> {
+    let mut request = ChatRequest::new("bench", Vec::new());
+    request.system = Some("You answer customers about their orders.".into());
+    let mut transcript = request.system.as_ref().map_or(0, String::len);
+    for turn in 0..turns {
+        let said = filler(turn, pad);
+        transcript += said.len();
+        request.messages.push(Message::user(said));
+        let answer = if http {
+            let wire: Vec<Value> =
+                std::iter::once(json!({"role": "system", "content": request.system}))
+                    .chain(request.messages.iter().map(|m| {
+                        json!({
+                            "role": if m.role == Role::User { "user" } else { "assistant" },
+                            "content": text_of(&m.content),
+                        })
+                    }))
+                    .collect();
+            let reply: Value = ctx.effect(
+                "chat.read",
+                &json!({"model": "bench-1", "messages": wire, "max_tokens": 1024}),
+            )?;
+            let text = reply["choices"][0]["message"]["content"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string();
+            vec![Part::text(text)]
+        } else {
+            ctx.chat("bench", &request)?.content
+        };
+        transcript += text_of(&answer).len();
+        request.messages.push(Message::assistant(answer));
+    }
+    Ok(json!({ "calls": turns, "transcript_bytes": transcript }))
+}
+
+fn effects(ctx: &mut Ctx, name: &str, count: u64, pad: usize) -> Result<(), Error> {
     for i in 0..count {
-        let _: Value = ctx.effect(name, &json!({ "i": i }))?;
+        let request = match pad {
+            0 => json!({ "i": i }),
+            _ => json!({ "i": i, "pad": filler(i, pad) }),
+        };
+        let _: Value = ctx.effect(name, &request)?;
     }
     Ok(())
 }
@@ -62,7 +139,7 @@ fn observe(ctx: &mut Ctx, count: u64) -> Result<(), Error> {
 
 fn run(ctx: &mut Ctx, input: Input) -> Result<Value, Error> {
     if input.gate {
-        effects(ctx, "gate.read", 1)?;
+        effects(ctx, "gate.read", 1, 0)?;
     }
     let arrived_ns = input.start_at_ns.map(|at| {
         let arrived = ctx.now_nanos();
@@ -83,22 +160,25 @@ fn run(ctx: &mut Ctx, input: Input) -> Result<Value, Error> {
 /// The calls of `input`'s mode, and what they return.
 fn calls(ctx: &mut Ctx, input: &Input) -> Result<Value, Error> {
     let count = input.count;
-    let calls: fn(&mut Ctx, u64) -> Result<(), Error> = match input.mode.as_str() {
+    let pad = input.pad;
+    let calls: fn(&mut Ctx, u64, usize) -> Result<(), Error> = match input.mode.as_str() {
         "none" => return Ok(json!({ "calls": 0 })),
         "stamp" => return Ok(json!({ "calls": 1, "first_ns": ctx.now_nanos() })),
         "resume" => {
             observe(ctx, count)?;
-            effects(ctx, "gate.read", 1)?;
-            effects(ctx, "noop.write", 1)?;
+            effects(ctx, "gate.read", 1, 0)?;
+            effects(ctx, "noop.write", 1, 0)?;
             return Ok(json!({ "calls": count + 2 }));
         }
-        "write" => |ctx, n| effects(ctx, "noop.write", n),
-        "read" => |ctx, n| effects(ctx, "noop.read", n),
-        "observe" => observe,
+        "converse" => return converse(ctx, count, pad, false),
+        "converse-http" => return converse(ctx, count, pad, true),
+        "write" => |ctx, n, pad| effects(ctx, "noop.write", n, pad),
+        "read" => |ctx, n, pad| effects(ctx, "noop.read", n, pad),
+        "observe" => |ctx, n, _| observe(ctx, n),
         other => stephost_guest::bail!("unknown mode {other:?}"),
     };
     let first_ns = input.stamps.then(|| ctx.now_nanos());
-    calls(ctx, count)?;
+    calls(ctx, count, pad)?;
     let last_ns = input.stamps.then(|| ctx.now_nanos());
     let mut output = json!({ "calls": count });
     if let (Some(first), Some(last)) = (first_ns, last_ns) {

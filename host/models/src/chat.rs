@@ -425,24 +425,34 @@ pub const AFTER: &str = "stephost_after";
 
 impl ChatRequest {
     /// This request as the ledger keeps it when `previous` (recorded at
-    /// call `previous_seq` of the same run) came before it: the messages
-    /// the two share at their start are left out, and so are `system` and
-    /// `tools` when they are the same; `"stephost_after": {"seq", "messages",
-    /// "same"}` says what was left out. An agent re-sends its whole
-    /// conversation every turn; recorded this way each message is kept
-    /// once. `None` when nothing is shared (the request is kept whole).
+    /// call `previous_seq` of the same run, and answered with `answer`) came
+    /// before it: the messages the two share at their start are left out,
+    /// then the answer if it comes next (an agent's loop adds it), and
+    /// `system` and `tools` when they are the same; `"stephost_after":
+    /// {"seq", "messages", "answer", "same"}` says what was left out. An
+    /// agent re-sends its whole conversation every turn; recorded this way
+    /// each message is kept once. `None` when nothing is shared (the request
+    /// is kept whole).
     ///
-    /// The form is a function of the two requests alone, so a replay that
+    /// The form is a function of its arguments alone, so a replay that
     /// makes the same calls makes the same text, and a request that differs
-    /// anywhere (in a shared part too, since `previous` was compared when
-    /// it was replayed) makes another.
-    pub fn recorded_after(&self, previous: &ChatRequest, previous_seq: u64) -> Option<String> {
+    /// anywhere (in a shared part too, since `previous` and `answer` were
+    /// compared when they were replayed) makes another.
+    pub fn recorded_after(
+        &self,
+        previous: &ChatRequest,
+        answer: Option<&Message>,
+        previous_seq: u64,
+    ) -> Option<String> {
         let shared = self
             .messages
             .iter()
             .zip(&previous.messages)
             .take_while(|(a, b)| a == b)
             .count();
+        let answered = shared == previous.messages.len()
+            && answer.is_some()
+            && self.messages.get(shared) == answer;
         let mut same = Vec::new();
         if self.system.is_some() && self.system == previous.system {
             same.push("system");
@@ -450,7 +460,7 @@ impl ChatRequest {
         if !self.tools.is_empty() && self.tools == previous.tools {
             same.push("tools");
         }
-        if shared == 0 && same.is_empty() {
+        if shared == 0 && !answered && same.is_empty() {
             return None;
         }
         let Ok(Value::Object(mut fields)) = serde_json::to_value(self) else {
@@ -460,11 +470,16 @@ impl ChatRequest {
             fields.remove(*field);
         }
         if let Some(Value::Array(messages)) = fields.get_mut("messages") {
-            messages.drain(..shared);
+            messages.drain(..shared + usize::from(answered));
         }
         fields.insert(
             AFTER.to_string(),
-            serde_json::json!({"seq": previous_seq, "messages": shared, "same": same}),
+            serde_json::json!({
+                "seq": previous_seq,
+                "messages": shared,
+                "answer": answered,
+                "same": same,
+            }),
         );
         Some(Value::Object(fields).to_string())
     }
@@ -1034,23 +1049,35 @@ mod tests {
     #[test]
     fn a_request_after_another_keeps_only_what_is_new() {
         let first = weather_request();
+        let answer = Message::assistant(vec![Part::text("18 degrees.")]);
         let mut next = first.clone();
+        next.messages.push(answer.clone());
         next.messages.push(Message::user("And in Rome?"));
-        let kept = next.recorded_after(&first, 7).unwrap();
+        let kept = next.recorded_after(&first, Some(&answer), 7).unwrap();
         let value: Value = serde_json::from_str(&kept).unwrap();
         assert_eq!(value[AFTER]["seq"], 7);
         assert_eq!(value[AFTER]["messages"], 3);
+        assert_eq!(value[AFTER]["answer"], true);
         assert_eq!(value[AFTER]["same"], serde_json::json!(["system", "tools"]));
         assert_eq!(value["messages"].as_array().unwrap().len(), 1);
         assert!(value.get("system").is_none() && value.get("tools").is_none());
         assert!(!kept.contains("Weather in Paris?"), "{kept}");
-        // The same pair, the same text; a change in a shared message, another.
-        assert_eq!(next.recorded_after(&first, 7).unwrap(), kept);
+        assert!(!kept.contains("18 degrees."), "{kept}");
+        // The same arguments, the same text; a change in a shared message
+        // or in the answer, another.
+        assert_eq!(next.recorded_after(&first, Some(&answer), 7).unwrap(), kept);
         let mut edited = next.clone();
         edited.messages[0] = Message::user("Weather in Lyon?");
-        assert_ne!(edited.recorded_after(&first, 7).unwrap(), kept);
+        assert_ne!(
+            edited.recorded_after(&first, Some(&answer), 7).unwrap(),
+            kept
+        );
+        let other_answer = Message::assistant(vec![Part::text("19 degrees.")]);
+        let with_other = next.recorded_after(&first, Some(&other_answer), 7).unwrap();
+        assert_ne!(with_other, kept);
+        assert!(with_other.contains("18 degrees."), "{with_other}");
         // Nothing shared: kept whole.
         let other = ChatRequest::new("default", vec![Message::user("Hi.")]);
-        assert_eq!(other.recorded_after(&first, 7), None);
+        assert_eq!(other.recorded_after(&first, None, 7), None);
     }
 }

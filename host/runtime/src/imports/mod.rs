@@ -39,9 +39,9 @@ pub struct StepState {
     pub sleep: fn(std::time::Duration),
     /// What the run's model calls have spent, as its budget counts it.
     pub models_spent: models::Spent,
-    /// This execution's last chat request and its call's sequence number:
-    /// the next one is recorded as what is new since it.
-    pub last_chat: Option<(u64, stephost_models::ChatRequest)>,
+    /// This execution's last chat call: the next one is recorded as what
+    /// is new since it.
+    pub last_chat: Option<models::LastChat>,
 }
 
 impl WasiView for StepState {

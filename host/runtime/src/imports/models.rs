@@ -10,7 +10,7 @@
 
 use stephost_core::CallClass;
 use stephost_core::journal::{CallErrorKind, CallSpec, Compute, Outcome};
-use stephost_models::{ChatRequest, ChatResponse};
+use stephost_models::{ChatRequest, ChatResponse, Message};
 
 use crate::bindings::v0_2;
 use crate::imports::effects::{Gated, gated_call};
@@ -24,6 +24,16 @@ pub const INTERFACE: &str = "stephost:step/models";
 pub struct Spent {
     pub tokens: u64,
     pub micro_usd: u64,
+}
+
+/// An execution's last chat call: the next is recorded as what is new
+/// since it.
+#[derive(Debug, Clone)]
+pub struct LastChat {
+    pub seq: u64,
+    pub request: ChatRequest,
+    /// Its answer, as the step got it (if it had content).
+    pub answer: Option<Message>,
 }
 
 /// `models.chat(model, request)`.
@@ -52,10 +62,14 @@ pub fn chat(
     let after = state
         .last_chat
         .as_ref()
-        .and_then(|(at, previous)| chat.recorded_after(previous, *at));
+        .and_then(|last| chat.recorded_after(&last.request, last.answer.as_ref(), last.seq));
     let recorded = after.unwrap_or_else(|| whole.clone());
     let sent = (recorded != whole).then_some(whole.as_str());
-    state.last_chat = Some((seq, chat.clone()));
+    state.last_chat = Some(LastChat {
+        seq,
+        request: chat.clone(),
+        answer: None,
+    });
     let effects = state.effects.clone();
     let Some(model) = effects.model(alias) else {
         return refuse(
@@ -110,16 +124,35 @@ pub fn chat(
         key: None,
     };
     let answer = gated_call(state, &call, String::new)?;
+    Ok(answered(
+        state,
+        answer.map_err(crate::imports::v0_2::call_error),
+    ))
+}
+
+/// What the step gets, noted: an answer's spending counts toward the
+/// budget, and its message is what the next call is recorded after. (A
+/// replay without the model configured gets its recorded answers through a
+/// refusal's path: they are noted the same way.)
+fn answered(
+    state: &mut StepState,
+    answer: Result<String, v0_2::CallError>,
+) -> Result<String, v0_2::CallError> {
     if let Ok(text) = &answer
         && let Ok(response) = serde_json::from_str::<ChatResponse>(text)
     {
+        if let Some(last) = &mut state.last_chat
+            && !response.content.is_empty()
+        {
+            last.answer = Some(Message::assistant(response.content.clone()));
+        }
         let spent = &mut state.models_spent;
         spent.tokens = spent.tokens.saturating_add(response.usage.total());
         spent.micro_usd = spent
             .micro_usd
             .saturating_add(response.cost.map_or(0, |c| c.micro_usd));
     }
-    Ok(answer.map_err(crate::imports::v0_2::call_error))
+    answer
 }
 
 /// A call refused before it was sent, recorded as such (so a replay gives
@@ -143,5 +176,5 @@ fn refuse(
     let recorded = lock(&state.journal)
         .call(&spec, &mut Compute(|| outcome.clone()))
         .map_err(trap)?;
-    Ok(crate::imports::v0_2::to_guest(recorded))
+    Ok(answered(state, crate::imports::v0_2::to_guest(recorded)))
 }
