@@ -103,6 +103,90 @@ pub fn resume_latency(
     *counters.entry("resume_latency_sum_us").or_insert(0) += latency.as_micros() as i64;
 }
 
+/// Counter families of model calls, labelled by model alias, with their
+/// help text and the divisor their stored integer is rendered with.
+const MODEL_FAMILIES: &[(&str, &str, f64)] = &[
+    (
+        "stephost_model_tokens_total",
+        "Tokens of live model calls, by model alias and kind (input, cached_input, cache_write, output, reasoning); replayed calls count nothing.",
+        1.0,
+    ),
+    (
+        "stephost_model_cost_total",
+        "Cost in USD of live model calls, by model alias, from the configured prices.",
+        1e6,
+    ),
+    (
+        "stephost_model_budget_refusals_total",
+        "Model calls not sent because they would take their run past its budget, by model alias.",
+        1.0,
+    ),
+];
+
+/// The counters to add for a live model answer of `alias`: its tokens by
+/// kind, and its cost (stored in micro-USD).
+pub fn model_answer(
+    alias: &str,
+    usage: &stephost_models::Usage,
+    cost_micro_usd: Option<u64>,
+    mut add: impl FnMut(&'static str, i64),
+) {
+    for (kind, n) in [
+        ("input", usage.input),
+        ("cached_input", usage.cached_input),
+        ("cache_write", usage.cache_write),
+        ("output", usage.output),
+        ("reasoning", usage.reasoning),
+    ] {
+        if n > 0 {
+            let name = format!(
+                "stephost_model_tokens_total{{model=\"{}\",kind=\"{kind}\"}}",
+                label(alias)
+            );
+            add(intern(name), n as i64);
+        }
+    }
+    if let Some(micro) = cost_micro_usd.filter(|c| *c > 0) {
+        let name = format!("stephost_model_cost_total{{model=\"{}\"}}", label(alias));
+        add(intern(name), micro as i64);
+    }
+}
+
+/// The counter of a model call of `alias` refused for its run's budget.
+pub fn model_budget_refusal(alias: &str) -> &'static str {
+    intern(format!(
+        "stephost_model_budget_refusals_total{{model=\"{}\"}}",
+        label(alias)
+    ))
+}
+
+/// A Prometheus label value, escaped.
+fn label(value: &str) -> String {
+    value
+        .replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}
+
+/// A counter's name, kept for the life of the process: a counter is named
+/// by a `&'static str`, and the labelled names of model counters are made
+/// from model aliases, of which a configuration has few. Each distinct name
+/// is kept once.
+fn intern(name: String) -> &'static str {
+    static NAMES: std::sync::OnceLock<std::sync::Mutex<std::collections::HashSet<&'static str>>> =
+        std::sync::OnceLock::new();
+    let mut names = NAMES
+        .get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    if let Some(known) = names.get(name.as_str()) {
+        return known;
+    }
+    let leaked: &'static str = Box::leak(name.into_boxed_str());
+    names.insert(leaked);
+    leaked
+}
+
 /// Renders all metrics.
 pub fn render(store: &dyn Views) -> Result<String, StoreError> {
     let stored = store.counters()?;
@@ -147,6 +231,21 @@ pub fn render(store: &dyn Views) -> Result<String, StoreError> {
         "workflow_resume_latency_seconds_sum {:.6}\nworkflow_resume_latency_seconds_count {cumulative}",
         stored_value("resume_latency_sum_us") as f64 / 1e6
     );
+    for (family, help, divisor) in MODEL_FAMILIES {
+        let _ = writeln!(out, "# HELP {family} {help}\n# TYPE {family} counter");
+        for (name, value) in &stored {
+            if name
+                .strip_prefix(family)
+                .is_some_and(|rest| rest.starts_with('{'))
+            {
+                if *divisor == 1.0 {
+                    let _ = writeln!(out, "{name} {value}");
+                } else {
+                    let _ = writeln!(out, "{name} {:.6}", *value as f64 / divisor);
+                }
+            }
+        }
+    }
     let counts = store.status_counts()?;
     let _ = writeln!(
         out,

@@ -203,6 +203,32 @@ fn a_call_that_would_pass_the_budget_is_not_sent() {
     ran.expect_code(0);
     assert!(ran.json()["error"].is_null(), "{}", ran.stdout);
     assert_eq!(model_requests(&server), 1);
+    // One refusal counted, its replay not; the answer's tokens and cost,
+    // once, by model and kind.
+    let metrics = stephost(&sb, &["metrics"]);
+    metrics.expect_code(0);
+    let text = metrics.stdout;
+    assert!(
+        text.contains("stephost_model_budget_refusals_total{model=\"support\"} 1\n"),
+        "{text}"
+    );
+    let answer = sb.show("c");
+    let tokens = |kind: &str| -> u64 {
+        let prefix = format!("stephost_model_tokens_total{{model=\"support\",kind=\"{kind}\"}} ");
+        text.lines()
+            .find_map(|l| l.strip_prefix(&prefix))
+            .map_or(0, |v| v.parse().unwrap())
+    };
+    assert!(tokens("input") > 0 && tokens("output") > 0, "{text}");
+    assert_eq!(
+        tokens("input") + tokens("output"),
+        answer["tokens_total"].as_u64().unwrap(),
+        "{text}"
+    );
+    assert!(
+        text.contains("stephost_model_cost_total{model=\"support\"} 0.0"),
+        "{text}"
+    );
 }
 
 #[test]

@@ -728,7 +728,12 @@ impl Journal {
 
     /// Adds one to a metric counter.
     pub fn count(&mut self, name: &'static str) {
-        *self.counters.entry(name).or_insert(0) += 1;
+        self.add(name, 1);
+    }
+
+    /// Adds `n` to the counter `name`, committed with the run's next commit.
+    pub fn add(&mut self, name: &'static str, n: i64) {
+        *self.counters.entry(name).or_insert(0) += n;
     }
 
     /// Passes one import call through the ledger. See the module docs.

@@ -42,6 +42,18 @@ pub fn chat(
     alias: &str,
     request: &str,
 ) -> wasmtime::Result<Result<String, v0_2::CallError>> {
+    let live_before = lock(&state.journal).stats.live;
+    let answer = call(state, alias, request)?;
+    let live = lock(&state.journal).stats.live > live_before;
+    Ok(answered(state, alias, live, answer))
+}
+
+/// The call itself: recorded, refused or sent.
+fn call(
+    state: &mut StepState,
+    alias: &str,
+    request: &str,
+) -> wasmtime::Result<Result<String, v0_2::CallError>> {
     let parsed = serde_json::from_str::<ChatRequest>(request)
         .map_err(|e| format!("the chat request is not one: {e}"))
         .and_then(|mut chat| {
@@ -124,20 +136,23 @@ pub fn chat(
         key: None,
     };
     let answer = gated_call(state, &call, String::new)?;
-    Ok(answered(
-        state,
-        answer.map_err(crate::imports::v0_2::call_error),
-    ))
+    Ok(answer.map_err(crate::imports::v0_2::call_error))
 }
 
 /// What the step gets, noted: an answer's spending counts toward the
-/// budget, and its message is what the next call is recorded after. (A
+/// budget, and its message is what the next call is recorded after (a
 /// replay without the model configured gets its recorded answers through a
-/// refusal's path: they are noted the same way.)
+/// refusal's path: they are noted the same way); a `live` one (not
+/// replayed) counts in the model metrics.
 fn answered(
     state: &mut StepState,
+    alias: &str,
+    live: bool,
     answer: Result<String, v0_2::CallError>,
 ) -> Result<String, v0_2::CallError> {
+    if live && let Err(v0_2::CallError::Budget(_)) = &answer {
+        lock(&state.journal).count(crate::metrics::model_budget_refusal(alias));
+    }
     if let Ok(text) = &answer
         && let Ok(response) = serde_json::from_str::<ChatResponse>(text)
     {
@@ -145,6 +160,15 @@ fn answered(
             && !response.content.is_empty()
         {
             last.answer = Some(Message::assistant(response.content.clone()));
+        }
+        if live {
+            let mut journal = lock(&state.journal);
+            crate::metrics::model_answer(
+                alias,
+                &response.usage,
+                response.cost.map(|c| c.micro_usd),
+                |name, n| journal.add(name, n),
+            );
         }
         let spent = &mut state.models_spent;
         spent.tokens = spent.tokens.saturating_add(response.usage.total());
@@ -176,5 +200,5 @@ fn refuse(
     let recorded = lock(&state.journal)
         .call(&spec, &mut Compute(|| outcome.clone()))
         .map_err(trap)?;
-    Ok(answered(state, crate::imports::v0_2::to_guest(recorded)))
+    Ok(crate::imports::v0_2::to_guest(recorded))
 }
