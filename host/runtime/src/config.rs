@@ -292,6 +292,12 @@ pub struct ModelConfig {
     /// Calls of this model in flight at once, shared by every run of a
     /// process (none: unbounded).
     pub concurrency_max: Option<usize>,
+    /// Requests a minute, shared by every run of a process (none:
+    /// unbounded).
+    pub requests_per_minute: Option<u32>,
+    /// Tokens a minute (input and output), shared by every run of a
+    /// process (none: unbounded).
+    pub tokens_per_minute: Option<u64>,
 }
 
 fn default_model_max_tokens() -> u32 {
@@ -761,6 +767,12 @@ fn build_model(alias: &str, config: &ModelConfig) -> Result<ModelEffect, String>
             "{what}.concurrency_max must be at least 1 (leave it out for no bound)"
         ));
     }
+    if config.requests_per_minute == Some(0) || config.tokens_per_minute == Some(0) {
+        return Err(format!(
+            "{what}.requests_per_minute and tokens_per_minute must be at least 1 (leave them out \
+             for no bound)"
+        ));
+    }
     let mut headers: Vec<(String, String)> = Vec::new();
     if let Some(var) = &config.key_env {
         let key = std::env::var(var)
@@ -788,7 +800,11 @@ fn build_model(alias: &str, config: &ModelConfig) -> Result<ModelEffect, String>
         config.prices,
         config.max_tokens,
         Duration::from_millis(config.timeout_ms),
-        config.concurrency_max,
+        crate::effects::flow::FlowLimits {
+            concurrency_max: config.concurrency_max,
+            requests_per_minute: config.requests_per_minute,
+            tokens_per_minute: config.tokens_per_minute,
+        },
     ));
     Ok(ModelEffect {
         effect: Effect {

@@ -296,6 +296,53 @@ fn a_429_storm_is_retried_by_the_host_alone_honouring_retry_after() {
 }
 
 #[test]
+fn a_429_holds_back_every_run_sharing_the_model_not_only_the_one_told() {
+    // Two runs, one call in flight at once: the first request is told to
+    // wait 1.5 s. The other run, waiting for the slot, must wait too.
+    let server = server_with(
+        r#"{"turns": [{"text": "Hello.",
+            "faults": [{"kind": "status", "status": 429, "retry_after_ms": 1500, "times": 1}]}]}"#,
+        0,
+    );
+    let sb = Sandbox::with_config(
+        BIN,
+        &config("openai-chat", &server.url(), "").replace(
+            "max_tokens = 1024\n",
+            "max_tokens = 1024\nconcurrency_max = 1\nrequests_per_minute = 600\n",
+        ),
+    );
+    let input = r#"{"model":"support","message":"hi"}"#;
+    for id in ["p1", "p2"] {
+        stephost(
+            &sb,
+            &[
+                "submit",
+                guests::CHAT_STEP,
+                "--input",
+                input,
+                "--run-id",
+                id,
+            ],
+        )
+        .expect_code(0);
+    }
+    stephost(&sb, &["worker", "--concurrency", "2", "--exit-when-idle"]).expect_code(0);
+    for id in ["p1", "p2"] {
+        assert_eq!(sb.show(id)["run"]["status"], "completed", "{id}");
+    }
+    let report = server.report();
+    let requests = report["requests"].as_array().unwrap();
+    assert_eq!(requests.len(), 3, "{report}");
+    assert_eq!(requests[0]["status"], 429, "{report}");
+    let arrived = |i: usize| requests[i]["arrived_ms"].as_u64().unwrap();
+    assert!(
+        arrived(1) >= arrived(0) + 1_450,
+        "a request left {} ms after the 429, inside the pause it asked for: {report}",
+        arrived(1) - arrived(0)
+    );
+}
+
+#[test]
 fn an_alias_switched_to_another_api_keeps_old_runs_replaying() {
     let server = ModelServer::start_with(Config {
         key: Some(KEY.into()),

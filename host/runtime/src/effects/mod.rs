@@ -6,6 +6,7 @@
 
 pub mod builtin;
 pub mod command;
+pub mod flow;
 pub mod http;
 pub mod llm;
 pub mod model;

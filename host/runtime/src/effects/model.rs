@@ -7,11 +7,12 @@
 //! 5xx, 529, an overloaded stream) is retried under the model's retry
 //! policy, honouring `retry-after-ms` / `retry-after`; the rest is final.
 
-use std::sync::{Condvar, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use stephost_models::{Api, ChatRequest, Prices};
 
+use super::flow::{Flow, FlowLimits};
 use super::{Failure, Handler, Reply, Request};
 
 /// Largest model answer read, in bytes.
@@ -32,8 +33,8 @@ pub struct Model {
     /// of a call that sets none).
     pub max_tokens: u32,
     agent: ureq::Agent,
-    /// Calls in flight at once, shared by every run of this process.
-    slots: Option<std::sync::Arc<Slots>>,
+    /// Its flow control, shared by every run of this process.
+    flow: Arc<Flow>,
 }
 
 impl Model {
@@ -47,14 +48,14 @@ impl Model {
         prices: Prices,
         max_tokens: u32,
         timeout: Duration,
-        concurrency_max: Option<usize>,
+        limits: FlowLimits,
     ) -> Model {
         let config = ureq::Agent::config_builder()
             .http_status_as_error(false)
             .timeout_global(Some(timeout))
             .max_redirects(0)
             .build();
-        let alias_key = format!("{alias}\n{url}\n{model}\n{concurrency_max:?}");
+        let flow = Flow::shared(&format!("{alias}\n{url}\n{model}"), limits);
         Model {
             alias,
             api,
@@ -64,7 +65,7 @@ impl Model {
             prices,
             max_tokens,
             agent: config.into(),
-            slots: concurrency_max.map(|n| Slots::shared(&alias_key, n)),
+            flow,
         }
     }
 
@@ -130,7 +131,11 @@ impl Handler for Model {
         let max_tokens = self.max_tokens_of(&chat);
         let body = stephost_models::request_bytes(self.api, &chat, &self.model, max_tokens, false)
             .map_err(|e| Failure::Invalid(format!("model {}: {e}", self.alias)))?;
-        let _slot = self.slots.as_deref().map(Slots::take);
+        // What the call may spend: its input (about four bytes a token) and
+        // its max_tokens.
+        let mut admitted = self
+            .flow
+            .admit((request.body.len() / 4) as u64 + u64::from(max_tokens));
         let Answered {
             status,
             headers,
@@ -140,6 +145,16 @@ impl Handler for Model {
             // asking again is safe.
             Failure::retryable(format!("model {}: {message}", self.alias))
         })?;
+        let limits = stephost_models::rate_limits(self.api, &headers);
+        // Nothing left until a reset: every run sharing the model waits.
+        for (left, reset) in [
+            (limits.remaining_requests, limits.reset_requests),
+            (limits.remaining_tokens, limits.reset_tokens),
+        ] {
+            if let (Some(0), Some(reset)) = (left, reset) {
+                self.flow.pause(reset);
+            }
+        }
         if (200..300).contains(&status) {
             let mut response = stephost_models::parse_response(self.api, &answer).map_err(|e| {
                 let retryable = e.retryable();
@@ -150,6 +165,7 @@ impl Handler for Model {
                     Failure::Rejected(message)
                 }
             })?;
+            admitted.settle(response.usage.input + response.usage.output);
             response.cost = Some(stephost_models::cost(&response.usage, &self.prices));
             let text = serde_json::to_string(&response).map_err(|e| {
                 Failure::Invalid(format!(
@@ -160,14 +176,22 @@ impl Handler for Model {
             return Ok(Reply::new(text));
         }
         let error = stephost_models::classify(self.api, status, &headers, &answer);
+        if let Some(wait) = error.retry_after.filter(|_| status == 429) {
+            // Asked to slow down: so is every run sharing the model (paused
+            // before this call's slot is given up, so that no call waiting
+            // for it slips out first).
+            self.flow.pause(wait);
+        }
+        drop(admitted);
         let message = format!(
-            "model {} answered {status}{}: {}",
+            "model {} answered {status}{}{}: {}",
             self.alias,
             error
                 .request_id
                 .as_deref()
                 .map(|id| format!(" (request id {id})"))
                 .unwrap_or_default(),
+            describe(&limits),
             error.message
         );
         if error.retryable {
@@ -191,51 +215,21 @@ impl Handler for Model {
     }
 }
 
-/// A counting semaphore: at most `n` calls of a model in flight at once.
-struct Slots {
-    free: Mutex<usize>,
-    freed: Condvar,
-}
-
-/// A slot held until dropped.
-struct Slot<'a>(&'a Slots);
-
-impl Slots {
-    /// The slots of the model `key` (alias, URL, provider model and bound)
-    /// in this process: however many times the configuration is loaded
-    /// (each worker task, each host), its runs share one bound.
-    fn shared(key: &str, n: usize) -> std::sync::Arc<Slots> {
-        static SHARED: std::sync::OnceLock<
-            Mutex<std::collections::HashMap<String, std::sync::Arc<Slots>>>,
-        > = std::sync::OnceLock::new();
-        let mut shared = SHARED
-            .get_or_init(Default::default)
-            .lock()
-            .unwrap_or_else(|p| p.into_inner());
-        shared
-            .entry(key.to_string())
-            .or_insert_with(|| {
-                std::sync::Arc::new(Slots {
-                    free: Mutex::new(n.max(1)),
-                    freed: Condvar::new(),
-                })
-            })
-            .clone()
+/// The rate-limit headers of an answer, as recorded with a failed attempt.
+fn describe(limits: &stephost_models::RateLimits) -> String {
+    let mut parts = Vec::new();
+    if let Some(n) = limits.remaining_requests {
+        parts.push(format!("requests left {n}"));
     }
-
-    fn take(&self) -> Slot<'_> {
-        let mut free = self.free.lock().unwrap_or_else(|p| p.into_inner());
-        while *free == 0 {
-            free = self.freed.wait(free).unwrap_or_else(|p| p.into_inner());
-        }
-        *free -= 1;
-        Slot(self)
+    if let Some(n) = limits.remaining_tokens {
+        parts.push(format!("tokens left {n}"));
     }
-}
-
-impl Drop for Slot<'_> {
-    fn drop(&mut self) {
-        *self.0.free.lock().unwrap_or_else(|p| p.into_inner()) += 1;
-        self.0.freed.notify_one();
+    if let Some(d) = limits.reset_requests.or(limits.reset_tokens) {
+        parts.push(format!("resets in {} ms", d.as_millis()));
+    }
+    if parts.is_empty() {
+        String::new()
+    } else {
+        format!(" [{}]", parts.join(", "))
     }
 }
