@@ -343,6 +343,90 @@ fn a_429_holds_back_every_run_sharing_the_model_not_only_the_one_told() {
 }
 
 #[test]
+fn answers_are_streamed_so_a_long_one_outlives_the_timeout_and_a_cut_one_is_asked_again() {
+    // The first answer trickles in 64-byte pieces 100 ms apart, for about
+    // two seconds, past the 500 ms timeout, which bounds each pause, not the
+    // whole answer. The second is cut after two events: a failed attempt,
+    // asked again.
+    let text = "The parcel left the depot this morning and will arrive tomorrow.";
+    let server = server_with(
+        &format!(
+            r#"{{"turns": [
+                {{"text": "{text}", "sse_write_bytes": 64, "sse_gap_ms": 100}}
+            ]}}"#
+        ),
+        0,
+    );
+    let sb = Sandbox::with_config(
+        BIN,
+        &config("anthropic-messages", &server.url(), "").replace(
+            "max_tokens = 1024\n",
+            "max_tokens = 1024\ntimeout_ms = 500\n",
+        ),
+    );
+    let input = r#"{"model":"support","message":"Where is my parcel?"}"#;
+    let ran = stephost(
+        &sb,
+        &[
+            "run",
+            guests::CHAT_STEP,
+            "--input",
+            input,
+            "--run-id",
+            "long",
+        ],
+    );
+    ran.expect_code(0);
+    assert_eq!(ran.json()["text"], text, "{}", ran.stdout);
+    let report = server.report();
+    let first = &report["requests"][0];
+    assert_eq!(first["stream"], true, "{report}");
+    let took = first["finished_ms"].as_u64().unwrap() - first["arrived_ms"].as_u64().unwrap();
+    assert!(
+        took > 500,
+        "the answer took {took} ms, not past the timeout"
+    );
+
+    let cut = server_with(
+        &format!(
+            r#"{{"turns": [{{"text": "{text}", "faults": [{{"kind": "cut", "after_events": 2}}]}}]}}"#
+        ),
+        0,
+    );
+    sb.set_config(&config("openai-chat", &cut.url(), ""));
+    let ran = stephost(
+        &sb,
+        &[
+            "run",
+            guests::CHAT_STEP,
+            "--input",
+            input,
+            "--run-id",
+            "cut",
+        ],
+    );
+    ran.expect_code(0);
+    assert_eq!(ran.json()["text"], text, "{}", ran.stdout);
+    assert_eq!(model_requests(&cut), 2);
+    let show = sb.show("cut");
+    let attempts: Vec<(&str, &str)> = show["attempts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| {
+            (
+                a["result"].as_str().unwrap(),
+                a["detail"].as_str().unwrap_or(""),
+            )
+        })
+        .collect();
+    assert_eq!(attempts.len(), 2, "{attempts:?}");
+    assert_eq!(attempts[0].0, "retryable", "{attempts:?}");
+    assert!(attempts[0].1.contains("stream"), "{attempts:?}");
+    assert_eq!(attempts[1].0, "ok", "{attempts:?}");
+}
+
+#[test]
 fn an_alias_switched_to_another_api_keeps_old_runs_replaying() {
     let server = ModelServer::start_with(Config {
         key: Some(KEY.into()),

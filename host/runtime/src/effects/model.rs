@@ -52,7 +52,12 @@ impl Model {
     ) -> Model {
         let config = ureq::Agent::config_builder()
             .http_status_as_error(false)
-            .timeout_global(Some(timeout))
+            // To connect, for the answer to begin, and for each piece of a
+            // streamed answer: a long generation that keeps coming is not
+            // cut, one that stalls is.
+            .timeout_connect(Some(timeout))
+            .timeout_recv_response(Some(timeout))
+            .timeout_per_read(Some(timeout))
             .max_redirects(0)
             .build();
         let flow = Flow::shared(&format!("{alias}\n{url}\n{model}"), limits);
@@ -94,34 +99,87 @@ impl Model {
         for (name, value) in &self.headers {
             request = request.header(name.as_str(), value.as_str());
         }
-        let mut response = request.send(&body[..]).map_err(|e| format!("{url}: {e}"))?;
+        let response = request.send(&body[..]).map_err(|e| format!("{url}: {e}"))?;
         let status = response.status().as_u16();
-        let headers = response
+        let headers: Vec<(String, String)> = response
             .headers()
             .iter()
             .filter_map(|(name, value)| {
                 Some((name.as_str().to_string(), value.to_str().ok()?.to_string()))
             })
             .collect();
-        let body = response
-            .body_mut()
-            .with_config()
-            .limit(RESPONSE_BYTES_MAX)
-            .read_to_vec()
-            .map_err(|e| format!("{url}: reading the answer: {e}"))?;
+        let streamed = headers.iter().any(|(name, value)| {
+            name.eq_ignore_ascii_case("content-type") && value.starts_with("text/event-stream")
+        });
         Ok(Answered {
             status,
             headers,
-            body,
+            streamed,
+            body: response.into_body(),
         })
+    }
+
+    /// A provider's answer read whole.
+    fn read_whole(&self, body: ureq::Body) -> Result<Vec<u8>, Failure> {
+        let mut body = body;
+        body.with_config()
+            .limit(RESPONSE_BYTES_MAX)
+            .read_to_vec()
+            .map_err(|e| {
+                Failure::retryable(format!("model {}: reading the answer: {e}", self.alias))
+            })
+    }
+
+    /// A streamed answer, assembled as it arrives; `appended` is told each
+    /// piece of text. A stream that breaks or ends before its last event is
+    /// a failed attempt (retryable: a model call is a read).
+    fn read_stream(
+        &self,
+        body: ureq::Body,
+        appended: &mut dyn FnMut(&str),
+    ) -> Result<stephost_models::ChatResponse, Failure> {
+        let wire = |e: stephost_models::WireError| {
+            let message = format!("model {}: {e}", self.alias);
+            if e.retryable() {
+                Failure::retryable(message)
+            } else {
+                Failure::Rejected(message)
+            }
+        };
+        let mut body = body;
+        let mut reader = body.with_config().limit(RESPONSE_BYTES_MAX).reader();
+        let mut decoder = stephost_models::StreamDecoder::new(self.api);
+        let mut buf = vec![0u8; 16 * 1024];
+        loop {
+            let n = std::io::Read::read(&mut reader, &mut buf).map_err(|e| {
+                Failure::retryable(format!(
+                    "model {}: the answer's stream broke after {} events: {e}",
+                    self.alias,
+                    decoder.events()
+                ))
+            })?;
+            if n == 0 {
+                break;
+            }
+            let progress = decoder.push(&buf[..n]).map_err(wire)?;
+            if !progress.appended.is_empty() {
+                appended(&progress.appended);
+            }
+            if progress.done {
+                break;
+            }
+        }
+        decoder.finish().map_err(wire)
     }
 }
 
-/// A provider's answer as it came.
+/// A provider's answer as it began.
 struct Answered {
     status: u16,
     headers: Vec<(String, String)>,
-    body: Vec<u8>,
+    /// Server-sent events (`text/event-stream`).
+    streamed: bool,
+    body: ureq::Body,
 }
 
 impl Handler for Model {
@@ -129,7 +187,7 @@ impl Handler for Model {
         let chat: ChatRequest = serde_json::from_str(request.body)
             .map_err(|e| Failure::Invalid(format!("the chat request is not one: {e}")))?;
         let max_tokens = self.max_tokens_of(&chat);
-        let body = stephost_models::request_bytes(self.api, &chat, &self.model, max_tokens, false)
+        let body = stephost_models::request_bytes(self.api, &chat, &self.model, max_tokens, true)
             .map_err(|e| Failure::Invalid(format!("model {}: {e}", self.alias)))?;
         // What the call may spend: its input (about four bytes a token) and
         // its max_tokens.
@@ -139,6 +197,7 @@ impl Handler for Model {
         let Answered {
             status,
             headers,
+            streamed,
             body: answer,
         } = self.send(body).map_err(|message| {
             // The request may not have arrived; a model call is a read, so
@@ -156,15 +215,20 @@ impl Handler for Model {
             }
         }
         if (200..300).contains(&status) {
-            let mut response = stephost_models::parse_response(self.api, &answer).map_err(|e| {
-                let retryable = e.retryable();
-                let message = format!("model {}: {e}", self.alias);
-                if retryable {
-                    Failure::retryable(message)
-                } else {
-                    Failure::Rejected(message)
-                }
-            })?;
+            let mut response = if streamed {
+                self.read_stream(answer, &mut |_| {})?
+            } else {
+                let answer = self.read_whole(answer)?;
+                stephost_models::parse_response(self.api, &answer).map_err(|e| {
+                    let retryable = e.retryable();
+                    let message = format!("model {}: {e}", self.alias);
+                    if retryable {
+                        Failure::retryable(message)
+                    } else {
+                        Failure::Rejected(message)
+                    }
+                })?
+            };
             admitted.settle(response.usage.input + response.usage.output);
             response.cost = Some(stephost_models::cost(&response.usage, &self.prices));
             let text = serde_json::to_string(&response).map_err(|e| {
@@ -175,6 +239,7 @@ impl Handler for Model {
             })?;
             return Ok(Reply::new(text));
         }
+        let answer = self.read_whole(answer)?;
         let error = stephost_models::classify(self.api, status, &headers, &answer);
         if let Some(wait) = error.retry_after.filter(|_| status == 429) {
             // Asked to slow down: so is every run sharing the model (paused
