@@ -3,11 +3,15 @@
 // unknown call and see its run continue. Called by
 // tests/tests/e2e/server.rs with the server's base URL; the server holds a run
 // "approval-run" waiting for an approval, a run "parked-run" parked at call #3
-// and a run "diverged-run" that diverged at call #1. Exits non-zero, naming
-// the step, on the first failure.
+// and a run "diverged-run" that diverged at call #1; its second argument is
+// the digest of a stored chat step, whose model (`support`) streams the
+// answer STREAMED over several seconds. Exits non-zero, naming the step, on
+// the first failure.
 import { chromium } from "playwright-core";
 
 const base = process.argv[2];
+const chatDigest = process.argv[3];
+const STREAMED = "The parcel left the depot this morning, passed the sorting centre at noon and is on the van now; it will reach you before six this evening.";
 const executablePath = process.env.STEPHOST_CHROMIUM || "/usr/bin/chromium";
 const browser = await chromium.launch({
   executablePath,
@@ -101,6 +105,25 @@ try {
   await page.getByText(/Call #3: resolved as succeeded/).waitFor();
   await page.getByRole("link", { name: "Open run parked-run" }).click();
   await page.locator("dd .status.s-completed").waitFor();
+
+  step = "a model's answer shows on its run's page while it streams in";
+  await page.evaluate(async digest => {
+    const r = await fetch("/api/runs", {method: "POST", headers: {"Content-Type": "application/json"},
+      body: JSON.stringify({module_digest: digest, run_id: "stream-run",
+        input: {model: "support", message: "Where is my parcel?"}})});
+    if (!r.ok) throw new Error(`submitting stream-run: HTTP ${r.status}`);
+  }, chatDigest);
+  await page.goto(base + "/#/run/stream-run");
+  const streamingBox = page.getByRole("region", { name: "Answer streaming in" });
+  await streamingBox.getByText(/^The parcel left/).waitFor();
+  const partial = await streamingBox.locator("pre").innerText();
+  if (!STREAMED.startsWith(partial) || partial.length >= STREAMED.length)
+    throw new Error(`the answer so far is not a part of it: ${JSON.stringify(partial)}`);
+
+  step = "the recorded answer replaces the streaming one when the run ends";
+  await page.locator("dd .status.s-completed").waitFor({ timeout: 60_000 });
+  await streamingBox.waitFor({ state: "detached" });
+  await page.locator("dd pre").getByText("reach you before six this evening").waitFor();
 
   step = "the queues are empty and say so";
   await page.getByRole("link", { name: /^Unknown calls/ }).click();

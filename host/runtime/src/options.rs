@@ -11,6 +11,18 @@ use crate::engine::InstancePool;
 /// of a line already written.
 pub type RunLogSink = Arc<dyn Fn(&str, &LogRecord, bool) + Send + Sync>;
 
+/// Where a model's answer goes while it streams in: its run, its call's
+/// sequence number and the text so far (at most a few times a second).
+/// Only the assembled answer is recorded.
+#[derive(Clone)]
+pub struct StreamSink(pub Arc<dyn Fn(&str, u64, &str) + Send + Sync>);
+
+impl std::fmt::Debug for StreamSink {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("StreamSink(..)")
+    }
+}
+
 /// How a host runs steps.
 pub struct HostOptions {
     pub limits: Limits,
@@ -30,6 +42,9 @@ pub struct HostOptions {
     pub instance_pool: u32,
     /// Signs chain links and run seals (plain SHA-256 without a key).
     pub signer: stephost_core::chain::Signer,
+    /// Where models' answers go while they stream in (`stephost serve`'s
+    /// event stream).
+    pub stream_sink: Option<StreamSink>,
 }
 
 impl HostOptions {
@@ -50,6 +65,7 @@ impl Default for HostOptions {
             cache_dir: None,
             instance_pool: 0,
             signer: stephost_core::chain::Signer::plain(),
+            stream_sink: None,
         }
     }
 }

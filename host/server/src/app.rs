@@ -34,8 +34,9 @@ pub struct App {
     host: Mutex<Host>,
     pub tokens: Tokens,
     pub settings: ServeSettings,
-    /// Runs that changed, as server-sent events (see [`crate::events`]).
-    pub changes: broadcast::Sender<String>,
+    /// Runs that changed and answers streaming in, as server-sent events
+    /// (see [`crate::events`]).
+    pub changes: broadcast::Sender<crate::events::Live>,
     /// Set once the server stops: event streams end.
     pub stopping: AtomicBool,
     /// Signs decisions made through the API.

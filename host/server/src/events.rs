@@ -1,6 +1,9 @@
 //! Live updates: one watcher looks for runs whose row changed and sends
 //! their ids to every open event stream (server-sent events, event
-//! `runs`). A console refreshes what it shows when one arrives.
+//! `runs`). A console refreshes what it shows when one arrives. A model's
+//! answer streaming in to the server's own worker is sent as it grows
+//! (event `model`: the run, the call's sequence number and the text so
+//! far); only the assembled answer is recorded.
 
 use std::collections::HashMap;
 use std::convert::Infallible;
@@ -18,10 +21,38 @@ use tokio::sync::broadcast;
 use crate::access::Caller;
 use crate::app::App;
 
-/// Sent to every stream when the server stops: each ends, so a draining
-/// server is not held open by a console left on a page (a stream opened
-/// after it sees [`App::stopping`]).
-const CLOSING: &str = "closing";
+/// What goes to every open event stream.
+#[derive(Debug, Clone)]
+pub enum Live {
+    /// Runs that changed (a JSON array; empty: refresh everything).
+    Runs(String),
+    /// A model's answer so far (a JSON object).
+    Model(String),
+    /// The server stops: each stream ends, so a draining server is not held
+    /// open by a console left on a page (a stream opened after it sees
+    /// [`App::stopping`]).
+    Closing,
+}
+
+#[derive(Debug, Serialize)]
+struct Streaming<'a> {
+    run_id: &'a str,
+    seq: u64,
+    text: &'a str,
+}
+
+/// The worker's stream sink: each answer so far to every open stream.
+pub fn stream_sink(app: &Arc<App>) -> stephost_runtime::options::StreamSink {
+    let changes = app.changes.clone();
+    stephost_runtime::options::StreamSink(Arc::new(move |run_id, seq, text| {
+        if changes.receiver_count() == 0 {
+            return;
+        }
+        if let Ok(json) = serde_json::to_string(&Streaming { run_id, seq, text }) {
+            let _ = changes.send(Live::Model(json));
+        }
+    }))
+}
 
 /// Changed runs one look takes, at most.
 const CHANGED_MAX: usize = 1_000;
@@ -83,7 +114,7 @@ pub fn watch(app: Arc<App>, shutdown: Arc<AtomicBool>) {
                     && let Ok(text) = serde_json::to_string(&changed)
                 {
                     // No receivers is fine: nobody is watching.
-                    let _ = app.changes.send(text);
+                    let _ = app.changes.send(Live::Runs(text));
                 }
                 since = look;
             }
@@ -92,11 +123,12 @@ pub fn watch(app: Arc<App>, shutdown: Arc<AtomicBool>) {
         std::thread::sleep(Duration::from_millis(app.settings.watch_ms));
     }
     app.stopping.store(true, Ordering::SeqCst);
-    let _ = app.changes.send(CLOSING.to_string());
+    let _ = app.changes.send(Live::Closing);
 }
 
 /// `GET /api/events`: a stream of `runs` events, each the runs that
-/// changed (id, status, version).
+/// changed (id, status, version), and `model` events, each an answer so far
+/// (run id, seq, text).
 pub async fn stream(
     State(app): State<Arc<App>>,
     _caller: Caller,
@@ -109,14 +141,16 @@ pub async fn stream(
         if stopped {
             return None;
         }
-        let data = match receiver.recv().await {
-            Ok(text) if text == CLOSING => return None,
-            Ok(text) => text,
+        let event = match receiver.recv().await {
+            Ok(Live::Closing) | Err(broadcast::error::RecvError::Closed) => return None,
+            Ok(Live::Runs(text)) => Event::default().event("runs").data(text),
+            Ok(Live::Model(text)) => Event::default().event("model").data(text),
             // A slow reader missed some: it refreshes everything.
-            Err(broadcast::error::RecvError::Lagged(_)) => "[]".to_string(),
-            Err(broadcast::error::RecvError::Closed) => return None,
+            Err(broadcast::error::RecvError::Lagged(_)) => {
+                Event::default().event("runs").data("[]")
+            }
         };
-        Some((Ok(Event::default().event("runs").data(data)), receiver))
+        Some((Ok(event), receiver))
     });
     Sse::new(events).keep_alive(KeepAlive::new().interval(Duration::from_secs(15)))
 }

@@ -85,10 +85,20 @@ pub fn serve(
         settings.worker_id.clone(),
     );
     let every = Duration::from_millis(settings.watch_ms.max(10));
+    // The worker's answers streaming in go to the event streams.
+    let sink = events::stream_sink(&app);
+    let worker_options_of = move || HostOptions {
+        stream_sink: Some(sink.clone()),
+        ..make_options()
+    };
     std::thread::scope(|scope| {
         let worker = scope.spawn(|| {
-            let report =
-                stephost_runtime::worker::run(ledger, make_options, &worker_options, &shutdown);
+            let report = stephost_runtime::worker::run(
+                ledger,
+                &worker_options_of,
+                &worker_options,
+                &shutdown,
+            );
             // A worker that cannot go on takes the server down with it.
             shutdown.store(true, Ordering::Relaxed);
             report

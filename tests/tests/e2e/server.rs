@@ -591,13 +591,85 @@ fn webhooks_are_signed_retried_after_a_500_and_still_owed_after_a_sigkill() {
     assert_eq!(served.stop(), Some(0));
 }
 
+/// A model's answer, streamed in over about two seconds, reaches the event
+/// stream while it grows, before the run records it whole.
+#[test]
+fn a_models_answer_streams_to_the_event_stream_while_it_grows() {
+    let text = "The parcel left the depot this morning, passed the sorting centre at noon \
+                and is on the van now; it will reach you before six this evening.";
+    let model = model_server::ModelServer::start_with(model_server::Config {
+        script: model_server::Script::from_json(
+            &json!({"turns": [{"text": text, "sse_write_bytes": 48, "sse_gap_ms": 60}]})
+                .to_string(),
+        )
+        .unwrap(),
+        ..model_server::Config::default()
+    })
+    .unwrap();
+    let models = format!(
+        "\n[models.support]\napi = \"openai-chat\"\nurl = \"{}\"\nmodel = \"scripted-1\"\n",
+        model.url()
+    );
+    let sb = Sandbox::with_config(BIN, &config(&models));
+    let served = sb.serve(&[], &[]);
+    let digest = served.client().upload(guests::CHAT_STEP);
+    let events = served.client().events_until(
+        "\"run_id\":\"streamed\",\"status\":\"completed\"",
+        Duration::from_secs(60),
+        || {
+            submit(
+                &served,
+                &digest,
+                json!({"model": "support", "message": "Where is my parcel?"}),
+                "streamed",
+            );
+        },
+    );
+    assert!(events.contains("event: model"), "{events}");
+    let so_far: Vec<String> = events
+        .lines()
+        .filter_map(|line| line.strip_prefix("data: "))
+        .filter_map(|data| serde_json::from_str::<Value>(data).ok())
+        .filter(|v| v["run_id"] == "streamed" && v["seq"] == 1)
+        .map(|v| v["text"].as_str().unwrap().to_string())
+        .collect();
+    assert!(
+        so_far
+            .iter()
+            .all(|t| !t.is_empty() && text.starts_with(t.as_str())),
+        "{so_far:#?}"
+    );
+    assert!(
+        so_far.iter().any(|t| t.len() < text.len()),
+        "no event showed the answer before it was whole: {so_far:#?}"
+    );
+    let run = served.wait_status("streamed", "completed");
+    let output: Value = serde_json::from_str(run["run"]["output"].as_str().unwrap()).unwrap();
+    assert_eq!(output["text"], text);
+    assert_eq!(served.stop(), Some(0));
+}
+
 /// The console in headless Chromium, driven by `tests/browser/console.mjs`
 /// (playwright-core): find a run, open its timeline, see a divergence at
 /// its call, approve a waiting approval and see the run complete, resolve
-/// an unknown call and see its run continue.
+/// an unknown call and see its run continue, watch a model's answer stream
+/// in on its run's page.
 #[test]
 fn the_console_in_a_browser_approves_and_resolves() {
-    let sb = Sandbox::with_config(BIN, &config(""));
+    // A model whose answer streams in over about nine seconds.
+    let model = model_server::ModelServer::start_with(model_server::Config {
+        script: model_server::Script::from_json(
+            r#"{"turns": [{"text": "The parcel left the depot this morning, passed the sorting centre at noon and is on the van now; it will reach you before six this evening.", "sse_gap_ms": 300}]}"#,
+        )
+        .unwrap(),
+        ..model_server::Config::default()
+    })
+    .unwrap();
+    let models = format!(
+        "\n[models.support]\napi = \"openai-chat\"\nurl = \"{}\"\nmodel = \"scripted-1\"\n",
+        model.url()
+    );
+    let sb = Sandbox::with_config(BIN, &config(&models));
     crash_after_a_write(&sb, "parked-run");
     // A run whose recording no longer matches its step at call #1 (as if
     // the step had read something the host did not record): it diverges
@@ -622,10 +694,12 @@ fn the_console_in_a_browser_approves_and_resolves() {
             .contains("call #1 diverged"),
         "{diverged:#}"
     );
+    let chat_digest = served.client().upload(guests::CHAT_STEP);
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/browser/console.mjs");
     let out = std::process::Command::new("node")
         .arg(script)
         .arg(&served.base)
+        .arg(&chat_digest)
         .current_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/browser"))
         .output()
         .expect(

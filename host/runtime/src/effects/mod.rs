@@ -113,12 +113,16 @@ pub enum Lookup {
 #[derive(Debug, Clone, Copy)]
 pub struct Request<'a> {
     pub run_id: &'a str,
+    /// The call's sequence number in its run.
+    pub seq: u64,
     pub effect: &'a str,
     pub class: CallClass,
     pub operation_id: &'a str,
     pub fence: i64,
     /// The guest's request, JSON text.
     pub body: &'a str,
+    /// Where an answer goes while it streams in, if anywhere.
+    pub stream_sink: Option<&'a crate::options::StreamSink>,
 }
 
 /// A receiver of effect requests.
@@ -318,6 +322,8 @@ pub struct EffectCall<'a> {
     /// What is left of the execution's `wall_ms_max`: retries stop there
     /// too, whatever the effect's own deadline.
     pub wall_left: std::time::Duration,
+    /// Where a model's answer goes while it streams in.
+    pub stream_sink: Option<&'a crate::options::StreamSink>,
 }
 
 /// What asking the receiver about an operation established.
@@ -406,11 +412,13 @@ impl EffectCall<'_> {
     fn request<'r>(&'r self, op: &'r OpContext<'_>) -> Request<'r> {
         Request {
             run_id: op.run_id,
+            seq: op.seq,
             effect: self.name,
             class: op.class,
             operation_id: op.operation_id,
             fence: op.fence,
             body: self.body,
+            stream_sink: self.stream_sink,
         }
     }
 }

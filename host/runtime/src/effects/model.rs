@@ -18,6 +18,9 @@ use super::{Failure, Handler, Reply, Request};
 /// Largest model answer read, in bytes.
 const RESPONSE_BYTES_MAX: u64 = 16 * 1024 * 1024;
 
+/// How often a streaming answer's text so far is told to the stream sink.
+const STREAM_EVERY: Duration = Duration::from_millis(200);
+
 pub struct Model {
     pub alias: String,
     pub api: Api,
@@ -216,7 +219,20 @@ impl Handler for Model {
         }
         if (200..300).contains(&status) {
             let mut response = if streamed {
-                self.read_stream(answer, &mut |_| {})?
+                // The text so far goes to the sink, if any, at most every
+                // STREAM_EVERY.
+                let mut so_far = String::new();
+                let mut told: Option<std::time::Instant> = None;
+                self.read_stream(answer, &mut |piece| {
+                    let Some(sink) = request.stream_sink else {
+                        return;
+                    };
+                    so_far.push_str(piece);
+                    if told.is_none_or(|at| at.elapsed() >= STREAM_EVERY) {
+                        (sink.0)(request.run_id, request.seq, &so_far);
+                        told = Some(std::time::Instant::now());
+                    }
+                })?
             } else {
                 let answer = self.read_whole(answer)?;
                 stephost_models::parse_response(self.api, &answer).map_err(|e| {

@@ -290,6 +290,26 @@ async function route() {
   if (again) { again = false; route(); }
 }
 
+// A model's answer streaming in, shown on its run's page above the timeline
+// until the run's next change redraws the page with the recorded answer.
+function streaming(event) {
+  const data = event.split("\n").filter(l => l.startsWith("data:")).map(l => l.slice(5).replace(/^ /, "")).join("\n");
+  let s;
+  try { s = JSON.parse(data); } catch { return; }
+  const parts = parseHash().parts;
+  if (parts[0] !== "run" || decodeURIComponent(parts[1] || "") !== s.run_id) return;
+  let box = document.getElementById("streaming");
+  if (!box) {
+    const timeline = Array.from(main.querySelectorAll("h3")).find(h => h.textContent === "Timeline");
+    if (!timeline) return;
+    box = el("section", {id: "streaming", "aria-live": "polite", "aria-label": "Answer streaming in"},
+      el("h3", {}, "Answer streaming in"), el("p", {class: "muted"}), el("pre", {}));
+    timeline.before(box);
+  }
+  box.querySelector("p").textContent = `call #${s.seq}, not recorded until it is whole`;
+  box.querySelector("pre").textContent = s.text;
+}
+
 // Server-sent events, read with fetch so the token goes in a header, not the URL.
 let stream = null;
 async function connect() {
@@ -309,6 +329,7 @@ async function connect() {
       let cut;
       while ((cut = buffer.indexOf("\n\n")) >= 0) {
         const event = buffer.slice(0, cut); buffer = buffer.slice(cut + 2);
+        if (/^event: model$/m.test(event)) { streaming(event); continue; }
         if (!/^event: runs$/m.test(event)) continue;
         // A form someone has started filling in is not redrawn under them.
         if (editing) { live.textContent = "live (paused while you edit)"; stale = true; }
