@@ -15,7 +15,10 @@ pub type RunLogSink = Arc<dyn Fn(&str, &LogRecord, bool) + Send + Sync>;
 /// sequence number and the text so far (at most a few times a second).
 /// Only the assembled answer is recorded.
 #[derive(Clone)]
-pub struct StreamSink(pub Arc<dyn Fn(&str, u64, &str) + Send + Sync>);
+pub struct StreamSink(pub Arc<StreamFn>);
+
+/// A stream sink's function: run id, sequence number, text so far.
+pub type StreamFn = dyn Fn(&str, u64, &str) + Send + Sync;
 
 impl std::fmt::Debug for StreamSink {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
