@@ -240,6 +240,8 @@ mod tests {
 
     fn request<'a>(op: &'a str, body: &'a str) -> Request<'a> {
         Request {
+            seq: 1,
+            stream_sink: None,
             run_id: "r",
             effect: "orders",
             class: stephost_core::CallClass::Write,

@@ -483,6 +483,8 @@ mod tests {
 
     fn request(body: &str) -> Request<'_> {
         Request {
+            seq: 1,
+            stream_sink: None,
             run_id: "r1",
             effect: "cmd",
             class: CallClass::Write,

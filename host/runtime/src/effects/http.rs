@@ -352,6 +352,8 @@ mod tests {
 
     fn request(body: &str) -> Request<'_> {
         Request {
+            seq: 1,
+            stream_sink: None,
             run_id: "run 1",
             effect: "e",
             class: CallClass::Write,
