@@ -22,6 +22,7 @@ const GUESTS: &[(&str, &str)] = &[
     ("guest-approval-step", "GUEST_APPROVAL_STEP"),
     ("guest-sleeper", "GUEST_SLEEPER"),
     ("guest-command", "GUEST_COMMAND"),
+    ("agent-refund", "AGENT_REFUND"),
 ];
 
 fn main() {

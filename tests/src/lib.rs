@@ -28,6 +28,8 @@ pub mod guests {
     pub const APPROVAL_STEP: &str = env!("GUEST_APPROVAL_STEP");
     pub const SLEEPER: &str = env!("GUEST_SLEEPER");
     pub const COMMAND: &str = env!("GUEST_COMMAND");
+    /// The refund agent of `examples/agent-refund`.
+    pub const AGENT_REFUND: &str = env!("AGENT_REFUND");
 }
 
 /// A configuration granting `orders` (a deduplicating file receiver) and

@@ -400,9 +400,13 @@ fn compile_cache_dir(given: Option<&Path>) -> Option<PathBuf> {
 }
 
 fn options(config: &Config) -> Result<HostOptions, HostError> {
-    Ok(HostOptions {
+    Ok(options_with(config, config.effects()?))
+}
+
+fn options_with(config: &Config, effects: stephost_runtime::effects::Effects) -> HostOptions {
+    HostOptions {
         limits: config.limits.clone(),
-        effects: config.effects()?,
+        effects,
         log_sink: Some(Arc::new(|run_id: &str, rec: &LogRecord, replayed: bool| {
             if !replayed {
                 eprintln!("[{run_id}] {}: {}", rec.level, print::Safe(&rec.message));
@@ -411,7 +415,7 @@ fn options(config: &Config) -> Result<HostOptions, HostError> {
         cache_dir: config.cache_dir.clone(),
         signer: config.signer.clone(),
         ..HostOptions::default()
-    })
+    }
 }
 
 /// For commands that run no step: no effects (and so no secrets) needed.
@@ -647,7 +651,8 @@ fn replay(
     }: ReplayArgs,
 ) -> Result<i32, HostError> {
     let Ctx { config, ledger } = ctx;
-    let opts = options(config)?;
+    // A replay performs nothing: it needs no secret.
+    let opts = options_with(config, config.offline_effects()?);
     if let Some(dir) = fixtures {
         let module = module.expect("clap requires --module with --fixtures");
         return replay_corpus(&dir, &module, &opts, json);

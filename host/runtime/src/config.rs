@@ -417,7 +417,24 @@ fn default_llm_timeout_ms() -> u64 {
 }
 
 /// Replaces each `${NAME}` with the environment variable NAME.
-fn resolve_env(value: &str, what: &str) -> Result<String, String> {
+/// Whether the secrets a configuration names must be set in the
+/// environment (to perform calls) or may be missing (for a replay).
+#[derive(Debug, Clone, Copy)]
+enum Secrets {
+    Required,
+    Optional,
+}
+
+impl Secrets {
+    fn read(self, name: &str) -> Result<String, std::env::VarError> {
+        match (std::env::var(name), self) {
+            (Err(std::env::VarError::NotPresent), Secrets::Optional) => Ok(String::new()),
+            (found, _) => found,
+        }
+    }
+}
+
+fn resolve_env(value: &str, what: &str, secrets: Secrets) -> Result<String, String> {
     let mut out = String::new();
     let mut rest = value;
     while let Some(start) = rest.find("${") {
@@ -427,7 +444,7 @@ fn resolve_env(value: &str, what: &str) -> Result<String, String> {
             .find('}')
             .ok_or_else(|| format!("{what}: unclosed ${{ in {value:?}"))?;
         let name = &after[..end];
-        let found = std::env::var(name).map_err(|_| {
+        let found = secrets.read(name).map_err(|_| {
             format!("{what} needs the environment variable {name}, which is not set")
         })?;
         out.push_str(&found);
@@ -525,29 +542,43 @@ impl Config {
 
     /// Builds the granted effects, reading secrets from the environment.
     pub fn effects(&self) -> Result<Effects, ConfigError> {
+        self.effects_with(Secrets::Required)
+    }
+
+    /// The effects for a replay, which performs none: a secret whose
+    /// variable is not set is left empty rather than refused, so that a
+    /// replay needs no key.
+    pub fn offline_effects(&self) -> Result<Effects, ConfigError> {
+        self.effects_with(Secrets::Optional)
+    }
+
+    fn effects_with(&self, secrets: Secrets) -> Result<Effects, ConfigError> {
         let mut granted = BTreeMap::new();
         for (name, config) in &self.effects {
-            let effect = self
-                .build(name, config)
-                .map_err(|message| ConfigError::Invalid {
-                    path: self.shown(),
-                    message,
-                })?;
+            let effect =
+                self.build(name, config, secrets)
+                    .map_err(|message| ConfigError::Invalid {
+                        path: self.shown(),
+                        message,
+                    })?;
             granted.insert(name.clone(), effect);
         }
         let llm = match &self.llm {
-            Some(llm) => Some(build_llm(llm).map_err(|message| ConfigError::Invalid {
-                path: self.shown(),
-                message,
-            })?),
+            Some(llm) => Some(
+                build_llm(llm, secrets).map_err(|message| ConfigError::Invalid {
+                    path: self.shown(),
+                    message,
+                })?,
+            ),
             None => None,
         };
         let mut models = BTreeMap::new();
         for (alias, config) in &self.models {
-            let model = build_model(alias, config).map_err(|message| ConfigError::Invalid {
-                path: self.shown(),
-                message,
-            })?;
+            let model =
+                build_model(alias, config, secrets).map_err(|message| ConfigError::Invalid {
+                    path: self.shown(),
+                    message,
+                })?;
             models.insert(alias.clone(), model);
         }
         for (name, config) in &self.redact {
@@ -593,7 +624,7 @@ impl Config {
         }
     }
 
-    fn build(&self, name: &str, config: &EffectConfig) -> Result<Effect, String> {
+    fn build(&self, name: &str, config: &EffectConfig, secrets: Secrets) -> Result<Effect, String> {
         let mut receipt_pointer = crate::effects::RECEIPT_OPERATION_POINTER.to_string();
         let (class, retry, handler): (ClassName, RetryPolicy, Box<dyn Handler>) = match config {
             EffectConfig::Echo { class, retry } => (*class, retry.clone(), Box::new(Echo)),
@@ -643,7 +674,7 @@ impl Config {
                 receipt_pointer = checked_pointer(receipt_operation_pointer, &what)?;
                 let headers = headers
                     .iter()
-                    .map(|(k, v)| Ok((k.clone(), resolve_env(v, &what)?)))
+                    .map(|(k, v)| Ok((k.clone(), resolve_env(v, &what, secrets)?)))
                     .collect::<Result<Vec<_>, String>>()?;
                 let handler = HttpEffect::new(
                     method,
@@ -724,10 +755,11 @@ fn checked_pointer(pointer: &str, what: &str) -> Result<String, String> {
     }
 }
 
-fn build_llm(llm: &LlmConfig) -> Result<Effect, String> {
+fn build_llm(llm: &LlmConfig, secrets: Secrets) -> Result<Effect, String> {
     let mut headers = Vec::new();
     if let Some(var) = &llm.api_key_env {
-        let key = std::env::var(var)
+        let key = secrets
+            .read(var)
             .map_err(|_| format!("llm.api_key_env names {var}, which is not set"))?;
         headers.push(("Authorization".to_string(), format!("Bearer {key}")));
     }
@@ -752,7 +784,7 @@ fn build_llm(llm: &LlmConfig) -> Result<Effect, String> {
     })
 }
 
-fn build_model(alias: &str, config: &ModelConfig) -> Result<ModelEffect, String> {
+fn build_model(alias: &str, config: &ModelConfig, secrets: Secrets) -> Result<ModelEffect, String> {
     let what = format!("models.{alias}");
     let api: stephost_models::Api = config.api.parse().map_err(|e| format!("{what}.api: {e}"))?;
     config
@@ -775,7 +807,8 @@ fn build_model(alias: &str, config: &ModelConfig) -> Result<ModelEffect, String>
     }
     let mut headers: Vec<(String, String)> = Vec::new();
     if let Some(var) = &config.key_env {
-        let key = std::env::var(var)
+        let key = secrets
+            .read(var)
             .map_err(|_| format!("{what}.key_env names {var}, which is not set"))?;
         match api {
             stephost_models::Api::AnthropicMessages => headers.push(("x-api-key".into(), key)),
@@ -948,6 +981,32 @@ mod tests {
         .unwrap_err();
         assert!(err.starts_with("line 7:"), "{err}");
         assert!(err.contains("expected a string"), "{err}");
+    }
+
+    #[test]
+    fn a_replay_needs_no_secret_a_live_call_does() {
+        let config = Config::parse(
+            r#"
+[models.m]
+api = "openai-chat"
+url = "http://127.0.0.1:9"
+model = "x"
+key_env = "STEPHOST_TEST_UNSET_KEY_7d1f"
+
+[effects.hook]
+kind = "http"
+url = "http://127.0.0.1:9/hook"
+headers = { Authorization = "Bearer ${STEPHOST_TEST_UNSET_KEY_7d1f}" }
+"#,
+        )
+        .unwrap();
+        let refused = config.effects().err().expect("refused").to_string();
+        assert!(
+            refused.contains("STEPHOST_TEST_UNSET_KEY_7d1f"),
+            "{refused}"
+        );
+        let offline = config.offline_effects().unwrap();
+        assert!(offline.get("hook").is_some() && offline.model("m").is_some());
     }
 
     #[test]

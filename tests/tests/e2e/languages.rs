@@ -237,6 +237,61 @@ fn a_c_step_behaves_like_the_rust_step() {
     behaves_like_the_rust_step(&module);
 }
 
+/// The refund agent of `examples/agent-refund`, in Rust and in Python
+/// (`examples/python-agent-refund`), with the example's own configuration
+/// pointed at the scripted model server and the demo receiver, as its
+/// `run.sh` does: each refunds the order once after three model turns,
+/// replays offline, and both make the same effect calls.
+#[test]
+fn the_refund_agent_example_refunds_once_alike_in_rust_and_python() {
+    let python = build(
+        "examples/python-agent-refund/build.sh",
+        "python_agent_refund.wasm",
+    );
+    let key = [("OPENAI_API_KEY", std::ffi::OsStr::new("sk-scripted"))];
+    let input = r#"{"message": "Hi, I'd like a refund for order A-1001: the blender arrived broken. Thanks, Sam"}"#;
+    let mut made = Vec::new();
+    for module in [guests::AGENT_REFUND, python.as_str()] {
+        let model = model_server::ModelServer::start_with(model_server::Config::default()).unwrap();
+        let receiver = supplier_receiver::Receiver::start().unwrap();
+        let config = std::fs::read_to_string(root().join("examples/agent-refund/stephost.toml"))
+            .unwrap()
+            .replace("http://127.0.0.1:8081", &model.url())
+            .replace("http://127.0.0.1:8080", &receiver.url());
+        let sb = Sandbox::with_config(BIN, &config);
+        let ran = sb.stephost_with_envs(
+            &key,
+            &["run", module, "--input", input, "--run-id", "agent"],
+        );
+        ran.expect_code(0);
+        let out = ran.json();
+        assert_eq!(out["refunded_cents"], 4999, "{module}: {out}");
+        assert_eq!(out["turns"], 3, "{module}: {out}");
+        assert_eq!(
+            out["refunds"].as_array().map(Vec::len),
+            Some(1),
+            "{module}: {out}"
+        );
+        assert!(
+            out["summary"]
+                .as_str()
+                .unwrap_or_default()
+                .contains("A-1001"),
+            "{module}: {out}"
+        );
+        assert_eq!(model.report()["requests_total"], 3, "{module}");
+        // Offline: no model, no receiver, no key.
+        drop(model);
+        drop(receiver);
+        sb.stephost(&["replay", "agent"]).expect_code(0);
+        made.push(stephost_calls(&sb.show("agent")));
+    }
+    assert_eq!(
+        made[0], made[1],
+        "the Rust and Python agents made other calls"
+    );
+}
+
 /// Checks a WASI command run: stdin in, stdout out, exit status kept,
 /// clock recorded and replayed.
 fn command_runs(module: &str, exact_exit: i32) {
