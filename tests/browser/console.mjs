@@ -124,6 +124,9 @@ try {
   await page.locator("dd .status.s-completed").waitFor({ timeout: 60_000 });
   await streamingBox.waitFor({ state: "detached" });
   await page.locator("dd pre").getByText("reach you before six this evening").waitFor();
+  step = "the run's page shows the model call's tokens and the run's";
+  await page.getByText("Model tokens", { exact: true }).waitFor();
+  await page.getByRole("table").getByText(/^\d+ tokens/).waitFor();
 
   step = "the queues are empty and say so";
   await page.getByRole("link", { name: /^Unknown calls/ }).click();

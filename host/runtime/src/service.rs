@@ -59,6 +59,11 @@ pub struct CallView {
     pub request_bytes: usize,
     pub outcome_bytes: usize,
     pub truncated: bool,
+    /// A model call's tokens and cost, from its recorded answer.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tokens: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cost_micro_usd: Option<u64>,
 }
 
 /// A page of a run's timeline.
@@ -96,10 +101,20 @@ pub fn calls_page(
     let calls = calls
         .into_iter()
         .map(|mut call| {
-            let attempts = match call.interface == crate::imports::effects::INTERFACE {
+            let attempts = match [
+                crate::imports::effects::INTERFACE,
+                crate::imports::models::INTERFACE,
+                crate::imports::llm::INTERFACE,
+            ]
+            .contains(&call.interface.as_str())
+            {
                 true => store.attempts(run_id, Some(call.seq))?,
                 false => Vec::new(),
             };
+            let one = std::slice::from_ref(&call);
+            let (tokens, cost) = (tokens_total(one), cost_total(one));
+            let model_call = call.interface == crate::imports::models::INTERFACE
+                || call.interface == crate::imports::llm::INTERFACE;
             let request_bytes = call.request.len();
             let outcome_bytes = call.outcome.as_ref().map_or(0, String::len);
             let mut truncated = cut(&mut call.request, body_bytes_max);
@@ -113,6 +128,8 @@ pub fn calls_page(
                 request_bytes,
                 outcome_bytes,
                 truncated,
+                tokens: (model_call && tokens > 0).then_some(tokens),
+                cost_micro_usd: (model_call && cost > 0).then_some(cost),
                 call,
             })
         })

@@ -646,6 +646,12 @@ fn a_models_answer_streams_to_the_event_stream_while_it_grows() {
     let run = served.wait_status("streamed", "completed");
     let output: Value = serde_json::from_str(run["run"]["output"].as_str().unwrap()).unwrap();
     assert_eq!(output["text"], text);
+    // The timeline gives the model call's tokens and its attempt.
+    let page = served.get("/api/runs/streamed/calls").expect(200);
+    let chat = &page["calls"][0];
+    assert_eq!(chat["name"], "models.chat", "{page:#}");
+    assert!(chat["tokens"].as_u64().unwrap() > 0, "{page:#}");
+    assert_eq!(chat["attempts"][0]["result"], "ok", "{page:#}");
     assert_eq!(served.stop(), Some(0));
 }
 

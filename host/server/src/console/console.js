@@ -117,6 +117,8 @@ async function runView(runId, params) {
   // The call a divergence names ("call #N diverged"), marked in the timeline.
   const divergence = r.status === "diverged" ? /call #(\d+) diverged/.exec(r.error || "") : null;
   const divergedAt = divergence ? Number(divergence[1]) : null;
+  // What the model calls on this page spent.
+  const spent = page.calls.reduce((s, c) => ({tokens: s.tokens + (c.tokens || 0), cost: s.cost + (c.cost_micro_usd || 0)}), {tokens: 0, cost: 0});
   const facts = el("dl", {},
     el("dt", {}, "Status"), el("dd", {}, status(r.status)),
     el("dt", {}, "Step"), el("dd", {}, r.step || "-"),
@@ -124,6 +126,8 @@ async function runView(runId, params) {
     el("dt", {}, "Fence"), el("dd", {}, `${r.fence} (sent to receivers with each write as Stephost-Fence)`),
     el("dt", {}, "Owner"), el("dd", {}, r.owner ? `${r.owner}, lease until ${time(r.lease_until_ms)}` : "none"),
     el("dt", {}, "Created"), el("dd", {}, time(r.created_at_ms)),
+    spent.tokens ? [el("dt", {}, "Model tokens"), el("dd", {}, `${spent.tokens}`,
+      spent.cost ? ` ($${(spent.cost / 1e6).toFixed(6)})` : "", page.next_seq || from > 1 ? " in the calls shown" : "")] : null,
     el("dt", {}, "Input"), el("dd", {}, el("pre", {}, pretty(r.input))),
     r.output ? [el("dt", {}, "Output"), el("dd", {}, el("pre", {}, pretty(r.output)))] : null,
     r.error ? [el("dt", {}, "Error"), el("dd", {class: "s-failed"}, r.error)] : null);
@@ -153,7 +157,8 @@ async function runView(runId, params) {
       el("td", {}, status(c.state), c.resolved_by ? el("div", {}, "by ", c.resolved_by) : null,
         c.seq === divergedAt ? el("div", {class: "s-failed"}, "diverged here") : null),
       el("td", {}, String(c.fence), el("div", {class: "muted"}, replayed(c) ? "replayed since" : "live")),
-      el("td", {}, c.duration_ms === null || c.duration_ms === undefined ? "" : `${c.duration_ms} ms`),
+      el("td", {}, c.duration_ms === null || c.duration_ms === undefined ? "" : `${c.duration_ms} ms`,
+        c.tokens ? el("div", {class: "muted"}, `${c.tokens} tokens`, c.cost_micro_usd ? `, $${(c.cost_micro_usd / 1e6).toFixed(6)}` : "") : null),
       el("td", {}, c.attempts.length ? el("ol", {}, c.attempts.map(a => el("li", {}, `${a.kind}: ${a.result}`, a.detail ? ` (${a.detail})` : ""))) : ""),
       el("td", {}, body("request", c.request, c.truncated && c.request_bytes > c.request.length ? c.request_bytes : 0, "request"),
         c.outcome ? body("outcome", c.outcome, c.truncated && c.outcome_bytes > c.outcome.length ? c.outcome_bytes : 0, "outcome") : null));
