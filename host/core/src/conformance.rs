@@ -69,7 +69,8 @@ macro_rules! conformance_tests {
             counters_add_up_across_commits_and_stores,
             notices_are_owed_once_taken_by_one_taker_and_settled_by_attempts,
             notices_are_taken_earliest_due_first_whatever_their_creation_order,
-            a_runs_last_call_is_read_alone
+            a_runs_last_call_is_read_alone,
+            a_models_flow_state_is_kept_by_the_ledger_for_every_handle
         );
     };
     (@cases $make:expr; $($case:ident),* $(,)?) => {
@@ -1667,4 +1668,54 @@ pub fn a_runs_last_call_is_read_alone(make: &Make) {
         store.last_call("nope"),
         Err(StoreError::UnknownRun(_))
     ));
+}
+
+/// Models' flow state ([`crate::flow`]) is kept by the ledger: what one
+/// handle takes, another sees; keys are apart; a pause holds every handle.
+pub fn a_models_flow_state_is_kept_by_the_ledger_for_every_handle(make: &Make) {
+    use crate::flow::{FlowCaps, FlowOp};
+    let ledger = make();
+    let (a, b) = (
+        ledger.pool.flows().expect("flows"),
+        ledger.pool.flows().expect("flows"),
+    );
+    let caps = FlowCaps {
+        requests_per_minute: Some(2),
+        tokens_per_minute: None,
+    };
+    let take = |tokens| FlowOp::Take { tokens };
+    assert_eq!(a.flow("m", caps, take(1)).unwrap(), Ok(()));
+    assert_eq!(b.flow("m", caps, take(1)).unwrap(), Ok(()));
+    // The minute's two requests are taken: the third waits about 30 s.
+    let wait = a.flow("m", caps, take(1)).unwrap().unwrap_err();
+    assert!((20_000..=30_000).contains(&wait), "waits {wait} ms");
+    // Another model is not held back by it.
+    assert_eq!(b.flow("n", caps, take(1)).unwrap(), Ok(()));
+    // Tokens: taken as estimated, settled as spent.
+    let tokens = FlowCaps {
+        requests_per_minute: None,
+        tokens_per_minute: Some(10_000),
+    };
+    assert_eq!(a.flow("t", tokens, take(8_000)).unwrap(), Ok(()));
+    assert!(b.flow("t", tokens, take(8_000)).unwrap().is_err());
+    a.flow(
+        "t",
+        tokens,
+        FlowOp::Settle {
+            taken: 8_000,
+            used: 1_000,
+        },
+    )
+    .unwrap()
+    .unwrap();
+    assert_eq!(b.flow("t", tokens, take(8_000)).unwrap(), Ok(()));
+    // A pause one handle sets holds the other.
+    b.flow("p", FlowCaps::default(), FlowOp::Pause { for_ms: 60_000 })
+        .unwrap()
+        .unwrap();
+    let wait = a
+        .flow("p", FlowCaps::default(), take(1))
+        .unwrap()
+        .unwrap_err();
+    assert!((50_000..=60_000).contains(&wait), "waits {wait} ms");
 }

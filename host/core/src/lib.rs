@@ -23,6 +23,7 @@ pub mod commit;
 pub mod conformance;
 pub mod crash;
 pub mod error;
+pub mod flow;
 pub mod history;
 pub mod ids;
 pub mod journal;

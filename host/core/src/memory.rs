@@ -32,6 +32,7 @@ struct State {
     counters: BTreeMap<String, i64>,
     /// By delivery id, in the order they were owed.
     notices: Vec<Notice>,
+    flows: HashMap<String, crate::flow::FlowState>,
 }
 
 /// An in-memory ledger; clones share it.
@@ -59,6 +60,27 @@ impl Pool for MemoryPool {
 
     fn writer(&self) -> StoreResult<Box<dyn Writer>> {
         Ok(Box::new(self.clone()))
+    }
+
+    fn flows(&self) -> StoreResult<Arc<dyn crate::flow::Flows>> {
+        Ok(Arc::new(self.clone()))
+    }
+}
+
+impl crate::flow::Flows for MemoryPool {
+    fn flow(
+        &self,
+        key: &str,
+        caps: crate::flow::FlowCaps,
+        op: crate::flow::FlowOp,
+    ) -> StoreResult<Result<(), i64>> {
+        let now_ms = crate::clock::now_ms();
+        let mut state = self.lock();
+        let flow = state
+            .flows
+            .entry(key.to_string())
+            .or_insert_with(|| crate::flow::FlowState::full(&caps, now_ms));
+        Ok(flow.apply(&caps, op, now_ms))
     }
 }
 

@@ -185,6 +185,8 @@ pub trait Pool: Send + Sync {
         let _ = wake;
         Ok(false)
     }
+    /// Models' flow state, shared by every process on the ledger.
+    fn flows(&self) -> StoreResult<Arc<dyn crate::flow::Flows>>;
 }
 
 /// Opens pools of one ledger: what a worker or a server is given, so that

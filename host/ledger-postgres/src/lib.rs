@@ -19,6 +19,7 @@
 mod commit;
 pub mod conns;
 mod errors;
+mod flows;
 pub mod group;
 pub mod notify;
 mod rows;
@@ -175,6 +176,10 @@ impl Pool for PgPool {
 
     fn commit_counts(&self) -> CommitCounts {
         self.group.as_ref().map(|g| g.counts()).unwrap_or_default()
+    }
+
+    fn flows(&self) -> StoreResult<Arc<dyn stephost_core::flow::Flows>> {
+        Ok(Arc::new(flows::PgFlows::new(self.shared.clone())))
     }
 
     fn watch_due(&self, wake: WakeUp) -> StoreResult<bool> {

@@ -13,6 +13,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../migrations/0002_seal.sql"),
     include_str!("../migrations/0003_notices.sql"),
     include_str!("../migrations/0004_commit_plan.sql"),
+    include_str!("../migrations/0005_flows.sql"),
 ];
 
 /// The advisory lock key migrations hold ("stephost" in ASCII).

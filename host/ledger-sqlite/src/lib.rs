@@ -12,6 +12,7 @@ pub mod checkpoint;
 mod commit;
 mod conn;
 mod errors;
+mod flows;
 pub mod group;
 mod known;
 mod rows;
@@ -41,6 +42,8 @@ pub struct SqlitePool {
     checkpointer: Arc<checkpoint::Lazy>,
     /// The connection that checked the file, kept for the first store.
     checked: std::sync::Mutex<Option<Conn>>,
+    /// Models' flow state, made on first use.
+    flows: std::sync::Mutex<Option<Arc<flows::SqliteFlows>>>,
 }
 
 impl SqlitePool {
@@ -58,6 +61,7 @@ impl SqlitePool {
             group,
             checkpointer,
             checked: std::sync::Mutex::new(Some(checked)),
+            flows: std::sync::Mutex::new(None),
         })
     }
 
@@ -110,6 +114,13 @@ impl Pool for SqlitePool {
 
     fn commit_counts(&self) -> CommitCounts {
         self.group.as_ref().map(|g| g.counts()).unwrap_or_default()
+    }
+
+    fn flows(&self) -> StoreResult<Arc<dyn stephost_core::flow::Flows>> {
+        let mut flows = self.flows.lock().unwrap_or_else(|p| p.into_inner());
+        Ok(flows
+            .get_or_insert_with(|| Arc::new(flows::SqliteFlows::new(&self.path)))
+            .clone())
     }
 }
 

@@ -24,6 +24,7 @@ pub const MIGRATIONS: &[&str] = &[
     include_str!("../migrations/0002_seal.sql"),
     include_str!("../migrations/0003_notices.sql"),
     include_str!("../migrations/0004_payload_rows.sql"),
+    include_str!("../migrations/0005_flows.sql"),
 ];
 
 /// The schema version this build writes.

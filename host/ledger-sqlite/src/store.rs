@@ -45,7 +45,7 @@ impl SqliteStore {
     }
 
     /// Runs `f` in a write transaction, committed in `sync` mode.
-    fn write_synced<T>(
+    pub(crate) fn write_synced<T>(
         &self,
         sync: Sync,
         f: impl FnOnce(&rusqlite::Connection) -> StoreResult<T>,

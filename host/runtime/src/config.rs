@@ -292,11 +292,11 @@ pub struct ModelConfig {
     /// Calls of this model in flight at once, shared by every run of a
     /// process (none: unbounded).
     pub concurrency_max: Option<usize>,
-    /// Requests a minute, shared by every run of a process (none:
+    /// Requests a minute, shared by every process on the ledger (none:
     /// unbounded).
     pub requests_per_minute: Option<u32>,
-    /// Tokens a minute (input and output), shared by every run of a
-    /// process (none: unbounded).
+    /// Tokens a minute (input and output), shared by every process on the
+    /// ledger (none: unbounded).
     pub tokens_per_minute: Option<u64>,
 }
 
@@ -835,8 +835,10 @@ fn build_model(alias: &str, config: &ModelConfig, secrets: Secrets) -> Result<Mo
         Duration::from_millis(config.timeout_ms),
         crate::effects::flow::FlowLimits {
             concurrency_max: config.concurrency_max,
-            requests_per_minute: config.requests_per_minute,
-            tokens_per_minute: config.tokens_per_minute,
+            caps: stephost_core::flow::FlowCaps {
+                requests_per_minute: config.requests_per_minute,
+                tokens_per_minute: config.tokens_per_minute,
+            },
         },
     ));
     Ok(ModelEffect {

@@ -157,7 +157,7 @@ fn new_store(
         sleep: std::thread::sleep,
         models_spent: Default::default(),
         last_chat: None,
-        stream_sink: options.stream_sink.clone(),
+        services: options.services.clone(),
     };
     let mut store = Store::new(engine.engine(), state);
     store.limiter(|s| &mut s.limits);

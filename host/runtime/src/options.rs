@@ -45,9 +45,37 @@ pub struct HostOptions {
     pub instance_pool: u32,
     /// Signs chain links and run seals (plain SHA-256 without a key).
     pub signer: stephost_core::chain::Signer,
+    /// What live calls use besides their effect: where models' answers go
+    /// while they stream in, the ledger's shared flow state.
+    pub services: Services,
+}
+
+/// What live calls use besides their effect.
+#[derive(Clone, Default)]
+pub struct Services {
     /// Where models' answers go while they stream in (`stephost serve`'s
     /// event stream).
     pub stream_sink: Option<StreamSink>,
+    /// Models' flow state, shared by every process on the ledger (filled
+    /// in from the ledger's pool by [`crate::runner::Host`]).
+    pub flows: Option<Arc<dyn stephost_core::flow::Flows>>,
+}
+
+impl Services {
+    /// None of them.
+    pub const NONE: Services = Services {
+        stream_sink: None,
+        flows: None,
+    };
+}
+
+impl std::fmt::Debug for Services {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Services")
+            .field("stream_sink", &self.stream_sink.is_some())
+            .field("flows", &self.flows.is_some())
+            .finish()
+    }
 }
 
 impl HostOptions {
@@ -68,7 +96,7 @@ impl Default for HostOptions {
             cache_dir: None,
             instance_pool: 0,
             signer: stephost_core::chain::Signer::plain(),
-            stream_sink: None,
+            services: Services::default(),
         }
     }
 }

@@ -82,8 +82,11 @@ impl Host {
     pub fn with_engine(
         engine: Arc<StepEngine>,
         pool: Arc<dyn Pool>,
-        options: HostOptions,
+        mut options: HostOptions,
     ) -> Result<Self, HostError> {
+        if options.services.flows.is_none() {
+            options.services.flows = Some(pool.flows()?);
+        }
         Ok(Host {
             engine,
             store: pool.store()?,

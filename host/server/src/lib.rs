@@ -87,9 +87,10 @@ pub fn serve(
     let every = Duration::from_millis(settings.watch_ms.max(10));
     // The worker's answers streaming in go to the event streams.
     let sink = events::stream_sink(&app);
-    let worker_options_of = move || HostOptions {
-        stream_sink: Some(sink.clone()),
-        ..make_options()
+    let worker_options_of = move || {
+        let mut options = make_options();
+        options.services.stream_sink = Some(sink.clone());
+        options
     };
     std::thread::scope(|scope| {
         let worker = scope.spawn(|| {

@@ -343,6 +343,47 @@ fn a_429_holds_back_every_run_sharing_the_model_not_only_the_one_told() {
 }
 
 #[test]
+fn a_pause_one_process_is_told_holds_back_another_process_on_the_ledger() {
+    // One process's run is told to wait 1.5 s. A run started in another
+    // process after that must wait out the same pause: it is kept by the
+    // ledger, not by the process that was told.
+    let server = server_with(
+        r#"{"turns": [{"text": "Hello.",
+            "faults": [{"kind": "status", "status": 429, "retry_after_ms": 1500, "times": 1}]}]}"#,
+        0,
+    );
+    let sb = Sandbox::with_config(BIN, &config("openai-chat", &server.url(), ""));
+    let input = r#"{"model":"support","message":"hi"}"#;
+    let mut first = sb
+        .command(&["run", guests::CHAT_STEP, "--input", input, "--run-id", "x1"])
+        .env("STEPHOST_TEST_MODEL_KEY", KEY)
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while model_requests(&server) == 0 {
+        assert!(std::time::Instant::now() < deadline, "no request came");
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    stephost(
+        &sb,
+        &["run", guests::CHAT_STEP, "--input", input, "--run-id", "x2"],
+    )
+    .expect_code(0);
+    assert!(first.wait().unwrap().success());
+    let report = server.report();
+    let requests = report["requests"].as_array().unwrap();
+    assert_eq!(requests.len(), 3, "{report}");
+    assert_eq!(requests[0]["status"], 429, "{report}");
+    let arrived = |i: usize| requests[i]["arrived_ms"].as_u64().unwrap();
+    assert!(
+        arrived(1) >= arrived(0) + 1_450,
+        "a request left {} ms after the 429, inside the pause it asked for: {report}",
+        arrived(1) - arrived(0)
+    );
+}
+
+#[test]
 fn answers_are_streamed_so_a_long_one_outlives_the_timeout_and_a_cut_one_is_asked_again() {
     // The first answer trickles in 64-byte pieces 100 ms apart, for about
     // two seconds, past the 500 ms timeout, which bounds each pause, not the

@@ -241,7 +241,7 @@ mod tests {
     fn request<'a>(op: &'a str, body: &'a str) -> Request<'a> {
         Request {
             seq: 1,
-            stream_sink: None,
+            services: &crate::options::Services::NONE,
             run_id: "r",
             effect: "orders",
             class: stephost_core::CallClass::Write,

@@ -484,7 +484,7 @@ mod tests {
     fn request(body: &str) -> Request<'_> {
         Request {
             seq: 1,
-            stream_sink: None,
+            services: &crate::options::Services::NONE,
             run_id: "r1",
             effect: "cmd",
             class: CallClass::Write,

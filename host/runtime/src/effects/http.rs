@@ -353,7 +353,7 @@ mod tests {
     fn request(body: &str) -> Request<'_> {
         Request {
             seq: 1,
-            stream_sink: None,
+            services: &crate::options::Services::NONE,
             run_id: "run 1",
             effect: "e",
             class: CallClass::Write,

@@ -121,8 +121,9 @@ pub struct Request<'a> {
     pub fence: i64,
     /// The guest's request, JSON text.
     pub body: &'a str,
-    /// Where an answer goes while it streams in, if anywhere.
-    pub stream_sink: Option<&'a crate::options::StreamSink>,
+    /// What the call uses besides its effect (a stream sink, shared flow
+    /// state).
+    pub services: &'a crate::options::Services,
 }
 
 /// A receiver of effect requests.
@@ -322,8 +323,8 @@ pub struct EffectCall<'a> {
     /// What is left of the execution's `wall_ms_max`: retries stop there
     /// too, whatever the effect's own deadline.
     pub wall_left: std::time::Duration,
-    /// Where a model's answer goes while it streams in.
-    pub stream_sink: Option<&'a crate::options::StreamSink>,
+    /// What the call uses besides its effect.
+    pub services: &'a crate::options::Services,
 }
 
 /// What asking the receiver about an operation established.
@@ -418,7 +419,7 @@ impl EffectCall<'_> {
             operation_id: op.operation_id,
             fence: op.fence,
             body: self.body,
-            stream_sink: self.stream_sink,
+            services: self.services,
         }
     }
 }

@@ -36,7 +36,7 @@ pub struct Model {
     /// of a call that sets none).
     pub max_tokens: u32,
     agent: ureq::Agent,
-    /// Its flow control, shared by every run of this process.
+    /// Its flow control (see [`super::flow`]).
     flow: Arc<Flow>,
 }
 
@@ -194,9 +194,11 @@ impl Handler for Model {
             .map_err(|e| Failure::Invalid(format!("model {}: {e}", self.alias)))?;
         // What the call may spend: its input (about four bytes a token) and
         // its max_tokens.
-        let mut admitted = self
-            .flow
-            .admit((request.body.len() / 4) as u64 + u64::from(max_tokens));
+        let flows = request.services.flows.as_deref();
+        let mut admitted = self.flow.admit(
+            flows,
+            (request.body.len() / 4) as u64 + u64::from(max_tokens),
+        );
         let Answered {
             status,
             headers,
@@ -214,7 +216,7 @@ impl Handler for Model {
             (limits.remaining_tokens, limits.reset_tokens),
         ] {
             if let (Some(0), Some(reset)) = (left, reset) {
-                self.flow.pause(reset);
+                self.flow.pause(flows, reset);
             }
         }
         if (200..300).contains(&status) {
@@ -224,7 +226,7 @@ impl Handler for Model {
                 let mut so_far = String::new();
                 let mut told: Option<std::time::Instant> = None;
                 self.read_stream(answer, &mut |piece| {
-                    let Some(sink) = request.stream_sink else {
+                    let Some(sink) = &request.services.stream_sink else {
                         return;
                     };
                     so_far.push_str(piece);
@@ -261,7 +263,7 @@ impl Handler for Model {
             // Asked to slow down: so is every run sharing the model (paused
             // before this call's slot is given up, so that no call waiting
             // for it slips out first).
-            self.flow.pause(wait);
+            self.flow.pause(flows, wait);
         }
         drop(admitted);
         let message = format!(

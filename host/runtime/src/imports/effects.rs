@@ -268,7 +268,7 @@ fn effect_call<'a>(
         payload_bytes_max: journal.limits().payload_bytes_max as usize,
         sleep: &state.sleep,
         wall_left: journal.wall_left(),
-        stream_sink: state.stream_sink.as_ref(),
+        services: &state.services,
     }
 }
 

@@ -42,8 +42,8 @@ pub struct StepState {
     /// This execution's last chat call: the next one is recorded as what
     /// is new since it.
     pub last_chat: Option<models::LastChat>,
-    /// Where models' answers go while they stream in.
-    pub stream_sink: Option<crate::options::StreamSink>,
+    /// What live calls use besides their effect.
+    pub services: crate::options::Services,
 }
 
 impl WasiView for StepState {
