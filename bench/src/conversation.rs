@@ -145,9 +145,10 @@ impl Bench {
         ));
         self.note(format!(
             "12: a durable model answer costs {:.0} µs a turn more than the same exchange as a \
-             buffered read ({:.2}× the floor of {floor:.0} µs: its fsync, and the host's reading \
-             of the neutral request and writing of the provider's), of {durable:.0} µs a turn in \
-             all against the local scripted server (median of {ROUNDS} runs of {TURNS} turns; \
+             buffered read ({:.2}× the floor of {floor:.0} µs: its fsync, the host's reading \
+             of the neutral request and writing of the provider's, and reading the answer as a \
+             stream of a few hundred server-sent events, where the read asks for it whole), of \
+             {durable:.0} µs a turn in all against the local scripted server (median of {ROUNDS} runs of {TURNS} turns; \
              a real provider answers in seconds)",
             durable - buffered,
             (durable - buffered) / floor

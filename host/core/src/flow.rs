@@ -44,6 +44,9 @@ impl FlowState {
     }
 
     fn fill(&mut self, caps: &FlowCaps, now_ms: i64) {
+        if caps.is_none() {
+            return;
+        }
         let elapsed = (now_ms - self.at_ms).max(0) as f64;
         if let Some(cap) = caps.requests_per_minute.map(f64::from) {
             self.requests = (self.requests + elapsed * cap / MINUTE_MS).min(cap);
@@ -127,6 +130,22 @@ impl FlowState {
     }
 }
 
+/// Applies `op` to `found` (a model's state as read without a lock, if
+/// any) at `now_ms`: its answer, and the state to keep if the op changed it
+/// (`None`: nothing to write, as for a call of a model without limits and
+/// not paused). A backend writes under a lock only then, reading again.
+pub fn unchanged(
+    found: Option<FlowState>,
+    caps: &FlowCaps,
+    op: FlowOp,
+    now_ms: i64,
+) -> Option<Result<(), i64>> {
+    let before = found.unwrap_or_else(|| FlowState::full(caps, now_ms));
+    let mut after = before;
+    let answer = after.apply(caps, op, now_ms);
+    (after == before).then_some(answer)
+}
+
 /// Flow state shared by every process on a ledger (a storage role; see
 /// [`crate::store::Pool::flows`]).
 pub trait Flows: Send + Sync {
@@ -175,6 +194,26 @@ mod tests {
         assert_eq!(s.take(&c, 5_000, 0), Ok(()));
         assert!(s.tokens < 0.0);
         assert!(s.take(&c, 5_000, 0).is_err());
+    }
+
+    #[test]
+    fn a_call_of_a_model_without_limits_changes_nothing_to_write() {
+        let none = FlowCaps::default();
+        let take = FlowOp::Take { tokens: 10 };
+        assert_eq!(unchanged(None, &none, take, 5), Some(Ok(())));
+        let mut paused = FlowState::full(&none, 0);
+        paused.pause(1_000);
+        assert_eq!(unchanged(Some(paused), &none, take, 5), Some(Err(995)));
+        // A pause, or a limited model's take, is written.
+        assert_eq!(
+            unchanged(None, &none, FlowOp::Pause { for_ms: 10 }, 5),
+            None
+        );
+        let limited = FlowCaps {
+            requests_per_minute: Some(10),
+            tokens_per_minute: None,
+        };
+        assert_eq!(unchanged(None, &limited, take, 5), None);
     }
 
     #[test]

@@ -5,7 +5,7 @@
 
 use rusqlite::{OptionalExtension, params};
 use stephost_core::StoreResult;
-use stephost_core::flow::{FlowCaps, FlowOp, FlowState, Flows};
+use stephost_core::flow::{FlowCaps, FlowOp, FlowState, Flows, unchanged};
 
 use crate::conn::{Conn, Sync};
 use crate::errors::error;
@@ -33,24 +33,15 @@ impl Flows for SqliteFlows {
             *store = Some(SqliteStore::new(Conn::connect(&self.path)?, &self.path));
         }
         let store = store.as_ref().expect("just made");
+        // Most calls change nothing (a model without limits, not paused):
+        // a read, no write lock.
+        let found = store.read(|conn| read(conn, key))?;
+        if let Some(answer) = unchanged(found, &caps, op, stephost_core::clock::now_ms()) {
+            return Ok(answer);
+        }
         store.write_synced(Sync::Normal, |conn| {
             let now_ms = stephost_core::clock::now_ms();
-            let found = conn
-                .prepare_cached(
-                    "SELECT requests, tokens, at_ms, paused_until_ms FROM flows WHERE key = ?1",
-                )
-                .and_then(|mut s| {
-                    s.query_row([key], |r| {
-                        Ok(FlowState {
-                            requests: r.get(0)?,
-                            tokens: r.get(1)?,
-                            at_ms: r.get(2)?,
-                            paused_until_ms: r.get(3)?,
-                        })
-                    })
-                    .optional()
-                })
-                .map_err(error)?;
+            let found = read(conn, key)?;
             let mut state = found.unwrap_or_else(|| FlowState::full(&caps, now_ms));
             let answer = state.apply(&caps, op, now_ms);
             conn.prepare_cached(
@@ -72,4 +63,21 @@ impl Flows for SqliteFlows {
             Ok(answer)
         })
     }
+}
+
+/// Model `key`'s state, if it has a row.
+fn read(conn: &rusqlite::Connection, key: &str) -> StoreResult<Option<FlowState>> {
+    conn.prepare_cached("SELECT requests, tokens, at_ms, paused_until_ms FROM flows WHERE key = ?1")
+        .and_then(|mut s| {
+            s.query_row([key], |r| {
+                Ok(FlowState {
+                    requests: r.get(0)?,
+                    tokens: r.get(1)?,
+                    at_ms: r.get(2)?,
+                    paused_until_ms: r.get(3)?,
+                })
+            })
+            .optional()
+        })
+        .map_err(error)
 }

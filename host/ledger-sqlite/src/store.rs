@@ -66,7 +66,10 @@ impl SqliteStore {
         }
     }
 
-    fn read<T>(&self, f: impl FnOnce(&rusqlite::Connection) -> StoreResult<T>) -> StoreResult<T> {
+    pub(crate) fn read<T>(
+        &self,
+        f: impl FnOnce(&rusqlite::Connection) -> StoreResult<T>,
+    ) -> StoreResult<T> {
         f(&self.conn.borrow().conn)
     }
 }
