@@ -79,6 +79,21 @@ pub fn print_run(report: &RunReport, json: bool) -> i32 {
                 .unwrap_or_default(),
             report.run_id
         ),
+        RunStatus::Parked
+            if report
+                .error
+                .as_deref()
+                .is_some_and(|e| e.starts_with("budget:")) =>
+        {
+            eprintln!(
+                "stephost: run {} is parked and needs a person: {}\n  \
+                 raise model_tokens_max or model_cost_micro_usd_max in [limits], then \
+                 `stephost resume {}`",
+                report.run_id,
+                Safe(report.error.as_deref().unwrap_or("")),
+                report.run_id
+            )
+        }
         RunStatus::Parked => eprintln!(
             "stephost: run {} is parked and needs a person: {}\n  \
              check the receiver by hand, then `stephost resolve {} SEQ --succeeded JSON | \

@@ -44,6 +44,23 @@ pub struct Limits {
     /// `model_tokens_max` is, a call's worst case priced at its model's
     /// output price.
     pub model_cost_micro_usd_max: u64,
+    /// What a model call that would take the run past its budget does:
+    /// `refuse` (the step gets `budget`) or `park` (the run is parked, the
+    /// call not recorded, for a person to raise the budget and resume it).
+    pub model_budget_exceeded: OverBudget,
+}
+
+/// What a model call over its run's budget does (`[limits]
+/// model_budget_exceeded`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OverBudget {
+    /// The call is not sent; the step gets `budget`, recorded.
+    #[default]
+    Refuse,
+    /// The call is not sent nor recorded; the run is parked until a person
+    /// raises the budget and resumes it.
+    Park,
 }
 
 impl Default for Limits {
@@ -63,6 +80,7 @@ impl Default for Limits {
             error_bytes_max: 64 * 1024,
             model_tokens_max: 10_000_000,
             model_cost_micro_usd_max: 100_000_000,
+            model_budget_exceeded: OverBudget::Refuse,
         }
     }
 }

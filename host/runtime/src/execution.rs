@@ -212,6 +212,9 @@ pub fn conclude(
         Some(Stop::Parked { seq, name, reason }) => RunEnd::Parked {
             error: format!("unknown_outcome: call #{seq} ({name}): {reason}"),
         },
+        Some(Stop::OverBudget { seq, name, reason }) => RunEnd::Parked {
+            error: format!("budget: call #{seq} ({name}) was not sent: {reason}"),
+        },
         Some(Stop::Limit(m)) => RunEnd::Failed {
             error: format!("limit: {m}"),
             exit_code: None,

@@ -354,7 +354,19 @@ fn event_of(store: &dyn Views, run: &RunRecord) -> StoreResult<Option<Event>> {
                     }),
                 ),
             )),
-            _ => None,
+            // Parked at a model call over its budget: nothing recorded.
+            _ => run
+                .error
+                .as_deref()
+                .filter(|e| e.starts_with("budget:"))
+                .map(|error| {
+                    (
+                        NoticeEvent::Parked,
+                        id,
+                        None,
+                        about(run, json!({ "budget": error })),
+                    )
+                }),
         },
         RunStatus::Waiting => match store.last_call(&run.run_id)? {
             Some(call)

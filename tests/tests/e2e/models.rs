@@ -232,6 +232,55 @@ fn a_call_that_would_pass_the_budget_is_not_sent() {
 }
 
 #[test]
+fn a_call_over_budget_parks_the_run_when_configured_until_a_raised_budget_resumes_it() {
+    let server = ModelServer::start_with(Config {
+        key: Some(KEY.into()),
+        ..Config::default()
+    })
+    .unwrap();
+    let with_budget = |tokens: u64| {
+        config(
+            "openai-chat",
+            &server.url(),
+            &format!("\n[limits]\nmodel_tokens_max = {tokens}\nmodel_budget_exceeded = \"park\"\n"),
+        )
+    };
+    let sb = Sandbox::with_config(BIN, &with_budget(500));
+    let input = r#"{"model":"support","message":"hello","max_tokens":800}"#;
+    let ran = stephost(
+        &sb,
+        &["run", guests::CHAT_STEP, "--input", input, "--run-id", "pk"],
+    );
+    ran.expect_code(5);
+    assert!(
+        ran.stderr.contains("raise model_tokens_max") && ran.stderr.contains("stephost resume pk"),
+        "{}",
+        ran.stderr
+    );
+    assert_eq!(model_requests(&server), 0, "a call over budget was sent");
+    let show = sb.show("pk");
+    assert_eq!(show["run"]["status"], "parked");
+    assert!(
+        show["run"]["error"]
+            .as_str()
+            .unwrap()
+            .starts_with("budget: call #1"),
+        "{show:#}"
+    );
+    assert!(calls(&show).is_empty(), "the call was recorded: {show:#}");
+    // A person raises the budget and resumes the run: the call is sent.
+    sb.set_config(&with_budget(5_000));
+    let resumed = stephost(&sb, &["resume", "pk"]);
+    resumed.expect_code(0);
+    assert!(resumed.json()["error"].is_null(), "{}", resumed.stdout);
+    assert_eq!(model_requests(&server), 1);
+    // Its replay needs no budget at all.
+    sb.set_config(&with_budget(1));
+    stephost(&sb, &["replay", "pk"]).expect_code(0);
+    assert_eq!(model_requests(&server), 1);
+}
+
+#[test]
 fn runs_sharing_a_model_with_concurrency_max_one_never_overlap_at_the_server() {
     let server = server_with(r#"{"turns": [{"text": "Hello."}]}"#, 300);
     let sb = Sandbox::with_config(

@@ -285,6 +285,14 @@ pub enum Stop {
         name: String,
         reason: String,
     },
+    /// A model call would take the run past its budget and the limits
+    /// say to park it: the call is not sent nor recorded.
+    #[error("call #{seq} ({name}) was not sent: {reason}")]
+    OverBudget {
+        seq: u64,
+        name: String,
+        reason: String,
+    },
     #[error("replay stopped at call #{seq}: {reason}")]
     ReplayEnd { seq: u64, reason: String },
     #[error("{0}")]

@@ -9,7 +9,8 @@
 //! like any refusal, so a replay sees it again.
 
 use stephost_core::CallClass;
-use stephost_core::journal::{CallErrorKind, CallSpec, Compute, Outcome};
+use stephost_core::journal::{CallErrorKind, CallSpec, Compute, Outcome, Stop};
+use stephost_core::limits::OverBudget;
 use stephost_models::{ChatRequest, ChatResponse, Message};
 
 use crate::bindings::v0_2;
@@ -120,6 +121,17 @@ fn call(
         None
     };
     if let Some(message) = over {
+        // Parked only when the call is live: a recorded call replays what
+        // it answered, whatever today's budget.
+        if limits.model_budget_exceeded == OverBudget::Park
+            && seq > lock(&state.journal).history_len()
+        {
+            return Err(state.fail(Stop::OverBudget {
+                seq,
+                name: format!("models.{alias}"),
+                reason: format!("{message}; raise it in [limits] and `stephost resume` the run"),
+            }));
+        }
         return refuse(
             state,
             &recorded,
