@@ -114,7 +114,7 @@ try {
     if (!r.ok) throw new Error(`submitting stream-run: HTTP ${r.status}`);
   }, chatDigest);
   await page.goto(base + "/#/run/stream-run");
-  const streamingBox = page.getByRole("region", { name: "Answer streaming in" });
+  const streamingBox = page.getByRole("region", { name: "Model call in progress" });
   await streamingBox.getByText(/^The parcel left/).waitFor();
   const partial = await streamingBox.locator("pre").innerText();
   if (!STREAMED.startsWith(partial) || partial.length >= STREAMED.length)

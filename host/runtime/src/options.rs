@@ -11,14 +11,23 @@ use crate::engine::InstancePool;
 /// of a line already written.
 pub type RunLogSink = Arc<dyn Fn(&str, &LogRecord, bool) + Send + Sync>;
 
-/// Where a model's answer goes while it streams in: its run, its call's
-/// sequence number and the text so far (at most a few times a second).
-/// Only the assembled answer is recorded.
+/// Where what a live model call is doing goes while it does it: its answer
+/// so far as it streams in (at most a few times a second), or what it waits
+/// for before it is sent. Nothing of it is recorded.
 #[derive(Clone)]
 pub struct StreamSink(pub Arc<StreamFn>);
 
-/// A stream sink's function: run id, sequence number, text so far.
-pub type StreamFn = dyn Fn(&str, u64, &str) + Send + Sync;
+/// What a model call is doing.
+#[derive(Debug, Clone, Copy)]
+pub enum ModelProgress<'a> {
+    /// Its answer so far.
+    Text(&'a str),
+    /// Why it is not sent yet.
+    Waiting(&'a str),
+}
+
+/// A stream sink's function: run id, sequence number, progress.
+pub type StreamFn = dyn Fn(&str, u64, ModelProgress<'_>) + Send + Sync;
 
 impl std::fmt::Debug for StreamSink {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -53,8 +62,8 @@ pub struct HostOptions {
 /// What live calls use besides their effect.
 #[derive(Clone, Default)]
 pub struct Services {
-    /// Where models' answers go while they stream in (`stephost serve`'s
-    /// event stream).
+    /// Where models' answers go while they stream in, and what a model call
+    /// waits for (`stephost serve`'s event stream).
     pub stream_sink: Option<StreamSink>,
     /// Models' flow state, shared by every process on the ledger (filled
     /// in from the ledger's pool by [`crate::runner::Host`]).

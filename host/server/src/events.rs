@@ -3,7 +3,8 @@
 //! `runs`). A console refreshes what it shows when one arrives. A model's
 //! answer streaming in to the server's own worker is sent as it grows
 //! (event `model`: the run, the call's sequence number and the text so
-//! far); only the assembled answer is recorded.
+//! far), and so is what a model call waits for before it is sent
+//! (`waiting`); only the assembled answer is recorded.
 
 use std::collections::HashMap;
 use std::convert::Infallible;
@@ -17,6 +18,8 @@ use futures_util::Stream;
 use serde::Serialize;
 use stephost_core::store::RunQuery;
 use tokio::sync::broadcast;
+
+use stephost_runtime::options::ModelProgress;
 
 use crate::access::Caller;
 use crate::app::App;
@@ -38,17 +41,30 @@ pub enum Live {
 struct Streaming<'a> {
     run_id: &'a str,
     seq: u64,
-    text: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    text: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    waiting: Option<&'a str>,
 }
 
 /// The worker's stream sink: each answer so far to every open stream.
 pub fn stream_sink(app: &Arc<App>) -> stephost_runtime::options::StreamSink {
     let changes = app.changes.clone();
-    stephost_runtime::options::StreamSink(Arc::new(move |run_id, seq, text| {
+    stephost_runtime::options::StreamSink(Arc::new(move |run_id, seq, progress| {
         if changes.receiver_count() == 0 {
             return;
         }
-        if let Ok(json) = serde_json::to_string(&Streaming { run_id, seq, text }) {
+        let (text, waiting) = match progress {
+            ModelProgress::Text(text) => (Some(text), None),
+            ModelProgress::Waiting(why) => (None, Some(why)),
+        };
+        let event = Streaming {
+            run_id,
+            seq,
+            text,
+            waiting,
+        };
+        if let Ok(json) = serde_json::to_string(&event) {
             let _ = changes.send(Live::Model(json));
         }
     }))

@@ -414,7 +414,7 @@ fn operations() -> Vec<Operation> {
         Operation {
             method: "get",
             path: "/api/events",
-            summary: "Server-sent events: `runs`, the runs that changed; `model`, a model's answer so far while it streams in to the server's worker (run_id, seq, text).",
+            summary: "Server-sent events: `runs`, the runs that changed; `model`, a model's answer so far while it streams in to the server's worker (run_id, seq, text), or what its call waits for (run_id, seq, waiting).",
             access: Read,
             query: vec![],
             body: Body::None,

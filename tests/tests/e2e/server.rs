@@ -655,6 +655,55 @@ fn a_models_answer_streams_to_the_event_stream_while_it_grows() {
     assert_eq!(served.stop(), Some(0));
 }
 
+/// A model call held back by a pause the provider asked another run to
+/// take says so on the event stream while it waits.
+#[test]
+fn a_model_call_waiting_for_capacity_says_so_on_the_event_stream() {
+    let model = model_server::ModelServer::start_with(model_server::Config {
+        script: model_server::Script::from_json(
+            r#"{"turns": [{"text": "Hello.",
+                "faults": [{"kind": "status", "status": 429, "retry_after_ms": 3000, "times": 1}]}]}"#,
+        )
+        .unwrap(),
+        ..model_server::Config::default()
+    })
+    .unwrap();
+    let models = format!(
+        "\n[models.support]\napi = \"openai-chat\"\nurl = \"{}\"\nmodel = \"scripted-1\"\n",
+        model.url()
+    );
+    let sb = Sandbox::with_config(BIN, &config(&models));
+    let served = sb.serve(&[], &[]);
+    let digest = served.client().upload(guests::CHAT_STEP);
+    let input = json!({"model": "support", "message": "hi"});
+    submit(&served, &digest, input.clone(), "told");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while model.report()["requests_total"] == 0 {
+        assert!(Instant::now() < deadline, "the model was not asked");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let events = served.client().events_until(
+        "\"run_id\":\"held\",\"status\":\"completed\"",
+        Duration::from_secs(60),
+        || {
+            submit(&served, &digest, input, "held");
+        },
+    );
+    let waits: Vec<Value> = events
+        .lines()
+        .filter_map(|line| line.strip_prefix("data: "))
+        .filter_map(|data| serde_json::from_str::<Value>(data).ok())
+        .filter(|v| v["run_id"] == "held" && v["waiting"].is_string())
+        .collect();
+    assert!(!waits.is_empty(), "no event said the call waits: {events}");
+    assert!(
+        waits[0]["waiting"].as_str().unwrap().contains("pause"),
+        "{waits:#?}"
+    );
+    served.wait_status("told", "completed");
+    assert_eq!(served.stop(), Some(0));
+}
+
 /// The console in headless Chromium, driven by `tests/browser/console.mjs`
 /// (playwright-core): find a run, open its timeline, see a divergence at
 /// its call, approve a waiting approval and see the run complete, resolve

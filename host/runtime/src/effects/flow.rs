@@ -83,13 +83,24 @@ impl Flow {
         }
     }
 
-    /// Waits until a call that may spend `tokens` can be sent.
-    pub fn admit<'a>(&'a self, flows: Option<&'a dyn Flows>, tokens: u64) -> Admitted<'a> {
+    /// Waits until a call that may spend `tokens` can be sent; `waiting` is
+    /// told why, each time it starts to wait.
+    pub fn admit<'a>(
+        &'a self,
+        flows: Option<&'a dyn Flows>,
+        tokens: u64,
+        waiting: &mut dyn FnMut(&str),
+    ) -> Admitted<'a> {
         if let Some(max) = self.limits.concurrency_max {
             let mut in_flight = self
                 .in_flight
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner);
+            if *in_flight >= max {
+                waiting(&format!(
+                    "all {max} of the model's calls in flight at once (concurrency_max) are taken"
+                ));
+            }
             while *in_flight >= max {
                 in_flight = self
                     .freed
@@ -104,6 +115,9 @@ impl Flow {
             tokens,
         };
         while let Err(wait_ms) = self.apply(flows, FlowOp::Take { tokens }) {
+            waiting(&format!(
+                "the model's rate limit or the provider's pause: about {wait_ms} ms more"
+            ));
             std::thread::sleep(Duration::from_millis(wait_ms.max(1) as u64).min(RECHECK));
         }
         admitted
@@ -164,10 +178,10 @@ mod tests {
                 caps: FlowCaps::default(),
             },
         );
-        let first = flow.admit(None, 0);
+        let first = flow.admit(None, 0, &mut |_| {});
         assert_eq!(*flow.in_flight.lock().unwrap(), 1);
         drop(first);
-        let _second = flow.admit(None, 0);
+        let _second = flow.admit(None, 0, &mut |_| {});
         assert_eq!(*flow.in_flight.lock().unwrap(), 1);
     }
 
@@ -183,7 +197,7 @@ mod tests {
                 },
             },
         );
-        drop(flow.admit(None, 0));
+        drop(flow.admit(None, 0, &mut |_| {}));
         assert!(flow.apply(None, FlowOp::Take { tokens: 0 }).is_err());
     }
 }

@@ -14,6 +14,7 @@ use stephost_models::{Api, ChatRequest, Prices};
 
 use super::flow::{Flow, FlowLimits};
 use super::{Failure, Handler, Reply, Request};
+use crate::options::ModelProgress;
 
 /// Largest model answer read, in bytes.
 const RESPONSE_BYTES_MAX: u64 = 16 * 1024 * 1024;
@@ -198,6 +199,11 @@ impl Handler for Model {
         let mut admitted = self.flow.admit(
             flows,
             (request.body.len() / 4) as u64 + u64::from(max_tokens),
+            &mut |why| {
+                if let Some(sink) = &request.services.stream_sink {
+                    (sink.0)(request.run_id, request.seq, ModelProgress::Waiting(why));
+                }
+            },
         );
         let Answered {
             status,
@@ -231,7 +237,7 @@ impl Handler for Model {
                     };
                     so_far.push_str(piece);
                     if told.is_none_or(|at| at.elapsed() >= STREAM_EVERY) {
-                        (sink.0)(request.run_id, request.seq, &so_far);
+                        (sink.0)(request.run_id, request.seq, ModelProgress::Text(&so_far));
                         told = Some(std::time::Instant::now());
                     }
                 })?

@@ -295,8 +295,9 @@ async function route() {
   if (again) { again = false; route(); }
 }
 
-// A model's answer streaming in, shown on its run's page above the timeline
-// until the run's next change redraws the page with the recorded answer.
+// A model's answer streaming in (or what its call waits for), shown on its
+// run's page above the timeline until the run's next change redraws the page
+// with the recorded answer.
 function streaming(event) {
   const data = event.split("\n").filter(l => l.startsWith("data:")).map(l => l.slice(5).replace(/^ /, "")).join("\n");
   let s;
@@ -307,9 +308,13 @@ function streaming(event) {
   if (!box) {
     const timeline = Array.from(main.querySelectorAll("h3")).find(h => h.textContent === "Timeline");
     if (!timeline) return;
-    box = el("section", {id: "streaming", "aria-live": "polite", "aria-label": "Answer streaming in"},
-      el("h3", {}, "Answer streaming in"), el("p", {class: "muted"}), el("pre", {}));
+    box = el("section", {id: "streaming", "aria-live": "polite", "aria-label": "Model call in progress"},
+      el("h3", {}, "Model call in progress"), el("p", {class: "muted"}), el("pre", {}));
     timeline.before(box);
+  }
+  if (s.waiting !== undefined) {
+    box.querySelector("p").textContent = `call #${s.seq} waits for its model: ${s.waiting}`;
+    return;
   }
   box.querySelector("p").textContent = `call #${s.seq}, not recorded until it is whole`;
   box.querySelector("pre").textContent = s.text;
