@@ -65,7 +65,9 @@ pub use chat::{
     AFTER, ChatRequest, ChatResponse, Cost, Message, Part, Prices, Role, StopReason, ToolChoice,
     ToolDef, Usage, cost, validate,
 };
-pub use errors::{ErrorKind, ProviderError, RateLimits, classify, classify_at, rate_limits};
+pub use errors::{
+    ErrorKind, ProviderError, RateLimits, classify, classify_at, rate_limits, request_id,
+};
 pub use wire::{
     Progress, StreamDecoder, WireError, parse_response, parse_stream, request_body, request_bytes,
 };

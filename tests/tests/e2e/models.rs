@@ -342,6 +342,17 @@ fn a_429_storm_is_retried_by_the_host_alone_honouring_retry_after() {
         .collect();
     assert_eq!(attempts, ["retryable", "retryable", "retryable", "ok"]);
     assert_eq!(calls(&show).len(), 1, "the step saw one call");
+    // Each attempt names the provider's request id; a 429's, the rate-limit
+    // headers that came with it.
+    let details: Vec<&str> = show["attempts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a["detail"].as_str().unwrap_or_default())
+        .collect();
+    assert!(details[0].contains("request id req_test_1"), "{details:?}");
+    assert!(details[0].contains("requests left 0"), "{details:?}");
+    assert!(details[3].contains("request id req_test_4"), "{details:?}");
 }
 
 #[test]

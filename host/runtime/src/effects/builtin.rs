@@ -184,8 +184,8 @@ impl Handler for FileReceiver {
             && let Some(existing) = existing
         {
             return Ok(Reply {
-                body: Self::receipt(&existing),
                 duplicate: true,
+                ..Reply::new(Self::receipt(&existing))
             });
         }
         let entry = FileEntry {

@@ -306,8 +306,8 @@ impl Handler for HttpEffect {
         let message = || format!("{url} answered {status}: {}", excerpt(&text));
         match status {
             200..=299 => Ok(Reply {
-                body: as_json(text),
                 duplicate,
+                ..Reply::new(as_json(text))
             }),
             408 | 429 | 500..=599 => Err(Failure::Retryable {
                 message: message(),

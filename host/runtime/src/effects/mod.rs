@@ -88,6 +88,9 @@ pub struct Reply {
     pub body: String,
     /// The receiver said it had already seen this operation id.
     pub duplicate: bool,
+    /// What the receiver said beside its answer, recorded with the attempt
+    /// (a model's request id and rate-limit headers).
+    pub detail: Option<String>,
 }
 
 impl Reply {
@@ -95,6 +98,7 @@ impl Reply {
         Reply {
             body: body.into(),
             duplicate: false,
+            detail: None,
         }
     }
 }
@@ -435,7 +439,7 @@ impl LiveCall for EffectCall<'_> {
             let started = stephost_core::clock::now_ms();
             let result = self.effect.handler.perform(&self.request(op));
             match &result {
-                Ok(_) => attempts.record("send", started, "ok", None),
+                Ok(reply) => attempts.record("send", started, "ok", reply.detail.as_deref()),
                 Err(f) => attempts.record("send", started, f.label(), Some(f.message())),
             }
             match result {

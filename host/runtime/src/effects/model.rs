@@ -261,7 +261,16 @@ impl Handler for Model {
                     self.alias
                 ))
             })?;
-            return Ok(Reply::new(text));
+            let request_id = stephost_models::request_id(self.api, &headers);
+            let detail = format!(
+                "{}{}",
+                request_id.map_or_else(String::new, |id| format!("request id {id}")),
+                describe(&limits)
+            );
+            return Ok(Reply {
+                detail: (!detail.is_empty()).then(|| detail.trim().to_string()),
+                ..Reply::new(text)
+            });
         }
         let answer = self.read_whole(answer)?;
         let error = stephost_models::classify(self.api, status, &headers, &answer);
