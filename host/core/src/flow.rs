@@ -111,6 +111,8 @@ pub enum FlowOp {
     Settle { taken: u64, used: u64 },
     /// Hold every call back for `for_ms` from now ([`FlowState::pause`]).
     Pause { for_ms: i64 },
+    /// How long a call of `tokens` would wait now, taking nothing.
+    Peek { tokens: u64 },
 }
 
 impl FlowState {
@@ -125,6 +127,10 @@ impl FlowState {
             FlowOp::Pause { for_ms } => {
                 self.pause(now_ms.saturating_add(for_ms));
                 Ok(())
+            }
+            FlowOp::Peek { tokens } => {
+                let mut copy = *self;
+                copy.take(caps, tokens, now_ms)
             }
         }
     }
@@ -204,6 +210,21 @@ mod tests {
         let mut paused = FlowState::full(&none, 0);
         paused.pause(1_000);
         assert_eq!(unchanged(Some(paused), &none, take, 5), Some(Err(995)));
+        // A peek changes nothing, whatever the limits.
+        let limited_peek = FlowCaps {
+            requests_per_minute: Some(1),
+            tokens_per_minute: None,
+        };
+        let mut empty = FlowState::full(&limited_peek, 0);
+        empty.requests = 0.0;
+        assert_eq!(
+            unchanged(Some(empty), &limited_peek, FlowOp::Peek { tokens: 1 }, 0),
+            Some(Err(60_000))
+        );
+        assert_eq!(
+            unchanged(None, &limited_peek, FlowOp::Peek { tokens: 1 }, 0),
+            Some(Ok(()))
+        );
         // A pause, or a limited model's take, is written.
         assert_eq!(
             unchanged(None, &none, FlowOp::Pause { for_ms: 10 }, 5),

@@ -444,6 +444,49 @@ fn a_pause_one_process_is_told_holds_back_another_process_on_the_ledger() {
 }
 
 #[test]
+fn a_run_that_would_wait_long_for_its_model_leaves_memory_and_a_worker_wakes_it() {
+    // One process's run is told to wait 5 s. A run started after that would
+    // wait past the 2 s slept in place: it leaves memory, waiting, holding
+    // no thread, and a worker wakes it when the pause is over.
+    let server = server_with(
+        r#"{"turns": [{"text": "Hello.",
+            "faults": [{"kind": "status", "status": 429, "retry_after_ms": 5000, "times": 1}]}]}"#,
+        0,
+    );
+    let sb = Sandbox::with_config(BIN, &config("openai-chat", &server.url(), ""));
+    let input = r#"{"model":"support","message":"hi"}"#;
+    let mut first = sb
+        .command(&["run", guests::CHAT_STEP, "--input", input, "--run-id", "w1"])
+        .env("STEPHOST_TEST_MODEL_KEY", KEY)
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while model_requests(&server) == 0 {
+        assert!(std::time::Instant::now() < deadline, "no request came");
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    let held = stephost(
+        &sb,
+        &["run", guests::CHAT_STEP, "--input", input, "--run-id", "w2"],
+    );
+    held.expect_code(7);
+    let show = sb.show("w2");
+    assert_eq!(show["run"]["status"], "waiting", "{show:#}");
+    assert!(show["run"]["wake_at_ms"].as_i64().is_some(), "{show:#}");
+    assert!(calls(&show).is_empty(), "the call was recorded: {show:#}");
+    assert_eq!(model_requests(&server), 1, "the held run asked the model");
+    assert!(first.wait().unwrap().success());
+    stephost(&sb, &["worker", "--exit-when-idle"]).expect_code(0);
+    assert_eq!(sb.show("w2")["run"]["status"], "completed");
+    let report = server.report();
+    let requests = report["requests"].as_array().unwrap();
+    assert_eq!(requests.len(), 3, "{report}");
+    let arrived = |i: usize| requests[i]["arrived_ms"].as_u64().unwrap();
+    assert!(arrived(2) >= arrived(0) + 4_950, "{report}");
+}
+
+#[test]
 fn answers_are_streamed_so_a_long_one_outlives_the_timeout_and_a_cut_one_is_asked_again() {
     // The first answer trickles in 64-byte pieces 100 ms apart, for about
     // two seconds, past the 500 ms timeout, which bounds each pause, not the

@@ -123,6 +123,13 @@ impl Flow {
         admitted
     }
 
+    /// How long a call of `tokens` would wait for the rate limits or a
+    /// pause now, in ms, if at all (the slots are not counted: they free up
+    /// as calls end).
+    pub fn expected_wait(&self, flows: Option<&dyn Flows>, tokens: u64) -> Option<i64> {
+        self.apply(flows, FlowOp::Peek { tokens }).err()
+    }
+
     /// Holds back every call of the model for `wait`, from now (what the
     /// provider asked of one of them).
     pub fn pause(&self, flows: Option<&dyn Flows>, wait: Duration) {

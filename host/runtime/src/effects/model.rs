@@ -86,6 +86,25 @@ impl Model {
             .map_or(self.max_tokens, |n| n.min(self.max_tokens))
     }
 
+    /// The tokens a call may spend: its input (about four bytes a token,
+    /// `body_bytes` of request) and its `max_tokens`.
+    fn estimate(body_bytes: usize, max_tokens: u32) -> u64 {
+        (body_bytes / 4) as u64 + u64::from(max_tokens)
+    }
+
+    /// How long a call of `request` (its whole JSON, `body_bytes` long)
+    /// would wait now for the model's rate limits or a provider's pause, in
+    /// ms, if at all.
+    pub fn expected_wait(
+        &self,
+        services: &crate::options::Services,
+        request: &ChatRequest,
+        body_bytes: usize,
+    ) -> Option<i64> {
+        let tokens = Self::estimate(body_bytes, self.max_tokens_of(request));
+        self.flow.expected_wait(services.flows.as_deref(), tokens)
+    }
+
     /// The most a call with `max_tokens` can cost, in micro-USD: every
     /// token priced as output (the dearest).
     pub fn worst_cost_micro_usd(&self, input_bytes: usize, max_tokens: u32) -> u64 {
@@ -198,7 +217,7 @@ impl Handler for Model {
         let flows = request.services.flows.as_deref();
         let mut admitted = self.flow.admit(
             flows,
-            (request.body.len() / 4) as u64 + u64::from(max_tokens),
+            Self::estimate(request.body.len(), max_tokens),
             &mut |why| {
                 if let Some(sink) = &request.services.stream_sink {
                     (sink.0)(request.run_id, request.seq, ModelProgress::Waiting(why));

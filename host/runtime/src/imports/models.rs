@@ -139,6 +139,34 @@ fn call(
             format!("{message}; the call was not sent (raise it in [limits])"),
         );
     }
+    // A live call that would wait long for its model's capacity leaves
+    // memory instead, holding no thread: the run waits (a worker wakes it
+    // when due) and asks again from its recorded calls.
+    if seq > lock(&state.journal).history_len()
+        && let Some(wait_ms) = model
+            .model
+            .expected_wait(&state.services, &chat, whole.len())
+            .filter(|ms| *ms > crate::imports::timers::SLEEP_IN_PLACE_MS_MAX)
+    {
+        let wake_at_ms = stephost_core::clock::now_ms().saturating_add(wait_ms);
+        let reason = format!(
+            "model {alias} has no capacity (its rate limit or the provider's pause) until {}",
+            stephost_core::clock::format_time(wake_at_ms)
+        );
+        if let Some(sink) = &state.services.stream_sink {
+            let run_id = lock(&state.journal).run_id().to_string();
+            (sink.0)(
+                &run_id,
+                seq,
+                crate::options::ModelProgress::Waiting(&reason),
+            );
+        }
+        return Err(state.fail(Stop::Suspended {
+            seq,
+            wake_at_ms: Some(wake_at_ms),
+            reason,
+        }));
+    }
     let call = Gated {
         interface: INTERFACE,
         function: "chat",
