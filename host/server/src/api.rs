@@ -337,7 +337,9 @@ async fn replay(
     body: Result<Bytes, BytesRejection>,
 ) -> Api<stephost_runtime::replay::ReplayReport> {
     let (Path(run_id), body) = (path?, body?);
-    let module: ModuleRef = match body.iter().all(u8::is_ascii_whitespace) {
+    // No body: the recorded build. A body is JSON (whitespace alone is
+    // not: it is refused like any other text that is not).
+    let module: ModuleRef = match body.is_empty() {
         true => ModuleRef::default(),
         false => serde_json::from_slice(&body)
             .map_err(|e| ApiError::bad_input(format!("the body is not a module reference: {e}")))?,

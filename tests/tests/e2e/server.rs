@@ -213,6 +213,24 @@ fn the_api_submits_lists_pages_and_shows_runs_in_the_clis_shapes() {
     served
         .post("/api/approvals/r1/x", &json!({"verdict": "approved"}))
         .expect_error(400, "bad_input");
+    // A replay's body is optional; one that is not JSON (whitespace alone
+    // included) is refused.
+    client
+        .request_with(
+            "POST",
+            "/api/runs/r1/replay",
+            Some(b"\n"),
+            &[("Content-Type", "application/json")],
+        )
+        .expect_error(400, "bad_input");
+    client
+        .request_with(
+            "POST",
+            "/api/runs/r1/replay",
+            Some(b""),
+            &[("Content-Type", "application/json")],
+        )
+        .expect(200);
     // What a browser could be tricked into sending is refused: a POST from
     // another site, and (without tokens) a name other than loopback.
     let json = ("Content-Type", "application/json");
