@@ -619,7 +619,9 @@ fn a_redacted_value_is_nowhere_in_the_ledger_and_a_replay_still_checks_it() {
     const CARD: &str = "4111-1111-1111-1111";
     const ANSWER_SECRET: &str = "PIN 8642";
     let server = server_with(
-        &format!(r#"{{"turns": [{{"text": "Noted, {ANSWER_SECRET}."}}]}}"#),
+        &format!(
+            r#"{{"turns": [{{"text": "Noted, {ANSWER_SECRET}. Anything else?", "sse_gap_ms": 150}}]}}"#
+        ),
         0,
     );
     let sb = Sandbox::with_config(
@@ -704,4 +706,48 @@ response = ["/content/0/text"]
         diverged.stdout
     );
     assert_eq!(model_requests(&server), 1);
+
+    // Through the API (what the console shows), and the event stream while
+    // another such run streams its answer in: neither value, anywhere.
+    let key_file = key.to_str().unwrap();
+    let served = sb.serve(
+        &[],
+        &[
+            ("STEPHOST_CHAIN_KEY_FILE", key_file),
+            ("STEPHOST_TEST_MODEL_KEY", KEY),
+        ],
+    );
+    let digest = served.client().upload(guests::CHAT_STEP);
+    let events = served.client().events_until(
+        "\"run_id\":\"q\",\"status\":\"completed\"",
+        std::time::Duration::from_secs(60),
+        || {
+            served
+                .post(
+                    "/api/runs",
+                    &serde_json::json!({
+                        "module_digest": digest,
+                        "run_id": "q",
+                        "input": serde_json::from_str::<Value>(input).unwrap(),
+                    }),
+                )
+                .expect(201);
+        },
+    );
+    let mut seen = events;
+    for run in ["p", "q"] {
+        for path in [
+            format!("/api/runs/{run}"),
+            format!("/api/runs/{run}/calls"),
+            format!("/api/runs/{run}/calls/2"),
+            format!("/api/runs/{run}/export"),
+        ] {
+            seen.push_str(&served.get(&path).body);
+        }
+    }
+    assert!(seen.contains("stephost_redacted"), "{seen}");
+    for secret in [CARD, ANSWER_SECRET] {
+        assert!(!seen.contains(secret), "{secret} shown by the API: {seen}");
+    }
+    assert_eq!(served.stop(), Some(0));
 }

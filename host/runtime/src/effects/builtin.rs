@@ -242,6 +242,7 @@ mod tests {
         Request {
             seq: 1,
             services: &crate::options::Services::NONE,
+            redacted: false,
             run_id: "r",
             effect: "orders",
             class: stephost_core::CallClass::Write,

@@ -485,6 +485,7 @@ mod tests {
         Request {
             seq: 1,
             services: &crate::options::Services::NONE,
+            redacted: false,
             run_id: "r1",
             effect: "cmd",
             class: CallClass::Write,

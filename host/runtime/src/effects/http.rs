@@ -354,6 +354,7 @@ mod tests {
         Request {
             seq: 1,
             services: &crate::options::Services::NONE,
+            redacted: false,
             run_id: "run 1",
             effect: "e",
             class: CallClass::Write,

@@ -128,6 +128,9 @@ pub struct Request<'a> {
     /// What the call uses besides its effect (a stream sink, shared flow
     /// state).
     pub services: &'a crate::options::Services,
+    /// The effect keeps values of its calls out of the ledger: nothing of
+    /// an answer is shown while it streams in.
+    pub redacted: bool,
 }
 
 /// A receiver of effect requests.
@@ -424,6 +427,7 @@ impl EffectCall<'_> {
             fence: op.fence,
             body: self.body,
             services: self.services,
+            redacted: self.effect.redaction.is_some(),
         }
     }
 }

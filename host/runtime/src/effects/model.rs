@@ -251,7 +251,14 @@ impl Handler for Model {
                 let mut so_far = String::new();
                 let mut told: Option<std::time::Instant> = None;
                 self.read_stream(answer, &mut |piece| {
-                    let Some(sink) = &request.services.stream_sink else {
+                    // A model whose values are redacted shows none of its
+                    // answer while it streams in.
+                    let Some(sink) = request
+                        .services
+                        .stream_sink
+                        .as_ref()
+                        .filter(|_| !request.redacted)
+                    else {
                         return;
                     };
                     so_far.push_str(piece);
