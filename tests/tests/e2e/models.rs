@@ -402,6 +402,35 @@ fn a_429_holds_back_every_run_sharing_the_model_not_only_the_one_told() {
     );
 }
 
+/// Starts `stephost run` of the chat step on `input` in a process of its
+/// own, and returns once the model was asked.
+fn run_in_another_process(
+    sb: &Sandbox,
+    server: &ModelServer,
+    input: &str,
+    run_id: &str,
+) -> std::process::Child {
+    let child = sb
+        .command(&[
+            "run",
+            guests::CHAT_STEP,
+            "--input",
+            input,
+            "--run-id",
+            run_id,
+        ])
+        .env("STEPHOST_TEST_MODEL_KEY", KEY)
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while model_requests(server) == 0 {
+        assert!(std::time::Instant::now() < deadline, "no request came");
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    child
+}
+
 #[test]
 fn a_pause_one_process_is_told_holds_back_another_process_on_the_ledger() {
     // One process's run is told to wait 1.5 s. A run started in another
@@ -414,17 +443,7 @@ fn a_pause_one_process_is_told_holds_back_another_process_on_the_ledger() {
     );
     let sb = Sandbox::with_config(BIN, &config("openai-chat", &server.url(), ""));
     let input = r#"{"model":"support","message":"hi"}"#;
-    let mut first = sb
-        .command(&["run", guests::CHAT_STEP, "--input", input, "--run-id", "x1"])
-        .env("STEPHOST_TEST_MODEL_KEY", KEY)
-        .stdout(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-    while model_requests(&server) == 0 {
-        assert!(std::time::Instant::now() < deadline, "no request came");
-        std::thread::sleep(std::time::Duration::from_millis(5));
-    }
+    let mut first = run_in_another_process(&sb, &server, input, "x1");
     stephost(
         &sb,
         &["run", guests::CHAT_STEP, "--input", input, "--run-id", "x2"],
@@ -455,17 +474,7 @@ fn a_run_that_would_wait_long_for_its_model_leaves_memory_and_a_worker_wakes_it(
     );
     let sb = Sandbox::with_config(BIN, &config("openai-chat", &server.url(), ""));
     let input = r#"{"model":"support","message":"hi"}"#;
-    let mut first = sb
-        .command(&["run", guests::CHAT_STEP, "--input", input, "--run-id", "w1"])
-        .env("STEPHOST_TEST_MODEL_KEY", KEY)
-        .stdout(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-    while model_requests(&server) == 0 {
-        assert!(std::time::Instant::now() < deadline, "no request came");
-        std::thread::sleep(std::time::Duration::from_millis(5));
-    }
+    let mut first = run_in_another_process(&sb, &server, input, "w1");
     let held = stephost(
         &sb,
         &["run", guests::CHAT_STEP, "--input", input, "--run-id", "w2"],

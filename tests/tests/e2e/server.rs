@@ -609,18 +609,12 @@ fn webhooks_are_signed_retried_after_a_500_and_still_owed_after_a_sigkill() {
     assert_eq!(served.stop(), Some(0));
 }
 
-/// A model's answer, streamed in over about two seconds, reaches the event
-/// stream while it grows, before the run records it whole.
-#[test]
-fn a_models_answer_streams_to_the_event_stream_while_it_grows() {
-    let text = "The parcel left the depot this morning, passed the sorting centre at noon \
-                and is on the van now; it will reach you before six this evening.";
+/// A scripted model server answering `script`, and the configuration of
+/// the model `support` on it (OpenAI Chat, no key) besides the supplier
+/// effects.
+fn with_model(script: &str) -> (model_server::ModelServer, String) {
     let model = model_server::ModelServer::start_with(model_server::Config {
-        script: model_server::Script::from_json(
-            &json!({"turns": [{"text": text, "sse_write_bytes": 48, "sse_gap_ms": 60}]})
-                .to_string(),
-        )
-        .unwrap(),
+        script: model_server::Script::from_json(script).unwrap(),
         ..model_server::Config::default()
     })
     .unwrap();
@@ -628,7 +622,19 @@ fn a_models_answer_streams_to_the_event_stream_while_it_grows() {
         "\n[models.support]\napi = \"openai-chat\"\nurl = \"{}\"\nmodel = \"scripted-1\"\n",
         model.url()
     );
-    let sb = Sandbox::with_config(BIN, &config(&models));
+    (model, config(&models))
+}
+
+/// A model's answer, streamed in over about two seconds, reaches the event
+/// stream while it grows, before the run records it whole.
+#[test]
+fn a_models_answer_streams_to_the_event_stream_while_it_grows() {
+    let text = "The parcel left the depot this morning, passed the sorting centre at noon \
+                and is on the van now; it will reach you before six this evening.";
+    let (model, config) = with_model(
+        &json!({"turns": [{"text": text, "sse_write_bytes": 48, "sse_gap_ms": 60}]}).to_string(),
+    );
+    let sb = Sandbox::with_config(BIN, &config);
     let served = sb.serve(&[], &[]);
     let digest = served.client().upload(guests::CHAT_STEP);
     let events = served.client().events_until(
@@ -677,20 +683,11 @@ fn a_models_answer_streams_to_the_event_stream_while_it_grows() {
 /// take says so on the event stream while it waits.
 #[test]
 fn a_model_call_waiting_for_capacity_says_so_on_the_event_stream() {
-    let model = model_server::ModelServer::start_with(model_server::Config {
-        script: model_server::Script::from_json(
-            r#"{"turns": [{"text": "Hello.",
+    let (model, config) = with_model(
+        r#"{"turns": [{"text": "Hello.",
                 "faults": [{"kind": "status", "status": 429, "retry_after_ms": 3000, "times": 1}]}]}"#,
-        )
-        .unwrap(),
-        ..model_server::Config::default()
-    })
-    .unwrap();
-    let models = format!(
-        "\n[models.support]\napi = \"openai-chat\"\nurl = \"{}\"\nmodel = \"scripted-1\"\n",
-        model.url()
     );
-    let sb = Sandbox::with_config(BIN, &config(&models));
+    let sb = Sandbox::with_config(BIN, &config);
     let served = sb.serve(&[], &[]);
     let digest = served.client().upload(guests::CHAT_STEP);
     let input = json!({"model": "support", "message": "hi"});
@@ -730,19 +727,10 @@ fn a_model_call_waiting_for_capacity_says_so_on_the_event_stream() {
 #[test]
 fn the_console_in_a_browser_approves_and_resolves() {
     // A model whose answer streams in over about nine seconds.
-    let model = model_server::ModelServer::start_with(model_server::Config {
-        script: model_server::Script::from_json(
-            r#"{"turns": [{"text": "The parcel left the depot this morning, passed the sorting centre at noon and is on the van now; it will reach you before six this evening.", "sse_gap_ms": 300}]}"#,
-        )
-        .unwrap(),
-        ..model_server::Config::default()
-    })
-    .unwrap();
-    let models = format!(
-        "\n[models.support]\napi = \"openai-chat\"\nurl = \"{}\"\nmodel = \"scripted-1\"\n",
-        model.url()
+    let (model, config) = with_model(
+        r#"{"turns": [{"text": "The parcel left the depot this morning, passed the sorting centre at noon and is on the van now; it will reach you before six this evening.", "sse_gap_ms": 300}]}"#,
     );
-    let sb = Sandbox::with_config(BIN, &config(&models));
+    let sb = Sandbox::with_config(BIN, &config);
     crash_after_a_write(&sb, "parked-run");
     // A run whose recording no longer matches its step at call #1 (as if
     // the step had read something the host did not record): it diverges
