@@ -631,7 +631,7 @@ fn with_model(script: &str) -> (model_server::ModelServer, String) {
 fn a_models_answer_streams_to_the_event_stream_while_it_grows() {
     let text = "The parcel left the depot this morning, passed the sorting centre at noon \
                 and is on the van now; it will reach you before six this evening.";
-    let (model, config) = with_model(
+    let (_model, config) = with_model(
         &json!({"turns": [{"text": text, "sse_write_bytes": 48, "sse_gap_ms": 60}]}).to_string(),
     );
     let sb = Sandbox::with_config(BIN, &config);
@@ -727,7 +727,7 @@ fn a_model_call_waiting_for_capacity_says_so_on_the_event_stream() {
 #[test]
 fn the_console_in_a_browser_approves_and_resolves() {
     // A model whose answer streams in over about nine seconds.
-    let (model, config) = with_model(
+    let (_model, config) = with_model(
         r#"{"turns": [{"text": "The parcel left the depot this morning, passed the sorting centre at noon and is on the van now; it will reach you before six this evening.", "sse_gap_ms": 300}]}"#,
     );
     let sb = Sandbox::with_config(BIN, &config);
