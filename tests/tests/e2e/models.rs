@@ -359,11 +359,7 @@ fn a_429_storm_is_retried_by_the_host_alone_honouring_retry_after() {
 fn a_429_holds_back_every_run_sharing_the_model_not_only_the_one_told() {
     // Two runs, one call in flight at once: the first request is told to
     // wait 1.5 s. The other run, waiting for the slot, must wait too.
-    let server = server_with(
-        r#"{"turns": [{"text": "Hello.",
-            "faults": [{"kind": "status", "status": 429, "retry_after_ms": 1500, "times": 1}]}]}"#,
-        0,
-    );
+    let server = told_to_wait(1500);
     let sb = Sandbox::with_config(
         BIN,
         &config("openai-chat", &server.url(), "").replace(
@@ -394,11 +390,29 @@ fn a_429_holds_back_every_run_sharing_the_model_not_only_the_one_told() {
     let requests = report["requests"].as_array().unwrap();
     assert_eq!(requests.len(), 3, "{report}");
     assert_eq!(requests[0]["status"], 429, "{report}");
+    arrived_after(&report, 1, 1_450);
+}
+
+/// A model server whose first answer is a 429 asking to wait `ms`.
+fn told_to_wait(ms: u64) -> ModelServer {
+    server_with(
+        &format!(
+            r#"{{"turns": [{{"text": "Hello.",
+                "faults": [{{"kind": "status", "status": 429, "retry_after_ms": {ms}, "times": 1}}]}}]}}"#
+        ),
+        0,
+    )
+}
+
+/// Request `later` reached the server at least `ms` after request 0.
+#[track_caller]
+fn arrived_after(report: &Value, later: usize, ms: u64) {
+    let requests = report["requests"].as_array().unwrap();
     let arrived = |i: usize| requests[i]["arrived_ms"].as_u64().unwrap();
     assert!(
-        arrived(1) >= arrived(0) + 1_450,
+        arrived(later) >= arrived(0) + ms,
         "a request left {} ms after the 429, inside the pause it asked for: {report}",
-        arrived(1) - arrived(0)
+        arrived(later) - arrived(0)
     );
 }
 
@@ -436,11 +450,7 @@ fn a_pause_one_process_is_told_holds_back_another_process_on_the_ledger() {
     // One process's run is told to wait 1.5 s. A run started in another
     // process after that must wait out the same pause: it is kept by the
     // ledger, not by the process that was told.
-    let server = server_with(
-        r#"{"turns": [{"text": "Hello.",
-            "faults": [{"kind": "status", "status": 429, "retry_after_ms": 1500, "times": 1}]}]}"#,
-        0,
-    );
+    let server = told_to_wait(1500);
     let sb = Sandbox::with_config(BIN, &config("openai-chat", &server.url(), ""));
     let input = r#"{"model":"support","message":"hi"}"#;
     let mut first = run_in_another_process(&sb, &server, input, "x1");
@@ -454,12 +464,7 @@ fn a_pause_one_process_is_told_holds_back_another_process_on_the_ledger() {
     let requests = report["requests"].as_array().unwrap();
     assert_eq!(requests.len(), 3, "{report}");
     assert_eq!(requests[0]["status"], 429, "{report}");
-    let arrived = |i: usize| requests[i]["arrived_ms"].as_u64().unwrap();
-    assert!(
-        arrived(1) >= arrived(0) + 1_450,
-        "a request left {} ms after the 429, inside the pause it asked for: {report}",
-        arrived(1) - arrived(0)
-    );
+    arrived_after(&report, 1, 1_450);
 }
 
 #[test]
@@ -467,11 +472,7 @@ fn a_run_that_would_wait_long_for_its_model_leaves_memory_and_a_worker_wakes_it(
     // One process's run is told to wait 5 s. A run started after that would
     // wait past the 2 s slept in place: it leaves memory, waiting, holding
     // no thread, and a worker wakes it when the pause is over.
-    let server = server_with(
-        r#"{"turns": [{"text": "Hello.",
-            "faults": [{"kind": "status", "status": 429, "retry_after_ms": 5000, "times": 1}]}]}"#,
-        0,
-    );
+    let server = told_to_wait(5000);
     let sb = Sandbox::with_config(BIN, &config("openai-chat", &server.url(), ""));
     let input = r#"{"model":"support","message":"hi"}"#;
     let mut first = run_in_another_process(&sb, &server, input, "w1");
@@ -491,8 +492,7 @@ fn a_run_that_would_wait_long_for_its_model_leaves_memory_and_a_worker_wakes_it(
     let report = server.report();
     let requests = report["requests"].as_array().unwrap();
     assert_eq!(requests.len(), 3, "{report}");
-    let arrived = |i: usize| requests[i]["arrived_ms"].as_u64().unwrap();
-    assert!(arrived(2) >= arrived(0) + 4_950, "{report}");
+    arrived_after(&report, 2, 4_950);
 }
 
 #[test]
