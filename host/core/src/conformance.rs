@@ -1671,7 +1671,8 @@ pub fn a_runs_last_call_is_read_alone(make: &Make) {
 }
 
 /// Models' flow state ([`crate::flow`]) is kept by the ledger: what one
-/// handle takes, another sees; keys are apart; a pause holds every handle.
+/// handle takes, another sees; keys are apart; a pause holds every handle;
+/// a slot one handle holds is held for all until given back.
 pub fn a_models_flow_state_is_kept_by_the_ledger_for_every_handle(make: &Make) {
     use crate::flow::{FlowCaps, FlowOp};
     let ledger = make();
@@ -1680,10 +1681,11 @@ pub fn a_models_flow_state_is_kept_by_the_ledger_for_every_handle(make: &Make) {
         ledger.pool.flows().expect("flows"),
     );
     let caps = FlowCaps {
+        concurrency_max: None,
         requests_per_minute: Some(2),
         tokens_per_minute: None,
     };
-    let take = |tokens| FlowOp::Take { tokens };
+    let take = |tokens| FlowOp::Take { tokens, holder: 1 };
     assert_eq!(a.flow("m", caps, take(1)).unwrap(), Ok(()));
     assert_eq!(b.flow("m", caps, take(1)).unwrap(), Ok(()));
     // The minute's two requests are taken: the third waits about 30 s.
@@ -1693,6 +1695,7 @@ pub fn a_models_flow_state_is_kept_by_the_ledger_for_every_handle(make: &Make) {
     assert_eq!(b.flow("n", caps, take(1)).unwrap(), Ok(()));
     // Tokens: taken as estimated, settled as spent.
     let tokens = FlowCaps {
+        concurrency_max: None,
         requests_per_minute: None,
         tokens_per_minute: Some(10_000),
     };
@@ -1718,4 +1721,24 @@ pub fn a_models_flow_state_is_kept_by_the_ledger_for_every_handle(make: &Make) {
         .unwrap()
         .unwrap_err();
     assert!((50_000..=60_000).contains(&wait), "waits {wait} ms");
+    // One call in flight at once, whichever handle sends it.
+    let one = FlowCaps {
+        concurrency_max: Some(1),
+        ..FlowCaps::default()
+    };
+    let take_for = |holder| FlowOp::Take { tokens: 1, holder };
+    assert_eq!(a.flow("s", one, take_for(7)).unwrap(), Ok(()));
+    let wait = b.flow("s", one, take_for(8)).unwrap().unwrap_err();
+    assert!(
+        (1..=crate::flow::SLOT_LEASE_MS).contains(&wait),
+        "waits {wait} ms"
+    );
+    a.flow("s", one, FlowOp::Renew { holder: 7 })
+        .unwrap()
+        .unwrap();
+    assert!(b.flow("s", one, take_for(8)).unwrap().is_err());
+    a.flow("s", one, FlowOp::Release { holder: 7 })
+        .unwrap()
+        .unwrap();
+    assert_eq!(b.flow("s", one, take_for(8)).unwrap(), Ok(()));
 }

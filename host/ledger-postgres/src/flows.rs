@@ -1,5 +1,6 @@
 //! Models' flow state in the ledger, shared by every worker on it
-//! ([`stephost_core::flow`]): one row per model, locked, read and written in
+//! ([`stephost_core::flow`]): one row per model (its buckets, its pause,
+//! its slots), locked, read and written in
 //! one transaction, at the server's clock (so that workers on machines
 //! whose clocks differ share one time). A call that changes nothing (a
 //! model without limits, not paused) only reads; one that does commits
@@ -35,8 +36,8 @@ impl Flows for PgFlows {
                 .client
                 .query_opt(
                     format!(
-                        "SELECT requests, tokens, at_ms, paused_until_ms, {NOW_MS} FROM flows \
-                         WHERE key = $1"
+                        "SELECT requests, tokens, at_ms, paused_until_ms, slots, {NOW_MS} \
+                         FROM flows WHERE key = $1"
                     )
                     .as_str(),
                     &[&key],
@@ -44,7 +45,7 @@ impl Flows for PgFlows {
                 .await
                 .map_err(error)?;
             let (found, now_ms) = match found {
-                Some(row) => (Some(state_of(&row)?), row.try_get(4).map_err(error)?),
+                Some(row) => (Some(state_of(&row)?), row.try_get(5).map_err(error)?),
                 None => (None, stephost_core::clock::now_ms()),
             };
             if let Some(answer) = unchanged(found, &caps, op, now_ms) {
@@ -71,26 +72,27 @@ impl Flows for PgFlows {
             let row = tx
                 .query_one(
                     format!(
-                        "SELECT requests, tokens, at_ms, paused_until_ms, {NOW_MS} FROM flows \
-                         WHERE key = $1 FOR UPDATE"
+                        "SELECT requests, tokens, at_ms, paused_until_ms, slots, {NOW_MS} \
+                         FROM flows WHERE key = $1 FOR UPDATE"
                     )
                     .as_str(),
                     &[&key],
                 )
                 .await
                 .map_err(error)?;
-            let now_ms: i64 = row.try_get(4).map_err(error)?;
+            let now_ms: i64 = row.try_get(5).map_err(error)?;
             let mut state = state_of(&row)?;
             let answer = state.apply(&caps, op, now_ms);
             tx.execute(
-                "UPDATE flows SET requests = $2, tokens = $3, at_ms = $4, paused_until_ms = $5 \
-                 WHERE key = $1",
+                "UPDATE flows SET requests = $2, tokens = $3, at_ms = $4, paused_until_ms = $5, \
+                 slots = $6 WHERE key = $1",
                 &[
                     &key,
                     &state.requests,
                     &state.tokens,
                     &state.at_ms,
                     &state.paused_until_ms,
+                    &state.slots_text(),
                 ],
             )
             .await
@@ -107,5 +109,6 @@ fn state_of(row: &tokio_postgres::Row) -> StoreResult<FlowState> {
         tokens: row.try_get(1).map_err(error)?,
         at_ms: row.try_get(2).map_err(error)?,
         paused_until_ms: row.try_get(3).map_err(error)?,
+        slots: FlowState::parse_slots(row.try_get(4).map_err(error)?),
     })
 }

@@ -1,6 +1,6 @@
 //! Models' flow state in the ledger file, shared by every process that
-//! opens it ([`stephost_core::flow`]): one row per model, read and written
-//! in one write transaction. Nothing here needs to survive a crash, so the
+//! opens it ([`stephost_core::flow`]): one row per model (its buckets, its
+//! pause, its slots), read and written in one write transaction. Nothing here needs to survive a crash, so the
 //! transaction is not fsync'd.
 
 use rusqlite::{OptionalExtension, params};
@@ -45,10 +45,11 @@ impl Flows for SqliteFlows {
             let mut state = found.unwrap_or_else(|| FlowState::full(&caps, now_ms));
             let answer = state.apply(&caps, op, now_ms);
             conn.prepare_cached(
-                "INSERT INTO flows (key, requests, tokens, at_ms, paused_until_ms) \
-                 VALUES (?1, ?2, ?3, ?4, ?5) ON CONFLICT (key) DO UPDATE SET \
+                "INSERT INTO flows (key, requests, tokens, at_ms, paused_until_ms, slots) \
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6) ON CONFLICT (key) DO UPDATE SET \
                  requests = excluded.requests, tokens = excluded.tokens, \
-                 at_ms = excluded.at_ms, paused_until_ms = excluded.paused_until_ms",
+                 at_ms = excluded.at_ms, paused_until_ms = excluded.paused_until_ms, \
+                 slots = excluded.slots",
             )
             .and_then(|mut s| {
                 s.execute(params![
@@ -56,7 +57,8 @@ impl Flows for SqliteFlows {
                     state.requests,
                     state.tokens,
                     state.at_ms,
-                    state.paused_until_ms
+                    state.paused_until_ms,
+                    state.slots_text()
                 ])
             })
             .map_err(error)?;
@@ -67,17 +69,20 @@ impl Flows for SqliteFlows {
 
 /// Model `key`'s state, if it has a row.
 fn read(conn: &rusqlite::Connection, key: &str) -> StoreResult<Option<FlowState>> {
-    conn.prepare_cached("SELECT requests, tokens, at_ms, paused_until_ms FROM flows WHERE key = ?1")
-        .and_then(|mut s| {
-            s.query_row([key], |r| {
-                Ok(FlowState {
-                    requests: r.get(0)?,
-                    tokens: r.get(1)?,
-                    at_ms: r.get(2)?,
-                    paused_until_ms: r.get(3)?,
-                })
+    conn.prepare_cached(
+        "SELECT requests, tokens, at_ms, paused_until_ms, slots FROM flows WHERE key = ?1",
+    )
+    .and_then(|mut s| {
+        s.query_row([key], |r| {
+            Ok(FlowState {
+                requests: r.get(0)?,
+                tokens: r.get(1)?,
+                at_ms: r.get(2)?,
+                paused_until_ms: r.get(3)?,
+                slots: FlowState::parse_slots(&r.get::<_, String>(4)?),
             })
-            .optional()
         })
-        .map_err(error)
+        .optional()
+    })
+    .map_err(error)
 }

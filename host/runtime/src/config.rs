@@ -289,9 +289,9 @@ pub struct ModelConfig {
     pub timeout_ms: u64,
     #[serde(default = "default_model_retry")]
     pub retry: RetryPolicy,
-    /// Calls of this model in flight at once, shared by every run of a
-    /// process (none: unbounded).
-    pub concurrency_max: Option<usize>,
+    /// Calls of this model in flight at once, shared by every process on
+    /// the ledger (none: unbounded).
+    pub concurrency_max: Option<u32>,
     /// Requests a minute, shared by every process on the ledger (none:
     /// unbounded).
     pub requests_per_minute: Option<u32>,
@@ -833,12 +833,10 @@ fn build_model(alias: &str, config: &ModelConfig, secrets: Secrets) -> Result<Mo
         config.prices,
         config.max_tokens,
         Duration::from_millis(config.timeout_ms),
-        crate::effects::flow::FlowLimits {
+        stephost_core::flow::FlowCaps {
             concurrency_max: config.concurrency_max,
-            caps: stephost_core::flow::FlowCaps {
-                requests_per_minute: config.requests_per_minute,
-                tokens_per_minute: config.tokens_per_minute,
-            },
+            requests_per_minute: config.requests_per_minute,
+            tokens_per_minute: config.tokens_per_minute,
         },
     ));
     Ok(ModelEffect {

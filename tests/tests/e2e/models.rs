@@ -282,6 +282,8 @@ fn a_call_over_budget_parks_the_run_when_configured_until_a_raised_budget_resume
 
 #[test]
 fn runs_sharing_a_model_with_concurrency_max_one_never_overlap_at_the_server() {
+    // Two worker processes on one ledger, two runs at once each: the slot
+    // is the ledger's, so at most one call is at the server at any time.
     let server = server_with(r#"{"turns": [{"text": "Hello."}]}"#, 300);
     let sb = Sandbox::with_config(
         BIN,
@@ -291,7 +293,8 @@ fn runs_sharing_a_model_with_concurrency_max_one_never_overlap_at_the_server() {
         ),
     );
     let input = r#"{"model":"support","message":"hi"}"#;
-    for id in ["r1", "r2", "r3"] {
+    let ids = ["r1", "r2", "r3", "r4"];
+    for id in ids {
         stephost(
             &sb,
             &[
@@ -305,12 +308,23 @@ fn runs_sharing_a_model_with_concurrency_max_one_never_overlap_at_the_server() {
         )
         .expect_code(0);
     }
-    stephost(&sb, &["worker", "--concurrency", "3", "--exit-when-idle"]).expect_code(0);
-    for id in ["r1", "r2", "r3"] {
+    let workers: Vec<_> = (0..2)
+        .map(|_| {
+            sb.command(&["worker", "--concurrency", "2", "--exit-when-idle"])
+                .env("STEPHOST_TEST_MODEL_KEY", KEY)
+                .stdout(std::process::Stdio::null())
+                .spawn()
+                .expect("a worker starts")
+        })
+        .collect();
+    for mut worker in workers {
+        assert!(worker.wait().expect("the worker ends").success());
+    }
+    for id in ids {
         assert_eq!(sb.show(id)["run"]["status"], "completed", "{id}");
     }
     let report = server.report();
-    assert_eq!(report["requests_total"], 3, "{report}");
+    assert_eq!(report["requests_total"], 4, "{report}");
     assert_eq!(
         report["max_in_flight"], 1,
         "two runs' calls overlapped at the server"

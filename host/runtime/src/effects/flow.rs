@@ -1,62 +1,60 @@
-//! Flow control of a model's calls. Calls in flight at once
-//! (`concurrency_max`) are bounded per process. Requests and tokens a
-//! minute (`requests_per_minute`, `tokens_per_minute`) and a pause the
-//! provider asks for (a 429's `retry-after`, or rate-limit headers saying
-//! nothing is left until a reset) follow the rule of
-//! [`stephost_core::flow`], kept by the ledger ([`Flows`]) so that every
-//! process on it shares them: a pause one worker is told to take holds
-//! back every worker's calls of the model.
+//! Flow control of a model's calls: calls in flight at once
+//! (`concurrency_max`), requests and tokens a minute (`requests_per_minute`,
+//! `tokens_per_minute`) and a pause the provider asks for (a 429's
+//! `retry-after`, or rate-limit headers saying nothing is left until a
+//! reset) follow the rule of [`stephost_core::flow`], kept by the ledger
+//! ([`Flows`]) so that every process on it shares them: a slot one worker
+//! holds is held for all, and a pause one worker is told to take holds back
+//! every worker's calls of the model.
 //!
 //! A call is admitted before it is sent, with the tokens it may spend (its
 //! input, about four bytes a token, and its `max_tokens`); when its answer
-//! comes, the tokens it did spend are settled. A call waiting for capacity
-//! waits in its thread; it is not a failure.
+//! comes, the tokens it did spend are settled. While it runs, its slot is
+//! renewed every third of [`SLOT_LEASE_MS`], so a slot of a process that
+//! died frees itself within that lease. A call waiting for capacity waits
+//! in its thread; it is not a failure.
 
 use std::collections::HashMap;
+use std::sync::mpsc;
 use std::sync::{Arc, Condvar, Mutex, OnceLock, PoisonError};
 use std::time::Duration;
 
-use stephost_core::flow::{FlowCaps, FlowOp, FlowState, Flows};
-
-/// A model's limits (none set: no flow control but a provider's pause).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
-pub struct FlowLimits {
-    pub concurrency_max: Option<usize>,
-    pub caps: FlowCaps,
-}
+use stephost_core::flow::{FlowCaps, FlowOp, FlowState, Flows, SLOT_LEASE_MS};
 
 /// Longest single wait before the shared state is looked at again, so a
-/// pause lifted or a bucket refilled by a settle is seen.
-const RECHECK: Duration = Duration::from_secs(1);
+/// slot given back by another process, a pause lifted or a bucket refilled
+/// by a settle is seen (a slot given back in this process wakes its
+/// waiters at once).
+const RECHECK: Duration = Duration::from_millis(250);
 
 /// The flow of one model in this process.
 pub struct Flow {
     key: String,
-    limits: FlowLimits,
-    in_flight: Mutex<usize>,
-    freed: Condvar,
+    caps: FlowCaps,
+    /// Bumped, and its waiters woken, when a call of this process gives
+    /// its slot back.
+    freed: (Mutex<u64>, Condvar),
     /// The state when there is no ledger to keep it (a host without one).
     local: Mutex<Option<FlowState>>,
 }
 
 impl Flow {
-    /// The flow of the model `key` (alias, URL, provider model) with
-    /// `limits` in this process: however many times the configuration is
-    /// loaded (each worker task, each host), its runs share it.
-    pub fn shared(key: &str, limits: FlowLimits) -> Arc<Flow> {
+    /// The flow of the model `key` (alias, URL, provider model) with `caps`
+    /// in this process: however many times the configuration is loaded
+    /// (each worker task, each host), its runs share it.
+    pub fn shared(key: &str, caps: FlowCaps) -> Arc<Flow> {
         static SHARED: OnceLock<Mutex<HashMap<String, Arc<Flow>>>> = OnceLock::new();
         let mut shared = SHARED
             .get_or_init(Default::default)
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
         shared
-            .entry(format!("{key}\n{limits:?}"))
+            .entry(format!("{key}\n{caps:?}"))
             .or_insert_with(|| {
                 Arc::new(Flow {
                     key: key.to_string(),
-                    limits,
-                    in_flight: Mutex::new(0),
-                    freed: Condvar::new(),
+                    caps,
+                    freed: (Mutex::new(0), Condvar::new()),
                     local: Mutex::new(None),
                 })
             })
@@ -67,7 +65,7 @@ impl Flow {
     /// else this process's. A ledger that cannot be reached holds nothing
     /// back (the call goes on; the provider's own limits still hold).
     fn apply(&self, flows: Option<&dyn Flows>, op: FlowOp) -> Result<(), i64> {
-        let caps = self.limits.caps;
+        let caps = self.caps;
         match flows {
             Some(flows) => flows.flow(&self.key, caps, op).unwrap_or_else(|e| {
                 eprintln!("stephost: model flow state of {} not kept: {e}", self.key);
@@ -84,43 +82,55 @@ impl Flow {
     }
 
     /// Waits until a call that may spend `tokens` can be sent; `waiting` is
-    /// told why, each time it starts to wait.
-    pub fn admit<'a>(
-        &'a self,
-        flows: Option<&'a dyn Flows>,
+    /// told why, each time it looks again.
+    pub fn admit(
+        self: &Arc<Self>,
+        flows: Option<Arc<dyn Flows>>,
         tokens: u64,
         waiting: &mut dyn FnMut(&str),
-    ) -> Admitted<'a> {
-        if let Some(max) = self.limits.concurrency_max {
-            let mut in_flight = self
-                .in_flight
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner);
-            if *in_flight >= max {
-                waiting(&format!(
-                    "all {max} of the model's calls in flight at once (concurrency_max) are taken"
-                ));
-            }
-            while *in_flight >= max {
-                in_flight = self
+    ) -> Admitted {
+        let holder = u64::from_le_bytes(
+            crate::imports::random::os_bytes(8)
+                .try_into()
+                .expect("8 bytes"),
+        );
+        loop {
+            let seen = *self.freed.0.lock().unwrap_or_else(PoisonError::into_inner);
+            let Err(wait_ms) = self.apply(flows.as_deref(), FlowOp::Take { tokens, holder }) else {
+                break;
+            };
+            waiting(&format!(
+                "the model has no capacity now (its calls in flight at once, its rate limits \
+                 or the provider's pause): up to {wait_ms} ms more"
+            ));
+            let wait = Duration::from_millis(wait_ms.max(1) as u64).min(RECHECK);
+            let freed = self.freed.0.lock().unwrap_or_else(PoisonError::into_inner);
+            if *freed == seen {
+                let _ = self
                     .freed
-                    .wait(in_flight)
+                    .1
+                    .wait_timeout(freed, wait)
                     .unwrap_or_else(PoisonError::into_inner);
             }
-            *in_flight += 1;
         }
-        let admitted = Admitted {
-            flow: self,
+        let heartbeat = self.caps.concurrency_max.map(|_| {
+            let (stop, stopped) = mpsc::channel::<()>();
+            let (flow, flows) = (self.clone(), flows.clone());
+            let renew = Duration::from_millis(SLOT_LEASE_MS as u64 / 3);
+            let thread = std::thread::spawn(move || {
+                while let Err(mpsc::RecvTimeoutError::Timeout) = stopped.recv_timeout(renew) {
+                    let _ = flow.apply(flows.as_deref(), FlowOp::Renew { holder });
+                }
+            });
+            (stop, thread)
+        });
+        Admitted {
+            flow: self.clone(),
             flows,
             tokens,
-        };
-        while let Err(wait_ms) = self.apply(flows, FlowOp::Take { tokens }) {
-            waiting(&format!(
-                "the model's rate limit or the provider's pause: about {wait_ms} ms more"
-            ));
-            std::thread::sleep(Duration::from_millis(wait_ms.max(1) as u64).min(RECHECK));
+            holder,
+            heartbeat,
         }
-        admitted
     }
 
     /// How long a call of `tokens` would wait for the rate limits or a
@@ -138,37 +148,44 @@ impl Flow {
     }
 }
 
-/// A call admitted, in flight until dropped.
-pub struct Admitted<'a> {
-    flow: &'a Flow,
-    flows: Option<&'a dyn Flows>,
+/// A call admitted, in flight (its slot held and renewed) until dropped.
+pub struct Admitted {
+    flow: Arc<Flow>,
+    flows: Option<Arc<dyn Flows>>,
     tokens: u64,
+    holder: u64,
+    /// Renews the slot while the call runs; stopped by dropping its sender.
+    heartbeat: Option<(mpsc::Sender<()>, std::thread::JoinHandle<()>)>,
 }
 
-impl Admitted<'_> {
+impl Admitted {
     /// The call spent `used` tokens, not the `tokens` it was admitted with:
     /// the difference goes back to the bucket (or is owed to it).
     pub fn settle(&mut self, used: u64) {
-        if self.flow.limits.caps.tokens_per_minute.is_some() {
+        if self.flow.caps.tokens_per_minute.is_some() {
             let taken = self.tokens;
-            let _ = self.flow.apply(self.flows, FlowOp::Settle { taken, used });
+            let _ = self
+                .flow
+                .apply(self.flows.as_deref(), FlowOp::Settle { taken, used });
         }
         self.tokens = used;
     }
 }
 
-impl Drop for Admitted<'_> {
+impl Drop for Admitted {
     fn drop(&mut self) {
-        if self.flow.limits.concurrency_max.is_some() {
-            let mut in_flight = self
-                .flow
-                .in_flight
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner);
-            *in_flight = in_flight.saturating_sub(1);
-            drop(in_flight);
-            self.flow.freed.notify_all();
-        }
+        let Some((stop, thread)) = self.heartbeat.take() else {
+            return;
+        };
+        drop(stop);
+        let _ = thread.join();
+        let holder = self.holder;
+        let _ = self
+            .flow
+            .apply(self.flows.as_deref(), FlowOp::Release { holder });
+        let (freed, woken) = &self.flow.freed;
+        *freed.lock().unwrap_or_else(PoisonError::into_inner) += 1;
+        woken.notify_all();
     }
 }
 
@@ -176,35 +193,53 @@ impl Drop for Admitted<'_> {
 mod tests {
     use super::*;
 
+    fn local(key: &str, caps: FlowCaps) -> Arc<Flow> {
+        Flow::shared(key, caps)
+    }
+
     #[test]
     fn slots_bound_calls_in_flight_and_are_given_back() {
-        let flow = Flow::shared(
+        let flow = local(
             "test-slots",
-            FlowLimits {
+            FlowCaps {
                 concurrency_max: Some(1),
-                caps: FlowCaps::default(),
+                ..FlowCaps::default()
             },
         );
         let first = flow.admit(None, 0, &mut |_| {});
-        assert_eq!(*flow.in_flight.lock().unwrap(), 1);
+        let next = FlowOp::Take {
+            tokens: 0,
+            holder: 0,
+        };
+        assert!(flow.apply(None, next).is_err(), "the slot is held");
         drop(first);
         let _second = flow.admit(None, 0, &mut |_| {});
-        assert_eq!(*flow.in_flight.lock().unwrap(), 1);
+        // A waiter waits until the slot is given back.
+        let flow2 = flow.clone();
+        let waiter = std::thread::spawn(move || {
+            let mut waited = false;
+            drop(flow2.admit(None, 0, &mut |_| waited = true));
+            waited
+        });
+        std::thread::sleep(Duration::from_millis(50));
+        drop(_second);
+        assert!(waiter.join().unwrap(), "the waiter waited for the slot");
     }
 
     #[test]
     fn without_a_ledger_the_state_is_kept_in_the_process() {
-        let flow = Flow::shared(
+        let flow = local(
             "test-local",
-            FlowLimits {
-                concurrency_max: None,
-                caps: FlowCaps {
-                    requests_per_minute: Some(1),
-                    tokens_per_minute: None,
-                },
+            FlowCaps {
+                requests_per_minute: Some(1),
+                ..FlowCaps::default()
             },
         );
         drop(flow.admit(None, 0, &mut |_| {}));
-        assert!(flow.apply(None, FlowOp::Take { tokens: 0 }).is_err());
+        let next = FlowOp::Take {
+            tokens: 0,
+            holder: 0,
+        };
+        assert!(flow.apply(None, next).is_err());
     }
 }

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use stephost_models::{Api, ChatRequest, Prices};
 
-use super::flow::{Flow, FlowLimits};
+use super::flow::Flow;
 use super::{Failure, Handler, Reply, Request};
 use crate::options::ModelProgress;
 
@@ -52,7 +52,7 @@ impl Model {
         prices: Prices,
         max_tokens: u32,
         timeout: Duration,
-        limits: FlowLimits,
+        limits: stephost_core::flow::FlowCaps,
     ) -> Model {
         let config = ureq::Agent::config_builder()
             .http_status_as_error(false)
@@ -216,7 +216,7 @@ impl Handler for Model {
         // its max_tokens.
         let flows = request.services.flows.as_deref();
         let mut admitted = self.flow.admit(
-            flows,
+            request.services.flows.clone(),
             Self::estimate(request.body.len(), max_tokens),
             &mut |why| {
                 if let Some(sink) = &request.services.stream_sink {
