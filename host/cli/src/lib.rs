@@ -118,6 +118,30 @@ pub struct RunArgs {
     /// Print the run report as JSON instead of the bare output.
     #[arg(long)]
     pub json: bool,
+    #[command(flatten)]
+    pub budget: BudgetArgs,
+}
+
+/// A run's own model budget, on `run`, `submit` and `resume`: each bound
+/// given replaces `[limits]`'s for that run (on `resume`, it raises a run
+/// parked over its budget).
+#[derive(Args, Debug, Default)]
+pub struct BudgetArgs {
+    /// Model tokens (input and output) the run may spend, across resumes.
+    #[arg(long, value_name = "TOKENS")]
+    pub model_tokens_max: Option<u64>,
+    /// What the run's model calls may cost, in millionths of a US dollar.
+    #[arg(long, value_name = "MICRO_USD")]
+    pub model_cost_micro_usd_max: Option<u64>,
+}
+
+impl BudgetArgs {
+    fn budget(&self) -> stephost_core::RunBudget {
+        stephost_core::RunBudget {
+            model_tokens_max: self.model_tokens_max,
+            model_cost_micro_usd_max: self.model_cost_micro_usd_max,
+        }
+    }
 }
 
 /// The arguments of `stephost submit`.
@@ -133,9 +157,11 @@ pub struct SubmitArgs {
     #[arg(long)]
     pub input_file: Option<PathBuf>,
     /// Use this run id (submitting an existing id with the same module
-    /// and input returns that run).
+    /// and input returns that run, with the budget it has).
     #[arg(long)]
     pub run_id: Option<String>,
+    #[command(flatten)]
+    pub budget: BudgetArgs,
 }
 
 /// The arguments of `stephost worker`.
@@ -200,6 +226,9 @@ pub struct ResumeArgs {
     /// Print the run report as JSON instead of the bare output.
     #[arg(long)]
     pub json: bool,
+    /// Raise the run's own model budget first (each bound given).
+    #[command(flatten)]
+    pub budget: BudgetArgs,
 }
 
 /// The arguments of `stephost replay`.
@@ -518,17 +547,19 @@ fn run_step(
         input_file,
         run_id,
         json,
+        budget,
     }: RunArgs,
 ) -> Result<i32, HostError> {
     let Ctx { config, ledger } = ctx;
     let input = read_input(input, input_file)?;
     let bytes = read_file(&module)?;
     let mut host = open(ledger, options(config)?)?;
-    let report = host.run(
+    let report = host.run_with(
         &bytes,
         &module.display().to_string(),
         &input,
         run_id.as_deref(),
+        budget.budget(),
     )?;
     Ok(print_run(&report, json))
 }
@@ -540,17 +571,19 @@ fn submit(
         input,
         input_file,
         run_id,
+        budget,
     }: SubmitArgs,
 ) -> Result<i32, HostError> {
     let Ctx { config, ledger } = ctx;
     let input = read_input(input, input_file)?;
     let bytes = read_file(&module)?;
     let mut host = open(ledger, options(config)?)?;
-    let run = host.submit(
+    let run = host.submit_with(
         &bytes,
         &module.display().to_string(),
         &input,
         run_id.as_deref(),
+        budget.budget(),
     )?;
     let _ = writeln!(std::io::stdout().lock(), "{}", run.run_id);
     Ok(exit::OK)
@@ -625,6 +658,7 @@ fn resume(
         run_id,
         module,
         json,
+        budget,
     }: ResumeArgs,
 ) -> Result<i32, HostError> {
     let Ctx { config, ledger } = ctx;
@@ -633,6 +667,10 @@ fn resume(
         None => None,
     };
     let mut host = open(ledger, options(config)?)?;
+    let raised = budget.budget();
+    if !raised.is_empty() {
+        host.set_budget(&run_id, &raised)?;
+    }
     let report = host.resume_with(
         &run_id,
         module.as_ref().map(|(b, w)| (b.as_slice(), w.as_str())),

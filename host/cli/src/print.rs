@@ -87,8 +87,8 @@ pub fn print_run(report: &RunReport, json: bool) -> i32 {
         {
             eprintln!(
                 "stephost: run {} is parked and needs a person: {}\n  \
-                 raise model_tokens_max or model_cost_micro_usd_max in [limits], then \
-                 `stephost resume {}`",
+                 raise its budget as you resume it: `stephost resume {} --model-tokens-max N \
+                 --model-cost-micro-usd-max N` (or raise them in [limits], then resume it)",
                 report.run_id,
                 Safe(report.error.as_deref().unwrap_or("")),
                 report.run_id

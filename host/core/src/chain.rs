@@ -258,13 +258,15 @@ impl Signer {
 
     /// [`Signer::seal`], as its parts.
     fn seal_parts(&self, run: &RunRecord, head: &Head) -> Seal {
+        // A run's own budget is sealed with its input (a run without one
+        // seals as before budgets were kept).
+        let budget = run.budget.to_column();
+        let mut input: Vec<&[u8]> = vec![run.run_id.as_bytes(), run.input.as_bytes()];
+        input.extend(budget.as_deref().map(str::as_bytes));
         Seal {
             calls: head.seq,
             head: head.link.clone(),
-            input: self.digest(
-                b"stephost/seal/input",
-                &[run.run_id.as_bytes(), run.input.as_bytes()],
-            ),
+            input: self.digest(b"stephost/seal/input", &input),
             module: self.digest(
                 b"stephost/seal/module",
                 &[
@@ -504,7 +506,7 @@ impl Signer {
         }
         if !same(&found.input, &expected.input) {
             return Err(Broken::row(
-                "the run's input was changed after it was sealed",
+                "the run's input or budget was changed after it was sealed",
             ));
         }
         if !same(&found.module, &expected.module) {
@@ -636,6 +638,7 @@ mod tests {
             world: "w",
             input: r#"{"n":1}"#,
             now_ms: 1,
+            budget: Default::default(),
         }
         .record(None);
         run.status = RunStatus::Completed;
@@ -702,6 +705,10 @@ mod tests {
             signer.verify(&calls, &run).unwrap_err().reason
         };
         assert!(broken(&|r| r.input = "{}".into()).contains("input"));
+        assert!(
+            broken(&|r| r.budget.model_tokens_max = Some(1_000_000)).contains("budget"),
+            "a run's budget raised behind the host's back"
+        );
         assert!(broken(&|r| r.module_digest = "m2".into()).contains("module"));
         assert!(broken(&|r| r.output = Some("{}".into())).contains("end"));
         assert!(broken(&|r| r.status = RunStatus::Failed).contains("end"));

@@ -397,6 +397,7 @@ mod tests {
             world: "stephost:step@0.1.0",
             input: "{}",
             now_ms: 1,
+            budget: Default::default(),
         }
         .record(Some(&claim()));
         let plan = CommitPlan::new(&claim(), vec![WriteOp::Create(Box::new(run.clone()))]).unwrap();

@@ -70,7 +70,8 @@ macro_rules! conformance_tests {
             notices_are_owed_once_taken_by_one_taker_and_settled_by_attempts,
             notices_are_taken_earliest_due_first_whatever_their_creation_order,
             a_runs_last_call_is_read_alone,
-            a_models_flow_state_is_kept_by_the_ledger_for_every_handle
+            a_models_flow_state_is_kept_by_the_ledger_for_every_handle,
+            a_runs_own_budget_is_kept_raised_sealed_and_listed
         );
     };
     (@cases $make:expr; $($case:ident),* $(,)?) => {
@@ -99,6 +100,7 @@ fn new_run(store: &dyn Store, run_id: &str, created_at_ms: i64) -> RunRecord {
         world: WORLD,
         input: "{\"n\":1}",
         now_ms: created_at_ms,
+        budget: Default::default(),
     }
     .record(None);
     store.insert_run(&run).expect("insert a run")
@@ -637,6 +639,7 @@ pub fn an_execution_creating_its_run_fails_whole_if_the_id_exists(make: &Make) {
         world: WORLD,
         input: "{}",
         now_ms: T0,
+        budget: Default::default(),
     };
     let first = lifecycle::first_claim("c", "w1", LEASE_MS, T0);
     commit(
@@ -1741,4 +1744,60 @@ pub fn a_models_flow_state_is_kept_by_the_ledger_for_every_handle(make: &Make) {
         .unwrap()
         .unwrap();
     assert_eq!(b.flow("s", one, take_for(8)).unwrap(), Ok(()));
+}
+
+/// A run's own model budget ([`crate::limits::RunBudget`]) is kept with its
+/// row, in every read of it; a raise replaces the bounds it gives, reseals
+/// the row, and is refused once the run has finished.
+pub fn a_runs_own_budget_is_kept_raised_sealed_and_listed(make: &Make) {
+    use crate::limits::RunBudget;
+    let ledger = make();
+    let store = ledger.store();
+    let store = store.as_ref();
+    let signer = crate::chain::Signer::keyed(b"conformance-key-of-32-bytes-or-so").expect("a key");
+    let budget = RunBudget {
+        model_tokens_max: Some(500),
+        model_cost_micro_usd_max: None,
+    };
+    let run = NewRun {
+        run_id: "b",
+        module_digest: "module-a",
+        step: None,
+        world: WORLD,
+        input: "{}",
+        now_ms: T0,
+        budget,
+    }
+    .record(None);
+    let run = RunRecord {
+        seal: Some(signer.seal(&run, &crate::chain::Head::default())),
+        ..run
+    };
+    assert_eq!(store.insert_run(&run).unwrap().budget, budget);
+    assert_eq!(store.run("b").unwrap().budget, budget);
+    assert_eq!(store.due_runs(10).unwrap()[0].budget, budget);
+    let raised = RunBudget {
+        model_tokens_max: None,
+        model_cost_micro_usd_max: Some(9_000),
+    };
+    lifecycle::set_budget(store, &signer, "b", &raised, T0 + 1).unwrap();
+    let now = store.run("b").unwrap();
+    assert_eq!(
+        now.budget,
+        RunBudget {
+            model_tokens_max: Some(500),
+            model_cost_micro_usd_max: Some(9_000),
+        }
+    );
+    crate::settle::check_record(store, &signer, &now).expect("resealed");
+    // Raised behind the host's back, the seal no longer holds.
+    let forged = RunRecord {
+        budget: RunBudget::default(),
+        version: now.version + 1,
+        ..now.clone()
+    };
+    store.swap_run(now.version, &forged, true).unwrap();
+    assert!(crate::settle::check_record(store, &signer, &forged).is_err());
+    // A new run without one has none.
+    assert!(new_run(store, "n", T0).budget.is_empty());
 }

@@ -42,7 +42,7 @@ pub mod store;
 pub mod tamper;
 
 pub use history::History;
-pub use limits::Limits;
+pub use limits::{Limits, RunBudget};
 pub use outcome::{CallErrorKind, CallErrorRecord, Outcome};
 pub use records::{
     AttemptRecord, CallClass, CallRecord, CallState, Claim, LogRecord, NewRun, RunEnd, RunRecord,

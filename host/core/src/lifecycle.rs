@@ -396,6 +396,45 @@ pub fn repin(
         })
 }
 
+/// Sets the bounds `raised` gives in unfinished run `run_id`'s own model
+/// budget (a bound it leaves out is kept), resealed, by compare-and-set on
+/// the version read: the run's row as it is now. An execution under way
+/// keeps the budget it started with; its next one has the new one.
+pub fn set_budget(
+    store: &dyn Store,
+    signer: &crate::chain::Signer,
+    run_id: &str,
+    raised: &crate::limits::RunBudget,
+    now_ms: i64,
+) -> Result<RunRecord, StoreError> {
+    for _ in 0..CAS_TRIES_MAX {
+        let run = store.run(run_id)?;
+        if run.status.is_finished() {
+            return Err(StoreError::NotClaimable {
+                run_id: run_id.to_string(),
+                status: run.status.as_str().to_string(),
+            });
+        }
+        crate::settle::check_record(store, signer, &run)?;
+        let row = RunRecord {
+            budget: run.budget.with(raised),
+            version: run.version + 1,
+            updated_at_ms: now_ms,
+            ..run.clone()
+        };
+        let row = RunRecord {
+            seal: signer.reseal(&row),
+            ..row
+        };
+        match store.swap_run(run.version, &row, true) {
+            Ok(()) => return Ok(row),
+            Err(StoreError::VersionConflict { .. }) => continue,
+            Err(e) => return Err(e),
+        }
+    }
+    Err(busy(run_id))
+}
+
 fn busy(run_id: &str) -> StoreError {
     StoreError::Unavailable(format!(
         "run {run_id} kept changing while its row was being updated; try again"
@@ -415,6 +454,7 @@ mod tests {
             world: "w",
             input: "{}",
             now_ms: 1_000,
+            budget: Default::default(),
         }
         .record(None);
         run.status = status;

@@ -1,7 +1,7 @@
 //! Limits on what one run may consume. Each is a named field with its unit
 //! last; `[limits]` in `stephost.toml` overrides the defaults.
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -61,6 +61,60 @@ pub enum OverBudget {
     /// The call is not sent nor recorded; the run is parked until a person
     /// raises the budget and resumes it.
     Park,
+}
+
+/// A run's own model budget, given when it is submitted (or raised for a
+/// run parked over it): each bound it sets replaces `[limits]`'s for that
+/// run; a bound it leaves out is `[limits]`'s.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RunBudget {
+    /// Replaces `model_tokens_max`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model_tokens_max: Option<u64>,
+    /// Replaces `model_cost_micro_usd_max`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model_cost_micro_usd_max: Option<u64>,
+}
+
+impl RunBudget {
+    /// Sets no bound.
+    pub fn is_empty(&self) -> bool {
+        *self == RunBudget::default()
+    }
+
+    /// `limits` with this budget's bounds in place of theirs.
+    pub fn applied_to(&self, limits: &Limits) -> Limits {
+        Limits {
+            model_tokens_max: self.model_tokens_max.unwrap_or(limits.model_tokens_max),
+            model_cost_micro_usd_max: self
+                .model_cost_micro_usd_max
+                .unwrap_or(limits.model_cost_micro_usd_max),
+            ..limits.clone()
+        }
+    }
+
+    /// This budget with `raised`'s bounds where it sets them.
+    pub fn with(&self, raised: &RunBudget) -> RunBudget {
+        RunBudget {
+            model_tokens_max: raised.model_tokens_max.or(self.model_tokens_max),
+            model_cost_micro_usd_max: raised
+                .model_cost_micro_usd_max
+                .or(self.model_cost_micro_usd_max),
+        }
+    }
+
+    /// As kept in a run's row (JSON), `None` when it sets no bound.
+    pub fn to_column(&self) -> Option<String> {
+        (!self.is_empty()).then(|| serde_json::to_string(self).expect("a budget serializes"))
+    }
+
+    /// A budget kept by [`RunBudget::to_column`].
+    pub fn from_column(text: Option<&str>) -> Result<RunBudget, String> {
+        text.map_or(Ok(RunBudget::default()), |t| {
+            serde_json::from_str(t).map_err(|e| format!("a run's budget {t:?} is unreadable: {e}"))
+        })
+    }
 }
 
 impl Default for Limits {

@@ -205,6 +205,9 @@ pub struct RunRecord {
     /// The seal over the row and its chain's head ([`crate::chain`]).
     #[serde(default)]
     pub seal: Option<String>,
+    /// The run's own model budget, if it was given one.
+    #[serde(default, skip_serializing_if = "crate::limits::RunBudget::is_empty")]
+    pub budget: crate::limits::RunBudget,
 }
 
 /// The right to write a run's rows, as granted by a claim
@@ -311,6 +314,7 @@ pub struct NewRun<'a> {
     pub world: &'a str,
     pub input: &'a str,
     pub now_ms: i64,
+    pub budget: crate::limits::RunBudget,
 }
 
 impl NewRun<'_> {
@@ -339,6 +343,7 @@ impl NewRun<'_> {
             step: self.step.map(str::to_string),
             exit_code: None,
             seal: None,
+            budget: self.budget,
         }
     }
 }

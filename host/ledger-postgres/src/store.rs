@@ -38,8 +38,8 @@ impl Views for PgStore {
                 .statement(
                     "SELECT run_id, module_digest, input, status, output, error, created_at, \
                      updated_at, version, owner, lease_until, fence, wake_at, world, step, \
-                     exit_code, seal FROM runs WHERE due_at IS NOT NULL ORDER BY due_at, run_id \
-                     LIMIT $1",
+                     exit_code, seal, budget FROM runs WHERE due_at IS NOT NULL \
+                     ORDER BY due_at, run_id LIMIT $1",
                 )
                 .await?;
             conn.client
@@ -222,7 +222,8 @@ impl Views for PgStore {
                 .statement(
                     "SELECT r.run_id, r.module_digest, r.input, r.status, r.output, r.error, \
                      r.created_at, r.updated_at, r.version, r.owner, r.lease_until, r.fence, \
-                     r.wake_at, r.world, r.step, r.exit_code, r.seal, c.seq, c.class, c.interface, \
+                     r.wake_at, r.world, r.step, r.exit_code, r.seal, r.budget, c.seq, c.class, \
+                     c.interface, \
                      c.function, c.operation_id, c.request, c.request_split, c.request_hash, \
                      c.state, c.outcome, c.outcome_split, c.started_at, c.finished_at, \
                      c.resolved_by, c.chain, c.fence \
@@ -242,7 +243,7 @@ impl Views for PgStore {
             let mut calls = Vec::with_capacity(found.len());
             for row in &found {
                 runs.push(rows::run_from_row(row)?);
-                calls.push(rows::call_from_row(row, 17)?);
+                calls.push(rows::call_from_row(row, 18)?);
             }
             let calls = rows::load_calls(&mut conn, calls).await?;
             Ok(runs

@@ -10,7 +10,7 @@ use stephost_core::{CallClass, CallRecord, CallState, RunRecord, RunStatus, Stor
 use crate::errors::error;
 
 pub const RUN_COLUMNS: &str = "run_id, module_digest, input, status, output, error, created_at, \
-     updated_at, version, owner, lease_until, fence, wake_at, world, step, exit_code, seal";
+     updated_at, version, owner, lease_until, fence, wake_at, world, step, exit_code, seal, budget";
 
 pub fn run_from_row(r: &Row<'_>) -> rusqlite::Result<RunRecord> {
     let status: String = r.get(3)?;
@@ -32,6 +32,10 @@ pub fn run_from_row(r: &Row<'_>) -> rusqlite::Result<RunRecord> {
         step: r.get(14)?,
         exit_code: r.get(15)?,
         seal: r.get(16)?,
+        budget: {
+            let text: Option<String> = r.get(17)?;
+            stephost_core::RunBudget::from_column(text.as_deref()).map_err(|e| bad_value(17, &e))?
+        },
     })
 }
 
@@ -86,8 +90,8 @@ pub fn insert_run(conn: &Connection, run: &RunRecord) -> Result<bool, StoreError
         .prepare_cached(
             "INSERT INTO runs (run_id, module_digest, input, status, output, error, created_at, \
              updated_at, version, owner, lease_until, fence, wake_at, due_at, world, step, \
-             exit_code, seal) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, \
-             ?14, ?15, ?16, ?17, ?18) ON CONFLICT (run_id) DO NOTHING",
+             exit_code, seal, budget) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, \
+             ?13, ?14, ?15, ?16, ?17, ?18, ?19) ON CONFLICT (run_id) DO NOTHING",
         )
         .and_then(|mut s| {
             s.execute(params![
@@ -108,7 +112,8 @@ pub fn insert_run(conn: &Connection, run: &RunRecord) -> Result<bool, StoreError
                 run.world,
                 run.step,
                 run.exit_code,
-                run.seal
+                run.seal,
+                run.budget.to_column()
             ])
         })
         .map_err(error)?;
@@ -122,7 +127,7 @@ pub fn swap_run(conn: &Connection, expected: i64, run: &RunRecord) -> Result<usi
         "UPDATE runs SET module_digest = ?2, input = ?3, status = ?4, output = ?5, error = ?6, \
          created_at = ?7, updated_at = ?8, version = ?9, owner = ?10, lease_until = ?11, \
          fence = ?12, wake_at = ?13, due_at = ?14, world = ?15, step = ?16, exit_code = ?17, \
-         seal = ?19 WHERE run_id = ?1 AND version = ?18",
+         seal = ?19, budget = ?20 WHERE run_id = ?1 AND version = ?18",
     )
     .and_then(|mut s| {
         s.execute(params![
@@ -144,7 +149,8 @@ pub fn swap_run(conn: &Connection, expected: i64, run: &RunRecord) -> Result<usi
             run.step,
             run.exit_code,
             expected,
-            run.seal
+            run.seal,
+            run.budget.to_column()
         ])
     })
     .map_err(error)

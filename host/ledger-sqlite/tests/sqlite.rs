@@ -24,6 +24,7 @@ fn claimed_run(pool: &dyn Pool, run_id: &str) -> Claim {
         world: "stephost:step/step@0.1.0",
         input: "{}",
         now_ms: 1,
+        budget: Default::default(),
     };
     store.insert_run(&run.record(None)).unwrap();
     lifecycle::claim(

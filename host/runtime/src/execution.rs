@@ -118,7 +118,8 @@ pub fn journal_for(
         Mode::Live { writer, claim },
         history,
         &logs,
-        options.limits.clone(),
+        // The run's own model budget, where it has one, over [limits]'s.
+        run.budget.applied_to(&options.limits),
     );
     journal.set_signer(options.signer.clone(), run);
     if start == Start::Creating {

@@ -4,7 +4,7 @@ use std::sync::{Arc, Mutex};
 
 use serde::{Deserialize, Serialize};
 use stephost_core::journal::{Divergence, Journal, Mode, Stop};
-use stephost_core::{CallRecord, History, Limits, RunRecord, RunStatus, StoreError};
+use stephost_core::{CallRecord, History, Limits, RunBudget, RunRecord, RunStatus, StoreError};
 
 use crate::engine::{Loaded, StepEngine};
 use crate::error::HostError;
@@ -35,6 +35,9 @@ pub struct Fixture {
     pub exit_code: Option<i32>,
     #[serde(default)]
     pub seal: Option<String>,
+    /// The run's own model budget, if it had one (its seal covers it).
+    #[serde(default, skip_serializing_if = "RunBudget::is_empty")]
+    pub budget: RunBudget,
     pub calls: Vec<CallRecord>,
 }
 
@@ -52,6 +55,7 @@ impl Fixture {
             step: run.step.clone(),
             exit_code: run.exit_code,
             seal: run.seal.clone(),
+            budget: run.budget,
             calls,
         }
     }
@@ -76,6 +80,7 @@ impl Fixture {
             step: self.step.clone(),
             exit_code: self.exit_code,
             seal: self.seal.clone(),
+            budget: self.budget,
         }
     }
 

@@ -6,7 +6,9 @@ use std::sync::Arc;
 use serde::Serialize;
 use stephost_core::journal::{RunControl, Stats};
 use stephost_core::lifecycle::{self, ClaimMode};
-use stephost_core::{Claim, NewRun, Pool, RunRecord, RunStatus, Store, StoreError, Writer};
+use stephost_core::{
+    Claim, NewRun, Pool, RunBudget, RunRecord, RunStatus, Store, StoreError, Writer,
+};
 
 use crate::engine::{Loaded, StepEngine};
 use crate::error::HostError;
@@ -119,8 +121,21 @@ impl Host {
         input: &str,
         run_id: Option<&str>,
     ) -> Result<RunRecord, HostError> {
+        self.submit_with(module, what, input, run_id, RunBudget::default())
+    }
+
+    /// Like [`Host::submit`], the run with a model budget of its own
+    /// (each bound it sets replaces `[limits]`'s for this run).
+    pub fn submit_with(
+        &mut self,
+        module: &[u8],
+        what: &str,
+        input: &str,
+        run_id: Option<&str>,
+        budget: RunBudget,
+    ) -> Result<RunRecord, HostError> {
         let (loaded, run_id) = self.store_module(module, what, input, run_id)?;
-        let new = new_run(&loaded, &run_id, input);
+        let new = new_run(&loaded, &run_id, input, budget);
         let found = self.store.insert_run(&self.sealed(new.record(None)))?;
         same_run(&new, &found)?;
         Ok(found)
@@ -174,8 +189,34 @@ impl Host {
         input: &str,
         run_id: Option<&str>,
     ) -> Result<RunReport, HostError> {
+        self.run_with(module, what, input, run_id, RunBudget::default())
+    }
+
+    /// Like [`Host::run`], a new run with a model budget of its own (see
+    /// [`Host::submit_with`]).
+    pub fn run_with(
+        &mut self,
+        module: &[u8],
+        what: &str,
+        input: &str,
+        run_id: Option<&str>,
+        budget: RunBudget,
+    ) -> Result<RunReport, HostError> {
         let (loaded, run_id) = self.store_module(module, what, input, run_id)?;
-        self.start(&loaded, &run_id, input)
+        self.start(&loaded, &run_id, input, budget)
+    }
+
+    /// Raises (or sets) unfinished run `run_id`'s own model budget: each
+    /// bound `raised` gives replaces the run's; its next execution (a
+    /// `resume`, a worker's claim) has it.
+    pub fn set_budget(&mut self, run_id: &str, raised: &RunBudget) -> Result<RunRecord, HostError> {
+        Ok(lifecycle::set_budget(
+            self.store.as_ref(),
+            &self.options.signer,
+            run_id,
+            raised,
+            stephost_core::clock::now_ms(),
+        )?)
     }
 
     /// Like [`Host::run`], for a step loaded by [`Host::load`] of this host.
@@ -187,7 +228,7 @@ impl Host {
     ) -> Result<RunReport, HostError> {
         check_json(input, "input", &self.options.limits)?;
         let run_id = chosen_run_id(run_id)?;
-        self.start(loaded, &run_id, input)
+        self.start(loaded, &run_id, input, RunBudget::default())
     }
 
     fn start(
@@ -195,9 +236,10 @@ impl Host {
         loaded: &Loaded,
         run_id: &str,
         input: &str,
+        budget: RunBudget,
     ) -> Result<RunReport, HostError> {
         let owner = self.options.owner.clone();
-        let new = new_run(loaded, run_id, input);
+        let new = new_run(loaded, run_id, input, budget);
         // A run id not in the ledger: the run is recorded, claimed by this
         // host, with the execution's first commit, not by a transaction of
         // its own before the guest starts. Should another process start the
@@ -532,8 +574,13 @@ fn chosen_run_id(run_id: Option<&str>) -> Result<String, HostError> {
     }
 }
 
-/// The new run `run_id` of `loaded` on `input`.
-fn new_run<'a>(loaded: &'a Loaded, run_id: &'a str, input: &'a str) -> NewRun<'a> {
+/// The new run `run_id` of `loaded` on `input`, with its own `budget`.
+fn new_run<'a>(
+    loaded: &'a Loaded,
+    run_id: &'a str,
+    input: &'a str,
+    budget: RunBudget,
+) -> NewRun<'a> {
     NewRun {
         run_id,
         module_digest: &loaded.digest,
@@ -541,10 +588,13 @@ fn new_run<'a>(loaded: &'a Loaded, run_id: &'a str, input: &'a str) -> NewRun<'a
         world: loaded.world(),
         input,
         now_ms: stephost_core::clock::now_ms(),
+        budget,
     }
 }
 
-/// Refuses a run id that exists with another module or input.
+/// Refuses a run id that exists with another module or input. Its budget
+/// is not its identity (it may have been raised since): the existing run
+/// keeps its own.
 fn same_run(new: &NewRun<'_>, found: &RunRecord) -> Result<(), StoreError> {
     if found.module_digest != new.module_digest || found.input != new.input {
         return Err(StoreError::RunExists {

@@ -167,6 +167,9 @@ pub struct SubmitBody {
     #[serde(default)]
     pub input: serde_json::Value,
     pub run_id: Option<String>,
+    /// The run's own model budget.
+    #[serde(default)]
+    pub budget: Option<stephost_core::RunBudget>,
 }
 
 /// Records a run for the server's worker (or any worker on the ledger).
@@ -184,7 +187,13 @@ async fn submit(
             })?;
             let input = serde_json::to_string(&body.input)
                 .map_err(|e| ApiError::bad_input(format!("input: {e}")))?;
-            Ok(host.submit(&bytes, &what, &input, body.run_id.as_deref())?)
+            Ok(host.submit_with(
+                &bytes,
+                &what,
+                &input,
+                body.run_id.as_deref(),
+                body.budget.unwrap_or_default(),
+            )?)
         })
         .await?;
     Ok((StatusCode::CREATED, Json(run)))

@@ -101,6 +101,19 @@ fn operations() -> Vec<Operation> {
         .collect();
     // A field the server reads as absent when it is null is declared
     // nullable; so is the other module field of each choice.
+    let bound = |description: &str| {
+        json!({"type": ["integer", "null"], "minimum": 0, "maximum": u64::MAX,
+               "description": description})
+    };
+    let budget = json!({
+        "type": ["object", "null"],
+        "additionalProperties": false,
+        "properties": {
+            "model_tokens_max": bound("model tokens (input and output) the run may spend"),
+            "model_cost_micro_usd_max": bound("what its model calls may cost, in millionths of a US dollar"),
+        },
+        "description": "the run's own model budget: each bound given replaces [limits]'s for this run",
+    });
     let submit = {
         let module = |name: &str, schema: Value, other: &str| {
             object(
@@ -109,6 +122,7 @@ fn operations() -> Vec<Operation> {
                     other: {"type": "null"},
                     "input": {"description": "the run's input, any JSON (null if absent)"},
                     "run_id": nullable_string(),
+                    "budget": budget.clone(),
                 }),
                 &[name],
             )

@@ -253,7 +253,7 @@ fn a_call_over_budget_parks_the_run_when_configured_until_a_raised_budget_resume
     );
     ran.expect_code(5);
     assert!(
-        ran.stderr.contains("raise model_tokens_max") && ran.stderr.contains("stephost resume pk"),
+        ran.stderr.contains("stephost resume pk --model-tokens-max"),
         "{}",
         ran.stderr
     );
@@ -278,6 +278,68 @@ fn a_call_over_budget_parks_the_run_when_configured_until_a_raised_budget_resume
     sb.set_config(&with_budget(1));
     stephost(&sb, &["replay", "pk"]).expect_code(0);
     assert_eq!(model_requests(&server), 1);
+}
+
+#[test]
+fn a_run_submitted_with_its_own_budget_is_held_to_it_and_raised_as_it_is_resumed() {
+    let server = ModelServer::start_with(Config {
+        key: Some(KEY.into()),
+        ..Config::default()
+    })
+    .unwrap();
+    // [limits] would let the call through; the run's own budget does not.
+    let sb = Sandbox::with_config(
+        BIN,
+        &config(
+            "openai-chat",
+            &server.url(),
+            "\n[limits]\nmodel_budget_exceeded = \"park\"\n",
+        ),
+    );
+    let input = r#"{"model":"support","message":"hello","max_tokens":800}"#;
+    let submit = |id: &str, budget: &[&str]| {
+        let mut args = vec![
+            "submit",
+            guests::CHAT_STEP,
+            "--input",
+            input,
+            "--run-id",
+            id,
+        ];
+        args.extend_from_slice(budget);
+        stephost(&sb, &args).expect_code(0);
+    };
+    submit("own", &["--model-tokens-max", "500"]);
+    submit("other", &[]);
+    stephost(&sb, &["worker", "--exit-when-idle"]).expect_code(0);
+    let own = sb.show("own");
+    assert_eq!(own["run"]["status"], "parked", "{own:#}");
+    assert_eq!(own["run"]["budget"]["model_tokens_max"], 500, "{own:#}");
+    assert!(
+        own["run"]["error"]
+            .as_str()
+            .unwrap()
+            .contains("past model_tokens_max = 500"),
+        "{own:#}"
+    );
+    // The run without one had [limits]'s: its call was the only one sent.
+    assert_eq!(sb.show("other")["run"]["status"], "completed");
+    assert_eq!(model_requests(&server), 1);
+    // A person raises the run's budget as they resume it: the call is sent,
+    // and the raised budget is the run's, sealed with it.
+    let resumed = stephost(
+        &sb,
+        &["resume", "own", "--model-tokens-max", "5000", "--json"],
+    );
+    resumed.expect_code(0);
+    assert_eq!(resumed.json()["status"], "completed", "{}", resumed.stdout);
+    assert_eq!(model_requests(&server), 2);
+    assert_eq!(sb.show("own")["run"]["budget"]["model_tokens_max"], 5000);
+    stephost(&sb, &["verify", "own"]).expect_code(0);
+    // A finished run's budget cannot be changed.
+    let late = stephost(&sb, &["resume", "own", "--model-tokens-max", "9"]);
+    assert_ne!(late.code, Some(0), "{}", late.stderr);
+    assert_eq!(sb.show("own")["run"]["budget"]["model_tokens_max"], 5000);
 }
 
 #[test]

@@ -97,9 +97,29 @@ fn the_api_submits_lists_pages_and_shows_runs_in_the_clis_shapes() {
         )
         .expect(201);
     assert_eq!(uploaded["module_digest"], digest);
-    for i in 0..4 {
+    // A run with a model budget of its own keeps it; one without shows none.
+    let budgeted = served
+        .post(
+            "/api/runs",
+            &json!({"module_digest": digest, "input": supplier_input(1, false), "run_id": "r4",
+                    "budget": {"model_tokens_max": 700}}),
+        )
+        .expect(201);
+    assert_eq!(budgeted["budget"], json!({"model_tokens_max": 700}));
+    assert!(uploaded.get("budget").is_none(), "{uploaded}");
+    served
+        .post(
+            "/api/runs",
+            &json!({"module_digest": digest, "input": 1, "budget": {"tokens": 1}}),
+        )
+        .expect_error(400, "bad_input");
+    for i in 0..5 {
         served.wait_status(&format!("r{i}"), "completed");
     }
+    assert_eq!(
+        served.get("/api/runs/r4").expect(200)["run"]["budget"]["model_tokens_max"],
+        700
+    );
 
     // Filters and pages.
     let page = served.get("/api/runs?status=completed&limit=3").expect(200);
@@ -114,7 +134,7 @@ fn the_api_submits_lists_pages_and_shows_runs_in_the_clis_shapes() {
     let rest = served
         .get(&format!("/api/runs?status=completed&limit=3&after={next}"))
         .expect(200);
-    assert_eq!(rest["runs"].as_array().unwrap().len(), 1);
+    assert_eq!(rest["runs"].as_array().unwrap().len(), 2);
     assert!(rest["next"].is_null());
     assert!(!ids.contains(&rest["runs"][0]["run_id"].as_str().unwrap()));
     for query in [
@@ -123,7 +143,7 @@ fn the_api_submits_lists_pages_and_shows_runs_in_the_clis_shapes() {
         "created_after_ms=0".to_string(),
     ] {
         let all = served.get(&format!("/api/runs?{query}")).expect(200);
-        assert_eq!(all["runs"].as_array().unwrap().len(), 4, "{query}");
+        assert_eq!(all["runs"].as_array().unwrap().len(), 5, "{query}");
     }
     for query in ["status=failed", "step=other@1", "created_before_ms=0"] {
         let none = served.get(&format!("/api/runs?{query}")).expect(200);
@@ -133,7 +153,7 @@ fn the_api_submits_lists_pages_and_shows_runs_in_the_clis_shapes() {
         .get("/api/runs?status=finished")
         .expect_error(400, "bad_input");
     let summary = served.get("/api/summary").expect(200);
-    assert_eq!(summary["counts"]["completed"], 4);
+    assert_eq!(summary["counts"]["completed"], 5);
 
     // A run: the same row the CLI shows; its timeline a page at a time.
     let view = served.get("/api/runs/r1").expect(200);
@@ -266,7 +286,7 @@ fn the_api_submits_lists_pages_and_shows_runs_in_the_clis_shapes() {
     assert!(
         metrics
             .body
-            .contains("stephost_runs{status=\"completed\"} 4"),
+            .contains("stephost_runs{status=\"completed\"} 5"),
         "{}",
         metrics.body
     );
@@ -1041,6 +1061,7 @@ fn readyz_is_a_cached_check_and_the_ledger_connections_stay_bounded() {
                 world: "w",
                 input: "{}",
                 now_ms: i,
+                budget: Default::default(),
             }
             .record(None);
             run.status = stephost_core::RunStatus::Completed;

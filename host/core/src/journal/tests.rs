@@ -29,6 +29,7 @@ impl Fixture {
             world: "w",
             input: "{}",
             now_ms: crate::clock::now_ms(),
+            budget: Default::default(),
         }
         .record(None);
         store.insert_run(&run).unwrap();

@@ -129,14 +129,20 @@ fn call(
             return Err(state.fail(Stop::OverBudget {
                 seq,
                 name: format!("models.{alias}"),
-                reason: format!("{message}; raise it in [limits] and `stephost resume` the run"),
+                reason: format!(
+                    "{message}; raise the run's budget with `stephost resume RUN_ID \
+                     --model-tokens-max N --model-cost-micro-usd-max N` (or in [limits])"
+                ),
             }));
         }
         return refuse(
             state,
             &recorded,
             CallErrorKind::Budget,
-            format!("{message}; the call was not sent (raise it in [limits])"),
+            format!(
+                "{message}; the call was not sent (raise the run's budget when it is submitted, \
+                 or in [limits])"
+            ),
         );
     }
     // A live call that would wait long for its model's capacity leaves

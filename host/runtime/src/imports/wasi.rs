@@ -231,6 +231,7 @@ mod tests {
             world: crate::engine::WORLD,
             input: "{}",
             now_ms: 1,
+            budget: Default::default(),
         };
         store.insert_run(&run.record(None)).unwrap();
         let claim = lifecycle::claim(
