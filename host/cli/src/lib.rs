@@ -160,6 +160,14 @@ pub struct SubmitArgs {
     /// and input returns that run, with the budget it has).
     #[arg(long)]
     pub run_id: Option<String>,
+    /// Wait up to this long for the run to end (or to wait for a person or
+    /// a timer, or be parked), then print it as `run` does; a run still
+    /// pending or running then prints its id and exits 6.
+    #[arg(long, value_name = "MS")]
+    pub wait: Option<u64>,
+    /// With --wait, print the run's row as JSON.
+    #[arg(long, requires = "wait")]
+    pub json: bool,
     #[command(flatten)]
     pub budget: BudgetArgs,
 }
@@ -179,6 +187,11 @@ pub struct WorkerArgs {
     /// Exit once nothing is runnable and nothing is active.
     #[arg(long)]
     pub exit_when_idle: bool,
+    /// Look for runnable runs at least this often, in ms (default: every
+    /// 5,000 ms on a ledger that wakes the worker when a run becomes due,
+    /// PostgreSQL or a SQLite file on Linux; every 200 ms otherwise).
+    #[arg(long)]
+    pub poll_ms: Option<u64>,
 }
 
 /// The arguments of `stephost serve`.
@@ -213,6 +226,14 @@ pub struct ServeArgs {
     /// then connections still open are dropped.
     #[arg(long, default_value_t = stephost_server::settings::defaults::SHUTDOWN_GRACE_MS)]
     pub shutdown_grace_ms: u64,
+    /// The longest `POST /api/runs?wait=MS` holds its request; a longer
+    /// wait asked for is cut to it.
+    #[arg(long, default_value_t = stephost_server::settings::defaults::WAIT_MS_MAX)]
+    pub wait_ms_max: u64,
+    /// The server's worker looks for runnable runs at least this often, in
+    /// ms (as `stephost worker --poll-ms`).
+    #[arg(long)]
+    pub poll_ms: Option<u64>,
 }
 
 /// The arguments of `stephost resume`.
@@ -571,6 +592,8 @@ fn submit(
         input,
         input_file,
         run_id,
+        wait,
+        json,
         budget,
     }: SubmitArgs,
 ) -> Result<i32, HostError> {
@@ -585,8 +608,16 @@ fn submit(
         run_id.as_deref(),
         budget.budget(),
     )?;
-    let _ = writeln!(std::io::stdout().lock(), "{}", run.run_id);
-    Ok(exit::OK)
+    let Some(wait) = wait else {
+        let _ = writeln!(std::io::stdout().lock(), "{}", run.run_id);
+        return Ok(exit::OK);
+    };
+    let run = service::wait_for_end(
+        host.store(),
+        &run.run_id,
+        std::time::Duration::from_millis(wait),
+    )?;
+    Ok(crate::print::print_waited(&run, wait, json))
 }
 
 fn worker(
@@ -596,6 +627,7 @@ fn worker(
         lease_ms,
         worker_id,
         exit_when_idle,
+        poll_ms,
     }: WorkerArgs,
 ) -> Result<i32, HostError> {
     let Ctx { config, ledger } = ctx;
@@ -608,6 +640,7 @@ fn worker(
             lease_ms,
             worker_id.unwrap_or_else(stephost_runtime::owner::this_process),
         )
+        .polling(poll_ms)
     };
     let make = || options(config).expect(CHECKED);
     let report = stephost_runtime::worker::run(ledger, &make, &worker_options, &shutdown)?;
@@ -627,6 +660,8 @@ fn serve(
         header_read_timeout_ms,
         connections_max,
         shutdown_grace_ms,
+        wait_ms_max,
+        poll_ms,
     }: ServeArgs,
 ) -> Result<i32, HostError> {
     let Ctx { config, ledger } = ctx;
@@ -643,6 +678,8 @@ fn serve(
         header_read_timeout_ms,
         connections_max,
         shutdown_grace_ms,
+        wait_ms_max,
+        poll_ms,
         ..stephost_server::ServeSettings::default()
     };
     let shutdown = stop_on_signals()?;

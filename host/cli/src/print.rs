@@ -113,6 +113,36 @@ pub fn print_run(report: &RunReport, json: bool) -> i32 {
     run_exit_code(report.status)
 }
 
+/// A run `submit --wait MS` waited for, as it was at the end of the wait:
+/// its output (or, with `json`, its row) and the exit code of how it ended
+/// (6 if it is still pending or running).
+pub fn print_waited(run: &RunRecord, wait_ms: u64, json: bool) -> i32 {
+    if json {
+        print_json(run);
+    } else if let Some(output) = &run.output {
+        let _ = writeln!(std::io::stdout().lock(), "{output}");
+    } else if !run.status.answers_a_wait() {
+        let _ = writeln!(std::io::stdout().lock(), "{}", run.run_id);
+    }
+    match run.status {
+        RunStatus::Pending | RunStatus::Running => eprintln!(
+            "stephost: run {} is still {} after {wait_ms} ms; `stephost show {}` follows it",
+            run.run_id,
+            run.status.as_str(),
+            run.run_id
+        ),
+        RunStatus::Completed => eprintln!("stephost: run {} completed", run.run_id),
+        status => eprintln!(
+            "stephost: run {} is {}{}{}",
+            run.run_id,
+            status.as_str(),
+            run.error.as_deref().map_or("", |_| ": "),
+            Safe(run.error.as_deref().unwrap_or(""))
+        ),
+    }
+    run_exit_code(run.status)
+}
+
 pub fn print_replay(report: &ReplayReport, json: bool) {
     if json {
         print_json(report);

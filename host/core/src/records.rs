@@ -165,6 +165,15 @@ impl RunStatus {
         Self::ALL.into_iter().find(|status| status.as_str() == s)
     }
 
+    /// Whether a caller waiting for the run's end (`submit --wait`,
+    /// `POST /api/runs?wait=`) is answered now: the run finished, was
+    /// parked, or waits for a person, a timer or a model's capacity (an
+    /// answer that could take hours is not waited for). Only a run pending
+    /// or running is waited on.
+    pub fn answers_a_wait(self) -> bool {
+        !matches!(self, RunStatus::Pending | RunStatus::Running)
+    }
+
     /// Whether no execution will change the run again: it completed,
     /// failed, or diverged from its recording.
     pub fn is_finished(self) -> bool {

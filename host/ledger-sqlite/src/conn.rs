@@ -39,6 +39,11 @@ pub struct Conn {
     pub conn: Connection,
     sync: Sync,
     pub known: Known,
+    /// Set when this connection wrote a run row that is due and held by
+    /// nobody ([`crate::wake`]); cleared by the commit that signals it.
+    due: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    /// The ledger's wake file.
+    wake: std::path::PathBuf,
 }
 
 /// Creates the ledger file, if absent, readable and writable by its owner
@@ -67,6 +72,7 @@ impl Conn {
         create_private(path)?;
         let conn = Self::connect(path)?;
         schema::migrate(&conn.conn, &path.display().to_string())?;
+        crate::wake::install(&conn.conn, &conn.due).map_err(error)?;
         Ok(conn)
     }
 
@@ -101,11 +107,23 @@ impl Conn {
             .map_err(|e| not_a_ledger(&location, e))?;
         conn.pragma_update(None, "synchronous", "FULL")
             .map_err(error)?;
+        let due = std::sync::Arc::default();
+        crate::wake::install(&conn, &due).map_err(error)?;
         Ok(Conn {
             conn,
             sync: Sync::Full,
             known: Known::default(),
+            due,
+            wake: crate::wake::path_of(path),
         })
+    }
+
+    /// After a transaction of this connection's ended: tells the workers
+    /// watching the ledger if it committed a run left due (`committed`).
+    pub fn ended(&self, committed: bool) {
+        if self.due.swap(false, std::sync::atomic::Ordering::Relaxed) && committed {
+            crate::wake::signal(&self.wake);
+        }
     }
 
     /// Runs one of the transaction statements (`BEGIN IMMEDIATE`, `COMMIT`,
@@ -134,6 +152,7 @@ impl Conn {
             let _ = Conn::run(&self.conn, "ROLLBACK");
             self.known.forget();
         }
+        self.ended(applied.is_ok());
         applied
     }
 

@@ -270,7 +270,9 @@ fn apply_batch(conn: &mut Conn, batch: &[Job]) -> Vec<StoreResult<()>> {
     if let Err(e) = Conn::run(db, "COMMIT") {
         let _ = Conn::run(db, "ROLLBACK");
         known.forget();
+        conn.ended(false);
         return batch.iter().map(|_| Err(e.clone())).collect();
     }
+    conn.ended(true);
     answers
 }

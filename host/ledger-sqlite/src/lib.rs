@@ -22,6 +22,7 @@ mod store;
 mod stream;
 #[cfg(feature = "testing")]
 mod tamper;
+pub mod wake;
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, mpsc};
@@ -44,6 +45,8 @@ pub struct SqlitePool {
     checked: std::sync::Mutex<Option<Conn>>,
     /// Models' flow state, made on first use.
     flows: std::sync::Mutex<Option<Arc<flows::SqliteFlows>>>,
+    /// The watch on the wake file, once a worker asked for one.
+    watch: std::sync::Mutex<Option<wake::Watch>>,
 }
 
 impl SqlitePool {
@@ -62,6 +65,7 @@ impl SqlitePool {
             checkpointer,
             checked: std::sync::Mutex::new(Some(checked)),
             flows: std::sync::Mutex::new(None),
+            watch: std::sync::Mutex::new(None),
         })
     }
 
@@ -114,6 +118,16 @@ impl Pool for SqlitePool {
 
     fn commit_counts(&self) -> CommitCounts {
         self.group.as_ref().map(|g| g.counts()).unwrap_or_default()
+    }
+
+    /// A run that becomes due in any process on this machine wakes `wake`
+    /// ([`wake`]), where inotify is available.
+    fn watch_due(&self, wake: stephost_core::store::WakeUp) -> StoreResult<bool> {
+        let mut watch = self.watch.lock().unwrap_or_else(|p| p.into_inner());
+        if watch.is_none() {
+            *watch = wake::watch(&wake::path_of(&self.path), wake);
+        }
+        Ok(watch.is_some())
     }
 
     fn flows(&self) -> StoreResult<Arc<dyn stephost_core::flow::Flows>> {

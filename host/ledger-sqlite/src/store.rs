@@ -52,18 +52,14 @@ impl SqliteStore {
     ) -> StoreResult<T> {
         let mut conn = self.conn.borrow_mut();
         conn.set_sync(sync)?;
-        let conn = &conn.conn;
-        Conn::run(conn, "BEGIN IMMEDIATE")?;
-        match f(conn) {
-            Ok(value) => {
-                Conn::run(conn, "COMMIT")?;
-                Ok(value)
-            }
-            Err(e) => {
-                let _ = Conn::run(conn, "ROLLBACK");
-                Err(e)
-            }
+        let db = &conn.conn;
+        Conn::run(db, "BEGIN IMMEDIATE")?;
+        let done = f(db).and_then(|value| Conn::run(db, "COMMIT").map(|()| value));
+        if done.is_err() {
+            let _ = Conn::run(db, "ROLLBACK");
         }
+        conn.ended(done.is_ok());
+        done
     }
 
     pub(crate) fn read<T>(

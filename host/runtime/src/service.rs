@@ -332,6 +332,27 @@ pub enum Verification {
 
 /// Checks a run's row against its seal and its chain of calls.
 /// Run `run_id` with every call it recorded, as `stephost export` writes it.
+/// How often a caller of [`wait_for_end`] reads the run again, in ms.
+pub const WAIT_RECHECK_MS: u64 = 10;
+
+/// Run `run_id`'s row once it answers a wait
+/// ([`RunStatus::answers_a_wait`]), or as it is after `bound`.
+pub fn wait_for_end(
+    store: &dyn Views,
+    run_id: &str,
+    bound: std::time::Duration,
+) -> Result<RunRecord, HostError> {
+    let until = std::time::Instant::now() + bound;
+    loop {
+        let run = store.run(run_id)?;
+        let left = until.saturating_duration_since(std::time::Instant::now());
+        if run.status.answers_a_wait() || left.is_zero() {
+            return Ok(run);
+        }
+        std::thread::sleep(left.min(std::time::Duration::from_millis(WAIT_RECHECK_MS)));
+    }
+}
+
 pub fn export(store: &dyn Views, run_id: &str) -> Result<Fixture, HostError> {
     let run = store.run(run_id)?;
     let calls = store.calls(run_id, 1, usize::MAX)?;

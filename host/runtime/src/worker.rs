@@ -37,16 +37,31 @@ pub struct WorkerOptions {
     /// This worker's owner name in claims.
     pub worker_id: String,
     /// Pause between looks for runnable runs when there is nothing to do,
-    /// on a ledger that cannot tell the worker when a run becomes due
-    /// (SQLite); a run of this worker that ends cuts it short.
+    /// on a ledger that cannot tell the worker when a run becomes due (a
+    /// SQLite file where inotify is not available); a run of this worker
+    /// that ends cuts it short.
     pub poll_ms: u64,
     /// The same pause on a ledger that wakes the worker when a run becomes
-    /// due (PostgreSQL's notifications): a fallback, in case one is lost.
-    /// A run the worker saw due sooner (a timer, a lapsing lease) cuts it
-    /// short too.
+    /// due (PostgreSQL's notifications, a SQLite file's wake file): a
+    /// fallback, in case one is lost. A run the worker saw due sooner (a
+    /// timer, a lapsing lease) cuts it short too.
     pub notified_poll_ms: u64,
     /// Stop once no run is runnable and none is active (for scripts and tests).
     pub exit_when_idle: bool,
+    /// Told the id of each run whose execution by this worker ended (as
+    /// its row was left: finished, waiting, parked or released), before
+    /// the worker looks for more.
+    pub on_end: Option<EndHook>,
+}
+
+/// What a worker tells when one of its runs' executions ends.
+#[derive(Clone)]
+pub struct EndHook(pub Arc<dyn Fn(&str) + Send + Sync>);
+
+impl std::fmt::Debug for EndHook {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("EndHook")
+    }
 }
 
 impl Default for WorkerOptions {
@@ -58,6 +73,7 @@ impl Default for WorkerOptions {
             poll_ms: 200,
             notified_poll_ms: 5_000,
             exit_when_idle: false,
+            on_end: None,
         }
     }
 }
@@ -132,6 +148,9 @@ impl Refused {
 
 type Finished = (String, Result<RunReport, HostError>);
 
+/// How often an idle worker looks whether it was told to stop.
+const SHUTDOWN_CHECK: Duration = Duration::from_millis(100);
+
 /// What wakes the worker's loop.
 enum Event {
     /// A run of this worker ended.
@@ -149,6 +168,19 @@ impl WorkerOptions {
             lease_ms: lease_ms.max(100),
             worker_id,
             ..WorkerOptions::default()
+        }
+    }
+
+    /// These options with the pause between looks for runnable runs set to
+    /// `poll_ms` whatever the ledger (the `--poll-ms` flag), if given.
+    pub fn polling(self, poll_ms: Option<u64>) -> Self {
+        match poll_ms {
+            Some(ms) => WorkerOptions {
+                poll_ms: ms.max(1),
+                notified_poll_ms: ms.max(1),
+                ..self
+            },
+            None => self,
         }
     }
 }
@@ -321,6 +353,7 @@ pub fn run(
                         claim,
                         control,
                         done: done_tx.clone(),
+                        on_end: options.on_end.clone(),
                     };
                     match &tasks {
                         Some(tasks) => started.spawn_task(tasks),
@@ -352,9 +385,29 @@ pub fn run(
                     Duration::from_millis((due - stephost_core::clock::now_ms()).max(1) as u64)
                 });
                 let wait = until_due.map_or(poll, |d| d.min(poll));
-                if let Ok(Event::Finished(finished)) = done_rx.recv_timeout(wait) {
-                    refused.note(store.as_ref(), &finished, &mut report);
-                    collect(&active, &mut report, finished);
+                // In slices, so that a signal to stop is seen however long
+                // the poll is.
+                let until = Instant::now() + wait;
+                loop {
+                    let slice = until
+                        .saturating_duration_since(Instant::now())
+                        .min(SHUTDOWN_CHECK);
+                    match done_rx.recv_timeout(slice) {
+                        Ok(Event::Finished(finished)) => {
+                            refused.note(store.as_ref(), &finished, &mut report);
+                            collect(&active, &mut report, finished);
+                            break;
+                        }
+                        Ok(Event::Due) | Err(mpsc::RecvTimeoutError::Disconnected) => break,
+                        Err(mpsc::RecvTimeoutError::Timeout) => {
+                            if shutdown.load(Ordering::SeqCst)
+                                || Instant::now() >= until
+                                || last_renewal.elapsed() >= renew_every
+                            {
+                                break;
+                            }
+                        }
+                    }
                 }
             }
         }
@@ -416,6 +469,7 @@ struct Started {
     claim: Claim,
     control: Arc<RunControl>,
     done: mpsc::Sender<Event>,
+    on_end: Option<EndHook>,
 }
 
 impl Started {
@@ -428,6 +482,7 @@ impl Started {
             claim,
             control,
             done,
+            on_end,
         } = self;
         let result = host.open().and_then(|mut host| {
             // A panic must not leave the run looking active (renewed
@@ -441,6 +496,9 @@ impl Started {
             }
             result
         });
+        if let Some(EndHook(hook)) = &on_end {
+            hook(&run_id);
+        }
         let _ = done.send(Event::Finished((run_id, result)));
     }
 
@@ -453,6 +511,7 @@ impl Started {
             claim,
             control,
             done,
+            on_end,
         } = self;
         let id = run_id.clone();
         let work = tasks.spawn(async move {
@@ -467,6 +526,9 @@ impl Started {
         // never taken over).
         tasks.spawn(async move {
             let result = work.await.unwrap_or_else(|_| Err(panicked(&run_id)));
+            if let Some(EndHook(hook)) = &on_end {
+                hook(&run_id);
+            }
             let _ = done.send(Event::Finished((run_id, result)));
         });
     }

@@ -172,13 +172,29 @@ pub struct SubmitBody {
     pub budget: Option<stephost_core::RunBudget>,
 }
 
-/// Records a run for the server's worker (or any worker on the ledger).
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SubmitParams {
+    /// Wait up to this many ms for the run's end before answering.
+    pub wait: Option<u64>,
+}
+
+/// How often a request waiting for a run's end reads it again when no
+/// execution of the server's own worker ended meanwhile (the run may be
+/// another worker's), in ms.
+const WAIT_RECHECK_MS: u64 = 100;
+
+/// Records a run for the server's worker (or any worker on the ledger);
+/// with `wait`, answers with the run as it ended, if it ends (or waits for
+/// a person or a timer, or is parked) within that many ms.
 async fn submit(
     State(app): State<Arc<App>>,
     _operator: Operator,
     _fits: Fits,
+    query: Result<Query<SubmitParams>, QueryRejection>,
     body: Result<Json<SubmitBody>, JsonRejection>,
 ) -> Result<(StatusCode, Json<RunRecord>), ApiError> {
+    let Query(params) = query?;
     let Json(body) = body?;
     let run = app
         .with_host(move |host| {
@@ -196,7 +212,36 @@ async fn submit(
             )?)
         })
         .await?;
+    let run = match params.wait {
+        Some(ms) => wait_for_end(&app, run, ms.min(app.settings.wait_ms_max)).await?,
+        None => run,
+    };
     Ok((StatusCode::CREATED, Json(run)))
+}
+
+/// `run` once it answers a wait ([`stephost_core::RunStatus::answers_a_wait`]),
+/// or as it is after `wait_ms`.
+async fn wait_for_end(app: &Arc<App>, run: RunRecord, wait_ms: u64) -> Result<RunRecord, ApiError> {
+    let until = tokio::time::Instant::now() + std::time::Duration::from_millis(wait_ms);
+    let mut run = run;
+    loop {
+        // Listening before the look: an end between the look and the wait
+        // is not missed.
+        let ended = app.ended.notified();
+        tokio::pin!(ended);
+        ended.as_mut().enable();
+        if run.status.answers_a_wait() || tokio::time::Instant::now() >= until {
+            return Ok(run);
+        }
+        let recheck =
+            tokio::time::Instant::now() + std::time::Duration::from_millis(WAIT_RECHECK_MS);
+        tokio::select! {
+            _ = ended => {}
+            _ = tokio::time::sleep_until(recheck.min(until)) => {}
+        }
+        let run_id = run.run_id.clone();
+        run = app.with_views(move |views| Ok(views.run(&run_id)?)).await?;
+    }
 }
 
 #[derive(Debug, Default, Deserialize)]

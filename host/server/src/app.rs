@@ -39,6 +39,9 @@ pub struct App {
     pub changes: broadcast::Sender<crate::events::Live>,
     /// Set once the server stops: event streams end.
     pub stopping: AtomicBool,
+    /// Woken each time an execution of the server's worker ends: requests
+    /// waiting for a run's end look at it again.
+    pub ended: tokio::sync::Notify,
     /// Signs decisions made through the API.
     pub signer: Signer,
     /// Sizes a resolved response is held to.
@@ -60,6 +63,7 @@ impl App {
             settings,
             changes: broadcast::channel(64).0,
             stopping: AtomicBool::new(false),
+            ended: tokio::sync::Notify::new(),
             signer,
             limits,
         }

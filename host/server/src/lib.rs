@@ -22,7 +22,7 @@ use std::time::Duration;
 use stephost_core::store::Opener;
 use stephost_core::store::PoolOptions;
 use stephost_runtime::config::Webhook;
-use stephost_runtime::worker::{WorkerOptions, WorkerReport};
+use stephost_runtime::worker::{EndHook, WorkerOptions, WorkerReport};
 use stephost_runtime::{Host, HostError, HostOptions};
 
 pub use access::Tokens;
@@ -79,11 +79,17 @@ pub fn serve(
         "stephost serve: listening on http://{local}/ (API under /api, /openapi.json); ledger {}",
         ledger.url()
     );
-    let worker_options = WorkerOptions::new(
-        settings.concurrency,
-        settings.lease_ms,
-        settings.worker_id.clone(),
-    );
+    let ended = app.clone();
+    let worker_options = WorkerOptions {
+        // A request waiting for a run's end looks again when one ends.
+        on_end: Some(EndHook(Arc::new(move |_| ended.ended.notify_waiters()))),
+        ..WorkerOptions::new(
+            settings.concurrency,
+            settings.lease_ms,
+            settings.worker_id.clone(),
+        )
+        .polling(settings.poll_ms)
+    };
     let every = Duration::from_millis(settings.watch_ms.max(10));
     // The worker's answers streaming in go to the event streams.
     let sink = events::stream_sink(&app);

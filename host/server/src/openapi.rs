@@ -311,9 +311,13 @@ fn operations() -> Vec<Operation> {
         Operation {
             method: "post",
             path: "/api/runs",
-            summary: "Submit a run for a worker.",
+            summary: "Submit a run for a worker; with `wait`, answer with the run as it ended, if it ends (or waits for a person or a timer, or is parked) within that many ms (at most the server's --wait-ms-max).",
             access: Operator,
-            query: vec![],
+            query: vec![query(
+                "wait",
+                unsigned(),
+                "wait up to this many ms for the run's end",
+            )],
             body: Body::Json(submit, true),
             ok: (201, "application/json", any_object.clone()),
             more: &[409],

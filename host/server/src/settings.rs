@@ -9,6 +9,7 @@ pub mod defaults {
     pub const HEADER_READ_TIMEOUT_MS: u64 = 10_000;
     pub const CONNECTIONS_MAX: usize = 512;
     pub const SHUTDOWN_GRACE_MS: u64 = 5_000;
+    pub const WAIT_MS_MAX: u64 = 60_000;
 }
 
 #[derive(Debug, Clone)]
@@ -60,6 +61,12 @@ pub struct ServeSettings {
     /// Changed runs the notifier reads in one look, at most (the rest at
     /// the next looks).
     pub notify_page_runs_max: usize,
+    /// The longest `POST /api/runs?wait=MS` holds its request; a longer
+    /// wait asked for is cut to it.
+    pub wait_ms_max: u64,
+    /// The worker looks for runnable runs at least this often (none: its
+    /// default for the ledger).
+    pub poll_ms: Option<u64>,
 }
 
 impl Default for ServeSettings {
@@ -83,6 +90,8 @@ impl Default for ServeSettings {
             watch_ms: 500,
             notify_lookback_ms: 24 * 3_600_000,
             notify_page_runs_max: 500,
+            wait_ms_max: defaults::WAIT_MS_MAX,
+            poll_ms: None,
         }
     }
 }

@@ -146,6 +146,7 @@ fn a_worker_takes_the_next_run_as_soon_as_one_ends_not_after_its_poll_interval()
     let worker = stephost_runtime::worker::WorkerOptions {
         concurrency: 1,
         poll_ms: 600_000,
+        notified_poll_ms: 600_000,
         exit_when_idle: true,
         ..Default::default()
     };

@@ -1220,3 +1220,48 @@ fn the_api_matches_its_openapi_document() {
     assert!(!served.log.lock().unwrap().contains("panicked"));
     assert_eq!(served.stop(), Some(0));
 }
+
+#[test]
+fn a_run_submitted_with_wait_is_answered_with_its_end_and_its_worker_needs_no_poll() {
+    let sb = Sandbox::with_config(BIN, &config(""));
+    // The server's worker looks for runs once an hour at most: only a
+    // wake-up gets a submitted run to it.
+    let served = sb.serve(&["--poll-ms", "3600000"], &[]);
+    let digest = served.client().upload(guests::SUPPLIER_ORDER);
+    let body = |input: Value, run_id: &str| json!({"module_digest": digest, "input": input, "run_id": run_id});
+    // Two in turn: the second surely after the worker's first look.
+    for run_id in ["w1", "w2"] {
+        let run = served
+            .post(
+                "/api/runs?wait=60000",
+                &body(supplier_input(10, false), run_id),
+            )
+            .expect(201);
+        assert_eq!(run["status"], "completed", "{run:#}");
+        let output: Value = serde_json::from_str(run["output"].as_str().unwrap()).unwrap();
+        assert_eq!(output["ordered"], true, "{output:#}");
+        assert_eq!(run["output"], sb.show(run_id)["run"]["output"]);
+    }
+    assert_eq!(sb.received("supplier-orders.jsonl").len(), 2);
+    // A run that waits for a person is answered at once, waiting.
+    let waiting = served
+        .post(
+            "/api/runs?wait=60000",
+            &body(supplier_input(10, true), "w3"),
+        )
+        .expect(201);
+    assert_eq!(waiting["status"], "waiting", "{waiting:#}");
+    assert!(waiting["output"].is_null());
+    // Without wait, the run as it was recorded.
+    let pending = served
+        .post("/api/runs", &body(supplier_input(10, false), "w4"))
+        .expect(201);
+    assert_eq!(pending["status"], "pending");
+    served.wait_status("w4", "completed");
+    served
+        .post(
+            "/api/runs?wait=soon",
+            &body(supplier_input(10, false), "w5"),
+        )
+        .expect_error(400, "bad_input");
+}

@@ -877,3 +877,46 @@ fn runs_waiting_for_their_writes_fsync_hold_no_thread_so_many_share_each_fsync()
         );
     }
 }
+
+#[test]
+fn a_worker_polling_once_an_hour_takes_a_run_submitted_by_another_process_at_once() {
+    let sb = Sandbox::with_config(BIN, stephost_tests::SUPPLIER_CONFIG);
+    let mut worker = worker(&sb, &["--poll-ms", "3600000"]);
+    // Two in turn, each by `submit --wait` (a process of its own): the
+    // second surely after the worker's first look for runs.
+    for run_id in ["a", "b"] {
+        let done = sb.stephost(&[
+            "submit",
+            guests::SUPPLIER_ORDER,
+            "--input",
+            r#"{"sku":"WIDGET-7","quantity":10}"#,
+            "--run-id",
+            run_id,
+            "--wait",
+            "60000",
+            "--json",
+        ]);
+        done.expect_code(0);
+        assert_eq!(done.json()["status"], "completed", "{}", done.stdout);
+    }
+    assert_eq!(sb.received("supplier-orders.jsonl").len(), 2);
+    // A run that waits for a person answers the wait at once, waiting.
+    let quick = sb.stephost(&[
+        "submit",
+        guests::SUPPLIER_ORDER,
+        "--input",
+        r#"{"sku":"WIDGET-7","quantity":10,"approval_ttl_seconds":3600}"#,
+        "--run-id",
+        "c",
+        "--wait",
+        "60000",
+    ]);
+    quick.expect_code(7);
+    assert!(
+        quick.stderr.contains("run c is waiting"),
+        "{}",
+        quick.stderr
+    );
+    signal(&worker, "TERM");
+    assert!(worker.wait().expect("the worker ends").success());
+}

@@ -1,0 +1,141 @@
+//! Wake-ups without polling, between the processes of one machine: a file
+//! beside the ledger (`LEDGER-wake`) is written to after every commit that
+//! leaves a run due and held by nobody (submitted, released, decided,
+//! waiting for a timer), and workers watch it with inotify. The rule is
+//! PostgreSQL's `runs_due_notify` trigger's, kept here by a temporary
+//! trigger on each connection (nothing of it is in the ledger file's
+//! schema). A worker's poll stays as the fallback, and where inotify is
+//! not there (other systems) it is all there is.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use rusqlite::Connection;
+use rusqlite::functions::FunctionFlags;
+use stephost_core::store::WakeUp;
+
+/// The file workers watch for `ledger`.
+pub fn path_of(ledger: &Path) -> PathBuf {
+    let mut path = ledger.as_os_str().to_owned();
+    path.push("-wake");
+    PathBuf::from(path)
+}
+
+/// Makes `conn` note in `due` every run row it writes that is due and held
+/// by nobody. A ledger whose schema is not there yet (a new file) is noted
+/// once it is ([`crate::conn::Conn::open`] installs it again).
+pub fn install(conn: &Connection, due: &Arc<AtomicBool>) -> rusqlite::Result<()> {
+    let noted = due.clone();
+    conn.create_scalar_function("stephost_due", 0, FunctionFlags::SQLITE_UTF8, move |_| {
+        noted.store(true, Ordering::Relaxed);
+        Ok(0i64)
+    })?;
+    let has_runs: bool = conn.query_row(
+        "SELECT EXISTS (SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'runs')",
+        [],
+        |r| r.get(0),
+    )?;
+    if !has_runs {
+        return Ok(());
+    }
+    conn.execute_batch(
+        "CREATE TEMP TRIGGER IF NOT EXISTS stephost_due_inserted AFTER INSERT ON main.runs \
+           WHEN NEW.due_at IS NOT NULL AND NEW.owner IS NULL \
+           BEGIN SELECT stephost_due(); END; \
+         CREATE TEMP TRIGGER IF NOT EXISTS stephost_due_updated AFTER UPDATE ON main.runs \
+           WHEN NEW.due_at IS NOT NULL AND NEW.owner IS NULL \
+           BEGIN SELECT stephost_due(); END;",
+    )
+}
+
+/// Tells the workers watching `wake` that a run may have become due.
+pub fn signal(wake: &Path) {
+    use std::os::unix::fs::{FileExt, OpenOptionsExt};
+    // Best effort: a worker that misses it finds the run at its next poll.
+    if let Ok(file) = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .mode(0o600)
+        .open(wake)
+    {
+        let _ = file.write_at(&[1], 0);
+    }
+}
+
+/// A watch on a wake file; it stops (within [`STOP_CHECK_MS`]) when dropped.
+pub struct Watch {
+    stop: Arc<AtomicBool>,
+}
+
+impl Drop for Watch {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+    }
+}
+
+/// How often a watch looks whether it should stop, in milliseconds.
+pub const STOP_CHECK_MS: i32 = 1_000;
+
+/// Calls `wake` whenever `wake_file` is written to, from a thread of its
+/// own; `None` where inotify is not available.
+#[cfg(target_os = "linux")]
+#[allow(unsafe_code)]
+pub fn watch(wake_file: &Path, wake: WakeUp) -> Option<Watch> {
+    use std::os::unix::ffi::OsStrExt;
+    // The file must be there to be watched.
+    signal(wake_file);
+    let path = std::ffi::CString::new(wake_file.as_os_str().as_bytes()).ok()?;
+    // SAFETY: plain system calls on a descriptor this function owns.
+    let fd = unsafe { libc::inotify_init1(libc::IN_CLOEXEC | libc::IN_NONBLOCK) };
+    if fd < 0 {
+        return None;
+    }
+    // SAFETY: `path` is a NUL-terminated string that outlives the call.
+    if unsafe { libc::inotify_add_watch(fd, path.as_ptr(), libc::IN_MODIFY) } < 0 {
+        // SAFETY: `fd` is ours and closed once.
+        unsafe { libc::close(fd) };
+        return None;
+    }
+    let stop = Arc::new(AtomicBool::new(false));
+    let stopped = stop.clone();
+    let spawned = std::thread::Builder::new()
+        .name("stephost-wake".into())
+        .spawn(move || {
+            let mut events = [0u8; 4096];
+            while !stopped.load(Ordering::Relaxed) {
+                let mut ready = libc::pollfd {
+                    fd,
+                    events: libc::POLLIN,
+                    revents: 0,
+                };
+                // SAFETY: one pollfd, owned by this frame.
+                let n = unsafe { libc::poll(&mut ready, 1, STOP_CHECK_MS) };
+                if n <= 0 {
+                    continue;
+                }
+                // Drain every event queued: one wake-up for all of them.
+                // SAFETY: `events` is a buffer of its length, owned here.
+                while unsafe { libc::read(fd, events.as_mut_ptr().cast(), events.len()) } > 0 {}
+                wake();
+            }
+            // SAFETY: `fd` is ours and closed once.
+            unsafe { libc::close(fd) };
+        });
+    match spawned {
+        Ok(_) => Some(Watch { stop }),
+        Err(_) => {
+            // SAFETY: the thread did not start: `fd` is still ours.
+            unsafe { libc::close(fd) };
+            None
+        }
+    }
+}
+
+/// Calls `wake` whenever `wake_file` is written to; `None` where inotify
+/// is not available.
+#[cfg(not(target_os = "linux"))]
+pub fn watch(_wake_file: &Path, _wake: WakeUp) -> Option<Watch> {
+    None
+}
