@@ -85,6 +85,8 @@ const MEMORY_LEAD: Duration = Duration::from_millis(400);
 const MEMORY_RETRIES: u32 = 3;
 /// The single run that figure 5 is compared with.
 const SINGLE_WRITES: u64 = 500;
+/// Writes of each run of figure 5 as users start them.
+const USERS_WRITES: u64 = 100;
 const RESUME_CALLS: u64 = 10_000;
 const PENDING_RUNS: usize = 10_000;
 
@@ -431,6 +433,7 @@ impl Bench {
         }
         if args.wants(5) {
             self.group_commit(&mut host, none_us)?;
+            self.as_users_start()?;
         }
         drop(host);
         if args.wants(6) {
@@ -929,6 +932,71 @@ impl Bench {
         ));
         Ok(())
     }
+    /// Figure 5, as users start runs: `GROUP_RUNS` runs of
+    /// `USERS_WRITES` writes submitted with no gate, then one worker of
+    /// concurrency `GROUP_RUNS` that claims them as it finds them; its
+    /// steps a second, its transactions and fsyncs per write, and the
+    /// process's CPU per write, user and kernel apart.
+    fn as_users_start(&mut self) -> Res<()> {
+        let db = self.dir.join("users.db");
+        let mut host = open_host(&db, self.options())?;
+        // A warm cache and a WAL of its working size, as for the figure.
+        self.run(&mut host, json!({"mode": "none"}))?;
+        self.warm_wal(&mut host, "users.db")?;
+        progress(&format!(
+            "5 as users start them: {GROUP_RUNS} runs of {USERS_WRITES} writes, one worker"
+        ));
+        let input = json!({"mode": "write", "count": USERS_WRITES}).to_string();
+        let ids = (0..GROUP_RUNS)
+            .map(|_| Ok(host.submit(&self.module, WHAT, &input, None)?.run_id))
+            .collect::<Res<Vec<_>>>()?;
+        let options = self.worker_options(GROUP_RUNS, "bench-users");
+        let never = AtomicBool::new(false);
+        let cpu = procstat::process_cpu_split_us().ok_or("no /proc/self/stat")?;
+        let t = Instant::now();
+        let report = worker::run(
+            &Ledger::sqlite(&db),
+            &|| host_options(&self.config),
+            &options,
+            &never,
+        )?;
+        let wall = t.elapsed().as_secs_f64();
+        let after = procstat::process_cpu_split_us().ok_or("no /proc/self/stat")?;
+        if report.completed != ids.len() {
+            return Err(format!("5 as users start them: {report:?}").into());
+        }
+        let writes = (GROUP_RUNS as u64 * USERS_WRITES) as f64;
+        let rate = writes / wall;
+        let (user, kernel) = ((after.0 - cpu.0) / writes, (after.1 - cpu.1) / writes);
+        let c = report.commits;
+        progress(&format!(
+            "5 as users start them: {rate:.0} steps/s, {:.3} fsyncs and {:.3} transactions a write, CPU {user:.0} + {kernel:.0} µs a write (user + kernel)",
+            c.fsyncs as f64 / writes,
+            c.transactions as f64 / writes
+        ));
+        self.rows
+            .push(Row::new(report::USERS_START, rate, "writes/s"));
+        self.rows.push(Row::new(
+            "5 … fsyncs per write",
+            c.fsyncs as f64 / writes,
+            "fsyncs",
+        ));
+        self.rows.push(Row::new(
+            "5 … transactions per write",
+            c.transactions as f64 / writes,
+            "transactions",
+        ));
+        self.rows
+            .push(Row::new("5 … CPU per write, user", user, "µs/write"));
+        self.rows
+            .push(Row::new("5 … CPU per write, kernel", kernel, "µs/write"));
+        self.note(format!(
+            "5 as users start them: {GROUP_RUNS} runs of {USERS_WRITES} writes submitted one after another with no gate, then a worker (`worker::run`, concurrency {GROUP_RUNS}, exit when idle) claims them as it finds them; steps/s = writes over the worker's whole life ({wall:.2} s); its {} commits took {} transactions and {} fsyncs; CPU: the process's (every thread's) over the worker's life, per write, user and kernel apart (10 ms ticks)",
+            c.commits, c.transactions, c.fsyncs
+        ));
+        Ok(())
+    }
+
     fn started_together<T>(
         &self,
         host: &mut Host,

@@ -16,6 +16,15 @@ pub fn cpu_of(stat: &str) -> Option<(String, f64)> {
     ))
 }
 
+/// CPU time (µs) of this process in user space and in the kernel, apart.
+pub fn process_cpu_split_us() -> Option<(f64, f64)> {
+    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+    let close = stat.rfind(')')?;
+    let fields: Vec<&str> = stat.get(close + 1..)?.split_whitespace().collect();
+    let ticks = |i: usize| fields.get(i)?.parse::<f64>().ok().map(|t| t * 1e4);
+    Some((ticks(11)?, ticks(12)?))
+}
+
 /// CPU time (µs) of this process: every thread's, those that ended too.
 pub fn process_cpu_us() -> Option<f64> {
     let stat = std::fs::read_to_string("/proc/self/stat").ok()?;

@@ -21,6 +21,8 @@ const TIMELINE_CALLS: u64 = 10_000;
 const TIMELINE_LOADS: usize = 200;
 /// Calls on the console's first page of a run.
 const PAGE_CALLS: usize = 200;
+/// One-write runs submitted one at a time, timed to their end.
+const ENDS: usize = 200;
 
 struct Served {
     child: Child,
@@ -63,7 +65,91 @@ impl Served {
     }
 }
 
+/// The 50th and 99th percentiles of `ms`.
+fn p50_p99(mut ms: Vec<f64>) -> (f64, f64) {
+    ms.sort_by(f64::total_cmp);
+    let at = |q: f64| ms[((ms.len() as f64 * q) as usize).min(ms.len() - 1)];
+    (at(0.50), at(0.99))
+}
+
 impl Bench {
+    /// Submit → run completed, for one-write runs one at a time once the
+    /// server is idle: answered by `POST /api/runs?wait`, and submitted
+    /// plainly then read until completed (every 0.2 ms), beside a floor.
+    fn submit_to_end(&mut self, served: &Served, digest: &str) -> Res<()> {
+        let deadline = Instant::now() + Duration::from_secs(300);
+        for status in ["pending", "running"] {
+            while !served.json("GET", &format!("/api/runs?status={status}&limit=1"), None)?["runs"]
+                .as_array()
+                .is_none_or(Vec::is_empty)
+            {
+                if Instant::now() > deadline {
+                    return Err("11: the submitted runs did not end in 300 s".into());
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+        let floor = self.floor("11")?;
+        progress(&format!(
+            "11: {ENDS} one-write runs, each submitted and timed to its end"
+        ));
+        let body = |id: String| {
+            json!({"module_digest": digest, "run_id": id,
+                   "input": {"mode": "write", "count": 1}})
+            .to_string()
+            .into_bytes()
+        };
+        let (mut waited, mut polled) = (Vec::new(), Vec::new());
+        for i in 0..ENDS {
+            let t = Instant::now();
+            let run = served.json("POST", "/api/runs?wait=10000", Some(body(format!("e{i}"))))?;
+            waited.push(t.elapsed().as_secs_f64() * 1e3);
+            if run["status"] != "completed" {
+                return Err(format!("11: a run waited for ended {}", run["status"]).into());
+            }
+            let id = format!("p{i}");
+            let t = Instant::now();
+            served.json("POST", "/api/runs", Some(body(id.clone())))?;
+            while served.json("GET", &format!("/api/runs/{id}"), None)?["run"]["status"]
+                != "completed"
+            {
+                if t.elapsed() > Duration::from_secs(10) {
+                    return Err(format!("11: run {id} did not complete in 10 s").into());
+                }
+                std::thread::sleep(Duration::from_micros(200));
+            }
+            polled.push(t.elapsed().as_secs_f64() * 1e3);
+        }
+        let (w50, w99) = p50_p99(waited);
+        let (p50, p99) = p50_p99(polled);
+        progress(&format!(
+            "11: ?wait p50 {w50:.2} ms, p99 {w99:.2} ms; submitted then read p50 {p50:.2} ms, p99 {p99:.2} ms (floor {floor:.0} µs)"
+        ));
+        let floor_ms = floor / 1e3;
+        self.rows.push(
+            Row::new(report::SUBMIT_WAIT_P50, w50, "ms").with_ratio(w50 / (5.0 + floor_ms), floor),
+        );
+        self.rows.push(Row::new(
+            "11 POST /api/runs?wait, one write, p99",
+            w99,
+            "ms",
+        ));
+        self.rows.push(Row::new(
+            "11 submit, then read until completed, p50",
+            p50,
+            "ms",
+        ));
+        self.rows.push(Row::new(
+            "11 submit, then read until completed, p99",
+            p99,
+            "ms",
+        ));
+        self.note(format!(
+            "11 submit → completed: {ENDS} runs of one write, one at a time on an idle server (its worker's poll: the default, 5,000 ms), each answered by POST /api/runs?wait=10000 (the round trip), and {ENDS} more each submitted by POST /api/runs and read by GET /api/runs/ID every 0.2 ms until completed; p50 and p99; the ?wait p50's ratio is over 5 ms plus the floor measured just before"
+        ));
+        Ok(())
+    }
+
     pub(crate) fn server(&mut self, args: &Args) -> Res<()> {
         let Some(cli) = args.cli_path() else {
             self.note(
@@ -189,6 +275,7 @@ impl Bench {
         progress(&format!("11: {rate:.0} submissions/s"));
         self.rows
             .push(Row::new("11 API submit, 4 clients", rate, "runs/s"));
+        self.submit_to_end(&served, &digest)?;
         self.note(format!(
             "11: `stephost serve` (SQLite, --concurrency 4) on 127.0.0.1; submissions: {SUBMITS} \
              POST /api/runs of a stored module by {SUBMIT_CLIENTS} clients at once, each one \
