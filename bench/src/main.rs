@@ -932,19 +932,29 @@ impl Bench {
         ));
         Ok(())
     }
-    /// Figure 5, as users start runs: `GROUP_RUNS` runs of
-    /// `USERS_WRITES` writes submitted with no gate, then one worker of
-    /// concurrency `GROUP_RUNS` that claims them as it finds them; its
-    /// steps a second, its transactions and fsyncs per write, and the
-    /// process's CPU per write, user and kernel apart.
+    /// Figure 5, as users start runs, on this bench's SQLite ledger.
     fn as_users_start(&mut self) -> Res<()> {
         let db = self.dir.join("users.db");
         let mut host = open_host(&db, self.options())?;
         // A warm cache and a WAL of its working size, as for the figure.
         self.run(&mut host, json!({"mode": "none"}))?;
         self.warm_wal(&mut host, "users.db")?;
+        self.users_start(report::USERS_START, &Ledger::sqlite(&db), &mut host)
+    }
+
+    /// `GROUP_RUNS` runs of `USERS_WRITES` writes submitted with no gate
+    /// by `host`, then one worker of concurrency `GROUP_RUNS` on `ledger`
+    /// that claims them as it finds them: rows `figure` (steps a second)
+    /// and its transactions and fsyncs per write, and the process's CPU
+    /// per write, user and kernel apart.
+    pub(crate) fn users_start(
+        &mut self,
+        figure: &str,
+        ledger: &dyn stephost_core::store::Opener,
+        host: &mut Host,
+    ) -> Res<()> {
         progress(&format!(
-            "5 as users start them: {GROUP_RUNS} runs of {USERS_WRITES} writes, one worker"
+            "{figure}: {GROUP_RUNS} runs of {USERS_WRITES} writes, one worker"
         ));
         let input = json!({"mode": "write", "count": USERS_WRITES}).to_string();
         let ids = (0..GROUP_RUNS)
@@ -954,44 +964,45 @@ impl Bench {
         let never = AtomicBool::new(false);
         let cpu = procstat::process_cpu_split_us().ok_or("no /proc/self/stat")?;
         let t = Instant::now();
-        let report = worker::run(
-            &Ledger::sqlite(&db),
-            &|| host_options(&self.config),
-            &options,
-            &never,
-        )?;
+        let report = worker::run(ledger, &|| host_options(&self.config), &options, &never)?;
         let wall = t.elapsed().as_secs_f64();
         let after = procstat::process_cpu_split_us().ok_or("no /proc/self/stat")?;
         if report.completed != ids.len() {
-            return Err(format!("5 as users start them: {report:?}").into());
+            return Err(format!("{figure}: {report:?}").into());
         }
         let writes = (GROUP_RUNS as u64 * USERS_WRITES) as f64;
         let rate = writes / wall;
         let (user, kernel) = ((after.0 - cpu.0) / writes, (after.1 - cpu.1) / writes);
         let c = report.commits;
+        let per = |n: u64| n as f64 / writes;
         progress(&format!(
-            "5 as users start them: {rate:.0} steps/s, {:.3} fsyncs and {:.3} transactions a write, CPU {user:.0} + {kernel:.0} µs a write (user + kernel)",
-            c.fsyncs as f64 / writes,
-            c.transactions as f64 / writes
+            "{figure}: {rate:.0} steps/s, {:.3} fsyncs and {:.3} transactions a write, CPU \
+             {user:.0} + {kernel:.0} µs a write (user + kernel)",
+            per(c.fsyncs),
+            per(c.transactions)
         ));
-        self.rows
-            .push(Row::new(report::USERS_START, rate, "writes/s"));
-        self.rows.push(Row::new(
-            "5 … fsyncs per write",
-            c.fsyncs as f64 / writes,
-            "fsyncs",
-        ));
-        self.rows.push(Row::new(
-            "5 … transactions per write",
-            c.transactions as f64 / writes,
-            "transactions",
-        ));
-        self.rows
-            .push(Row::new("5 … CPU per write, user", user, "µs/write"));
-        self.rows
-            .push(Row::new("5 … CPU per write, kernel", kernel, "µs/write"));
+        let tag = figure.split(' ').next().unwrap_or(figure);
+        self.rows.push(Row::new(figure, rate, "writes/s"));
+        for (what, value, unit) in [
+            ("fsyncs per write", per(c.fsyncs), "fsyncs"),
+            (
+                "transactions per write",
+                per(c.transactions),
+                "transactions",
+            ),
+            ("CPU per write, user", user, "µs/write"),
+            ("CPU per write, kernel", kernel, "µs/write"),
+        ] {
+            self.rows
+                .push(Row::new(&format!("{tag} … {what}"), value, unit));
+        }
         self.note(format!(
-            "5 as users start them: {GROUP_RUNS} runs of {USERS_WRITES} writes submitted one after another with no gate, then a worker (`worker::run`, concurrency {GROUP_RUNS}, exit when idle) claims them as it finds them; steps/s = writes over the worker's whole life ({wall:.2} s); its {} commits took {} transactions and {} fsyncs; CPU: the process's (every thread's) over the worker's life, per write, user and kernel apart (10 ms ticks)",
+            "{figure}: {GROUP_RUNS} runs of {USERS_WRITES} writes submitted one after another \
+             with no gate, then a worker (`worker::run`, concurrency {GROUP_RUNS}, exit when \
+             idle) claims them as it finds them; steps/s = writes over the worker's whole life \
+             ({wall:.2} s); its {} commits took {} transactions and {} fsyncs; CPU: this \
+             process's (every thread's; not a database server's) over the worker's life, per \
+             write, user and kernel apart (10 ms ticks)",
             c.commits, c.transactions, c.fsyncs
         ));
         Ok(())
@@ -1168,28 +1179,48 @@ impl Bench {
         // there. A try in which a run arrived after that is made again
         // with twice the lead.
         let input = json!({"mode": "none"});
-        let ((idle, busy, lead), _) = self.with_warm_worker(&db, "bench-memory", |host| {
-            let idle = rss_bytes()?;
-            let (_, busy, lead) = self.started_together(
-                host,
-                "7 memory",
-                &input,
-                MEMORY_LEAD,
-                3,
-                |host, ids, start_at, lead| {
-                    let measure_at = start_at - (lead / 4).as_nanos() as u64;
-                    std::thread::sleep(Duration::from_nanos(measure_at.saturating_sub(now_ns())));
-                    let measured_at = now_ns();
-                    let busy = rss_bytes()?;
-                    wait_completed(host, ids)?;
-                    Ok((busy, measured_at))
-                },
-            )?;
-            Ok((idle, busy, lead))
-        })?;
-        let per_active = (busy as f64 - idle as f64) / GROUP_RUNS as f64;
-        self.rows
-            .push(Row::new("7 RSS per active run", per_active / 1024.0, "KiB"));
+        let ((idle, busy, lead, idle_after), _) =
+            self.with_warm_worker(&db, "bench-memory", |host| {
+                let idle = rss_bytes()?;
+                let (_, busy, lead) = self.started_together(
+                    host,
+                    "7 memory",
+                    &input,
+                    MEMORY_LEAD,
+                    3,
+                    |host, ids, start_at, lead| {
+                        let measure_at = start_at - (lead / 4).as_nanos() as u64;
+                        std::thread::sleep(Duration::from_nanos(
+                            measure_at.saturating_sub(now_ns()),
+                        ));
+                        let measured_at = now_ns();
+                        let busy = rss_bytes()?;
+                        wait_completed(host, ids)?;
+                        Ok((busy, measured_at))
+                    },
+                )?;
+                // The idle worker again, the runs gone: memory the warm-up
+                // left behind may have been given back meanwhile.
+                std::thread::sleep(Duration::from_millis(200));
+                Ok((idle, busy, lead, rss_bytes()?))
+            })?;
+        // The baseline is the lower of the idle worker's readings, before
+        // and after the runs: a figure above what the runs added is not
+        // made smaller by memory given back while they ran.
+        let baseline = idle.min(idle_after);
+        let per_active = (busy as f64 - baseline as f64) / GROUP_RUNS as f64;
+        if per_active > 0.0 {
+            self.rows
+                .push(Row::new("7 RSS per active run", per_active / 1024.0, "KiB"));
+        } else {
+            self.note(format!(
+                "7 RSS per active run: not measured: RSS with {GROUP_RUNS} runs active ({} KiB) \
+                 was not above the idle worker's ({} KiB before, {} KiB after)",
+                busy / 1024,
+                idle / 1024,
+                idle_after / 1024
+            ));
+        }
 
         progress(&format!(
             "7 memory: RSS over 2 × {PENDING_RUNS} pending runs"
@@ -1212,7 +1243,8 @@ impl Bench {
             .push(Row::new(report::RSS_PENDING, per_pending, "bytes"));
         self.note(format!(
             "7: per active run = (RSS while {GROUP_RUNS} runs of a warm worker sleep in their \
-             step, on the worker's timers - RSS of the idle warm worker) / {GROUP_RUNS}: the \
+             step, on the worker's timers - RSS of the idle warm worker, the lower of its \
+             readings before and after the runs) / {GROUP_RUNS}: the \
              store, the guest's memory, the run's fiber stack and its own SQLite connection; \
              the runs were told to start {} ms after the first submission and RSS was read \
              three quarters of the way there (a try in which a run had not arrived by then is \
@@ -1255,9 +1287,11 @@ fn completed(report: &RunReport) -> Res<Value> {
     )?)
 }
 
-/// Waits until every run in `ids` has completed (two minutes at most).
-/// Looks at one run per poll, so as to disturb the runs as little as can be.
-fn wait_completed(host: &Host, ids: &[String]) -> Res<()> {
+/// Waits until every run in `ids` has completed (two minutes at most; a
+/// run waiting for its timer is waited for too); an error if one ends
+/// otherwise. Looks at one run per poll, so as to disturb the runs as
+/// little as can be.
+pub(crate) fn wait_completed(host: &Host, ids: &[String]) -> Res<()> {
     let deadline = Instant::now() + Duration::from_secs(120);
     let mut done = 0;
     while let Some(id) = ids.get(done) {
@@ -1266,7 +1300,7 @@ fn wait_completed(host: &Host, ids: &[String]) -> Res<()> {
                 done += 1;
                 continue;
             }
-            RunStatus::Pending | RunStatus::Running => {}
+            RunStatus::Pending | RunStatus::Running | RunStatus::Waiting => {}
             other => return Err(format!("run {id} ended {}", other.as_str()).into()),
         }
         if Instant::now() > deadline {

@@ -16,7 +16,7 @@ use stephost_ledger_postgres::throwaway::Cluster;
 use stephost_runtime::runner::Host;
 
 use crate::report::{self, Row};
-use crate::{Args, Bench, Res, WHAT, mean_us, median_by, now_ns, progress, us};
+use crate::{Args, Bench, Res, WHAT, mean_us, median_by, now_ns, progress, us, wait_completed};
 
 /// The environment variable naming a server to measure instead of a
 /// throwaway cluster.
@@ -181,6 +181,9 @@ impl Bench {
         let single_us = self.pg_write_effect(&mut server)?;
         if args.wants(9) {
             self.pg_two_workers(&mut server, args, single_us)?;
+            let url = server.fresh()?;
+            let mut host = self.pg_host(&url, PoolOptions::default())?;
+            self.users_start(report::PG_USERS_START, &Ledger::parse(&url)?, &mut host)?;
         }
         if args.wants(10) {
             self.pg_claim(&mut server)?;
@@ -281,15 +284,24 @@ impl Bench {
         let ids = (0..PG_GROUP_RUNS)
             .map(|_| Ok(host.submit(&self.module, WHAT, &input, None)?.run_id))
             .collect::<Res<Vec<_>>>()?;
+        // The runs sleep past 2 s, so each becomes a durable timer and
+        // leaves memory: a worker that exits when idle could leave before
+        // they wake. The workers run until every run has completed, then
+        // are told to stop.
         let mut workers = (0..PG_GROUP_WORKERS)
-            .map(|_| worker(true))
+            .map(|_| worker(false))
             .collect::<Res<Vec<_>>>()?;
+        let ended = wait_completed(&host, &ids);
         for w in &mut workers {
+            let _ = Command::new("kill")
+                .args(["-TERM", &w.id().to_string()])
+                .status();
             let status = w.wait()?;
             if !status.success() {
                 return Err(format!("9: a worker exited with {status}").into());
             }
         }
+        ended?;
         let mut first_ns = u64::MAX;
         let mut last_ms = 0i64;
         let mut late = 0;
