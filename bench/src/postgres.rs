@@ -178,12 +178,16 @@ impl Bench {
                 return Ok(());
             }
         };
-        let single_us = self.pg_write_effect(&mut server)?;
+        let (single_us, floor_us) = self.pg_write_effect(&mut server)?;
         if args.wants(9) {
             self.pg_two_workers(&mut server, args, single_us)?;
             let url = server.fresh()?;
             let mut host = self.pg_host(&url, PoolOptions::default())?;
             self.users_start(report::PG_USERS_START, &Ledger::parse(&url)?, &mut host)?;
+        }
+        if args.wants(11) {
+            let url = server.fresh()?;
+            self.pg_submit_to_end(args, &url, floor_us)?;
         }
         if args.wants(10) {
             self.pg_claim(&mut server)?;
@@ -192,7 +196,7 @@ impl Bench {
     }
 
     /// Figure 8: as figure 1, on PostgreSQL, beside its floor.
-    fn pg_write_effect(&mut self, server: &mut Server) -> Res<f64> {
+    fn pg_write_effect(&mut self, server: &mut Server) -> Res<(f64, f64)> {
         let url = server.fresh()?;
         let raw = Raw::connect(&url)?;
         let mut host = self.pg_host(&url, PoolOptions::default())?;
@@ -234,7 +238,7 @@ impl Bench {
                 .collect::<Vec<_>>()
                 .join(", ")
         ));
-        Ok(median)
+        Ok((median, floor))
     }
 
     /// Figure 9: 64 runs started together, executed by two `stephost

@@ -17,6 +17,8 @@ pub const USERS_START: &str = "5 as users start them, 64 runs × 100 writes";
 pub const PG_USERS_START: &str = "9 PostgreSQL as users start them, one worker, 64 × 100";
 /// Figure 11's submit → completed through the server (an absolute target).
 pub const SUBMIT_WAIT_P50: &str = "11 POST /api/runs?wait, one write, p50";
+/// The same through a server on PostgreSQL.
+pub const PG_SUBMIT_WAIT_P50: &str = "11 PostgreSQL POST /api/runs?wait, one write, p50";
 /// Figure 11's console page of a long run (an absolute target).
 pub const TIMELINE_P50: &str = "11 timeline page, 10,000-call run, p50";
 
@@ -44,8 +46,12 @@ pub fn target_of(figure: &str) -> Option<(&'static str, Meets)> {
         TIMELINE_P50 => Some(("≤ 50 ms", |value, _| value <= 50.0)),
         USERS_START => Some(("≥ 15,000", |value, _| value >= 15_000.0)),
         PG_USERS_START => Some(("≥ 5,000", |value, _| value >= 5_000.0)),
-        // Its ratio is the value over 5 ms plus the floor measured beside it.
+        // Their ratio is the value over what the target allows: 5 ms (10
+        // on PostgreSQL) plus the floor measured beside it.
         SUBMIT_WAIT_P50 => Some(("≤ 5 ms + a floor", |_, ratio| {
+            ratio.is_some_and(|r| r <= 1.0)
+        })),
+        PG_SUBMIT_WAIT_P50 => Some(("≤ 10 ms + a floor", |_, ratio| {
             ratio.is_some_and(|r| r <= 1.0)
         })),
         crate::conversation::LEDGER_RATIO => Some(("≤ 3×", |value, _| value <= 3.0)),

@@ -1,8 +1,9 @@
 //! Figure 11: `stephost serve` on an SQLite ledger, measured over HTTP on
 //! 127.0.0.1 as a client sees it: how fast runs are submitted through the
-//! API (the server's worker executing them meanwhile), and how long the
+//! API (the server's worker executing them meanwhile), how long the
 //! console's page of a long run takes (its row and log, then its first 200
-//! calls), for a run of 10,000 calls.
+//! calls), for a run of 10,000 calls, and how long a run takes from its
+//! submission to its end (also with the server on PostgreSQL).
 
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
@@ -24,6 +25,26 @@ const PAGE_CALLS: usize = 200;
 /// One-write runs submitted one at a time, timed to their end.
 const ENDS: usize = 200;
 
+/// Where submit → completed is measured: its rows' tag, the p50 row (which
+/// has a target) and what that target allows above a floor, in ms.
+struct Ends {
+    tag: &'static str,
+    p50: &'static str,
+    allowance_ms: f64,
+}
+
+const SQLITE_ENDS: &Ends = &Ends {
+    tag: "11",
+    p50: report::SUBMIT_WAIT_P50,
+    allowance_ms: 5.0,
+};
+
+const PG_ENDS: &Ends = &Ends {
+    tag: "11 PostgreSQL",
+    p50: report::PG_SUBMIT_WAIT_P50,
+    allowance_ms: 10.0,
+};
+
 struct Served {
     child: Child,
     base: String,
@@ -40,6 +61,15 @@ impl Drop for Served {
 }
 
 impl Served {
+    /// Stores `module` on the server: its digest.
+    fn upload(&self, module: &[u8]) -> Res<String> {
+        let stored = self.json("POST", "/api/modules", Some(module.to_vec()))?;
+        Ok(stored["module_digest"]
+            .as_str()
+            .ok_or("no digest")?
+            .to_string())
+    }
+
     fn request(&self, method: &str, path: &str, body: Option<Vec<u8>>) -> Res<(u16, String)> {
         let builder = ureq::http::Request::builder()
             .method(method)
@@ -73,101 +103,19 @@ fn p50_p99(mut ms: Vec<f64>) -> (f64, f64) {
 }
 
 impl Bench {
-    /// Submit → run completed, for one-write runs one at a time once the
-    /// server is idle: answered by `POST /api/runs?wait`, and submitted
-    /// plainly then read until completed (every 0.2 ms), beside a floor.
-    fn submit_to_end(&mut self, served: &Served, digest: &str) -> Res<()> {
-        let deadline = Instant::now() + Duration::from_secs(300);
-        for status in ["pending", "running"] {
-            while !served.json("GET", &format!("/api/runs?status={status}&limit=1"), None)?["runs"]
-                .as_array()
-                .is_none_or(Vec::is_empty)
-            {
-                if Instant::now() > deadline {
-                    return Err("11: the submitted runs did not end in 300 s".into());
-                }
-                std::thread::sleep(Duration::from_millis(20));
-            }
-        }
-        let floor = self.floor("11")?;
-        progress(&format!(
-            "11: {ENDS} one-write runs, each submitted and timed to its end"
-        ));
-        let body = |id: String| {
-            json!({"module_digest": digest, "run_id": id,
-                   "input": {"mode": "write", "count": 1}})
-            .to_string()
-            .into_bytes()
-        };
-        let (mut waited, mut polled) = (Vec::new(), Vec::new());
-        for i in 0..ENDS {
-            let t = Instant::now();
-            let run = served.json("POST", "/api/runs?wait=10000", Some(body(format!("e{i}"))))?;
-            waited.push(t.elapsed().as_secs_f64() * 1e3);
-            if run["status"] != "completed" {
-                return Err(format!("11: a run waited for ended {}", run["status"]).into());
-            }
-            let id = format!("p{i}");
-            let t = Instant::now();
-            served.json("POST", "/api/runs", Some(body(id.clone())))?;
-            while served.json("GET", &format!("/api/runs/{id}"), None)?["run"]["status"]
-                != "completed"
-            {
-                if t.elapsed() > Duration::from_secs(10) {
-                    return Err(format!("11: run {id} did not complete in 10 s").into());
-                }
-                std::thread::sleep(Duration::from_micros(200));
-            }
-            polled.push(t.elapsed().as_secs_f64() * 1e3);
-        }
-        let (w50, w99) = p50_p99(waited);
-        let (p50, p99) = p50_p99(polled);
-        progress(&format!(
-            "11: ?wait p50 {w50:.2} ms, p99 {w99:.2} ms; submitted then read p50 {p50:.2} ms, p99 {p99:.2} ms (floor {floor:.0} µs)"
-        ));
-        let floor_ms = floor / 1e3;
-        self.rows.push(
-            Row::new(report::SUBMIT_WAIT_P50, w50, "ms").with_ratio(w50 / (5.0 + floor_ms), floor),
-        );
-        self.rows.push(Row::new(
-            "11 POST /api/runs?wait, one write, p99",
-            w99,
-            "ms",
-        ));
-        self.rows.push(Row::new(
-            "11 submit, then read until completed, p50",
-            p50,
-            "ms",
-        ));
-        self.rows.push(Row::new(
-            "11 submit, then read until completed, p99",
-            p99,
-            "ms",
-        ));
-        self.note(format!(
-            "11 submit → completed: {ENDS} runs of one write, one at a time on an idle server (its worker's poll: the default, 5,000 ms), each answered by POST /api/runs?wait=10000 (the round trip), and {ENDS} more each submitted by POST /api/runs and read by GET /api/runs/ID every 0.2 ms until completed; p50 and p99; the ?wait p50's ratio is over 5 ms plus the floor measured just before"
-        ));
-        Ok(())
-    }
-
-    pub(crate) fn server(&mut self, args: &Args) -> Res<()> {
-        let Some(cli) = args.cli_path() else {
-            self.note(
-                "11: skipped, no `stephost` binary (build it: cargo build -p stephost)".into(),
-            );
-            return Ok(());
-        };
-        let dir = self.dir.join("serve");
-        std::fs::create_dir_all(&dir)?;
+    /// `stephost serve` (concurrency 4) on `ledger`, its configuration and
+    /// cache in `dir`, on a port of its own on 127.0.0.1.
+    fn serve(&self, cli: &std::path::Path, dir: &std::path::Path, ledger: &str) -> Res<Served> {
+        std::fs::create_dir_all(dir)?;
         std::fs::write(dir.join("stephost.toml"), config_text(&self.gate))?;
         let mut child = Command::new(cli)
-            .arg("--db")
-            .arg(dir.join("ledger.db"))
             .arg("--config")
             .arg(dir.join("stephost.toml"))
             .arg("--cache-dir")
             .arg(dir.join("cache"))
             .args(["serve", "--listen", "127.0.0.1:0", "--concurrency", "4"])
+            .env("STEPHOST_LEDGER", ledger)
+            .env_remove("STEPHOST_DB")
             .env_remove("STEPHOST_API_TOKENS")
             .env_remove("STEPHOST_API_TOKENS_FILE")
             .stdout(Stdio::null())
@@ -184,7 +132,7 @@ impl Bench {
         };
         // Keep reading what the server prints, so it never blocks on it.
         std::thread::spawn(move || for _ in lines {});
-        let served = Served {
+        Ok(Served {
             child,
             base: format!("http://{addr}"),
             agent: ureq::Agent::config_builder()
@@ -192,12 +140,119 @@ impl Bench {
                 .timeout_global(Some(Duration::from_secs(120)))
                 .build()
                 .into(),
+        })
+    }
+
+    /// Figure 11's submit → completed on PostgreSQL: `stephost serve` on
+    /// `url`, beside PostgreSQL's commit floor `floor_us`.
+    pub(crate) fn pg_submit_to_end(&mut self, args: &Args, url: &str, floor_us: f64) -> Res<()> {
+        let Some(cli) = args.cli_path() else {
+            return Ok(());
         };
-        let stored = served.json("POST", "/api/modules", Some(self.module.clone()))?;
-        let digest = stored["module_digest"]
-            .as_str()
-            .ok_or("no digest")?
-            .to_string();
+        let served = self.serve(&cli, &self.dir.join("serve-pg"), url)?;
+        let digest = served.upload(&self.module)?;
+        self.submit_to_end(&served, &digest, PG_ENDS, floor_us)
+    }
+
+    /// Submit → run completed, for one-write runs one at a time once the
+    /// server is idle: answered by `POST /api/runs?wait`, and submitted
+    /// plainly then read until completed (every 0.2 ms), beside a floor.
+    fn submit_to_end(&mut self, served: &Served, digest: &str, ends: &Ends, floor: f64) -> Res<()> {
+        let deadline = Instant::now() + Duration::from_secs(300);
+        for status in ["pending", "running"] {
+            while !served.json("GET", &format!("/api/runs?status={status}&limit=1"), None)?["runs"]
+                .as_array()
+                .is_none_or(Vec::is_empty)
+            {
+                if Instant::now() > deadline {
+                    return Err(
+                        format!("{}: the submitted runs did not end in 300 s", ends.tag).into(),
+                    );
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+        let tag = ends.tag;
+        progress(&format!(
+            "{tag}: {ENDS} one-write runs, each submitted and timed to its end"
+        ));
+        let body = |id: String| {
+            json!({"module_digest": digest, "run_id": id,
+                   "input": {"mode": "write", "count": 1}})
+            .to_string()
+            .into_bytes()
+        };
+        let (mut waited, mut polled) = (Vec::new(), Vec::new());
+        for i in 0..ENDS {
+            let t = Instant::now();
+            let id = format!("e{i}");
+            let mut run = served.json("POST", "/api/runs?wait=10000", Some(body(id.clone())))?;
+            // A server without `wait` (another build, in an A/B) answers
+            // at once: the run is read until it ends, as for the others.
+            while matches!(run["status"].as_str(), Some("pending" | "running")) {
+                if t.elapsed() > Duration::from_secs(10) {
+                    return Err(format!("{tag}: run {id} did not complete in 10 s").into());
+                }
+                std::thread::sleep(Duration::from_micros(200));
+                run = served.json("GET", &format!("/api/runs/{id}"), None)?["run"].clone();
+            }
+            waited.push(t.elapsed().as_secs_f64() * 1e3);
+            if run["status"] != "completed" {
+                return Err(format!("{tag}: a run waited for ended {}", run["status"]).into());
+            }
+            let id = format!("p{i}");
+            let t = Instant::now();
+            served.json("POST", "/api/runs", Some(body(id.clone())))?;
+            while served.json("GET", &format!("/api/runs/{id}"), None)?["run"]["status"]
+                != "completed"
+            {
+                if t.elapsed() > Duration::from_secs(10) {
+                    return Err(format!("{tag}: run {id} did not complete in 10 s").into());
+                }
+                std::thread::sleep(Duration::from_micros(200));
+            }
+            polled.push(t.elapsed().as_secs_f64() * 1e3);
+        }
+        let (w50, w99) = p50_p99(waited);
+        let (p50, p99) = p50_p99(polled);
+        progress(&format!(
+            "{tag}: ?wait p50 {w50:.2} ms, p99 {w99:.2} ms; submitted then read p50 \
+             {p50:.2} ms, p99 {p99:.2} ms (floor {floor:.0} µs)"
+        ));
+        let allowed_ms = ends.allowance_ms + floor / 1e3;
+        self.rows
+            .push(Row::new(ends.p50, w50, "ms").with_ratio(w50 / allowed_ms, floor));
+        for (what, value) in [
+            ("POST /api/runs?wait, one write, p99", w99),
+            ("submit, then read until completed, p50", p50),
+            ("submit, then read until completed, p99", p99),
+        ] {
+            self.rows
+                .push(Row::new(&format!("{tag} {what}"), value, "ms"));
+        }
+        self.note(format!(
+            "{tag} submit → completed: {ENDS} runs of one write, one at a time on an idle \
+             server (its worker's poll: the default, 5,000 ms), each answered by POST \
+             /api/runs?wait=10000 (the round trip; read until completed if the server answers \
+             before), and {ENDS} more each submitted by POST /api/runs and read by GET \
+             /api/runs/ID every 0.2 ms until completed; p50 and p99; the ?wait p50's ratio is \
+             over {} ms plus the floor ({floor:.0} µs)",
+            ends.allowance_ms
+        ));
+        Ok(())
+    }
+
+    pub(crate) fn server(&mut self, args: &Args) -> Res<()> {
+        let Some(cli) = args.cli_path() else {
+            self.note(
+                "11: skipped, no `stephost` binary (build it: cargo build -p stephost)".into(),
+            );
+            return Ok(());
+        };
+        let dir = self.dir.join("serve");
+        let ledger = format!("sqlite:{}", dir.join("ledger.db").display());
+        let served = self.serve(&cli, &dir, &ledger)?;
+        let digest = served.upload(&self.module)?;
 
         // The console's page of a run of 10,000 calls.
         progress("11: recording a run of 10,000 calls through the server");
@@ -275,7 +330,8 @@ impl Bench {
         progress(&format!("11: {rate:.0} submissions/s"));
         self.rows
             .push(Row::new("11 API submit, 4 clients", rate, "runs/s"));
-        self.submit_to_end(&served, &digest)?;
+        let floor = self.floor("11")?;
+        self.submit_to_end(&served, &digest, SQLITE_ENDS, floor)?;
         self.note(format!(
             "11: `stephost serve` (SQLite, --concurrency 4) on 127.0.0.1; submissions: {SUBMITS} \
              POST /api/runs of a stored module by {SUBMIT_CLIENTS} clients at once, each one \

@@ -28,6 +28,14 @@ pub fn due_at(run: &RunRecord) -> Option<i64> {
     )
 }
 
+/// Whether a row written with `due_at` and held by nobody (`owned`
+/// false) should wake the workers watching the ledger: it will be due
+/// (now or at a time) and any of them may claim it. PostgreSQL's
+/// `runs_due_notify` trigger keeps the same rule.
+pub fn wakes_workers(due_at: Option<i64>, owned: bool) -> bool {
+    due_at.is_some() && !owned
+}
+
 /// [`due_at`] from the fields it reads.
 pub fn due_at_of(
     status: RunStatus,

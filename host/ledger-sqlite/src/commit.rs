@@ -99,6 +99,8 @@ pub fn apply(conn: &Connection, known: &mut Known, plan: &CommitPlan) -> Result<
         .map_err(error)?;
     }
     if let Some(end) = &plan.end {
+        // An end lets the claim go: its row is held by nobody.
+        crate::wake::note(end.due_at_ms, false);
         conn.prepare_cached(
             "UPDATE runs SET status = ?2, output = ?3, error = ?4, exit_code = ?5, \
              wake_at = ?6, due_at = ?7, updated_at = ?8, owner = NULL, \

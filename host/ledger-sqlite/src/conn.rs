@@ -39,10 +39,7 @@ pub struct Conn {
     pub conn: Connection,
     sync: Sync,
     pub known: Known,
-    /// Set when this connection wrote a run row that is due and held by
-    /// nobody ([`crate::wake`]); cleared by the commit that signals it.
-    due: std::sync::Arc<std::sync::atomic::AtomicBool>,
-    /// The ledger's wake file.
+    /// The ledger's wake file ([`crate::wake`]).
     wake: std::path::PathBuf,
 }
 
@@ -72,7 +69,6 @@ impl Conn {
         create_private(path)?;
         let conn = Self::connect(path)?;
         schema::migrate(&conn.conn, &path.display().to_string())?;
-        crate::wake::install(&conn.conn, &conn.due).map_err(error)?;
         Ok(conn)
     }
 
@@ -107,21 +103,19 @@ impl Conn {
             .map_err(|e| not_a_ledger(&location, e))?;
         conn.pragma_update(None, "synchronous", "FULL")
             .map_err(error)?;
-        let due = std::sync::Arc::default();
-        crate::wake::install(&conn, &due).map_err(error)?;
         Ok(Conn {
             conn,
             sync: Sync::Full,
             known: Known::default(),
-            due,
             wake: crate::wake::path_of(path),
         })
     }
 
-    /// After a transaction of this connection's ended: tells the workers
-    /// watching the ledger if it committed a run left due (`committed`).
+    /// After a transaction of this connection's ended (on this thread):
+    /// tells the workers watching the ledger if it `committed` a run row
+    /// that wakes them.
     pub fn ended(&self, committed: bool) {
-        if self.due.swap(false, std::sync::atomic::Ordering::Relaxed) && committed {
+        if crate::wake::take_noted() && committed {
             crate::wake::signal(&self.wake);
         }
     }

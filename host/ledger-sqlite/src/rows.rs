@@ -117,12 +117,14 @@ pub fn insert_run(conn: &Connection, run: &RunRecord) -> Result<bool, StoreError
             ])
         })
         .map_err(error)?;
+    crate::wake::note(lifecycle::due_at(run), run.owner.is_some());
     Ok(inserted == 1)
 }
 
 /// Replaces `run`'s row if its version is still `expected`: the number of
 /// rows changed (0 or 1).
 pub fn swap_run(conn: &Connection, expected: i64, run: &RunRecord) -> Result<usize, StoreError> {
+    crate::wake::note(lifecycle::due_at(run), run.owner.is_some());
     conn.prepare_cached(
         "UPDATE runs SET module_digest = ?2, input = ?3, status = ?4, output = ?5, error = ?6, \
          created_at = ?7, updated_at = ?8, version = ?9, owner = ?10, lease_until = ?11, \

@@ -2,17 +2,18 @@
 //! beside the ledger (`LEDGER-wake`) is written to after every commit that
 //! leaves a run due and held by nobody (submitted, released, decided,
 //! waiting for a timer), and workers watch it with inotify. The rule is
-//! PostgreSQL's `runs_due_notify` trigger's, kept here by a temporary
-//! trigger on each connection (nothing of it is in the ledger file's
-//! schema). A worker's poll stays as the fallback, and where inotify is
-//! not there (other systems) it is all there is.
+//! PostgreSQL's `runs_due_notify` trigger's
+//! ([`lifecycle::wakes_workers`]): each statement that writes a run's row
+//! notes it, and the commit that ends the transaction signals. A worker's
+//! poll stays as the fallback, and where inotify is not there (other
+//! systems) it is all there is.
 
+use std::cell::Cell;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use rusqlite::Connection;
-use rusqlite::functions::FunctionFlags;
+use stephost_core::lifecycle;
 use stephost_core::store::WakeUp;
 
 /// The file workers watch for `ledger`.
@@ -22,31 +23,24 @@ pub fn path_of(ledger: &Path) -> PathBuf {
     PathBuf::from(path)
 }
 
-/// Makes `conn` note in `due` every run row it writes that is due and held
-/// by nobody. A ledger whose schema is not there yet (a new file) is noted
-/// once it is ([`crate::conn::Conn::open`] installs it again).
-pub fn install(conn: &Connection, due: &Arc<AtomicBool>) -> rusqlite::Result<()> {
-    let noted = due.clone();
-    conn.create_scalar_function("stephost_due", 0, FunctionFlags::SQLITE_UTF8, move |_| {
-        noted.store(true, Ordering::Relaxed);
-        Ok(0i64)
-    })?;
-    let has_runs: bool = conn.query_row(
-        "SELECT EXISTS (SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'runs')",
-        [],
-        |r| r.get(0),
-    )?;
-    if !has_runs {
-        return Ok(());
+thread_local! {
+    /// Set when this thread wrote a run row that wakes workers in the
+    /// transaction it has open; taken when that transaction ends.
+    static NOTED: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Notes that the transaction this thread has open wrote a run row with
+/// `due_at`, held (`owned`) or not ([`lifecycle::wakes_workers`]).
+pub fn note(due_at: Option<i64>, owned: bool) {
+    if lifecycle::wakes_workers(due_at, owned) {
+        NOTED.with(|n| n.set(true));
     }
-    conn.execute_batch(
-        "CREATE TEMP TRIGGER IF NOT EXISTS stephost_due_inserted AFTER INSERT ON main.runs \
-           WHEN NEW.due_at IS NOT NULL AND NEW.owner IS NULL \
-           BEGIN SELECT stephost_due(); END; \
-         CREATE TEMP TRIGGER IF NOT EXISTS stephost_due_updated AFTER UPDATE ON main.runs \
-           WHEN NEW.due_at IS NOT NULL AND NEW.owner IS NULL \
-           BEGIN SELECT stephost_due(); END;",
-    )
+}
+
+/// Whether the transaction this thread just ended noted a row (and forgets
+/// it).
+pub fn take_noted() -> bool {
+    NOTED.with(|n| n.replace(false))
 }
 
 /// Tells the workers watching `wake` that a run may have become due.
