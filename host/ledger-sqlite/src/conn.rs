@@ -18,6 +18,27 @@ pub const BUSY_TIMEOUT_MS: u64 = 10_000;
 /// fewer than a writer and a store use).
 pub const STATEMENTS_CACHED: usize = 128;
 
+/// Runs `step` again while the file is busy, for up to
+/// [`BUSY_TIMEOUT_MS`]: another process creating the ledger, or turning
+/// its journal to WAL, holds a lock SQLite's busy handler does not wait
+/// for when a connection opens.
+pub fn patiently<T>(mut step: impl FnMut() -> rusqlite::Result<T>) -> rusqlite::Result<T> {
+    let until = std::time::Instant::now() + std::time::Duration::from_millis(BUSY_TIMEOUT_MS);
+    loop {
+        match step() {
+            Err(e)
+                if matches!(
+                    e.sqlite_error_code(),
+                    Some(rusqlite::ErrorCode::DatabaseBusy | rusqlite::ErrorCode::DatabaseLocked)
+                ) && std::time::Instant::now() < until =>
+            {
+                std::thread::sleep(std::time::Duration::from_millis(5));
+            }
+            done => return done,
+        }
+    }
+}
+
 /// Whether a commit is fsync'd.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Sync {
@@ -97,9 +118,14 @@ impl Conn {
         )
         .map_err(error)?;
         // Checked before anything is written: another application's file
-        // (or one of an earlier format) is left as it is.
-        schema::check(&conn, &location)?;
-        conn.pragma_update(None, "journal_mode", "WAL")
+        // (or one of an earlier format) is left as it is. In one read
+        // transaction, so that a file another process is creating is seen
+        // before or after its first migration, never between its reads.
+        conn.execute_batch("BEGIN").map_err(error)?;
+        let checked = schema::check(&conn, &location);
+        let _ = conn.execute_batch("COMMIT");
+        checked?;
+        patiently(|| conn.pragma_update(None, "journal_mode", "WAL"))
             .map_err(|e| not_a_ledger(&location, e))?;
         conn.pragma_update(None, "synchronous", "FULL")
             .map_err(error)?;

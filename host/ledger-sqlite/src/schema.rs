@@ -33,7 +33,7 @@ pub const MIGRATIONS: &[&str] = &[
 pub const VERSION: i64 = MIGRATIONS.len() as i64;
 
 fn pragma(conn: &Connection, location: &str, name: &str) -> Result<i64, StoreError> {
-    conn.pragma_query_value(None, name, |r| r.get(0))
+    crate::conn::patiently(|| conn.pragma_query_value(None, name, |r| r.get(0)))
         .map_err(|e| not_a_ledger(location, e))
 }
 
@@ -54,9 +54,10 @@ pub fn check(conn: &Connection, location: &str) -> Result<(), StoreError> {
             found: format!("schema version {version}"),
         }),
         0 => {
-            let tables: i64 = conn
-                .query_row("SELECT count(*) FROM sqlite_master", [], |r| r.get(0))
-                .map_err(|e| not_a_ledger(location, e))?;
+            let tables: i64 = crate::conn::patiently(|| {
+                conn.query_row("SELECT count(*) FROM sqlite_master", [], |r| r.get(0))
+            })
+            .map_err(|e| not_a_ledger(location, e))?;
             if tables > 0 {
                 return Err(StoreError::NotALedger {
                     location: location.to_string(),

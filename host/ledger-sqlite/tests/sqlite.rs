@@ -400,3 +400,23 @@ fn a_call_missing_from_the_middle_of_a_long_history_is_corrupt_not_the_end() {
         "{read:?}"
     );
 }
+
+#[test]
+fn processes_opening_a_new_ledger_at_once_all_open_it() {
+    // Each opener has its own connections, as processes do: the one that
+    // turns the new file's journal to WAL holds a lock the others' busy
+    // handler does not wait for, so they wait for it themselves.
+    let dir = tempfile::tempdir().unwrap();
+    for round in 0..20 {
+        let path = dir.path().join(format!("ledger-{round}.db"));
+        let opened: Vec<_> = std::thread::scope(|scope| {
+            let openers: Vec<_> = (0..4)
+                .map(|_| scope.spawn(|| open(&path).map(|_| ())))
+                .collect();
+            openers.into_iter().map(|o| o.join().unwrap()).collect()
+        });
+        for result in opened {
+            result.unwrap_or_else(|e| panic!("round {round}: {e}"));
+        }
+    }
+}

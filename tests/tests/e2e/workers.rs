@@ -881,7 +881,10 @@ fn runs_waiting_for_their_writes_fsync_hold_no_thread_so_many_share_each_fsync()
 #[test]
 fn a_worker_polling_once_an_hour_takes_a_run_submitted_by_another_process_at_once() {
     let sb = Sandbox::with_config(BIN, stephost_tests::SUPPLIER_CONFIG);
-    let mut worker = worker(&sb, &["--poll-ms", "3600000"]);
+    // The ledger exists before the worker starts; the worker is killed if
+    // an assertion fails before it is told to stop.
+    sb.stephost(&["runs"]).expect_code(0);
+    let mut worker = KilledOnDrop(Some(worker(&sb, &["--poll-ms", "3600000"])));
     // Two in turn, each by `submit --wait` (a process of its own): the
     // second surely after the worker's first look for runs.
     for run_id in ["a", "b"] {
@@ -917,6 +920,19 @@ fn a_worker_polling_once_an_hour_takes_a_run_submitted_by_another_process_at_onc
         "{}",
         quick.stderr
     );
+    let mut worker = worker.0.take().expect("the worker");
     signal(&worker, "TERM");
     assert!(worker.wait().expect("the worker ends").success());
+}
+
+/// A child process killed when dropped, unless taken first.
+struct KilledOnDrop(Option<Child>);
+
+impl Drop for KilledOnDrop {
+    fn drop(&mut self) {
+        if let Some(child) = self.0.as_mut() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
 }
