@@ -83,7 +83,7 @@ pub fn print_run(report: &RunReport, json: bool) -> i32 {
             if report
                 .error
                 .as_deref()
-                .is_some_and(|e| e.starts_with("budget:")) =>
+                .is_some_and(|e| e.starts_with(stephost_core::lifecycle::OVER_BUDGET)) =>
         {
             eprintln!(
                 "stephost: run {} is parked and needs a person: {}\n  \

@@ -89,6 +89,8 @@ pub enum StoreError {
     RepinConflict { run_id: String },
     #[error("run {run_id} is {status}; there is nothing to claim")]
     NotClaimable { run_id: String, status: String },
+    #[error("run {run_id} is {status}: it has ended, and its budget no longer changes")]
+    Ended { run_id: String, status: String },
     #[error("module {0} is not stored in the ledger")]
     UnknownModule(String),
     #[error(

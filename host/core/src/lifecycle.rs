@@ -404,10 +404,25 @@ pub fn repin(
         })
 }
 
+/// How the error of a run parked at a model call over its budget begins.
+pub const OVER_BUDGET: &str = "budget:";
+
+/// Whether `run` is parked at a model call that would have passed its
+/// budget (nothing of that call is recorded).
+pub fn parked_over_budget(run: &RunRecord) -> bool {
+    run.status == RunStatus::Parked
+        && run
+            .error
+            .as_deref()
+            .is_some_and(|e| e.starts_with(OVER_BUDGET))
+}
+
 /// Sets the bounds `raised` gives in unfinished run `run_id`'s own model
 /// budget (a bound it leaves out is kept), resealed, by compare-and-set on
 /// the version read: the run's row as it is now. An execution under way
-/// keeps the budget it started with; its next one has the new one.
+/// keeps the budget it started with; its next one has the new one. A run
+/// parked over its budget is due again at once, for any worker to go on
+/// with (its call is sent if the new budget lets it).
 pub fn set_budget(
     store: &dyn Store,
     signer: &crate::chain::Signer,
@@ -418,16 +433,23 @@ pub fn set_budget(
     for _ in 0..CAS_TRIES_MAX {
         let run = store.run(run_id)?;
         if run.status.is_finished() {
-            return Err(StoreError::NotClaimable {
+            return Err(StoreError::Ended {
                 run_id: run_id.to_string(),
                 status: run.status.as_str().to_string(),
             });
         }
         crate::settle::check_record(store, signer, &run)?;
+        let parked = parked_over_budget(&run);
         let row = RunRecord {
             budget: run.budget.with(raised),
             version: run.version + 1,
             updated_at_ms: now_ms,
+            status: if parked {
+                RunStatus::Pending
+            } else {
+                run.status
+            },
+            error: if parked { None } else { run.error.clone() },
             ..run.clone()
         };
         let row = RunRecord {

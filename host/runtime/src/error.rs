@@ -107,6 +107,7 @@ impl HostError {
                 | StoreError::NotUnknown { .. }
                 | StoreError::NotDecidable { .. }
                 | StoreError::NotClaimable { .. }
+                | StoreError::Ended { .. }
                 | StoreError::RunExists { .. },
             ) => exit::BAD_INPUT,
             HostError::Ledger(_)

@@ -214,7 +214,10 @@ pub fn conclude(
             error: format!("unknown_outcome: call #{seq} ({name}): {reason}"),
         },
         Some(Stop::OverBudget { seq, name, reason }) => RunEnd::Parked {
-            error: format!("budget: call #{seq} ({name}) was not sent: {reason}"),
+            error: format!(
+                "{} call #{seq} ({name}) was not sent: {reason}",
+                stephost_core::lifecycle::OVER_BUDGET
+            ),
         },
         Some(Stop::Limit(m)) => RunEnd::Failed {
             error: format!("limit: {m}"),

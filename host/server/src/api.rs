@@ -51,6 +51,7 @@ pub fn router(app: Arc<App>) -> Router {
         .route("/api/runs/{run_id}/export", get(export))
         .route("/api/runs/{run_id}/verify", get(verify))
         .route("/api/runs/{run_id}/replay", post(replay))
+        .route("/api/runs/{run_id}/budget", post(raise_budget))
         .route("/api/approvals", get(approvals))
         .route("/api/approvals/{run_id}/{seq}", post(decide))
         .route("/api/unknown", get(unknown_calls))
@@ -242,6 +243,23 @@ async fn wait_for_end(app: &Arc<App>, run: RunRecord, wait_ms: u64) -> Result<Ru
         let run_id = run.run_id.clone();
         run = app.with_views(move |views| Ok(views.run(&run_id)?)).await?;
     }
+}
+
+/// Raises a run's own model budget (each bound given); a run parked over
+/// its budget is due again, for the server's worker to go on with.
+async fn raise_budget(
+    State(app): State<Arc<App>>,
+    _operator: Operator,
+    _fits: Fits,
+    path: Result<Path<String>, PathRejection>,
+    body: Result<Json<stephost_core::RunBudget>, JsonRejection>,
+) -> Result<Json<RunRecord>, ApiError> {
+    let Path(run_id) = path?;
+    let Json(raised) = body?;
+    let run = app
+        .with_host(move |host| Ok(host.set_budget(&run_id, &raised)?))
+        .await?;
+    Ok(Json(run))
 }
 
 #[derive(Debug, Default, Deserialize)]

@@ -358,7 +358,7 @@ fn event_of(store: &dyn Views, run: &RunRecord) -> StoreResult<Option<Event>> {
             _ => run
                 .error
                 .as_deref()
-                .filter(|e| e.starts_with("budget:"))
+                .filter(|_| stephost_core::lifecycle::parked_over_budget(run))
                 .map(|error| {
                     (
                         NoticeEvent::Parked,

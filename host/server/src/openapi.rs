@@ -114,6 +114,13 @@ fn operations() -> Vec<Operation> {
         },
         "description": "the run's own model budget: each bound given replaces [limits]'s for this run",
     });
+    let raise = object(
+        json!({
+            "model_tokens_max": bound("model tokens (input and output) the run may spend"),
+            "model_cost_micro_usd_max": bound("what its model calls may cost, in millionths of a US dollar"),
+        }),
+        &[],
+    );
     let submit = {
         let module = |name: &str, schema: Value, other: &str| {
             object(
@@ -321,6 +328,16 @@ fn operations() -> Vec<Operation> {
             body: Body::Json(submit, true),
             ok: (201, "application/json", any_object.clone()),
             more: &[409],
+        },
+        Operation {
+            method: "post",
+            path: "/api/runs/{run_id}/budget",
+            summary: "Raise a run's own model budget (each bound given); a run parked over its budget is due again.",
+            access: Operator,
+            query: vec![],
+            body: Body::Json(raise, true),
+            ok: (200, "application/json", any_object.clone()),
+            more: &[404, 409],
         },
         Operation {
             method: "get",

@@ -343,6 +343,61 @@ fn a_run_submitted_with_its_own_budget_is_held_to_it_and_raised_as_it_is_resumed
 }
 
 #[test]
+fn a_run_parked_over_its_budget_goes_on_once_the_api_raises_it() {
+    let server = ModelServer::start_with(Config {
+        key: Some(KEY.into()),
+        ..Config::default()
+    })
+    .unwrap();
+    let sb = Sandbox::with_config(
+        BIN,
+        &config(
+            "openai-chat",
+            &server.url(),
+            "\n[limits]\nmodel_budget_exceeded = \"park\"\n",
+        ),
+    );
+    let served = sb.serve(&[], &[("STEPHOST_TEST_MODEL_KEY", KEY)]);
+    let digest = served.client().upload(guests::CHAT_STEP);
+    let input = serde_json::json!({"model": "support", "message": "hello", "max_tokens": 800});
+    served
+        .post(
+            "/api/runs",
+            &serde_json::json!({"module_digest": digest, "input": input, "run_id": "api",
+                                "budget": {"model_tokens_max": 500}}),
+        )
+        .expect(201);
+    let parked = served.wait_status("api", "parked");
+    assert!(
+        parked["run"]["error"]
+            .as_str()
+            .unwrap()
+            .starts_with("budget:"),
+        "{parked:#}"
+    );
+    assert_eq!(model_requests(&server), 0);
+    // An operator raises it: the server's worker goes on with the run.
+    let raised = served
+        .post(
+            "/api/runs/api/budget",
+            &serde_json::json!({"model_tokens_max": 5000}),
+        )
+        .expect(200);
+    assert_eq!(raised["budget"]["model_tokens_max"], 5000);
+    served.wait_status("api", "completed");
+    assert_eq!(model_requests(&server), 1);
+    served
+        .post(
+            "/api/runs/api/budget",
+            &serde_json::json!({"model_tokens_max": 9}),
+        )
+        .expect_error(400, "bad_input");
+    served
+        .post("/api/runs/api/budget", &serde_json::json!({"tokens": 9}))
+        .expect_error(400, "bad_input");
+}
+
+#[test]
 fn runs_sharing_a_model_with_concurrency_max_one_never_overlap_at_the_server() {
     // Two worker processes on one ledger, two runs at once each: the slot
     // is the ledger's, so at most one call is at the server at any time.
