@@ -280,14 +280,14 @@ fn a_call_over_budget_parks_the_run_when_configured_until_a_raised_budget_resume
     assert_eq!(model_requests(&server), 1);
 }
 
-#[test]
-fn a_run_submitted_with_its_own_budget_is_held_to_it_and_raised_as_it_is_resumed() {
+/// A model server that wants the key, and a sandbox whose model calls
+/// over a budget park their run (`[limits]`'s budget is the default).
+fn parking_over_budget() -> (ModelServer, Sandbox) {
     let server = ModelServer::start_with(Config {
         key: Some(KEY.into()),
         ..Config::default()
     })
     .unwrap();
-    // [limits] would let the call through; the run's own budget does not.
     let sb = Sandbox::with_config(
         BIN,
         &config(
@@ -296,6 +296,13 @@ fn a_run_submitted_with_its_own_budget_is_held_to_it_and_raised_as_it_is_resumed
             "\n[limits]\nmodel_budget_exceeded = \"park\"\n",
         ),
     );
+    (server, sb)
+}
+
+#[test]
+fn a_run_submitted_with_its_own_budget_is_held_to_it_and_raised_as_it_is_resumed() {
+    // [limits] would let the call through; the run's own budget does not.
+    let (server, sb) = parking_over_budget();
     let input = r#"{"model":"support","message":"hello","max_tokens":800}"#;
     let submit = |id: &str, budget: &[&str]| {
         let mut args = vec![
@@ -344,19 +351,7 @@ fn a_run_submitted_with_its_own_budget_is_held_to_it_and_raised_as_it_is_resumed
 
 #[test]
 fn a_run_parked_over_its_budget_goes_on_once_the_api_raises_it() {
-    let server = ModelServer::start_with(Config {
-        key: Some(KEY.into()),
-        ..Config::default()
-    })
-    .unwrap();
-    let sb = Sandbox::with_config(
-        BIN,
-        &config(
-            "openai-chat",
-            &server.url(),
-            "\n[limits]\nmodel_budget_exceeded = \"park\"\n",
-        ),
-    );
+    let (server, sb) = parking_over_budget();
     let served = sb.serve(&[], &[("STEPHOST_TEST_MODEL_KEY", KEY)]);
     let digest = served.client().upload(guests::CHAT_STEP);
     let input = serde_json::json!({"model": "support", "message": "hello", "max_tokens": 800});
