@@ -43,17 +43,22 @@ pub fn take_noted() -> bool {
     NOTED.with(|n| n.replace(false))
 }
 
-/// Tells the workers watching `wake` that a run may have become due.
-pub fn signal(wake: &Path) {
-    use std::os::unix::fs::{FileExt, OpenOptionsExt};
-    // Best effort: a worker that misses it finds the run at its next poll.
-    if let Ok(file) = std::fs::OpenOptions::new()
+/// The wake file, opened for writing (created, owner-only, if absent).
+fn open(wake: &Path) -> std::io::Result<std::fs::File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    std::fs::OpenOptions::new()
         .write(true)
         .create(true)
         .truncate(false)
         .mode(0o600)
         .open(wake)
-    {
+}
+
+/// Tells the workers watching `wake` that a run may have become due.
+pub fn signal(wake: &Path) {
+    use std::os::unix::fs::FileExt;
+    // Best effort: a worker that misses it finds the run at its next poll.
+    if let Ok(file) = open(wake) {
         let _ = file.write_at(&[1], 0);
     }
 }
@@ -78,8 +83,9 @@ pub const STOP_CHECK_MS: i32 = 1_000;
 #[allow(unsafe_code)]
 pub fn watch(wake_file: &Path, wake: WakeUp) -> Option<Watch> {
     use std::os::unix::ffi::OsStrExt;
-    // The file must be there to be watched.
-    signal(wake_file);
+    // The file must be there to be watched (created, not written: that
+    // would wake the other workers for nothing).
+    open(wake_file).ok()?;
     let path = std::ffi::CString::new(wake_file.as_os_str().as_bytes()).ok()?;
     // SAFETY: plain system calls on a descriptor this function owns.
     let fd = unsafe { libc::inotify_init1(libc::IN_CLOEXEC | libc::IN_NONBLOCK) };

@@ -75,6 +75,19 @@ fn model_requests(server: &ModelServer) -> u64 {
     server.report()["requests_total"].as_u64().unwrap()
 }
 
+/// A scripted model server that wants the key (its default script), and a
+/// sandbox whose model `support` is it over `api`, with `extra`
+/// configuration.
+fn keyed_sandbox(api: &str, extra: &str) -> (ModelServer, Sandbox) {
+    let server = ModelServer::start_with(Config {
+        key: Some(KEY.into()),
+        ..Config::default()
+    })
+    .unwrap();
+    let sb = Sandbox::with_config(BIN, &config(api, &server.url(), extra));
+    (server, sb)
+}
+
 fn server_with(script: &str, hold_ms: u64) -> ModelServer {
     ModelServer::start_with(Config {
         script: Script::from_json(script).unwrap(),
@@ -92,12 +105,7 @@ fn a_refund_agent_crashed_mid_loop_asks_no_turn_twice_refunds_once_and_replays_o
             format!("after-outcome@{SECOND_ANSWER_SEQ}"),
             format!("after-send@{REFUND_SEQ}"),
         ] {
-            let server = ModelServer::start_with(Config {
-                key: Some(KEY.into()),
-                ..Config::default()
-            })
-            .unwrap();
-            let sb = Sandbox::with_config(BIN, &config(api, &server.url(), ""));
+            let (server, sb) = keyed_sandbox(api, "");
             let args = ["run", guests::CHAT_STEP, "--input", REFUND, "--run-id", "a"];
             let crashed = stephost_crashing_at(&sb, &point, &args);
             assert_eq!(
@@ -159,19 +167,7 @@ fn a_refund_agent_crashed_mid_loop_asks_no_turn_twice_refunds_once_and_replays_o
 
 #[test]
 fn a_call_that_would_pass_the_budget_is_not_sent() {
-    let server = ModelServer::start_with(Config {
-        key: Some(KEY.into()),
-        ..Config::default()
-    })
-    .unwrap();
-    let sb = Sandbox::with_config(
-        BIN,
-        &config(
-            "openai-chat",
-            &server.url(),
-            "\n[limits]\nmodel_tokens_max = 500\n",
-        ),
-    );
+    let (server, sb) = keyed_sandbox("openai-chat", "\n[limits]\nmodel_tokens_max = 500\n");
     let input = r#"{"model":"support","message":"hello","max_tokens":800}"#;
     let ran = stephost(
         &sb,
@@ -233,19 +229,11 @@ fn a_call_that_would_pass_the_budget_is_not_sent() {
 
 #[test]
 fn a_call_over_budget_parks_the_run_when_configured_until_a_raised_budget_resumes_it() {
-    let server = ModelServer::start_with(Config {
-        key: Some(KEY.into()),
-        ..Config::default()
-    })
-    .unwrap();
-    let with_budget = |tokens: u64| {
-        config(
-            "openai-chat",
-            &server.url(),
-            &format!("\n[limits]\nmodel_tokens_max = {tokens}\nmodel_budget_exceeded = \"park\"\n"),
-        )
+    let limits = |tokens: u64| {
+        format!("\n[limits]\nmodel_tokens_max = {tokens}\nmodel_budget_exceeded = \"park\"\n")
     };
-    let sb = Sandbox::with_config(BIN, &with_budget(500));
+    let (server, sb) = keyed_sandbox("openai-chat", &limits(500));
+    let with_budget = |tokens: u64| config("openai-chat", &server.url(), &limits(tokens));
     let input = r#"{"model":"support","message":"hello","max_tokens":800}"#;
     let ran = stephost(
         &sb,
@@ -280,23 +268,13 @@ fn a_call_over_budget_parks_the_run_when_configured_until_a_raised_budget_resume
     assert_eq!(model_requests(&server), 1);
 }
 
-/// A model server that wants the key, and a sandbox whose model calls
-/// over a budget park their run (`[limits]`'s budget is the default).
+/// [`keyed_sandbox`] whose model calls over a budget park their run
+/// (`[limits]`'s budget is the default).
 fn parking_over_budget() -> (ModelServer, Sandbox) {
-    let server = ModelServer::start_with(Config {
-        key: Some(KEY.into()),
-        ..Config::default()
-    })
-    .unwrap();
-    let sb = Sandbox::with_config(
-        BIN,
-        &config(
-            "openai-chat",
-            &server.url(),
-            "\n[limits]\nmodel_budget_exceeded = \"park\"\n",
-        ),
-    );
-    (server, sb)
+    keyed_sandbox(
+        "openai-chat",
+        "\n[limits]\nmodel_budget_exceeded = \"park\"\n",
+    )
 }
 
 #[test]
@@ -707,12 +685,7 @@ fn answers_are_streamed_so_a_long_one_outlives_the_timeout_and_a_cut_one_is_aske
 
 #[test]
 fn an_alias_switched_to_another_api_keeps_old_runs_replaying() {
-    let server = ModelServer::start_with(Config {
-        key: Some(KEY.into()),
-        ..Config::default()
-    })
-    .unwrap();
-    let sb = Sandbox::with_config(BIN, &config("openai-chat", &server.url(), ""));
+    let (server, sb) = keyed_sandbox("openai-chat", "");
     let ran = stephost(
         &sb,
         &["run", guests::CHAT_STEP, "--input", REFUND, "--run-id", "o"],
