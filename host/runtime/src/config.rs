@@ -25,6 +25,7 @@ use crate::effects::builtin::{Echo, FileReceiver, Reject, Static};
 use crate::effects::command::{CommandEffect, CommandOptions};
 use crate::effects::http::{HttpEffect, Statuses};
 use crate::effects::llm::Llm;
+use crate::effects::mcp;
 use crate::effects::model::Model;
 use crate::effects::{Effect, Effects, Handler, RetryPolicy};
 use stephost_core::CallClass;
@@ -49,6 +50,9 @@ pub struct Config {
     pub limits: Limits,
     #[serde(default)]
     pub effects: BTreeMap<String, EffectConfig>,
+    /// MCP servers whose tools `mcp` effects call (`[mcp.NAME]`).
+    #[serde(default)]
+    pub mcp: BTreeMap<String, McpServerConfig>,
     /// The model endpoint behind the `llm` import; without it `llm.complete`
     /// is denied.
     pub llm: Option<LlmConfig>,
@@ -128,6 +132,15 @@ pub enum ClassName {
     Read,
     #[default]
     Write,
+}
+
+impl ClassName {
+    fn class(self) -> CallClass {
+        match self {
+            ClassName::Read => CallClass::Read,
+            ClassName::Write => CallClass::Write,
+        }
+    }
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -230,6 +243,26 @@ pub enum EffectConfig {
         /// Where a lookup's receipt names the operation (a JSON pointer).
         #[serde(default = "default_receipt_pointer")]
         receipt_operation_pointer: String,
+    },
+    /// A tool of an MCP server declared in `[mcp.NAME]` (the request is its
+    /// arguments, a JSON object), or the server's tool list.
+    Mcp {
+        /// Read or write; without it the tool's annotations decide
+        /// (`readOnlyHint` makes a read, anything else a write).
+        class: Option<ClassName>,
+        /// The `[mcp.NAME]` server.
+        server: String,
+        /// The tool called; leave it out and set `list_tools` for the
+        /// server's `tools/list`, a read.
+        tool: Option<String>,
+        #[serde(default)]
+        list_tools: bool,
+        /// The server deduplicates by `_meta`'s `dev.stephost/operation_id`,
+        /// so a write whose answer was lost may be sent again.
+        #[serde(default)]
+        idempotent: bool,
+        #[serde(default)]
+        retry: RetryPolicy,
     },
     /// Refuses every request with `message`.
     Reject {
@@ -408,6 +441,32 @@ fn default_method() -> String {
     "POST".to_string()
 }
 
+/// An MCP server (`[mcp.NAME]`): a program over stdio (`command`) or a
+/// streamable HTTP endpoint (`url`).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct McpServerConfig {
+    /// The program, found on the host's `PATH` unless a path; it runs in
+    /// the configuration's folder.
+    pub command: Option<String>,
+    #[serde(default)]
+    pub args: Vec<String>,
+    /// Variables of the host's environment the program gets, by name (it
+    /// gets no others).
+    #[serde(default)]
+    pub env: Vec<String>,
+    /// The server's streamable HTTP endpoint (`http://` or `https://`).
+    pub url: Option<String>,
+    /// Sent with every HTTP request; values may name environment variables
+    /// as `${NAME}`, read when the configuration is loaded and never
+    /// recorded.
+    #[serde(default)]
+    pub headers: BTreeMap<String, String>,
+    /// Longest wait for the connection and for each request.
+    #[serde(default = "default_timeout_ms")]
+    pub timeout_ms: u64,
+}
+
 fn default_timeout_ms() -> u64 {
     30_000
 }
@@ -553,10 +612,16 @@ impl Config {
     }
 
     fn effects_with(&self, secrets: Secrets) -> Result<Effects, ConfigError> {
+        let servers = self
+            .mcp_servers(secrets)
+            .map_err(|message| ConfigError::Invalid {
+                path: self.shown(),
+                message,
+            })?;
         let mut granted = BTreeMap::new();
         for (name, config) in &self.effects {
             let effect =
-                self.build(name, config, secrets)
+                self.build(name, config, secrets, &servers)
                     .map_err(|message| ConfigError::Invalid {
                         path: self.shown(),
                         message,
@@ -624,7 +689,70 @@ impl Config {
         }
     }
 
-    fn build(&self, name: &str, config: &EffectConfig, secrets: Secrets) -> Result<Effect, String> {
+    /// The declared MCP servers, none connected yet.
+    fn mcp_servers(&self, secrets: Secrets) -> Result<mcp::Servers, String> {
+        let mut servers = mcp::Servers::new();
+        for (name, config) in &self.mcp {
+            let what = format!("mcp.\"{name}\"");
+            let transport = match (&config.command, &config.url) {
+                (Some(program), None) => {
+                    if !config.headers.is_empty() {
+                        return Err(format!(
+                            "{what}.headers are for a server over HTTP (url); a program gets \
+                             variables by name in env"
+                        ));
+                    }
+                    mcp::Transport::Stdio {
+                        program: program.clone(),
+                        args: config.args.clone(),
+                        env: config.env.clone(),
+                        dir: Some(self.base_dir.clone()).filter(|d| !d.as_os_str().is_empty()),
+                    }
+                }
+                (None, Some(url)) => {
+                    if !(url.starts_with("http://") || url.starts_with("https://")) {
+                        return Err(format!("{what}.url {url:?} is not an http:// or https:// URL"));
+                    }
+                    if !config.args.is_empty() || !config.env.is_empty() {
+                        return Err(format!(
+                            "{what}: args and env are for a program (command), not a server \
+                             over HTTP"
+                        ));
+                    }
+                    let headers = config
+                        .headers
+                        .iter()
+                        .map(|(k, v)| Ok((k.clone(), resolve_env(v, &what, secrets)?)))
+                        .collect::<Result<Vec<_>, String>>()?;
+                    mcp::Transport::Http {
+                        url: url.clone(),
+                        headers,
+                    }
+                }
+                _ => {
+                    return Err(format!(
+                        "{what} needs exactly one of command (a program over stdio) and url (a \
+                         server over streamable HTTP)"
+                    ));
+                }
+            };
+            let server = mcp::McpServer::new(
+                name,
+                transport,
+                Duration::from_millis(config.timeout_ms),
+            );
+            servers.insert(name.clone(), std::sync::Arc::new(server));
+        }
+        Ok(servers)
+    }
+
+    fn build(
+        &self,
+        name: &str,
+        config: &EffectConfig,
+        secrets: Secrets,
+        servers: &mcp::Servers,
+    ) -> Result<Effect, String> {
         let mut receipt_pointer = crate::effects::RECEIPT_OPERATION_POINTER.to_string();
         let (class, retry, handler): (ClassName, RetryPolicy, Box<dyn Handler>) = match config {
             EffectConfig::Echo { class, retry } => (*class, retry.clone(), Box::new(Echo)),
@@ -722,6 +850,43 @@ impl Config {
                 });
                 (*class, retry.clone(), Box::new(handler))
             }
+            EffectConfig::Mcp {
+                class,
+                server,
+                tool,
+                list_tools,
+                idempotent,
+                retry,
+            } => {
+                let what = format!("effects.\"{name}\"");
+                let Some(found) = servers.get(server) else {
+                    return Err(format!(
+                        "{what}.server names {server:?}, which no [mcp.\"{server}\"] declares"
+                    ));
+                };
+                let operation = match (tool, list_tools) {
+                    (Some(tool), false) => mcp::Operation::Call { tool: tool.clone() },
+                    (None, true) => {
+                        if *class == Some(ClassName::Write) {
+                            return Err(format!("{what}: a tool list is a read, not a write"));
+                        }
+                        mcp::Operation::List
+                    }
+                    _ => {
+                        return Err(format!(
+                            "{what} needs exactly one of tool = \"NAME\" (a tools/call) and \
+                             list_tools = true (the server's tools/list)"
+                        ));
+                    }
+                };
+                let configured = class.map(|c| c.class());
+                let default = match operation {
+                    mcp::Operation::List => ClassName::Read,
+                    mcp::Operation::Call { .. } => class.unwrap_or(ClassName::Write),
+                };
+                let handler = mcp::McpEffect::new(found.clone(), operation, *idempotent, configured);
+                (default, retry.clone(), Box::new(handler))
+            }
             EffectConfig::Reject { class, message } => (
                 *class,
                 RetryPolicy::default(),
@@ -731,10 +896,7 @@ impl Config {
             ),
         };
         Ok(Effect {
-            class: match class {
-                ClassName::Read => CallClass::Read,
-                ClassName::Write => CallClass::Write,
-            },
+            class: class.class(),
             retry,
             handler,
             receipt_pointer,

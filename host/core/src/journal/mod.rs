@@ -692,6 +692,14 @@ impl Journal {
         }
     }
 
+    /// Whether the next call will be performed live: the execution may act
+    /// and the recording holds no such call.
+    pub fn next_goes_live(&mut self) -> bool {
+        matches!(self.mode, Mode::Live { .. })
+            && self.stop.is_none()
+            && matches!(self.history.get(self.next_seq as usize - 1), Ok(None))
+    }
+
     /// Calls made so far in this execution.
     pub fn calls_made(&self) -> u64 {
         self.next_seq - 1

@@ -9,6 +9,7 @@ pub mod command;
 pub mod flow;
 pub mod http;
 pub mod llm;
+pub mod mcp;
 pub mod model;
 pub mod retry;
 
@@ -160,6 +161,13 @@ pub trait Handler: Send + Sync {
     fn paid(&self) -> bool {
         false
     }
+
+    /// The class of a new call when the receiver declares it (an MCP tool's
+    /// annotations); `None`: the effect's configured class. Asked only for
+    /// a call about to go live, never for one the ledger answers.
+    fn declared_class(&self) -> Option<CallClass> {
+        None
+    }
 }
 
 /// A handler shared (a model serves every run of a process).
@@ -182,6 +190,10 @@ impl<H: Handler + ?Sized> Handler for Arc<H> {
 
     fn paid(&self) -> bool {
         (**self).paid()
+    }
+
+    fn declared_class(&self) -> Option<CallClass> {
+        (**self).declared_class()
     }
 }
 
@@ -245,6 +257,17 @@ pub struct Effect {
 }
 
 impl Effect {
+    /// The class of the next call: the receiver's declaration when the
+    /// call goes live and the receiver declares one, else the configured
+    /// class (a call the ledger answers keeps its recorded class anyway).
+    pub fn class_of_next(&self, journal: &mut stephost_core::journal::Journal) -> CallClass {
+        if journal.next_goes_live() {
+            self.handler.declared_class().unwrap_or(self.class)
+        } else {
+            self.class
+        }
+    }
+
     /// Runs `f`, a call of this effect (or of none, a refusal), telling a
     /// multi-threaded tokio runtime this thread runs on, if any, that it
     /// may block ([`Handler::blocks`]).

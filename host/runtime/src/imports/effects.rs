@@ -190,7 +190,7 @@ fn through_journal<T: From<Outcome>>(
     match (refusal, effect) {
         (None, Some(effect)) => {
             let spec = CallSpec {
-                class: effect.class,
+                class: effect.class_of_next(&mut journal),
                 interface,
                 function,
                 request,

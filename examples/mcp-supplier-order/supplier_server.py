@@ -1,0 +1,95 @@
+"""The supplier as an MCP server (Python, the `mcp` package, 2.x).
+
+Tools:
+- `check_stock(sku)`: what is on hand. Annotated read-only, so stephost
+  records its calls as reads.
+- `place_order(sku, quantity)`: appends the order to the file named by
+  SUPPLIER_ORDERS (default supplier-orders.jsonl) and answers with it. An
+  order whose `dev.stephost/operation_id` (in the request's `_meta`) was
+  seen before is answered with the first one and not placed again: the
+  server deduplicates, so stephost may send a write again after a lost
+  answer (`idempotent = true` in stephost.toml).
+
+usage: python supplier_server.py                 (stdio)
+       python supplier_server.py http PORT       (streamable HTTP on
+                                                  127.0.0.1:PORT/mcp)
+
+For tests, SUPPLIER_MCP_FAULT makes `place_order` misbehave: `die-after`
+places the order and exits before answering (a server killed mid-call);
+`die-before` exits before placing it; `slow` waits 5 s before placing it.
+SUPPLIER_MCP_PIDFILE names a file the server writes its process id to.
+"""
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from mcp.server.mcpserver import Context, MCPServer
+from mcp.server.mcpserver.exceptions import ToolError
+from mcp.types import ToolAnnotations
+
+ORDERS = Path(os.environ.get("SUPPLIER_ORDERS", "supplier-orders.jsonl"))
+FAULT = os.environ.get("SUPPLIER_MCP_FAULT", "")
+STOCK = {"WIDGET-7": 3, "GADGET-2": 40}
+
+server = MCPServer("supplier", version="1.4.0")
+
+
+def placed() -> list[dict[str, Any]]:
+    if not ORDERS.exists():
+        return []
+    return [json.loads(line) for line in ORDERS.read_text().splitlines() if line]
+
+
+@server.tool(annotations=ToolAnnotations(read_only_hint=True, open_world_hint=False))
+def check_stock(sku: str) -> dict[str, Any]:
+    """What is on hand of `sku`."""
+    if sku not in STOCK:
+        raise ToolError(f"unknown sku {sku}")
+    return {"sku": sku, "on_hand": STOCK[sku]}
+
+
+@server.tool(annotations=ToolAnnotations(read_only_hint=False, destructive_hint=False,
+                                         idempotent_hint=False, open_world_hint=True))
+def place_order(sku: str, quantity: int, ctx: Context) -> dict[str, Any]:
+    """Orders `quantity` of `sku`; one order per operation id."""
+    if quantity <= 0:
+        raise ToolError(f"quantity must be positive, got {quantity}")
+    meta = ctx.request_context.meta or {}
+    operation = meta.get("dev.stephost/operation_id")
+    if operation is not None:
+        for order in placed():
+            if order.get("operation_id") == operation:
+                return order
+    if FAULT == "die-before":
+        os._exit(3)
+    if FAULT == "slow":
+        time.sleep(5)
+    order = {
+        "order_id": f"PO-{len(placed()) + 1}",
+        "sku": sku,
+        "quantity": quantity,
+        "operation_id": operation,
+        "fence": meta.get("dev.stephost/fence"),
+    }
+    with ORDERS.open("a") as f:
+        f.write(json.dumps(order) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+    if FAULT == "die-after":
+        os._exit(3)
+    return order
+
+
+if __name__ == "__main__":
+    pidfile = os.environ.get("SUPPLIER_MCP_PIDFILE")
+    if pidfile:
+        Path(pidfile).write_text(str(os.getpid()))
+    if sys.argv[1:2] == ["http"]:
+        server.run("streamable-http", host="127.0.0.1", port=int(sys.argv[2]),
+                   stateless_http=True, json_response=True)
+    else:
+        server.run()
