@@ -12,7 +12,8 @@
 #    your own instead (the user must be able to create schemas), and
 #    STEPHOST_CHROMIUM=PATH for a Chromium of your own; and schemathesis
 #    (PyPI, pinned, in a venv under target/schemathesis) for the API's
-#    contract test;
+#    contract test; and the Python `mcp` package (PyPI, pinned, in
+#    target/mcp-venv) for the MCP tests' server;
 # 2. `cargo test --workspace`: unit tests, the conformance suite on every
 #    backend, and the end-to-end suite on SQLite;
 # 3. the end-to-end suite again, on PostgreSQL.
@@ -65,6 +66,16 @@ if [ "$("$schemathesis_venv/bin/schemathesis" --version 2>/dev/null | awk '{prin
     python3 -m venv "$schemathesis_venv"
     "$schemathesis_venv/bin/pip" install --quiet --disable-pip-version-check \
         "schemathesis==$SCHEMATHESIS_VERSION"
+fi
+
+# The MCP tests' server (examples/mcp-supplier-order/supplier_server.py):
+# the Python `mcp` package from PyPI, pinned, in a venv of its own.
+MCP_VERSION=2.3.0
+mcp_venv=target/mcp-venv
+if ! "$mcp_venv/bin/python3" -c "import importlib.metadata as m, sys; sys.exit(m.version('mcp') != '$MCP_VERSION')" 2>/dev/null; then
+    echo "== MCP tests: mcp $MCP_VERSION (venv)"
+    python3 -m venv "$mcp_venv"
+    "$mcp_venv/bin/pip" install --quiet --disable-pip-version-check "mcp==$MCP_VERSION"
 fi
 
 rustup target add wasm32-wasip2

@@ -9,6 +9,7 @@ include!("guest_build.rs");
 /// (package, environment variable with the component's path)
 const GUESTS: &[(&str, &str)] = &[
     ("supplier-order", "SUPPLIER_ORDER"),
+    ("mcp-supplier-order", "MCP_SUPPLIER_ORDER"),
     ("guest-multi-write", "GUEST_MULTI_WRITE"),
     ("guest-divergent", "GUEST_DIVERGENT"),
     ("guest-looper", "GUEST_LOOPER"),

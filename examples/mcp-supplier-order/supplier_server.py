@@ -17,7 +17,7 @@ usage: python supplier_server.py                 (stdio)
 For tests, SUPPLIER_MCP_FAULT makes `place_order` misbehave: `die-after`
 places the order and exits before answering (a server killed mid-call);
 `die-before` exits before placing it; `slow` waits 5 s before placing it.
-SUPPLIER_MCP_PIDFILE names a file the server writes its process id to.
+SUPPLIER_MCP_PIDFILE names a file the server appends its process id to.
 """
 
 import json
@@ -87,7 +87,8 @@ def place_order(sku: str, quantity: int, ctx: Context) -> dict[str, Any]:
 if __name__ == "__main__":
     pidfile = os.environ.get("SUPPLIER_MCP_PIDFILE")
     if pidfile:
-        Path(pidfile).write_text(str(os.getpid()))
+        with open(pidfile, "a") as f:
+            f.write(f"{os.getpid()}\n")
     if sys.argv[1:2] == ["http"]:
         server.run("streamable-http", host="127.0.0.1", port=int(sys.argv[2]),
                    stateless_http=True, json_response=True)

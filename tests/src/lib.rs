@@ -15,6 +15,7 @@ pub mod server;
 /// The test guests and examples, built from source by `build.rs`.
 pub mod guests {
     pub const SUPPLIER_ORDER: &str = env!("SUPPLIER_ORDER");
+    pub const MCP_SUPPLIER_ORDER: &str = env!("MCP_SUPPLIER_ORDER");
     pub const MULTI_WRITE: &str = env!("GUEST_MULTI_WRITE");
     pub const DIVERGENT: &str = env!("GUEST_DIVERGENT");
     pub const LOOPER: &str = env!("GUEST_LOOPER");

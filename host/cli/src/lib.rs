@@ -631,7 +631,9 @@ fn worker(
     }: WorkerArgs,
 ) -> Result<i32, HostError> {
     let Ctx { config, ledger } = ctx;
-    options(config)?; // refuse a bad configuration before claiming anything
+    // Refuses a bad configuration before claiming anything; every lane
+    // shares the effects built here (and so each MCP server).
+    let built = options(config)?;
     let shutdown = stop_on_signals()?;
     let worker_options = stephost_runtime::worker::WorkerOptions {
         exit_when_idle,
@@ -642,7 +644,7 @@ fn worker(
         )
         .polling(poll_ms)
     };
-    let make = || options(config).expect(CHECKED);
+    let make = || built.clone();
     let report = stephost_runtime::worker::run(ledger, &make, &worker_options, &shutdown)?;
     print_worker_report("worker", &report, worker_options.concurrency);
     Ok(exit::OK)
@@ -665,7 +667,9 @@ fn serve(
     }: ServeArgs,
 ) -> Result<i32, HostError> {
     let Ctx { config, ledger } = ctx;
-    options(config)?; // refuse a bad configuration before serving anything
+    // Refuses a bad configuration before serving anything; every lane
+    // shares the effects built here (and so each MCP server).
+    let built = options(config)?;
     let webhooks = config.webhooks()?;
     let tokens = stephost_server::Tokens::from_env().map_err(HostError::BadInput)?;
     let settings = stephost_server::ServeSettings {
@@ -683,7 +687,7 @@ fn serve(
         ..stephost_server::ServeSettings::default()
     };
     let shutdown = stop_on_signals()?;
-    let make = || options(config).expect(CHECKED);
+    let make = || built.clone();
     let report = stephost_server::serve(ledger, &make, webhooks, tokens, settings, shutdown)?;
     print_worker_report("serve", &report, concurrency);
     Ok(exit::OK)
@@ -973,10 +977,6 @@ fn export(ctx: &Ctx, ExportArgs { run_id }: ExportArgs) -> Result<i32, HostError
     print_json(&service::export(views(&ctx.ledger)?.as_ref(), &run_id)?);
     Ok(exit::OK)
 }
-
-/// Why building the host's options again cannot fail: the configuration
-/// was checked before the worker or server started.
-const CHECKED: &str = "the configuration was checked when the process started";
 
 /// Sets the flag returned on SIGINT or SIGTERM.
 fn stop_on_signals() -> Result<Arc<std::sync::atomic::AtomicBool>, HostError> {

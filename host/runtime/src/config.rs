@@ -5,7 +5,7 @@
 //! fuel_max = 1_000_000_000
 //!
 //! [effects."supplier.order"]
-//! kind = "file"        # echo | static | file | reject
+//! kind = "file"        # echo | static | file | http | command | mcp | reject
 //! class = "write"      # read | write (default write)
 //! path = "orders.jsonl"
 //! retry = { attempts_max = 5, backoff_first_ms = 50 }
@@ -620,12 +620,12 @@ impl Config {
             })?;
         let mut granted = BTreeMap::new();
         for (name, config) in &self.effects {
-            let effect =
-                self.build(name, config, secrets, &servers)
-                    .map_err(|message| ConfigError::Invalid {
-                        path: self.shown(),
-                        message,
-                    })?;
+            let effect = self
+                .build(name, config, secrets, &servers)
+                .map_err(|message| ConfigError::Invalid {
+                    path: self.shown(),
+                    message,
+                })?;
             granted.insert(name.clone(), effect);
         }
         let llm = match &self.llm {
@@ -711,7 +711,9 @@ impl Config {
                 }
                 (None, Some(url)) => {
                     if !(url.starts_with("http://") || url.starts_with("https://")) {
-                        return Err(format!("{what}.url {url:?} is not an http:// or https:// URL"));
+                        return Err(format!(
+                            "{what}.url {url:?} is not an http:// or https:// URL"
+                        ));
                     }
                     if !config.args.is_empty() || !config.env.is_empty() {
                         return Err(format!(
@@ -736,11 +738,8 @@ impl Config {
                     ));
                 }
             };
-            let server = mcp::McpServer::new(
-                name,
-                transport,
-                Duration::from_millis(config.timeout_ms),
-            );
+            let server =
+                mcp::McpServer::new(name, transport, Duration::from_millis(config.timeout_ms));
             servers.insert(name.clone(), std::sync::Arc::new(server));
         }
         Ok(servers)
@@ -884,7 +883,8 @@ impl Config {
                     mcp::Operation::List => ClassName::Read,
                     mcp::Operation::Call { .. } => class.unwrap_or(ClassName::Write),
                 };
-                let handler = mcp::McpEffect::new(found.clone(), operation, *idempotent, configured);
+                let handler =
+                    mcp::McpEffect::new(found.clone(), operation, *idempotent, configured);
                 (default, retry.clone(), Box::new(handler))
             }
             EffectConfig::Reject { class, message } => (
@@ -1198,6 +1198,54 @@ headers = { Authorization = "Bearer ${STEPHOST_TEST_UNSET_KEY_7d1f}" }
         .unwrap();
         let err = config.effects().err().expect("refused");
         assert!(err.to_string().contains("STEPHOST_TEST_UNSET_VAR"), "{err}");
+    }
+
+    /// What loading the effects of `text` refuses with.
+    fn refusal(text: &str) -> String {
+        let config = Config::parse(text).unwrap();
+        config.effects().err().expect("refused").to_string()
+    }
+
+    #[test]
+    fn an_mcp_server_and_its_effects_are_checked_when_loaded() {
+        let both = refusal("[mcp.s]\ncommand = \"x\"\nurl = \"http://h/mcp\"\n");
+        assert!(both.contains("exactly one of command"), "{both}");
+        let scheme = refusal("[mcp.s]\nurl = \"ftp://h/mcp\"\n");
+        assert!(
+            scheme.contains("not an http:// or https:// URL"),
+            "{scheme}"
+        );
+        let headers = refusal("[mcp.s]\ncommand = \"x\"\nheaders = { A = \"b\" }\n");
+        assert!(
+            headers.contains("headers are for a server over HTTP"),
+            "{headers}"
+        );
+        let undeclared = refusal("[effects.t]\nkind = \"mcp\"\nserver = \"nope\"\ntool = \"t\"\n");
+        assert!(
+            undeclared.contains("no [mcp.\"nope\"] declares"),
+            "{undeclared}"
+        );
+        let server = "[mcp.s]\ncommand = \"x\"\n";
+        let neither = refusal(&format!(
+            "{server}[effects.t]\nkind = \"mcp\"\nserver = \"s\"\n"
+        ));
+        assert!(neither.contains("exactly one of tool"), "{neither}");
+        let list_write = refusal(&format!(
+            "{server}[effects.t]\nkind = \"mcp\"\nserver = \"s\"\nlist_tools = true\nclass = \"write\"\n"
+        ));
+        assert!(list_write.contains("a tool list is a read"), "{list_write}");
+        let secret = refusal(
+            "[mcp.s]\nurl = \"http://h/mcp\"\nheaders = { A = \"${STEPHOST_TEST_UNSET_VAR}\" }\n",
+        );
+        assert!(secret.contains("STEPHOST_TEST_UNSET_VAR"), "{secret}");
+        // Declared, nothing is started: building the effects connects to no
+        // server (the program does not exist).
+        let ok = Config::parse(&format!(
+            "[mcp.s]\ncommand = \"/nonexistent/server\"\n[effects.t]\nkind = \"mcp\"\nserver = \"s\"\ntool = \"t\"\n"
+        ))
+        .unwrap();
+        let effects = ok.effects().unwrap();
+        assert_eq!(effects.get("t").unwrap().class, CallClass::Write);
     }
 
     #[test]

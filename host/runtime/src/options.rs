@@ -35,7 +35,9 @@ impl std::fmt::Debug for StreamSink {
     }
 }
 
-/// How a host runs steps.
+/// How a host runs steps. A clone shares the effects (and so the
+/// connections to MCP servers) and models of the original.
+#[derive(Clone)]
 pub struct HostOptions {
     pub limits: Limits,
     pub effects: Effects,

@@ -9,6 +9,7 @@ mod embedding;
 mod golden;
 mod http_effects;
 mod languages;
+mod mcp;
 mod models;
 mod run_replay;
 mod server;

@@ -173,7 +173,9 @@ impl McpServer {
         if matches!(listed, Err(Lost::Closed(_))) {
             connection.closed.store(true, Ordering::Release);
         }
-        let tools = connection.tools.get_or_init(|| Arc::new(listed.unwrap_or_default()));
+        let tools = connection
+            .tools
+            .get_or_init(|| Arc::new(listed.unwrap_or_default()));
         Ok((tools.clone(), connection.identity.clone()))
     }
 }
@@ -312,13 +314,17 @@ impl Connection {
                     let _ = client.close_with_timeout(CLOSE_WAIT).await;
                 });
             })
-            .map_err(|e| Lost::NotSent(format!("cannot start a thread for MCP server {name}: {e}")))?;
+            .map_err(|e| {
+                Lost::NotSent(format!("cannot start a thread for MCP server {name}: {e}"))
+            })?;
         let waited = timeout + Duration::from_secs(1);
         let identity = match connected.recv_timeout(waited) {
             Ok(Ok(identity)) => identity,
             Ok(Err(e)) => {
                 let _ = thread.join();
-                return Err(Lost::NotSent(format!("cannot connect to MCP server {name}: {e}")));
+                return Err(Lost::NotSent(format!(
+                    "cannot connect to MCP server {name}: {e}"
+                )));
             }
             Err(_) => {
                 return Err(Lost::NotSent(format!(
@@ -447,7 +453,10 @@ fn identity(client: &Client) -> Identity {
     let server = info.as_ref().and_then(|i| i.server_info.clone());
     Identity {
         name: server.as_ref().map(|s| s.name.clone()).unwrap_or_default(),
-        version: server.as_ref().map(|s| s.version.clone()).unwrap_or_default(),
+        version: server
+            .as_ref()
+            .map(|s| s.version.clone())
+            .unwrap_or_default(),
         protocol_version: info
             .map(|i| i.protocol_version.to_string())
             .unwrap_or_default(),
@@ -512,7 +521,10 @@ impl McpEffect {
                 ))
             }
             // An internal error may come after the tool acted.
-            Lost::Rpc { code: -32603, message } => Failure::retryable(format!(
+            Lost::Rpc {
+                code: -32603,
+                message,
+            } => Failure::retryable(format!(
                 "MCP server {server} failed internally (-32603): {message}"
             )),
             Lost::Rpc { code, message } => Failure::Refused(format!(
