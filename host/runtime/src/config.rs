@@ -26,6 +26,8 @@ use crate::effects::command::{CommandEffect, CommandOptions};
 use crate::effects::http::{HttpEffect, Statuses};
 use crate::effects::llm::Llm;
 use crate::effects::mcp;
+use crate::effects::origin;
+use crate::effects::Granted;
 use crate::effects::model::Model;
 use crate::effects::{Effect, Effects, Handler, RetryPolicy};
 use stephost_core::CallClass;
@@ -50,6 +52,10 @@ pub struct Config {
     pub limits: Limits,
     #[serde(default)]
     pub effects: BTreeMap<String, EffectConfig>,
+    /// Origins steps' own HTTP clients may reach over `wasi:http`
+    /// (`[http."https://api.example.com"]`); any other is denied.
+    #[serde(default)]
+    pub http: BTreeMap<String, HttpOriginConfig>,
     /// MCP servers whose tools `mcp` effects call (`[mcp.NAME]`).
     #[serde(default)]
     pub mcp: BTreeMap<String, McpServerConfig>,
@@ -441,6 +447,44 @@ fn default_method() -> String {
     "POST".to_string()
 }
 
+/// An origin granted to steps' own HTTP clients (`[http."ORIGIN"]`).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HttpOriginConfig {
+    /// Added to every request; values may name environment variables as
+    /// `${NAME}`. A step cannot set or read them, and they are never
+    /// recorded.
+    #[serde(default)]
+    pub headers: BTreeMap<String, String>,
+    /// The origin deduplicates writes by `Idempotency-Key`.
+    #[serde(default)]
+    pub idempotent: bool,
+    /// URL answering 2xx + receipt (done) or 404 (not found) for an
+    /// operation (`{operation_id}`).
+    pub lookup: Option<String>,
+    /// Where a lookup's receipt names the operation (a JSON pointer).
+    #[serde(default = "default_receipt_pointer")]
+    pub receipt_operation_pointer: String,
+    /// Longest exchange, in milliseconds.
+    #[serde(default = "default_timeout_ms")]
+    pub timeout_ms: u64,
+    #[serde(default)]
+    pub retry: RetryPolicy,
+    /// Classes by method and path prefix, the first match winning; without
+    /// one GET, HEAD and OPTIONS are reads and other methods writes.
+    #[serde(default)]
+    pub classes: Vec<ClassRuleConfig>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ClassRuleConfig {
+    pub method: Option<String>,
+    /// A path prefix such as `/v1/search`.
+    pub path: Option<String>,
+    pub class: ClassName,
+}
+
 /// An MCP server (`[mcp.NAME]`): a program over stdio (`command`) or a
 /// streamable HTTP endpoint (`url`).
 #[derive(Debug, Clone, Deserialize)]
@@ -618,6 +662,10 @@ impl Config {
                 path: self.shown(),
                 message,
             })?;
+        let origins = self.origins(secrets).map_err(|message| ConfigError::Invalid {
+            path: self.shown(),
+            message,
+        })?;
         let mut granted = BTreeMap::new();
         for (name, config) in &self.effects {
             let effect = self
@@ -678,7 +726,68 @@ impl Config {
                     })?;
             effect.redaction = Some(redaction);
         }
-        Ok(Effects::new(granted, llm, models))
+        Ok(Effects::new(granted, llm, models).with_origins(origins))
+    }
+
+    /// The granted origins, by their `scheme://host[:port]`.
+    fn origins(&self, secrets: Secrets) -> Result<BTreeMap<String, Granted>, String> {
+        let mut origins = BTreeMap::new();
+        for (given, config) in &self.http {
+            let what = format!("http.\"{given}\"");
+            let Some(origin) = origin::origin_of(given) else {
+                return Err(format!(
+                    "{what} is not an origin; write it as \"https://api.example.com\" or \
+                     \"http://127.0.0.1:8080\""
+                ));
+            };
+            if given
+                .parse::<ureq::http::Uri>()
+                .ok()
+                .and_then(|u| u.path_and_query().map(|p| p.as_str() != "/"))
+                .unwrap_or(false)
+            {
+                return Err(format!(
+                    "{what} has a path; an origin is scheme, host and port only ({origin})"
+                ));
+            }
+            let receipt_pointer = checked_pointer(&config.receipt_operation_pointer, &what)?;
+            let headers = config
+                .headers
+                .iter()
+                .map(|(k, v)| Ok((k.clone(), resolve_env(v, &what, secrets)?)))
+                .collect::<Result<Vec<_>, String>>()?;
+            let handler = origin::Origin::new(
+                headers,
+                config.lookup.clone(),
+                config.idempotent,
+                Duration::from_millis(config.timeout_ms),
+            )
+            .map_err(|e| format!("{what}: {e}"))?;
+            let classes = config
+                .classes
+                .iter()
+                .map(|r| origin::ClassRule {
+                    method: r.method.as_ref().map(|m| m.to_ascii_uppercase()),
+                    path: r.path.clone(),
+                    class: r.class.class(),
+                })
+                .collect();
+            let granted = Granted {
+                effect: Effect {
+                    class: CallClass::Write,
+                    retry: config.retry.clone(),
+                    handler: Box::new(handler),
+                    receipt_pointer,
+                    redaction: None,
+                },
+                classes,
+                headers: config.headers.keys().map(|k| k.to_ascii_lowercase()).collect(),
+            };
+            if origins.insert(origin.clone(), granted).is_some() {
+                return Err(format!("{what} grants {origin} a second time"));
+            }
+        }
+        Ok(origins)
     }
 
     fn shown(&self) -> String {

@@ -201,6 +201,7 @@ impl InstancePool {
 fn task_linker(engine: &Engine) -> wasmtime::Result<Linker<StepState>> {
     let mut linker = Linker::new(engine);
     wasmtime_wasi::p2::add_to_linker_async(&mut linker)?;
+    crate::imports::http::link(&mut linker, false)?;
     link_step_world(&mut linker, EffectsCall::AsTask)?;
     Ok(linker)
 }
@@ -328,6 +329,7 @@ impl StepEngine {
         tick_epochs(&engine);
         let mut linker = Linker::new(&engine);
         wasmtime_wasi::p2::add_to_linker_sync(&mut linker)
+            .and_then(|()| crate::imports::http::link(&mut linker, true))
             .and_then(|()| link_step_world(&mut linker, EffectsCall::OnThread))
             .map_err(|e| ModuleError::Engine(format!("{e:#}")))?;
         let mut preview1 = wasmtime::Linker::new(&engine);

@@ -158,6 +158,10 @@ fn new_store(
         models_spent: Default::default(),
         last_chat: None,
         services: options.services.clone(),
+        http: crate::imports::http::HttpState::new(
+            &options.effects,
+            limits.payload_bytes_max as usize,
+        ),
     };
     let mut store = Store::new(engine.engine(), state);
     store.limiter(|s| &mut s.limits);

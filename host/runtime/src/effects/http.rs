@@ -154,7 +154,7 @@ fn excerpt(text: &str) -> &str {
     stephost_core::journal::truncate(text.trim(), 300)
 }
 
-fn classify_error(url: &str, e: ureq::Error) -> Failure {
+pub(super) fn classify_error(url: &str, e: ureq::Error) -> Failure {
     match &e {
         ureq::Error::BadUri(m) => Failure::Invalid(format!("bad URL {url}: {m}")),
         ureq::Error::Http(m) => Failure::Invalid(format!("bad request for {url}: {m}")),
@@ -229,7 +229,7 @@ fn http_date(value: &str) -> Option<std::time::SystemTime> {
 
 /// Refuses a template with a placeholder in its scheme, host or port: a
 /// guest's value must never choose where the effect's credentials go.
-fn check_template(template: &str, what: &str) -> Result<(), String> {
+pub(super) fn check_template(template: &str, what: &str) -> Result<(), String> {
     let authority_end = template
         .find("://")
         .map(|at| {

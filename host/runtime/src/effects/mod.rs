@@ -11,6 +11,7 @@ pub mod http;
 pub mod llm;
 pub mod mcp;
 pub mod model;
+pub mod origin;
 pub mod retry;
 
 use std::collections::BTreeMap;
@@ -300,6 +301,18 @@ pub struct Effects {
     granted: Arc<BTreeMap<String, Effect>>,
     llm: Option<Arc<Effect>>,
     models: Arc<BTreeMap<String, ModelEffect>>,
+    /// Origins steps' own HTTP clients may reach, by `scheme://host[:port]`.
+    origins: Arc<BTreeMap<String, Granted>>,
+}
+
+/// An origin granted to steps' own HTTP clients (`wasi:http`).
+pub struct Granted {
+    /// Its exchanges' effect (the class of each comes from `classes`).
+    pub effect: Effect,
+    pub classes: Vec<origin::ClassRule>,
+    /// The names of the headers the host adds (lower case): a step may not
+    /// set them.
+    pub headers: Vec<String>,
 }
 
 /// A model a step may call by its alias: the effect the journal performs,
@@ -319,7 +332,27 @@ impl Effects {
             granted: Arc::new(granted),
             llm: llm.map(Arc::new),
             models: Arc::new(models),
+            origins: Arc::default(),
         }
+    }
+
+    /// These effects with `origins` granted to steps' HTTP clients.
+    pub fn with_origins(mut self, origins: BTreeMap<String, Granted>) -> Self {
+        self.origins = Arc::new(origins);
+        self
+    }
+
+    /// The grant of `origin` (`scheme://host[:port]`), if any.
+    pub fn origin(&self, origin: &str) -> Option<&Granted> {
+        self.origins.get(origin)
+    }
+
+    /// Whether a step may not set header `name` (lower case) on its own
+    /// HTTP requests: the host sets it.
+    pub fn host_sets_header(&self, name: &str) -> bool {
+        name == "idempotency-key"
+            || name.starts_with("stephost-")
+            || self.origins.values().any(|g| g.headers.iter().any(|h| h == name))
     }
 
     /// The model aliased `alias`, when configured.

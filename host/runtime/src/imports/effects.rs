@@ -46,6 +46,9 @@ pub struct Gated<'a> {
     pub interface: &'a str,
     pub function: &'a str,
     pub effect: Option<&'a Effect>,
+    /// The call's class, when the caller decides it (a step's HTTP
+    /// request, by its method); else the effect's.
+    pub class: Option<CallClass>,
     /// The request as the ledger keeps it.
     pub request: &'a str,
     /// What is sent, when it is not `request` (a model's whole conversation,
@@ -61,6 +64,7 @@ impl<'a> Gated<'a> {
             interface: INTERFACE,
             function: name,
             effect: effects.get(name),
+            class: None,
             request,
             sent: None,
             key,
@@ -158,6 +162,7 @@ fn through_journal<T: From<Outcome>>(
         interface,
         function,
         effect,
+        class,
         request,
         sent,
         key,
@@ -190,7 +195,7 @@ fn through_journal<T: From<Outcome>>(
     match (refusal, effect) {
         (None, Some(effect)) => {
             let spec = CallSpec {
-                class: effect.class_of_next(&mut journal),
+                class: class.unwrap_or_else(|| effect.class_of_next(&mut journal)),
                 interface,
                 function,
                 request,

@@ -15,6 +15,7 @@ impl Host for StepState {
             interface: INTERFACE,
             function: "complete",
             effect: effects.llm(),
+            class: None,
             request: &request,
             sent: None,
             key: None,

@@ -5,6 +5,7 @@
 pub mod approvals;
 pub mod clock;
 pub mod effects;
+pub mod http;
 pub mod llm;
 pub mod log;
 pub mod models;
@@ -44,6 +45,8 @@ pub struct StepState {
     pub last_chat: Option<models::LastChat>,
     /// What live calls use besides their effect.
     pub services: crate::options::Services,
+    /// The step's own HTTP client's exchanges (`wasi:http`).
+    pub http: http::HttpState,
 }
 
 impl WasiView for StepState {

@@ -177,6 +177,7 @@ fn call(
         interface: INTERFACE,
         function: "chat",
         effect: Some(&model.effect),
+        class: None,
         request: &recorded,
         sent,
         key: None,

@@ -74,6 +74,17 @@ pub const WASI: &[(&str, Treatment)] = &[
         Treatment::Refused("nothing to open without a preopened directory"),
     ),
     (
+        "wasi:http/outgoing-handler",
+        Treatment::Recorded(
+            "each exchange one call, to granted origins only; a write started durably before \
+             it is sent",
+        ),
+    ),
+    (
+        "wasi:http/types",
+        Treatment::Plumbing("requests, responses and their bodies, for the exchanges above"),
+    ),
+    (
         "wasi:io/error",
         Treatment::Plumbing("errors of the streams below"),
     ),
@@ -83,7 +94,7 @@ pub const WASI: &[(&str, Treatment)] = &[
     ),
     (
         "wasi:io/streams",
-        Treatment::Plumbing("stdin, stdout and stderr above"),
+        Treatment::Plumbing("stdin, stdout and stderr, and HTTP bodies, above"),
     ),
     (
         "wasi:random/random",
@@ -169,6 +180,8 @@ mod tests {
                 "wasi:clocks/monotonic-clock recorded",
                 "wasi:filesystem/preopens refused",
                 "wasi:filesystem/types refused",
+                "wasi:http/outgoing-handler recorded",
+                "wasi:http/types plumbing",
                 "wasi:io/error plumbing",
                 "wasi:io/poll plumbing",
                 "wasi:io/streams plumbing",
@@ -190,7 +203,8 @@ mod tests {
     fn imports_are_matched_by_interface_across_0_2_versions_only() {
         assert!(treatment("wasi:cli/stdout@0.2.0").is_some());
         assert!(treatment("wasi:clocks/wall-clock@0.2.12").is_some());
-        assert_eq!(treatment("wasi:http/outgoing-handler@0.2.0"), None);
+        assert!(treatment("wasi:http/outgoing-handler@0.2.0").is_some());
+        assert_eq!(treatment("wasi:http/incoming-handler@0.2.0"), None);
         assert_eq!(treatment("wasi:cli/stdout@0.3.0"), None);
     }
 }

@@ -1,0 +1,305 @@
+//! An origin granted to steps' own HTTP clients (`[http."ORIGIN"]`, behind
+//! `wasi:http/outgoing-handler`): one exchange per attempt, any status a
+//! response. The request the ledger keeps, and this handler sends, is an
+//! [`Exchange`] as JSON; the answer is a [`Answered`] as JSON.
+//!
+//! A write carries `Idempotency-Key` (its operation id), `Stephost-Fence`,
+//! `Stephost-Run-Id` and `Stephost-Operation-Id`; the origin's configured
+//! headers (credentials) are added here, on the way out, so they are never
+//! recorded and a step can neither set nor read them.
+
+use std::time::Duration;
+
+use base64::Engine as _;
+use serde::{Deserialize, Serialize};
+use ureq::http;
+
+use super::http::{check_template, classify_error, render_url};
+use super::{Failure, Handler, Lookup, Reply, Request};
+use stephost_core::CallClass;
+
+/// A request as the step made it: no `host` header (the URL has it), the
+/// headers in the step's order, the body whole.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Exchange {
+    pub method: String,
+    pub url: String,
+    pub headers: Vec<(String, String)>,
+    #[serde(flatten)]
+    pub body: Body,
+}
+
+/// A response as the step receives it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Answered {
+    pub status: u16,
+    pub headers: Vec<(String, String)>,
+    #[serde(flatten)]
+    pub body: Body,
+}
+
+/// A body as recorded: its text when it is UTF-8, else base64.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum Body {
+    Text { body: String },
+    Bytes { body_base64: String },
+}
+
+impl Body {
+    pub fn of(bytes: Vec<u8>) -> Body {
+        match String::from_utf8(bytes) {
+            Ok(body) => Body::Text { body },
+            Err(e) => Body::Bytes {
+                body_base64: base64::engine::general_purpose::STANDARD.encode(e.as_bytes()),
+            },
+        }
+    }
+
+    pub fn bytes(&self) -> Result<Vec<u8>, String> {
+        match self {
+            Body::Text { body } => Ok(body.clone().into_bytes()),
+            Body::Bytes { body_base64 } => base64::engine::general_purpose::STANDARD
+                .decode(body_base64)
+                .map_err(|e| format!("a recorded body is not base64: {e}")),
+        }
+    }
+}
+
+/// Whether `method` only reads, as HTTP defines it (GET, HEAD, OPTIONS).
+pub fn reads(method: &str) -> bool {
+    matches!(method, "GET" | "HEAD" | "OPTIONS")
+}
+
+/// A class given to some of an origin's requests, by method and path
+/// prefix (`[[http."ORIGIN".classes]]`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClassRule {
+    /// Any method when `None`.
+    pub method: Option<String>,
+    /// A path prefix (`/v1/search`); any path when `None`.
+    pub path: Option<String>,
+    pub class: CallClass,
+}
+
+/// An origin's request classes: the first rule that matches, else GET,
+/// HEAD and OPTIONS are reads and every other method a write.
+pub fn class_of(rules: &[ClassRule], method: &str, path: &str) -> CallClass {
+    rules
+        .iter()
+        .find(|r| {
+            r.method.as_deref().is_none_or(|m| m.eq_ignore_ascii_case(method))
+                && r.path.as_deref().is_none_or(|p| path.starts_with(p))
+        })
+        .map(|r| r.class)
+        .unwrap_or(if reads(method) {
+            CallClass::Read
+        } else {
+            CallClass::Write
+        })
+}
+
+/// `scheme://host[:port]` of a URL, lower-cased, the scheme's default port
+/// left out: how origins are granted and matched.
+pub fn origin_of(url: &str) -> Option<String> {
+    let uri: http::Uri = url.parse().ok()?;
+    let scheme = uri.scheme_str()?.to_ascii_lowercase();
+    let host = uri.host()?.to_ascii_lowercase();
+    let default = match scheme.as_str() {
+        "http" => 80,
+        "https" => 443,
+        _ => return None,
+    };
+    Some(match uri.port_u16() {
+        Some(port) if port != default => format!("{scheme}://{host}:{port}"),
+        _ => format!("{scheme}://{host}"),
+    })
+}
+
+/// Largest response body read, in bytes (the journal's payload limit
+/// applies on top).
+const RESPONSE_BYTES_MAX: u64 = 16 * 1024 * 1024;
+
+/// A granted origin.
+pub struct Origin {
+    agent: ureq::Agent,
+    /// Added to every request, already resolved (never recorded).
+    headers: Vec<(String, String)>,
+    lookup: Option<String>,
+    idempotent: bool,
+    lookup_not_found: Vec<u16>,
+}
+
+impl Origin {
+    pub fn new(
+        headers: Vec<(String, String)>,
+        lookup: Option<String>,
+        idempotent: bool,
+        timeout: Duration,
+    ) -> Result<Self, String> {
+        if let Some(lookup) = &lookup {
+            check_template(lookup, "lookup")?;
+        }
+        let config = ureq::Agent::config_builder()
+            // A 4xx or 5xx is a response the step reads, not an error.
+            .http_status_as_error(false)
+            // The step sees a redirect and follows it itself (if granted).
+            .max_redirects(0)
+            .timeout_global(Some(timeout))
+            .build();
+        Ok(Origin {
+            agent: config.into(),
+            headers,
+            lookup,
+            idempotent,
+            lookup_not_found: vec![404, 410],
+        })
+    }
+}
+
+impl Handler for Origin {
+    fn perform(&self, request: &Request<'_>) -> Result<Reply, Failure> {
+        let exchange: Exchange = serde_json::from_str(request.body)
+            .map_err(|e| Failure::Invalid(format!("not an HTTP exchange: {e}")))?;
+        let url = exchange.url.as_str();
+        let body = exchange.body.bytes().map_err(Failure::Invalid)?;
+        let mut builder = http::Request::builder()
+            .method(exchange.method.as_str())
+            .uri(url);
+        for (name, value) in &exchange.headers {
+            // ureq writes its own Host and Content-Length.
+            if !name.eq_ignore_ascii_case("host") && !name.eq_ignore_ascii_case("content-length") {
+                builder = builder.header(name, value);
+            }
+        }
+        for (name, value) in &self.headers {
+            builder = builder.header(name, value);
+        }
+        builder = builder
+            .header("Stephost-Run-Id", request.run_id)
+            .header("Stephost-Operation-Id", request.operation_id);
+        if request.class == CallClass::Write {
+            builder = builder
+                .header("Idempotency-Key", request.operation_id)
+                .header("Stephost-Fence", request.fence.to_string());
+        }
+        let invalid = |e: http::Error| Failure::Invalid(format!("cannot build the request: {e}"));
+        let result = if body.is_empty() && reads(&exchange.method) {
+            self.agent.run(builder.body(()).map_err(invalid)?)
+        } else {
+            self.agent.run(builder.body(body).map_err(invalid)?)
+        };
+        let mut response = result.map_err(|e| classify_error(url, e))?;
+        let status = response.status().as_u16();
+        let headers = response
+            .headers()
+            .iter()
+            .map(|(k, v)| {
+                (
+                    k.as_str().to_string(),
+                    String::from_utf8_lossy(v.as_bytes()).into_owned(),
+                )
+            })
+            .collect();
+        let body = response
+            .body_mut()
+            .with_config()
+            .limit(RESPONSE_BYTES_MAX)
+            .read_to_vec()
+            .map_err(|e| classify_error(url, e))?;
+        let answered = Answered {
+            status,
+            headers,
+            body: Body::of(body),
+        };
+        let text = serde_json::to_string(&answered)
+            .map_err(|e| Failure::Invalid(format!("cannot record the response: {e}")))?;
+        Ok(Reply::new(text))
+    }
+
+    fn lookup(&self, request: &Request<'_>) -> Result<Lookup, Failure> {
+        let Some(template) = &self.lookup else {
+            return Ok(Lookup::Unsupported);
+        };
+        let url = render_url(template, request)?;
+        let mut builder = http::Request::builder().method("GET").uri(url.as_str());
+        for (name, value) in &self.headers {
+            builder = builder.header(name, value);
+        }
+        let req = builder
+            .body(())
+            .map_err(|e| Failure::Invalid(format!("cannot build the lookup: {e}")))?;
+        let mut response = self.agent.run(req).map_err(|e| classify_error(&url, e))?;
+        let status = response.status().as_u16();
+        if self.lookup_not_found.contains(&status) {
+            return Ok(Lookup::NotFound);
+        }
+        let text = response
+            .body_mut()
+            .with_config()
+            .limit(RESPONSE_BYTES_MAX)
+            .read_to_string()
+            .map_err(|e| classify_error(&url, e))?;
+        if (200..300).contains(&status) {
+            Ok(Lookup::Found(text))
+        } else {
+            Err(Failure::retryable(format!("lookup {url} answered {status}")))
+        }
+    }
+
+    fn idempotent(&self) -> bool {
+        self.idempotent
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn origins_are_matched_without_default_ports_or_case() {
+        assert_eq!(
+            origin_of("HTTPS://API.Example.com:443/v1?q=1").as_deref(),
+            Some("https://api.example.com")
+        );
+        assert_eq!(
+            origin_of("http://127.0.0.1:8765/orders").as_deref(),
+            Some("http://127.0.0.1:8765")
+        );
+        assert_eq!(origin_of("ftp://h/x"), None);
+        assert_eq!(origin_of("/relative"), None);
+    }
+
+    #[test]
+    fn a_request_class_is_its_method_unless_a_rule_says_otherwise() {
+        let rules = [
+            ClassRule {
+                method: Some("POST".into()),
+                path: Some("/v1/search".into()),
+                class: CallClass::Read,
+            },
+            ClassRule {
+                method: None,
+                path: Some("/v1/trigger".into()),
+                class: CallClass::Write,
+            },
+        ];
+        assert_eq!(class_of(&rules, "POST", "/v1/search?q=x"), CallClass::Read);
+        assert_eq!(class_of(&rules, "POST", "/v1/orders"), CallClass::Write);
+        assert_eq!(class_of(&rules, "GET", "/v1/trigger/now"), CallClass::Write);
+        assert_eq!(class_of(&rules, "GET", "/v1/orders"), CallClass::Read);
+        assert_eq!(class_of(&[], "DELETE", "/"), CallClass::Write);
+        assert_eq!(class_of(&[], "OPTIONS", "/"), CallClass::Read);
+    }
+
+    #[test]
+    fn a_body_is_recorded_as_text_when_it_is_utf8_and_base64_otherwise() {
+        let text = Body::of(b"{\"a\":1}".to_vec());
+        assert_eq!(serde_json::to_string(&text).unwrap(), r#"{"body":"{\"a\":1}"}"#);
+        let bytes = Body::of(vec![0xff, 0x00, 0x10]);
+        let json = serde_json::to_string(&bytes).unwrap();
+        assert_eq!(json, r#"{"body_base64":"/wAQ"}"#);
+        let back: Body = serde_json::from_str(&json).unwrap();
+        assert_eq!(back.bytes().unwrap(), vec![0xff, 0x00, 0x10]);
+    }
+}

@@ -1,0 +1,398 @@
+//! `wasi:http/outgoing-handler`: a step's own HTTP client (Rust `wstd`,
+//! JavaScript `fetch`, Python over `wasi:http`), each exchange one call
+//! through the journal with the protocol of effects.
+//!
+//! wasmtime-wasi-http serves the resources; its `send_request` hook sends
+//! nothing, it hands the request over. The one journal call of an exchange
+//! is made inside a guest call, at a point that does not depend on timing:
+//! in `handle` when the request's body is already complete, else in
+//! `outgoing-body.finish`, once it is. The response the guest waits for is
+//! made ready (from the network, or from the ledger on a replay or resume)
+//! before the guest can look at it, its body whole in memory.
+//!
+//! An origin not granted (`[http."ORIGIN"]`) is refused as
+//! `HTTP-request-denied`, and the refusal recorded. GET, HEAD and OPTIONS
+//! are reads, other methods writes (unless the origin's `classes` say
+//! otherwise); a write is recorded `started`, durably, before it leaves,
+//! and carries `Idempotency-Key` and `Stephost-Fence`. Headers the host
+//! sets are forbidden to the step.
+
+use std::collections::HashMap;
+use std::convert::Infallible;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use ureq::http;
+use ureq::http::request::Parts;
+use wasmtime::StoreContextMut;
+use wasmtime::component::{Linker, Resource, ResourceTable, ResourceType};
+use wasmtime_wasi::runtime::{AbortOnDropJoinHandle, in_tokio, poll_noop, spawn};
+use wasmtime_wasi_http::p2::bindings::http::outgoing_handler;
+use wasmtime_wasi_http::p2::bindings::http::types::{self as wit, ErrorCode};
+use wasmtime_wasi_http::p2::body::{HostOutgoingBody, HyperIncomingBody};
+use wasmtime_wasi_http::p2::types::{HostFutureIncomingResponse, HostOutgoingRequest};
+use wasmtime_wasi_http::{
+    DEFAULT_FORBIDDEN_HEADERS, FieldMap, ForbiddenHeaderFilter, RequestOptions, WasiBody,
+    WasiHttpCtx, WasiHttpCtxView, WasiHttpHooks, WasiHttpView,
+};
+
+use crate::bindings::CallError;
+use crate::effects::origin::{Answered, Body, Exchange, class_of, origin_of};
+use crate::effects::Effects;
+use crate::imports::effects::{Gated, gated_call};
+use crate::imports::StepState;
+
+pub const INTERFACE: &str = "wasi:http/outgoing-handler";
+
+/// The wasi:http version linked (a step importing any 0.2.x is matched to
+/// it by semver).
+const VERSION: &str = "0.2.12";
+
+/// A run's wasi:http state.
+pub struct HttpState {
+    ctx: WasiHttpCtx,
+    hooks: Hooks,
+    /// `outgoing-request` rep → its `outgoing-body` rep.
+    body_of: HashMap<u32, u32>,
+    /// `outgoing-body` rep → the `future-incoming-response` rep waiting on it.
+    waiting: HashMap<u32, u32>,
+    /// `future-incoming-response` rep → its request, the body still open.
+    pending: HashMap<u32, Open>,
+    /// Largest request body, in bytes (the run's `payload_bytes_max`).
+    body_bytes_max: usize,
+}
+
+impl HttpState {
+    pub fn new(effects: &Effects, body_bytes_max: usize) -> Self {
+        HttpState {
+            ctx: WasiHttpCtx::new(),
+            hooks: Hooks {
+                handed: None,
+                effects: effects.clone(),
+            },
+            body_of: HashMap::new(),
+            waiting: HashMap::new(),
+            pending: HashMap::new(),
+            body_bytes_max,
+        }
+    }
+}
+
+impl WasiHttpView for StepState {
+    fn http(&mut self) -> WasiHttpCtxView<'_> {
+        WasiHttpCtxView {
+            ctx: &mut self.http.ctx,
+            table: &mut self.table,
+            hooks: &mut self.http.hooks,
+        }
+    }
+}
+
+/// The hooks: the host's headers are forbidden to the step, and
+/// `send_request` hands the request to the `handle` wrapper.
+struct Hooks {
+    handed: Option<(Parts, WasiBody)>,
+    effects: Effects,
+}
+
+type IoFuture = Box<dyn Future<Output = Result<(), wasmtime_wasi_http::Error>> + Send>;
+
+impl WasiHttpHooks for Hooks {
+    fn forbidden_header_filter(&mut self) -> ForbiddenHeaderFilter {
+        let effects = self.effects.clone();
+        Arc::new(move |name| {
+            DEFAULT_FORBIDDEN_HEADERS.contains(name) || effects.host_sets_header(name.as_str())
+        })
+    }
+
+    fn send_request(
+        &mut self,
+        request: http::Request<WasiBody>,
+        _options: Option<RequestOptions>,
+        _io: IoFuture,
+    ) -> Box<
+        dyn Future<Output = wasmtime_wasi_http::Result<(http::Response<WasiBody>, IoFuture)>>
+            + Send,
+    > {
+        let (parts, body) = request.into_parts();
+        self.handed = Some((parts, body));
+        // Never awaited to its end: the wrapper makes the response ready
+        // (dropping this task) before the guest can look at it.
+        Box::new(std::future::pending())
+    }
+}
+
+/// A request whose body the guest is still writing.
+struct Open {
+    parts: Parts,
+    body: AbortOnDropJoinHandle<Result<Vec<u8>, ErrorCode>>,
+}
+
+/// Takes one frame of a body: `Some` at its end (or an error).
+fn take_frame(
+    frame: Option<Result<http_body::Frame<Bytes>, wasmtime_wasi_http::Error>>,
+    buf: &mut Vec<u8>,
+    max: usize,
+) -> Option<Result<(), ErrorCode>> {
+    match frame {
+        None => Some(Ok(())),
+        // Dropped without `finish`, or a content-length it did not keep.
+        Some(Err(_)) => Some(Err(ErrorCode::HttpProtocolError)),
+        Some(Ok(frame)) => {
+            // Trailers are not sent.
+            if let Ok(data) = frame.into_data() {
+                if buf.len() + data.len() > max {
+                    let n = (buf.len() + data.len()) as u64;
+                    return Some(Err(ErrorCode::HttpRequestBodySize(Some(n))));
+                }
+                buf.extend_from_slice(&data);
+            }
+            None
+        }
+    }
+}
+
+/// What the guest has written so far, without waiting: `Some` once the
+/// body is complete, `None` while it may still write.
+fn drain_now(body: &mut WasiBody, buf: &mut Vec<u8>, max: usize) -> Option<Result<(), ErrorCode>> {
+    loop {
+        let frame = poll_noop(std::pin::pin!(body.frame()))?;
+        if let Some(done) = take_frame(frame, buf, max) {
+            return Some(done);
+        }
+    }
+}
+
+/// The whole body, read as the guest writes it (so its writes never wait
+/// on a full channel).
+async fn collect(mut body: WasiBody, mut buf: Vec<u8>, max: usize) -> Result<Vec<u8>, ErrorCode> {
+    loop {
+        if let Some(done) = take_frame(body.frame().await, &mut buf, max) {
+            return done.map(|()| buf);
+        }
+    }
+}
+
+/// The one journal call of an exchange whose body is complete: the
+/// response, or the error the guest's client sees. A trap (the run must
+/// stop) is an `Err`.
+fn exchange(
+    state: &mut StepState,
+    parts: &Parts,
+    body: Result<Vec<u8>, ErrorCode>,
+) -> wasmtime::Result<Result<Answered, ErrorCode>> {
+    // A body the guest aborted or made too large: nothing was sent, and a
+    // replay reaches the same error without the ledger.
+    let body = match body {
+        Ok(body) => body,
+        Err(code) => return Ok(Err(code)),
+    };
+    let url = parts.uri.to_string();
+    let method = parts.method.as_str();
+    let exchange = Exchange {
+        method: method.to_string(),
+        url: url.clone(),
+        headers: parts
+            .headers
+            .iter()
+            .filter(|(k, _)| **k != http::header::HOST)
+            .map(|(k, v)| {
+                (
+                    k.as_str().to_string(),
+                    String::from_utf8_lossy(v.as_bytes()).into_owned(),
+                )
+            })
+            .collect(),
+        body: Body::of(body),
+    };
+    let request = serde_json::to_string(&exchange)?;
+    let origin = origin_of(&url).unwrap_or_else(|| url.clone());
+    let effects = state.effects.clone();
+    let granted = effects.origin(&origin);
+    let call = Gated {
+        interface: INTERFACE,
+        function: "handle",
+        effect: granted.map(|g| &g.effect),
+        class: granted.map(|g| class_of(&g.classes, method, parts.uri.path())),
+        request: &request,
+        sent: None,
+        key: None,
+    };
+    let answer = gated_call(state, &call, || {
+        format!(
+            "origin {origin} is not granted to this step's HTTP client; grant it with \
+             [http.\"{origin}\"] in stephost.toml"
+        )
+    })?;
+    Ok(match answer {
+        Ok(text) => Ok(answered(&text)),
+        Err(CallError::Denied(_)) => Err(ErrorCode::HttpRequestDenied),
+        Err(CallError::Rejected(m) | CallError::Exhausted(m) | CallError::Invalid(m)) => {
+            Err(ErrorCode::InternalError(Some(m)))
+        }
+    })
+}
+
+/// The response a recorded answer stands for: the origin's response, or
+/// the receipt a lookup found for a write in doubt (a 200 with the receipt
+/// as its JSON body).
+fn answered(text: &str) -> Answered {
+    serde_json::from_str::<Answered>(text).unwrap_or_else(|_| Answered {
+        status: 200,
+        headers: vec![("content-type".to_string(), "application/json".to_string())],
+        body: Body::Text {
+            body: text.to_string(),
+        },
+    })
+}
+
+/// A response from an answer: no network.
+fn response_of(
+    answer: &Answered,
+) -> Result<http::Response<HyperIncomingBody>, wasmtime_wasi_http::Error> {
+    let internal = |e: String| wasmtime_wasi_http::Error::InternalError(Some(e));
+    let mut builder = http::Response::builder().status(answer.status);
+    for (name, value) in &answer.headers {
+        builder = builder.header(name.as_str(), value.as_str());
+    }
+    let bytes = answer.body.bytes().map_err(internal)?;
+    let body = Full::new(Bytes::from(bytes))
+        .map_err(|e: Infallible| match e {})
+        .boxed_unsync();
+    builder.body(body).map_err(|e| internal(e.to_string()))
+}
+
+/// Puts the exchange's outcome into the guest's future-incoming-response.
+fn make_ready(
+    table: &mut ResourceTable,
+    future: u32,
+    outcome: Result<Answered, ErrorCode>,
+) -> wasmtime::Result<()> {
+    // `get` keeps this alive beside the body; there is no I/O left to drive.
+    let worker: AbortOnDropJoinHandle<()> = spawn(async {});
+    let ready = match outcome {
+        Ok(answer) => response_of(&answer).map(|response| (response, worker)),
+        Err(code) => Err(code.into()),
+    };
+    *table.get_mut(&Resource::<HostFutureIncomingResponse>::new_borrow(future))? =
+        HostFutureIncomingResponse::Ready(ready);
+    Ok(())
+}
+
+/// Links `wasi:http/types` and `wasi:http/outgoing-handler` with the
+/// journaled exchange, on a linker with WASI already (`sync`: its sync
+/// bindings; else its async ones).
+pub fn link(linker: &mut Linker<StepState>, sync: bool) -> wasmtime::Result<()> {
+    if sync {
+        wasmtime_wasi_http::p2::add_only_http_to_linker_sync(linker)?;
+    } else {
+        wasmtime_wasi_http::p2::add_only_http_to_linker_async(linker)?;
+    }
+    linker.allow_shadowing(true);
+    let mut types = linker.instance(&format!("wasi:http/types@{VERSION}"))?;
+    // A future dropped while its body is open: the exchange is abandoned
+    // (nothing sent, nothing recorded); the table may reuse its rep.
+    types.resource(
+        "future-incoming-response",
+        ResourceType::host::<HostFutureIncomingResponse>(),
+        |mut store: StoreContextMut<'_, StepState>, rep: u32| {
+            let state = store.data_mut();
+            if state.http.pending.remove(&rep).is_some() {
+                state.http.waiting.retain(|_, future| *future != rep);
+            }
+            wit::HostFutureIncomingResponse::drop(&mut state.http(), Resource::new_own(rep))
+        },
+    )?;
+    // A body dropped without `finish` aborts it: its exchange ends with an
+    // error, nothing sent.
+    types.resource(
+        "outgoing-body",
+        ResourceType::host::<HostOutgoingBody>(),
+        |mut store: StoreContextMut<'_, StepState>, rep: u32| {
+            let state = store.data_mut();
+            wit::HostOutgoingBody::drop(&mut state.http(), Resource::new_own(rep))?;
+            if let Some(future) = state.http.waiting.remove(&rep) {
+                state.http.pending.remove(&future);
+                make_ready(&mut state.table, future, Err(ErrorCode::HttpProtocolError))?;
+            }
+            Ok(())
+        },
+    )?;
+    types.func_wrap(
+        "[method]outgoing-request.body",
+        |mut store: StoreContextMut<'_, StepState>, (req,): (Resource<HostOutgoingRequest>,)| {
+            let state = store.data_mut();
+            let request = req.rep();
+            let body = wit::HostOutgoingRequest::body(&mut state.http(), req)?;
+            if let Ok(body) = &body {
+                state.http.body_of.insert(request, body.rep());
+            }
+            Ok((body,))
+        },
+    )?;
+    types.func_wrap(
+        "[static]outgoing-body.finish",
+        |mut store: StoreContextMut<'_, StepState>,
+         (body, trailers): (Resource<HostOutgoingBody>, Option<Resource<FieldMap>>)| {
+            let state = store.data_mut();
+            let body_rep = body.rep();
+            let finished = match wit::HostOutgoingBody::finish(&mut state.http(), body, trailers) {
+                Ok(()) => Ok(()),
+                Err(e) => Err(e.downcast()?),
+            };
+            if let Some(future) = state.http.waiting.remove(&body_rep) {
+                let open = state
+                    .http
+                    .pending
+                    .remove(&future)
+                    .ok_or_else(|| wasmtime::Error::msg("an exchange waits on a body it lost"))?;
+                // The body's channel is closed now: its reader ends at once.
+                let body = crate::effects::blocking(|| in_tokio(open.body));
+                let outcome = exchange(state, &open.parts, body)?;
+                make_ready(&mut state.table, future, outcome)?;
+            }
+            Ok((finished,))
+        },
+    )?;
+    linker
+        .instance(&format!("{INTERFACE}@{VERSION}"))?
+        .func_wrap(
+            "handle",
+            |mut store: StoreContextMut<'_, StepState>,
+             (req, options): (Resource<HostOutgoingRequest>, Option<Resource<RequestOptions>>)| {
+                let state = store.data_mut();
+                let body_rep = state.http.body_of.remove(&req.rep());
+                let future = match outgoing_handler::Host::handle(&mut state.http(), req, options)
+                {
+                    Ok(future) => future,
+                    Err(e) => return Ok((Err(e.downcast()?),)),
+                };
+                let (parts, mut body) = state
+                    .http
+                    .hooks
+                    .handed
+                    .take()
+                    .ok_or_else(|| wasmtime::Error::msg("handle sent no request"))?;
+                let max = state.http.body_bytes_max;
+                let mut buf = Vec::new();
+                match drain_now(&mut body, &mut buf, max) {
+                    Some(done) => {
+                        let outcome = exchange(state, &parts, done.map(|()| buf))?;
+                        make_ready(&mut state.table, future.rep(), outcome)?;
+                    }
+                    None => {
+                        let body_rep = body_rep.ok_or_else(|| {
+                            wasmtime::Error::msg("an open body that was never taken")
+                        })?;
+                        state.http.waiting.insert(body_rep, future.rep());
+                        let body = spawn(collect(body, buf, max));
+                        state.http.pending.insert(future.rep(), Open { parts, body });
+                    }
+                }
+                Ok((Ok(future),))
+            },
+        )?;
+    linker.allow_shadowing(false);
+    Ok(())
+}
