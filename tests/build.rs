@@ -10,6 +10,8 @@ include!("guest_build.rs");
 const GUESTS: &[(&str, &str)] = &[
     ("supplier-order", "SUPPLIER_ORDER"),
     ("mcp-supplier-order", "MCP_SUPPLIER_ORDER"),
+    ("http-supplier-order", "HTTP_SUPPLIER_ORDER"),
+    ("guest-http-step", "GUEST_HTTP_STEP"),
     ("guest-multi-write", "GUEST_MULTI_WRITE"),
     ("guest-divergent", "GUEST_DIVERGENT"),
     ("guest-looper", "GUEST_LOOPER"),

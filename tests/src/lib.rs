@@ -16,6 +16,8 @@ pub mod server;
 pub mod guests {
     pub const SUPPLIER_ORDER: &str = env!("SUPPLIER_ORDER");
     pub const MCP_SUPPLIER_ORDER: &str = env!("MCP_SUPPLIER_ORDER");
+    pub const HTTP_SUPPLIER_ORDER: &str = env!("HTTP_SUPPLIER_ORDER");
+    pub const HTTP_STEP: &str = env!("GUEST_HTTP_STEP");
     pub const MULTI_WRITE: &str = env!("GUEST_MULTI_WRITE");
     pub const DIVERGENT: &str = env!("GUEST_DIVERGENT");
     pub const LOOPER: &str = env!("GUEST_LOOPER");

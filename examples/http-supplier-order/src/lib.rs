@@ -52,9 +52,7 @@ fn run(_ctx: &mut Ctx, input: Input) -> Result<Output, Error> {
 async fn order(input: Input) -> Result<Output, wstd::http::Error> {
     let client = Client::new();
     let url = format!("{}/inventory/{}", input.supplier, input.sku);
-    let mut response = client
-        .send(Request::get(&url).body(Body::empty())?)
-        .await?;
+    let mut response = client.send(Request::get(&url).body(Body::empty())?).await?;
     if !response.status().is_success() {
         return Err(wstd::http::Error::msg(format!(
             "GET {url} answered {}",
@@ -71,7 +69,9 @@ async fn order(input: Input) -> Result<Output, wstd::http::Error> {
         let url = format!("{}/orders", input.supplier);
         let request = Request::post(&url)
             .header("content-type", "application/json")
-            .body(Body::from_json(&json!({ "sku": input.sku, "quantity": shortage }))?)?;
+            .body(Body::from_json(
+                &json!({ "sku": input.sku, "quantity": shortage }),
+            )?)?;
         let mut response = client.send(request).await?;
         let status = response.status();
         if !status.is_success() {

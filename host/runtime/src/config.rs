@@ -20,15 +20,15 @@ use serde::Deserialize;
 
 use std::time::Duration;
 
+use crate::effects::Granted;
 use crate::effects::ModelEffect;
 use crate::effects::builtin::{Echo, FileReceiver, Reject, Static};
 use crate::effects::command::{CommandEffect, CommandOptions};
 use crate::effects::http::{HttpEffect, Statuses};
 use crate::effects::llm::Llm;
 use crate::effects::mcp;
-use crate::effects::origin;
-use crate::effects::Granted;
 use crate::effects::model::Model;
+use crate::effects::origin;
 use crate::effects::{Effect, Effects, Handler, RetryPolicy};
 use stephost_core::CallClass;
 use stephost_core::Limits;
@@ -662,10 +662,12 @@ impl Config {
                 path: self.shown(),
                 message,
             })?;
-        let origins = self.origins(secrets).map_err(|message| ConfigError::Invalid {
-            path: self.shown(),
-            message,
-        })?;
+        let origins = self
+            .origins(secrets)
+            .map_err(|message| ConfigError::Invalid {
+                path: self.shown(),
+                message,
+            })?;
         let mut granted = BTreeMap::new();
         for (name, config) in &self.effects {
             let effect = self
@@ -781,7 +783,11 @@ impl Config {
                     redaction: None,
                 },
                 classes,
-                headers: config.headers.keys().map(|k| k.to_ascii_lowercase()).collect(),
+                headers: config
+                    .headers
+                    .keys()
+                    .map(|k| k.to_ascii_lowercase())
+                    .collect(),
             };
             if origins.insert(origin.clone(), granted).is_some() {
                 return Err(format!("{what} grants {origin} a second time"));

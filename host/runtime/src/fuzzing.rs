@@ -33,7 +33,13 @@ pub fn receipt(data: &[u8]) {
     let operation_id = parts.next().unwrap_or("");
     let pointer = parts.next().unwrap_or("/operation_id");
     let answer = parts.next().unwrap_or("");
-    let accepted = crate::effects::check_receipt(answer, pointer, operation_id, "{}").is_ok();
+    let accepted = crate::effects::check_receipt(
+        answer,
+        pointer,
+        operation_id,
+        &crate::effects::payload_sha256("{}"),
+    )
+    .is_ok();
     if accepted {
         // Only an answer naming this operation is ever accepted.
         let value: serde_json::Value = serde_json::from_str(answer).expect("accepted JSON");

@@ -17,4 +17,5 @@ mod suspension;
 mod tamper;
 mod unknown_outcome;
 mod versioning;
+mod wasi_http;
 mod workers;

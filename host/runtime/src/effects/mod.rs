@@ -169,6 +169,13 @@ pub trait Handler: Send + Sync {
     fn declared_class(&self) -> Option<CallClass> {
         None
     }
+
+    /// The hex sha256 of the payload a request sends, which a receipt's
+    /// `payload_sha256` must match: of `body` itself, unless the handler
+    /// sends something else (an HTTP exchange sends its body).
+    fn payload_sha256(&self, body: &str) -> String {
+        payload_sha256(body)
+    }
 }
 
 /// A handler shared (a model serves every run of a process).
@@ -196,6 +203,10 @@ impl<H: Handler + ?Sized> Handler for Arc<H> {
     fn declared_class(&self) -> Option<CallClass> {
         (**self).declared_class()
     }
+
+    fn payload_sha256(&self, body: &str) -> String {
+        (**self).payload_sha256(body)
+    }
 }
 
 /// The hex sha256 of a request body, sent as `Stephost-Payload-Sha256` and
@@ -210,13 +221,13 @@ pub const RECEIPT_OPERATION_POINTER: &str = "/operation_id";
 
 /// Checks that a lookup's answer is a receipt for this operation: a JSON
 /// document naming `operation_id` at `pointer` (a JSON pointer) and, when it
-/// carries a `payload_sha256`, this request's. Anything else proves
-/// nothing: the call stays in doubt.
+/// carries a `payload_sha256`, this request's (`ours`). Anything else
+/// proves nothing: the call stays in doubt.
 pub fn check_receipt(
     receipt: &str,
     pointer: &str,
     operation_id: &str,
-    body: &str,
+    ours: &str,
 ) -> Result<(), String> {
     let value = serde_json::from_str::<serde_json::Value>(receipt)
         .map_err(|_| "the receiver's lookup answer is not JSON".to_string())?;
@@ -235,7 +246,6 @@ pub fn check_receipt(
         }
     }
     if let Some(found) = value.get("payload_sha256").and_then(|v| v.as_str()) {
-        let ours = payload_sha256(body);
         if found != ours {
             return Err(format!(
                 "the receiver's receipt is for payload {found}, not this request's {ours}"
@@ -352,7 +362,10 @@ impl Effects {
     pub fn host_sets_header(&self, name: &str) -> bool {
         name == "idempotency-key"
             || name.starts_with("stephost-")
-            || self.origins.values().any(|g| g.headers.iter().any(|h| h == name))
+            || self
+                .origins
+                .values()
+                .any(|g| g.headers.iter().any(|h| h == name))
     }
 
     /// The model aliased `alias`, when configured.
@@ -447,7 +460,7 @@ impl EffectCall<'_> {
                     &receipt,
                     &self.effect.receipt_pointer,
                     op.operation_id,
-                    self.body,
+                    &self.effect.handler.payload_sha256(self.body),
                 ) {
                     Ok(()) => {
                         attempts.record("lookup", started, "found", None);

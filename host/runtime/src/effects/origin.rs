@@ -4,7 +4,8 @@
 //! [`Exchange`] as JSON; the answer is a [`Answered`] as JSON.
 //!
 //! A write carries `Idempotency-Key` (its operation id), `Stephost-Fence`,
-//! `Stephost-Run-Id` and `Stephost-Operation-Id`; the origin's configured
+//! `Stephost-Payload-Sha256` (of its body), `Stephost-Run-Id` and
+//! `Stephost-Operation-Id`; the origin's configured
 //! headers (credentials) are added here, on the way out, so they are never
 //! recorded and a step can neither set nor read them.
 
@@ -88,7 +89,9 @@ pub fn class_of(rules: &[ClassRule], method: &str, path: &str) -> CallClass {
     rules
         .iter()
         .find(|r| {
-            r.method.as_deref().is_none_or(|m| m.eq_ignore_ascii_case(method))
+            r.method
+                .as_deref()
+                .is_none_or(|m| m.eq_ignore_ascii_case(method))
                 && r.path.as_deref().is_none_or(|p| path.starts_with(p))
         })
         .map(|r| r.class)
@@ -181,7 +184,8 @@ impl Handler for Origin {
         if request.class == CallClass::Write {
             builder = builder
                 .header("Idempotency-Key", request.operation_id)
-                .header("Stephost-Fence", request.fence.to_string());
+                .header("Stephost-Fence", request.fence.to_string())
+                .header("Stephost-Payload-Sha256", sha256_hex(&body));
         }
         let invalid = |e: http::Error| Failure::Invalid(format!("cannot build the request: {e}"));
         let result = if body.is_empty() && reads(&exchange.method) {
@@ -243,13 +247,28 @@ impl Handler for Origin {
         if (200..300).contains(&status) {
             Ok(Lookup::Found(text))
         } else {
-            Err(Failure::retryable(format!("lookup {url} answered {status}")))
+            Err(Failure::retryable(format!(
+                "lookup {url} answered {status}"
+            )))
         }
     }
 
     fn idempotent(&self) -> bool {
         self.idempotent
     }
+
+    fn payload_sha256(&self, body: &str) -> String {
+        serde_json::from_str::<Exchange>(body)
+            .ok()
+            .and_then(|e| e.body.bytes().ok())
+            .map(|bytes| sha256_hex(&bytes))
+            .unwrap_or_default()
+    }
+}
+
+fn sha256_hex(bytes: &[u8]) -> String {
+    use sha2::Digest;
+    hex::encode(sha2::Sha256::digest(bytes))
 }
 
 #[cfg(test)]
@@ -295,7 +314,10 @@ mod tests {
     #[test]
     fn a_body_is_recorded_as_text_when_it_is_utf8_and_base64_otherwise() {
         let text = Body::of(b"{\"a\":1}".to_vec());
-        assert_eq!(serde_json::to_string(&text).unwrap(), r#"{"body":"{\"a\":1}"}"#);
+        assert_eq!(
+            serde_json::to_string(&text).unwrap(),
+            r#"{"body":"{\"a\":1}"}"#
+        );
         let bytes = Body::of(vec![0xff, 0x00, 0x10]);
         let json = serde_json::to_string(&bytes).unwrap();
         assert_eq!(json, r#"{"body_base64":"/wAQ"}"#);

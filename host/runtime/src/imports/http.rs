@@ -38,10 +38,10 @@ use wasmtime_wasi_http::{
 };
 
 use crate::bindings::CallError;
-use crate::effects::origin::{Answered, Body, Exchange, class_of, origin_of};
 use crate::effects::Effects;
-use crate::imports::effects::{Gated, gated_call};
+use crate::effects::origin::{Answered, Body, Exchange, class_of, origin_of};
 use crate::imports::StepState;
+use crate::imports::effects::{Gated, gated_call};
 
 pub const INTERFACE: &str = "wasi:http/outgoing-handler";
 
@@ -342,11 +342,10 @@ pub fn link(linker: &mut Linker<StepState>, sync: bool) -> wasmtime::Result<()> 
                 Err(e) => Err(e.downcast()?),
             };
             if let Some(future) = state.http.waiting.remove(&body_rep) {
-                let open = state
-                    .http
-                    .pending
-                    .remove(&future)
-                    .ok_or_else(|| wasmtime::Error::msg("an exchange waits on a body it lost"))?;
+                let open =
+                    state.http.pending.remove(&future).ok_or_else(|| {
+                        wasmtime::Error::msg("an exchange waits on a body it lost")
+                    })?;
                 // The body's channel is closed now: its reader ends at once.
                 let body = crate::effects::blocking(|| in_tokio(open.body));
                 let outcome = exchange(state, &open.parts, body)?;
@@ -360,11 +359,13 @@ pub fn link(linker: &mut Linker<StepState>, sync: bool) -> wasmtime::Result<()> 
         .func_wrap(
             "handle",
             |mut store: StoreContextMut<'_, StepState>,
-             (req, options): (Resource<HostOutgoingRequest>, Option<Resource<RequestOptions>>)| {
+             (req, options): (
+                Resource<HostOutgoingRequest>,
+                Option<Resource<RequestOptions>>,
+            )| {
                 let state = store.data_mut();
                 let body_rep = state.http.body_of.remove(&req.rep());
-                let future = match outgoing_handler::Host::handle(&mut state.http(), req, options)
-                {
+                let future = match outgoing_handler::Host::handle(&mut state.http(), req, options) {
                     Ok(future) => future,
                     Err(e) => return Ok((Err(e.downcast()?),)),
                 };
@@ -387,7 +388,10 @@ pub fn link(linker: &mut Linker<StepState>, sync: bool) -> wasmtime::Result<()> 
                         })?;
                         state.http.waiting.insert(body_rep, future.rep());
                         let body = spawn(collect(body, buf, max));
-                        state.http.pending.insert(future.rep(), Open { parts, body });
+                        state
+                            .http
+                            .pending
+                            .insert(future.rep(), Open { parts, body });
                     }
                 }
                 Ok((Ok(future),))

@@ -1,0 +1,248 @@
+//! A step's own HTTP client over `wasi:http`, journaled: the Rust `wstd`
+//! example step and a test guest against the demo supplier on 127.0.0.1.
+
+use serde_json::{Value, json};
+use stephost_tests::{Sandbox, attempts_for, calls, guests};
+use supplier_receiver::{Fault, Receiver};
+
+const BIN: &str = env!("CARGO_BIN_EXE_stephost-crash");
+/// The example's calls: 1 GET /inventory, 2 POST /orders.
+const ORDER_SEQ: u64 = 2;
+const TOKEN: &str = "supplier-token-8d3a61";
+
+/// The receiver's origin granted, with a credential injected from the
+/// environment (`SUPPLIER_TOKEN`).
+fn config(receiver: &Receiver, idempotent: bool, lookup: bool) -> String {
+    let lookup = if lookup {
+        format!("lookup = \"{}/orders/{{operation_id}}\"\n", receiver.url())
+    } else {
+        String::new()
+    };
+    format!(
+        r#"
+[http."{url}"]
+headers = {{ Authorization = "Bearer ${{SUPPLIER_TOKEN}}" }}
+idempotent = {idempotent}
+{lookup}retry = {{ attempts_max = 4, backoff_first_ms = 10, backoff_max_ms = 50 }}
+"#,
+        url = receiver.url()
+    )
+}
+
+fn input(receiver: &Receiver) -> String {
+    json!({"sku": "WIDGET-7", "quantity": 10, "supplier": receiver.url()}).to_string()
+}
+
+fn run_order(sb: &Sandbox, receiver: &Receiver, run_id: &str) -> stephost_tests::Ran {
+    sb.stephost_with_env(
+        "SUPPLIER_TOKEN",
+        TOKEN,
+        &[
+            "run",
+            guests::HTTP_SUPPLIER_ORDER,
+            "--input",
+            &input(receiver),
+            "--run-id",
+            run_id,
+        ],
+    )
+}
+
+fn expect_ordered(ran: &stephost_tests::Ran) -> Value {
+    ran.expect_code(0);
+    let out = ran.json();
+    assert_eq!(out["ordered"], true, "{out:#}");
+    assert_eq!(out["shortage"], 7, "{out:#}");
+    out
+}
+
+#[test]
+fn a_step_s_own_http_client_orders_once_with_the_write_protocol_and_replays_offline() {
+    let receiver = Receiver::start().unwrap();
+    let sb = Sandbox::with_config(BIN, &config(&receiver, false, false));
+    let out = expect_ordered(&run_order(&sb, &receiver, "h1"));
+    assert_eq!(receiver.business_effects(), 1);
+
+    let show = sb.show("h1");
+    let calls = calls(&show);
+    let kinds: Vec<(&str, &str)> = calls
+        .iter()
+        .map(|c| {
+            (
+                c["interface"].as_str().unwrap(),
+                c["class"].as_str().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        kinds,
+        [
+            ("wasi:http/outgoing-handler", "read"),
+            ("wasi:http/outgoing-handler", "write")
+        ]
+    );
+    // The write carried its operation id and fence, and the injected
+    // credential; the read carried neither key nor fence.
+    let requests = receiver.requests();
+    let get = requests.iter().find(|r| r.method == "GET").unwrap();
+    assert_eq!(get.header("idempotency-key"), None);
+    assert_eq!(
+        get.header("authorization"),
+        Some(&*format!("Bearer {TOKEN}"))
+    );
+    let post = requests.iter().find(|r| r.method == "POST").unwrap();
+    assert_eq!(
+        post.header("idempotency-key"),
+        calls[1]["operation_id"].as_str()
+    );
+    assert_eq!(post.header("stephost-fence"), Some("1"));
+    assert_eq!(
+        post.header("authorization"),
+        Some(&*format!("Bearer {TOKEN}"))
+    );
+    assert_eq!(out["receipt"]["operation_id"], calls[1]["operation_id"]);
+
+    // The credential is in no ledger file and no export.
+    assert!(
+        !sb.ledger_contains(TOKEN),
+        "the credential is in the ledger"
+    );
+    let export = sb.stephost(&["export", "h1"]);
+    export.expect_code(0);
+    assert!(!export.stdout.contains(TOKEN));
+
+    // Replay: no request, the same output, without the credential.
+    let seen = receiver.requests().len();
+    let replayed = sb.stephost(&["replay", "h1", "--json"]);
+    replayed.expect_code(0);
+    let report = replayed.json();
+    assert_eq!(report["result"], "consistent", "{report:#}");
+    let output: Value = serde_json::from_str(report["output"].as_str().unwrap()).unwrap();
+    assert_eq!(output, out);
+    assert_eq!(receiver.requests().len(), seen, "the replay sent a request");
+}
+
+#[test]
+fn a_crash_around_the_write_resumes_with_one_order_at_the_receiver() {
+    for point in ["after-started@2", "after-send@2", "after-outcome@2"] {
+        let receiver = Receiver::start().unwrap();
+        let sb = Sandbox::with_config(BIN, &config(&receiver, true, true));
+        let crashed = sb.stephost_with_envs(
+            &[
+                ("SUPPLIER_TOKEN", TOKEN.as_ref()),
+                ("STEPHOST_CRASH_AT", point.as_ref()),
+            ],
+            &[
+                "run",
+                guests::HTTP_SUPPLIER_ORDER,
+                "--input",
+                &input(&receiver),
+                "--run-id",
+                "c1",
+            ],
+        );
+        assert_eq!(crashed.signal, Some(libc::SIGABRT), "{point}: {crashed:?}");
+        let resumed = sb.stephost_with_env("SUPPLIER_TOKEN", TOKEN, &["resume", "c1"]);
+        let out = expect_ordered(&resumed);
+        assert_eq!(receiver.business_effects(), 1, "crash at {point}");
+        let show = sb.show("c1");
+        assert_eq!(show["run"]["status"], "completed");
+        assert_eq!(
+            out["receipt"]["operation_id"],
+            calls(&show)[ORDER_SEQ as usize - 1]["operation_id"],
+            "crash at {point}"
+        );
+    }
+}
+
+#[test]
+fn a_lost_answer_is_found_by_lookup_and_the_step_reads_the_receipt() {
+    // The receiver places the order and drops the connection; the origin
+    // does not deduplicate, so the write is not sent again: the lookup
+    // finds the receipt, which the step's client reads as a 200.
+    let receiver = Receiver::start().unwrap();
+    let sb = Sandbox::with_config(BIN, &config(&receiver, false, true));
+    receiver.push_fault(Fault::CommitThenDrop);
+    let out = expect_ordered(&run_order(&sb, &receiver, "l1"));
+    assert_eq!(receiver.business_effects(), 1);
+    let show = sb.show("l1");
+    let kinds: Vec<&str> = attempts_for(&show, ORDER_SEQ)
+        .iter()
+        .map(|a| a["kind"].as_str().unwrap())
+        .collect();
+    assert_eq!(kinds, ["send", "lookup"], "{show:#}");
+    assert_eq!(
+        out["receipt"]["operation_id"],
+        calls(&show)[1]["operation_id"]
+    );
+
+    // Without a lookup the call is parked, never resent.
+    let receiver = Receiver::start().unwrap();
+    let sb = Sandbox::with_config(BIN, &config(&receiver, false, false));
+    receiver.push_fault(Fault::CommitThenDrop);
+    run_order(&sb, &receiver, "l2").expect_code(5);
+    assert_eq!(calls(&sb.show("l2"))[1]["state"], "unknown");
+    assert_eq!(receiver.business_effects(), 1);
+}
+
+/// The test guest's answers to `requests`.
+fn http_step(sb: &Sandbox, requests: Value) -> Vec<Value> {
+    let ran = sb.stephost_with_env(
+        "SUPPLIER_TOKEN",
+        TOKEN,
+        &[
+            "run",
+            guests::HTTP_STEP,
+            "--input",
+            &json!({ "requests": requests }).to_string(),
+        ],
+    );
+    ran.expect_code(0);
+    ran.json().as_array().unwrap().clone()
+}
+
+#[test]
+fn an_origin_not_granted_is_denied_and_host_headers_are_the_host_s() {
+    let receiver = Receiver::start().unwrap();
+    let sb = Sandbox::with_config(BIN, &config(&receiver, true, false));
+    let denied = "http://127.0.0.1:1/inventory/X";
+    let answers = http_step(
+        &sb,
+        json!([
+            {"method": "GET", "url": denied},
+            {"method": "POST", "url": format!("{}/orders", receiver.url()),
+             "headers": [["idempotency-key", "mine"]], "body": "{}"},
+            {"method": "GET", "url": format!("{}/inventory/X", receiver.url()),
+             "headers": [["authorization", "Bearer forged"]]},
+            {"method": "GET", "url": format!("{}/inventory/WIDGET-7", receiver.url())},
+        ]),
+    );
+    let error = |i: usize| answers[i]["error"].as_str().unwrap_or_default().to_string();
+    assert!(error(0).contains("HttpRequestDenied"), "{answers:#?}");
+    // The host's headers cannot be set by the step: refused in its client,
+    // before anything is sent.
+    assert!(
+        error(1).to_lowercase().contains("forbidden"),
+        "{answers:#?}"
+    );
+    assert!(
+        error(2).to_lowercase().contains("forbidden"),
+        "{answers:#?}"
+    );
+    assert_eq!(answers[3]["status"], 200, "{answers:#?}");
+    assert_eq!(receiver.requests().len(), 1, "only the granted GET left");
+    assert_eq!(receiver.business_effects(), 0);
+    // The refusal is recorded, naming what to grant.
+    let runs = sb.stephost(&["runs", "--json"]).json();
+    let run_id = runs[0]["run_id"].as_str().unwrap().to_string();
+    let show = sb.show(&run_id);
+    let refused = &calls(&show)[0];
+    assert_eq!(refused["interface"], "wasi:http/outgoing-handler");
+    let outcome = refused["outcome"].as_str().unwrap();
+    assert!(
+        outcome.contains("\"denied\"")
+            && outcome.contains("origin http://127.0.0.1:1 is not granted")
+            && outcome.contains("grant it with [http."),
+        "{refused:#}"
+    );
+}
