@@ -46,7 +46,11 @@ from wit_world.imports import llm as _llm
 from wit_world.imports import log as _log
 from wit_world.imports import random as _random
 from wit_world.imports import timers as _timers
-from wit_world.imports import types as _types
+try:
+    from wit_world.imports import types as _types
+except ImportError:
+    # A world that also imports wasi:http (stephost_http) has two `types`.
+    from wit_world.imports import stephost_step_types as _types
 
 try:  # stephost:step@0.2.0 only; absent from a 0.1.0 build
     from wit_world.imports import models as _models

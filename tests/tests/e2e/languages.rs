@@ -26,7 +26,7 @@ fn root() -> PathBuf {
 }
 
 /// Builds a guest with `script OUT` once per test process.
-fn build(script: &str, name: &str) -> String {
+pub(crate) fn build(script: &str, name: &str) -> String {
     static BUILT: OnceLock<Mutex<std::collections::HashMap<String, String>>> = OnceLock::new();
     let built = BUILT.get_or_init(Mutex::default);
     let mut built = built.lock().unwrap_or_else(|p| p.into_inner());

@@ -246,3 +246,58 @@ fn an_origin_not_granted_is_denied_and_host_headers_are_the_host_s() {
         "{refused:#}"
     );
 }
+
+#[test]
+fn a_python_step_orders_with_its_own_http_client_like_the_rust_one() {
+    let module = crate::languages::build(
+        "examples/python-http-supplier-order/build.sh",
+        "python_http_supplier_order.wasm",
+    );
+    let receiver = Receiver::start().unwrap();
+    let sb = Sandbox::with_config(BIN, &config(&receiver, true, true));
+    let python = run_order_with(&sb, &receiver, &module, "p1");
+    let rust = run_order(&sb, &receiver, "r1");
+    let (python, rust) = (expect_ordered(&python), expect_ordered(&rust));
+    // Two runs, two orders, each sent once; the same answers but the
+    // operation id.
+    assert_eq!(receiver.business_effects(), 2);
+    assert_eq!(python["on_hand"], rust["on_hand"]);
+    let exchanges = |run: &str| -> Vec<(String, String)> {
+        calls(&sb.show(run))
+            .iter()
+            .filter(|c| c["interface"] == "wasi:http/outgoing-handler")
+            .map(|c| (c["class"].to_string(), c["request"].to_string()))
+            .collect()
+    };
+    assert_eq!(exchanges("p1").len(), 2);
+    assert_eq!(exchanges("p1")[0], exchanges("r1")[0], "the same GET");
+    let seen = receiver.requests().len();
+    let replayed = sb.stephost(&["replay", "p1"]);
+    replayed.expect_code(0);
+    assert!(
+        replayed.stdout.contains("consistent"),
+        "{}",
+        replayed.stdout
+    );
+    assert_eq!(receiver.requests().len(), seen, "the replay sent a request");
+}
+
+fn run_order_with(
+    sb: &Sandbox,
+    receiver: &Receiver,
+    module: &str,
+    run_id: &str,
+) -> stephost_tests::Ran {
+    sb.stephost_with_env(
+        "SUPPLIER_TOKEN",
+        TOKEN,
+        &[
+            "run",
+            module,
+            "--input",
+            &input(receiver),
+            "--run-id",
+            run_id,
+        ],
+    )
+}
