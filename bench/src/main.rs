@@ -14,6 +14,7 @@ mod postgres;
 mod procstat;
 mod report;
 mod server;
+mod web;
 
 use std::error::Error;
 use std::path::{Path, PathBuf};
@@ -109,7 +110,7 @@ pub(crate) struct Args {
     out: PathBuf,
     /// Where the ledgers are created (a temporary folder inside it).
     dir: Option<PathBuf>,
-    /// Figures to run (1 to 12); all when empty.
+    /// Figures to run (1 to 13); all when empty.
     only: Vec<u32>,
     /// `--ab`: the other build to compare with.
     ab: Option<ab::Other>,
@@ -444,6 +445,9 @@ impl Bench {
         }
         if args.wants(12) {
             self.conversation()?;
+        }
+        if args.wants(13) {
+            self.web()?;
         }
         // Figure 11's PostgreSQL rows are measured beside figure 8's floor.
         if args.wants(8) || args.wants(9) || args.wants(10) || args.wants(11) {

@@ -15,7 +15,10 @@
 //!   the model with the whole conversation, and adds its answer;
 //! - `converse-http`: the same conversation through the effect `chat.read`,
 //!   an `http` read posting the OpenAI Chat Completions body itself (the
-//!   same exchange as a buffered read, for comparison).
+//!   same exchange as a buffered read, for comparison);
+//! - `http-effect`: N orders posted through the effect `orders.post`;
+//! - `wasi-http`: the same N orders posted to `{url}/orders` by the step's
+//!   own HTTP client (`wstd` over `wasi:http`).
 //!
 //! With `"pad": P`, `read` and `write` add P bytes to each request (the
 //! echo effects answer them back).
@@ -53,6 +56,9 @@ struct Input {
     start_at_ns: Option<u64>,
     #[serde(default)]
     pad: usize,
+    /// The receiver of `wasi-http`'s orders.
+    #[serde(default)]
+    url: String,
 }
 
 /// `bytes` of text, different for each `turn`.
@@ -128,6 +134,32 @@ fn effects(ctx: &mut Ctx, name: &str, count: u64, pad: usize) -> Result<(), Erro
     Ok(())
 }
 
+/// The `i`th order of `http-effect` and `wasi-http`.
+fn order(i: u64) -> Value {
+    json!({ "sku": format!("BENCH-{i}"), "quantity": 1 })
+}
+
+/// Input `mode` `wasi-http`: `count` orders posted with `wstd`.
+fn own_client(url: &str, count: u64) -> Result<Value, Error> {
+    use wstd::http::{Body, Client, Request};
+    let posted: Result<(), wstd::http::Error> = wstd::runtime::block_on(async {
+        let client = Client::new();
+        for i in 0..count {
+            let request = Request::post(format!("{url}/orders"))
+                .header("content-type", "application/json")
+                .body(Body::from_json(&order(i))?)?;
+            let mut response = client.send(request).await?;
+            if !response.status().is_success() {
+                return Err(wstd::http::Error::msg(format!("{}", response.status())));
+            }
+            let _: Value = response.body_mut().json().await?;
+        }
+        Ok(())
+    });
+    posted.map_err(|e| Error::msg(format!("{e:#}")))?;
+    Ok(json!({ "calls": count }))
+}
+
 fn observe(ctx: &mut Ctx, count: u64) -> Result<(), Error> {
     let mut sum = 0u64;
     for _ in 0..count {
@@ -172,6 +204,13 @@ fn calls(ctx: &mut Ctx, input: &Input) -> Result<Value, Error> {
         }
         "converse" => return converse(ctx, count, pad, false),
         "converse-http" => return converse(ctx, count, pad, true),
+        "http-effect" => {
+            for i in 0..count {
+                let _: Value = ctx.effect("orders.post", &order(i))?;
+            }
+            return Ok(json!({ "calls": count }));
+        }
+        "wasi-http" => return own_client(&input.url, count),
         "write" => |ctx, n, pad| effects(ctx, "noop.write", n, pad),
         "read" => |ctx, n, pad| effects(ctx, "noop.read", n, pad),
         "observe" => |ctx, n, _| observe(ctx, n),
