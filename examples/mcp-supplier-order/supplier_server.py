@@ -16,7 +16,8 @@ usage: python supplier_server.py                 (stdio)
 
 For tests, SUPPLIER_MCP_FAULT makes `place_order` misbehave: `die-after`
 places the order and exits before answering (a server killed mid-call);
-`die-before` exits before placing it; `slow` waits 5 s before placing it.
+`die-before` exits before placing it; `slow` waits 5 s before placing it;
+`rpc-error` answers with a JSON-RPC error (-32001) instead of a result.
 SUPPLIER_MCP_PIDFILE names a file the server appends its process id to.
 """
 
@@ -29,6 +30,7 @@ from typing import Any
 
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
+from mcp.shared.exceptions import MCPError
 from mcp.types import ToolAnnotations
 
 ORDERS = Path(os.environ.get("SUPPLIER_ORDERS", "supplier-orders.jsonl"))
@@ -66,6 +68,8 @@ def place_order(sku: str, quantity: int, ctx: Context) -> dict[str, Any]:
                 return order
     if FAULT == "die-before":
         os._exit(3)
+    if FAULT == "rpc-error":
+        raise MCPError(code=-32001, message="the supplier takes no orders today")
     if FAULT == "slow":
         time.sleep(5)
     order = {

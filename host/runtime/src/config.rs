@@ -1355,9 +1355,9 @@ headers = { Authorization = "Bearer ${STEPHOST_TEST_UNSET_KEY_7d1f}" }
         assert!(secret.contains("STEPHOST_TEST_UNSET_VAR"), "{secret}");
         // Declared, nothing is started: building the effects connects to no
         // server (the program does not exist).
-        let ok = Config::parse(&format!(
-            "[mcp.s]\ncommand = \"/nonexistent/server\"\n[effects.t]\nkind = \"mcp\"\nserver = \"s\"\ntool = \"t\"\n"
-        ))
+        let ok = Config::parse(
+            "[mcp.s]\ncommand = \"/nonexistent/server\"\n[effects.t]\nkind = \"mcp\"\nserver = \"s\"\ntool = \"t\"\n",
+        )
         .unwrap();
         let effects = ok.effects().unwrap();
         assert_eq!(effects.get("t").unwrap().class, CallClass::Write);

@@ -257,6 +257,66 @@ fn a_server_killed_mid_call_is_started_again_and_its_lost_answer_handled_as_one(
     assert_eq!(orders(&sb).len(), 1);
 }
 
+#[test]
+fn a_json_rpc_error_is_a_refusal_and_a_timeout_leaves_a_write_in_doubt() {
+    let sb = stdio_sandbox(false);
+    let ran = sb.stephost_with_env(
+        "SUPPLIER_MCP_FAULT",
+        "rpc-error",
+        &[
+            "run",
+            guests::MCP_SUPPLIER_ORDER,
+            "--input",
+            INPUT,
+            "--run-id",
+            "e1",
+        ],
+    );
+    assert_ne!(ran.code, Some(0), "{ran:?}");
+    assert!(
+        ran.stderr
+            .contains("refused the call (-32001): the supplier takes no orders today"),
+        "{}",
+        ran.stderr
+    );
+    let show = sb.show("e1");
+    assert_eq!(calls(&show)[ORDER_SEQ as usize - 1]["state"], "failed");
+    assert!(orders(&sb).is_empty());
+
+    // No answer within timeout_ms: the server may have acted, and does not
+    // deduplicate: parked, not sent again.
+    let config =
+        config(&stdio(&python()), false).replace("timeout_ms = 20_000", "timeout_ms = 1_000");
+    let sb = Sandbox::with_config(BIN, &config);
+    let ran = sb.stephost_with_env(
+        "SUPPLIER_MCP_FAULT",
+        "slow",
+        &[
+            "run",
+            guests::MCP_SUPPLIER_ORDER,
+            "--input",
+            INPUT,
+            "--run-id",
+            "e2",
+        ],
+    );
+    ran.expect_code(5);
+    let show = sb.show("e2");
+    assert_eq!(
+        calls(&show)[ORDER_SEQ as usize - 1]["state"],
+        "unknown",
+        "{show:#}"
+    );
+    let sends = attempts_for(&show, ORDER_SEQ);
+    assert_eq!(sends.len(), 1, "{show:#}");
+    assert!(
+        sends[0]["detail"]
+            .as_str()
+            .is_some_and(|d| d.contains("did not answer within 1000 ms")),
+        "{show:#}"
+    );
+}
+
 /// Whether process `pid` is still running (not a zombie).
 fn alive(pid: u32) -> bool {
     std::fs::read_to_string(format!("/proc/{pid}/stat"))

@@ -245,12 +245,12 @@ pub fn check_receipt(
             ));
         }
     }
-    if let Some(found) = value.get("payload_sha256").and_then(|v| v.as_str()) {
-        if found != ours {
-            return Err(format!(
-                "the receiver's receipt is for payload {found}, not this request's {ours}"
-            ));
-        }
+    if let Some(found) = value.get("payload_sha256").and_then(|v| v.as_str())
+        && found != ours
+    {
+        return Err(format!(
+            "the receiver's receipt is for payload {found}, not this request's {ours}"
+        ));
     }
     Ok(())
 }
