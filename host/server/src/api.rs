@@ -252,10 +252,19 @@ async fn raise_budget(
     _operator: Operator,
     _fits: Fits,
     path: Result<Path<String>, PathRejection>,
-    body: Result<Json<stephost_core::RunBudget>, JsonRejection>,
+    body: Result<Json<serde_json::Value>, JsonRejection>,
 ) -> Result<Json<RunRecord>, ApiError> {
     let Path(run_id) = path?;
-    let Json(raised) = body?;
+    let Json(body) = body?;
+    // Every bound is optional: serde would read an array as the fields in
+    // order, so the body is checked to be an object first.
+    if !body.is_object() {
+        return Err(ApiError::bad_input(
+            "the body must be a JSON object, e.g. {\"model_tokens_max\": 5000}",
+        ));
+    }
+    let raised: stephost_core::RunBudget =
+        serde_json::from_value(body).map_err(|e| ApiError::bad_input(e.to_string()))?;
     let run = app
         .with_host(move |host| Ok(host.set_budget(&run_id, &raised)?))
         .await?;

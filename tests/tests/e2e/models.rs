@@ -349,6 +349,10 @@ fn a_run_parked_over_its_budget_goes_on_once_the_api_raises_it() {
         "{parked:#}"
     );
     assert_eq!(model_requests(&server), 0);
+    // An array is not read as the bounds in order (the run stays parked).
+    served
+        .post("/api/runs/api/budget", &serde_json::json!([]))
+        .expect_error(400, "bad_input");
     // An operator raises it: the server's worker goes on with the run.
     let raised = served
         .post(

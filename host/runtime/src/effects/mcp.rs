@@ -610,12 +610,13 @@ impl Handler for McpEffect {
         self.idempotent
     }
 
+    fn declares_class(&self) -> bool {
+        self.configured.is_none() && matches!(self.operation, Operation::Call { .. })
+    }
+
     fn declared_class(&self) -> Option<CallClass> {
-        if self.configured.is_some() {
+        let (None, Operation::Call { tool }) = (self.configured, &self.operation) else {
             return self.configured;
-        }
-        let Operation::Call { tool } = &self.operation else {
-            return Some(CallClass::Read);
         };
         // A hint is a read only when the server says so; a server that
         // cannot be asked, or a tool it does not list, is a write.

@@ -163,9 +163,15 @@ pub trait Handler: Send + Sync {
         false
     }
 
-    /// The class of a new call when the receiver declares it (an MCP tool's
-    /// annotations); `None`: the effect's configured class. Asked only for
-    /// a call about to go live, never for one the ledger answers.
+    /// Whether the receiver declares the class of each new call
+    /// ([`Handler::declared_class`]) rather than the configuration.
+    fn declares_class(&self) -> bool {
+        false
+    }
+
+    /// The class of a new call as the receiver declares it (an MCP tool's
+    /// annotations, which it may have to be asked for). Asked only for a
+    /// call about to go live, never for one the ledger answers.
     fn declared_class(&self) -> Option<CallClass> {
         None
     }
@@ -198,6 +204,10 @@ impl<H: Handler + ?Sized> Handler for Arc<H> {
 
     fn paid(&self) -> bool {
         (**self).paid()
+    }
+
+    fn declares_class(&self) -> bool {
+        (**self).declares_class()
     }
 
     fn declared_class(&self) -> Option<CallClass> {
@@ -272,7 +282,7 @@ impl Effect {
     /// call goes live and the receiver declares one, else the configured
     /// class (a call the ledger answers keeps its recorded class anyway).
     pub fn class_of_next(&self, journal: &mut stephost_core::journal::Journal) -> CallClass {
-        if journal.next_goes_live() {
+        if self.handler.declares_class() && journal.next_goes_live() {
             self.handler.declared_class().unwrap_or(self.class)
         } else {
             self.class
