@@ -204,7 +204,8 @@ fn http_step(sb: &Sandbox, requests: Value) -> Vec<Value> {
 #[test]
 fn an_origin_not_granted_is_denied_and_host_headers_are_the_host_s() {
     let receiver = Receiver::start().unwrap();
-    let sb = Sandbox::with_config(BIN, &config(&receiver, true, false));
+    let limits = "[limits]\npayload_bytes_max = 4096\n";
+    let sb = Sandbox::with_config(BIN, &format!("{limits}{}", config(&receiver, true, false)));
     let denied = "http://127.0.0.1:1/inventory/X";
     let answers = http_step(
         &sb,
@@ -215,6 +216,8 @@ fn an_origin_not_granted_is_denied_and_host_headers_are_the_host_s() {
             {"method": "GET", "url": format!("{}/inventory/X", receiver.url()),
              "headers": [["authorization", "Bearer forged"]]},
             {"method": "GET", "url": format!("{}/inventory/WIDGET-7", receiver.url())},
+            {"method": "POST", "url": format!("{}/orders", receiver.url()),
+             "body_bytes": 5000},
         ]),
     );
     let error = |i: usize| answers[i]["error"].as_str().unwrap_or_default().to_string();
@@ -230,6 +233,8 @@ fn an_origin_not_granted_is_denied_and_host_headers_are_the_host_s() {
         "{answers:#?}"
     );
     assert_eq!(answers[3]["status"], 200, "{answers:#?}");
+    // A body larger than payload_bytes_max is refused before it is sent.
+    assert!(error(4).contains("HttpRequestBodySize"), "{answers:#?}");
     assert_eq!(receiver.requests().len(), 1, "only the granted GET left");
     assert_eq!(receiver.business_effects(), 0);
     // The refusal is recorded, naming what to grant.

@@ -226,6 +226,10 @@ pub fn payload_sha256(body: &str) -> String {
     hex::encode(sha2::Sha256::digest(body.as_bytes()))
 }
 
+/// The field of the answer recorded in place of a response larger than
+/// `payload_bytes_max`: its size in bytes (beside its sha256).
+pub const RESPONSE_TOO_LARGE: &str = "stephost_response_bytes";
+
 /// Where a receipt names its operation, unless an effect says otherwise.
 pub const RECEIPT_OPERATION_POINTER: &str = "/operation_id";
 
@@ -530,7 +534,7 @@ impl LiveCall for EffectCall<'_> {
                     // The receiver acted: the call succeeded even though its
                     // response is too large to record in full.
                     let summary = serde_json::json!({
-                        "stephost_response_bytes": reply.body.len(),
+                        RESPONSE_TOO_LARGE: reply.body.len(),
                         "stephost_response_sha256": payload_sha256(&reply.body),
                     });
                     return Outcome::Ok(serde_json::Value::String(summary.to_string())).into();

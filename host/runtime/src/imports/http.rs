@@ -226,7 +226,7 @@ fn exchange(
         )
     })?;
     Ok(match answer {
-        Ok(text) => Ok(answered(&text)),
+        Ok(text) => answered(&text),
         Err(CallError::Denied(_)) => Err(ErrorCode::HttpRequestDenied),
         Err(CallError::Rejected(m) | CallError::Exhausted(m) | CallError::Invalid(m)) => {
             Err(ErrorCode::InternalError(Some(m)))
@@ -234,11 +234,22 @@ fn exchange(
     })
 }
 
-/// The response a recorded answer stands for: the origin's response, or
-/// the receipt a lookup found for a write in doubt (a 200 with the receipt
-/// as its JSON body).
-fn answered(text: &str) -> Answered {
-    serde_json::from_str::<Answered>(text).unwrap_or_else(|_| Answered {
+/// The response a recorded answer stands for: the origin's response; for
+/// one too large to record (kept by its size and hash), the error the
+/// guest's client gets; else the receipt a lookup found for a write in
+/// doubt (a 200 with the receipt as its JSON body).
+fn answered(text: &str) -> Result<Answered, ErrorCode> {
+    if let Ok(answer) = serde_json::from_str::<Answered>(text) {
+        return Ok(answer);
+    }
+    let value = serde_json::from_str::<serde_json::Value>(text).unwrap_or_default();
+    if let Some(bytes) = value
+        .get(crate::effects::RESPONSE_TOO_LARGE)
+        .and_then(|n| n.as_u64())
+    {
+        return Err(ErrorCode::HttpResponseBodySize(Some(bytes)));
+    }
+    Ok(Answered {
         status: 200,
         headers: vec![("content-type".to_string(), "application/json".to_string())],
         body: Body::Text {
@@ -399,4 +410,26 @@ pub fn link(linker: &mut Linker<StepState>, sync: bool) -> wasmtime::Result<()> 
         )?;
     linker.allow_shadowing(false);
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_recorded_answer_is_a_response_a_size_error_or_a_receipt() {
+        let response = r#"{"status":503,"headers":[["retry-after","1"]],"body":"busy"}"#;
+        let answer = answered(response).unwrap();
+        assert_eq!(answer.status, 503);
+        assert_eq!(answer.body.bytes().unwrap(), b"busy");
+        let too_large = r#"{"stephost_response_bytes":2000000,"stephost_response_sha256":"ab"}"#;
+        assert!(matches!(
+            answered(too_large),
+            Err(ErrorCode::HttpResponseBodySize(Some(2_000_000)))
+        ));
+        let receipt = r#"{"operation_id":"op-1","order_id":"ORD-1"}"#;
+        let answer = answered(receipt).unwrap();
+        assert_eq!(answer.status, 200);
+        assert_eq!(answer.body.bytes().unwrap(), receipt.as_bytes());
+    }
 }

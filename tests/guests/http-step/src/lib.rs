@@ -1,5 +1,5 @@
 //! Test guest: `{"requests": [{"method", "url", "headers"?: [[name, value]],
-//! "body"?}]}` sends each request in turn with Rust's `wstd` client over
+//! "body"? or "body_bytes"?}]}` sends each request in turn with Rust's `wstd` client over
 //! `wasi:http` and returns, for each, `{"status", "headers", "body"}` or
 //! `{"error"}` (the client's error, e.g. a denied origin or a forbidden
 //! header), going on with the next.
@@ -22,6 +22,9 @@ struct Req {
     headers: Vec<(String, String)>,
     #[serde(default)]
     body: Option<String>,
+    /// A body of this many bytes instead (larger than the input may be).
+    #[serde(default)]
+    body_bytes: Option<usize>,
 }
 
 fn run(_ctx: &mut Ctx, input: Input) -> Result<Value, Error> {
@@ -43,9 +46,10 @@ async fn send(client: &Client, req: Req) -> Result<Value, wstd::http::Error> {
     for (name, value) in &req.headers {
         builder = builder.header(name, value);
     }
-    let body = match req.body {
-        Some(text) => Body::from(text),
-        None => Body::empty(),
+    let body = match (req.body, req.body_bytes) {
+        (_, Some(n)) => Body::from("x".repeat(n)),
+        (Some(text), None) => Body::from(text),
+        (None, None) => Body::empty(),
     };
     let mut response = client.send(builder.body(body)?).await?;
     let headers: Vec<(String, String)> = response
