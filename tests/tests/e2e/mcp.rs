@@ -317,6 +317,42 @@ fn a_json_rpc_error_is_a_refusal_and_a_timeout_leaves_a_write_in_doubt() {
     );
 }
 
+#[test]
+fn a_server_program_at_a_relative_path_is_found_in_the_configuration_s_folder() {
+    // `--config shop/stephost.toml`, a relative path from the sandbox; the
+    // program is a script beside it that starts the server.
+    let sb = Sandbox::with_config(BIN, "");
+    let folder = sb.path("shop");
+    std::fs::create_dir(&folder).unwrap();
+    std::fs::write(
+        folder.join("stephost.toml"),
+        config("command = \"./server.sh\"", true),
+    )
+    .unwrap();
+    let script = folder.join("server.sh");
+    std::fs::write(
+        &script,
+        format!(
+            "#!/bin/sh\nexec {} {}\n",
+            python().display(),
+            server_script().display()
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let ran = sb.stephost(&[
+        "--config",
+        "shop/stephost.toml",
+        "run",
+        guests::MCP_SUPPLIER_ORDER,
+        "--input",
+        INPUT,
+    ]);
+    expect_ordered(&ran);
+    // The server runs in the configuration's folder.
+    assert_eq!(sb.received(&format!("shop/{ORDERS}")).len(), 1);
+}
+
 /// Whether process `pid` is still running (not a zombie).
 fn alive(pid: u32) -> bool {
     std::fs::read_to_string(format!("/proc/{pid}/stat"))

@@ -380,10 +380,12 @@ async fn connect(transport: &Transport) -> Result<Client, String> {
             dir,
         } => {
             use process_wrap::tokio::{CommandWrap, KillOnDrop, ProcessGroup};
-            // A path is the configuration folder's, a bare name is looked
-            // up on the host's PATH.
+            // A path is the configuration folder's (made absolute: the
+            // program starts in that folder), a bare name is looked up on
+            // the host's PATH.
             let program = match dir {
-                Some(dir) if program.contains('/') => dir.join(program),
+                Some(dir) if program.contains('/') => std::path::absolute(dir.join(program))
+                    .map_err(|e| format!("cannot resolve {program}: {e}"))?,
                 _ => std::path::PathBuf::from(program),
             };
             let mut command = tokio::process::Command::new(&program);
