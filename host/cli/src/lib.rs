@@ -172,6 +172,22 @@ pub struct SubmitArgs {
     pub budget: BudgetArgs,
 }
 
+/// How a worker or server writes its lines on stderr.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum LogFormatArg {
+    Text,
+    Json,
+}
+
+impl LogFormatArg {
+    fn set(self) {
+        stephost_runtime::logs::set_format(match self {
+            LogFormatArg::Text => stephost_runtime::logs::LogFormat::Text,
+            LogFormatArg::Json => stephost_runtime::logs::LogFormat::Json,
+        });
+    }
+}
+
 /// The arguments of `stephost worker`.
 #[derive(Args, Debug)]
 pub struct WorkerArgs {
@@ -192,6 +208,11 @@ pub struct WorkerArgs {
     /// PostgreSQL or a SQLite file on Linux; every 200 ms otherwise).
     #[arg(long)]
     pub poll_ms: Option<u64>,
+    /// How the lines on stderr are written: `text` for people, `json` for a
+    /// log pipeline (one object a line: time, level, source, message,
+    /// run_id, seq).
+    #[arg(long, value_enum, default_value = "text", env = "STEPHOST_LOG_FORMAT")]
+    pub log_format: LogFormatArg,
 }
 
 /// The arguments of `stephost serve`.
@@ -234,6 +255,10 @@ pub struct ServeArgs {
     /// ms (as `stephost worker --poll-ms`).
     #[arg(long)]
     pub poll_ms: Option<u64>,
+    /// How the lines on stderr are written (as `stephost worker
+    /// --log-format`).
+    #[arg(long, value_enum, default_value = "text", env = "STEPHOST_LOG_FORMAT")]
+    pub log_format: LogFormatArg,
 }
 
 /// The arguments of `stephost resume`.
@@ -419,7 +444,7 @@ pub fn main() -> i32 {
     match execute(cli) {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("stephost: {e}");
+            stephost_runtime::logs::error("stephost", None, &e);
             e.exit_code()
         }
     }
@@ -459,7 +484,7 @@ fn options_with(config: &Config, effects: stephost_runtime::effects::Effects) ->
         effects,
         log_sink: Some(Arc::new(|run_id: &str, rec: &LogRecord, replayed: bool| {
             if !replayed {
-                eprintln!("[{run_id}] {}: {}", rec.level, print::Safe(&rec.message));
+                stephost_runtime::logs::step_line(run_id, rec, print::Safe(&rec.message));
             }
         })),
         cache_dir: config.cache_dir.clone(),
@@ -628,8 +653,10 @@ fn worker(
         worker_id,
         exit_when_idle,
         poll_ms,
+        log_format,
     }: WorkerArgs,
 ) -> Result<i32, HostError> {
+    log_format.set();
     let Ctx { config, ledger } = ctx;
     // Refuses a bad configuration before claiming anything; every lane
     // shares the effects built here (and so each MCP server).
@@ -664,8 +691,10 @@ fn serve(
         shutdown_grace_ms,
         wait_ms_max,
         poll_ms,
+        log_format,
     }: ServeArgs,
 ) -> Result<i32, HostError> {
+    log_format.set();
     let Ctx { config, ledger } = ctx;
     // Refuses a bad configuration before serving anything; every lane
     // shares the effects built here (and so each MCP server).
@@ -1004,16 +1033,20 @@ fn print_worker_report(
     } else {
         String::new()
     };
-    eprintln!(
-        "stephost {command}: {} completed, {} failed, {} parked, {} released, {} abandoned, \
-         {} claim conflicts, {} lease losses{shared}",
-        report.completed,
-        report.failed,
-        report.parked,
-        report.released,
-        report.abandoned,
-        report.claim_conflicts,
-        report.lease_losses,
+    stephost_runtime::logs::info(
+        command,
+        None,
+        format_args!(
+            "{} completed, {} failed, {} parked, {} released, {} abandoned, {} claim conflicts, \
+             {} lease losses{shared}",
+            report.completed,
+            report.failed,
+            report.parked,
+            report.released,
+            report.abandoned,
+            report.claim_conflicts,
+            report.lease_losses,
+        ),
     );
 }
 

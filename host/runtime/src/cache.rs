@@ -47,10 +47,14 @@ impl DiskCache {
                 Err(_) => Ok(()),
             }
         }) {
-            eprintln!(
-                "stephost: not using the compiled-component cache {}: {why}; point \
-                 STEPHOST_CACHE_DIR at a folder of this user's",
-                dir.display()
+            crate::logs::warn(
+                "stephost",
+                None,
+                format_args!(
+                    "not using the compiled-component cache {}: {why}; point \
+                     STEPHOST_CACHE_DIR at a folder of this user's",
+                    dir.display()
+                ),
             );
             return None;
         }

@@ -29,6 +29,7 @@ pub mod fuzzing;
 pub mod imports;
 pub mod instance;
 pub mod limiter;
+pub mod logs;
 pub mod metrics;
 pub mod options;
 pub mod owner;

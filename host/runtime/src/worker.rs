@@ -273,7 +273,7 @@ pub fn run(
                     Ok(runs) => runs,
                     // A busy ledger: look again on the next round.
                     Err(e) => {
-                        eprintln!("stephost worker: listing due runs: {e}");
+                        crate::logs::error("worker", None, format_args!("listing due runs: {e}"));
                         Vec::new()
                     }
                 };
@@ -300,7 +300,11 @@ pub fn run(
                         continue;
                     }
                     if let Err(e) = lifecycle::check_sealed(&signer, run) {
-                        eprintln!("stephost worker: not claiming run {}: {e}", run.run_id);
+                        crate::logs::warn(
+                            "worker",
+                            Some(&run.run_id),
+                            format_args!("not claiming run {}: {e}", run.run_id),
+                        );
                         refused.insert(run);
                         report.integrity_refusals += 1;
                         continue;
@@ -325,7 +329,11 @@ pub fn run(
                         }
                         // A busy ledger: try again on the next round.
                         Err(e) => {
-                            eprintln!("stephost worker: claiming {}: {e}", run.run_id);
+                            crate::logs::warn(
+                                "worker",
+                                Some(&run.run_id),
+                                format_args!("claiming {}: {e}", run.run_id),
+                            );
                             continue;
                         }
                     };
@@ -579,15 +587,23 @@ fn renew_all(
             Err(StoreError::Fenced { .. }) => {
                 if !a.control.lost.swap(true, Ordering::SeqCst) {
                     report.lease_losses += 1;
-                    eprintln!(
-                        "stephost worker: lost the claim on run {}; it stops before its next call",
-                        a.claim.run_id
+                    crate::logs::warn(
+                        "worker",
+                        Some(&a.claim.run_id),
+                        format_args!(
+                            "lost the claim on run {}; it stops before its next call",
+                            a.claim.run_id
+                        ),
                     );
                 }
             }
             // A busy or failing ledger: try again next round; the lease
             // still has two thirds of its time.
-            Err(e) => eprintln!("stephost worker: renewing {}: {e}", a.claim.run_id),
+            Err(e) => crate::logs::warn(
+                "worker",
+                Some(&a.claim.run_id),
+                format_args!("renewing {}: {e}", a.claim.run_id),
+            ),
         }
     }
 }
@@ -610,11 +626,19 @@ fn tally(report: &mut WorkerReport, run_id: &str, result: Result<RunReport, Host
                 RunStatus::Waiting => report.waiting += 1,
                 RunStatus::Pending | RunStatus::Running => report.released += 1,
             }
-            eprintln!("stephost worker: run {run_id} {}", r.status.as_str());
+            crate::logs::info(
+                "worker",
+                Some(run_id),
+                format_args!("run {run_id} {}", r.status.as_str()),
+            );
         }
         Err(e) => {
             report.abandoned += 1;
-            eprintln!("stephost worker: run {run_id} abandoned: {e}");
+            crate::logs::error(
+                "worker",
+                Some(run_id),
+                format_args!("run {run_id} abandoned: {e}"),
+            );
         }
     }
 }

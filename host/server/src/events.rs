@@ -94,7 +94,11 @@ pub fn watch(app: Arc<App>, shutdown: Arc<AtomicBool>) {
             match app.pool.store() {
                 Ok(opened) => store = Some(opened),
                 Err(e) => {
-                    eprintln!("stephost serve: live updates wait for the ledger: {e}");
+                    stephost_runtime::logs::warn(
+                        "serve",
+                        None,
+                        format_args!("live updates wait for the ledger: {e}"),
+                    );
                     std::thread::sleep(Duration::from_secs(1));
                 }
             }
@@ -134,7 +138,9 @@ pub fn watch(app: Arc<App>, shutdown: Arc<AtomicBool>) {
                 }
                 since = look;
             }
-            Err(e) => eprintln!("stephost serve: live updates: {e}"),
+            Err(e) => {
+                stephost_runtime::logs::warn("serve", None, format_args!("live updates: {e}"))
+            }
         }
         std::thread::sleep(Duration::from_millis(app.settings.watch_ms));
     }

@@ -64,7 +64,11 @@ pub async fn serve(
                         e.kind(),
                         std::io::ErrorKind::ConnectionAborted | std::io::ErrorKind::ConnectionReset
                     ) {
-                        eprintln!("stephost serve: cannot accept a connection: {e}");
+                        stephost_runtime::logs::warn(
+                            "serve",
+                            None,
+                            format_args!("cannot accept a connection: {e}"),
+                        );
                         tokio::time::sleep(Duration::from_millis(100)).await;
                     }
                     continue;

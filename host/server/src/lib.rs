@@ -73,11 +73,19 @@ pub fn serve(
     };
     let local = listener.local_addr().unwrap_or(addr);
     if tokenless {
-        eprintln!("{}", access::TOKENLESS_WARNING);
+        stephost_runtime::logs::warn(
+            "serve",
+            None,
+            access::TOKENLESS_WARNING.trim_start_matches("stephost serve: "),
+        );
     }
-    eprintln!(
-        "stephost serve: listening on http://{local}/ (API under /api, /openapi.json); ledger {}",
-        ledger.url()
+    stephost_runtime::logs::info(
+        "serve",
+        None,
+        format_args!(
+            "listening on http://{local}/ (API under /api, /openapi.json); ledger {}",
+            ledger.url()
+        ),
     );
     let ended = app.clone();
     let worker_options = WorkerOptions {
@@ -132,9 +140,13 @@ pub fn serve(
             http::serve(listener, router, &http_settings, stop_rx).await
         });
         if stopped.dropped > 0 {
-            eprintln!(
-                "stephost serve: {} connection(s) still open after the {} ms grace were dropped",
-                stopped.dropped, settings.shutdown_grace_ms
+            stephost_runtime::logs::warn(
+                "serve",
+                None,
+                format_args!(
+                    "{} connection(s) still open after the {} ms grace were dropped",
+                    stopped.dropped, settings.shutdown_grace_ms
+                ),
             );
         }
         // Open event streams end with the runtime.

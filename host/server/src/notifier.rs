@@ -130,7 +130,11 @@ impl Notifier {
                     .map(|r| roles = Some(r)),
             };
             if let Err(e) = result {
-                eprintln!("stephost serve: notifications: {e}; trying again");
+                stephost_runtime::logs::warn(
+                    "serve",
+                    None,
+                    format_args!("notifications: {e}; trying again"),
+                );
             }
             std::thread::sleep(every);
         }

@@ -936,3 +936,57 @@ impl Drop for KilledOnDrop {
         }
     }
 }
+
+#[test]
+fn a_worker_writes_one_json_object_a_line_when_asked() {
+    let sb = Sandbox::new(BIN);
+    sb.stephost(&[
+        "submit",
+        guests::MULTI_WRITE,
+        "--input",
+        r#"{"count":1}"#,
+        "--run-id",
+        "logged",
+    ])
+    .expect_code(0);
+    let ran = sb.stephost_with_env(
+        "STEPHOST_LOG_FORMAT",
+        "json",
+        &["worker", "--exit-when-idle"],
+    );
+    ran.expect_code(0);
+    let lines: Vec<Value> = ran
+        .stderr
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: not JSON: {l}")))
+        .collect();
+    for line in &lines {
+        for field in ["time", "level", "source", "message"] {
+            assert!(line[field].is_string(), "no {field}: {line}");
+        }
+    }
+    // The step's own line, with its run and the calls it had made.
+    let step = lines
+        .iter()
+        .find(|l| l["source"] == "step" && l["message"] == "write 0 to orders done")
+        .unwrap_or_else(|| panic!("{lines:#?}"));
+    assert_eq!(step["run_id"], "logged");
+    assert_eq!(step["level"], "info");
+    assert_eq!(step["seq"], 3);
+    // The worker's, naming the run.
+    assert!(
+        lines.iter().any(|l| l["source"] == "worker"
+            && l["run_id"] == "logged"
+            && l["message"] == "run logged completed"),
+        "{lines:#?}"
+    );
+    // Text stays the default, for people.
+    let text = sb.stephost(&["worker", "--exit-when-idle"]);
+    assert!(
+        text.stderr.starts_with("stephost worker: 0 completed"),
+        "{}",
+        text.stderr
+    );
+    let bad = sb.stephost(&["worker", "--exit-when-idle", "--log-format", "xml"]);
+    bad.expect_code(2);
+}

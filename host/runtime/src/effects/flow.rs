@@ -68,7 +68,11 @@ impl Flow {
         let caps = self.caps;
         match flows {
             Some(flows) => flows.flow(&self.key, caps, op).unwrap_or_else(|e| {
-                eprintln!("stephost: model flow state of {} not kept: {e}", self.key);
+                crate::logs::warn(
+                    "stephost",
+                    None,
+                    format_args!("model flow state of {} not kept: {e}", self.key),
+                );
                 Ok(())
             }),
             None => {

@@ -5,7 +5,8 @@
 //! over streamable HTTP) and started when a run first calls one of their
 //! tools; every run of the process shares the connection, which is closed
 //! (and a program stopped, its whole process group) when the process lets go
-//! of its effects. A server that dies is started again at the next call.
+//! of its effects. A server that dies is started again at the next call. A
+//! program's stderr goes to the host's log a line at a time (`mcp NAME`).
 //!
 //! Each connection is driven by a thread of its own with a single-threaded
 //! tokio runtime: a call is handed over a channel and waited for with a
@@ -224,6 +225,7 @@ impl Connection {
         let (ready, connected) = sync_channel::<Result<Identity, String>>(1);
         let closed = Arc::new(AtomicBool::new(false));
         let transport = transport.clone();
+        let server = name.to_string();
         let seen_closed = closed.clone();
         let thread = std::thread::Builder::new()
             .name(format!("mcp:{name}"))
@@ -239,7 +241,8 @@ impl Connection {
                     }
                 };
                 runtime.block_on(async move {
-                    let connecting = tokio::time::timeout(timeout, connect(&transport)).await;
+                    let connecting =
+                        tokio::time::timeout(timeout, connect(&server, &transport)).await;
                     let mut client = match connecting {
                         Ok(Ok(client)) => client,
                         Ok(Err(e)) => {
@@ -371,7 +374,7 @@ fn client_config() -> ClientConfig {
     .with_protocol_version(ProtocolVersion::LATEST_WITH_INITIALIZE)
 }
 
-async fn connect(transport: &Transport) -> Result<Client, String> {
+async fn connect(name: &str, transport: &Transport) -> Result<Client, String> {
     let client = match transport {
         Transport::Stdio {
             program,
@@ -401,10 +404,23 @@ async fn connect(transport: &Transport) -> Result<Client, String> {
             let mut wrapped = CommandWrap::from(command);
             // Its whole process group is stopped with it.
             wrapped.wrap(ProcessGroup::leader()).wrap(KillOnDrop);
-            let (child, _) = rmcp::transport::TokioChildProcess::builder(wrapped)
-                .stderr(std::process::Stdio::inherit())
+            let (child, stderr) = rmcp::transport::TokioChildProcess::builder(wrapped)
+                .stderr(std::process::Stdio::piped())
                 .spawn()
                 .map_err(|e| format!("cannot start {}: {e}", program.display()))?;
+            // Its log goes to the host's, a line at a time (read as it
+            // comes: a full pipe would stall the server).
+            if let Some(stderr) = stderr {
+                let source = format!("mcp {name}");
+                tokio::spawn(async move {
+                    use tokio::io::AsyncBufReadExt;
+                    let mut lines = tokio::io::BufReader::new(stderr).lines();
+                    while let Ok(Some(line)) = lines.next_line().await {
+                        let line: String = line.chars().filter(|c| !c.is_control()).collect();
+                        crate::logs::info(&source, None, line);
+                    }
+                });
+            }
             client_config()
                 .serve(child)
                 .await
