@@ -221,9 +221,9 @@ impl<H: Handler + ?Sized> Handler for Arc<H> {
 
 /// The hex sha256 of a request body, sent as `Stephost-Payload-Sha256` and
 /// checked against a receipt's `payload_sha256`.
-pub fn payload_sha256(body: &str) -> String {
+pub fn payload_sha256(body: impl AsRef<[u8]>) -> String {
     use sha2::Digest;
-    hex::encode(sha2::Sha256::digest(body.as_bytes()))
+    hex::encode(sha2::Sha256::digest(body.as_ref()))
 }
 
 /// The field of the answer recorded in place of a response larger than

@@ -16,7 +16,7 @@ use serde::{Deserialize, Serialize};
 use ureq::http;
 
 use super::http::{check_template, classify_error, render_url};
-use super::{Failure, Handler, Lookup, Reply, Request};
+use super::{Failure, Handler, Lookup, Reply, Request, payload_sha256};
 use stephost_core::CallClass;
 
 /// A request as the step made it: no `host` header (the URL has it), the
@@ -185,7 +185,7 @@ impl Handler for Origin {
             builder = builder
                 .header("Idempotency-Key", request.operation_id)
                 .header("Stephost-Fence", request.fence.to_string())
-                .header("Stephost-Payload-Sha256", sha256_hex(&body));
+                .header("Stephost-Payload-Sha256", payload_sha256(&body));
         }
         let invalid = |e: http::Error| Failure::Invalid(format!("cannot build the request: {e}"));
         let result = if body.is_empty() && reads(&exchange.method) {
@@ -261,14 +261,9 @@ impl Handler for Origin {
         serde_json::from_str::<Exchange>(body)
             .ok()
             .and_then(|e| e.body.bytes().ok())
-            .map(|bytes| sha256_hex(&bytes))
+            .map(payload_sha256)
             .unwrap_or_default()
     }
-}
-
-fn sha256_hex(bytes: &[u8]) -> String {
-    use sha2::Digest;
-    hex::encode(sha2::Sha256::digest(bytes))
 }
 
 #[cfg(test)]
