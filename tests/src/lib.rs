@@ -106,6 +106,16 @@ impl Ran {
     }
 }
 
+/// The output of a supplier step that exited 0 having ordered `shortage`.
+#[track_caller]
+pub fn expect_ordered(ran: &Ran, shortage: i64) -> Value {
+    ran.expect_code(0);
+    let out = ran.json();
+    assert_eq!(out["ordered"], true, "{out:#}");
+    assert_eq!(out["shortage"], shortage, "{out:#}");
+    out
+}
+
 /// A folder with a ledger and a configuration, and the binary to drive.
 pub struct Sandbox {
     pub dir: tempfile::TempDir,

@@ -78,12 +78,9 @@ fn orders(sb: &Sandbox) -> Vec<Value> {
     sb.received(ORDERS)
 }
 
+#[track_caller]
 fn expect_ordered(ran: &stephost_tests::Ran) -> Value {
-    ran.expect_code(0);
-    let out = ran.json();
-    assert_eq!(out["ordered"], true, "{out:#}");
-    assert_eq!(out["shortage"], 7, "{out:#}");
-    out
+    stephost_tests::expect_ordered(ran, 7)
 }
 
 #[test]

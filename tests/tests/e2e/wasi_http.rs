@@ -48,12 +48,9 @@ fn run_order(sb: &Sandbox, receiver: &Receiver, run_id: &str) -> stephost_tests:
     )
 }
 
+#[track_caller]
 fn expect_ordered(ran: &stephost_tests::Ran) -> Value {
-    ran.expect_code(0);
-    let out = ran.json();
-    assert_eq!(out["ordered"], true, "{out:#}");
-    assert_eq!(out["shortage"], 7, "{out:#}");
-    out
+    stephost_tests::expect_ordered(ran, 7)
 }
 
 #[test]

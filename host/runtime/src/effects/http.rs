@@ -93,15 +93,7 @@ impl HttpEffect {
         for (name, value) in &self.headers {
             builder = builder.header(name, value);
         }
-        builder = builder
-            .header("Stephost-Run-Id", request.run_id)
-            .header("Stephost-Operation-Id", request.operation_id);
-        if request.class == CallClass::Write {
-            builder = builder
-                .header("Idempotency-Key", request.operation_id)
-                .header("Stephost-Fence", request.fence.to_string())
-                .header("Stephost-Payload-Sha256", payload_sha256(request.body));
-        }
+        builder = operation_headers(builder, request, request.body);
         let result = match body {
             Some(text) => {
                 let req = builder
@@ -137,6 +129,26 @@ impl HttpEffect {
             .map_err(|e| classify_error(url, e))?;
         Ok((status, retry_after, replayed, text))
     }
+}
+
+/// The headers that carry a call's operation to its receiver: its run and
+/// operation id, and for a write `Idempotency-Key`, its fencing token and
+/// the sha256 of `payload` (what is sent).
+pub(super) fn operation_headers(
+    builder: http::request::Builder,
+    request: &Request<'_>,
+    payload: impl AsRef<[u8]>,
+) -> http::request::Builder {
+    let builder = builder
+        .header("Stephost-Run-Id", request.run_id)
+        .header("Stephost-Operation-Id", request.operation_id);
+    if request.class != CallClass::Write {
+        return builder;
+    }
+    builder
+        .header("Idempotency-Key", request.operation_id)
+        .header("Stephost-Fence", request.fence.to_string())
+        .header("Stephost-Payload-Sha256", payload_sha256(payload))
 }
 
 /// Turns a response body into the JSON text the guest receives.

@@ -137,24 +137,19 @@ impl McpServer {
 
     fn call(&self, tool: &str, arguments: JsonObject, meta: JsonObject) -> Result<Called, Lost> {
         let connection = self.connected()?;
-        let (reply, answer) = sync_channel(1);
-        connection.send(Job::Call {
-            tool: tool.to_string(),
-            arguments,
-            meta,
-            timeout: self.timeout,
-            reply,
-        })?;
-        let result = answer
-            .recv()
-            .map_err(|_| Lost::Closed("the MCP client's thread ended".to_string()))?;
-        if matches!(result, Err(Lost::Closed(_))) {
-            connection.closed.store(true, Ordering::Release);
-        }
-        result.map(|result| Called {
-            result,
-            identity: connection.identity.clone(),
-        })
+        let timeout = self.timeout;
+        connection
+            .ask(|reply| Job::Call {
+                tool: tool.to_string(),
+                arguments,
+                meta,
+                timeout,
+                reply,
+            })
+            .map(|result| Called {
+                result,
+                identity: connection.identity.clone(),
+            })
     }
 
     /// The server's tools, as listed when its connection was made.
@@ -163,17 +158,8 @@ impl McpServer {
         if let Some(tools) = connection.tools.get() {
             return Ok((tools.clone(), connection.identity.clone()));
         }
-        let (reply, answer) = sync_channel(1);
-        connection.send(Job::List {
-            timeout: self.timeout,
-            reply,
-        })?;
-        let listed = answer
-            .recv()
-            .map_err(|_| Lost::Closed("the MCP client's thread ended".to_string()))?;
-        if matches!(listed, Err(Lost::Closed(_))) {
-            connection.closed.store(true, Ordering::Release);
-        }
+        let timeout = self.timeout;
+        let listed = connection.ask(|reply| Job::List { timeout, reply });
         let tools = connection
             .tools
             .get_or_init(|| Arc::new(listed.unwrap_or_default()));
@@ -345,11 +331,21 @@ impl Connection {
         })
     }
 
-    fn send(&self, job: Job) -> Result<(), Lost> {
+    /// Hands the job `job` makes to the thread and waits for its answer; a
+    /// connection found closed is made again at the next call.
+    fn ask<T>(&self, job: impl FnOnce(SyncSender<Result<T, Lost>>) -> Job) -> Result<T, Lost> {
+        let (reply, answer) = sync_channel(1);
         self.jobs
             .as_ref()
-            .and_then(|jobs| jobs.send(job).ok())
-            .ok_or_else(|| Lost::NotSent("the MCP client's thread ended".to_string()))
+            .and_then(|jobs| jobs.send(job(reply)).ok())
+            .ok_or_else(|| Lost::NotSent("the MCP client's thread ended".to_string()))?;
+        let answer = answer
+            .recv()
+            .map_err(|_| Lost::Closed("the MCP client's thread ended".to_string()))?;
+        if matches!(answer, Err(Lost::Closed(_))) {
+            self.closed.store(true, Ordering::Release);
+        }
+        answer
     }
 }
 

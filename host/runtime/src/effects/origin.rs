@@ -15,7 +15,7 @@ use base64::Engine as _;
 use serde::{Deserialize, Serialize};
 use ureq::http;
 
-use super::http::{check_template, classify_error, render_url};
+use super::http::{check_template, classify_error, operation_headers, render_url};
 use super::{Failure, Handler, Lookup, Reply, Request, payload_sha256};
 use stephost_core::CallClass;
 
@@ -178,15 +178,7 @@ impl Handler for Origin {
         for (name, value) in &self.headers {
             builder = builder.header(name, value);
         }
-        builder = builder
-            .header("Stephost-Run-Id", request.run_id)
-            .header("Stephost-Operation-Id", request.operation_id);
-        if request.class == CallClass::Write {
-            builder = builder
-                .header("Idempotency-Key", request.operation_id)
-                .header("Stephost-Fence", request.fence.to_string())
-                .header("Stephost-Payload-Sha256", payload_sha256(&body));
-        }
+        builder = operation_headers(builder, request, &body);
         let invalid = |e: http::Error| Failure::Invalid(format!("cannot build the request: {e}"));
         let result = if body.is_empty() && reads(&exchange.method) {
             self.agent.run(builder.body(()).map_err(invalid)?)
