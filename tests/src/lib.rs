@@ -234,6 +234,16 @@ impl Sandbox {
         }
     }
 
+    /// Asserts that `secret` is in none of the ledger's data and not in
+    /// the export of run `run_id`.
+    #[track_caller]
+    pub fn assert_kept_out(&self, secret: &str, run_id: &str) {
+        assert!(!self.ledger_contains(secret), "{secret} is in the ledger");
+        let export = self.stephost(&["export", run_id]);
+        export.expect_code(0);
+        assert!(!export.stdout.contains(secret), "{secret} is in the export");
+    }
+
     /// Whether `text` is anywhere in the ledger's data.
     pub fn ledger_contains(&self, text: &str) -> bool {
         match test_backend() {

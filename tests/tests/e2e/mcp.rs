@@ -74,6 +74,27 @@ fn stdio_sandbox(idempotent: bool) -> Sandbox {
     Sandbox::with_config(BIN, &config(&stdio(&python()), idempotent))
 }
 
+/// The step run as `run_id` with the server's `fault` armed.
+fn run_with_fault(sb: &Sandbox, fault: &str, run_id: &str) -> stephost_tests::Ran {
+    sb.stephost_with_env(
+        "SUPPLIER_MCP_FAULT",
+        fault,
+        &[
+            "run",
+            guests::MCP_SUPPLIER_ORDER,
+            "--input",
+            INPUT,
+            "--run-id",
+            run_id,
+        ],
+    )
+}
+
+/// The order's call in `show`.
+fn order_call(show: &Value) -> &Value {
+    &calls(show)[ORDER_SEQ as usize - 1]
+}
+
 fn orders(sb: &Sandbox) -> Vec<Value> {
     sb.received(ORDERS)
 }
@@ -166,10 +187,7 @@ fn crash_and_resume(point: &str) {
     assert_eq!(out["order"], placed[0], "crash at {point}");
     let show = sb.show("m3");
     assert_eq!(show["run"]["status"], "completed");
-    assert_eq!(
-        calls(&show)[ORDER_SEQ as usize - 1]["operation_id"],
-        placed[0]["operation_id"]
-    );
+    assert_eq!(order_call(&show)["operation_id"], placed[0]["operation_id"]);
 }
 
 #[test]
@@ -188,7 +206,7 @@ fn a_write_whose_answer_may_be_lost_is_parked_when_the_server_does_not_deduplica
     resumed.expect_code(5);
     let show = sb.show("m4");
     assert_eq!(show["run"]["status"], "parked", "{show:#}");
-    assert_eq!(calls(&show)[ORDER_SEQ as usize - 1]["state"], "unknown");
+    assert_eq!(order_call(&show)["state"], "unknown");
     assert_eq!(orders(&sb).len(), 1, "never sent twice");
 }
 
@@ -232,43 +250,17 @@ fn a_server_killed_mid_call_is_started_again_and_its_lost_answer_handled_as_one(
 
     // One that does not deduplicate: the call is parked, never resent.
     let sb = stdio_sandbox(false);
-    let ran = sb.stephost_with_env(
-        "SUPPLIER_MCP_FAULT",
-        "die-after",
-        &[
-            "run",
-            guests::MCP_SUPPLIER_ORDER,
-            "--input",
-            INPUT,
-            "--run-id",
-            "m6",
-        ],
-    );
+    let ran = run_with_fault(&sb, "die-after", "m6");
     ran.expect_code(5);
     let show = sb.show("m6");
-    assert_eq!(
-        calls(&show)[ORDER_SEQ as usize - 1]["state"],
-        "unknown",
-        "{show:#}"
-    );
+    assert_eq!(order_call(&show)["state"], "unknown", "{show:#}");
     assert_eq!(orders(&sb).len(), 1);
 }
 
 #[test]
 fn a_json_rpc_error_is_a_refusal_and_a_timeout_leaves_a_write_in_doubt() {
     let sb = stdio_sandbox(false);
-    let ran = sb.stephost_with_env(
-        "SUPPLIER_MCP_FAULT",
-        "rpc-error",
-        &[
-            "run",
-            guests::MCP_SUPPLIER_ORDER,
-            "--input",
-            INPUT,
-            "--run-id",
-            "e1",
-        ],
-    );
+    let ran = run_with_fault(&sb, "rpc-error", "e1");
     assert_ne!(ran.code, Some(0), "{ran:?}");
     assert!(
         ran.stderr
@@ -277,7 +269,7 @@ fn a_json_rpc_error_is_a_refusal_and_a_timeout_leaves_a_write_in_doubt() {
         ran.stderr
     );
     let show = sb.show("e1");
-    assert_eq!(calls(&show)[ORDER_SEQ as usize - 1]["state"], "failed");
+    assert_eq!(order_call(&show)["state"], "failed");
     assert!(orders(&sb).is_empty());
 
     // No answer within timeout_ms: the server may have acted, and does not
@@ -285,25 +277,10 @@ fn a_json_rpc_error_is_a_refusal_and_a_timeout_leaves_a_write_in_doubt() {
     let config =
         config(&stdio(&python()), false).replace("timeout_ms = 20_000", "timeout_ms = 1_000");
     let sb = Sandbox::with_config(BIN, &config);
-    let ran = sb.stephost_with_env(
-        "SUPPLIER_MCP_FAULT",
-        "slow",
-        &[
-            "run",
-            guests::MCP_SUPPLIER_ORDER,
-            "--input",
-            INPUT,
-            "--run-id",
-            "e2",
-        ],
-    );
+    let ran = run_with_fault(&sb, "slow", "e2");
     ran.expect_code(5);
     let show = sb.show("e2");
-    assert_eq!(
-        calls(&show)[ORDER_SEQ as usize - 1]["state"],
-        "unknown",
-        "{show:#}"
-    );
+    assert_eq!(order_call(&show)["state"], "unknown", "{show:#}");
     let sends = attempts_for(&show, ORDER_SEQ);
     assert_eq!(sends.len(), 1, "{show:#}");
     assert!(
@@ -463,13 +440,8 @@ fn a_server_over_streamable_http_is_called_with_a_header_never_recorded() {
     let out = expect_ordered(&ran);
     assert_eq!(out["server"]["name"], "supplier");
     assert_eq!(orders(&sb).len(), 1);
-    assert!(
-        !sb.ledger_contains(token),
-        "the header's secret is in the ledger"
-    );
-    let exported = sb.stephost(&["export", "h1"]);
-    exported.expect_code(0);
-    assert!(!exported.stdout.contains(token));
+    // The header's secret is in no ledger file and no export.
+    sb.assert_kept_out(token, "h1");
     // Resumed: answered from the ledger, nothing sent again.
     sb.stephost_with_env("SUPPLIER_TOKEN", token, &["resume", "h1"])
         .expect_code(0);
