@@ -17,6 +17,7 @@ use stephost_core::store::{PoolOptions, RunQuery};
 use stephost_core::{LogRecord, Views};
 use stephost_ledger::Ledger;
 use stephost_runtime::config::Config;
+use stephost_runtime::options::RunOptions;
 use stephost_runtime::replay::{Fixture, replay_fixture};
 use stephost_runtime::service::{self, Verification};
 use stephost_runtime::{Host, HostError, HostOptions, exit};
@@ -120,6 +121,8 @@ pub struct RunArgs {
     pub json: bool,
     #[command(flatten)]
     pub budget: BudgetArgs,
+    #[command(flatten)]
+    pub trace: TraceArgs,
 }
 
 /// A run's own model budget, on `run`, `submit` and `resume`: each bound
@@ -133,6 +136,34 @@ pub struct BudgetArgs {
     /// What the run's model calls may cost, in millionths of a US dollar.
     #[arg(long, value_name = "MICRO_USD")]
     pub model_cost_micro_usd_max: Option<u64>,
+}
+
+/// The caller's trace a new run continues.
+#[derive(Args, Debug, Default)]
+pub struct TraceArgs {
+    /// Put the run in this W3C trace context (00-TRACE_ID-SPAN_ID-FLAGS):
+    /// its spans are children of that span.
+    #[arg(long, env = "TRACEPARENT", value_name = "TRACEPARENT")]
+    pub traceparent: Option<String>,
+    /// The W3C tracestate that goes with --traceparent, passed on to
+    /// receivers.
+    #[arg(
+        long,
+        env = "TRACESTATE",
+        value_name = "TRACESTATE",
+        requires = "traceparent"
+    )]
+    pub tracestate: Option<String>,
+}
+
+impl TraceArgs {
+    fn trace(&self) -> Result<Option<stephost_core::RunTrace>, HostError> {
+        self.traceparent
+            .as_deref()
+            .map(|t| stephost_core::RunTrace::from_traceparent(t, self.tracestate.as_deref()))
+            .transpose()
+            .map_err(HostError::BadInput)
+    }
 }
 
 impl BudgetArgs {
@@ -170,6 +201,8 @@ pub struct SubmitArgs {
     pub json: bool,
     #[command(flatten)]
     pub budget: BudgetArgs,
+    #[command(flatten)]
+    pub trace: TraceArgs,
 }
 
 /// How a worker or server writes its lines on stderr.
@@ -482,13 +515,16 @@ fn options_with(config: &Config, effects: stephost_runtime::effects::Effects) ->
     HostOptions {
         limits: config.limits.clone(),
         effects,
-        log_sink: Some(Arc::new(|run_id: &str, rec: &LogRecord, replayed: bool| {
-            if !replayed {
-                stephost_runtime::logs::step_line(run_id, rec, print::Safe(&rec.message));
-            }
-        })),
+        log_sink: Some(Arc::new(
+            |of: &stephost_runtime::options::RunOfLine<'_>, rec: &LogRecord, replayed: bool| {
+                if !replayed {
+                    stephost_runtime::logs::step_line(of, rec, print::Safe(&rec.message));
+                }
+            },
+        )),
         cache_dir: config.cache_dir.clone(),
         signer: config.signer.clone(),
+        telemetry: config.telemetry.clone(),
         ..HostOptions::default()
     }
 }
@@ -561,27 +597,46 @@ fn execute(cli: Cli) -> Result<i32, HostError> {
     let mut config = load_config(cli.config.as_deref())?;
     config.cache_dir = compile_cache_dir(cli.cache_dir.as_deref());
     config.signer = stephost_runtime::config::signer_from_env()?;
+    // Commands that record or execute runs report spans, when the
+    // environment names a collector; the rest export nothing.
+    let telemetry = match &cli.command {
+        Command::Run(_)
+        | Command::Submit(_)
+        | Command::Worker(_)
+        | Command::Serve(_)
+        | Command::Resume(_) => stephost_runtime::telemetry::Telemetry::from_env()?,
+        _ => None,
+    };
+    config.telemetry = telemetry.clone();
     let ctx = Ctx {
         config,
         ledger: cli.ledger()?,
     };
-    match cli.command {
-        Command::Run(args) => run_step(&ctx, args),
-        Command::Submit(args) => submit(&ctx, args),
-        Command::Worker(args) => worker(&ctx, args),
-        Command::Serve(args) => serve(&ctx, args),
-        Command::Resume(args) => resume(&ctx, args),
-        Command::Replay(args) => replay(&ctx, args),
-        Command::Upgrade(args) => upgrade(&ctx, args),
-        Command::Show(args) => show(&ctx, args),
-        Command::Runs(args) => runs(&ctx, args),
-        Command::Resolve(args) => resolve(&ctx, args),
-        Command::Approvals(args) => approvals(&ctx, args),
-        Command::Approve(args) => approve(&ctx, args),
-        Command::Reject(args) => reject(&ctx, args),
-        Command::Verify(args) => verify(&ctx, args),
-        Command::Metrics => metrics(&ctx),
-        Command::Export(args) => export(&ctx, args),
+    let result = command(&ctx, cli.command);
+    if let Some(telemetry) = telemetry {
+        telemetry.shutdown();
+    }
+    result
+}
+
+fn command(ctx: &Ctx, command: Command) -> Result<i32, HostError> {
+    match command {
+        Command::Run(args) => run_step(ctx, args),
+        Command::Submit(args) => submit(ctx, args),
+        Command::Worker(args) => worker(ctx, args),
+        Command::Serve(args) => serve(ctx, args),
+        Command::Resume(args) => resume(ctx, args),
+        Command::Replay(args) => replay(ctx, args),
+        Command::Upgrade(args) => upgrade(ctx, args),
+        Command::Show(args) => show(ctx, args),
+        Command::Runs(args) => runs(ctx, args),
+        Command::Resolve(args) => resolve(ctx, args),
+        Command::Approvals(args) => approvals(ctx, args),
+        Command::Approve(args) => approve(ctx, args),
+        Command::Reject(args) => reject(ctx, args),
+        Command::Verify(args) => verify(ctx, args),
+        Command::Metrics => metrics(ctx),
+        Command::Export(args) => export(ctx, args),
     }
 }
 
@@ -594,6 +649,7 @@ fn run_step(
         run_id,
         json,
         budget,
+        trace,
     }: RunArgs,
 ) -> Result<i32, HostError> {
     let Ctx { config, ledger } = ctx;
@@ -605,7 +661,10 @@ fn run_step(
         &module.display().to_string(),
         &input,
         run_id.as_deref(),
-        budget.budget(),
+        RunOptions {
+            budget: budget.budget(),
+            trace: trace.trace()?,
+        },
     )?;
     Ok(print_run(&report, json))
 }
@@ -620,6 +679,7 @@ fn submit(
         wait,
         json,
         budget,
+        trace,
     }: SubmitArgs,
 ) -> Result<i32, HostError> {
     let Ctx { config, ledger } = ctx;
@@ -631,7 +691,10 @@ fn submit(
         &module.display().to_string(),
         &input,
         run_id.as_deref(),
-        budget.budget(),
+        RunOptions {
+            budget: budget.budget(),
+            trace: trace.trace()?,
+        },
     )?;
     let Some(wait) = wait else {
         let _ = writeln!(std::io::stdout().lock(), "{}", run.run_id);

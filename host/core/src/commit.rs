@@ -262,6 +262,7 @@ mod tests {
             fence: 7,
             lease_ms: 1_000,
             lease_until_ms: 1_000,
+            from: None,
         }
     }
 

@@ -71,7 +71,8 @@ macro_rules! conformance_tests {
             notices_are_taken_earliest_due_first_whatever_their_creation_order,
             a_runs_last_call_is_read_alone,
             a_models_flow_state_is_kept_by_the_ledger_for_every_handle,
-            a_runs_own_budget_is_kept_raised_sealed_and_listed
+            a_runs_own_budget_is_kept_raised_sealed_and_listed,
+            a_runs_trace_is_kept_from_its_record_through_its_claims_and_end
         );
     };
     (@cases $make:expr; $($case:ident),* $(,)?) => {
@@ -1800,4 +1801,80 @@ pub fn a_runs_own_budget_is_kept_raised_sealed_and_listed(make: &Make) {
     assert!(crate::settle::check_record(store, &signer, &forged).is_err());
     // A new run without one has none.
     assert!(new_run(store, "n", T0).budget.is_empty());
+}
+
+/// A run's trace ([`crate::trace::RunTrace`]) is kept as it was recorded,
+/// by a plain insert or an execution's first commit, in every read of the
+/// run, through claims, commits and its end; a run recorded without one
+/// reads back without one.
+pub fn a_runs_trace_is_kept_from_its_record_through_its_claims_and_end(make: &Make) {
+    use crate::trace::RunTrace;
+    let ledger = make();
+    let store = ledger.store();
+    let store = store.as_ref();
+    let trace = RunTrace::from_traceparent(
+        "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
+        Some("vendor=a b"),
+    )
+    .unwrap();
+    let new = NewRun {
+        run_id: "t",
+        module_digest: "module-a",
+        step: None,
+        world: WORLD,
+        input: "{}",
+        now_ms: T0,
+        budget: Default::default(),
+    };
+    let inserted = RunRecord {
+        trace: Some(trace.clone()),
+        ..new.record(None)
+    };
+    assert_eq!(
+        store.insert_run(&inserted).unwrap().trace.as_ref(),
+        Some(&trace)
+    );
+    assert_eq!(store.due_runs(10).unwrap()[0].trace.as_ref(), Some(&trace));
+    let listed = store.runs(&crate::store::RunQuery::default()).unwrap();
+    assert_eq!(listed[0].trace.as_ref(), Some(&trace));
+    let claim = claim(store, "t", "w1", T0 + 1);
+    commit(
+        ledger.pool.as_ref(),
+        &claim,
+        vec![WriteOp::End(lifecycle::ended(
+            &crate::records::RunEnd::Completed {
+                output: "{}".into(),
+                exit_code: None,
+            },
+            T0 + 2,
+        ))],
+    )
+    .unwrap();
+    let ended = store.run("t").unwrap();
+    assert_eq!(ended.status, RunStatus::Completed);
+    assert_eq!(ended.trace.as_ref(), Some(&trace));
+    // Recorded by an execution's first commit.
+    let created = NewRun {
+        run_id: "u",
+        ..new.clone()
+    };
+    let first = lifecycle::first_claim("u", "w1", LEASE_MS, T0);
+    let own = RunTrace::new(false);
+    commit(
+        ledger.pool.as_ref(),
+        &first,
+        vec![WriteOp::Create(Box::new(RunRecord {
+            trace: Some(own.clone()),
+            ..created.record(Some(&first))
+        }))],
+    )
+    .unwrap();
+    assert_eq!(store.run("u").unwrap().trace, Some(own));
+    // A run recorded without one: none kept, one derived from its id.
+    let old = new_run(store, "v", T0);
+    assert_eq!(old.trace, None);
+    assert_eq!(
+        store.run("v").unwrap().trace().trace_id,
+        RunTrace::of_run_id("v").trace_id
+    );
 }

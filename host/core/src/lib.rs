@@ -6,7 +6,8 @@
 //!   an end, a renewal or a repin make of its row.
 //! - [`settle`] and [`approvals`]: a person's decisions.
 //! - [`ids`], [`chain`], [`payload`]: operation ids and hashes, the
-//!   tamper-evident chain, content-addressed bodies.
+//!   tamper-evident chain, content-addressed bodies; [`trace`]: the trace
+//!   a run reports into and the ids of its spans.
 //! - [`commit`]: what an execution's commit means, checked once and laid
 //!   out as plain data each backend writes.
 //! - [`store`]: the storage roles (pool, store, writer) every backend fills;
@@ -40,12 +41,14 @@ pub mod settle;
 pub mod store;
 #[cfg(feature = "testing")]
 pub mod tamper;
+pub mod trace;
 
 pub use history::History;
 pub use limits::{Limits, RunBudget};
 pub use outcome::{CallErrorKind, CallErrorRecord, Outcome};
 pub use records::{
-    AttemptRecord, CallClass, CallRecord, CallState, Claim, LogRecord, NewRun, RunEnd, RunRecord,
-    RunStatus,
+    AttemptRecord, CallClass, CallRecord, CallState, Claim, ClaimedFrom, LogRecord, NewRun, RunEnd,
+    RunRecord, RunStatus,
 };
 pub use store::{Outbox, Pool, Store, StoreError, StoreResult, Views, WriteOp, Writer};
+pub use trace::RunTrace;

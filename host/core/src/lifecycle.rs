@@ -5,7 +5,7 @@
 //! they decide nothing themselves.
 
 pub use crate::records::EndRow;
-use crate::records::{Claim, RunEnd, RunRecord, RunStatus};
+use crate::records::{Claim, ClaimedFrom, RunEnd, RunRecord, RunStatus};
 use crate::store::{Store, StoreError};
 
 /// When a worker should next look at a run, as its row says (`None`: never
@@ -152,6 +152,13 @@ pub fn claimed(run: &RunRecord, owner: &str, lease_ms: i64, now_ms: i64) -> (Run
         fence: row.fence,
         lease_ms,
         lease_until_ms,
+        from: Some(ClaimedFrom {
+            status: run.status,
+            fence: run.fence,
+            updated_at_ms: run.updated_at_ms,
+            owner: run.owner.clone(),
+            error: run.error.clone(),
+        }),
     };
     (row, claim)
 }
@@ -164,6 +171,7 @@ pub fn first_claim(run_id: &str, owner: &str, lease_ms: i64, now_ms: i64) -> Cla
         fence: 1,
         lease_ms,
         lease_until_ms: now_ms.saturating_add(lease_ms),
+        from: None,
     }
 }
 

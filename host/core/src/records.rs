@@ -217,6 +217,19 @@ pub struct RunRecord {
     /// The run's own model budget, if it was given one.
     #[serde(default, skip_serializing_if = "crate::limits::RunBudget::is_empty")]
     pub budget: crate::limits::RunBudget,
+    /// The trace the run reports into ([`crate::trace`]); none for a run
+    /// recorded before traces were kept (see [`RunRecord::trace`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trace: Option<crate::trace::RunTrace>,
+}
+
+impl RunRecord {
+    /// The run's trace: the one kept with it, or one derived from its id.
+    pub fn trace(&self) -> crate::trace::RunTrace {
+        self.trace
+            .clone()
+            .unwrap_or_else(|| crate::trace::RunTrace::of_run_id(&self.run_id))
+    }
 }
 
 /// The right to write a run's rows, as granted by a claim
@@ -229,6 +242,24 @@ pub struct Claim {
     /// A renewal extends the lease to now + `lease_ms`.
     pub lease_ms: i64,
     pub lease_until_ms: i64,
+    /// What the run's row was before this claim (none for a run's first,
+    /// made with its record).
+    pub from: Option<ClaimedFrom>,
+}
+
+/// The row a claim replaced: how the run's last execution left it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClaimedFrom {
+    /// `running` when the last execution never ended its claim: its
+    /// process died, or its lease ran out.
+    pub status: RunStatus,
+    /// The last execution's fencing token (0: none yet).
+    pub fence: i64,
+    /// When the row last changed: the last execution's end, or its claim
+    /// or last renewal.
+    pub updated_at_ms: i64,
+    pub owner: Option<String>,
+    pub error: Option<String>,
 }
 
 /// One attempt at performing a call (retries and reconciliation lookups).
@@ -353,6 +384,7 @@ impl NewRun<'_> {
             exit_code: None,
             seal: None,
             budget: self.budget,
+            trace: None,
         }
     }
 }

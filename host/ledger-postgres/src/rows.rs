@@ -14,26 +14,27 @@ use crate::conns::PgConn;
 use crate::errors::error;
 
 pub const RUN_COLUMNS: &str = "run_id, module_digest, input, status, output, error, created_at, \
-     updated_at, version, owner, lease_until, fence, wake_at, world, step, exit_code, seal, budget";
+     updated_at, version, owner, lease_until, fence, wake_at, world, step, exit_code, seal, budget, \
+     trace";
 
 pub const SELECT_RUN: &str = "SELECT run_id, module_digest, input, status, output, error, \
      created_at, updated_at, version, owner, lease_until, fence, wake_at, world, step, exit_code, \
-     seal, budget FROM runs WHERE run_id = $1";
+     seal, budget, trace FROM runs WHERE run_id = $1";
 
 pub const INSERT_RUN: &str = "INSERT INTO runs (run_id, module_digest, input, status, output, \
      error, created_at, updated_at, version, owner, lease_until, fence, wake_at, due_at, world, \
-     step, exit_code, seal, budget) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, \
-     $13, $14, $15, $16, $17, $18, $19)";
+     step, exit_code, seal, budget, trace) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, \
+     $12, $13, $14, $15, $16, $17, $18, $19, $20)";
 
 pub const INSERT_RUN_UNLESS_EXISTS: &str = "INSERT INTO runs (run_id, module_digest, input, \
      status, output, error, created_at, updated_at, version, owner, lease_until, fence, wake_at, \
-     due_at, world, step, exit_code, seal, budget) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, \
-     $10, $11, $12, $13, $14, $15, $16, $17, $18, $19) ON CONFLICT (run_id) DO NOTHING";
+     due_at, world, step, exit_code, seal, budget, trace) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, \
+     $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20) ON CONFLICT (run_id) DO NOTHING";
 
 pub const SWAP_RUN: &str = "UPDATE runs SET module_digest = $2, input = $3, status = $4, \
      output = $5, error = $6, created_at = $7, updated_at = $8, version = $9, owner = $10, \
      lease_until = $11, fence = $12, wake_at = $13, due_at = $14, world = $15, step = $16, \
-     exit_code = $17, seal = $18, budget = $19 WHERE run_id = $1 AND version = $20";
+     exit_code = $17, seal = $18, budget = $19, trace = $20 WHERE run_id = $1 AND version = $21";
 
 pub fn run_from_row(r: &Row) -> Result<RunRecord, StoreError> {
     let status: &str = r.try_get(3).map_err(error)?;
@@ -57,6 +58,13 @@ pub fn run_from_row(r: &Row) -> Result<RunRecord, StoreError> {
         exit_code: r.try_get(15).map_err(error)?,
         seal: r.try_get(16).map_err(error)?,
         budget: stephost_core::RunBudget::from_column(r.try_get(17).map_err(error)?)
+            .map_err(StoreError::Corrupt)?,
+        // By name: a query may read a call's columns after the run's.
+        trace: r
+            .try_get::<_, Option<&str>>("trace")
+            .map_err(error)?
+            .map(|t| stephost_core::RunTrace::from_column(Some(t), ""))
+            .transpose()
             .map_err(StoreError::Corrupt)?,
     })
 }
@@ -101,7 +109,7 @@ pub fn refs(values: &[Value]) -> Vec<&(dyn ToSql + Sync)> {
         .collect()
 }
 
-/// A run's row as the values of [`INSERT_RUN`] (and the first 19 of
+/// A run's row as the values of [`INSERT_RUN`] (and the first 20 of
 /// [`SWAP_RUN`]), `due_at` computed by the lifecycle rules.
 pub fn run_values(r: &RunRecord) -> Vec<Value> {
     vec![
@@ -124,6 +132,7 @@ pub fn run_values(r: &RunRecord) -> Vec<Value> {
         boxed(r.exit_code),
         boxed(r.seal.clone()),
         boxed(r.budget.to_column()),
+        boxed(r.trace.as_ref().map(stephost_core::RunTrace::to_column)),
     ]
 }
 

@@ -38,7 +38,7 @@ impl Views for PgStore {
                 .statement(
                     "SELECT run_id, module_digest, input, status, output, error, created_at, \
                      updated_at, version, owner, lease_until, fence, wake_at, world, step, \
-                     exit_code, seal, budget FROM runs WHERE due_at IS NOT NULL \
+                     exit_code, seal, budget, trace FROM runs WHERE due_at IS NOT NULL \
                      ORDER BY due_at, run_id LIMIT $1",
                 )
                 .await?;
@@ -226,7 +226,7 @@ impl Views for PgStore {
                      c.interface, \
                      c.function, c.operation_id, c.request, c.request_split, c.request_hash, \
                      c.state, c.outcome, c.outcome_split, c.started_at, c.finished_at, \
-                     c.resolved_by, c.chain, c.fence \
+                     c.resolved_by, c.chain, c.fence, r.trace \
                      FROM runs r CROSS JOIN LATERAL (SELECT * FROM calls \
                      WHERE calls.run_id = r.run_id ORDER BY seq DESC LIMIT 1) c \
                      WHERE r.status IN ('running', 'waiting', 'parked') AND c.state = $1 \

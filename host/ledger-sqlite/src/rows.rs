@@ -10,7 +10,8 @@ use stephost_core::{CallClass, CallRecord, CallState, RunRecord, RunStatus, Stor
 use crate::errors::error;
 
 pub const RUN_COLUMNS: &str = "run_id, module_digest, input, status, output, error, created_at, \
-     updated_at, version, owner, lease_until, fence, wake_at, world, step, exit_code, seal, budget";
+     updated_at, version, owner, lease_until, fence, wake_at, world, step, exit_code, seal, budget, \
+     trace";
 
 pub fn run_from_row(r: &Row<'_>) -> rusqlite::Result<RunRecord> {
     let status: String = r.get(3)?;
@@ -35,6 +36,13 @@ pub fn run_from_row(r: &Row<'_>) -> rusqlite::Result<RunRecord> {
         budget: {
             let text: Option<String> = r.get(17)?;
             stephost_core::RunBudget::from_column(text.as_deref()).map_err(|e| bad_value(17, &e))?
+        },
+        trace: {
+            let text: Option<String> = r.get(18)?;
+            text.map(|t| {
+                stephost_core::RunTrace::from_column(Some(&t), "").map_err(|e| bad_value(18, &e))
+            })
+            .transpose()?
         },
     })
 }
@@ -90,8 +98,8 @@ pub fn insert_run(conn: &Connection, run: &RunRecord) -> Result<bool, StoreError
         .prepare_cached(
             "INSERT INTO runs (run_id, module_digest, input, status, output, error, created_at, \
              updated_at, version, owner, lease_until, fence, wake_at, due_at, world, step, \
-             exit_code, seal, budget) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, \
-             ?13, ?14, ?15, ?16, ?17, ?18, ?19) ON CONFLICT (run_id) DO NOTHING",
+             exit_code, seal, budget, trace) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, \
+             ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20) ON CONFLICT (run_id) DO NOTHING",
         )
         .and_then(|mut s| {
             s.execute(params![
@@ -113,7 +121,8 @@ pub fn insert_run(conn: &Connection, run: &RunRecord) -> Result<bool, StoreError
                 run.step,
                 run.exit_code,
                 run.seal,
-                run.budget.to_column()
+                run.budget.to_column(),
+                run.trace.as_ref().map(stephost_core::RunTrace::to_column)
             ])
         })
         .map_err(error)?;

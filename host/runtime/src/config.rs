@@ -87,6 +87,10 @@ pub struct Config {
     /// [`signer_from_env`]).
     #[serde(skip)]
     pub signer: stephost_core::chain::Signer,
+    /// Where runs' spans are exported (set from the `OTEL_*` environment:
+    /// see [`crate::telemetry::Telemetry::from_env`]).
+    #[serde(skip)]
+    pub telemetry: Option<std::sync::Arc<crate::telemetry::Telemetry>>,
 }
 
 /// The variable holding the chain key itself.

@@ -8,6 +8,7 @@ use std::sync::{Arc, Mutex};
 use stephost_core::journal::{Counters, Journal, Mode, RunControl, Stats, Stop};
 use stephost_core::lifecycle;
 use stephost_core::store::{Commit, WriteOp, Writer};
+use stephost_core::trace::CallTiming;
 use stephost_core::{CallState, Claim, History, RunEnd, RunRecord, Store, StoreResult};
 
 use crate::error::HostError;
@@ -27,6 +28,8 @@ pub enum Start {
 pub struct Executed {
     pub writer: Box<dyn Writer>,
     pub result: Result<Stats, HostError>,
+    /// When the execution went through each call (when spans are reported).
+    pub timings: Vec<CallTiming>,
 }
 
 /// How an execution ends: done, or with its last durable commit (the run's
@@ -42,6 +45,7 @@ pub struct LastCommit {
     claim: Claim,
     ops: Vec<WriteOp>,
     stats: Stats,
+    timings: Vec<CallTiming>,
 }
 
 impl Ended {
@@ -79,6 +83,7 @@ impl LastCommit {
         Executed {
             writer: self.writer,
             result: committed.map(|()| self.stats).map_err(HostError::from),
+            timings: self.timings,
         }
     }
 }
@@ -110,6 +115,7 @@ pub fn journal_for(
             return Err(Box::new(Executed {
                 writer,
                 result: Err(e.into()),
+                timings: Vec::new(),
             }));
         }
     };
@@ -122,6 +128,9 @@ pub fn journal_for(
         run.budget.applied_to(&options.limits),
     );
     journal.set_signer(options.signer.clone(), run);
+    if options.telemetry.is_some() {
+        journal.set_trace(run.trace());
+    }
     if start == Start::Creating {
         journal.create_run_with_first_commit(run.clone());
     }
@@ -131,7 +140,14 @@ pub fn journal_for(
     if let Some(sink) = &options.log_sink {
         let sink = sink.clone();
         let run_id = run.run_id.clone();
-        journal.set_log_sink(Box::new(move |rec, replayed| sink(&run_id, rec, replayed)));
+        let trace_id = run.trace().trace_id;
+        journal.set_log_sink(Box::new(move |rec, replayed| {
+            let of = crate::options::RunOfLine {
+                run_id: &run_id,
+                trace_id: &trace_id,
+            };
+            sink(&of, rec, replayed)
+        }));
     }
     Ok(Arc::new(Mutex::new(journal)))
 }
@@ -171,13 +187,20 @@ pub fn conclude(
         })
         .unwrap_or_default();
     let mut pending = journal.take_pending();
+    let timings = journal.take_timings();
     let sealer = journal.end_sealer();
     let Mode::Live { mut writer, claim } = journal.into_mode() else {
         unreachable_shared()
     };
-    let done = |writer, result| Ended::Done(Executed { writer, result });
+    let done = |writer, timings, result| {
+        Ended::Done(Executed {
+            writer,
+            result,
+            timings,
+        })
+    };
     let end = match stop {
-        Some(Stop::Fenced(m)) => return done(writer, Err(HostError::Fenced(m))),
+        Some(Stop::Fenced(m)) => return done(writer, timings, Err(HostError::Fenced(m))),
         Some(Stop::Released { .. }) => {
             pending.push(WriteOp::Counters(counters));
             // At a worker's shutdown, as a task: the commit and the release
@@ -187,22 +210,34 @@ pub fn conclude(
                     lifecycle::release(store, &claim, stephost_core::clock::now_ms())
                 })
             });
-            return done(writer, released.map(|()| stats).map_err(HostError::from));
+            return done(
+                writer,
+                timings,
+                released.map(|()| stats).map_err(HostError::from),
+            );
         }
         Some(Stop::Suspended { wake_at_ms, .. }) => RunEnd::Waiting { wake_at_ms },
-        Some(Stop::Ledger(m)) => return done(writer, Err(HostError::LedgerWrite(m))),
+        Some(Stop::Ledger(m)) => return done(writer, timings, Err(HostError::LedgerWrite(m))),
         Some(Stop::LedgerRead { message, corrupt }) => {
-            return done(writer, Err(HostError::reading_calls(message, corrupt)));
+            return done(
+                writer,
+                timings,
+                Err(HostError::reading_calls(message, corrupt)),
+            );
         }
         // A record that does not verify: nothing more is written, so the
         // change is never sealed; the claim lapses.
-        Some(Stop::Integrity(m)) => return done(writer, Err(HostError::Integrity(m))),
+        Some(Stop::Integrity(m)) => return done(writer, timings, Err(HostError::Integrity(m))),
         // Damaged records: leave the run as it is for a person to look at.
         Some(Stop::Corrupt(m)) => {
-            return done(writer, Err(stephost_core::StoreError::Corrupt(m).into()));
+            return done(
+                writer,
+                timings,
+                Err(stephost_core::StoreError::Corrupt(m).into()),
+            );
         }
         Some(Stop::ReplayEnd { reason, .. }) => {
-            return done(writer, Err(HostError::Internal(reason)));
+            return done(writer, timings, Err(HostError::Internal(reason)));
         }
         Some(Stop::Diverged(d)) => diverged(
             format!("diverged: {d}"),
@@ -266,6 +301,7 @@ pub fn conclude(
         claim,
         ops: pending,
         stats,
+        timings,
     })
 }
 

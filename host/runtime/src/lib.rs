@@ -13,6 +13,8 @@
 //! - [`runner`]: a host over a ledger: run, resume, replay, upgrade.
 //! - [`worker`]: claims due runs and executes several at once.
 //! - [`service`]: the views and decisions the CLI and the server share.
+//! - [`telemetry`]: OpenTelemetry traces of runs, exported by OTLP.
+//! - [`logs`]: what a worker or server says on stderr, text or JSON.
 //! - [`config`], [`options`], [`metrics`], [`replay`], [`owner`], [`error`].
 
 pub mod adapt;
@@ -36,6 +38,7 @@ pub mod owner;
 pub mod replay;
 pub mod runner;
 pub mod service;
+pub mod telemetry;
 pub mod worker;
 
 pub use error::{HostError, exit};

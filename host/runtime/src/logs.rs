@@ -1,7 +1,7 @@
 //! What a worker or server says on stderr: text for people (the default),
 //! or one JSON object a line for a log pipeline (`--log-format json`, or
 //! `STEPHOST_LOG_FORMAT=json`), with `time`, `level`, `source`, `message`
-//! and, where they apply, `run_id` and `seq`.
+//! and, where they apply, `run_id`, `seq` and `trace_id` (a step's lines).
 
 use std::fmt::Display;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -82,20 +82,25 @@ pub fn error(source: &str, run_id: Option<&str>, message: impl Display) {
 /// A line a step logged (live, not replayed): `[RUN] LEVEL: MESSAGE` in
 /// text, whose message the caller has made safe for a terminal; in JSON
 /// with the run's `seq` (the calls it had made).
-pub fn step_line(run_id: &str, record: &stephost_core::LogRecord, shown: impl Display) {
+pub fn step_line(
+    of: &crate::options::RunOfLine<'_>,
+    record: &stephost_core::LogRecord,
+    shown: impl Display,
+) {
     match format() {
-        LogFormat::Text => eprintln!("[{run_id}] {}: {shown}", record.level),
-        LogFormat::Json => eprintln!(
-            "{}",
-            json(
+        LogFormat::Text => eprintln!("[{}] {}: {shown}", of.run_id, record.level),
+        LogFormat::Json => {
+            let mut line = json(
                 record.at_ms,
                 &record.level,
                 "step",
                 &record.message,
-                Some(run_id),
-                Some(record.after_seq)
-            )
-        ),
+                Some(of.run_id),
+                Some(record.after_seq),
+            );
+            line["trace_id"] = of.trace_id.into();
+            eprintln!("{line}")
+        }
     }
 }
 
@@ -106,7 +111,7 @@ fn json(
     message: &str,
     run_id: Option<&str>,
     seq: Option<u64>,
-) -> String {
+) -> serde_json::Value {
     let mut line = serde_json::json!({
         "time": stephost_core::clock::format_time(at_ms),
         "level": level,
@@ -119,7 +124,7 @@ fn json(
     if let Some(seq) = seq {
         line["seq"] = seq.into();
     }
-    line.to_string()
+    line
 }
 
 #[cfg(test)]
@@ -135,7 +140,8 @@ mod tests {
             "lost \"x\"\nthen",
             Some("r-1"),
             Some(3),
-        );
+        )
+        .to_string();
         assert!(!line.contains('\n'));
         let value: serde_json::Value = serde_json::from_str(&line).unwrap();
         assert_eq!(value["time"], "1970-01-01T00:00:00.000Z");
@@ -145,7 +151,7 @@ mod tests {
         assert_eq!(value["run_id"], "r-1");
         assert_eq!(value["seq"], 3);
         let bare: serde_json::Value =
-            serde_json::from_str(&json(0, "info", "serve", "up", None, None)).unwrap();
+            serde_json::from_str(&json(0, "info", "serve", "up", None, None).to_string()).unwrap();
         assert!(bare.get("run_id").is_none() && bare.get("seq").is_none());
     }
 }

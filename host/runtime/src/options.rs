@@ -7,9 +7,17 @@ use stephost_core::{Limits, LogRecord};
 use crate::effects::Effects;
 use crate::engine::InstancePool;
 
-/// Receives each log line of a run: run id, line, whether it is a replay
-/// of a line already written.
-pub type RunLogSink = Arc<dyn Fn(&str, &LogRecord, bool) + Send + Sync>;
+/// Receives each log line of a run: the run, the line, whether it is a
+/// replay of a line already written.
+pub type RunLogSink = Arc<dyn Fn(&RunOfLine<'_>, &LogRecord, bool) + Send + Sync>;
+
+/// The run a step's log line is of.
+#[derive(Debug, Clone, Copy)]
+pub struct RunOfLine<'a> {
+    pub run_id: &'a str,
+    /// The trace the run reports into (32 hex digits).
+    pub trace_id: &'a str,
+}
 
 /// Where what a live model call is doing goes while it does it: its answer
 /// so far as it streams in (at most a few times a second), or what it waits
@@ -59,6 +67,18 @@ pub struct HostOptions {
     /// What live calls use besides their effect: where models' answers go
     /// while they stream in, the ledger's shared flow state.
     pub services: Services,
+    /// Where runs' spans are exported (`None`: nowhere, at no cost).
+    pub telemetry: Option<Arc<crate::telemetry::Telemetry>>,
+}
+
+/// What a new run is given besides its module and input.
+#[derive(Debug, Clone, Default)]
+pub struct RunOptions {
+    /// Its own model budget (each bound it sets replaces `[limits]`'s).
+    pub budget: stephost_core::RunBudget,
+    /// The caller's trace it continues (from a `traceparent`); else it
+    /// starts a trace of its own.
+    pub trace: Option<stephost_core::RunTrace>,
 }
 
 /// What live calls use besides their effect.
@@ -108,6 +128,7 @@ impl Default for HostOptions {
             instance_pool: 0,
             signer: stephost_core::chain::Signer::plain(),
             services: Services::default(),
+            telemetry: None,
         }
     }
 }

@@ -81,6 +81,7 @@ impl Fixture {
             exit_code: self.exit_code,
             seal: self.seal.clone(),
             budget: self.budget,
+            trace: None,
         }
     }
 

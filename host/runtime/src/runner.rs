@@ -7,15 +7,16 @@ use serde::Serialize;
 use stephost_core::journal::{RunControl, Stats};
 use stephost_core::lifecycle::{self, ClaimMode};
 use stephost_core::{
-    Claim, NewRun, Pool, RunBudget, RunRecord, RunStatus, Store, StoreError, Writer,
+    Claim, NewRun, Pool, RunBudget, RunRecord, RunStatus, RunTrace, Store, StoreError, Writer,
 };
 
 use crate::engine::{Loaded, StepEngine};
 use crate::error::HostError;
 use crate::execution::{self, Executed, Start};
 use crate::instance::{check_json, invoke, invoke_task};
-use crate::options::HostOptions;
+use crate::options::{HostOptions, RunOptions};
 use crate::replay::{Fixture, ReplayReport, ReplayVerdict, replay_fixture, replay_loaded};
+use crate::telemetry::Execution;
 
 /// What `upgrade` did with one run.
 #[derive(Debug, Clone, Serialize)]
@@ -121,34 +122,43 @@ impl Host {
         input: &str,
         run_id: Option<&str>,
     ) -> Result<RunRecord, HostError> {
-        self.submit_with(module, what, input, run_id, RunBudget::default())
+        self.submit_with(module, what, input, run_id, RunOptions::default())
     }
 
     /// Like [`Host::submit`], the run with a model budget of its own
-    /// (each bound it sets replaces `[limits]`'s for this run).
+    /// (each bound it sets replaces `[limits]`'s for this run) and, if
+    /// given, in the caller's trace.
     pub fn submit_with(
         &mut self,
         module: &[u8],
         what: &str,
         input: &str,
         run_id: Option<&str>,
-        budget: RunBudget,
+        given: RunOptions,
     ) -> Result<RunRecord, HostError> {
         let (loaded, run_id) = self.store_module(module, what, input, run_id)?;
-        let new = new_run(&loaded, &run_id, input, budget);
-        let found = self.store.insert_run(&self.sealed(new.record(None)))?;
+        let new = new_run(&loaded, &run_id, input, given.budget);
+        let found = self
+            .store
+            .insert_run(&self.sealed(new.record(None), given.trace))?;
         same_run(&new, &found)?;
         Ok(found)
     }
 
-    /// A new run's row, sealed with nothing recorded yet.
-    fn sealed(&self, run: RunRecord) -> RunRecord {
+    /// A new run's row, in `trace` (else a trace of its own), sealed with
+    /// nothing recorded yet.
+    fn sealed(&self, run: RunRecord, trace: Option<RunTrace>) -> RunRecord {
         let seal = self
             .options
             .signer
             .seal(&run, &stephost_core::chain::Head::default());
+        let trace = trace.unwrap_or_else(|| match &self.options.telemetry {
+            Some(telemetry) => telemetry.new_trace(),
+            None => RunTrace::new(true),
+        });
         RunRecord {
             seal: Some(seal),
+            trace: Some(trace),
             ..run
         }
     }
@@ -189,21 +199,21 @@ impl Host {
         input: &str,
         run_id: Option<&str>,
     ) -> Result<RunReport, HostError> {
-        self.run_with(module, what, input, run_id, RunBudget::default())
+        self.run_with(module, what, input, run_id, RunOptions::default())
     }
 
-    /// Like [`Host::run`], a new run with a model budget of its own (see
-    /// [`Host::submit_with`]).
+    /// Like [`Host::run`], a new run with a model budget of its own and in
+    /// the caller's trace, if given (see [`Host::submit_with`]).
     pub fn run_with(
         &mut self,
         module: &[u8],
         what: &str,
         input: &str,
         run_id: Option<&str>,
-        budget: RunBudget,
+        given: RunOptions,
     ) -> Result<RunReport, HostError> {
         let (loaded, run_id) = self.store_module(module, what, input, run_id)?;
-        self.start(&loaded, &run_id, input, budget)
+        self.start(&loaded, &run_id, input, given)
     }
 
     /// Raises (or sets) unfinished run `run_id`'s own model budget: each
@@ -228,7 +238,7 @@ impl Host {
     ) -> Result<RunReport, HostError> {
         check_json(input, "input", &self.options.limits)?;
         let run_id = chosen_run_id(run_id)?;
-        self.start(loaded, &run_id, input, RunBudget::default())
+        self.start(loaded, &run_id, input, RunOptions::default())
     }
 
     fn start(
@@ -236,10 +246,10 @@ impl Host {
         loaded: &Loaded,
         run_id: &str,
         input: &str,
-        budget: RunBudget,
+        given: RunOptions,
     ) -> Result<RunReport, HostError> {
         let owner = self.options.owner.clone();
-        let new = new_run(loaded, run_id, input, budget);
+        let new = new_run(loaded, run_id, input, given.budget);
         // A run id not in the ledger: the run is recorded, claimed by this
         // host, with the execution's first commit, not by a transaction of
         // its own before the guest starts. Should another process start the
@@ -249,7 +259,7 @@ impl Host {
             Err(StoreError::UnknownRun(_)) => {
                 let claim =
                     lifecycle::first_claim(run_id, &owner, self.options.lease_ms, new.now_ms);
-                let record = self.sealed(new.record(Some(&claim)));
+                let record = self.sealed(new.record(Some(&claim)), given.trace);
                 stephost_core::crash::point("after-claim", 0);
                 return self.execute_with(&record, claim, loaded, None, Start::Creating);
             }
@@ -405,6 +415,7 @@ impl Host {
         control: Option<Arc<RunControl>>,
         start: Start,
     ) -> Result<RunReport, HostError> {
+        let traced = self.traced(&claim);
         let writer = self.take_writer()?;
         let executed = match execution::journal_for(
             self.store.as_ref(),
@@ -422,7 +433,20 @@ impl Host {
             }
             Err(not_started) => *not_started,
         };
-        self.report(&run.run_id, executed)
+        self.report(&run.run_id, executed, traced)
+    }
+
+    /// The execution under `claim` as its spans need it, when they are
+    /// reported.
+    fn traced(&self, claim: &Claim) -> Option<Execution> {
+        self.options.telemetry.as_ref()?;
+        Some(Execution {
+            run_id: claim.run_id.clone(),
+            fence: claim.fence,
+            owner: claim.owner.clone(),
+            from: claim.from.clone(),
+            start_unix_ns: stephost_core::trace::unix_ns(),
+        })
     }
 
     /// [`Host::execute_claimed`] as a task of an async runtime (a worker's):
@@ -446,6 +470,7 @@ impl Host {
                 });
             }
         };
+        let traced = self.traced(&claim);
         let writer = self.take_writer()?;
         let executed = match execution::journal_for(
             self.store.as_ref(),
@@ -465,19 +490,37 @@ impl Host {
             }
             Err(not_started) => *not_started,
         };
-        self.report(&run.run_id, executed)
+        self.report(&run.run_id, executed, traced)
     }
 
-    /// The writer of a finished execution back in the host; the run's
-    /// report, read from the ledger.
-    fn report(&mut self, run_id: &str, executed: Executed) -> Result<RunReport, HostError> {
-        let Executed { mut writer, result } = executed;
+    /// The writer of a finished execution back in the host; its spans
+    /// reported (if `traced`); the run's report, read from the ledger.
+    fn report(
+        &mut self,
+        run_id: &str,
+        executed: Executed,
+        traced: Option<Execution>,
+    ) -> Result<RunReport, HostError> {
+        let Executed {
+            mut writer,
+            result,
+            timings,
+        } = executed;
         // A run that stopped early (fenced, a failed write) may leave
         // commits in flight: they land, or fail, before the writer is used
         // again, and the first failure is the run's if nothing failed
         // before it.
         let landed = writer.landed();
         self.writer = Some(writer);
+        if let (Some(telemetry), Some(execution)) = (&self.options.telemetry, traced) {
+            telemetry.execution_ended(
+                self.store.as_ref(),
+                &self.options.effects,
+                &execution,
+                &timings,
+                result.is_ok() && landed.is_ok(),
+            );
+        }
         let stats = result?;
         landed?;
         Ok(RunReport::from_record(&self.store.run(run_id)?, stats))

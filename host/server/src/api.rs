@@ -192,11 +192,13 @@ async fn submit(
     State(app): State<Arc<App>>,
     _operator: Operator,
     _fits: Fits,
+    headers: axum::http::HeaderMap,
     query: Result<Query<SubmitParams>, QueryRejection>,
     body: Result<Json<SubmitBody>, JsonRejection>,
 ) -> Result<(StatusCode, Json<RunRecord>), ApiError> {
     let Query(params) = query?;
     let Json(body) = body?;
+    let trace = caller_trace(&headers)?;
     let run = app
         .with_host(move |host| {
             let (bytes, what) = body.module.bytes(host)?.ok_or_else(|| {
@@ -209,7 +211,10 @@ async fn submit(
                 &what,
                 &input,
                 body.run_id.as_deref(),
-                body.budget.unwrap_or_default(),
+                stephost_runtime::options::RunOptions {
+                    budget: body.budget.unwrap_or_default(),
+                    trace,
+                },
             )?)
         })
         .await?;
@@ -218,6 +223,28 @@ async fn submit(
         None => run,
     };
     Ok((StatusCode::CREATED, Json(run)))
+}
+
+/// The trace a submission continues: its request's W3C `traceparent` and
+/// `tracestate` headers, if it has them.
+fn caller_trace(
+    headers: &axum::http::HeaderMap,
+) -> Result<Option<stephost_core::RunTrace>, ApiError> {
+    let text = |name: &str| {
+        headers
+            .get(name)
+            .map(|v| {
+                v.to_str()
+                    .map_err(|_| ApiError::bad_input(format!("the {name} header is not ASCII")))
+            })
+            .transpose()
+    };
+    let Some(traceparent) = text("traceparent")? else {
+        return Ok(None);
+    };
+    stephost_core::RunTrace::from_traceparent(traceparent, text("tracestate")?)
+        .map(Some)
+        .map_err(ApiError::bad_input)
 }
 
 /// `run` once it answers a wait ([`stephost_core::RunStatus::answers_a_wait`]),

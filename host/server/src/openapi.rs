@@ -318,7 +318,7 @@ fn operations() -> Vec<Operation> {
         Operation {
             method: "post",
             path: "/api/runs",
-            summary: "Submit a run for a worker; with `wait`, answer with the run as it ended, if it ends (or waits for a person or a timer, or is parked) within that many ms (at most the server's --wait-ms-max).",
+            summary: "Submit a run for a worker; with `wait`, answer with the run as it ended, if it ends (or waits for a person or a timer, or is parked) within that many ms (at most the server's --wait-ms-max). A W3C `traceparent` header (and `tracestate`) puts the run in the caller's trace.",
             access: Operator,
             query: vec![query(
                 "wait",

@@ -35,6 +35,7 @@ use crate::records::{
 };
 use crate::redact::Redaction;
 use crate::store::{Commit, PendingCommit, WriteOp, Writer};
+use crate::trace::{CallTiming, RunTrace};
 use budget::Budget;
 
 /// Most buffered writes before they are committed anyway.
@@ -82,18 +83,34 @@ pub struct OpContext<'a> {
     pub class: CallClass,
     pub operation_id: &'a str,
     pub fence: i64,
+    /// The run's trace, when the host reports spans: a request carries
+    /// its call's span to the receiver ([`OpContext::traceparent`]).
+    pub trace: Option<&'a RunTrace>,
 }
 
 impl<'a> OpContext<'a> {
     /// The operation of a call recorded (or being recorded) for run `run_id`.
-    fn of(run_id: &'a str, recorded: &'a CallRecord, fence: i64) -> Self {
+    fn of(
+        run_id: &'a str,
+        trace: Option<&'a RunTrace>,
+        recorded: &'a CallRecord,
+        fence: i64,
+    ) -> Self {
         OpContext {
             run_id,
             seq: recorded.seq,
             class: recorded.class,
             operation_id: &recorded.operation_id,
             fence,
+            trace,
         }
+    }
+
+    /// The `traceparent` and `tracestate` of this call's span, when the
+    /// host reports spans. Never part of what is recorded or hashed.
+    pub fn trace_context(&self) -> Option<(String, Option<&'a str>)> {
+        let trace = self.trace?;
+        Some(trace.call_context(self.run_id, self.seq, self.fence))
     }
 }
 
@@ -455,6 +472,13 @@ pub struct Journal {
     /// Time from the start of this execution to its first live call.
     pub first_live_after: Option<std::time::Duration>,
     pub stats: Stats,
+    /// The run's trace, when the host reports spans ([`Journal::set_trace`]).
+    trace: Option<RunTrace>,
+    /// When each call was gone through, when the host reports spans.
+    timings: Option<Vec<CallTiming>>,
+    /// The write whose `started` commit [`Journal::begin`] left pending:
+    /// its sequence number and when it began.
+    timing_open: Option<(u64, i64)>,
 }
 
 /// The head of a run's chain as an execution extends it.
@@ -552,6 +576,39 @@ impl Journal {
             lease_checked: std::time::Instant::now(),
             first_live_after: None,
             stats: Stats::default(),
+            trace: None,
+            timings: None,
+            timing_open: None,
+        }
+    }
+
+    /// Reports spans for this execution into `trace`: requests carry their
+    /// call's span, and the journal notes when it goes through each call
+    /// ([`Journal::take_timings`]).
+    pub fn set_trace(&mut self, trace: RunTrace) {
+        self.trace = Some(trace);
+        self.timings = Some(Vec::new());
+    }
+
+    /// When this execution went through each call, in order (empty unless
+    /// [`Journal::set_trace`] was called).
+    pub fn take_timings(&mut self) -> Vec<CallTiming> {
+        self.timings.take().unwrap_or_default()
+    }
+
+    /// Notes call `seq`, begun at `start` ns, as gone through now, if it
+    /// was (a call refused before it was recorded was not).
+    fn timed(&mut self, seq: u64, replayed: bool, start: i64) {
+        if seq >= self.next_seq {
+            return;
+        }
+        if let Some(timings) = &mut self.timings {
+            timings.push(CallTiming {
+                seq,
+                replayed,
+                start_unix_ns: start,
+                end_unix_ns: crate::trace::unix_ns(),
+            });
         }
     }
 
@@ -776,6 +833,10 @@ impl Journal {
         if let Some(stop) = &self.stop {
             return Err(stop.clone());
         }
+        let timed = self
+            .timings
+            .is_some()
+            .then(|| (self.next_seq, self.stats.replayed, crate::trace::unix_ns()));
         let result = self
             .budget
             .check_wall()
@@ -787,7 +848,14 @@ impl Journal {
                 }
                 Ok(call)
             });
-        self.stopping(result)
+        let result = self.stopping(result);
+        if let Some((seq, replayed_before, start)) = timed {
+            match &result {
+                Ok(Call::Durable(_)) => self.timing_open = Some((seq, start)),
+                _ => self.timed(seq, self.stats.replayed > replayed_before, start),
+            }
+        }
+        result
     }
 
     /// The rest of a write that [`Journal::begin`] left pending, once its
@@ -812,7 +880,11 @@ impl Journal {
                 self.budget.charge(outcome.recorded_bytes())?;
                 Ok(outcome)
             });
-        self.stopping(result)
+        let result = self.stopping(result);
+        if let Some((seq, start)) = self.timing_open.take() {
+            self.timed(seq, false, start);
+        }
+        result
     }
 
     /// Keeps the first error that stopped the run: every later call fails
@@ -1047,13 +1119,15 @@ impl Journal {
             next: 1,
             counters: &mut self.counters,
         };
-        let outcome =
-            match live.perform(&OpContext::of(&self.run_id, &record, fence), &mut attempts) {
-                Performed::Done(outcome) => outcome,
-                // Only a write's outcome can be unknown: a read that could not
-                // be established failed.
-                Performed::Unknown(reason) => Outcome::error(CallErrorKind::Exhausted, reason),
-            };
+        let outcome = match live.perform(
+            &OpContext::of(&self.run_id, self.trace.as_ref(), &record, fence),
+            &mut attempts,
+        ) {
+            Performed::Done(outcome) => outcome,
+            // Only a write's outcome can be unknown: a read that could not
+            // be established failed.
+            Performed::Unknown(reason) => Outcome::error(CallErrorKind::Exhausted, reason),
+        };
         if with_attempts {
             crash::point("after-send", seq);
         }
@@ -1129,7 +1203,10 @@ impl Journal {
             next: 1,
             counters: &mut self.counters,
         };
-        let performed = live.perform(&OpContext::of(&self.run_id, &started, fence), &mut attempts);
+        let performed = live.perform(
+            &OpContext::of(&self.run_id, self.trace.as_ref(), &started, fence),
+            &mut attempts,
+        );
         crash::point("after-send", seq);
         let outcome = match performed {
             Performed::Done(outcome) => outcome,
@@ -1281,7 +1358,7 @@ impl Journal {
         live: &mut dyn LiveCall,
     ) -> Result<Outcome, Stop> {
         let seq = recorded.seq;
-        let op = OpContext::of(&self.run_id, recorded, self.fence());
+        let op = OpContext::of(&self.run_id, self.trace.as_ref(), recorded, self.fence());
         match live.wait(&op, recorded.started_at_ms) {
             Wait::Ready(outcome) => {
                 let kept = self.kept(recorded.seq, &outcome);
@@ -1364,7 +1441,7 @@ impl Journal {
         live: &mut dyn LiveCall,
     ) -> Result<Outcome, Stop> {
         let seq = recorded.seq;
-        let op = OpContext::of(&self.run_id, recorded, self.fence());
+        let op = OpContext::of(&self.run_id, self.trace.as_ref(), recorded, self.fence());
         // Attempt numbers go on from those of the executions before.
         let mut attempts = Attempts {
             sink: Some(&mut self.pending),

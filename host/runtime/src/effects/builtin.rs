@@ -243,6 +243,7 @@ mod tests {
             seq: 1,
             services: &crate::options::Services::NONE,
             redacted: false,
+            trace: None,
             run_id: "r",
             effect: "orders",
             class: stephost_core::CallClass::Write,

@@ -486,6 +486,7 @@ mod tests {
             seq: 1,
             services: &crate::options::Services::NONE,
             redacted: false,
+            trace: None,
             run_id: "r1",
             effect: "cmd",
             class: CallClass::Write,

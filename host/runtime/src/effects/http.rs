@@ -139,9 +139,15 @@ pub(super) fn operation_headers(
     request: &Request<'_>,
     payload: impl AsRef<[u8]>,
 ) -> http::request::Builder {
-    let builder = builder
+    let mut builder = builder
         .header("Stephost-Run-Id", request.run_id)
         .header("Stephost-Operation-Id", request.operation_id);
+    if let Some((traceparent, tracestate)) = request.trace_context() {
+        builder = builder.header("traceparent", traceparent);
+        if let Some(state) = tracestate {
+            builder = builder.header("tracestate", state);
+        }
+    }
     if request.class != CallClass::Write {
         return builder;
     }
@@ -367,6 +373,7 @@ mod tests {
             seq: 1,
             services: &crate::options::Services::NONE,
             redacted: false,
+            trace: None,
             run_id: "run 1",
             effect: "e",
             class: CallClass::Write,

@@ -598,6 +598,13 @@ impl Handler for McpEffect {
                     request.operation_id.into(),
                 );
                 meta.insert(format!("{META_PREFIX}run_id"), request.run_id.into());
+                // Trace context as MCP carries it: in `_meta`, by its W3C names.
+                if let Some((traceparent, tracestate)) = request.trace_context() {
+                    meta.insert("traceparent".into(), traceparent.into());
+                    if let Some(state) = tracestate {
+                        meta.insert("tracestate".into(), state.into());
+                    }
+                }
                 if request.class == CallClass::Write {
                     meta.insert(format!("{META_PREFIX}fence"), request.fence.into());
                 }

@@ -133,6 +133,17 @@ pub struct Request<'a> {
     /// The effect keeps values of its calls out of the ledger: nothing of
     /// an answer is shown while it streams in.
     pub redacted: bool,
+    /// The run's trace, when the host reports spans: the request carries
+    /// its call's span ([`Request::trace_context`]).
+    pub trace: Option<&'a stephost_core::RunTrace>,
+}
+
+impl<'a> Request<'a> {
+    /// The `traceparent` and `tracestate` of this call's span, when the
+    /// host reports spans. Sent, never recorded or hashed.
+    pub fn trace_context(&self) -> Option<(String, Option<&'a str>)> {
+        Some(self.trace?.call_context(self.run_id, self.seq, self.fence))
+    }
 }
 
 /// A receiver of effect requests.
@@ -511,6 +522,7 @@ impl EffectCall<'_> {
             body: self.body,
             services: self.services,
             redacted: self.effect.redaction.is_some(),
+            trace: op.trace,
         }
     }
 }

@@ -169,9 +169,17 @@ impl Handler for Origin {
         let mut builder = http::Request::builder()
             .method(exchange.method.as_str())
             .uri(url);
+        // The host's trace context replaces the step's own, when the host
+        // reports spans.
+        let traced = request.trace.is_some();
         for (name, value) in &exchange.headers {
             // ureq writes its own Host and Content-Length.
-            if !name.eq_ignore_ascii_case("host") && !name.eq_ignore_ascii_case("content-length") {
+            let host_writes = name.eq_ignore_ascii_case("host")
+                || name.eq_ignore_ascii_case("content-length")
+                || (traced
+                    && (name.eq_ignore_ascii_case("traceparent")
+                        || name.eq_ignore_ascii_case("tracestate")));
+            if !host_writes {
                 builder = builder.header(name, value);
             }
         }

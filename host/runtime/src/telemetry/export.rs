@@ -1,0 +1,77 @@
+//! How spans leave the process: the OTLP exporter's HTTP client (ureq, on
+//! the batch processor's own thread), and span ids chosen by the host
+//! rather than drawn.
+
+use std::cell::Cell;
+use std::time::Duration;
+
+use opentelemetry::trace::{SpanId, TraceId};
+use opentelemetry_http::{Bytes, HttpClient, HttpError, Request, Response};
+use opentelemetry_sdk::trace::{IdGenerator, RandomIdGenerator};
+
+/// The most bytes of a collector's answer read.
+const ANSWER_BYTES_MAX: u64 = 4 * 1024 * 1024;
+
+/// The exporter's client. The batch processor runs each export on its own
+/// thread, so a blocking client is what it needs; any status is an answer
+/// (the exporter decides what to retry).
+#[derive(Debug, Clone)]
+pub struct UreqClient(ureq::Agent);
+
+impl UreqClient {
+    pub fn new(timeout: Duration) -> Self {
+        let config = ureq::Agent::config_builder()
+            .timeout_global(Some(timeout))
+            .http_status_as_error(false)
+            .build();
+        UreqClient(ureq::Agent::new_with_config(config))
+    }
+}
+
+#[async_trait::async_trait]
+impl HttpClient for UreqClient {
+    async fn send_bytes(&self, request: Request<Bytes>) -> Result<Response<Bytes>, HttpError> {
+        let (parts, body) = request.into_parts();
+        let response = self
+            .0
+            .run(ureq::http::Request::from_parts(parts, &body[..]))?;
+        let (parts, mut body) = response.into_parts();
+        let bytes = body.with_config().limit(ANSWER_BYTES_MAX).read_to_vec()?;
+        Ok(Response::from_parts(parts, Bytes::from(bytes)))
+    }
+}
+
+thread_local! {
+    static TRACE_ID: Cell<Option<TraceId>> = const { Cell::new(None) };
+    static SPAN_ID: Cell<Option<SpanId>> = const { Cell::new(None) };
+}
+
+/// Ids as [`with_ids`] sets them for the span being started on this
+/// thread, else random ones.
+#[derive(Debug, Default)]
+pub struct ChosenIds(RandomIdGenerator);
+
+impl IdGenerator for ChosenIds {
+    fn new_trace_id(&self) -> TraceId {
+        TRACE_ID
+            .with(Cell::take)
+            .unwrap_or_else(|| self.0.new_trace_id())
+    }
+
+    fn new_span_id(&self) -> SpanId {
+        SPAN_ID
+            .with(Cell::take)
+            .unwrap_or_else(|| self.0.new_span_id())
+    }
+}
+
+/// Runs `start` (which starts one span) with its span id, and its trace id
+/// if it has no parent, chosen.
+pub fn with_ids<R>(trace: TraceId, span: SpanId, start: impl FnOnce() -> R) -> R {
+    TRACE_ID.with(|c| c.set(Some(trace)));
+    SPAN_ID.with(|c| c.set(Some(span)));
+    let started = start();
+    TRACE_ID.with(|c| c.set(None));
+    SPAN_ID.with(|c| c.set(None));
+    started
+}
