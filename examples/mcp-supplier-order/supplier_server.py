@@ -78,6 +78,8 @@ def place_order(sku: str, quantity: int, ctx: Context) -> dict[str, Any]:
         "quantity": quantity,
         "operation_id": operation,
         "fence": meta.get("dev.stephost/fence"),
+        # The span of the call that sent it, when the host reports traces.
+        "traceparent": meta.get("traceparent"),
     }
     with ORDERS.open("a") as f:
         f.write(json.dumps(order) + "\n")

@@ -10,6 +10,7 @@ use stephost_ledger_postgres::throwaway::TestServer;
 
 pub mod golden;
 pub mod model_stub;
+pub mod otlp;
 pub mod server;
 
 /// The test guests and examples, built from source by `build.rs`.
@@ -319,6 +320,11 @@ impl Sandbox {
             // guest (Python, JavaScript) is compiled once, not per command.
             .env("STEPHOST_CACHE_DIR", shared_cache_dir())
             .env_remove("STEPHOST_CRASH_AT")
+            // Spans are exported only where a test asks for them.
+            .env_remove("OTEL_EXPORTER_OTLP_ENDPOINT")
+            .env_remove("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+            .env_remove("TRACEPARENT")
+            .env_remove("TRACESTATE")
             .args(args);
         cmd
     }

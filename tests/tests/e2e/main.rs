@@ -15,6 +15,7 @@ mod run_replay;
 mod server;
 mod suspension;
 mod tamper;
+mod traces;
 mod unknown_outcome;
 mod versioning;
 mod wasi_http;

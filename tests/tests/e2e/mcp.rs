@@ -128,6 +128,8 @@ fn a_step_lists_reads_and_writes_through_mcp_and_replay_starts_no_server() {
     assert_eq!(placed.len(), 1, "{placed:#?}");
     assert_eq!(placed[0]["operation_id"], calls[2]["operation_id"]);
     assert_eq!(placed[0]["fence"], show["run"]["fence"]);
+    // No trace context when the host reports no spans.
+    assert!(placed[0]["traceparent"].is_null());
     // Which server answered is recorded with the attempt.
     let attempt = &attempts_for(&show, ORDER_SEQ)[0];
     assert!(
@@ -446,4 +448,37 @@ fn a_server_over_streamable_http_is_called_with_a_header_never_recorded() {
     sb.stephost_with_env("SUPPLIER_TOKEN", token, &["resume", "h1"])
         .expect_code(0);
     assert_eq!(orders(&sb).len(), 1);
+}
+
+#[test]
+fn a_tool_call_carries_its_span_s_traceparent_in_meta() {
+    let collector = stephost_tests::otlp::Collector::start();
+    let sb = stdio_sandbox(false);
+    let ran = sb.stephost_with_env(
+        "OTEL_EXPORTER_OTLP_ENDPOINT",
+        collector.endpoint(),
+        &[
+            "run",
+            guests::MCP_SUPPLIER_ORDER,
+            "--input",
+            INPUT,
+            "--run-id",
+            "t1",
+        ],
+    );
+    expect_ordered(&ran);
+    let show = sb.show("t1");
+    let traceparent = orders(&sb)[0]["traceparent"]
+        .as_str()
+        .expect("the order's traceparent")
+        .to_string();
+    let fields: Vec<&str> = traceparent.split('-').collect();
+    assert_eq!(fields[1], show["run"]["trace"]["trace_id"]);
+    let span = collector
+        .spans()
+        .into_iter()
+        .find(|s| s.span_id == fields[2])
+        .expect("the call's span was reported");
+    assert_eq!(span.attr("stephost.call.seq"), ORDER_SEQ as i64);
+    assert_eq!(span.attr("stephost.call.class"), "write");
 }

@@ -58,7 +58,7 @@ pub(super) fn report(
     let lost = execution
         .from
         .as_ref()
-        .filter(|from| from.status == RunStatus::Running && from.fence >= 1);
+        .filter(|from| from.status == RunStatus::Running && from.owner.is_some());
     let first_seq = match lost {
         Some(_) => Some(1),
         None => ended.timings.iter().map(|t| t.seq).min(),
@@ -82,7 +82,11 @@ pub(super) fn report(
             .iter()
             .find(|t| !t.replayed)
             .and_then(|t| call(t.seq));
-        maker.wait(execution, from, first_live);
+        // A person's decision leaves the run running with no owner.
+        let decided = (from.status == RunStatus::Running && from.owner.is_none())
+            .then(|| calls.iter().rfind(|c| c.resolved_by.is_some()))
+            .flatten();
+        maker.wait(execution, from, first_live, decided);
     }
     if !ended.ended_claim {
         return Ok(());
@@ -284,18 +288,29 @@ impl<'a> Maker<'a> {
     }
 
     /// The time the run spent between its last execution and this one:
-    /// waiting for a timer, a person, a model's capacity, or a worker.
-    fn wait(&self, execution: &Execution, from: &ClaimedFrom, first_live: Option<&CallRecord>) {
-        let what = match from.status {
-            RunStatus::Parked => "person",
-            RunStatus::Pending => "worker",
-            RunStatus::Waiting => match first_live {
-                Some(c) if c.class == CallClass::Suspend && c.interface.contains("approvals") => {
-                    "approval"
-                }
-                Some(c) if c.class == CallClass::Suspend => "timer",
-                _ => "model_capacity",
-            },
+    /// waiting for a timer or an approval (from the call that waited), for
+    /// a person's decision, a model's capacity, or a worker.
+    fn wait(
+        &self,
+        execution: &Execution,
+        from: &ClaimedFrom,
+        first_live: Option<&CallRecord>,
+        decided: Option<&CallRecord>,
+    ) {
+        // The call that waited: an approval or a timer this execution
+        // completed, or a call a person decided (then replayed).
+        let waited = first_live
+            .filter(|c| c.class == CallClass::Suspend)
+            .or(decided);
+        let (what, since) = match (waited, from.status) {
+            (Some(c), _) if c.class == CallClass::Suspend && c.interface.contains("approvals") => {
+                ("approval", c.started_at_ms)
+            }
+            (Some(c), _) if c.class == CallClass::Suspend => ("timer", c.started_at_ms),
+            (Some(c), _) => ("person", c.started_at_ms),
+            (None, RunStatus::Parked) => ("person", from.updated_at_ms),
+            (None, RunStatus::Waiting) => ("model_capacity", from.updated_at_ms),
+            (None, RunStatus::Pending) => ("worker", from.updated_at_ms),
             _ => return,
         };
         let mut attributes = self.run_attributes();
@@ -303,6 +318,9 @@ impl<'a> Maker<'a> {
             KeyValue::new("stephost.wait.for", what),
             KeyValue::new("stephost.wait.status", from.status.as_str()),
         ]);
+        if let Some(who) = waited.and_then(|c| c.resolved_by.clone()) {
+            attributes.push(KeyValue::new("stephost.wait.decided_by", who));
+        }
         if let Some(error) = &from.error {
             attributes.push(KeyValue::new("stephost.wait.reason", error.clone()));
         }
@@ -311,10 +329,10 @@ impl<'a> Maker<'a> {
             SpanKind::Internal,
             &self.run_cx,
             &self.trace.wait_span_id(&self.run.run_id, execution.fence),
-            ms_time(from.updated_at_ms),
+            ms_time(since),
             attributes,
         );
-        span.end_with_timestamp(ns_time(execution.start_unix_ns).max(ms_time(from.updated_at_ms)));
+        span.end_with_timestamp(ns_time(execution.start_unix_ns).max(ms_time(since)));
     }
 
     /// The execution before this one, which lost its claim without ending
