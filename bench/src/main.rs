@@ -358,8 +358,24 @@ fn host_options(config: &Config) -> HostOptions {
         // A long-lived host, as an embedding would run it: instances come
         // from a pool (figure 5's worker sizes its own).
         instance_pool: 4,
+        telemetry: telemetry(),
         ..HostOptions::default()
     }
+}
+
+/// The exporter the `OTEL_*` environment asks for, one for the process, as
+/// `stephost` sets it up: none unless an endpoint is set (for an A/B of
+/// traces off and on).
+fn telemetry() -> Option<std::sync::Arc<stephost_runtime::telemetry::Telemetry>> {
+    static TELEMETRY: std::sync::OnceLock<
+        Option<std::sync::Arc<stephost_runtime::telemetry::Telemetry>>,
+    > = std::sync::OnceLock::new();
+    TELEMETRY
+        .get_or_init(|| {
+            stephost_runtime::telemetry::Telemetry::from_env()
+                .expect("the OTEL_* environment is one stephost can export to")
+        })
+        .clone()
 }
 
 /// A host over the SQLite ledger at `db` (created if absent).

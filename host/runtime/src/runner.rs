@@ -518,7 +518,10 @@ impl Host {
                 &self.options.effects,
                 &execution,
                 &timings,
-                result.is_ok() && landed.is_ok(),
+                match (&result, &landed) {
+                    (Ok(stats), Ok(())) => Some(*stats),
+                    _ => None,
+                },
             );
         }
         let stats = result?;

@@ -474,7 +474,8 @@ pub struct Journal {
     pub stats: Stats,
     /// The run's trace, when the host reports spans ([`Journal::set_trace`]).
     trace: Option<RunTrace>,
-    /// When each call was gone through, when the host reports spans.
+    /// When each call other than an observe call was gone through, when
+    /// the host reports spans.
     timings: Option<Vec<CallTiming>>,
     /// The write whose `started` commit [`Journal::begin`] left pending:
     /// its sequence number and when it began.
@@ -590,8 +591,9 @@ impl Journal {
         self.timings = Some(Vec::new());
     }
 
-    /// When this execution went through each call, in order (empty unless
-    /// [`Journal::set_trace`] was called).
+    /// When this execution went through each call, in order, observe calls
+    /// (clock, random) left out (empty unless [`Journal::set_trace`] was
+    /// called).
     pub fn take_timings(&mut self) -> Vec<CallTiming> {
         self.timings.take().unwrap_or_default()
     }
@@ -833,9 +835,8 @@ impl Journal {
         if let Some(stop) = &self.stop {
             return Err(stop.clone());
         }
-        let timed = self
-            .timings
-            .is_some()
+        // Clock and random readings get no span: they are not timed.
+        let timed = (self.timings.is_some() && spec.class != CallClass::Observe)
             .then(|| (self.next_seq, self.stats.replayed, crate::trace::unix_ns()));
         let result = self
             .budget

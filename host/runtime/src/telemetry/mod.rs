@@ -167,9 +167,9 @@ impl Telemetry {
     }
 
     /// Reports an execution that has ended, from the ledger: its own spans
-    /// if it ended its claim itself (`ended_claim`: the run finished, waits,
-    /// was parked or released; otherwise the execution that takes the run
-    /// over reports it), and the wait before it and an execution before it
+    /// if it ended its claim itself (`ended`, its counts of calls: the run
+    /// finished, waits, was parked or released; otherwise the execution
+    /// that takes the run over reports it), and the wait before it and an execution before it
     /// that lost its claim, either way. Nothing for a run whose trace is not
     /// sampled. Spans that cannot be made (the ledger cannot be read) are
     /// left out, said on stderr; the run is not affected.
@@ -179,11 +179,12 @@ impl Telemetry {
         effects: &Effects,
         execution: &Execution,
         timings: &[CallTiming],
-        ended_claim: bool,
+        ended: Option<stephost_core::journal::Stats>,
     ) {
         let ended = spans::Ended {
             timings,
-            ended_claim,
+            ended_claim: ended.is_some(),
+            stats: ended,
             end_unix_ns: stephost_core::trace::unix_ns(),
         };
         if let Err(e) = spans::report(self, store, effects, execution, &ended) {

@@ -1,6 +1,7 @@
 //! The spans of an execution, made from the ledger once it has ended, with
 //! the ids its run's trace derives.
 
+use std::collections::HashMap;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use opentelemetry::trace::{
@@ -20,7 +21,10 @@ use crate::effects::Effects;
 
 /// How an execution ended.
 pub(super) struct Ended<'a> {
+    /// When it went through each call but observe calls.
     pub timings: &'a [CallTiming],
+    /// Its counts of calls, when it ended its claim itself.
+    pub stats: Option<stephost_core::journal::Stats>,
     pub ended_claim: bool,
     pub end_unix_ns: i64,
 }
@@ -63,15 +67,31 @@ pub(super) fn report(
         Some(_) => Some(1),
         None => ended.timings.iter().map(|t| t.seq).min(),
     };
-    let calls = match first_seq {
-        Some(seq) => store.calls(
+    // Up to the last call timed, or every call for a lost execution.
+    let last_seq = match lost {
+        Some(_) => None,
+        None => ended.timings.iter().map(|t| t.seq).max(),
+    };
+    let calls = match (first_seq, last_seq) {
+        (Some(first), Some(last)) => store.calls(
             run_id,
-            seq,
+            first,
+            usize::try_from(last - first + 1).unwrap_or(usize::MAX),
+        )?,
+        (Some(first), None) => store.calls(
+            run_id,
+            first,
             stephost_core::records::CALLS_PER_RUN_MAX as usize,
         )?,
-        None => Vec::new(),
+        _ => Vec::new(),
     };
-    let call = |seq: u64| calls.iter().find(|c| c.seq == seq);
+    // The calls are read in order from `first_seq`, one row a seq.
+    let first = first_seq.unwrap_or(1);
+    let call = |seq: u64| {
+        seq.checked_sub(first)
+            .and_then(|i| calls.get(usize::try_from(i).ok()?))
+            .filter(|c| c.seq == seq)
+    };
     if let Some(from) = lost {
         let theirs: Vec<&CallRecord> = calls.iter().filter(|c| c.fence == from.fence).collect();
         maker.lost_execution(store, effects, execution, from, &theirs)?;
@@ -93,20 +113,21 @@ pub(super) fn report(
     }
     let exec_id = trace.execution_span_id(run_id, execution.fence);
     let exec_cx = maker.context(&exec_id);
+    // This execution's attempts, read once (a call left in flight has the
+    // earlier ones too).
+    let since_ms = execution.start_unix_ns / 1_000_000;
+    let mut attempts = if ended.timings.iter().any(|t| !t.replayed) {
+        by_call(store.attempts(run_id, None)?, since_ms)
+    } else {
+        HashMap::new()
+    };
     for timing in ended.timings {
         let Some(record) = call(timing.seq) else {
             continue;
         };
-        let attempts = if timing.replayed {
-            Vec::new()
-        } else {
-            // This execution's attempts (a call left in flight has the
-            // earlier ones too).
-            store
-                .attempts(run_id, Some(timing.seq))?
-                .into_iter()
-                .filter(|a| a.started_at_ms >= timing.start_unix_ns / 1_000_000)
-                .collect()
+        let own = match timing.replayed {
+            true => Vec::new(),
+            false => attempts.remove(&timing.seq).unwrap_or_default(),
         };
         let span_id = trace.call_span_id(run_id, timing.seq, execution.fence);
         let times = (ns_time(timing.start_unix_ns), ns_time(timing.end_unix_ns));
@@ -115,23 +136,23 @@ pub(super) fn report(
             &span_id,
             record,
             timing.replayed,
-            &attempts,
+            &own,
             times,
             effects,
         );
     }
-    let replayed = ended.timings.iter().filter(|t| t.replayed).count();
     let mut attributes = maker.run_attributes();
     attributes.extend([
         KeyValue::new("stephost.execution.fence", execution.fence),
         KeyValue::new("stephost.worker", execution.owner.clone()),
         KeyValue::new("stephost.execution.end", end_of(run.status)),
-        KeyValue::new("stephost.execution.calls_replayed", replayed as i64),
-        KeyValue::new(
-            "stephost.execution.calls_live",
-            (ended.timings.len() - replayed) as i64,
-        ),
     ]);
+    if let Some(stats) = ended.stats {
+        attributes.extend([
+            KeyValue::new("stephost.execution.calls_replayed", stats.replayed as i64),
+            KeyValue::new("stephost.execution.calls_live", stats.live as i64),
+        ]);
+    }
     if let Some(wake) = run.wake_at_ms.filter(|_| run.status == RunStatus::Waiting) {
         attributes.push(KeyValue::new(
             "stephost.run.wake_at",
@@ -152,6 +173,15 @@ pub(super) fn report(
         maker.run_span(&run);
     }
     Ok(())
+}
+
+/// `attempts` begun at `since_ms` or later, by their call.
+fn by_call(attempts: Vec<AttemptRecord>, since_ms: i64) -> HashMap<u64, Vec<AttemptRecord>> {
+    let mut grouped: HashMap<u64, Vec<AttemptRecord>> = HashMap::new();
+    for attempt in attempts.into_iter().filter(|a| a.started_at_ms >= since_ms) {
+        grouped.entry(attempt.seq).or_default().push(attempt);
+    }
+    grouped
 }
 
 /// What an execution that ended its claim left the run as.
@@ -355,8 +385,9 @@ impl<'a> Maker<'a> {
         let end = last.map_or(start, |l| l.max(start));
         let span_id = self.trace.execution_span_id(run_id, from.fence);
         let cx = self.context(&span_id);
-        for call in calls {
-            let attempts = store.attempts(run_id, Some(call.seq))?;
+        let mut all = by_call(store.attempts(run_id, None)?, i64::MIN);
+        for call in calls.iter().filter(|c| c.class != CallClass::Observe) {
+            let attempts = all.remove(&call.seq).unwrap_or_default();
             let times = (
                 ms_time(call.started_at_ms),
                 ms_time(call.finished_at_ms.unwrap_or(call.started_at_ms)),
