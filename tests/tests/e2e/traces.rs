@@ -281,6 +281,37 @@ fn a_wait_for_a_person_is_a_span_between_the_executions() {
     assert_eq!(approval.attr("stephost.call.resolved_by"), "alice");
 }
 
+#[test]
+fn a_wait_for_a_timer_is_a_span_until_a_worker_wakes_the_run() {
+    let collector = Collector::start();
+    let sb = Sandbox::new(BIN);
+    let args = [
+        "run",
+        guests::SLEEPER,
+        "--input",
+        r#"{"ms": 2500}"#,
+        "--run-id",
+        "s1",
+    ];
+    traced(&sb, &collector, &[], &args).expect_code(7);
+    // A worker that exits when idle finds the run due once the timer is.
+    std::thread::sleep(std::time::Duration::from_millis(2600));
+    traced(&sb, &collector, &[], &["worker", "--exit-when-idle"]).expect_code(0);
+    assert_eq!(sb.show("s1")["run"]["status"], "completed");
+    let spans = collector.spans();
+    let wait = spans
+        .iter()
+        .find(|s| s.name == "wait timer")
+        .unwrap_or_else(|| panic!("a timer's wait: {spans:#?}"));
+    assert_eq!(wait.attr("stephost.wait.status"), "waiting");
+    assert!(wait.end_ns - wait.start_ns >= 2_000_000_000, "{wait:#?}");
+    let execs = executions(&spans);
+    assert_eq!(execs.len(), 2);
+    assert_eq!(execs[0].attr("stephost.execution.end"), "waiting");
+    assert!(execs[0].attr("stephost.run.wake_at").is_string());
+    assert_eq!(wait.parent_span_id, the_run_span(&spans).span_id);
+}
+
 const KEY: &str = "sk-test-traces";
 
 fn model_sandbox(server: &model_server::ModelServer) -> Sandbox {

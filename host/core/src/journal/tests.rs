@@ -702,3 +702,83 @@ fn the_chain_goes_on_from_the_recorded_calls_across_a_resume() {
         Ok(4)
     );
 }
+
+/// Live I/O that notes the trace context it was handed.
+#[derive(Default)]
+struct TraceSeen(Vec<Option<String>>);
+
+impl LiveCall for TraceSeen {
+    fn perform(&mut self, op: &OpContext<'_>, _attempts: &mut Attempts<'_>) -> Performed {
+        self.0.push(op.trace_context().map(|(parent, _)| parent));
+        Outcome::Ok(serde_json::json!("ok")).into()
+    }
+}
+
+#[test]
+fn with_a_trace_each_call_but_observe_calls_is_timed_and_carries_its_span() {
+    let fixture = Fixture::new();
+    let trace = crate::trace::RunTrace::new(true);
+    let mut first = fixture.execution();
+    first.set_trace(trace.clone());
+    let mut seen = TraceSeen::default();
+    first
+        .call(&spec(CallClass::Read, "stock", "{}"), &mut seen)
+        .unwrap();
+    observe(&mut first, 7);
+    first
+        .call(&spec(CallClass::Write, "order", "{}"), &mut seen)
+        .unwrap();
+    let timings = first.take_timings();
+    assert_eq!(
+        timings
+            .iter()
+            .map(|t| (t.seq, t.replayed))
+            .collect::<Vec<_>>(),
+        [(1, false), (3, false)],
+        "the clock reading (#2) is not timed"
+    );
+    assert!(timings.iter().all(|t| t.start_unix_ns <= t.end_unix_ns));
+    // Each request named its own call's span under this execution's fence.
+    assert_eq!(
+        seen.0,
+        [
+            Some(trace.traceparent(&trace.call_span_id(RUN, 1, 1))),
+            Some(trace.traceparent(&trace.call_span_id(RUN, 3, 1))),
+        ]
+    );
+    fixture.crash(first);
+
+    // The next execution replays them: timed as replayed, nothing sent.
+    let mut second = fixture.execution();
+    second.set_trace(trace.clone());
+    let mut again = TraceSeen::default();
+    second
+        .call(&spec(CallClass::Read, "stock", "{}"), &mut again)
+        .unwrap();
+    observe(&mut second, 7);
+    second
+        .call(&spec(CallClass::Write, "order", "{}"), &mut again)
+        .unwrap();
+    let replayed: Vec<(u64, bool)> = second
+        .take_timings()
+        .iter()
+        .map(|t| (t.seq, t.replayed))
+        .collect();
+    assert_eq!(replayed, [(1, true), (3, true)]);
+    assert!(again.0.is_empty());
+
+    // Without a trace: nothing timed, no trace context handed over.
+    let mut third = fixture.execution();
+    let mut plain = TraceSeen::default();
+    third
+        .call(&spec(CallClass::Read, "stock", "{}"), &mut plain)
+        .unwrap();
+    observe(&mut third, 7);
+    for (class, function) in [(CallClass::Write, "order"), (CallClass::Read, "more")] {
+        third
+            .call(&spec(class, function, "{}"), &mut plain)
+            .unwrap();
+    }
+    assert!(third.take_timings().is_empty());
+    assert_eq!(plain.0, [None], "the one live call had no trace context");
+}
