@@ -183,7 +183,6 @@ impl Telemetry {
     ) {
         let ended = spans::Ended {
             timings,
-            ended_claim: ended.is_some(),
             stats: ended,
             end_unix_ns: stephost_core::trace::unix_ns(),
         };

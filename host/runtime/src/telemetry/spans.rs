@@ -23,9 +23,9 @@ use crate::effects::Effects;
 pub(super) struct Ended<'a> {
     /// When it went through each call but observe calls.
     pub timings: &'a [CallTiming],
-    /// Its counts of calls, when it ended its claim itself.
+    /// Its counts of calls, when it ended its claim itself (else the
+    /// execution that takes the run over reports it).
     pub stats: Option<stephost_core::journal::Stats>,
-    pub ended_claim: bool,
     pub end_unix_ns: i64,
 }
 
@@ -108,9 +108,9 @@ pub(super) fn report(
             .flatten();
         maker.wait(execution, from, first_live, decided);
     }
-    if !ended.ended_claim {
+    let Some(stats) = ended.stats else {
         return Ok(());
-    }
+    };
     let exec_id = trace.execution_span_id(run_id, execution.fence);
     let exec_cx = maker.context(&exec_id);
     // This execution's attempts, read once (a call left in flight has the
@@ -147,12 +147,10 @@ pub(super) fn report(
         KeyValue::new("stephost.worker", execution.owner.clone()),
         KeyValue::new("stephost.execution.end", end_of(run.status)),
     ]);
-    if let Some(stats) = ended.stats {
-        attributes.extend([
-            KeyValue::new("stephost.execution.calls_replayed", stats.replayed as i64),
-            KeyValue::new("stephost.execution.calls_live", stats.live as i64),
-        ]);
-    }
+    attributes.extend([
+        KeyValue::new("stephost.execution.calls_replayed", stats.replayed as i64),
+        KeyValue::new("stephost.execution.calls_live", stats.live as i64),
+    ]);
     if let Some(wake) = run.wake_at_ms.filter(|_| run.status == RunStatus::Waiting) {
         attributes.push(KeyValue::new(
             "stephost.run.wake_at",
