@@ -1,7 +1,7 @@
 //! What a worker or server says on stderr: text for people (the default),
 //! or one JSON object a line for a log pipeline (`--log-format json`, or
 //! `STEPHOST_LOG_FORMAT=json`), with `time`, `level`, `source`, `message`
-//! and, where they apply, `run_id`, `seq` and `trace_id` (a step's lines).
+//! and, where they apply, `run_id`, `seq` and `trace_id`.
 
 use std::fmt::Display;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -50,20 +50,34 @@ impl Level {
 /// A line from `source` (`worker`, `serve`, or `stephost` for the host
 /// itself), about run `run_id` when it concerns one.
 pub fn line(level: Level, source: &str, run_id: Option<&str>, message: impl Display) {
+    run_line(level, source, run_id, None, message)
+}
+
+/// [`line`], with the trace the run reports into when it is known.
+pub fn run_line(
+    level: Level,
+    source: &str,
+    run_id: Option<&str>,
+    trace_id: Option<&str>,
+    message: impl Display,
+) {
     match format() {
         LogFormat::Text if source == "stephost" => eprintln!("stephost: {message}"),
         LogFormat::Text => eprintln!("stephost {source}: {message}"),
-        LogFormat::Json => eprintln!(
-            "{}",
-            json(
+        LogFormat::Json => {
+            let mut line = json(
                 stephost_core::clock::now_ms(),
                 level.as_str(),
                 source,
                 &message.to_string(),
                 run_id,
-                None
-            )
-        ),
+                None,
+            );
+            if let Some(trace_id) = trace_id {
+                line["trace_id"] = trace_id.into();
+            }
+            eprintln!("{line}")
+        }
     }
 }
 

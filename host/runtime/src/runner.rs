@@ -42,6 +42,8 @@ pub struct RunReport {
     /// For a finished WASI command: its exit status.
     pub exit_code: Option<i32>,
     pub stats: Stats,
+    /// The trace the run reports into (32 hex digits).
+    pub trace_id: String,
 }
 
 impl RunReport {
@@ -54,6 +56,7 @@ impl RunReport {
             wake_at_ms: run.wake_at_ms,
             exit_code: run.exit_code,
             stats,
+            trace_id: run.trace().trace_id,
         }
     }
 }

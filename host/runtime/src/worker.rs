@@ -626,9 +626,11 @@ fn tally(report: &mut WorkerReport, run_id: &str, result: Result<RunReport, Host
                 RunStatus::Waiting => report.waiting += 1,
                 RunStatus::Pending | RunStatus::Running => report.released += 1,
             }
-            crate::logs::info(
+            crate::logs::run_line(
+                crate::logs::Level::Info,
                 "worker",
                 Some(run_id),
+                Some(&r.trace_id),
                 format_args!("run {run_id} {}", r.status.as_str()),
             );
         }

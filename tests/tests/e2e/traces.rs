@@ -474,15 +474,20 @@ fn a_caller_s_traceparent_given_to_submit_is_continued_by_a_worker() {
     let (trace_id, _) = ids_of(post.header("traceparent").unwrap());
     assert_eq!(trace_id, CALLER_TRACE);
     assert_eq!(post.header("tracestate"), Some("vendor=1"));
-    // The step's log lines name the trace.
-    let step_lines: Vec<Value> = worker
+    // The step's log lines and the worker's line of its end name the trace.
+    let lines: Vec<Value> = worker
         .stderr
         .lines()
         .filter_map(|l| serde_json::from_str::<Value>(l).ok())
-        .filter(|l| l["source"] == "step")
         .collect();
+    let step_lines: Vec<&Value> = lines.iter().filter(|l| l["source"] == "step").collect();
     assert!(!step_lines.is_empty(), "{}", worker.stderr);
     assert!(step_lines.iter().all(|l| l["trace_id"] == CALLER_TRACE));
+    let ended = lines
+        .iter()
+        .find(|l| l["source"] == "worker" && l["message"] == "run c1 completed")
+        .unwrap_or_else(|| panic!("the worker's line of the run's end: {}", worker.stderr));
+    assert_eq!(ended["trace_id"], CALLER_TRACE);
 }
 
 #[test]
