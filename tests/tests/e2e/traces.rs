@@ -429,6 +429,32 @@ fn with_no_endpoint_nothing_is_sent_and_receivers_get_no_traceparent() {
 }
 
 #[test]
+fn a_collector_that_cannot_be_reached_is_said_and_the_run_goes_on() {
+    let receiver = Receiver::start().unwrap();
+    let sb = supplier(&receiver);
+    let ran = sb.stephost_with_env(
+        "OTEL_EXPORTER_OTLP_ENDPOINT",
+        "http://127.0.0.1:1",
+        &[
+            "run",
+            guests::SUPPLIER_ORDER,
+            "--input",
+            INPUT,
+            "--run-id",
+            "u1",
+        ],
+    );
+    ran.expect_code(0);
+    assert_eq!(receiver.business_effects(), 1);
+    assert!(
+        ran.stderr
+            .contains("exporting spans to http://127.0.0.1:1/v1/traces failed"),
+        "{}",
+        ran.stderr
+    );
+}
+
+#[test]
 fn a_caller_s_traceparent_given_to_submit_is_continued_by_a_worker() {
     let receiver = Receiver::start().unwrap();
     let collector = Collector::start();

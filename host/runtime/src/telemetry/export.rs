@@ -3,6 +3,7 @@
 //! rather than drawn.
 
 use std::cell::Cell;
+use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::Duration;
 
 use opentelemetry::trace::{SpanId, TraceId};
@@ -32,13 +33,52 @@ impl UreqClient {
 impl HttpClient for UreqClient {
     async fn send_bytes(&self, request: Request<Bytes>) -> Result<Response<Bytes>, HttpError> {
         let (parts, body) = request.into_parts();
-        let response = self
+        let url = parts.uri.to_string();
+        let answer = self
             .0
-            .run(ureq::http::Request::from_parts(parts, &body[..]))?;
-        let (parts, mut body) = response.into_parts();
-        let bytes = body.with_config().limit(ANSWER_BYTES_MAX).read_to_vec()?;
-        Ok(Response::from_parts(parts, Bytes::from(bytes)))
+            .run(ureq::http::Request::from_parts(parts, &body[..]))
+            .and_then(|response| {
+                let (parts, mut body) = response.into_parts();
+                let bytes = body.with_config().limit(ANSWER_BYTES_MAX).read_to_vec()?;
+                Ok(Response::from_parts(parts, Bytes::from(bytes)))
+            });
+        match &answer {
+            Ok(response) if !response.status().is_success() => failed(
+                &url,
+                format_args!("the collector answered {}", response.status()),
+            ),
+            Err(e) => failed(&url, e),
+            Ok(_) => {}
+        }
+        Ok(answer?)
     }
+}
+
+/// The least time between two warnings of a failed export, in ms.
+const FAILURE_WARNING_EVERY_MS: i64 = 60_000;
+
+/// Says on stderr that an export to `url` failed, at most once a minute:
+/// an operator sees a collector that cannot be reached; no run waits for
+/// it (the spans are dropped after the exporter's retries).
+fn failed(url: &str, why: impl std::fmt::Display) {
+    static LAST: AtomicI64 = AtomicI64::new(i64::MIN);
+    let now = stephost_core::clock::now_ms();
+    let last = LAST.load(Ordering::Relaxed);
+    if now.saturating_sub(last) < FAILURE_WARNING_EVERY_MS
+        || LAST
+            .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
+            .is_err()
+    {
+        return;
+    }
+    crate::logs::warn(
+        "stephost",
+        None,
+        format_args!(
+            "exporting spans to {url} failed: {why}; check OTEL_EXPORTER_OTLP_ENDPOINT and the \
+             collector (said at most once a minute)"
+        ),
+    );
 }
 
 thread_local! {
