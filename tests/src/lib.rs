@@ -63,6 +63,45 @@ class = "write"
 path = "supplier-orders.jsonl"
 "#;
 
+/// The approval step's effects with built-in receivers: a fixed stock of 3
+/// and a deduplicating file receiver for the orders.
+pub const APPROVAL_CONFIG: &str = r#"
+[effects."inventory.read"]
+kind = "static"
+class = "read"
+response = '{"sku": "WIDGET-7", "on_hand": 3}'
+
+[effects.orders]
+kind = "file"
+class = "write"
+path = "orders.jsonl"
+"#;
+
+/// The supplier example's effects over HTTP against the demo supplier at
+/// `url`: an order is idempotent, and can be looked up if `lookup`.
+pub fn supplier_http_config(url: &str, lookup: bool) -> String {
+    let config = r#"
+[effects."inventory.read"]
+kind = "http"
+class = "read"
+method = "GET"
+url = "URL/inventory/{sku}"
+
+[effects."supplier.order"]
+kind = "http"
+class = "write"
+method = "POST"
+url = "URL/orders"
+idempotent = true
+"#;
+    let lookup = if lookup {
+        "lookup = \"URL/orders/{operation_id}\"\n"
+    } else {
+        ""
+    };
+    format!("{config}{lookup}").replace("URL", url)
+}
+
 /// The result of one `stephost` invocation.
 #[derive(Debug)]
 pub struct Ran {

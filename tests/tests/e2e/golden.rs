@@ -22,23 +22,9 @@ const ORDER_SEQ: u64 = 4;
 /// The supplier step's effects over HTTP against `receiver`, as
 /// `examples/supplier-order/stephost-http.toml` has them.
 fn http_config(receiver: &Receiver) -> String {
-    r#"
-[effects."inventory.read"]
-kind = "http"
-class = "read"
-method = "GET"
-url = "URL/inventory/{sku}"
-
-[effects."supplier.order"]
-kind = "http"
-class = "write"
-method = "POST"
-url = "URL/orders"
-idempotent = true
-lookup = "URL/orders/{operation_id}"
-retry = { attempts_max = 5, backoff_first_ms = 50, backoff_max_ms = 2000 }
-"#
-    .replace("URL", &receiver.url())
+    // The order's table is the last: its retry policy goes at the end.
+    stephost_tests::supplier_http_config(&receiver.url(), true)
+        + "retry = { attempts_max = 5, backoff_first_ms = 50, backoff_max_ms = 2000 }\n"
 }
 
 /// The supplier story: the order reaches the supplier, the process dies

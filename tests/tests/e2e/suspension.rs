@@ -9,17 +9,7 @@ use stephost_tests::{Sandbox, calls, guests};
 
 const BIN: &str = env!("CARGO_BIN_EXE_stephost-crash");
 
-const CONFIG: &str = r#"
-[effects."inventory.read"]
-kind = "static"
-class = "read"
-response = '{"sku": "WIDGET-7", "on_hand": 3}'
-
-[effects.orders]
-kind = "file"
-class = "write"
-path = "orders.jsonl"
-"#;
+const CONFIG: &str = stephost_tests::APPROVAL_CONFIG;
 
 /// The approval step's call numbers: #1 the approval, then the stock read
 /// and the order.

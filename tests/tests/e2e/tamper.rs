@@ -156,20 +156,7 @@ fn an_edited_call_is_refused_by_resume_and_workers_and_never_sealed() {
 
 #[test]
 fn an_edited_row_is_refused_by_a_decision_a_resume_and_a_worker() {
-    let sb = Sandbox::with_config(
-        BIN,
-        r#"
-[effects."inventory.read"]
-kind = "static"
-class = "read"
-response = '{"sku": "WIDGET-7", "on_hand": 3}'
-
-[effects.orders]
-kind = "file"
-class = "write"
-path = "orders.jsonl"
-"#,
-    );
+    let sb = Sandbox::with_config(BIN, stephost_tests::APPROVAL_CONFIG);
     let key = chain_key(&sb);
     keyed(
         &sb,

@@ -22,22 +22,10 @@ const CALLER_SPAN: &str = "00f067aa0ba902b7";
 
 /// The supplier configuration against `receiver`, which deduplicates.
 fn supplier(receiver: &Receiver) -> Sandbox {
-    let config = r#"
-[effects."inventory.read"]
-kind = "http"
-class = "read"
-method = "GET"
-url = "URL/inventory/{sku}"
-
-[effects."supplier.order"]
-kind = "http"
-class = "write"
-method = "POST"
-url = "URL/orders"
-idempotent = true
-"#
-    .replace("URL", &receiver.url());
-    Sandbox::with_config(BIN, &config)
+    Sandbox::with_config(
+        BIN,
+        &stephost_tests::supplier_http_config(&receiver.url(), false),
+    )
 }
 
 /// `stephost ARGS` exporting to `collector`, with `more` in its environment.
@@ -214,22 +202,10 @@ fn the_supplier_story_crashed_and_resumed_is_one_trace_of_both_executions() {
     assert_eq!(replay["result"], "consistent");
 }
 
-const APPROVALS: &str = r#"
-[effects."inventory.read"]
-kind = "static"
-class = "read"
-response = '{"sku": "WIDGET-7", "on_hand": 3}'
-
-[effects.orders]
-kind = "file"
-class = "write"
-path = "orders.jsonl"
-"#;
-
 #[test]
 fn a_wait_for_a_person_is_a_span_between_the_executions() {
     let collector = Collector::start();
-    let sb = Sandbox::with_config(BIN, APPROVALS);
+    let sb = Sandbox::with_config(BIN, stephost_tests::APPROVAL_CONFIG);
     let input = json!({"sku": "WIDGET-7", "quantity": 10, "ttl_seconds": 3600}).to_string();
     let args = [
         "run",

@@ -383,20 +383,7 @@ fn verify_covers_the_runs_row_a_dropped_tail_and_forged_placeholders() {
 
 #[test]
 fn with_a_key_links_and_seals_are_signed_and_cover_who_decided() {
-    let sb = Sandbox::with_config(
-        BIN,
-        r#"
-[effects."inventory.read"]
-kind = "static"
-class = "read"
-response = '{"sku": "WIDGET-7", "on_hand": 3}'
-
-[effects.orders]
-kind = "file"
-class = "write"
-path = "orders.jsonl"
-"#,
-    );
+    let sb = Sandbox::with_config(BIN, stephost_tests::APPROVAL_CONFIG);
     let key = sb.path("chain.key");
     std::fs::write(&key, "0123456789abcdef0123456789abcdef\n").unwrap();
     use std::os::unix::fs::PermissionsExt;

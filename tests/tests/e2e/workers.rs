@@ -559,22 +559,7 @@ fn kill_workers_until_done(
 }
 
 fn supplier_config(receiver: &Receiver) -> String {
-    r#"
-[effects."inventory.read"]
-kind = "http"
-class = "read"
-method = "GET"
-url = "URL/inventory/{sku}"
-
-[effects."supplier.order"]
-kind = "http"
-class = "write"
-method = "POST"
-url = "URL/orders"
-idempotent = true
-lookup = "URL/orders/{operation_id}"
-"#
-    .replace("URL", &receiver.url())
+    stephost_tests::supplier_http_config(&receiver.url(), true)
 }
 
 #[test]
