@@ -605,19 +605,16 @@ fn gen_ai(call: &CallRecord, outcome: Option<&Outcome>, effects: &Effects, conte
     }
 }
 
-/// The host and port of a base URL.
+/// The host and port of a base URL (parsed as origins are).
 fn server_of(url: &str) -> Option<(String, i64)> {
-    let (scheme, rest) = url.split_once("://")?;
-    let authority = rest.split('/').next()?;
-    let authority = authority.rsplit('@').next()?;
-    match authority.rsplit_once(':') {
-        Some((host, port)) if !port.is_empty() && port.bytes().all(|b| b.is_ascii_digit()) => {
-            Some((
-                host.trim_matches(['[', ']']).to_string(),
-                port.parse().ok()?,
-            ))
-        }
-        _ if scheme.eq_ignore_ascii_case("https") => Some((authority.to_string(), 443)),
-        _ => Some((authority.to_string(), 80)),
-    }
+    let uri: ureq::http::Uri = url.parse().ok()?;
+    let port = match (uri.port_u16(), uri.scheme_str()?) {
+        (Some(port), _) => port,
+        (None, "https") => 443,
+        (None, _) => 80,
+    };
+    Some((
+        uri.host()?.trim_matches(['[', ']']).to_string(),
+        i64::from(port),
+    ))
 }
