@@ -630,18 +630,23 @@ pub fn a_durable_commit_is_visible_to_another_store_once_answered(make: &Make) {
     );
 }
 
-pub fn an_execution_creating_its_run_fails_whole_if_the_id_exists(make: &Make) {
-    let ledger = make();
-    let store = ledger.store();
-    let new = NewRun {
-        run_id: "c",
+/// A new run `run_id` of module-a on `{}` at T0, with no declared step.
+fn bare(run_id: &str) -> NewRun<'_> {
+    NewRun {
+        run_id,
         module_digest: "module-a",
         step: None,
         world: WORLD,
         input: "{}",
         now_ms: T0,
         budget: Default::default(),
-    };
+    }
+}
+
+pub fn an_execution_creating_its_run_fails_whole_if_the_id_exists(make: &Make) {
+    let ledger = make();
+    let store = ledger.store();
+    let new = bare("c");
     let first = lifecycle::first_claim("c", "w1", LEASE_MS, T0);
     commit(
         ledger.pool.as_ref(),
@@ -1817,15 +1822,7 @@ pub fn a_runs_trace_is_kept_from_its_record_through_its_claims_and_end(make: &Ma
         Some("vendor=a b"),
     )
     .unwrap();
-    let new = NewRun {
-        run_id: "t",
-        module_digest: "module-a",
-        step: None,
-        world: WORLD,
-        input: "{}",
-        now_ms: T0,
-        budget: Default::default(),
-    };
+    let new = bare("t");
     let inserted = RunRecord {
         trace: Some(trace.clone()),
         ..new.record(None)
@@ -1854,10 +1851,7 @@ pub fn a_runs_trace_is_kept_from_its_record_through_its_claims_and_end(make: &Ma
     assert_eq!(ended.status, RunStatus::Completed);
     assert_eq!(ended.trace.as_ref(), Some(&trace));
     // Recorded by an execution's first commit.
-    let created = NewRun {
-        run_id: "u",
-        ..new.clone()
-    };
+    let created = bare("u");
     let first = lifecycle::first_claim("u", "w1", LEASE_MS, T0);
     let own = RunTrace::new(false);
     commit(

@@ -160,6 +160,12 @@ pub fn check_run_id(run_id: &str) -> Result<(), String> {
 }
 
 pub fn new_run_id() -> String {
+    format!("run-{}", &unique("stephost/run-id/v1")[..20])
+}
+
+/// A hex sha256 no other call makes: of the time, this process and a
+/// counter, under `domain` (new run ids, new trace ids).
+pub fn unique(domain: &str) -> String {
     use std::sync::atomic::{AtomicU64, Ordering};
     static COUNTER: AtomicU64 = AtomicU64::new(0);
     let nanos = std::time::SystemTime::now()
@@ -167,15 +173,14 @@ pub fn new_run_id() -> String {
         .map(|d| d.as_nanos())
         .unwrap_or_default();
     let n = COUNTER.fetch_add(1, Ordering::Relaxed);
-    let h = hash_fields(
-        "stephost/run-id/v1",
+    hash_fields(
+        domain,
         &[
             &nanos.to_le_bytes(),
             &std::process::id().to_le_bytes(),
             &n.to_le_bytes(),
         ],
-    );
-    format!("run-{}", &h[..20])
+    )
 }
 
 /// A seed for the guest's `wasi:random/insecure-seed`, fixed per run so that

@@ -41,20 +41,8 @@ pub const TRACESTATE_BYTES_MAX: usize = 512;
 impl RunTrace {
     /// A new trace for a run nobody's trace contains.
     pub fn new(sampled: bool) -> RunTrace {
-        use std::sync::atomic::{AtomicU64, Ordering};
-        static COUNTER: AtomicU64 = AtomicU64::new(0);
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_nanos())
-            .unwrap_or_default();
-        let n = COUNTER.fetch_add(1, Ordering::Relaxed);
-        let mut h = Sha256::new();
-        h.update(b"stephost/trace-id/v1");
-        h.update(nanos.to_le_bytes());
-        h.update(std::process::id().to_le_bytes());
-        h.update(n.to_le_bytes());
         RunTrace {
-            trace_id: nonzero_hex(&h.finalize()[..16]),
+            trace_id: nonzero(crate::ids::unique("stephost/trace-id/v1")[..32].to_string()),
             parent_span_id: None,
             sampled,
             tracestate: None,
@@ -66,7 +54,7 @@ impl RunTrace {
     pub fn of_run_id(run_id: &str) -> RunTrace {
         let h = Sha256::digest(format!("stephost/trace-id/run/v1/{run_id}").as_bytes());
         RunTrace {
-            trace_id: nonzero_hex(&h[..16]),
+            trace_id: nonzero(crate::ids::to_hex(&h[..16])),
             parent_span_id: None,
             sampled: true,
             tracestate: None,
@@ -206,7 +194,7 @@ impl RunTrace {
             h.update((field.len() as u64).to_le_bytes());
             h.update(field);
         }
-        nonzero_hex(&h.finalize()[..8])
+        nonzero(crate::ids::to_hex(&h.finalize()[..8]))
     }
 }
 
@@ -229,11 +217,10 @@ pub fn unix_ns() -> i64 {
         .unwrap_or_default()
 }
 
-/// `bytes` in lowercase hex; all zero is not a valid id, so such bytes end
-/// in 1 instead.
-fn nonzero_hex(bytes: &[u8]) -> String {
-    let mut id = crate::ids::to_hex(bytes);
-    if bytes.iter().all(|b| *b == 0) {
+/// `id` (lowercase hex) as a valid id: all zero is not one, so such an id
+/// ends in 1 instead.
+fn nonzero(mut id: String) -> String {
+    if id.bytes().all(|b| b == b'0') {
         id.pop();
         id.push('1');
     }

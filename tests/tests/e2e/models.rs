@@ -5,7 +5,8 @@
 //! over the budget is never sent; runs sharing `concurrency_max = 1` never
 //! overlap at the server; 429s are retried by the host alone; an alias
 //! switched to another API keeps old runs replaying; the key is nowhere in
-//! the ledger.
+//! the ledger; with traces exported, a call is a span with the GenAI
+//! attributes.
 
 use model_server::{Config, ModelServer, Script};
 use serde_json::Value;
@@ -862,4 +863,61 @@ response = ["/content/0/text"]
         assert!(!seen.contains(secret), "{secret} shown by the API: {seen}");
     }
     assert_eq!(served.stop(), Some(0));
+}
+
+/// With traces exported, a model call is a GenAI span (the conventions'
+/// attributes), its messages on it only when asked.
+#[test]
+fn a_model_call_carries_the_gen_ai_attributes_and_its_messages_only_when_asked() {
+    let (_server, sb) = keyed_sandbox("openai-chat", "");
+    let input = r#"{"model":"support","message":"hello there","max_tokens":300}"#;
+    for (run_id, content) in [("m1", false), ("m2", true)] {
+        let collector = stephost_tests::otlp::Collector::start();
+        let mut env = vec![
+            ("STEPHOST_TEST_MODEL_KEY", KEY),
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", collector.endpoint()),
+        ];
+        if content {
+            env.push(("OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT", "true"));
+        }
+        let env: Vec<(&str, &std::ffi::OsStr)> =
+            env.iter().map(|(k, v)| (*k, v.as_ref())).collect();
+        let args = [
+            "run",
+            guests::CHAT_STEP,
+            "--input",
+            input,
+            "--run-id",
+            run_id,
+        ];
+        sb.stephost_with_envs(&env, &args).expect_code(0);
+        let spans = collector.spans();
+        let chat = spans
+            .iter()
+            .find(|s| s.attr("gen_ai.operation.name") == "chat")
+            .unwrap_or_else(|| panic!("a chat span: {spans:#?}"));
+        assert_eq!(chat.name, "chat scripted-1");
+        assert_eq!(chat.kind, 3);
+        assert_eq!(chat.attr("gen_ai.provider.name"), "openai");
+        assert_eq!(chat.attr("gen_ai.request.model"), "scripted-1");
+        assert_eq!(chat.attr("gen_ai.request.max_tokens"), 300);
+        assert_eq!(chat.attr("server.address"), "127.0.0.1");
+        assert!(chat.attr("gen_ai.response.model").is_string(), "{chat:#?}");
+        assert!(chat.attr("gen_ai.response.id").is_string(), "{chat:#?}");
+        assert!(chat.attr("gen_ai.usage.input_tokens").as_i64().unwrap() > 0);
+        assert!(chat.attr("gen_ai.usage.output_tokens").as_i64().unwrap() > 0);
+        assert!(chat.attr("gen_ai.response.finish_reasons").is_array());
+        let carried = chat.attributes.keys().any(|k| k.ends_with(".messages"));
+        assert_eq!(carried, content, "{chat:#?}");
+        if content {
+            assert!(
+                chat.attr("gen_ai.input.messages")
+                    .as_str()
+                    .unwrap()
+                    .contains("hello there")
+            );
+        }
+        let text = format!("{spans:?}");
+        assert!(!text.contains(KEY), "the key is on a span");
+    }
 }
