@@ -3,13 +3,13 @@
 //! spans, decoded from protobuf by `opentelemetry-proto`.
 
 use std::collections::BTreeMap;
-use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpListener;
 use std::sync::{Arc, Mutex};
 
 use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
 use opentelemetry_proto::tonic::common::v1::{AnyValue, any_value};
 use prost::Message;
+use receiver_http::{Conn, Request, Response, Server, Service};
 use serde_json::{Value, json};
 
 /// One span as the collector received it, ids in lowercase hex.
@@ -44,25 +44,28 @@ struct Seen {
     spans: Vec<Span>,
 }
 
-/// The collector; it stops with the test process.
+/// The collector; dropping it stops it.
 pub struct Collector {
     url: String,
-    seen: Arc<Mutex<Seen>>,
+    kept: Arc<Kept>,
+    _server: Server,
 }
+
+/// What the collector got.
+#[derive(Default)]
+struct Kept(Mutex<Seen>);
 
 impl Collector {
     pub fn start() -> Collector {
         let listener = TcpListener::bind("127.0.0.1:0").expect("bind a collector");
-        let url = format!("http://{}", listener.local_addr().unwrap());
-        let seen = Arc::new(Mutex::new(Seen::default()));
-        let kept = seen.clone();
-        std::thread::spawn(move || {
-            for stream in listener.incoming().flatten() {
-                let kept = kept.clone();
-                std::thread::spawn(move || serve(stream, &kept));
-            }
-        });
-        Collector { url, seen }
+        let kept = Arc::new(Kept::default());
+        let server = Server::start(listener, "otlp-collector", 64 << 20, kept.clone())
+            .expect("start a collector");
+        Collector {
+            url: server.url(),
+            kept,
+            _server: server,
+        }
     }
 
     /// What `OTEL_EXPORTER_OTLP_ENDPOINT` is set to.
@@ -72,55 +75,25 @@ impl Collector {
 
     /// How many exports arrived.
     pub fn requests(&self) -> usize {
-        self.seen.lock().unwrap().requests
+        self.kept.0.lock().unwrap().requests
     }
 
     pub fn spans(&self) -> Vec<Span> {
-        self.seen.lock().unwrap().spans.clone()
+        self.kept.0.lock().unwrap().spans.clone()
     }
 }
 
-fn serve(stream: std::net::TcpStream, seen: &Mutex<Seen>) {
-    let mut reader = BufReader::new(stream.try_clone().expect("clone a stream"));
-    let mut writer = stream;
-    loop {
-        let mut line = String::new();
-        if reader.read_line(&mut line).unwrap_or(0) == 0 {
-            return;
-        }
-        let mut length = 0usize;
-        loop {
-            let mut header = String::new();
-            if reader.read_line(&mut header).unwrap_or(0) == 0 {
-                return;
-            }
-            let header = header.trim_end();
-            if header.is_empty() {
-                break;
-            }
-            if let Some((name, value)) = header.split_once(':')
-                && name.trim().eq_ignore_ascii_case("content-length")
-            {
-                length = value.trim().parse().unwrap_or(0);
-            }
-        }
-        let mut body = vec![0; length];
-        if reader.read_exact(&mut body).is_err() {
-            return;
-        }
-        let request = ExportTraceServiceRequest::decode(body.as_slice())
+impl Service for Kept {
+    fn serve(&self, req: Request, conn: &mut Conn<'_>) -> bool {
+        let request = ExportTraceServiceRequest::decode(req.body.as_slice())
             .expect("an export decodes as ExportTraceServiceRequest");
         {
-            let mut seen = seen.lock().unwrap();
+            let mut seen = self.0.lock().unwrap();
             seen.requests += 1;
             seen.spans.extend(spans_of(&request));
         }
-        let answered = writer.write_all(
-            b"HTTP/1.1 200 OK\r\nContent-Type: application/x-protobuf\r\nContent-Length: 0\r\n\r\n",
-        );
-        if answered.is_err() {
-            return;
-        }
+        let answer = Response::empty(200).with_header("content-type", "application/x-protobuf");
+        conn.reply(&answer, req.keep_alive())
     }
 }
 

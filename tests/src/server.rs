@@ -7,6 +7,7 @@ use std::process::{Child, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use receiver_http::{Conn, Request, Response, Server, Service};
 use serde_json::Value;
 
 use crate::Sandbox;
@@ -381,46 +382,50 @@ impl Delivery {
 /// scripted status (then 200), and keeps what it got.
 pub struct WebhookReceiver {
     pub url: String,
-    pub got: Arc<Mutex<Vec<Delivery>>>,
-    script: Arc<Mutex<Vec<u16>>>,
+    hook: Arc<Hook>,
+    _server: Server,
+}
+
+#[derive(Default)]
+struct Hook {
+    got: Mutex<Vec<Delivery>>,
+    /// The statuses still to answer with, the next one last.
+    script: Mutex<Vec<u16>>,
+}
+
+impl Service for Hook {
+    fn serve(&self, req: Request, conn: &mut Conn<'_>) -> bool {
+        let status = self.script.lock().unwrap().pop().unwrap_or(200);
+        conn.reply(&Response::empty(status), false);
+        self.got.lock().unwrap().push(Delivery {
+            headers: req.headers,
+            body: String::from_utf8_lossy(&req.body).into_owned(),
+            answered: status,
+        });
+        false
+    }
 }
 
 impl WebhookReceiver {
     pub fn start(statuses: &[u16]) -> Self {
-        Self::on(TcpListener::bind("127.0.0.1:0").unwrap(), statuses)
-    }
-
-    /// A receiver on `listener` (to come back on the same port).
-    pub fn on(listener: TcpListener, statuses: &[u16]) -> Self {
-        let url = format!("http://{}/hook", listener.local_addr().unwrap());
-        let got: Arc<Mutex<Vec<Delivery>>> = Arc::default();
-        let script: Arc<Mutex<Vec<u16>>> =
-            Arc::new(Mutex::new(statuses.iter().rev().copied().collect()));
-        let (kept, next) = (got.clone(), script.clone());
-        std::thread::spawn(move || {
-            for stream in listener.incoming() {
-                let Ok(stream) = stream else { continue };
-                if let Some(mut delivery) = read_request(&stream) {
-                    let status = next.lock().unwrap().pop().unwrap_or(200);
-                    delivery.answered = status;
-                    let _ = write!(
-                        &stream,
-                        "HTTP/1.1 {status} X\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
-                    );
-                    kept.lock().unwrap().push(delivery);
-                }
-            }
-        });
-        WebhookReceiver { url, got, script }
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let hook = Arc::new(Hook::default());
+        hook.script(statuses);
+        let server = Server::start(listener, "webhook-receiver", 1 << 20, hook.clone()).unwrap();
+        WebhookReceiver {
+            url: format!("{}/hook", server.url()),
+            hook,
+            _server: server,
+        }
     }
 
     /// Answers the next requests with `statuses`.
     pub fn script(&self, statuses: &[u16]) {
-        *self.script.lock().unwrap() = statuses.iter().rev().copied().collect();
+        self.hook.script(statuses);
     }
 
     pub fn deliveries(&self) -> Vec<Delivery> {
-        self.got.lock().unwrap().clone()
+        self.hook.got.lock().unwrap().clone()
     }
 
     /// Waits until `done` holds of what was delivered.
@@ -440,34 +445,8 @@ impl WebhookReceiver {
     }
 }
 
-fn read_request(stream: &TcpStream) -> Option<Delivery> {
-    stream
-        .set_read_timeout(Some(Duration::from_secs(10)))
-        .ok()?;
-    let mut reader = BufReader::new(stream);
-    let mut line = String::new();
-    reader.read_line(&mut line).ok()?;
-    let mut headers = Vec::new();
-    let mut length = 0usize;
-    loop {
-        line.clear();
-        reader.read_line(&mut line).ok()?;
-        let trimmed = line.trim_end();
-        if trimmed.is_empty() {
-            break;
-        }
-        let (name, value) = trimmed.split_once(':')?;
-        let (name, value) = (name.trim().to_string(), value.trim().to_string());
-        if name.eq_ignore_ascii_case("content-length") {
-            length = value.parse().ok()?;
-        }
-        headers.push((name, value));
+impl Hook {
+    fn script(&self, statuses: &[u16]) {
+        *self.script.lock().unwrap() = statuses.iter().rev().copied().collect();
     }
-    let mut body = vec![0u8; length];
-    reader.read_exact(&mut body).ok()?;
-    Some(Delivery {
-        headers,
-        body: String::from_utf8(body).ok()?,
-        answered: 0,
-    })
 }

@@ -19,30 +19,25 @@
 //! stephost's own adapters, so that it can catch their mistakes.
 
 mod conv;
-mod http;
 pub mod script;
 mod wire;
 
 use std::collections::{BTreeMap, HashMap};
-use std::io::{self, BufReader, Write};
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, Shutdown, SocketAddr, TcpListener, TcpStream};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::io::{self, Write};
+use std::net::{SocketAddr, TcpListener};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use receiver_http::{Conn, Request, Response, Server, Service, StreamWriter};
 use serde_json::{Value, json};
 
 use conv::Conversation;
-use http::{ReadError, Request, Response};
 use script::Vars;
 pub use script::{Fault, Finish, Script, ToolCall, Turn, Usage};
 use wire::{Answer, Call, Ctx, ErrorOverride};
 
 /// Largest request body accepted (larger ones get `413`).
 pub const MAX_BODY_BYTES: usize = 32 << 20;
-/// An idle keep-alive connection is closed after this long.
-const IDLE_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// One of the three model APIs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -215,11 +210,6 @@ struct Shared {
     sse_gap: Duration,
     log: bool,
     started: Instant,
-    stopping: AtomicBool,
-    next_conn: AtomicU64,
-    /// Clones of open connections, so that stopping can shut them down.
-    conns: Mutex<HashMap<u64, TcpStream>>,
-    workers: Mutex<Vec<JoinHandle<()>>>,
 }
 
 /// How a response is written.
@@ -255,12 +245,11 @@ impl Plan {
 /// closes open connections and joins its threads.
 pub struct ModelServer {
     shared: Arc<Shared>,
-    addr: SocketAddr,
-    accept: Option<JoinHandle<()>>,
+    server: Server,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    // A panicking handler thread must not take the test's view of the state with it.
+    // A panicking connection thread must not take the test's view of the state with it.
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
@@ -273,7 +262,6 @@ impl ModelServer {
     /// Starts with a full configuration.
     pub fn start_with(config: Config) -> io::Result<ModelServer> {
         let listener = TcpListener::bind(&config.listen)?;
-        let addr = listener.local_addr()?;
         let shared = Arc::new(Shared {
             state: Mutex::new(State::default()),
             script: config.script,
@@ -283,32 +271,19 @@ impl ModelServer {
             sse_gap: config.sse_gap,
             log: config.log,
             started: Instant::now(),
-            stopping: AtomicBool::new(false),
-            next_conn: AtomicU64::new(0),
-            conns: Mutex::new(HashMap::new()),
-            workers: Mutex::new(Vec::new()),
         });
-        let accept = {
-            let shared = shared.clone();
-            std::thread::Builder::new()
-                .name("model-server-accept".into())
-                .spawn(move || accept_loop(listener, shared))?
-        };
-        Ok(ModelServer {
-            shared,
-            addr,
-            accept: Some(accept),
-        })
+        let server = Server::start(listener, "model-server", MAX_BODY_BYTES, shared.clone())?;
+        Ok(ModelServer { shared, server })
     }
 
     /// The bound address.
     pub fn addr(&self) -> SocketAddr {
-        self.addr
+        self.server.addr()
     }
 
     /// `http://HOST:PORT` (a wildcard listen address becomes loopback).
     pub fn url(&self) -> String {
-        format!("http://{}", connect_addr(self.addr))
+        self.server.url()
     }
 
     /// The script being served.
@@ -327,131 +302,45 @@ impl ModelServer {
     }
 
     /// Stops the server: no new connections, open ones are shut down, threads joined.
-    pub fn stop(mut self) {
-        self.shutdown();
-    }
-
-    fn shutdown(&mut self) {
-        let Some(accept) = self.accept.take() else {
-            return;
-        };
-        self.shared.stopping.store(true, Ordering::SeqCst);
-        // Wake the blocking accept(); it sees `stopping` and returns.
-        let _ = TcpStream::connect_timeout(&connect_addr(self.addr), Duration::from_secs(1));
-        let _ = accept.join();
-        for conn in lock(&self.shared.conns).values() {
-            let _ = conn.shutdown(Shutdown::Both);
-        }
-        let workers = std::mem::take(&mut *lock(&self.shared.workers));
-        for worker in workers {
-            let _ = worker.join();
-        }
+    pub fn stop(self) {
+        self.server.stop();
     }
 }
 
-impl Drop for ModelServer {
-    fn drop(&mut self) {
-        self.shutdown();
-    }
-}
-
-fn connect_addr(addr: SocketAddr) -> SocketAddr {
-    match addr.ip() {
-        IpAddr::V4(ip) if ip.is_unspecified() => (Ipv4Addr::LOCALHOST, addr.port()).into(),
-        IpAddr::V6(ip) if ip.is_unspecified() => (Ipv6Addr::LOCALHOST, addr.port()).into(),
-        _ => addr,
-    }
-}
-
-fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
-    loop {
-        let stream = listener.accept();
-        if shared.stopping.load(Ordering::SeqCst) {
-            return;
+impl Service for Shared {
+    fn serve(&self, req: Request, conn: &mut Conn<'_>) -> bool {
+        let keep_alive = req.keep_alive() && !conn.stopping();
+        if let Some(resp) = self.control(&req) {
+            return conn.reply(&resp, keep_alive);
         }
-        let stream = match stream {
-            Ok((s, _)) => s,
-            Err(_) => {
-                // e.g. out of file descriptors: back off instead of spinning.
-                std::thread::sleep(Duration::from_millis(10));
-                continue;
-            }
-        };
-        let id = shared.next_conn.fetch_add(1, Ordering::SeqCst);
-        let Ok(clone) = stream.try_clone() else {
-            continue;
-        };
-        lock(&shared.conns).insert(id, clone);
-        let worker_shared = shared.clone();
-        let spawned = std::thread::Builder::new()
-            .name(format!("model-server-conn-{id}"))
-            .spawn(move || {
-                serve_connection(&worker_shared, stream);
-                lock(&worker_shared.conns).remove(&id);
-            });
-        let mut workers = lock(&shared.workers);
-        workers.retain(|w| !w.is_finished());
-        match spawned {
-            Ok(handle) => workers.push(handle),
-            Err(_) => {
-                lock(&shared.conns).remove(&id);
-            }
+        let slot = self.arrive(&req);
+        let plan = self.handle(&req, slot);
+        if !self.hold.is_zero() {
+            std::thread::sleep(self.hold);
         }
+        let reusable = write_plan(conn.stream(), &plan, req.minor, keep_alive);
+        self.depart(slot);
+        reusable
     }
-}
 
-fn serve_connection(shared: &Shared, stream: TcpStream) {
-    let _ = stream.set_nodelay(true);
-    let _ = stream.set_read_timeout(Some(IDLE_TIMEOUT));
-    let Ok(read_half) = stream.try_clone() else {
-        return;
-    };
-    let mut reader = BufReader::new(read_half);
-    let mut writer = stream;
-    loop {
-        match http::read_request(&mut reader, &mut writer, MAX_BODY_BYTES) {
-            Ok(req) => {
-                let keep_alive = req.keep_alive() && !shared.stopping.load(Ordering::SeqCst);
-                if let Some(resp) = shared.control(&req) {
-                    if http::write_response(&mut writer, &resp, keep_alive).is_err() || !keep_alive
-                    {
-                        break;
-                    }
-                    continue;
-                }
-                let slot = shared.arrive(&req);
-                let plan = shared.handle(&req, slot);
-                if !shared.hold.is_zero() {
-                    std::thread::sleep(shared.hold);
-                }
-                let reusable = write_plan(&mut writer, &plan, req.minor, keep_alive);
-                shared.depart(slot);
-                if !reusable {
-                    break;
-                }
-            }
-            Err(ReadError::Reject(status, message)) => {
-                shared.log_line(format_args!("malformed request -> {status} {message}"));
-                let body = wire::openai_error(message, "invalid_request_error", None, None);
-                let _ = http::write_response(&mut writer, &Response::json(status, &body), false);
-                break;
-            }
-            Err(ReadError::Io(e)) => {
-                shared.log_line(format_args!("connection failed mid-request: {e}"));
-                break;
-            }
-            Err(ReadError::Closed) => break,
-        }
+    fn reject(&self, status: u16, message: &str) -> Response {
+        let body = wire::openai_error(message, "invalid_request_error", None, None);
+        Response::json(status, &body)
     }
-    let _ = writer.shutdown(Shutdown::Both);
+
+    fn log(&self, line: std::fmt::Arguments<'_>) {
+        self.log_line(line);
+    }
 }
 
 /// Writes the plan; whether the connection can serve another request.
 fn write_plan<W: Write>(w: &mut W, plan: &Plan, minor: u8, keep_alive: bool) -> bool {
     match plan {
-        Plan::Reply(resp) => http::write_response(w, resp, keep_alive).is_ok() && keep_alive,
+        Plan::Reply(resp) => {
+            receiver_http::message::write_response(w, resp, keep_alive).is_ok() && keep_alive
+        }
         Plan::Truncated(resp) => {
-            let _ = http::write_truncated(w, resp, resp.body.len() / 2);
+            let _ = receiver_http::message::write_truncated(w, resp, resp.body.len() / 2);
             false
         }
         Plan::Drop => false,
@@ -462,7 +351,7 @@ fn write_plan<W: Write>(w: &mut W, plan: &Plan, minor: u8, keep_alive: bool) -> 
             write_bytes,
             gap,
         } => {
-            let Ok(mut out) = http::StreamWriter::start(w, head, minor, keep_alive) else {
+            let Ok(mut out) = StreamWriter::start(w, head, minor, keep_alive) else {
                 return false;
             };
             let joined: Vec<u8>;

@@ -21,23 +21,19 @@
 //! for the next `POST /orders` requests, and read its counters. Dropping the
 //! [`Receiver`] stops it.
 
-mod http;
-
 use std::collections::{HashMap, VecDeque};
 use std::fs::{File, OpenOptions};
 use std::io::{self, BufRead, BufReader, Write};
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::net::{SocketAddr, TcpListener};
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::thread::JoinHandle;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 
-use http::{ReadError, Request, Response};
+use receiver_http::{Conn, Request, Response, Server, Service, percent_decode};
 
 /// `on_hand` for a sku that is not in the stock table, unless configured otherwise.
 pub const DEFAULT_ON_HAND: i64 = 3;
@@ -46,8 +42,6 @@ pub const DEFAULT_ON_HAND: i64 = 3;
 pub const DEFAULT_CUSTOMER_ORDERS: &[(&str, i64)] = &[("A-1001", 4999), ("A-1002", 25000)];
 /// Largest request body accepted (larger ones get `413`).
 pub const MAX_BODY_BYTES: usize = 1 << 20;
-/// An idle keep-alive connection is closed after this long.
-const IDLE_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// How to start a [`Receiver`].
 #[derive(Debug, Clone)]
@@ -256,12 +250,7 @@ struct State {
 
 struct Shared {
     state: Mutex<State>,
-    stopping: AtomicBool,
     log: bool,
-    next_conn: AtomicU64,
-    /// Clones of open connections, so that stopping can shut them down.
-    conns: Mutex<HashMap<u64, TcpStream>>,
-    workers: Mutex<Vec<JoinHandle<()>>>,
 }
 
 /// What to do with the connection after handling a request.
@@ -274,12 +263,11 @@ enum Outcome {
 /// closes open connections and joins its threads.
 pub struct Receiver {
     shared: Arc<Shared>,
-    addr: SocketAddr,
-    accept: Option<JoinHandle<()>>,
+    server: Server,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    // A panicking handler thread must not take the test's view of the state with it.
+    // A panicking connection thread must not take the test's view of the state with it.
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
@@ -311,41 +299,32 @@ impl Receiver {
             state.state_file = Some(OpenOptions::new().create(true).append(true).open(path)?);
         }
         let listener = TcpListener::bind(&config.listen)?;
-        let addr = listener.local_addr()?;
         let shared = Arc::new(Shared {
             state: Mutex::new(state),
-            stopping: AtomicBool::new(false),
             log: config.log,
-            next_conn: AtomicU64::new(0),
-            conns: Mutex::new(HashMap::new()),
-            workers: Mutex::new(Vec::new()),
         });
-        let accept = {
-            let shared = shared.clone();
-            std::thread::Builder::new()
-                .name("supplier-receiver-accept".into())
-                .spawn(move || accept_loop(listener, shared))?
-        };
-        Ok(Receiver {
-            shared,
-            addr,
-            accept: Some(accept),
-        })
+        let server = Server::start(
+            listener,
+            "supplier-receiver",
+            MAX_BODY_BYTES,
+            shared.clone(),
+        )?;
+        Ok(Receiver { shared, server })
     }
 
     /// The bound address.
     pub fn addr(&self) -> SocketAddr {
-        self.addr
+        self.server.addr()
     }
 
     /// The bound port.
     pub fn port(&self) -> u16 {
-        self.addr.port()
+        self.addr().port()
     }
 
     /// `http://HOST:PORT` (a wildcard listen address becomes loopback).
     pub fn url(&self) -> String {
-        format!("http://{}", connect_addr(self.addr))
+        self.server.url()
     }
 
     /// Queues a fault for the next `POST /orders` request not yet claimed by an
@@ -445,39 +424,8 @@ impl Receiver {
 
     /// Stops the server: no new connections, open ones are shut down, threads joined.
     /// A request being delayed by [`Fault::Delay`] finishes its sleep first.
-    pub fn stop(mut self) {
-        self.shutdown();
-    }
-
-    fn shutdown(&mut self) {
-        let Some(accept) = self.accept.take() else {
-            return;
-        };
-        self.shared.stopping.store(true, Ordering::SeqCst);
-        // Wake the blocking accept(); it sees `stopping` and returns.
-        let _ = TcpStream::connect_timeout(&connect_addr(self.addr), Duration::from_secs(1));
-        let _ = accept.join();
-        for conn in lock(&self.shared.conns).values() {
-            let _ = conn.shutdown(Shutdown::Both);
-        }
-        let workers = std::mem::take(&mut *lock(&self.shared.workers));
-        for worker in workers {
-            let _ = worker.join();
-        }
-    }
-}
-
-impl Drop for Receiver {
-    fn drop(&mut self) {
-        self.shutdown();
-    }
-}
-
-fn connect_addr(addr: SocketAddr) -> SocketAddr {
-    match addr.ip() {
-        IpAddr::V4(ip) if ip.is_unspecified() => (Ipv4Addr::LOCALHOST, addr.port()).into(),
-        IpAddr::V6(ip) if ip.is_unspecified() => (Ipv6Addr::LOCALHOST, addr.port()).into(),
-        _ => addr,
+    pub fn stop(self) {
+        self.server.stop();
     }
 }
 
@@ -510,80 +458,18 @@ fn load_state(state: &mut State, path: &PathBuf) -> io::Result<()> {
     Ok(())
 }
 
-fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
-    loop {
-        let stream = listener.accept();
-        if shared.stopping.load(Ordering::SeqCst) {
-            return;
-        }
-        let stream = match stream {
-            Ok((s, _)) => s,
-            Err(_) => {
-                // e.g. out of file descriptors: back off instead of spinning.
-                std::thread::sleep(Duration::from_millis(10));
-                continue;
-            }
-        };
-        let id = shared.next_conn.fetch_add(1, Ordering::SeqCst);
-        let Ok(clone) = stream.try_clone() else {
-            continue;
-        };
-        lock(&shared.conns).insert(id, clone);
-        let worker_shared = shared.clone();
-        let spawned = std::thread::Builder::new()
-            .name(format!("supplier-receiver-conn-{id}"))
-            .spawn(move || {
-                serve_connection(&worker_shared, stream);
-                lock(&worker_shared.conns).remove(&id);
-            });
-        let mut workers = lock(&shared.workers);
-        workers.retain(|w| !w.is_finished());
-        match spawned {
-            Ok(handle) => workers.push(handle),
-            Err(_) => {
-                lock(&shared.conns).remove(&id);
-            }
+impl Service for Shared {
+    fn serve(&self, req: Request, conn: &mut Conn<'_>) -> bool {
+        let keep_alive = req.keep_alive();
+        match self.handle(req) {
+            Outcome::Reply(resp) => conn.reply(&resp, keep_alive),
+            Outcome::Drop => false,
         }
     }
-}
 
-fn serve_connection(shared: &Shared, stream: TcpStream) {
-    let _ = stream.set_nodelay(true);
-    let _ = stream.set_read_timeout(Some(IDLE_TIMEOUT));
-    let Ok(read_half) = stream.try_clone() else {
-        return;
-    };
-    let mut reader = BufReader::new(read_half);
-    let mut writer = stream;
-    loop {
-        match http::read_request(&mut reader, &mut writer, MAX_BODY_BYTES) {
-            Ok(req) => {
-                let keep_alive = req.keep_alive();
-                match shared.handle(req) {
-                    Outcome::Reply(resp) => {
-                        let keep_alive = keep_alive && !shared.stopping.load(Ordering::SeqCst);
-                        if http::write_response(&mut writer, &resp, keep_alive).is_err()
-                            || !keep_alive
-                        {
-                            break;
-                        }
-                    }
-                    Outcome::Drop => break,
-                }
-            }
-            Err(ReadError::Reject(status, message)) => {
-                shared.log_line(format_args!("malformed request -> {status} {message}"));
-                let _ = http::write_response(&mut writer, &Response::error(status, message), false);
-                break;
-            }
-            Err(ReadError::Io(e)) => {
-                shared.log_line(format_args!("connection failed mid-request: {e}"));
-                break;
-            }
-            Err(ReadError::Closed) => break,
-        }
+    fn log(&self, line: std::fmt::Arguments<'_>) {
+        self.log_line(line);
     }
-    let _ = writer.shutdown(Shutdown::Both);
 }
 
 /// The path part of a request target (no query, no fragment).
@@ -675,7 +561,7 @@ impl Shared {
     }
 
     fn inventory(&self, sku: &str) -> Response {
-        let Some(sku) = http::percent_decode(sku).filter(|s| !s.is_empty()) else {
+        let Some(sku) = percent_decode(sku).filter(|s| !s.is_empty()) else {
             return Response::error(404, "no such sku");
         };
         let mut state = lock(&self.state);
@@ -698,7 +584,7 @@ impl Shared {
                 body: body.clone(),
             };
         }
-        let found = http::percent_decode(id)
+        let found = percent_decode(id)
             .and_then(|id| state.by_key.get(&id).copied())
             .map(|i| state.orders[i].receipt());
         match found {
@@ -794,7 +680,7 @@ impl Shared {
     fn customer_order(&self, id: &str) -> Response {
         let mut state = lock(&self.state);
         state.customer_order_reads += 1;
-        let Some((id, amount)) = http::percent_decode(id)
+        let Some((id, amount)) = percent_decode(id)
             .and_then(|id| state.customer_orders.get(&id).map(|&cents| (id, cents)))
         else {
             return Response::error(404, "no such customer order");
@@ -813,7 +699,7 @@ impl Shared {
 
     fn refund_lookup(&self, id: &str) -> Response {
         let state = lock(&self.state);
-        let found = http::percent_decode(id)
+        let found = percent_decode(id)
             .and_then(|id| state.refund_by_key.get(&id).copied())
             .map(|i| state.refunds[i].receipt());
         match found {

@@ -4,8 +4,6 @@
 //! with a 4xx/5xx and the connection is closed. Responses are written whole
 //! (`Content-Length`) or as a stream of chunks (`Transfer-Encoding: chunked`, or
 //! close-delimited for an HTTP/1.0 client), which is how SSE is sent.
-//!
-//! (Adapted from `examples/supplier-receiver/src/http.rs`.)
 
 use std::io::{self, BufRead, Read, Write};
 
@@ -16,7 +14,7 @@ const MAX_HEADERS: usize = 100;
 
 /// One parsed request.
 #[derive(Debug)]
-pub(crate) struct Request {
+pub struct Request {
     pub method: String,
     pub target: String,
     /// `0` for HTTP/1.0, `1` for HTTP/1.1.
@@ -53,7 +51,7 @@ impl Request {
 
 /// Why no request could be read.
 #[derive(Debug)]
-pub(crate) enum ReadError {
+pub enum ReadError {
     /// The peer closed the connection (or went idle) between requests.
     Closed,
     /// The socket failed mid-request.
@@ -98,7 +96,7 @@ fn is_token(s: &str) -> bool {
 }
 
 /// Reads one request. `w` is used only to send `100 Continue` when asked for.
-pub(crate) fn read_request<R: BufRead, W: Write>(
+pub fn read_request<R: BufRead, W: Write>(
     r: &mut R,
     w: &mut W,
     max_body: usize,
@@ -249,7 +247,7 @@ fn read_chunked<R: BufRead>(r: &mut R, max_body: usize) -> Result<Vec<u8>, ReadE
 
 /// One response to write.
 #[derive(Debug, Clone)]
-pub(crate) struct Response {
+pub struct Response {
     pub status: u16,
     pub headers: Vec<(String, String)>,
     pub body: Vec<u8>,
@@ -264,16 +262,33 @@ impl Response {
         }
     }
 
+    /// `{"error": message}` with `status`.
+    pub fn error(status: u16, message: &str) -> Response {
+        Response::json(status, &serde_json::json!({ "error": message }))
+    }
+
+    /// An empty body with `status`.
+    pub fn empty(status: u16) -> Response {
+        Response {
+            status,
+            headers: Vec::new(),
+            body: Vec::new(),
+        }
+    }
+
     pub fn with_header(mut self, name: &str, value: impl Into<String>) -> Response {
         self.headers.push((name.into(), value.into()));
         self
     }
 }
 
-pub(crate) fn reason(status: u16) -> &'static str {
+fn reason(status: u16) -> &'static str {
     match status {
         100 => "Continue",
         200 => "OK",
+        201 => "Created",
+        202 => "Accepted",
+        204 => "No Content",
         400 => "Bad Request",
         401 => "Unauthorized",
         402 => "Payment Required",
@@ -313,11 +328,7 @@ fn head(resp: &Response, framing: &str, keep_alive: bool) -> String {
 
 /// Writes `resp` in one `write_all`; adds `Content-Length` and, when the connection
 /// will be closed afterwards, `Connection: close`.
-pub(crate) fn write_response<W: Write>(
-    w: &mut W,
-    resp: &Response,
-    keep_alive: bool,
-) -> io::Result<()> {
+pub fn write_response<W: Write>(w: &mut W, resp: &Response, keep_alive: bool) -> io::Result<()> {
     let framing = format!("Content-Length: {}\r\n", resp.body.len());
     let mut bytes = head(resp, &framing, keep_alive).into_bytes();
     bytes.extend_from_slice(&resp.body);
@@ -328,7 +339,7 @@ pub(crate) fn write_response<W: Write>(
 /// Writes the head of `resp` announcing its full `Content-Length`, then only the
 /// first `send` bytes of its body: the client sees the body end early when the
 /// connection is closed afterwards.
-pub(crate) fn write_truncated<W: Write>(w: &mut W, resp: &Response, send: usize) -> io::Result<()> {
+pub fn write_truncated<W: Write>(w: &mut W, resp: &Response, send: usize) -> io::Result<()> {
     let framing = format!("Content-Length: {}\r\n", resp.body.len());
     let mut bytes = head(resp, &framing, false).into_bytes();
     bytes.extend_from_slice(&resp.body[..send.min(resp.body.len())]);
@@ -339,7 +350,7 @@ pub(crate) fn write_truncated<W: Write>(w: &mut W, resp: &Response, send: usize)
 /// A response body sent piece by piece: `Transfer-Encoding: chunked` for an HTTP/1.1
 /// client, close-delimited for an HTTP/1.0 one. Each [`StreamWriter::send`] is one
 /// chunk and one flush (one TCP write, as `TCP_NODELAY` is set).
-pub(crate) struct StreamWriter<'a, W: Write> {
+pub struct StreamWriter<'a, W: Write> {
     w: &'a mut W,
     chunked: bool,
 }
@@ -390,6 +401,25 @@ impl<'a, W: Write> StreamWriter<'a, W> {
         }
         self.w.flush()
     }
+}
+
+/// Decodes `%XX` escapes in a path segment; `None` if the result is not UTF-8 or an
+/// escape is malformed.
+pub fn percent_decode(s: &str) -> Option<String> {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%' {
+            let hex = s.get(i + 1..i + 3)?;
+            out.push(u8::from_str_radix(hex, 16).ok()?);
+            i += 3;
+        } else {
+            out.push(bytes[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8(out).ok()
 }
 
 #[cfg(test)]
@@ -447,5 +477,11 @@ mod tests {
             parse("POST / HTTP/1.1\r\nContent-Length: 9\r\n\r\n{}"),
             Err(ReadError::Io(_))
         ));
+    }
+
+    #[test]
+    fn decodes_percent_escapes() {
+        assert_eq!(percent_decode("WIDGET%2D7").as_deref(), Some("WIDGET-7"));
+        assert_eq!(percent_decode("a%2"), None);
     }
 }
