@@ -100,6 +100,8 @@ pub struct WorkerReport {
 struct Active {
     claim: Claim,
     control: Arc<RunControl>,
+    /// The trace the run reports into, for the worker's lines about it.
+    trace_id: String,
 }
 
 /// Runs a worker will not claim again: their record does not verify. Kept
@@ -299,10 +301,11 @@ pub fn run(
                     {
                         continue;
                     }
+                    let trace_id = run.trace().trace_id;
                     if let Err(e) = lifecycle::check_sealed(&signer, run) {
-                        crate::logs::warn(
-                            "worker",
-                            Some(&run.run_id),
+                        run_warning(
+                            &run.run_id,
+                            &trace_id,
                             format_args!("not claiming run {}: {e}", run.run_id),
                         );
                         refused.insert(run);
@@ -329,9 +332,9 @@ pub fn run(
                         }
                         // A busy ledger: try again on the next round.
                         Err(e) => {
-                            crate::logs::warn(
-                                "worker",
-                                Some(&run.run_id),
+                            run_warning(
+                                &run.run_id,
+                                &trace_id,
                                 format_args!("claiming {}: {e}", run.run_id),
                             );
                             continue;
@@ -345,6 +348,7 @@ pub fn run(
                         Active {
                             claim: claim.clone(),
                             control: control.clone(),
+                            trace_id,
                         },
                     );
                     let started = Started {
@@ -422,8 +426,8 @@ pub fn run(
         Ok(())
     })?;
     while let Ok(event) = done_rx.try_recv() {
-        if let Event::Finished((run_id, result)) = event {
-            tally(&mut report, &run_id, result);
+        if let Event::Finished(finished) = event {
+            collect(&active, &mut report, finished);
         }
     }
     report.commits = pool.commit_counts();
@@ -587,9 +591,9 @@ fn renew_all(
             Err(StoreError::Fenced { .. }) => {
                 if !a.control.lost.swap(true, Ordering::SeqCst) {
                     report.lease_losses += 1;
-                    crate::logs::warn(
-                        "worker",
-                        Some(&a.claim.run_id),
+                    run_warning(
+                        &a.claim.run_id,
+                        &a.trace_id,
                         format_args!(
                             "lost the claim on run {}; it stops before its next call",
                             a.claim.run_id
@@ -599,9 +603,9 @@ fn renew_all(
             }
             // A busy or failing ledger: try again next round; the lease
             // still has two thirds of its time.
-            Err(e) => crate::logs::warn(
-                "worker",
-                Some(&a.claim.run_id),
+            Err(e) => run_warning(
+                &a.claim.run_id,
+                &a.trace_id,
                 format_args!("renewing {}: {e}", a.claim.run_id),
             ),
         }
@@ -612,11 +616,29 @@ fn renew_all(
 /// counted.
 fn collect(active: &Mutex<HashMap<String, Active>>, report: &mut WorkerReport, finished: Finished) {
     let (run_id, result) = finished;
-    active_lock(active).remove(&run_id);
-    tally(report, &run_id, result);
+    let trace_id = active_lock(active).remove(&run_id).map(|a| a.trace_id);
+    tally(report, &run_id, trace_id.as_deref(), result);
 }
 
-fn tally(report: &mut WorkerReport, run_id: &str, result: Result<RunReport, HostError>) {
+/// A warning about run `run_id`, naming the trace it reports into.
+fn run_warning(run_id: &str, trace_id: &str, message: std::fmt::Arguments<'_>) {
+    crate::logs::run_line(
+        crate::logs::Level::Warn,
+        "worker",
+        Some(run_id),
+        Some(trace_id),
+        message,
+    );
+}
+
+/// Counts a run's end and says it; `trace_id` is the trace it reported
+/// into, if known (its report has it when it ended).
+fn tally(
+    report: &mut WorkerReport,
+    run_id: &str,
+    trace_id: Option<&str>,
+    result: Result<RunReport, HostError>,
+) {
     match result {
         Ok(r) => {
             match r.status {
@@ -636,9 +658,11 @@ fn tally(report: &mut WorkerReport, run_id: &str, result: Result<RunReport, Host
         }
         Err(e) => {
             report.abandoned += 1;
-            crate::logs::error(
+            crate::logs::run_line(
+                crate::logs::Level::Error,
                 "worker",
                 Some(run_id),
+                trace_id,
                 format_args!("run {run_id} abandoned: {e}"),
             );
         }

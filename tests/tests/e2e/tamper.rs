@@ -216,13 +216,27 @@ fn an_edited_row_is_refused_by_a_decision_a_resume_and_a_worker() {
     .expect_code(0);
     edit_run(&sb, "p", &mut |run| run.input = r#"{"count":3}"#.into());
     let pending = sb.show("p")["run"].clone();
-    let worker = keyed(&sb, &key, &["worker", "--exit-when-idle"]);
-    worker.expect_code(0);
-    assert!(
-        worker.stderr.contains("not claiming run p"),
-        "{}",
-        worker.stderr
+    let worker = keyed(
+        &sb,
+        &key,
+        &["worker", "--exit-when-idle", "--log-format", "json"],
     );
+    worker.expect_code(0);
+    // The worker says so, naming the run and the trace it reports into.
+    let refusal = worker
+        .stderr
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .find(|l| {
+            l["message"]
+                .as_str()
+                .is_some_and(|m| m.starts_with("not claiming run p"))
+        })
+        .unwrap_or_else(|| panic!("the worker's refusal: {}", worker.stderr));
+    assert_eq!(refusal["level"], "warn");
+    assert_eq!(refusal["run_id"], "p");
+    assert_eq!(refusal["trace_id"], pending["trace"]["trace_id"]);
+    assert!(refusal["trace_id"].as_str().is_some_and(|t| t.len() == 32));
     assert_eq!(sb.show("p")["run"]["version"], pending["version"]);
     assert_eq!(sb.show("p")["run"]["status"], "pending");
     assert!(sb.received("orders.jsonl").is_empty());

@@ -313,16 +313,21 @@ fn graceful_shutdown_releases_claims_and_another_worker_finishes() {
 fn a_frozen_worker_that_wakes_after_losing_its_lease_writes_and_sends_nothing() {
     let sb = Sandbox::with_config(BIN, &slow_config(400));
     submit(&sb, 6, "z");
-    let mut zombie = worker(
-        &sb,
-        &[
+    let zombie = sb
+        .command(&[
+            "worker",
             "--concurrency",
             "1",
             "--lease-ms",
             "1000",
             "--exit-when-idle",
-        ],
-    );
+            "--log-format",
+            "json",
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
     wait_until("the zombie's first write", Duration::from_secs(60), || {
         !sb.received("orders.jsonl").is_empty()
     });
@@ -339,10 +344,24 @@ fn a_frozen_worker_that_wakes_after_losing_its_lease_writes_and_sends_nothing() 
     distinct_operations(&lines);
 
     signal(&zombie, "CONT");
-    let status = zombie.wait().unwrap();
-    assert_eq!(status.code(), Some(0));
+    let woke = zombie.wait_with_output().unwrap();
+    assert_eq!(woke.status.code(), Some(0));
     // The zombie wrote no ledger row and sent no request once it woke.
     assert_eq!(sb.show("z"), done);
+    // What it said of the run (the claim it lost, how the run ended for it)
+    // names the trace the run reports into.
+    let stderr = String::from_utf8_lossy(&woke.stderr);
+    let said: Vec<Value> = stderr
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter(|l| l["source"] == "worker" && l["run_id"] == "z")
+        .collect();
+    assert!(!said.is_empty(), "{stderr}");
+    assert!(
+        said.iter()
+            .all(|l| l["trace_id"] == done["run"]["trace"]["trace_id"]),
+        "{stderr}"
+    );
     assert_eq!(sb.received("orders.jsonl"), lines);
     assert!(
         lines
