@@ -25,6 +25,9 @@ const GUESTS: &[(&str, &str)] = &[
     ("guest-approval-step", "GUEST_APPROVAL_STEP"),
     ("guest-sleeper", "GUEST_SLEEPER"),
     ("guest-command", "GUEST_COMMAND"),
+    ("guest-fanout", "GUEST_FANOUT"),
+    ("guest-fanout-v2", "GUEST_FANOUT_V2"),
+    ("guest-square", "GUEST_SQUARE"),
     ("agent-refund", "AGENT_REFUND"),
 ];
 

@@ -64,6 +64,9 @@ const CLI_STARTS: usize = 5;
 /// figure 4's worker row.
 const WORKER_RUNS: usize = 1_000;
 const WORKER_SLOTS: usize = 4;
+/// Figure 14: children of one write each, and the worker's slots.
+const CHILDREN: u64 = 100;
+const CHILDREN_SLOTS: usize = 4;
 const GROUP_RUNS: usize = 64;
 /// Writes per run of figure 5: long enough that the window it measures
 /// (about a third of a second here) is the runs' steady state, not their
@@ -465,8 +468,11 @@ impl Bench {
         if args.wants(13) {
             self.web()?;
         }
+        if args.wants(14) {
+            self.children()?;
+        }
         // Figure 11's PostgreSQL rows are measured beside figure 8's floor.
-        if args.wants(8) || args.wants(9) || args.wants(10) || args.wants(11) {
+        if args.wants(8) || args.wants(9) || args.wants(10) || args.wants(11) || args.wants(14) {
             self.postgres(args)?;
         }
         if args.wants(11) {
@@ -1127,6 +1133,96 @@ impl Bench {
             worker_id: id.to_string(),
             ..WorkerOptions::default()
         }
+    }
+
+    /// Figure 14: a parent that starts `CHILDREN` children of one durable
+    /// write each and joins them, through one worker, beside one step of as
+    /// many writes through the same worker: time to the end, fsyncs and CPU
+    /// per child (and per write).
+    fn children(&mut self) -> Res<()> {
+        let cache = self.dir.join("children-cache");
+        // The children are runs of the bench step itself, by name.
+        let step = self.dir.join("bench-step.wasm");
+        std::fs::write(&step, &self.module)?;
+        let options = || HostOptions {
+            cache_dir: Some(cache.clone()),
+            steps: std::collections::BTreeMap::from([("bench".to_string(), step.clone())]),
+            ..host_options(&self.config)
+        };
+        let worker_options = self.worker_options(CHILDREN_SLOTS, "bench-children");
+        let never = AtomicBool::new(false);
+        let measure = |name: &str, input: Value| -> Res<(f64, u64, f64)> {
+            let db = self.dir.join(format!("{name}.db"));
+            let mut host = open_host(&db, options())?;
+            host.load(&self.module, WHAT)?;
+            let ledger = Ledger::sqlite(&db);
+            host.submit(&self.module, WHAT, &input.to_string(), Some("top"))?;
+            let cpu = procstat::process_cpu_split_us().ok_or("no /proc/self/stat")?;
+            let t = Instant::now();
+            let report = worker::run(&ledger, &options, &worker_options, &never)?;
+            let wall = t.elapsed().as_secs_f64();
+            let after = procstat::process_cpu_split_us().ok_or("no /proc/self/stat")?;
+            let top = host.store().run("top")?;
+            if top.status != RunStatus::Completed {
+                return Err(format!("14 {name}: {top:?} ({report:?})").into());
+            }
+            let cpu_us = (after.0 - cpu.0) + (after.1 - cpu.1);
+            Ok((wall, report.commits.fsyncs, cpu_us))
+        };
+        progress(&format!(
+            "14 children: one step of {CHILDREN} writes, one worker"
+        ));
+        let (writes_wall, writes_fsyncs, writes_cpu) = measure(
+            "children-writes",
+            json!({"mode": "write", "count": CHILDREN}),
+        )?;
+        progress(&format!(
+            "14 children: a parent of {CHILDREN} children of one write each, one worker"
+        ));
+        let (wall, fsyncs, cpu) =
+            measure("children", json!({"mode": "children", "count": CHILDREN}))?;
+        let n = CHILDREN as f64;
+        self.rows.push(Row::new(
+            &format!("14 {CHILDREN} writes in one step, to its end"),
+            writes_wall * 1e3,
+            "ms",
+        ));
+        self.rows.push(
+            Row::new(report::CHILDREN_JOINED, wall * 1e3, "ms").with_ratio(wall / writes_wall, 0.0),
+        );
+        self.rows.push(Row::new(
+            report::CHILD_FSYNCS_OVER_WRITE,
+            (fsyncs as f64 - writes_fsyncs as f64) / n,
+            "fsyncs",
+        ));
+        for (what, value, unit) in [
+            ("fsyncs per child", fsyncs as f64 / n, "fsyncs"),
+            (
+                "fsyncs per write in one step",
+                writes_fsyncs as f64 / n,
+                "fsyncs",
+            ),
+            ("CPU per child", cpu / n, "µs"),
+            ("CPU per write in one step", writes_cpu / n, "µs"),
+        ] {
+            self.rows
+                .push(Row::new(&format!("14 … {what}"), value, unit));
+        }
+        self.note(format!(
+            "14: children: a parent step starts {CHILDREN} child runs (each a step of one \
+             `noop.write`) in one join set, then joins them; one worker (`worker::run`, \
+             concurrency {CHILDREN_SLOTS}, the step compiled into a disk cache before) runs the \
+             parent, the children and the parent again after they end, until none is left \
+             ({:.0} ms, {fsyncs} fsyncs, {:.0} ms CPU: user and kernel, every thread of this \
+             process); beside it, one step of {CHILDREN} writes through the same worker \
+             ({:.0} ms, {writes_fsyncs} fsyncs). A start is one durable commit with its child's \
+             row; a child's end is one with the arrival in its parent's inbox; a join that \
+             finds its child ended commits its `started` row and its outcome",
+            wall * 1e3,
+            cpu / 1e3,
+            writes_wall * 1e3
+        ));
+        Ok(())
     }
 
     /// Figure 6: resuming a run with 10,000 recorded calls.

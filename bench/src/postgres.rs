@@ -39,6 +39,10 @@ const PG_GROUP_LEAD: Duration = Duration::from_millis(3000);
 const PG_PENDING: i64 = 100_000;
 const PG_CLAIMS: usize = 300;
 
+/// Figure 14 on PostgreSQL: children of one parent, and worker processes.
+const PG_CHILDREN: u64 = 1_000;
+const PG_CHILDREN_WORKERS: usize = 4;
+
 /// The server the figures run on.
 struct Server {
     url: String,
@@ -192,6 +196,88 @@ impl Bench {
         if args.wants(10) {
             self.pg_claim(&mut server)?;
         }
+        if args.wants(14) {
+            self.pg_children(&mut server, args)?;
+        }
+        Ok(())
+    }
+
+    /// Figure 14 on PostgreSQL: a parent of `PG_CHILDREN` children of one
+    /// write each, joined, run by `PG_CHILDREN_WORKERS` `stephost worker`
+    /// processes sharing the database.
+    fn pg_children(&mut self, server: &mut Server, args: &Args) -> Res<()> {
+        let Some(cli) = args.cli_path() else {
+            self.note(
+                "14 PostgreSQL not measured: no `stephost` binary (build it, or give --cli)".into(),
+            );
+            return Ok(());
+        };
+        let url = server.fresh()?;
+        let mut host = self.pg_host(&url, PoolOptions::default())?;
+        let step = self.dir.join("pg-children-step.wasm");
+        std::fs::write(&step, &self.module)?;
+        let config = self.dir.join("pg-children.toml");
+        std::fs::write(
+            &config,
+            format!(
+                "{}\n[steps.bench]\nmodule = {}\n",
+                crate::config_text(&self.gate),
+                serde_json::Value::String(step.display().to_string())
+            ),
+        )?;
+        let cache = self.dir.join("pg-children-cache");
+        let worker = || -> Res<std::process::Child> {
+            Ok(Command::new(&cli)
+                .env("STEPHOST_LEDGER", &url)
+                .env("STEPHOST_CONFIG", &config)
+                .env("STEPHOST_CACHE_DIR", &cache)
+                .args(["worker", "--concurrency", "32"])
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()?)
+        };
+        // The workers' component cache, warmed by one run first.
+        let warmed = host.submit(&self.module, WHAT, r#"{"mode":"none"}"#, Some("warm"))?;
+        let mut warm = worker()?;
+        let ready = wait_completed(&host, &[warmed.run_id]);
+        let _ = Command::new("kill")
+            .args(["-TERM", &warm.id().to_string()])
+            .status();
+        warm.wait()?;
+        ready?;
+        progress(&format!(
+            "14 PostgreSQL: a parent of {PG_CHILDREN} children, {PG_CHILDREN_WORKERS} worker processes"
+        ));
+        let input = json!({"mode": "children", "count": PG_CHILDREN}).to_string();
+        let parent = host.submit(&self.module, WHAT, &input, Some("parent"))?;
+        let t = Instant::now();
+        let mut workers = (0..PG_CHILDREN_WORKERS)
+            .map(|_| worker())
+            .collect::<Res<Vec<_>>>()?;
+        let ended = wait_completed(&host, std::slice::from_ref(&parent.run_id));
+        let took = t.elapsed().as_secs_f64();
+        for w in &mut workers {
+            let _ = Command::new("kill")
+                .args(["-TERM", &w.id().to_string()])
+                .status();
+            w.wait()?;
+        }
+        ended?;
+        self.rows.push(Row::new(
+            &format!(
+                "14 PostgreSQL: {PG_CHILDREN} children of 1 write, joined, {PG_CHILDREN_WORKERS} workers"
+            ),
+            took * 1e3,
+            "ms",
+        ));
+        self.note(format!(
+            "14 PostgreSQL: a parent step starts {PG_CHILDREN} child runs of one `noop.write` \
+             each and joins them; {PG_CHILDREN_WORKERS} `stephost worker --concurrency 32` \
+             processes on the same database run the parent and the children; from the workers' \
+             start to the parent's end: {:.0} ms ({:.0} children/s)",
+            took * 1e3,
+            PG_CHILDREN as f64 / took
+        ));
         Ok(())
     }
 

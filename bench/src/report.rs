@@ -20,6 +20,8 @@ pub const SUBMIT_WAIT_P50: &str = "11 POST /api/runs?wait, one write, p50";
 /// The same through a server on PostgreSQL.
 pub const PG_SUBMIT_WAIT_P50: &str = "11 PostgreSQL POST /api/runs?wait, one write, p50";
 /// Figure 11's console page of a long run (an absolute target).
+pub const CHILDREN_JOINED: &str = "14 100 children of 1 write, joined, to the parent's end";
+pub const CHILD_FSYNCS_OVER_WRITE: &str = "14 … fsyncs a child costs over a write in one step";
 pub const TIMELINE_P50: &str = "11 timeline page, 10,000-call run, p50";
 
 /// Whether a value (with its ratio to the floor, if any) meets a target.
@@ -44,6 +46,10 @@ pub fn target_of(figure: &str) -> Option<(&'static str, Meets)> {
             ratio.is_some_and(|r| r <= 10.0)
         })),
         TIMELINE_P50 => Some(("≤ 50 ms", |value, _| value <= 50.0)),
+        CHILDREN_JOINED => Some(("≤ 3× the writes in one step", |_, ratio| {
+            ratio.is_some_and(|r| r <= 3.0)
+        })),
+        CHILD_FSYNCS_OVER_WRITE => Some(("≤ 2", |value, _| value <= 2.0)),
         USERS_START => Some(("≥ 15,000", |value, _| value >= 15_000.0)),
         PG_USERS_START => Some(("≥ 5,000", |value, _| value >= 5_000.0)),
         // Their ratio is the value over what the target allows: 5 ms (10

@@ -8,6 +8,10 @@
 #                                                     # $250.00: waits for a person's approval
 #   examples/agent-refund/run.sh --approve-as ana "Please refund order A-1002."
 #                                                     # ... which ana gives, and the run goes on
+#   examples/agent-refund/run.sh --parallel --approve-as ana
+#                                                     # two orders looked up at once, then refunded
+#                                                     # at once, each tool call a child run; ana
+#                                                     # approves the $250.00 one
 #
 # Environment: STEPHOST_LEDGER (default sqlite:stephost.db, in the repository),
 # AGENT_CONFIG (default examples/agent-refund/stephost.toml). When the
@@ -20,11 +24,18 @@ root="$(cd "$here/../.." && pwd)"
 cd "$root"
 
 approve_as=""
-if [[ "${1:-}" == "--approve-as" ]]; then
-    approve_as="${2:?--approve-as needs a name}"
-    shift 2
-fi
+parallel=false
+while [[ "${1:-}" == --* ]]; do
+    case "$1" in
+        --approve-as) approve_as="${2:?--approve-as needs a name}"; shift 2 ;;
+        --parallel) parallel=true; shift ;;
+        *) echo "unknown option $1" >&2; exit 2 ;;
+    esac
+done
 default_message="Hi, I'd like a refund for order A-1001: the blender arrived broken. Thanks, Sam"
+if $parallel; then
+    default_message="Please refund my orders A-1001 (arrived broken) and A-1002 (never arrived). Sam"
+fi
 message="${1:-$default_message}"
 config_in="${AGENT_CONFIG:-$here/stephost.toml}"
 ledger="${STEPHOST_LEDGER:-sqlite:stephost.db}"
@@ -72,7 +83,11 @@ receiver="$url"
 config="$work/stephost.toml"
 sed "s#http://127.0.0.1:8080#$receiver#g" "$config_in" >"$config"
 if grep -q '^url = "http://127.0.0.1:8081"' "$config"; then
-    start model-server "$bin/model-server" --listen 127.0.0.1:0
+    script=()
+    if $parallel; then
+        script=(--script "$here/parallel-script.json")
+    fi
+    start model-server "$bin/model-server" --listen 127.0.0.1:0 "${script[@]}"
     model_server="$url"
     sed -i "s#http://127.0.0.1:8081#$model_server#g" "$config"
     # The scripted server takes any key; never send a real one to it.
@@ -87,29 +102,64 @@ stephost() {
     cargo run -q -p stephost -- --config "$config" "$@"
 }
 
+if $parallel; then
+    # Each tool call is a child run of this same step, by name.
+    printf '\n[steps.agent-refund]\nmodule = "%s"\n' "$root/$module" >>"$config"
+fi
+
 run_id="agent-refund-$(date +%s)-$$"
 input="$(printf '%s' "$message" | sed 's/\\/\\\\/g; s/"/\\"/g')"
 echo "== stephost run $module --run-id $run_id" >&2
 echo "   customer: $message" >&2
 status=0
-stephost run "$module" --run-id "$run_id" --input "{\"message\": \"$input\"}" || status=$?
+if $parallel; then
+    stephost run "$module" --run-id "$run_id" --input "{\"message\": \"$input\", \"parallel\": true}" || status=$?
+else
+    stephost run "$module" --run-id "$run_id" --input "{\"message\": \"$input\"}" || status=$?
+fi
 
-if [[ $status -eq 7 ]]; then
-    echo "== the run waits for a person's approval:" >&2
+# Approves what waits for a person (with --approve-as), or says how to and
+# exits 7.
+approve_waiting() {
+    # The listing's rows: RUN SEQ ASKED EXPIRES DETAILS(sha256 prefix) SUBJECT.
+    local rows
+    rows="$(stephost approvals | awk 'NR > 1 && $1 != "" {
+        for (i = 3; i <= NF; i++) if (length($i) == 12 && $i ~ /^[0-9a-f]+$/) { print $1, $2, $i; break } }')" || true
+    [[ -z "$rows" ]] && return 0
+    echo "== a run waits for a person's approval:" >&2
     stephost approvals >&2
-    # The run's row in the listing: RUN SEQ ASKED EXPIRES DETAILS(sha256 prefix) SUBJECT.
-    read -r seq sha < <(stephost approvals | awk -v run="$run_id" '$1 == run {
-        for (i = 3; i <= NF; i++) if (length($i) == 12 && $i ~ /^[0-9a-f]+$/) { print $2, $i; exit } }') || true
     if [[ -z "$approve_as" ]]; then
-        echo "   approve it from another shell while this one waits (Enter stops the servers):" >&2
-        echo "     cargo run -q -p stephost -- approve $run_id $seq --details $sha --by YOUR_NAME" >&2
-        echo "     cargo run -q -p stephost -- --config $config resume $run_id" >&2
+        while read -r run seq sha; do
+            echo "   approve it from another shell while this one waits (Enter stops the servers):" >&2
+            echo "     cargo run -q -p stephost -- approve $run $seq --details $sha --by YOUR_NAME" >&2
+        done <<<"$rows"
+        echo "     cargo run -q -p stephost -- --config $config worker --exit-when-idle" >&2
         echo "   or run this script again with --approve-as NAME." >&2
         read -r _ || true
         exit 7
     fi
-    echo "== $approve_as approves call $seq (details sha256 $sha...), and the run goes on" >&2
-    stephost approve "$run_id" "$seq" --details "$sha" --by "$approve_as" >&2
+    while read -r run seq sha; do
+        echo "== $approve_as approves call $seq of $run (details sha256 $sha...)" >&2
+        stephost approve "$run" "$seq" --details "$sha" --by "$approve_as" >&2
+    done <<<"$rows"
+}
+
+if $parallel && [[ $status -eq 7 ]]; then
+    # The parent waits for its children: a worker runs them (and the parent
+    # again once they end) until the parent has ended.
+    while :; do
+        stephost worker --exit-when-idle >&2
+        if ! stephost tree "$run_id" | head -n1 | grep -q "^$run_id waiting"; then
+            break
+        fi
+        approve_waiting
+    done
+    echo "== the tree of runs:" >&2
+    stephost tree "$run_id" >&2
+    status=0
+    stephost resume "$run_id" || status=$?
+elif [[ $status -eq 7 ]]; then
+    approve_waiting
     status=0
     stephost resume "$run_id" || status=$?
 fi

@@ -2,7 +2,8 @@
 
 Tools:
 - `check_stock(sku)`: what is on hand. Annotated read-only, so stephost
-  records its calls as reads.
+  records its calls as reads when told to trust the server's annotations
+  (`trust_annotations = true` in stephost.toml).
 - `place_order(sku, quantity)`: appends the order to the file named by
   SUPPLIER_ORDERS (default supplier-orders.jsonl) and answers with it. An
   order whose `dev.stephost/operation_id` (in the request's `_meta`) was
@@ -16,8 +17,16 @@ usage: python supplier_server.py                 (stdio)
 
 For tests, SUPPLIER_MCP_FAULT makes `place_order` misbehave: `die-after`
 places the order and exits before answering (a server killed mid-call);
-`die-before` exits before placing it; `slow` waits 5 s before placing it;
-`rpc-error` answers with a JSON-RPC error (-32001) instead of a result.
+`die-before` exits before placing it; `slow` waits ten minutes before
+placing it (cancelled when the client gives up or leaves); `rpc-error`
+answers with a JSON-RPC error (-32001) instead of a result. Others make the
+server itself misbehave: `slow-start` waits 4 s before it reads anything
+(a server that takes long to start, as one run by npx or uvx may);
+`version-1999` answers `initialize` with protocol version 1999-01-01, which
+no client speaks; `list-error-once` answers its first `tools/list` with a
+JSON-RPC internal error (-32603); `read-only-order` annotates `place_order`
+read-only (a server whose hints are wrong); `huge-stderr` prints a line of
+1 MiB on stderr when it starts, then a short one.
 SUPPLIER_MCP_PIDFILE names a file the server appends its process id to.
 """
 
@@ -28,6 +37,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import anyio
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 from mcp.shared.exceptions import MCPError
@@ -38,6 +48,32 @@ FAULT = os.environ.get("SUPPLIER_MCP_FAULT", "")
 STOCK = {"WIDGET-7": 3, "GADGET-2": 40}
 
 server = MCPServer("supplier", version="1.4.0")
+
+if FAULT == "version-1999":
+    # Only the answer says 1999-01-01: the server goes on serving with the
+    # version it negotiated, so a client that does not leave gets its calls
+    # answered.
+    from mcp.server.runner import ServerRunner
+
+    handle_initialize = ServerRunner._handle_initialize
+
+    def handle_initialize_1999(self: Any, params: Any) -> Any:
+        answer = handle_initialize(self, params)
+        return answer.model_copy(update={"protocol_version": "1999-01-01"})
+
+    ServerRunner._handle_initialize = handle_initialize_1999
+
+if FAULT == "list-error-once":
+    list_tools = server.list_tools
+    lists_failed = []
+
+    async def list_tools_failing_once() -> Any:
+        if not lists_failed:
+            lists_failed.append(True)
+            raise MCPError(code=-32603, message="the tool list is not ready yet")
+        return await list_tools()
+
+    server.list_tools = list_tools_failing_once
 
 
 def placed() -> list[dict[str, Any]]:
@@ -54,9 +90,10 @@ def check_stock(sku: str) -> dict[str, Any]:
     return {"sku": sku, "on_hand": STOCK[sku]}
 
 
-@server.tool(annotations=ToolAnnotations(read_only_hint=False, destructive_hint=False,
-                                         idempotent_hint=False, open_world_hint=True))
-def place_order(sku: str, quantity: int, ctx: Context) -> dict[str, Any]:
+@server.tool(annotations=ToolAnnotations(read_only_hint=FAULT == "read-only-order",
+                                         destructive_hint=False, idempotent_hint=False,
+                                         open_world_hint=True))
+async def place_order(sku: str, quantity: int, ctx: Context) -> dict[str, Any]:
     """Orders `quantity` of `sku`; one order per operation id."""
     if quantity <= 0:
         raise ToolError(f"quantity must be positive, got {quantity}")
@@ -71,7 +108,7 @@ def place_order(sku: str, quantity: int, ctx: Context) -> dict[str, Any]:
     if FAULT == "rpc-error":
         raise MCPError(code=-32001, message="the supplier takes no orders today")
     if FAULT == "slow":
-        time.sleep(5)
+        await anyio.sleep(600)
     order = {
         "order_id": f"PO-{len(placed()) + 1}",
         "sku": sku,
@@ -95,6 +132,12 @@ if __name__ == "__main__":
     if pidfile:
         with open(pidfile, "a") as f:
             f.write(f"{os.getpid()}\n")
+    if FAULT == "slow-start":
+        time.sleep(4)
+    if FAULT == "huge-stderr":
+        sys.stderr.write("x" * (1 << 20) + "\n")
+        sys.stderr.write("the supplier is up\n")
+        sys.stderr.flush()
     if sys.argv[1:2] == ["http"]:
         server.run("streamable-http", host="127.0.0.1", port=int(sys.argv[2]),
                    stateless_http=True, json_response=True)

@@ -24,9 +24,11 @@ result of `export_step` to that name.
 
 This module wraps the bindings that `componentize-py` generates for the
 `stephost:step` world (the `wit_world` package); it is not usable outside a
-component. It serves both world versions: built against `wit/`
-(stephost:step@0.1.0) or `wit/0.2.0` (stephost:step@0.2.0, which adds the
-`models` interface: `chat`, `run_agent` and the `BudgetError` kind).
+component. It serves every world version: built against `wit/`
+(stephost:step@0.1.0), `wit/0.2.0` (stephost:step@0.2.0, which adds the
+`models` interface: `chat`, `run_agent` and the `BudgetError` kind) or
+`wit/0.3.0` (stephost:step@0.3.0, which adds child runs: `Ctx.start`,
+`Ctx.join_next`, `Ctx.join_try_next`, `Ctx.call_step`).
 """
 
 import json
@@ -57,9 +59,16 @@ try:  # stephost:step@0.2.0 only; absent from a 0.1.0 build
 except ImportError:
     _models = None
 
+try:  # stephost:step@0.3.0 only: child runs
+    from wit_world.imports import runs as _runs
+except ImportError:
+    _runs = None
+
 __all__ = [
     "AgentRun",
     "BudgetError",
+    "ChildEnd",
+    "ChildError",
     "Ctx",
     "Decision",
     "DecodeError",
@@ -267,6 +276,72 @@ class Decision:
         return datetime(1970, 1, 1, tzinfo=timezone.utc) + timedelta(milliseconds=self.at_ms)
 
 
+# --- child runs (stephost:step@0.3.0) ----------------------------------------
+
+
+class ChildError(StepError):
+    """A child run that failed or was cancelled, read as a value."""
+
+    def __init__(self, end: "ChildEnd"):
+        super().__init__(f"child run {end.run_id} {end.status}: {end.output}")
+        self.end = end
+
+
+@dataclass(frozen=True)
+class ChildEnd:
+    """A child run's end, as its parent joins it: `status` is `completed`
+    (`output` is its JSON), `failed` (`output` is its error) or `cancelled`
+    (`output` says by whom and why)."""
+
+    run_id: str
+    status: str
+    output: str
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "completed"
+
+    def value(self) -> Any:
+        """The child's output, decoded; raises `ChildError` if it did not
+        complete."""
+        if not self.ok:
+            raise ChildError(self)
+        return _decode(f"child {self.run_id}", self.output)
+
+
+_CHILD_STATUSES = {}
+if _runs is not None:
+    _CHILD_STATUSES = {
+        _runs.ChildStatus.COMPLETED: "completed",
+        _runs.ChildStatus.FAILED: "failed",
+        _runs.ChildStatus.CANCELLED: "cancelled",
+    }
+
+
+def _child_end(end: Any) -> ChildEnd:
+    return ChildEnd(run_id=end.run_id, status=_CHILD_STATUSES[end.status], output=end.output)
+
+
+def _child_spec(
+    step: str,
+    input: Any,
+    key: Optional[str],
+    detach: bool,
+    model_tokens_max: Optional[int],
+    model_cost_micro_usd_max: Optional[int],
+) -> Any:
+    if _runs is None:
+        raise StepError("child runs need a step built against stephost:step@0.3.0 (wit/0.3.0)")
+    return _runs.ChildSpec(
+        step=step,
+        input=_encode(f"runs.start {step}", input),
+        key=key,
+        model_tokens_max=model_tokens_max,
+        model_cost_micro_usd_max=model_cost_micro_usd_max,
+        detach=detach,
+    )
+
+
 # --- the context -------------------------------------------------------------
 
 
@@ -373,6 +448,67 @@ class Ctx:
         except Err as e:
             raise _call_error("approvals", e) from None
         return Decision(verdict=_VERDICTS[d.verdict], by=d.by, note=d.note, at_ms=d.at_ms)
+
+
+    def start(
+        self,
+        join_set: str,
+        step: str,
+        input: Any,
+        key: Optional[str] = None,
+        detach: bool = False,
+        model_tokens_max: Optional[int] = None,
+        model_cost_micro_usd_max: Optional[int] = None,
+    ) -> str:
+        """Starts step `step` (`[steps.NAME]`) on `input` (encoded as JSON) as
+        a child run in `join_set`; its run id. `key` derives the child's id
+        from a business key instead of the call's place; `detach` lets it go
+        on if this run ends first (else it is cancelled with it)
+        (stephost:step@0.3.0)."""
+        spec = _child_spec(step, input, key, detach, model_tokens_max, model_cost_micro_usd_max)
+        try:
+            return _runs.start(join_set, spec)
+        except Err as e:
+            raise _call_error(f"runs.start {step}", e) from None
+
+    def join_next(self, join_set: str) -> ChildEnd:
+        """The next child of `join_set` to end, waiting (out of memory) until
+        one does; the order is recorded (stephost:step@0.3.0)."""
+        if _runs is None:
+            raise StepError("child runs need a step built against stephost:step@0.3.0")
+        try:
+            return _child_end(_runs.join_next(join_set))
+        except Err as e:
+            raise _call_error("runs.join-next", e) from None
+
+    def join_try_next(self, join_set: str) -> Optional[ChildEnd]:
+        """`join_next` without waiting: None if no child of the set has ended
+        yet, or none is left (stephost:step@0.3.0)."""
+        if _runs is None:
+            raise StepError("child runs need a step built against stephost:step@0.3.0")
+        try:
+            found = _runs.join_try_next(join_set)
+        except Err as e:
+            raise _call_error("runs.join-try-next", e) from None
+        if isinstance(found, _runs.TryNext_Found):
+            return _child_end(found.value)
+        return None
+
+    def call_step(
+        self,
+        step: str,
+        input: Any,
+        key: Optional[str] = None,
+        model_tokens_max: Optional[int] = None,
+        model_cost_micro_usd_max: Optional[int] = None,
+    ) -> ChildEnd:
+        """Starts step `step` on `input` as a child run and waits for its end
+        (stephost:step@0.3.0)."""
+        spec = _child_spec(step, input, key, False, model_tokens_max, model_cost_micro_usd_max)
+        try:
+            return _child_end(_runs.call(spec))
+        except Err as e:
+            raise _call_error(f"runs.call {step}", e) from None
 
 
 def _encode(effect: str, value: Any) -> str:

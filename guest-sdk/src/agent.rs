@@ -1,7 +1,7 @@
 //! A tool-calling loop over [`Ctx::chat`].
 
 use crate::{Ctx, EffectError, Error};
-use stephost_models::{ChatRequest, ChatResponse, Cost, Message, Usage};
+use stephost_contract::{ChatRequest, ChatResponse, Cost, Message, Usage};
 
 /// What a tool call gives back to the model: its content (often JSON) and
 /// whether the tool failed.
@@ -172,13 +172,80 @@ impl Agent {
         self.drive(ctx, |ctx, model, request| ctx.chat(model, request), tool)
     }
 
+    /// [`Agent::run_full`], each turn's tool calls run at once as child
+    /// runs (stephost:step@0.3.0's `runs`): `start(name, arguments)` names
+    /// the child for each call, all are started in a join set of the turn's
+    /// own (`agent-turn-N`), then joined, and `done(name, end)` makes each
+    /// child's end the tool's result. The results go back to the model in
+    /// the order the model made the calls, whatever order the children ended
+    /// in. A child that fails is the tool's error to the model, as `done`
+    /// says.
+    ///
+    /// # Errors
+    /// As for [`Agent::run`], and a start the host refuses.
+    pub fn run_children<S, D>(
+        self,
+        ctx: &mut Ctx,
+        mut start: S,
+        mut done: D,
+    ) -> Result<AgentRun, Error>
+    where
+        S: FnMut(&str, &str) -> Result<crate::Child, Error>,
+        D: FnMut(&str, &crate::ChildEnd) -> Result<ToolOutput, Error>,
+    {
+        let mut turn = 0u32;
+        self.drive_turns(
+            ctx,
+            |ctx, model, request| ctx.chat(model, request),
+            |ctx, calls| {
+                turn += 1;
+                let set = format!("agent-turn-{turn}");
+                let mut started = Vec::with_capacity(calls.len());
+                for (_, name, arguments) in calls {
+                    let child = start(name, arguments)?;
+                    started.push(ctx.start(&set, &child)?);
+                }
+                let mut ended = std::collections::HashMap::new();
+                for _ in calls {
+                    let end = ctx.join_next(&set)?;
+                    ended.insert(end.run_id.clone(), end);
+                }
+                started
+                    .iter()
+                    .zip(calls)
+                    .map(|(run_id, (_, name, _))| match ended.get(run_id) {
+                        Some(end) => done(name, end),
+                        None => Err(Error::msg(format_args!(
+                            "child run {run_id} of tool `{name}` was not joined"
+                        ))),
+                    })
+                    .collect()
+            },
+        )
+    }
+
     /// The loop, over any context and chat function (tests drive it with a
-    /// scripted model).
-    fn drive<X, C, F, R>(self, cx: &mut X, mut chat: C, mut tool: F) -> Result<AgentRun, Error>
+    /// scripted model), each tool call run in turn.
+    fn drive<X, C, F, R>(self, cx: &mut X, chat: C, mut tool: F) -> Result<AgentRun, Error>
     where
         C: FnMut(&mut X, &str, &ChatRequest) -> Result<ChatResponse, EffectError>,
         F: FnMut(&mut X, &str, &str) -> Result<R, Error>,
         R: Into<ToolOutput>,
+    {
+        self.drive_turns(cx, chat, |cx, calls| {
+            calls
+                .iter()
+                .map(|(_, name, arguments)| tool(cx, name, arguments).map(Into::into))
+                .collect()
+        })
+    }
+
+    /// The loop: `tools(cx, calls)` runs one turn's tool calls (id, name,
+    /// arguments) and gives their results in the calls' order.
+    fn drive_turns<X, C, T>(self, cx: &mut X, mut chat: C, mut tools: T) -> Result<AgentRun, Error>
+    where
+        C: FnMut(&mut X, &str, &ChatRequest) -> Result<ChatResponse, EffectError>,
+        T: FnMut(&mut X, &[(String, String, String)]) -> Result<Vec<ToolOutput>, Error>,
     {
         let Agent {
             model,
@@ -221,8 +288,8 @@ impl Agent {
                     names.join(", ")
                 )));
             }
-            for (id, name, arguments) in calls {
-                let output: ToolOutput = tool(cx, &name, &arguments)?.into();
+            let outputs = tools(cx, &calls)?;
+            for ((id, name, _), output) in calls.into_iter().zip(outputs) {
                 tool_calls += 1;
                 request.messages.push(Message::tool_result(
                     id,
@@ -261,7 +328,7 @@ mod tests {
     use super::*;
     use serde_json::json;
     use std::collections::VecDeque;
-    use stephost_models::{Part, Role, StopReason, ToolDef, validate};
+    use stephost_contract::{Part, Role, StopReason, ToolDef, validate};
 
     /// A scripted model and a record of what was asked and run.
     #[derive(Default)]
@@ -314,6 +381,7 @@ mod tests {
                 output_micro_usd: micro_usd,
                 ..Cost::default()
             }),
+            charged: None,
         })
     }
 

@@ -7,7 +7,7 @@ use crate::bindings::stephost::step::{
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use std::time::{Duration, SystemTime};
-use stephost_models::{ChatRequest, ChatResponse};
+use stephost_contract::{ChatRequest, ChatResponse};
 
 /// The step's access to the host: effects, models, the clock, randomness,
 /// durable timers and approvals.
@@ -228,7 +228,7 @@ impl Ctx {
 }
 
 /// The host's `call-error` as the step sees it.
-fn effect_error(effect: &str, e: CallError) -> EffectError {
+pub(crate) fn effect_error(effect: &str, e: CallError) -> EffectError {
     let effect = effect.to_owned();
     match e {
         CallError::Rejected(message) => EffectError::Rejected { effect, message },

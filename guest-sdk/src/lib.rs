@@ -46,27 +46,29 @@
 //! and stops with a divergence report otherwise.
 
 mod agent;
+mod children;
 mod ctx;
 mod error;
 pub mod log;
 
 pub use agent::{Agent, AgentRun, ToolOutput};
+pub use children::{Child, ChildEnd};
 pub use ctx::{Ctx, Decision, Verdict};
 pub use error::{EffectError, Error};
 /// The provider-neutral chat types ([`ChatRequest`], [`ChatResponse`], ...),
-/// from the crate the host uses, so both sides read the same JSON.
-pub use stephost_models::{
+/// from the contract the host reads too, so both sides read the same JSON.
+pub use stephost_contract::{
     ChatRequest, ChatResponse, Cost, Message, Part, Role, StopReason, ToolChoice, ToolDef, Usage,
 };
 
-/// The generated bindings for the `stephost:step@0.2.0` world. Not part of the API:
+/// The generated bindings for the `stephost:step@0.3.0` world. Not part of the API:
 /// use [`Ctx`], [`log`] and [`export_step!`] instead.
 #[doc(hidden)]
 #[allow(unsafe_code)] // generated code: the canonical ABI glue is unsafe by nature
 pub mod bindings {
     wit_bindgen::generate!({
         world: "step",
-        path: "../wit/0.2.0",
+        path: "../wit/0.3.0",
         pub_export_macro: true,
         export_macro_name: "__export_step_world",
         default_bindings_module: "stephost_guest::bindings",

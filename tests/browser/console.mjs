@@ -115,7 +115,9 @@ try {
   }, chatDigest);
   await page.goto(base + "/#/run/stream-run");
   const streamingBox = page.getByRole("region", { name: "Model call in progress" });
-  await streamingBox.getByText(/^The parcel left/).waitFor();
+  // Each event brings a word or so: seven words shown from the start are
+  // pieces the console put together.
+  await streamingBox.getByText(/^The parcel left the depot this morning/).waitFor();
   const partial = await streamingBox.locator("pre").innerText();
   if (!STREAMED.startsWith(partial) || partial.length >= STREAMED.length)
     throw new Error(`the answer so far is not a part of it: ${JSON.stringify(partial)}`);
@@ -127,6 +129,14 @@ try {
   step = "the run's page shows the model call's tokens and the run's";
   await page.getByText("Model tokens", { exact: true }).waitFor();
   await page.getByRole("table").getByText(/^\d+ tokens/).waitFor();
+
+  step = "a model call reads as its conversation: the question and the answer";
+  const row = page.getByRole("table").locator("tbody tr").filter({ hasText: "models.chat" }).first();
+  await row.getByText("conversation", { exact: true }).click();
+  const talk = page.getByRole("region", { name: /^Conversation of call #\d+$/ });
+  await talk.getByText("Where is my parcel?").waitFor();
+  await talk.getByText("reach you before six this evening").waitFor();
+  await talk.getByText(/stop: stop; \d+ tokens/).waitFor();
 
   step = "the queues are empty and say so";
   await page.getByRole("link", { name: /^Unknown calls/ }).click();

@@ -31,6 +31,9 @@ pub mod guests {
     pub const CHAT_STEP: &str = env!("GUEST_CHAT_STEP");
     pub const APPROVAL_STEP: &str = env!("GUEST_APPROVAL_STEP");
     pub const SLEEPER: &str = env!("GUEST_SLEEPER");
+    pub const FANOUT: &str = env!("GUEST_FANOUT");
+    pub const FANOUT_V2: &str = env!("GUEST_FANOUT_V2");
+    pub const SQUARE: &str = env!("GUEST_SQUARE");
     pub const COMMAND: &str = env!("GUEST_COMMAND");
     /// The refund agent of `examples/agent-refund`.
     pub const AGENT_REFUND: &str = env!("AGENT_REFUND");

@@ -308,16 +308,32 @@ impl Client {
             .to_string()
     }
 
-    /// Opens `/api/events` and reads until its headers came; the stream
-    /// stays open while the result lives.
+    /// Opens `/api/events` (with the token, if any) and reads until its
+    /// headers came; the stream stays open while the result lives.
     pub fn open_events(&self) -> TcpStream {
+        let (stream, head) = self.try_open_events();
+        assert!(head.contains("200 OK"), "{head}");
+        stream
+    }
+
+    /// Asks for `/api/events` (with the token, if any); the connection and
+    /// what its first read gave (the answer's head, at least).
+    pub fn try_open_events(&self) -> (TcpStream, String) {
         let addr = self.base.trim_start_matches("http://").to_string();
         let mut stream = TcpStream::connect(&addr).unwrap();
-        write!(stream, "GET /api/events HTTP/1.1\r\nHost: {addr}\r\n\r\n").unwrap();
+        let auth = self
+            .token
+            .as_ref()
+            .map(|t| format!("Authorization: Bearer {t}\r\n"))
+            .unwrap_or_default();
+        write!(
+            stream,
+            "GET /api/events HTTP/1.1\r\nHost: {addr}\r\n{auth}\r\n"
+        )
+        .unwrap();
         let mut buf = [0u8; 1024];
         let n = stream.read(&mut buf).unwrap();
-        assert!(String::from_utf8_lossy(&buf[..n]).contains("200 OK"));
-        stream
+        (stream, String::from_utf8_lossy(&buf[..n]).into_owned())
     }
 
     /// Reads `/api/events` until an event's data contains `needle` or

@@ -18,7 +18,10 @@
 //!   same exchange as a buffered read, for comparison);
 //! - `http-effect`: N orders posted through the effect `orders.post`;
 //! - `wasi-http`: the same N orders posted to `{url}/orders` by the step's
-//!   own HTTP client (`wstd` over `wasi:http`).
+//!   own HTTP client (`wstd` over `wasi:http`);
+//! - `children`: N child runs of the step `bench` (`[steps.bench]`), each
+//!   one `noop.write` (`{"mode": "write", "count": 1}`), started one after
+//!   another in one join set, then joined.
 //!
 //! With `"pad": P`, `read` and `write` add P bytes to each request (the
 //! echo effects answer them back).
@@ -195,6 +198,17 @@ fn calls(ctx: &mut Ctx, input: &Input) -> Result<Value, Error> {
     let pad = input.pad;
     let calls: fn(&mut Ctx, u64, usize) -> Result<(), Error> = match input.mode.as_str() {
         "none" => return Ok(json!({ "calls": 0 })),
+        "children" => {
+            let child = stephost_guest::Child::new("bench", &json!({"mode": "write", "count": 1}))?;
+            for _ in 0..count {
+                ctx.start("children", &child)?;
+            }
+            for _ in 0..count {
+                let end = ctx.join_next("children")?;
+                end.output::<Value>()?;
+            }
+            return Ok(json!({ "calls": count }));
+        }
         "stamp" => return Ok(json!({ "calls": 1, "first_ns": ctx.now_nanos() })),
         "resume" => {
             observe(ctx, count)?;

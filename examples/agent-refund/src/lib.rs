@@ -20,12 +20,20 @@
 //! Every model turn, lookup, approval and refund is recorded: a run that
 //! crashes anywhere in the loop resumes without asking the model again for
 //! an answer it already has and without refunding twice.
+//!
+//! With `"parallel": true`, each turn's tool calls run at once, each as a
+//! child run of this same step (`[steps.agent-refund]` in `stephost.toml`)
+//! given `{"tool": {"name", "arguments"}}`: such a run performs that one
+//! tool call (its lookups, its approval, its refund) and returns
+//! `{"content", "is_error", "refunded_cents", "refund"}`; the parent joins
+//! them and gives the model their results in the order it made the calls.
 
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use std::time::Duration;
 use stephost_guest::{
-    Agent, ChatRequest, Ctx, EffectError, Error, Message, ToolDef, ToolOutput, bail, log,
+    Agent, ChatRequest, Child, ChildEnd, Ctx, EffectError, Error, Message, ToolDef, ToolOutput,
+    bail, log,
 };
 
 /// The model alias in `stephost.toml` (`[models.support]`).
@@ -42,7 +50,14 @@ it. End with a short summary for the customer.";
 #[serde(deny_unknown_fields)]
 struct Input {
     /// What the customer wrote.
+    #[serde(default)]
     message: String,
+    /// Each turn's tool calls run at once, as child runs.
+    #[serde(default)]
+    parallel: bool,
+    /// Run this one tool call (a child of a parallel agent).
+    #[serde(default)]
+    tool: Option<ToolCall>,
     /// Refunds above this many cents wait for a person's approval.
     #[serde(default = "default_approval_above_cents")]
     approval_above_cents: i64,
@@ -58,6 +73,18 @@ fn default_approval_above_cents() -> i64 {
 fn default_approval_ttl_seconds() -> u64 {
     24 * 60 * 60
 }
+
+/// One tool call, as a parallel agent hands it to a child run.
+#[derive(Debug, Serialize, Deserialize)]
+struct ToolCall {
+    name: String,
+    /// The arguments as the model wrote them (JSON text).
+    arguments: String,
+}
+
+/// The step name a parallel agent starts its tool calls as
+/// (`[steps.agent-refund]`).
+const TOOL_STEP: &str = "agent-refund";
 
 /// A customer order as `orders.lookup` answers it (other fields ignored).
 #[derive(Debug, Clone, Deserialize)]
@@ -154,7 +181,28 @@ fn tools() -> Vec<ToolDef> {
     ]
 }
 
-fn run(ctx: &mut Ctx, input: Input) -> Result<Output, Error> {
+fn run(ctx: &mut Ctx, input: Input) -> Result<Value, Error> {
+    let mut desk = Desk {
+        approval_above_cents: input.approval_above_cents,
+        approval_ttl: Duration::from_secs(input.approval_ttl_seconds),
+        message: input.message.clone(),
+        refunds: Vec::new(),
+        refunded_cents: 0,
+    };
+    if let Some(call) = &input.tool {
+        let output = desk.call(ctx, &call.name, &call.arguments)?;
+        return Ok(json!({
+            "content": output.content,
+            "is_error": output.is_error,
+            "refunded_cents": desk.refunded_cents,
+            "refund": desk.refunds.pop(),
+        }));
+    }
+    Ok(serde_json::to_value(agent(ctx, input, desk)?)?)
+}
+
+/// The agent: the model and its tools, until it answers.
+fn agent(ctx: &mut Ctx, input: Input, mut desk: Desk) -> Result<Output, Error> {
     if input.message.trim().is_empty() {
         bail!("message must not be empty");
     }
@@ -165,29 +213,34 @@ fn run(ctx: &mut Ctx, input: Input) -> Result<Output, Error> {
     request.system = Some(SYSTEM.into());
     request.tools = tools();
 
-    let mut desk = Desk {
-        approval_above_cents: input.approval_above_cents,
-        approval_ttl: Duration::from_secs(input.approval_ttl_seconds),
-        message: input.message,
-        refunds: Vec::new(),
-        refunded_cents: 0,
-    };
-    let done = Agent::new(MODEL, request)
-        .max_turns(8)
-        .run_full(ctx, |ctx, name, arguments| {
+    let agent = Agent::new(MODEL, request).max_turns(8);
+    let done = if input.parallel {
+        let (above, ttl) = (input.approval_above_cents, input.approval_ttl_seconds);
+        let message = desk.message.clone();
+        agent.run_children(
+            ctx,
+            |name, arguments| {
+                log::info(format_args!("tool {name} {arguments}, as a child run"));
+                let call = ToolCall {
+                    name: name.to_string(),
+                    arguments: arguments.to_string(),
+                };
+                let input = json!({
+                    "tool": call,
+                    "approval_above_cents": above,
+                    "approval_ttl_seconds": ttl,
+                    "message": message,
+                });
+                Ok(Child::new(TOOL_STEP, &input)?)
+            },
+            |name, end| desk.joined(name, end),
+        )?
+    } else {
+        agent.run_full(ctx, |ctx, name, arguments| {
             log::info(format_args!("tool {name} {arguments}"));
-            match name {
-                "lookup_order" => match serde_json::from_str::<LookupArgs>(arguments) {
-                    Ok(args) => desk.lookup(ctx, &args.order_id),
-                    Err(e) => Ok(ToolOutput::error(format!("bad arguments: {e}"))),
-                },
-                "refund" => match serde_json::from_str::<RefundArgs>(arguments) {
-                    Ok(args) => desk.refund(ctx, &args),
-                    Err(e) => Ok(ToolOutput::error(format!("bad arguments: {e}"))),
-                },
-                other => Ok(ToolOutput::error(format!("there is no tool `{other}`"))),
-            }
-        })?;
+            desk.call(ctx, name, arguments)
+        })?
+    };
     log::info(format_args!(
         "answered after {} turns, {} tool calls, {} tokens, {} micro-USD",
         done.turns,
@@ -206,6 +259,38 @@ fn run(ctx: &mut Ctx, input: Input) -> Result<Output, Error> {
 }
 
 impl Desk {
+    /// One tool call: its result for the model.
+    fn call(&mut self, ctx: &mut Ctx, name: &str, arguments: &str) -> Result<ToolOutput, Error> {
+        match name {
+            "lookup_order" => match serde_json::from_str::<LookupArgs>(arguments) {
+                Ok(args) => self.lookup(ctx, &args.order_id),
+                Err(e) => Ok(ToolOutput::error(format!("bad arguments: {e}"))),
+            },
+            "refund" => match serde_json::from_str::<RefundArgs>(arguments) {
+                Ok(args) => self.refund(ctx, &args),
+                Err(e) => Ok(ToolOutput::error(format!("bad arguments: {e}"))),
+            },
+            other => Ok(ToolOutput::error(format!("there is no tool `{other}`"))),
+        }
+    }
+
+    /// A tool call's child run, joined: its result for the model, and its
+    /// refund counted.
+    fn joined(&mut self, name: &str, end: &ChildEnd) -> Result<ToolOutput, Error> {
+        let done: Value = match end.output() {
+            Ok(done) => done,
+            Err(e) => return Ok(ToolOutput::error(format!("tool {name} failed: {e}"))),
+        };
+        if let Some(receipt) = done.get("refund").filter(|r| !r.is_null()) {
+            self.refunds.push(receipt.clone());
+        }
+        self.refunded_cents += done["refunded_cents"].as_i64().unwrap_or(0);
+        Ok(ToolOutput {
+            content: done["content"].as_str().unwrap_or_default().to_string(),
+            is_error: done["is_error"].as_bool().unwrap_or(false),
+        })
+    }
+
     /// `lookup_order`: the order as JSON, or an error the model can read.
     fn lookup(&mut self, ctx: &mut Ctx, order_id: &str) -> Result<ToolOutput, Error> {
         match self.fetch(ctx, order_id)? {

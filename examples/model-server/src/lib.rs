@@ -728,7 +728,9 @@ impl Shared {
             request: &body,
         };
         let events = || match api {
-            Api::OpenAiChat => wire::chat_events(&answer, &ctx, conv.include_usage),
+            Api::OpenAiChat => {
+                wire::chat_events(&answer, &ctx, conv.include_usage && !turn.omit_usage)
+            }
             Api::OpenAiResponses => wire::responses_events(&answer, &ctx),
             Api::AnthropicMessages => wire::anthropic_events(&answer, &ctx),
         };

@@ -64,6 +64,10 @@ pub struct Turn {
     /// Streams: pause this long between two writes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sse_gap_ms: Option<u64>,
+    /// OpenAI Chat: leave the usage chunk out of a stream even when the
+    /// client asked for it (as some compatible servers do).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub omit_usage: bool,
 }
 
 /// One tool call the model makes.

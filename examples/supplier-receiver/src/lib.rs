@@ -1,7 +1,8 @@
 //! A small, real HTTP/1.1 server that plays a supplier's order API for stephost's
 //! end-to-end tests and README demo.
 //!
-//! - `GET /inventory/{sku}` → `200 {"sku", "on_hand"}` from a stock table.
+//! - `GET /inventory/{sku}` → `200 {"sku", "on_hand"}` from a stock table,
+//!   with a session cookie (`Set-Cookie: `[`SESSION_COOKIE`]).
 //! - `POST /orders` with `Idempotency-Key` → `201` and a receipt for a new key, `200` with
 //!   the same receipt and `Idempotent-Replayed: true` for a repeat with the same body,
 //!   `422` for a repeat with another body, `409` for a stale `Stephost-Fence`.
@@ -34,6 +35,9 @@ use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 
 use receiver_http::{Conn, Request, Response, Server, Service, percent_decode};
+
+/// The session cookie every inventory answer sets.
+pub const SESSION_COOKIE: &str = "supplier_session=3f9a1c7e5b";
 
 /// `on_hand` for a sku that is not in the stock table, unless configured otherwise.
 pub const DEFAULT_ON_HAND: i64 = 3;
@@ -571,7 +575,13 @@ impl Shared {
             .get(&sku)
             .copied()
             .unwrap_or(state.default_on_hand);
-        Response::json(200, &json!({ "sku": sku, "on_hand": on_hand }))
+        let mut response = Response::json(200, &json!({ "sku": sku, "on_hand": on_hand }));
+        // A session cookie, as many APIs hand out: a credential a client
+        // should never keep in a record.
+        response
+            .headers
+            .push(("Set-Cookie".into(), format!("{SESSION_COOKIE}; HttpOnly")));
+        response
     }
 
     fn lookup(&self, id: &str) -> Response {

@@ -31,7 +31,7 @@ use crate::print::{print_json, print_replay, print_run, print_runs, print_show};
     about = "Runs agent steps as sandboxed WebAssembly components and makes them durable",
     after_help = "Exit codes: 0 ok, 1 internal error, 2 usage or bad input, 3 step failed, \
                   4 divergence, 5 run parked (needs a person), 6 run claimed elsewhere, \
-                  7 run waiting (timer or approval)"
+                  7 run waiting (timer, approval or child), 8 run cancelled"
 )]
 pub struct Cli {
     /// The ledger, as a URL: `sqlite:PATH` (an embedded ledger file, created
@@ -80,6 +80,13 @@ pub enum Command {
     Upgrade(UpgradeArgs),
     /// Show a run and its call timeline.
     Show(ShowArgs),
+    /// Cancel a run and every run below it: each begins nothing more (a
+    /// write in flight is still settled, an unknown outcome still waits for
+    /// a person) and ends `cancelled`; a parent joining it sees it as such.
+    Cancel(CancelArgs),
+    /// Show a run and the child runs it started, down its tree: each run's
+    /// status, what it waits for, and what its model calls spent.
+    Tree(TreeArgs),
     /// List runs.
     Runs(RunsArgs),
     /// Decide the outcome of a call parked as unknown, after checking with the
@@ -361,6 +368,32 @@ pub struct ShowArgs {
     pub json: bool,
 }
 
+/// The arguments of `stephost cancel`.
+#[derive(Args, Debug)]
+pub struct CancelArgs {
+    /// The run to cancel, with the runs below it.
+    pub run_id: String,
+    /// Who cancels (kept in the ledger with the time).
+    #[arg(long)]
+    pub by: String,
+    /// Why, for whoever reads the run later.
+    #[arg(long)]
+    pub reason: Option<String>,
+    /// Print what was cancelled as JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// The arguments of `stephost tree`.
+#[derive(Args, Debug)]
+pub struct TreeArgs {
+    /// The run at the top of the tree shown.
+    pub run_id: String,
+    /// Print the tree as JSON (the API's shape).
+    #[arg(long)]
+    pub json: bool,
+}
+
 /// The arguments of `stephost runs`.
 #[derive(Args, Debug)]
 pub struct RunsArgs {
@@ -511,7 +544,7 @@ fn options(config: &Config) -> Result<HostOptions, HostError> {
     Ok(options_with(config, config.effects()?))
 }
 
-fn options_with(config: &Config, effects: stephost_runtime::effects::Effects) -> HostOptions {
+fn options_with(config: &Config, effects: stephost_effects::Effects) -> HostOptions {
     HostOptions {
         limits: config.limits.clone(),
         effects,
@@ -525,6 +558,7 @@ fn options_with(config: &Config, effects: stephost_runtime::effects::Effects) ->
         cache_dir: config.cache_dir.clone(),
         signer: config.signer.clone(),
         telemetry: config.telemetry.clone(),
+        steps: config.steps(),
         ..HostOptions::default()
     }
 }
@@ -629,6 +663,8 @@ fn command(ctx: &Ctx, command: Command) -> Result<i32, HostError> {
         Command::Replay(args) => replay(ctx, args),
         Command::Upgrade(args) => upgrade(ctx, args),
         Command::Show(args) => show(ctx, args),
+        Command::Tree(args) => tree(ctx, args),
+        Command::Cancel(args) => cancel(ctx, args),
         Command::Runs(args) => runs(ctx, args),
         Command::Resolve(args) => resolve(ctx, args),
         Command::Approvals(args) => approvals(ctx, args),
@@ -891,6 +927,58 @@ fn show(ctx: &Ctx, ShowArgs { run_id, json }: ShowArgs) -> Result<i32, HostError
     Ok(exit::OK)
 }
 
+fn cancel(
+    ctx: &Ctx,
+    CancelArgs {
+        run_id,
+        by,
+        reason,
+        json,
+    }: CancelArgs,
+) -> Result<i32, HostError> {
+    let Ctx { config, ledger } = ctx;
+    let mut host = open(ledger, options(config)?)?;
+    let request = stephost_core::CancelRequest {
+        at_ms: stephost_core::clock::now_ms(),
+        by,
+        reason,
+    };
+    let cancelled = host.cancel(&run_id, &request)?;
+    let runs: Vec<serde_json::Value> = cancelled
+        .iter()
+        .map(|(id, report)| {
+            serde_json::json!({
+                "run_id": id,
+                "status": report.as_ref().map(|r| r.status.as_str()),
+            })
+        })
+        .collect();
+    if json {
+        print_json(&serde_json::json!({ "cancelled": runs }));
+    } else {
+        for (id, report) in &cancelled {
+            match report {
+                Some(report) => println!("{id} {}", report.status.as_str()),
+                None => println!("{id} cancelling: it stops at its next call"),
+            }
+        }
+        if cancelled.is_empty() {
+            println!("{run_id} and the runs below it were cancelled already");
+        }
+    }
+    Ok(exit::OK)
+}
+
+fn tree(ctx: &Ctx, TreeArgs { run_id, json }: TreeArgs) -> Result<i32, HostError> {
+    let tree = service::tree(views(&ctx.ledger)?.as_ref(), &run_id)?;
+    if json {
+        print_json(&tree);
+    } else {
+        crate::print::print_tree(&tree);
+    }
+    Ok(exit::OK)
+}
+
 fn runs(
     ctx: &Ctx,
     RunsArgs {
@@ -1011,16 +1099,19 @@ fn reject(
 
 fn verify(ctx: &Ctx, VerifyArgs { target }: VerifyArgs) -> Result<i32, HostError> {
     let path = Path::new(&target);
-    let (run, calls) = if path.is_file() {
+    let (run_id, verified) = if path.is_file() {
         let fixture = read_fixture(path)?;
-        (fixture.run_record(), fixture.calls)
+        let run = fixture.run_record();
+        let verified = service::verify(&ctx.config.signer, &fixture.calls, &run);
+        (run.run_id, verified)
     } else {
-        let fixture = service::export(views(&ctx.ledger)?.as_ref(), &target)?;
-        (fixture.run_record(), fixture.calls)
+        let views = views(&ctx.ledger)?;
+        let verified = service::verify_in(views.as_ref(), &ctx.config.signer, &target)?;
+        (target.clone(), verified)
     };
-    let run_id = &run.run_id;
+    let run_id = &run_id;
     let mut out = std::io::stdout().lock();
-    match service::verify(&ctx.config.signer, &calls, &run) {
+    match verified {
         Verification::Intact {
             calls,
             links,
@@ -1100,11 +1191,12 @@ fn print_worker_report(
         command,
         None,
         format_args!(
-            "{} completed, {} failed, {} parked, {} released, {} abandoned, {} claim conflicts, \
-             {} lease losses{shared}",
+            "{} completed, {} failed, {} parked, {} cancelled, {} released, {} abandoned, {} claim \
+             conflicts, {} lease losses{shared}",
             report.completed,
             report.failed,
             report.parked,
+            report.cancelled,
             report.released,
             report.abandoned,
             report.claim_conflicts,

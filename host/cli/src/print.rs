@@ -50,6 +50,7 @@ pub fn run_exit_code(status: RunStatus) -> i32 {
         RunStatus::Failed => exit::STEP_FAILED,
         RunStatus::Parked => exit::PARKED,
         RunStatus::Diverged => exit::DIVERGED,
+        RunStatus::Cancelled => exit::CANCELLED,
         // A run left running was released or abandoned by this process.
         RunStatus::Waiting => exit::WAITING,
         RunStatus::Pending | RunStatus::Running => exit::CLAIMED,
@@ -404,5 +405,49 @@ mod safe_tests {
             Safe("ok \u{1b}[31mred\nFORGED\r\u{7f}\u{9b} é").to_string(),
             "ok \\u{1b}[31mred\n    FORGED\\u{d}\\u{7f}\\u{9b} é"
         );
+    }
+}
+
+/// A tree of runs, one line a run, indented by depth.
+pub fn print_tree(tree: &stephost_runtime::service::TreeNode) {
+    let mut out = std::io::stdout().lock();
+    print_node(&mut out, tree, 0);
+}
+
+fn print_node(out: &mut impl Write, node: &stephost_runtime::service::TreeNode, depth: usize) {
+    let mut line = format!(
+        "{}{} {}",
+        "  ".repeat(depth),
+        node.run_id,
+        node.status.as_str()
+    );
+    if let Some(step) = &node.step {
+        line.push_str(&format!(" {step}"));
+    }
+    if let Some(set) = &node.join_set {
+        line.push_str(&format!(" [set {set}]"));
+    }
+    if node.tokens_total > 0 {
+        line.push_str(&format!(" {} tokens", node.tokens_total));
+    }
+    if node.cost_micro_usd_total > 0 {
+        line.push_str(&format!(" {} micro-USD", node.cost_micro_usd_total));
+    }
+    if let Some(waits) = &node.waits_for {
+        line.push_str(&format!(" waits for {waits}"));
+    }
+    if let Some(error) = &node.error {
+        line.push_str(&format!(": {error}"));
+    }
+    // The root says what waits for a person anywhere below it.
+    if depth == 0 && !node.needs_a_person.is_empty() {
+        line.push_str(&format!(
+            "; needs a person: {}",
+            node.needs_a_person.join(", ")
+        ));
+    }
+    let _ = writeln!(out, "{}", Safe(&line));
+    for child in &node.children {
+        print_node(out, child, depth + 1);
     }
 }

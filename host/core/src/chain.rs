@@ -263,6 +263,18 @@ impl Signer {
         let budget = run.budget.to_column();
         let mut input: Vec<&[u8]> = vec![run.run_id.as_bytes(), run.input.as_bytes()];
         input.extend(budget.as_deref().map(str::as_bytes));
+        // A child's parent and root are sealed with its input (a root seals
+        // as before children were kept).
+        let parent = run.parent.as_ref().map(|p| {
+            format!(
+                "parent:{}#{}#{}#{}",
+                p.run_id,
+                p.seq,
+                p.join_set,
+                run.root_run_id.as_deref().unwrap_or("")
+            )
+        });
+        input.extend(parent.as_deref().map(str::as_bytes));
         Seal {
             calls: head.seq,
             head: head.link.clone(),
@@ -376,11 +388,11 @@ impl Signer {
                     format!("call #{} stands where #{} belongs", call.seq, index + 1),
                 ));
             }
-            // A redacted request keeps the hash of the whole request, which
-            // it no longer holds; its link still covers both as recorded.
-            if !crate::redact::is_redacted(&call.request)
-                && crate::ids::request_hash(&call.interface, &call.function, &call.request)
-                    != call.request_hash
+            // The hash is of the request as kept (a redacted one with its
+            // markers), and the link covers the hash: every byte kept is
+            // covered.
+            if crate::ids::request_hash(&call.interface, &call.function, &call.request)
+                != call.request_hash
             {
                 return Err(Broken::at(call.seq, "its request does not match its hash"));
             }

@@ -21,6 +21,15 @@
 //!   makes the run due when the lease ends; the end of an execution is the
 //!   run's final column values, its seal kept unless the end brings one;
 //!   each of the lease and the end bumps the row's version once;
+//! - a child run started by the commit ([`WriteOp::Spawn`]) comes with its
+//!   parent's call, finished, whose outcome names it; the child's row names
+//!   that call as its parent, is pending and unclaimed; the backend inserts
+//!   it after the fence check, in the same transaction, and refuses the
+//!   commit if a run with its id exists;
+//! - a commit that begins something (a `started` call, a child) is refused
+//!   as [`StoreError::Cancelled`] once its run is cancelled: the backend
+//!   checks the mark with the fence; outcomes, logs and the end still land,
+//!   since they record what already happened;
 //! - the commit must be durable before it is answered if any op is
 //!   ([`WriteOp::durable`]).
 
@@ -51,6 +60,12 @@ pub struct CommitPlan {
     pub end: Option<EndRow>,
     /// Metric counters to add, summed.
     pub counters: Counters,
+    /// Child runs started by the commit's calls, pending.
+    pub spawns: Vec<RunRecord>,
+    /// Whether the commit begins something (a write's or a wait's
+    /// `started`, a child): refused as [`StoreError::Cancelled`] once the
+    /// run is cancelled, in the transaction that checks the fence.
+    pub begins: bool,
     /// Whether the commit must be on disk before it is answered.
     pub durable: bool,
 }
@@ -94,6 +109,9 @@ impl CommitPlan {
     /// first op that breaks a rule.
     pub fn new(claim: &Claim, ops: Vec<WriteOp>) -> StoreResult<CommitPlan> {
         let durable = ops.iter().any(WriteOp::durable);
+        let begins = ops
+            .iter()
+            .any(|op| matches!(op, WriteOp::Started(_) | WriteOp::Spawn { .. }));
         let mut plan = CommitPlan {
             run_id: claim.run_id.clone(),
             fence: claim.fence,
@@ -104,6 +122,8 @@ impl CommitPlan {
             lease: None,
             end: None,
             counters: Counters::new(),
+            spawns: Vec::new(),
+            begins,
             durable,
         };
         let mut updates: BTreeMap<u64, CallUpdate> = BTreeMap::new();
@@ -116,24 +136,13 @@ impl CommitPlan {
                         "a commit creates its run only as its first op".into(),
                     ));
                 }
+                WriteOp::Spawn { call, child } => {
+                    check_spawn(claim, &call, &child)?;
+                    plan.spawns.push(*child);
+                    push_call(&mut plan, &updates, claim, call)?;
+                }
                 WriteOp::Call(call) | WriteOp::Answer(call) | WriteOp::Started(call) => {
-                    let follows = match plan.calls.last() {
-                        Some(last) => call.seq == last.call.seq + 1,
-                        None => !updates.keys().any(|seq| *seq >= call.seq),
-                    };
-                    if !follows {
-                        return Err(StoreError::NotAppended {
-                            run_id: claim.run_id.clone(),
-                            seq: call.seq,
-                        });
-                    }
-                    plan.calls.push(NewCall {
-                        call: CallRecord {
-                            fence: claim.fence,
-                            ..call
-                        },
-                        attempts: Vec::new(),
-                    });
+                    push_call(&mut plan, &updates, claim, call)?;
                 }
                 WriteOp::Outcome {
                     seq,
@@ -210,6 +219,60 @@ impl CommitPlan {
             && self.lease.is_none()
             && self.end.is_none()
             && self.counters.is_empty()
+            && self.spawns.is_empty()
+    }
+}
+
+/// Appends `call` to the plan's calls, under the claim's fence, if it
+/// follows the calls before it.
+fn push_call(
+    plan: &mut CommitPlan,
+    updates: &BTreeMap<u64, CallUpdate>,
+    claim: &Claim,
+    call: CallRecord,
+) -> StoreResult<()> {
+    let follows = match plan.calls.last() {
+        Some(last) => call.seq == last.call.seq + 1,
+        None => !updates.keys().any(|seq| *seq >= call.seq),
+    };
+    if !follows {
+        return Err(StoreError::NotAppended {
+            run_id: claim.run_id.clone(),
+            seq: call.seq,
+        });
+    }
+    plan.calls.push(NewCall {
+        call: CallRecord {
+            fence: claim.fence,
+            ..call
+        },
+        attempts: Vec::new(),
+    });
+    Ok(())
+}
+
+/// A child started by `call` of the claim's run: the call finished, and
+/// the child's row pending, unclaimed, naming that call as its parent.
+fn check_spawn(claim: &Claim, call: &CallRecord, child: &RunRecord) -> StoreResult<()> {
+    let names_call = child
+        .parent
+        .as_ref()
+        .is_some_and(|p| p.run_id == claim.run_id && p.seq == call.seq);
+    let problem = if !names_call {
+        Some("does not name the call that starts it as its parent")
+    } else if !call.state.has_outcome() {
+        Some("comes with a call that has no outcome")
+    } else if child.status != RunStatus::Pending || child.fence != 0 || child.owner.is_some() {
+        Some("is not a pending, unclaimed run")
+    } else {
+        None
+    };
+    match problem {
+        Some(problem) => Err(StoreError::Corrupt(format!(
+            "child run {} started by call #{} of run {} {problem}",
+            child.run_id, call.seq, claim.run_id
+        ))),
+        None => Ok(()),
     }
 }
 

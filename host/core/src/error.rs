@@ -91,6 +91,10 @@ pub enum StoreError {
     NotClaimable { run_id: String, status: String },
     #[error("run {run_id} is {status}: it has ended, and its budget no longer changes")]
     Ended { run_id: String, status: String },
+    /// The run was cancelled: it may begin nothing more (no write, wait
+    /// or child). Its execution ends it `cancelled`.
+    #[error("run {run_id} is cancelled ({reason}): it begins nothing more")]
+    Cancelled { run_id: String, reason: String },
     #[error("module {0} is not stored in the ledger")]
     UnknownModule(String),
     #[error(

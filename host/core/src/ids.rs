@@ -159,6 +159,17 @@ pub fn check_run_id(run_id: &str) -> Result<(), String> {
     Ok(())
 }
 
+/// The run id of the child started by the call with operation id
+/// `operation_id`: a pure function of it, so an execution that resumes,
+/// replays or upgrades the parent makes the same id (with a business key,
+/// whatever the call's place in the run).
+pub fn child_run_id(operation_id: &str) -> String {
+    format!(
+        "c-{}",
+        &hash_fields("stephost/child/v1", &[operation_id.as_bytes()])[..32]
+    )
+}
+
 pub fn new_run_id() -> String {
     format!("run-{}", &unique("stephost/run-id/v1")[..20])
 }

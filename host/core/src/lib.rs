@@ -11,7 +11,7 @@
 //! - [`commit`]: what an execution's commit means, checked once and laid
 //!   out as plain data each backend writes.
 //! - [`store`]: the storage roles (pool, store, writer) every backend fills;
-//!   [`memory`] is one in memory, [`conformance`] the suite they all pass.
+//!   [`memory`] is one in memory (`stephost-conformance` holds the suite they all pass).
 //! - [`notices`]: notifications owed to webhooks, recorded before sent.
 //! - [`journal`]: the one durable wrapper every import call passes through,
 //!   over a [`history`] of recorded calls; [`outcome`] is what it records.
@@ -20,8 +20,6 @@ pub mod approvals;
 pub mod chain;
 pub mod clock;
 pub mod commit;
-#[cfg(any(test, feature = "conformance"))]
-pub mod conformance;
 pub mod crash;
 pub mod error;
 pub mod flow;
@@ -45,10 +43,10 @@ pub mod trace;
 
 pub use history::History;
 pub use limits::{Limits, RunBudget};
-pub use outcome::{CallErrorKind, CallErrorRecord, Outcome};
+pub use outcome::{CallErrorKind, CallErrorRecord, Outcome, Spent};
 pub use records::{
-    AttemptRecord, CallClass, CallRecord, CallState, Claim, ClaimedFrom, LogRecord, NewRun, RunEnd,
-    RunRecord, RunStatus,
+    AttemptRecord, CallClass, CallRecord, CallState, CancelRequest, ChildArrival, Claim,
+    ClaimedFrom, InboxEntry, LogRecord, NewRun, ParentRef, RunEnd, RunRecord, RunStatus,
 };
 pub use store::{Outbox, Pool, Store, StoreError, StoreResult, Views, WriteOp, Writer};
 pub use trace::RunTrace;

@@ -50,7 +50,11 @@ pub fn due_at_of(
         RunStatus::Running if owned => Some(lease_until_ms.unwrap_or(updated_at_ms)),
         RunStatus::Running => Some(updated_at_ms),
         RunStatus::Waiting => wake_at_ms,
-        RunStatus::Parked | RunStatus::Completed | RunStatus::Failed | RunStatus::Diverged => None,
+        RunStatus::Parked
+        | RunStatus::Completed
+        | RunStatus::Failed
+        | RunStatus::Diverged
+        | RunStatus::Cancelled => None,
     }
 }
 
@@ -211,6 +215,9 @@ pub fn ended(end: &RunEnd, now_ms: i64) -> EndRow {
         ),
         RunEnd::Parked { error } => (RunStatus::Parked, None, Some(error.clone()), None, None),
         RunEnd::Diverged { error } => (RunStatus::Diverged, None, Some(error.clone()), None, None),
+        RunEnd::Cancelled { error } => {
+            (RunStatus::Cancelled, None, Some(error.clone()), None, None)
+        }
         RunEnd::Waiting { wake_at_ms } => (RunStatus::Waiting, None, None, None, *wake_at_ms),
     };
     let due_at_ms = due_at_of(status, false, None, wake_at_ms, now_ms, now_ms);
@@ -223,7 +230,31 @@ pub fn ended(end: &RunEnd, now_ms: i64) -> EndRow {
         due_at_ms,
         updated_at_ms: now_ms,
         seal: None,
+        arrival: None,
+        inbox_seen: None,
+        cancel_children: None,
     }
+}
+
+/// What a cancel marks on a run of the subtree it cancels, at `now_ms`:
+/// the mark, and (for a run nobody holds that waits or was never claimed)
+/// its wake-up now, so that a worker ends it at once. A run held, parked
+/// or finished keeps its wake-up. `(wake_at, due_at)` if it changes.
+pub fn woken_by_cancel(status: RunStatus, held: bool, now_ms: i64) -> Option<(i64, i64)> {
+    match status {
+        RunStatus::Pending | RunStatus::Waiting if !held => Some((now_ms, now_ms)),
+        _ => None,
+    }
+}
+
+/// What a child's end at `now_ms` makes of its parent's wake-up: a parent
+/// waiting (for that child, or for anything: it looks again) is due at
+/// once; a parent running or held is left alone, its fencing token never
+/// moved (it finds the arrival when it next looks, or its end's
+/// `inbox_seen` makes it due). The parent's `(wake_at, due_at)` if it
+/// changes.
+pub fn woken_by_arrival(parent_status: RunStatus, now_ms: i64) -> Option<(i64, i64)> {
+    (parent_status == RunStatus::Waiting).then_some((now_ms, now_ms))
 }
 
 /// Until when a renewal at `now_ms` extends `claim`'s lease.

@@ -37,17 +37,31 @@ pub struct Limits {
     pub error_bytes_max: u64,
     /// Model tokens (input and output) a run may spend, across resumes. A
     /// model call is sent only if what the run has spent plus the call's
-    /// `max_tokens` stays within it; otherwise it answers `budget`.
+    /// input (estimated from its size) and `max_tokens` stays within it;
+    /// otherwise it answers `budget`. What a call spent is the provider's
+    /// usage, estimated where the provider reported none, plus what its
+    /// failed attempts may have cost (a stream cut after it began).
     pub model_tokens_max: u64,
     /// What a run's model calls may cost, in millionths of a US dollar
     /// (from each model's price table), across resumes; checked as
-    /// `model_tokens_max` is, a call's worst case priced at its model's
-    /// output price.
+    /// `model_tokens_max` is, a call's worst case (its input and
+    /// `max_tokens`) priced at its model's output price.
     pub model_cost_micro_usd_max: u64,
     /// What a model call that would take the run past its budget does:
     /// `refuse` (the step gets `budget`) or `park` (the run is parked, the
     /// call not recorded, for a person to raise the budget and resume it).
     pub model_budget_exceeded: OverBudget,
+    /// Most outgoing HTTP bodies a step's own client (wasi:http) may hold
+    /// open at once, granted or not: each buffers what the step writes
+    /// (two 64 KiB chunks, then up to `payload_bytes_max` once its request
+    /// is sent) in the host's memory, outside `memory_bytes_max`.
+    pub http_bodies_open_max: u64,
+    /// Most child runs one run may start (`runs.start`), across resumes;
+    /// past it, a start answers `budget` and starts nothing.
+    pub children_per_run_max: u64,
+    /// Deepest a tree of runs may grow: a root is at depth 0, its children
+    /// at 1. A start that would make a run deeper answers `budget`.
+    pub child_depth_max: u64,
 }
 
 /// What a model call over its run's budget does (`[limits]
@@ -135,6 +149,9 @@ impl Default for Limits {
             model_tokens_max: 10_000_000,
             model_cost_micro_usd_max: 100_000_000,
             model_budget_exceeded: OverBudget::Refuse,
+            http_bodies_open_max: 16,
+            children_per_run_max: 1_000,
+            child_depth_max: 8,
         }
     }
 }

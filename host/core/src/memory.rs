@@ -10,7 +10,8 @@ use crate::history::History;
 use crate::lifecycle;
 use crate::notices::{self, Notice, NoticeAttempt, NoticeState};
 use crate::records::{
-    AttemptRecord, CallRecord, CallState, Counters, LogRecord, RunRecord, RunStatus,
+    AttemptRecord, CallRecord, CallState, CancelRequest, ChildArrival, Counters, InboxEntry,
+    LogRecord, RunRecord, RunStatus,
 };
 use crate::store::{
     Commit, OpenCall, Outbox, Pool, RunQuery, Settlement, Store, StoreError, StoreResult, Views,
@@ -23,6 +24,10 @@ struct RunRows {
     calls: Vec<CallRecord>,
     attempts: Vec<AttemptRecord>,
     logs: Vec<LogRecord>,
+    /// The ends of the run's children, in arrival order.
+    inbox: Vec<InboxEntry>,
+    /// When the run was recorded, among all runs (children list in it).
+    order: u64,
 }
 
 #[derive(Default)]
@@ -33,6 +38,8 @@ struct State {
     /// By delivery id, in the order they were owed.
     notices: Vec<Notice>,
     flows: HashMap<String, crate::flow::FlowState>,
+    /// Runs recorded so far.
+    recorded: u64,
 }
 
 /// An in-memory ledger; clones share it.
@@ -94,6 +101,95 @@ impl State {
             .get(run_id)
             .and_then(|r| r.run.as_ref())
             .ok_or_else(|| unknown(run_id))
+    }
+
+    /// Inserts `run` unless a run with its id exists; the row as stored.
+    fn insert(&mut self, run: &RunRecord) -> RunRecord {
+        self.recorded += 1;
+        let order = self.recorded;
+        let rows = self.runs.entry(run.run_id.clone()).or_default();
+        if rows.run.is_none() {
+            rows.order = order;
+        }
+        rows.run.get_or_insert_with(|| run.clone()).clone()
+    }
+
+    /// A child's end into its parent's inbox; the parent made due if it
+    /// waits ([`lifecycle::woken_by_arrival`]).
+    fn arrive(&mut self, arrival: &ChildArrival) -> StoreResult<()> {
+        let rows = self
+            .runs
+            .get_mut(&arrival.parent_run_id)
+            .ok_or_else(|| unknown(&arrival.parent_run_id))?;
+        if rows
+            .inbox
+            .iter()
+            .any(|e| e.child_run_id == arrival.child_run_id)
+        {
+            return Ok(());
+        }
+        rows.inbox.push(InboxEntry {
+            arrival: rows.inbox.len() as u64 + 1,
+            child_run_id: arrival.child_run_id.clone(),
+            join_set: arrival.join_set.clone(),
+            status: arrival.status,
+            at_ms: arrival.at_ms,
+        });
+        let parent = rows
+            .run
+            .as_mut()
+            .ok_or_else(|| unknown(&arrival.parent_run_id))?;
+        if let Some((wake_at, _)) = lifecycle::woken_by_arrival(parent.status, arrival.at_ms) {
+            parent.wake_at_ms = Some(wake_at);
+        }
+        parent.version += 1;
+        Ok(())
+    }
+
+    /// Marks run `run_id` cancelled by `request` if it is unfinished and
+    /// not marked yet ([`lifecycle::woken_by_cancel`]), then every run
+    /// below it; the ids marked, top down.
+    fn mark_tree(&mut self, run_id: &str, request: &CancelRequest, marked: &mut Vec<String>) {
+        let mut level = vec![run_id.to_string()];
+        while !level.is_empty() {
+            for id in &level {
+                let Some(run) = self.runs.get_mut(id).and_then(|r| r.run.as_mut()) else {
+                    continue;
+                };
+                if run.status.is_finished() || run.cancel.is_some() {
+                    continue;
+                }
+                run.cancel = Some(request.clone());
+                run.version += 1;
+                run.updated_at_ms = request.at_ms;
+                if let Some((wake_at, _)) =
+                    lifecycle::woken_by_cancel(run.status, run.owner.is_some(), request.at_ms)
+                    && run.status == RunStatus::Waiting
+                {
+                    run.wake_at_ms = Some(wake_at);
+                }
+                marked.push(id.clone());
+            }
+            level = self.children_of(&level, false);
+        }
+    }
+
+    /// The children of the runs `parents` (those not detached only, if
+    /// `attached`).
+    fn children_of(&self, parents: &[String], attached: bool) -> Vec<String> {
+        let mut found: Vec<(u64, String)> = self
+            .runs
+            .values()
+            .filter_map(|r| Some((r.order, r.run.as_ref()?)))
+            .filter(|(_, r)| {
+                r.parent
+                    .as_ref()
+                    .is_some_and(|p| parents.contains(&p.run_id) && !(attached && p.detached))
+            })
+            .map(|(order, r)| (order, r.run_id.clone()))
+            .collect();
+        found.sort();
+        found.into_iter().map(|(_, id)| id).collect()
     }
 
     fn add(&mut self, counters: &Counters) {
@@ -254,6 +350,25 @@ impl Views for MemoryPool {
             .collect())
     }
 
+    fn inbox(&self, run_id: &str) -> StoreResult<Vec<InboxEntry>> {
+        let state = self.lock();
+        state.run(run_id)?;
+        Ok(state.runs[run_id].inbox.clone())
+    }
+
+    fn children(&self, run_id: &str) -> StoreResult<Vec<RunRecord>> {
+        let state = self.lock();
+        state.run(run_id)?;
+        let mut children: Vec<(u64, RunRecord)> = state
+            .runs
+            .values()
+            .filter_map(|r| Some((r.order, r.run.clone()?)))
+            .filter(|(_, r)| r.parent.as_ref().is_some_and(|p| p.run_id == run_id))
+            .collect();
+        children.sort_by_key(|(order, _)| *order);
+        Ok(children.into_iter().map(|(_, r)| r).collect())
+    }
+
     fn last_call(&self, run_id: &str) -> StoreResult<Option<CallRecord>> {
         let locked = self.lock();
         let rows = locked.runs.get(run_id).ok_or_else(|| unknown(run_id))?;
@@ -272,9 +387,7 @@ impl Store for MemoryPool {
     }
 
     fn insert_run(&self, run: &RunRecord) -> StoreResult<RunRecord> {
-        let mut state = self.lock();
-        let rows = state.runs.entry(run.run_id.clone()).or_default();
-        Ok(rows.run.get_or_insert_with(|| run.clone()).clone())
+        Ok(self.lock().insert(run))
     }
 
     fn swap_run(&self, expected_version: i64, run: &RunRecord, _durable: bool) -> StoreResult<()> {
@@ -335,6 +448,20 @@ impl Store for MemoryPool {
         rows.run = Some(s.run.clone());
         state.add(&s.counters);
         Ok(())
+    }
+
+    fn cancel(&self, run_id: &str, request: &CancelRequest) -> StoreResult<Vec<String>> {
+        let mut state = self.lock();
+        let run = state.run(run_id)?;
+        if run.status.is_finished() {
+            return Err(StoreError::Ended {
+                run_id: run_id.to_string(),
+                status: run.status.as_str().to_string(),
+            });
+        }
+        let mut marked = Vec::new();
+        state.mark_tree(run_id, request, &mut marked);
+        Ok(marked)
     }
 
     fn add_counters(&self, counters: &Counters) -> StoreResult<()> {
@@ -430,6 +557,8 @@ impl MemoryPool {
                 });
             }
             rows.run = Some(run);
+            state.recorded += 1;
+            rows.order = state.recorded;
         }
         let run = rows.run.as_mut().ok_or_else(|| unknown(&plan.run_id))?;
         if run.fence != plan.fence {
@@ -437,6 +566,14 @@ impl MemoryPool {
                 run_id: plan.run_id.clone(),
                 held: plan.fence,
                 newest: run.fence,
+            });
+        }
+        if plan.begins
+            && let Some(request) = &run.cancel
+        {
+            return Err(StoreError::Cancelled {
+                run_id: plan.run_id.clone(),
+                reason: request.error(),
             });
         }
         if let Some(first) = first_seq
@@ -480,23 +617,43 @@ impl MemoryPool {
         }
         if let Some(end) = &plan.end {
             *run = end.applied_to(run);
+            if end
+                .inbox_seen
+                .is_some_and(|seen| rows.inbox.len() as u64 > seen)
+            {
+                run.wake_at_ms = Some(end.updated_at_ms);
+            }
         }
-        state.runs.insert(plan.run_id, rows);
+        for child in &plan.spawns {
+            if state
+                .runs
+                .get(&child.run_id)
+                .is_some_and(|r| r.run.is_some())
+            {
+                return Err(StoreError::RunExists {
+                    run_id: child.run_id.clone(),
+                });
+            }
+        }
+        if let Some(arrival) = plan.end.as_ref().and_then(|e| e.arrival.as_ref())
+            && !state.runs.contains_key(&arrival.parent_run_id)
+        {
+            return Err(unknown(&arrival.parent_run_id));
+        }
+        state.runs.insert(plan.run_id.clone(), rows);
+        for child in &plan.spawns {
+            state.insert(child);
+        }
+        if let Some(arrival) = plan.end.as_ref().and_then(|e| e.arrival.as_ref()) {
+            state.arrive(arrival)?;
+        }
+        if let Some(request) = plan.end.as_ref().and_then(|e| e.cancel_children.as_ref()) {
+            let mut marked = Vec::new();
+            for child in state.children_of(std::slice::from_ref(&plan.run_id), true) {
+                state.mark_tree(&child, request, &mut marked);
+            }
+        }
         state.add(&plan.counters);
         Ok(())
     }
-}
-
-#[cfg(test)]
-mod tests {
-    use crate::conformance::TestLedger;
-
-    fn memory() -> TestLedger {
-        TestLedger {
-            pool: std::sync::Arc::new(super::MemoryPool::new()),
-            guard: Box::new(()),
-        }
-    }
-
-    crate::conformance_tests!(memory);
 }

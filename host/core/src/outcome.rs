@@ -22,6 +22,31 @@ pub enum CallErrorKind {
 pub struct CallErrorRecord {
     pub kind: CallErrorKind,
     pub message: String,
+    /// What the call's attempts may have cost though it failed (a model's
+    /// stream cut after it began): a run's model budget charges it, live
+    /// and replayed alike. Absent when nothing was spent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub spent: Option<Spent>,
+}
+
+/// Model tokens and their cost, as a run's model budget counts them.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Spent {
+    pub tokens: u64,
+    pub micro_usd: u64,
+}
+
+impl Spent {
+    pub fn is_zero(&self) -> bool {
+        self.tokens == 0 && self.micro_usd == 0
+    }
+
+    pub fn plus(self, other: Spent) -> Spent {
+        Spent {
+            tokens: self.tokens.saturating_add(other.tokens),
+            micro_usd: self.micro_usd.saturating_add(other.micro_usd),
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -36,6 +61,7 @@ impl Outcome {
         Outcome::Err(CallErrorRecord {
             kind,
             message: message.into(),
+            spent: None,
         })
     }
 

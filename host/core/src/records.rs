@@ -136,10 +136,13 @@ pub enum RunStatus {
     Parked,
     /// Resuming found the step making different calls than recorded.
     Diverged,
+    /// A person (or its parent's end) cancelled it: it started nothing
+    /// more, and nothing it had in flight was guessed.
+    Cancelled,
 }
 
 impl RunStatus {
-    pub const ALL: [RunStatus; 7] = [
+    pub const ALL: [RunStatus; 8] = [
         RunStatus::Pending,
         RunStatus::Running,
         RunStatus::Waiting,
@@ -147,6 +150,7 @@ impl RunStatus {
         RunStatus::Failed,
         RunStatus::Parked,
         RunStatus::Diverged,
+        RunStatus::Cancelled,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -158,6 +162,7 @@ impl RunStatus {
             RunStatus::Failed => "failed",
             RunStatus::Parked => "parked",
             RunStatus::Diverged => "diverged",
+            RunStatus::Cancelled => "cancelled",
         }
     }
 
@@ -175,11 +180,11 @@ impl RunStatus {
     }
 
     /// Whether no execution will change the run again: it completed,
-    /// failed, or diverged from its recording.
+    /// failed, diverged from its recording, or was cancelled.
     pub fn is_finished(self) -> bool {
         matches!(
             self,
-            RunStatus::Completed | RunStatus::Failed | RunStatus::Diverged
+            RunStatus::Completed | RunStatus::Failed | RunStatus::Diverged | RunStatus::Cancelled
         )
     }
 }
@@ -221,6 +226,73 @@ pub struct RunRecord {
     /// recorded before traces were kept (see [`RunRecord::trace`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub trace: Option<crate::trace::RunTrace>,
+    /// For a child run: the parent's call that started it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parent: Option<ParentRef>,
+    /// For a child run: the run at the top of its tree (none for a root,
+    /// which is its own).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub root_run_id: Option<String>,
+    /// Set once the run (or a run above it) is cancelled: it starts nothing
+    /// more, and ends `cancelled` at its next write, wait or start.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cancel: Option<CancelRequest>,
+}
+
+/// Who cancelled a run, when and why.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CancelRequest {
+    pub at_ms: i64,
+    pub by: String,
+    pub reason: Option<String>,
+}
+
+impl CancelRequest {
+    /// The error a run cancelled by this request ends with.
+    pub fn error(&self) -> String {
+        match &self.reason {
+            Some(reason) => format!("cancelled by {}: {reason}", self.by),
+            None => format!("cancelled by {}", self.by),
+        }
+    }
+}
+
+/// Where a child run was started: its parent's run, the parent's `start`
+/// call, and the join set the parent joins it in. Set when the child is
+/// recorded, never changed, and sealed with its input.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ParentRef {
+    pub run_id: String,
+    pub seq: u64,
+    pub join_set: String,
+    /// Whether the child goes on when its parent ends before joining it
+    /// (else it is cancelled with its parent's end).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub detached: bool,
+}
+
+/// What a child's end leaves in its parent's inbox, in the commit of the
+/// end: the arrival number (1, 2, 3 … per parent, in commit order) is the
+/// ledger's to give.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ChildArrival {
+    pub parent_run_id: String,
+    pub child_run_id: String,
+    pub join_set: String,
+    /// The child's final status (completed, failed or diverged).
+    pub status: RunStatus,
+    pub at_ms: i64,
+}
+
+/// One child's end as its parent's inbox holds it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct InboxEntry {
+    /// 1, 2, 3 … per parent, gapless, in the order the ends committed.
+    pub arrival: u64,
+    pub child_run_id: String,
+    pub join_set: String,
+    pub status: RunStatus,
+    pub at_ms: i64,
 }
 
 impl RunRecord {
@@ -385,6 +457,9 @@ impl NewRun<'_> {
             seal: None,
             budget: self.budget,
             trace: None,
+            parent: None,
+            root_run_id: None,
+            cancel: None,
         }
     }
 }
@@ -407,6 +482,10 @@ pub enum RunEnd {
     Diverged {
         error: String,
     },
+    /// Cancelled: `error` says by whom and why.
+    Cancelled {
+        error: String,
+    },
     /// Out of memory until `wake_at_ms` (or until a person decides).
     Waiting {
         wake_at_ms: Option<i64>,
@@ -426,6 +505,17 @@ pub struct EndRow {
     pub updated_at_ms: i64,
     /// The run's seal after its end ([`crate::chain::Signer::seal`]).
     pub seal: Option<String>,
+    /// A child run's end, for its parent's inbox (written in the same
+    /// transaction; the parent is made due if it waits).
+    pub arrival: Option<ChildArrival>,
+    /// A finished run's children not joined and not detached, and theirs,
+    /// are cancelled with its end (in the same transaction).
+    pub cancel_children: Option<CancelRequest>,
+    /// For a run that waits for a child: how many arrivals its inbox had
+    /// when it looked. If more have arrived by the end's commit, the run
+    /// is due at once instead (a child that ended in between is not
+    /// missed).
+    pub inbox_seen: Option<u64>,
 }
 
 impl EndRow {

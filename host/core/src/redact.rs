@@ -8,14 +8,20 @@
 //! sees the marker where a redacted response value was (the value is not
 //! kept), so whatever it builds from that value holds the marker too.
 //!
+//! A call's request hash is of the request as kept, markers included: it
+//! proves the kept text (the chain's links cover it) and gives away
+//! nothing the text does not.
+//!
 //! Replay's divergence check still covers redacted request values: a new
 //! request matches a recorded one when everything outside the markers is
-//! equal and each value at a marker has the marker's keyed hash. A value at
-//! a marker that itself holds a marker was built, in this replay, from a
-//! redacted response; it cannot be compared and is accepted. A redacted
-//! response value that a later request carries at a pointer that is not
-//! redacted is stored there in full and diverges on replay: redact the
-//! request's pointer too.
+//! equal, each marker stands at a pointer the configuration redacts, and
+//! each value at a marker has the marker's keyed hash. A value at a marker
+//! that itself holds a marker was built, in this replay, from a redacted
+//! response; it cannot be compared and is accepted. A redacted response
+//! value that a later request carries at a pointer that is not redacted is
+//! stored there in full and diverges on replay: redact the request's
+//! pointer too. A live call never sends a marker: one built after a resume
+//! stops the run (`Stop::RedactedValue`).
 
 use std::sync::Arc;
 
@@ -90,6 +96,11 @@ impl Redaction {
         let mut at = Vec::new();
         markers(&recorded, &mut Vec::new(), &mut at);
         for (path, marker) in at {
+            // A marker only where the configuration redacts: anywhere else
+            // it would excuse any value from the comparison.
+            if !self.0.request.iter().any(|pointer| covers(pointer, &path)) {
+                return false;
+            }
             let Some(value) = path.iter().try_fold(&mut new, |v, step| match step {
                 Step::Index(i) => v.get_mut(*i),
                 Step::Key(k) => v.get_mut(k.as_str()),
@@ -123,6 +134,19 @@ impl Redaction {
         changed.then(|| value.to_string())
     }
 
+    /// The values at the request pointers of `request` (JSON text), as
+    /// text: what an error's message must not repeat.
+    pub fn request_values(&self, request: &str) -> Vec<String> {
+        let Ok(mut value) = serde_json::from_str::<Value>(request) else {
+            return Vec::new();
+        };
+        let mut found = Vec::new();
+        for pointer in &self.0.request {
+            each_at(&mut value, pointer, &mut |at| leaves(at, &mut found));
+        }
+        found
+    }
+
     fn marker(&self, value: &Value) -> String {
         let mut hasher = self.0.key.start();
         // Apart from the chain's links, which the same key may sign.
@@ -133,14 +157,97 @@ impl Redaction {
     }
 }
 
-/// Whether a recorded text holds a redacted value (its request hash is
-/// then over a value it no longer holds).
+/// Whether a text holds a redacted value's marker.
 pub fn is_redacted(text: &str) -> bool {
     text.contains(MARKER)
 }
 
+/// What stands in a scrubbed text where a secret was.
+pub const SCRUBBED: &str = "[redacted]";
+
+/// Secrets no text the host records or sends may hold (an error's
+/// message, an attempt's detail): every secret the configuration reads
+/// (API keys, injected header values) and, for one call, the values its
+/// request has redacted. Clones share the configured ones.
+#[derive(Debug, Clone, Default)]
+pub struct Scrub {
+    secrets: Arc<Vec<String>>,
+    /// The call's own redacted values.
+    values: Vec<String>,
+}
+
+/// Secrets shorter than this are not scrubbed: they would blank out
+/// ordinary words (a key is far longer).
+const SCRUB_BYTES_MIN: usize = 4;
+
+impl Scrub {
+    pub fn new(secrets: impl IntoIterator<Item = String>) -> Self {
+        let mut secrets: Vec<String> = secrets
+            .into_iter()
+            .filter(|s| s.len() >= SCRUB_BYTES_MIN)
+            .collect();
+        // The longest first: a secret inside another goes with it.
+        secrets.sort_by_key(|s| std::cmp::Reverse(s.len()));
+        secrets.dedup();
+        Scrub {
+            secrets: Arc::new(secrets),
+            values: Vec::new(),
+        }
+    }
+
+    /// These secrets and the values `redaction` redacts from `request`.
+    pub fn for_call(&self, redaction: Option<&Redaction>, request: &str) -> Scrub {
+        let mut values = redaction.map_or_else(Vec::new, |r| r.request_values(request));
+        values.retain(|v| v.len() >= SCRUB_BYTES_MIN);
+        values.sort_by_key(|s| std::cmp::Reverse(s.len()));
+        Scrub {
+            secrets: self.secrets.clone(),
+            values,
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.secrets.is_empty() && self.values.is_empty()
+    }
+
+    /// `text` with every secret replaced by [`SCRUBBED`].
+    pub fn text<'t>(&self, text: &'t str) -> std::borrow::Cow<'t, str> {
+        let mut out = std::borrow::Cow::Borrowed(text);
+        for secret in self.values.iter().chain(self.secrets.iter()) {
+            if out.contains(secret.as_str()) {
+                out = std::borrow::Cow::Owned(out.replace(secret.as_str(), SCRUBBED));
+            }
+        }
+        out
+    }
+
+    /// `outcome` with its error's message scrubbed.
+    pub fn outcome(&self, outcome: Outcome) -> Outcome {
+        match outcome {
+            Outcome::Err(mut error) if !self.is_empty() => {
+                if let std::borrow::Cow::Owned(clean) = self.text(&error.message) {
+                    error.message = clean;
+                }
+                Outcome::Err(error)
+            }
+            other => other,
+        }
+    }
+}
+
 fn is_marker(value: &Value) -> bool {
     value.as_str().is_some_and(|s| s.starts_with(MARKER))
+}
+
+/// The scalar values in `value`, as text (a string as it is).
+fn leaves(value: &Value, out: &mut Vec<String>) {
+    match value {
+        Value::String(s) => out.push(s.clone()),
+        Value::Array(items) => items.iter().for_each(|v| leaves(v, out)),
+        Value::Object(members) => members.values().for_each(|v| leaves(v, out)),
+        Value::Null => {}
+        other => out.push(other.to_string()),
+    }
 }
 
 /// A pointer's unescaped segments.
@@ -189,6 +296,18 @@ fn each_at(value: &mut Value, pointer: &[String], f: &mut impl FnMut(&mut Value)
 enum Step {
     Index(usize),
     Key(String),
+}
+
+/// Whether `pointer` (with `*` for every element) names `path`.
+fn covers(pointer: &[String], path: &[Step]) -> bool {
+    pointer.len() == path.len()
+        && pointer.iter().zip(path).all(|(segment, step)| {
+            segment == "*"
+                || match step {
+                    Step::Index(i) => segment.parse::<usize>() == Ok(*i),
+                    Step::Key(k) => segment == k,
+                }
+        })
 }
 
 /// The paths of the markers in `value`, with each marker.
@@ -299,7 +418,49 @@ mod tests {
         let built =
             format!(r#"{{"card":{{"number":"card {MARKER}{SCHEME}00","exp":"12/30"}},"n":1}}"#);
         assert!(r.matches(&recorded, &built));
-        assert!(!r.matches(&recorded, &built.replace("12/30", "01/01")));
+        assert!(!r.matches(&recorded, &built.replace("12/30", "01/01"))); // A marker where the configuration redacts nothing excuses nothing:
+        // the recording was changed, or recorded under other pointers.
+        let planted = recorded.replace("\"n\":1", &format!("\"n\":\"{MARKER}{SCHEME}00\""));
+        let holding = request.replace("\"n\":1", &format!("\"n\":\"x {MARKER}{SCHEME}01\""));
+        assert!(!r.matches(&planted, &holding), "{planted} {holding}");
+        assert!(r.matches(
+            &recorded,
+            &request.replace("4111111111111111", &format!("{MARKER}{SCHEME}02"))
+        ));
+    }
+
+    #[test]
+    fn a_scrub_clears_every_secret_and_a_calls_redacted_values_from_a_text() {
+        let scrub = Scrub::new(["sk-live-123456".to_string(), "abc".to_string()]);
+        assert_eq!(
+            scrub.text("refused key sk-live-123456 (abc)"),
+            "refused key [redacted] (abc)"
+        );
+        let r = redaction();
+        let call = scrub.for_call(
+            Some(&r),
+            r#"{"card":{"number":"4111111111111111","exp":"12/30"},"n":1}"#,
+        );
+        assert_eq!(
+            call.text("GET /cards/4111111111111111 with sk-live-123456: 404"),
+            "GET /cards/[redacted] with [redacted]: 404"
+        );
+        let error = Outcome::error(
+            crate::outcome::CallErrorKind::Rejected,
+            "card 4111111111111111 declined",
+        );
+        assert_eq!(
+            call.outcome(error),
+            Outcome::error(
+                crate::outcome::CallErrorKind::Rejected,
+                "card [redacted] declined"
+            )
+        );
+        // Nothing to scrub: the text as it is.
+        assert!(matches!(
+            Scrub::default().text("plain"),
+            std::borrow::Cow::Borrowed("plain")
+        ));
     }
 
     #[test]

@@ -35,7 +35,8 @@ use crate::commit::CommitPlan;
 use crate::history::History;
 use crate::notices::{Notice, NoticeAttempt};
 use crate::records::{
-    AttemptRecord, CallRecord, CallState, Claim, Counters, EndRow, LogRecord, RunRecord, RunStatus,
+    AttemptRecord, CallRecord, CallState, CancelRequest, Claim, Counters, EndRow, InboxEntry,
+    LogRecord, RunRecord, RunStatus,
 };
 
 pub use crate::error::{StoreError, StoreResult};
@@ -76,6 +77,17 @@ pub enum WriteOp {
     End(EndRow),
     /// Metric counters to add (an execution's, with its end).
     Counters(Counters),
+    /// A child run started by the parent's call `call` (finished, its
+    /// outcome the child's run id): the call and the child's row in one
+    /// transaction, so nothing is in doubt. Not durable on its own, like an
+    /// observe call: nothing outside the process has seen the child until a
+    /// later durable commit (the child's own first write or end, the
+    /// parent's), which makes it durable too. Refused as
+    /// [`StoreError::RunExists`] if a run with the child's id exists.
+    Spawn {
+        call: CallRecord,
+        child: Box<RunRecord>,
+    },
 }
 
 impl WriteOp {
@@ -128,6 +140,16 @@ pub struct RunQuery {
 }
 
 impl RunQuery {
+    /// Whether any run could pass the filters: a text no ledger stores (one
+    /// holding a NUL) matches nothing, and is never sent to a database
+    /// (PostgreSQL refuses it outright).
+    pub fn may_match(&self) -> bool {
+        [&self.module_digest, &self.step, &self.after_run_id]
+            .into_iter()
+            .flatten()
+            .all(|text| !text.contains('\0'))
+    }
+
     /// Whether `run` passes the filters (not the page bounds).
     pub fn matches(&self, run: &RunRecord) -> bool {
         self.status.is_none_or(|s| run.status == s)
@@ -243,6 +265,10 @@ pub trait Views: Send {
     fn last_call(&self, run_id: &str) -> StoreResult<Option<CallRecord>> {
         Ok(self.calls(run_id, 1, usize::MAX)?.pop())
     }
+    /// The ends of the run's children, in arrival order.
+    fn inbox(&self, run_id: &str) -> StoreResult<Vec<InboxEntry>>;
+    /// The run's children, in the order they were started.
+    fn children(&self, run_id: &str) -> StoreResult<Vec<RunRecord>>;
 }
 
 /// The views, and the writes of the claim loop and of people: runs and
@@ -264,6 +290,15 @@ pub trait Store: Views {
     fn settle(&self, settlement: &Settlement) -> StoreResult<()>;
     /// Adds to the metric counters (kept in the ledger across restarts).
     fn add_counters(&self, counters: &Counters) -> StoreResult<()>;
+    /// Cancels run `run_id` and every run below it, in one transaction
+    /// (durable when it returns): each unfinished run not cancelled yet is
+    /// marked with `request` (a start of a child under a marked run is
+    /// refused in its own transaction, so none escapes), and one nobody
+    /// holds that is pending or waiting is due at once
+    /// ([`crate::lifecycle::woken_by_cancel`]), for a worker to end it.
+    /// The runs marked now, top down. [`StoreError::Ended`] if `run_id`
+    /// has finished.
+    fn cancel(&self, run_id: &str, request: &CancelRequest) -> StoreResult<Vec<String>>;
 }
 
 /// Notices owed to webhooks ([`crate::notices`]): recorded before they are

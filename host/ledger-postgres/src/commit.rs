@@ -49,7 +49,11 @@ struct Planned {
 #[derive(Clone, Copy)]
 enum What {
     CreateRun,
-    Commit { first_seq: Option<u64> },
+    Commit {
+        first_seq: Option<u64>,
+    },
+    /// The row of the plan's child number `.0`.
+    Spawn(usize),
 }
 
 /// Whether any of `jobs` must be on disk before it is answered.
@@ -62,7 +66,7 @@ pub async fn apply(conn: &mut PgConn, jobs: &[Job<'_>]) -> Result<(), Failed> {
     let durable = durable(jobs);
     let mut planned = Vec::new();
     // One commit that does not create its run is a transaction on its own.
-    let alone = jobs.len() == 1 && jobs[0].plan.create.is_none();
+    let alone = jobs.len() == 1 && jobs[0].plan.create.is_none() && jobs[0].plan.spawns.is_empty();
     for (at, job) in jobs.iter().enumerate() {
         plan(at, job, alone && !durable, &mut planned).map_err(|e| Failed::Job(at, e))?;
     }
@@ -114,6 +118,9 @@ pub async fn apply(conn: &mut PgConn, jobs: &[Job<'_>]) -> Result<(), Failed> {
                 claimed_elsewhere(conn, &job.plan.run_id).await
             }
             What::Commit { first_seq } => commit_error(e, job.plan, first_seq),
+            What::Spawn(child) if errors::is_duplicate(e) => StoreError::RunExists {
+                run_id: job.plan.spawns[child].run_id.clone(),
+            },
             _ => error_of(e),
         };
         return Err(Failed::Job(p.job, failed));
@@ -148,6 +155,20 @@ fn commit_error(
             run_id: plan.run_id.clone(),
             seq: first_seq.unwrap_or_default(),
         },
+        Some(errors::CANCELLED) => {
+            let detail: Json = errors::detail(e)
+                .and_then(|d| serde_json::from_str(d).ok())
+                .unwrap_or(Json::Null);
+            StoreError::Cancelled {
+                run_id: plan.run_id.clone(),
+                reason: stephost_core::CancelRequest {
+                    at_ms: 0,
+                    by: detail["by"].as_str().unwrap_or("someone").to_string(),
+                    reason: detail["reason"].as_str().map(str::to_string),
+                }
+                .error(),
+            }
+        }
         Some(errors::CALL_NOT_RECORDED) => StoreError::Corrupt(format!(
             "an outcome for call #{} of run {}, which is not recorded",
             detail.unwrap_or_default(),
@@ -181,7 +202,7 @@ fn plan(at: usize, job: &Job<'_>, async_commit: bool, out: &mut Vec<Planned>) ->
     if let Some(run) = &plan.create {
         out.push(Planned {
             sql: rows::INSERT_RUN,
-            values: rows::run_values(run),
+            values: rows::insert_values(run),
             job: at,
             what: What::CreateRun,
         });
@@ -195,6 +216,9 @@ fn plan(at: usize, job: &Job<'_>, async_commit: bool, out: &mut Vec<Planned>) ->
         None => (Json::Null, false),
     };
     let mut p = Map::new();
+    if plan.begins {
+        p.insert("begins".into(), Json::Bool(true));
+    }
     if !plan.calls.is_empty() {
         let calls = plan
             .calls
@@ -282,8 +306,31 @@ fn plan(at: usize, job: &Job<'_>, async_commit: bool, out: &mut Vec<Planned>) ->
                 "due_at": end.due_at_ms,
                 "updated_at": end.updated_at_ms,
                 "seal": end.seal,
+                "inbox_seen": end.inbox_seen,
             }),
         );
+        if let Some(request) = &end.cancel_children
+            && let Some(Json::Object(end)) = p.get_mut("end")
+        {
+            end.insert(
+                "cancel_children".into(),
+                json!({"at": request.at_ms, "by": request.by, "reason": request.reason}),
+            );
+        }
+        if let Some(arrival) = &end.arrival
+            && let Some(Json::Object(end)) = p.get_mut("end")
+        {
+            end.insert(
+                "arrival".into(),
+                json!({
+                    "parent_run_id": arrival.parent_run_id,
+                    "child_run_id": arrival.child_run_id,
+                    "join_set": arrival.join_set,
+                    "status": arrival.status.as_str(),
+                    "at": arrival.at_ms,
+                }),
+            );
+        }
     }
     if !plan.counters.is_empty() {
         let counters = plan
@@ -308,6 +355,16 @@ fn plan(at: usize, job: &Job<'_>, async_commit: bool, out: &mut Vec<Planned>) ->
             first_seq: plan.first_seq(),
         },
     });
+    // Children after the call that starts them: the commit has locked the
+    // parent's row and checked its fence.
+    for (n, child) in plan.spawns.iter().enumerate() {
+        out.push(Planned {
+            sql: rows::INSERT_RUN,
+            values: rows::insert_values(child),
+            job: at,
+            what: What::Spawn(n),
+        });
+    }
     Ok(())
 }
 

@@ -8,6 +8,8 @@ pub const NO_SUCH_RUN: &str = "SH001";
 pub const FENCED: &str = "SH002";
 pub const NOT_APPENDED: &str = "SH003";
 pub const CALL_NOT_RECORDED: &str = "SH004";
+/// A commit that begins something for a cancelled run (DETAIL: who and why, as JSON).
+pub const CANCELLED: &str = "SH005";
 
 /// An error with no more specific meaning: the database could not be
 /// reached or did not do what was asked; trying again may succeed.

@@ -151,7 +151,7 @@ async fn apply_batch(
             return;
         }
         if conn.as_ref().is_none_or(|c| c.client.is_closed()) {
-            match PgConn::connect(&conns.config).await {
+            match PgConn::connect(&conns.server).await {
                 Ok(c) => *conn = Some(c),
                 Err(e) => {
                     fail_all(jobs, &e);

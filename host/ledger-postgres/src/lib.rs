@@ -1,8 +1,8 @@
 //! stephost-ledger-postgres: the ledger on PostgreSQL, for workers on many
 //! machines sharing one database.
 //!
-//! A [`PgPool`] is opened from a URL (`postgres://USER@HOST:PORT/DB`),
-//! bringing the schema up to date ([`schema`], plain SQL migration files).
+//! A [`PgPool`] is opened from a URL (`postgres://USER@HOST:PORT/DB`,
+//! over TLS as its `sslmode` asks: [`tls`]), bringing the schema up to date ([`schema`], plain SQL migration files).
 //! Its stores and writers take connections from a bounded set
 //! ([`conns`]); the driver runs on a small runtime of the pool's own, so
 //! the pool can be used from any thread, inside a worker's runtime or not.
@@ -30,10 +30,10 @@ mod stream;
 mod tamper;
 #[cfg(any(test, feature = "testing"))]
 pub mod throwaway;
+pub mod tls;
 mod writer;
 
 use std::future::Future;
-use std::str::FromStr;
 use std::sync::{Arc, Mutex};
 
 use stephost_core::store::{CommitCounts, Outbox, Pool, PoolOptions, Store, WakeUp, Writer};
@@ -106,33 +106,18 @@ pub struct PgPool {
 }
 
 impl PgPool {
-    /// Opens the ledger at `url`, creating its schema if the database (or
-    /// the schema `search_path` names first) has none yet.
     /// What changes the ledger behind stephost's back, for tests.
     #[cfg(feature = "testing")]
     pub fn tamper(&self) -> StoreResult<Box<dyn stephost_core::tamper::Tamper>> {
         Ok(Box::new(store::PgStore::new(self.shared.clone())))
     }
 
+    /// Opens the ledger at `url`, creating its schema if the database (or
+    /// the schema `search_path` names first) has none yet. Its connections
+    /// use TLS as the URL's `sslmode` asks ([`tls`]).
     pub fn open(url: &str, options: PoolOptions) -> StoreResult<Self> {
         let location = redact(url);
-        let mut config = tokio_postgres::Config::from_str(url).map_err(|e| {
-            StoreError::Config(format!(
-                "ledger URL {location} is not a PostgreSQL URL ({e}); use \
-                 postgres://USER@HOST:PORT/DATABASE"
-            ))
-        })?;
-        if config.get_ssl_mode() == tokio_postgres::config::SslMode::Require {
-            return Err(StoreError::Config(format!(
-                "ledger URL {location} asks for sslmode=require, and this build of stephost \
-                 speaks to PostgreSQL without TLS; reach the server over a Unix socket, \
-                 loopback or a private network, or through a TLS-terminating proxy on this \
-                 machine, and drop sslmode from the URL"
-            )));
-        }
-        if config.get_application_name().is_none() {
-            config.application_name("stephost");
-        }
+        let server = conns::Server::from_url(url, &location)?;
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(RUNTIME_THREADS)
             .thread_name("stephost-pg")
@@ -144,7 +129,7 @@ impl PgPool {
         let shared = Arc::new(Shared {
             handle: runtime.handle().clone(),
             runtime: Mutex::new(Some(runtime)),
-            conns: Conns::new(config, conns::CONNECTIONS_MAX),
+            conns: Conns::new(server, conns::CONNECTIONS_MAX),
         });
         shared.block(move |mut conn| async move { schema::prepare(&mut conn, &location).await })?;
         let group = options
@@ -186,7 +171,7 @@ impl Pool for PgPool {
         let mut listening = self.listening.lock().unwrap_or_else(|p| p.into_inner());
         if !*listening {
             self.shared
-                .spawn(notify::listen(self.shared.conns.config.clone(), wake));
+                .spawn(notify::listen(self.shared.conns.server.clone(), wake));
             *listening = true;
         }
         Ok(true)

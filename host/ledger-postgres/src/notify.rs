@@ -8,16 +8,19 @@ use std::time::Duration;
 
 use futures_util::future::poll_fn;
 use stephost_core::store::WakeUp;
-use tokio_postgres::{AsyncMessage, Config, NoTls};
+use tokio_postgres::AsyncMessage;
+
+use crate::conns::Server;
 
 /// How long a lost listening connection waits before it is opened again,
 /// in milliseconds.
 pub const RECONNECT_DELAY_MS: u64 = 1_000;
 
-/// Listens until the pool's runtime stops.
-pub async fn listen(config: Config, wake: WakeUp) {
+/// Listens until the pool's runtime stops, connected as the pool's other
+/// connections are (its TLS too).
+pub async fn listen(server: Server, wake: WakeUp) {
     loop {
-        if let Ok((client, mut connection)) = config.connect(NoTls).await {
+        if let Ok((client, mut connection)) = server.connect().await {
             let woken = wake.clone();
             let driven = tokio::spawn(async move {
                 while let Some(message) = poll_fn(|cx| connection.poll_message(cx)).await {

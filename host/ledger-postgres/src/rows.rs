@@ -15,21 +15,30 @@ use crate::errors::error;
 
 pub const RUN_COLUMNS: &str = "run_id, module_digest, input, status, output, error, created_at, \
      updated_at, version, owner, lease_until, fence, wake_at, world, step, exit_code, seal, budget, \
-     trace";
+     trace, parent_run_id, parent_seq, join_set, root_run_id, detached, cancel_at, cancel_by, \
+     cancel_reason";
 
 pub const SELECT_RUN: &str = "SELECT run_id, module_digest, input, status, output, error, \
      created_at, updated_at, version, owner, lease_until, fence, wake_at, world, step, exit_code, \
-     seal, budget, trace FROM runs WHERE run_id = $1";
+     seal, budget, trace, parent_run_id, parent_seq, join_set, root_run_id, detached, cancel_at, \
+     cancel_by, cancel_reason FROM runs WHERE run_id = $1";
+
+pub const SELECT_CHILDREN: &str = "SELECT run_id, module_digest, input, status, output, error, \
+     created_at, updated_at, version, owner, lease_until, fence, wake_at, world, step, exit_code, \
+     seal, budget, trace, parent_run_id, parent_seq, join_set, root_run_id, detached, cancel_at, \
+     cancel_by, cancel_reason FROM runs WHERE parent_run_id = $1 ORDER BY parent_seq";
 
 pub const INSERT_RUN: &str = "INSERT INTO runs (run_id, module_digest, input, status, output, \
      error, created_at, updated_at, version, owner, lease_until, fence, wake_at, due_at, world, \
-     step, exit_code, seal, budget, trace) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, \
-     $12, $13, $14, $15, $16, $17, $18, $19, $20)";
+     step, exit_code, seal, budget, trace, parent_run_id, parent_seq, join_set, root_run_id, \
+     detached) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, \
+     $18, $19, $20, $21, $22, $23, $24, $25)";
 
 pub const INSERT_RUN_UNLESS_EXISTS: &str = "INSERT INTO runs (run_id, module_digest, input, \
      status, output, error, created_at, updated_at, version, owner, lease_until, fence, wake_at, \
-     due_at, world, step, exit_code, seal, budget, trace) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, \
-     $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20) ON CONFLICT (run_id) DO NOTHING";
+     due_at, world, step, exit_code, seal, budget, trace, parent_run_id, parent_seq, join_set, \
+     root_run_id, detached) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, \
+     $15, $16, $17, $18, $19, $20, $21, $22, $23, $24, $25) ON CONFLICT (run_id) DO NOTHING";
 
 pub const SWAP_RUN: &str = "UPDATE runs SET module_digest = $2, input = $3, status = $4, \
      output = $5, error = $6, created_at = $7, updated_at = $8, version = $9, owner = $10, \
@@ -66,6 +75,27 @@ pub fn run_from_row(r: &Row) -> Result<RunRecord, StoreError> {
             .map(|t| stephost_core::RunTrace::from_column(Some(t), ""))
             .transpose()
             .map_err(StoreError::Corrupt)?,
+        parent: match r
+            .try_get::<_, Option<String>>("parent_run_id")
+            .map_err(error)?
+        {
+            Some(run_id) => Some(stephost_core::ParentRef {
+                run_id,
+                seq: r.try_get::<_, i64>("parent_seq").map_err(error)? as u64,
+                join_set: r.try_get("join_set").map_err(error)?,
+                detached: r.try_get("detached").map_err(error)?,
+            }),
+            None => None,
+        },
+        root_run_id: r.try_get("root_run_id").map_err(error)?,
+        cancel: match r.try_get::<_, Option<i64>>("cancel_at").map_err(error)? {
+            Some(at_ms) => Some(stephost_core::CancelRequest {
+                at_ms,
+                by: r.try_get("cancel_by").map_err(error)?,
+                reason: r.try_get("cancel_reason").map_err(error)?,
+            }),
+            None => None,
+        },
     })
 }
 
@@ -134,6 +164,53 @@ pub fn run_values(r: &RunRecord) -> Vec<Value> {
         boxed(r.budget.to_column()),
         boxed(r.trace.as_ref().map(stephost_core::RunTrace::to_column)),
     ]
+}
+
+/// A new run's row as the values of [`INSERT_RUN`] and
+/// [`INSERT_RUN_UNLESS_EXISTS`]: [`run_values`], then where a child was
+/// started (set once, never swapped).
+pub fn insert_values(r: &RunRecord) -> Vec<Value> {
+    let mut values = run_values(r);
+    values.extend([
+        boxed(r.parent.as_ref().map(|p| p.run_id.clone())),
+        boxed(r.parent.as_ref().map(|p| p.seq as i64)),
+        boxed(r.parent.as_ref().map(|p| p.join_set.clone())),
+        boxed(r.root_run_id.clone()),
+        boxed(r.parent.as_ref().is_some_and(|p| p.detached)),
+    ]);
+    values
+}
+
+/// The ends of run `run_id`'s children, in arrival order.
+pub async fn inbox(
+    conn: &mut PgConn,
+    run_id: &str,
+) -> Result<Vec<stephost_core::InboxEntry>, StoreError> {
+    let statement = conn
+        .statement(
+            "SELECT arrival, child_run_id, join_set, status, at FROM inbox WHERE run_id = $1 \
+             ORDER BY arrival",
+        )
+        .await?;
+    let found = conn
+        .client
+        .query(&statement, &[&run_id])
+        .await
+        .map_err(error)?;
+    found
+        .iter()
+        .map(|r| {
+            let status: &str = r.try_get(3).map_err(error)?;
+            Ok(stephost_core::InboxEntry {
+                arrival: r.try_get::<_, i64>(0).map_err(error)? as u64,
+                child_run_id: r.try_get(1).map_err(error)?,
+                join_set: r.try_get(2).map_err(error)?,
+                status: RunStatus::parse(status)
+                    .ok_or_else(|| StoreError::Corrupt(format!("an inbox status {status:?}")))?,
+                at_ms: r.try_get(4).map_err(error)?,
+            })
+        })
+        .collect()
 }
 
 /// A call row as read, and which of its bodies are split.

@@ -17,6 +17,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../migrations/0006_flow_slots.sql"),
     include_str!("../migrations/0007_run_budget.sql"),
     include_str!("../migrations/0008_run_trace.sql"),
+    include_str!("../migrations/0009_children.sql"),
 ];
 
 /// The advisory lock key migrations hold ("stephost" in ASCII).

@@ -8,7 +8,7 @@ use stephost_core::journal::Counters;
 use stephost_core::notices::{Notice, NoticeAttempt};
 use stephost_core::store::{OpenCall, Outbox, RunQuery, Settlement, Store, StoreResult, Views};
 use stephost_core::{
-    AttemptRecord, CallRecord, CallState, LogRecord, RunRecord, RunStatus, StoreError,
+    AttemptRecord, CallRecord, CallState, InboxEntry, LogRecord, RunRecord, RunStatus, StoreError,
 };
 
 use crate::commit::{ADD_COUNTERS, counter_values};
@@ -38,7 +38,9 @@ impl Views for PgStore {
                 .statement(
                     "SELECT run_id, module_digest, input, status, output, error, created_at, \
                      updated_at, version, owner, lease_until, fence, wake_at, world, step, \
-                     exit_code, seal, budget, trace FROM runs WHERE due_at IS NOT NULL \
+                     exit_code, seal, budget, trace, parent_run_id, parent_seq, join_set, \
+                     root_run_id, detached, cancel_at, cancel_by, cancel_reason FROM runs \
+                     WHERE due_at IS NOT NULL \
                      ORDER BY due_at, run_id LIMIT $1",
                 )
                 .await?;
@@ -74,6 +76,9 @@ impl Views for PgStore {
     }
 
     fn runs(&self, query: &RunQuery) -> StoreResult<Vec<RunRecord>> {
+        if !query.may_match() {
+            return Ok(Vec::new());
+        }
         let mut sql = format!("SELECT {RUN_COLUMNS} FROM runs WHERE true");
         let mut values: Vec<Value> = Vec::new();
         let mut bind = |sql: &mut String, clause: &str, value: Value| {
@@ -226,7 +231,9 @@ impl Views for PgStore {
                      c.interface, \
                      c.function, c.operation_id, c.request, c.request_split, c.request_hash, \
                      c.state, c.outcome, c.outcome_split, c.started_at, c.finished_at, \
-                     c.resolved_by, c.chain, c.fence, r.trace \
+                     c.resolved_by, c.chain, c.fence, r.trace, r.parent_run_id, r.parent_seq, \
+                     r.join_set, r.root_run_id, r.detached, r.cancel_at, r.cancel_by, \
+                     r.cancel_reason \
                      FROM runs r CROSS JOIN LATERAL (SELECT * FROM calls \
                      WHERE calls.run_id = r.run_id ORDER BY seq DESC LIMIT 1) c \
                      WHERE r.status IN ('running', 'waiting', 'parked') AND c.state = $1 \
@@ -291,6 +298,24 @@ impl Views for PgStore {
         })
     }
 
+    fn inbox(&self, run_id: &str) -> StoreResult<Vec<InboxEntry>> {
+        let id = run_id.to_string();
+        self.shared.block(move |mut conn| async move {
+            rows::run(&mut conn, &id).await?;
+            rows::inbox(&mut conn, &id).await
+        })
+    }
+
+    fn children(&self, run_id: &str) -> StoreResult<Vec<RunRecord>> {
+        let id = run_id.to_string();
+        self.shared.block(move |mut conn| async move {
+            rows::run(&mut conn, &id).await?;
+            let statement = conn.statement(rows::SELECT_CHILDREN).await?;
+            let found = conn.client.query(&statement, &[&id]).await.map_err(error)?;
+            found.iter().map(rows::run_from_row).collect()
+        })
+    }
+
     fn last_call(&self, run_id: &str) -> StoreResult<Option<CallRecord>> {
         let id = run_id.to_string();
         self.shared.block(move |mut conn| async move {
@@ -333,7 +358,7 @@ impl Store for PgStore {
         let run = run.clone();
         self.shared.block(move |mut conn| async move {
             let statement = conn.statement(rows::INSERT_RUN_UNLESS_EXISTS).await?;
-            let values = rows::run_values(&run);
+            let values = rows::insert_values(&run);
             let inserted = conn
                 .client
                 .execute(&statement, &refs(&values))
@@ -377,6 +402,47 @@ impl Store for PgStore {
                 1 => Ok(()),
                 _ => Err(rows::version_conflict(&mut conn, &run.run_id, expected_version).await),
             }
+        })
+    }
+
+    fn cancel(
+        &self,
+        run_id: &str,
+        request: &stephost_core::CancelRequest,
+    ) -> StoreResult<Vec<String>> {
+        let (run_id, request) = (run_id.to_string(), request.clone());
+        self.shared.block(move |mut conn| async move {
+            let lock = conn
+                .statement("SELECT status FROM runs WHERE run_id = $1 FOR UPDATE")
+                .await?;
+            let mark = conn
+                .statement("SELECT * FROM stephost_mark_cancelled(ARRAY[$1::text], $2, $3, $4)")
+                .await?;
+            let transaction = conn.client.transaction().await.map_err(error)?;
+            let found = transaction
+                .query_opt(&lock, &[&run_id])
+                .await
+                .map_err(error)?;
+            let Some(found) = found else {
+                return Err(StoreError::UnknownRun(run_id));
+            };
+            let status: String = found.try_get(0).map_err(error)?;
+            if RunStatus::parse(&status).is_some_and(RunStatus::is_finished) {
+                return Err(StoreError::Ended { run_id, status });
+            }
+            let marked = transaction
+                .query(
+                    &mark,
+                    &[&run_id, &request.at_ms, &request.by, &request.reason],
+                )
+                .await
+                .map_err(error)?;
+            let marked = marked
+                .iter()
+                .map(|r| r.try_get::<_, String>(0).map_err(error))
+                .collect::<StoreResult<Vec<_>>>()?;
+            transaction.commit().await.map_err(error)?;
+            Ok(marked)
         })
     }
 

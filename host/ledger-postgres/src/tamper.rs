@@ -136,7 +136,7 @@ impl Tamper for PgStore {
             let insert = conn.statement(rows::INSERT_RUN).await?;
             let transaction = conn.client.transaction().await.map_err(error)?;
             for run in &runs {
-                let values = rows::run_values(run);
+                let values = rows::insert_values(run);
                 transaction
                     .execute(&insert, &refs(&values))
                     .await

@@ -2,7 +2,8 @@
 //! a temporary folder, listening on 127.0.0.1 and a socket in that folder,
 //! and stopped when dropped, or, if the process dies first, by a watchdog
 //! that notices its end. As root it runs as the `postgres` user (PostgreSQL
-//! refuses to run as root).
+//! refuses to run as root). A cluster may serve TLS with certificates a
+//! [`TestCa`] made.
 
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
@@ -40,6 +41,38 @@ impl Cluster {
     /// [`Cluster::start`] with its folder in `parent` (a benchmark keeps
     /// it on the disk it measures, not on a tmpfs).
     pub fn start_in(parent: &Path) -> io::Result<Cluster> {
+        Self::start_with(parent, |_| Ok(()))
+    }
+
+    /// A cluster that serves TLS with a certificate `ca` signs for
+    /// 127.0.0.1 and localhost, and trusts the client certificates `ca`
+    /// signs; `hba` are the lines of its `pg_hba.conf` after one that
+    /// lets the cluster's socket in (its superuser `stephost`, for
+    /// [`Cluster::psql`]).
+    pub fn start_tls(ca: &TestCa, hba: &str) -> io::Result<Cluster> {
+        let (cert, key) = ca.server(&["127.0.0.1", "localhost"]);
+        let root = ca.pem();
+        let hba = format!("local all all trust\n{hba}\n");
+        Self::start_with(&std::env::temp_dir(), move |data| {
+            std::fs::write(data.join("server.crt"), cert)?;
+            write_private(&data.join("server.key"), key.as_bytes())?;
+            std::fs::write(data.join("root.crt"), root)?;
+            std::fs::write(data.join("pg_hba.conf"), hba)?;
+            let mut conf = std::fs::OpenOptions::new()
+                .append(true)
+                .open(data.join("postgresql.conf"))?;
+            conf.write_all(
+                b"ssl = on\nssl_cert_file = 'server.crt'\nssl_key_file = 'server.key'\n\
+                  ssl_ca_file = 'root.crt'\n",
+            )
+        })
+    }
+
+    /// A cluster whose data folder `setup` changes before it starts.
+    fn start_with(
+        parent: &Path,
+        setup: impl FnOnce(&Path) -> io::Result<()>,
+    ) -> io::Result<Cluster> {
         let bin = bin_dir()?;
         let dir = tempfile::Builder::new()
             .prefix("stephost-pg-")
@@ -77,6 +110,10 @@ impl Cluster {
         // Nothing is written to it: it closes when this process ends.
         let _ = watchdog.stdin.as_mut().map(|s| s.flush());
         cluster.watchdog = Some(watchdog);
+        setup(&data)?;
+        if let Some(user) = &cluster.user {
+            run(Command::new("chown").arg("-R").arg(user).arg(&data))?;
+        }
         cluster.pg_ctl("start")?;
         Ok(cluster)
     }
@@ -84,6 +121,49 @@ impl Cluster {
     /// The URL of database `postgres` as the superuser.
     pub fn url(&self) -> String {
         format!("postgres://stephost@127.0.0.1:{}/postgres", self.port)
+    }
+
+    /// `name` in the cluster's folder, which goes with it: for a test's
+    /// own files.
+    pub fn path(&self, name: &str) -> PathBuf {
+        self.dir.path().join(name)
+    }
+
+    /// The port it listens on (127.0.0.1).
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// The URL of a new, empty schema of its own (a ledger is made there).
+    pub fn fresh_ledger(&self) -> String {
+        in_schema(&self.url(), &new_schema(&self.socket_url()))
+    }
+
+    /// What `sql` prints (unaligned, tuples only), run by the superuser
+    /// over the cluster's socket.
+    pub fn psql(&self, sql: &str) -> io::Result<String> {
+        let output = Command::new("psql")
+            .arg(self.socket_url())
+            .args(["-X", "-A", "-t", "-v", "ON_ERROR_STOP=1", "-c", sql])
+            .output()?;
+        if !output.status.success() {
+            return Err(io::Error::other(format!(
+                "psql {sql}: {}",
+                String::from_utf8_lossy(&output.stderr)
+            )));
+        }
+        Ok(String::from_utf8_lossy(&output.stdout)
+            .trim_end()
+            .to_string())
+    }
+
+    /// The superuser's URL over the cluster's socket.
+    fn socket_url(&self) -> String {
+        format!(
+            "postgresql://stephost@/postgres?host={}&port={}",
+            self.dir.path().display(),
+            self.port
+        )
     }
 
     /// Stops the server (`-m fast`: sessions are disconnected) and starts
@@ -179,25 +259,109 @@ impl TestServer {
 
     /// The URL of a new, empty schema of its own (its ledger is made there).
     pub fn fresh_ledger(&self) -> String {
-        static NEXT: AtomicU64 = AtomicU64::new(0);
-        let schema = format!(
-            "t{}_{}",
-            std::process::id(),
-            NEXT.fetch_add(1, Ordering::Relaxed)
-        );
-        let status = Command::new("psql")
-            .arg(&self.url)
-            .args(["-q", "-v", "ON_ERROR_STOP=1", "-c"])
-            .arg(format!("CREATE SCHEMA {schema}"))
-            .stdout(Stdio::null())
-            .status();
-        match status {
-            Ok(s) if s.success() => {}
-            other => panic!("cannot create schema {schema} on the test server: {other:?}"),
-        }
-        let separator = if self.url.contains('?') { '&' } else { '?' };
-        format!("{}{separator}options=-c%20search_path%3D{schema}", self.url)
+        in_schema(&self.url, &new_schema(&self.url))
     }
+}
+
+/// Makes a new, empty schema on the server at `url`; its name.
+fn new_schema(url: &str) -> String {
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let schema = format!(
+        "t{}_{}",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    );
+    let status = Command::new("psql")
+        .arg(url)
+        .args(["-q", "-v", "ON_ERROR_STOP=1", "-c"])
+        .arg(format!("CREATE SCHEMA {schema}"))
+        .stdout(Stdio::null())
+        .status();
+    match status {
+        Ok(s) if s.success() => schema,
+        other => panic!("cannot create schema {schema} on the test server: {other:?}"),
+    }
+}
+
+/// `url` with `schema` first in its search path.
+fn in_schema(url: &str, schema: &str) -> String {
+    let separator = if url.contains('?') { '&' } else { '?' };
+    format!("{url}{separator}options=-c%20search_path%3D{schema}")
+}
+
+/// A certificate authority made for a test, and the certificates it signs
+/// (ECDSA P-256, SHA-256).
+pub struct TestCa {
+    issuer: rcgen::CertifiedIssuer<'static, rcgen::KeyPair>,
+}
+
+impl TestCa {
+    /// A new CA named `name`.
+    pub fn new(name: &str) -> TestCa {
+        let mut params = rcgen::CertificateParams::default();
+        params
+            .distinguished_name
+            .push(rcgen::DnType::CommonName, name);
+        params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        params.key_usages = vec![
+            rcgen::KeyUsagePurpose::KeyCertSign,
+            rcgen::KeyUsagePurpose::CrlSign,
+            rcgen::KeyUsagePurpose::DigitalSignature,
+        ];
+        let key = rcgen::KeyPair::generate().expect("a key for a test CA");
+        TestCa {
+            issuer: rcgen::CertifiedIssuer::self_signed(params, key)
+                .expect("a test CA's certificate"),
+        }
+    }
+
+    /// Its certificate (PEM).
+    pub fn pem(&self) -> String {
+        self.issuer.pem()
+    }
+
+    /// A certificate for a server known by `names` (host names or IP
+    /// addresses) and its key (PEM).
+    pub fn server(&self, names: &[&str]) -> (String, String) {
+        let names: Vec<String> = names.iter().map(|n| n.to_string()).collect();
+        let mut params =
+            rcgen::CertificateParams::new(names.clone()).expect("a test certificate's names");
+        params
+            .distinguished_name
+            .push(rcgen::DnType::CommonName, names[0].as_str());
+        params.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ServerAuth];
+        self.sign(params)
+    }
+
+    /// A certificate for PostgreSQL's user `user` (its common name, as
+    /// `cert` authentication reads it) and its key (PEM).
+    pub fn client(&self, user: &str) -> (String, String) {
+        let mut params = rcgen::CertificateParams::default();
+        params
+            .distinguished_name
+            .push(rcgen::DnType::CommonName, user);
+        params.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ClientAuth];
+        self.sign(params)
+    }
+
+    fn sign(&self, params: rcgen::CertificateParams) -> (String, String) {
+        let key = rcgen::KeyPair::generate().expect("a key for a test certificate");
+        let cert = params
+            .signed_by(&key, &self.issuer)
+            .expect("a test certificate");
+        (cert.pem(), key.serialize_pem())
+    }
+}
+
+/// Writes `bytes` to a new file at `path` that only its owner can read.
+pub fn write_private(path: &Path, bytes: &[u8]) -> io::Result<()> {
+    use std::os::unix::fs::OpenOptionsExt;
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path)?
+        .write_all(bytes)
 }
 
 fn bin_dir() -> io::Result<PathBuf> {

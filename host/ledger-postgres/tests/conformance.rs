@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use stephost_core::conformance::TestLedger;
+use stephost_conformance::TestLedger;
 use stephost_core::store::PoolOptions;
 use stephost_ledger_postgres::PgPool;
 use stephost_ledger_postgres::throwaway::TestServer;
@@ -27,9 +27,9 @@ fn postgres_group_commit() -> TestLedger {
 }
 
 mod direct {
-    stephost_core::conformance_tests!(super::postgres);
+    stephost_conformance::conformance_tests!(super::postgres);
 }
 
 mod group_commit {
-    stephost_core::conformance_tests!(super::postgres_group_commit);
+    stephost_conformance::conformance_tests!(super::postgres_group_commit);
 }

@@ -27,7 +27,7 @@ pub fn apply(conn: &Connection, known: &mut Known, plan: &CommitPlan) -> Result<
         }
         rows::insert_run(conn, run)?;
     }
-    let run_no = check_fence(conn, &plan.run_id, plan.fence)?;
+    let run_no = check_fence(conn, &plan.run_id, plan.fence, plan.begins)?;
     insert_calls(conn, known, run_no, plan)?;
     for update in &plan.updates {
         let key = find(conn, known, run_no, update.seq)?
@@ -103,9 +103,10 @@ pub fn apply(conn: &Connection, known: &mut Known, plan: &CommitPlan) -> Result<
         crate::wake::note(end.due_at_ms, false);
         conn.prepare_cached(
             "UPDATE runs SET status = ?2, output = ?3, error = ?4, exit_code = ?5, \
-             wake_at = ?6, due_at = ?7, updated_at = ?8, owner = NULL, \
-             lease_until = NULL, version = version + 1, seal = coalesce(?9, seal) \
-             WHERE run_id = ?1",
+             wake_at = CASE WHEN arrivals > ?10 THEN ?8 ELSE ?6 END, \
+             due_at = CASE WHEN arrivals > ?10 THEN ?8 ELSE ?7 END, updated_at = ?8, \
+             owner = NULL, lease_until = NULL, version = version + 1, \
+             seal = coalesce(?9, seal) WHERE run_id = ?1",
         )
         .and_then(|mut s| {
             s.execute(params![
@@ -117,32 +118,67 @@ pub fn apply(conn: &Connection, known: &mut Known, plan: &CommitPlan) -> Result<
                 end.wake_at_ms,
                 end.due_at_ms,
                 end.updated_at_ms,
-                end.seal
+                end.seal,
+                end.inbox_seen.map(|n| n as i64)
             ])
         })
         .map_err(error)?;
+        if let Some(arrival) = &end.arrival {
+            rows::arrive(conn, arrival)?;
+        }
+        if let Some(request) = &end.cancel_children {
+            let children = rows::attached_children(conn, &plan.run_id)?;
+            rows::mark_cancelled(conn, &children, request, &mut Vec::new())?;
+        }
+    }
+    for child in &plan.spawns {
+        if !rows::insert_run(conn, child)? {
+            return Err(StoreError::RunExists {
+                run_id: child.run_id.clone(),
+            });
+        }
     }
     add_counters(conn, &plan.counters)
 }
 
 /// Refuses the commit unless `fence` is run `run_id`'s newest fencing
-/// token; the run's number.
-fn check_fence(conn: &Connection, run_id: &str, fence: i64) -> Result<i64, StoreError> {
-    let found: Option<(i64, i64)> = conn
-        .prepare_cached("SELECT run_no, fence FROM runs WHERE run_id = ?1")
+/// token, and, if it `begins` something, unless the run is not cancelled;
+/// the run's number.
+fn check_fence(
+    conn: &Connection,
+    run_id: &str,
+    fence: i64,
+    begins: bool,
+) -> Result<i64, StoreError> {
+    type Found = (i64, i64, Option<String>, Option<String>);
+    let found: Option<Found> = conn
+        .prepare_cached(
+            "SELECT run_no, fence, cancel_by, cancel_reason FROM runs WHERE run_id = ?1",
+        )
         .and_then(|mut s| {
-            s.query_row([run_id], |r| Ok((r.get(0)?, r.get(1)?)))
-                .optional()
+            s.query_row([run_id], |r| {
+                Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?))
+            })
+            .optional()
         })
         .map_err(error)?;
     match found {
         None => Err(StoreError::UnknownRun(run_id.to_string())),
-        Some((_, newest)) if newest != fence => Err(StoreError::Fenced {
+        Some((_, newest, ..)) if newest != fence => Err(StoreError::Fenced {
             run_id: run_id.to_string(),
             held: fence,
             newest,
         }),
-        Some((run_no, _)) => Ok(run_no),
+        Some((_, _, Some(by), reason)) if begins => Err(StoreError::Cancelled {
+            run_id: run_id.to_string(),
+            reason: stephost_core::CancelRequest {
+                at_ms: 0,
+                by,
+                reason,
+            }
+            .error(),
+        }),
+        Some((run_no, ..)) => Ok(run_no),
     }
 }
 

@@ -11,7 +11,8 @@ use crate::errors::error;
 
 pub const RUN_COLUMNS: &str = "run_id, module_digest, input, status, output, error, created_at, \
      updated_at, version, owner, lease_until, fence, wake_at, world, step, exit_code, seal, budget, \
-     trace";
+     trace, parent_run_id, parent_seq, join_set, root_run_id, detached, cancel_at, cancel_by, \
+     cancel_reason";
 
 pub fn run_from_row(r: &Row<'_>) -> rusqlite::Result<RunRecord> {
     let status: String = r.get(3)?;
@@ -43,6 +44,27 @@ pub fn run_from_row(r: &Row<'_>) -> rusqlite::Result<RunRecord> {
                 stephost_core::RunTrace::from_column(Some(&t), "").map_err(|e| bad_value(18, &e))
             })
             .transpose()?
+        },
+        parent: {
+            let run_id: Option<String> = r.get(19)?;
+            match run_id {
+                Some(run_id) => Some(stephost_core::ParentRef {
+                    run_id,
+                    seq: r.get::<_, i64>(20)? as u64,
+                    join_set: r.get(21)?,
+                    detached: r.get(23)?,
+                }),
+                None => None,
+            }
+        },
+        root_run_id: r.get(22)?,
+        cancel: match r.get::<_, Option<i64>>(24)? {
+            Some(at_ms) => Some(stephost_core::CancelRequest {
+                at_ms,
+                by: r.get(25)?,
+                reason: r.get(26)?,
+            }),
+            None => None,
         },
     })
 }
@@ -98,8 +120,9 @@ pub fn insert_run(conn: &Connection, run: &RunRecord) -> Result<bool, StoreError
         .prepare_cached(
             "INSERT INTO runs (run_id, module_digest, input, status, output, error, created_at, \
              updated_at, version, owner, lease_until, fence, wake_at, due_at, world, step, \
-             exit_code, seal, budget, trace) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, \
-             ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20) ON CONFLICT (run_id) DO NOTHING",
+             exit_code, seal, budget, trace, parent_run_id, parent_seq, join_set, root_run_id, \
+             detached) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, \
+             ?16, ?17, ?18, ?19, ?20, ?21, ?22, ?23, ?24, ?25) ON CONFLICT (run_id) DO NOTHING",
         )
         .and_then(|mut s| {
             s.execute(params![
@@ -122,7 +145,12 @@ pub fn insert_run(conn: &Connection, run: &RunRecord) -> Result<bool, StoreError
                 run.exit_code,
                 run.seal,
                 run.budget.to_column(),
-                run.trace.as_ref().map(stephost_core::RunTrace::to_column)
+                run.trace.as_ref().map(stephost_core::RunTrace::to_column),
+                run.parent.as_ref().map(|p| p.run_id.as_str()),
+                run.parent.as_ref().map(|p| p.seq as i64),
+                run.parent.as_ref().map(|p| p.join_set.as_str()),
+                run.root_run_id,
+                run.parent.as_ref().is_some_and(|p| p.detached)
             ])
         })
         .map_err(error)?;
@@ -294,4 +322,157 @@ pub const APPEND_ATTEMPTS: &str = "CASE WHEN attempts IS NULL THEN ?{n} \
 /// [`APPEND_ATTEMPTS`] with its parameter numbered `n`.
 pub fn append_attempts(n: usize) -> String {
     APPEND_ATTEMPTS.replace("{n}", &n.to_string())
+}
+
+/// The ends of run `run_no`'s children, in arrival order.
+pub fn inbox(conn: &Connection, run_no: i64) -> Result<Vec<stephost_core::InboxEntry>, StoreError> {
+    conn.prepare_cached(
+        "SELECT arrival, child_run_id, join_set, status, at FROM inbox WHERE run_no = ?1 \
+         ORDER BY arrival",
+    )
+    .and_then(|mut s| {
+        s.query_map([run_no], |r| {
+            let status: String = r.get(3)?;
+            Ok(stephost_core::InboxEntry {
+                arrival: r.get::<_, i64>(0)? as u64,
+                child_run_id: r.get(1)?,
+                join_set: r.get(2)?,
+                status: RunStatus::parse(&status).ok_or_else(|| bad_value(3, &status))?,
+                at_ms: r.get(4)?,
+            })
+        })?
+        .collect()
+    })
+    .map_err(error)
+}
+
+/// A child's end into its parent's inbox, under the parent's next arrival
+/// number; the parent made due if it waits
+/// ([`lifecycle::woken_by_arrival`]). A second delivery of the same end
+/// changes nothing.
+pub fn arrive(conn: &Connection, arrival: &stephost_core::ChildArrival) -> Result<(), StoreError> {
+    let found: Option<(i64, String)> = conn
+        .prepare_cached("SELECT run_no, status FROM runs WHERE run_id = ?1")
+        .and_then(|mut s| {
+            s.query_row([&arrival.parent_run_id], |r| Ok((r.get(0)?, r.get(1)?)))
+                .optional()
+        })
+        .map_err(error)?;
+    let Some((run_no, status)) = found else {
+        return Err(StoreError::UnknownRun(arrival.parent_run_id.clone()));
+    };
+    let status = RunStatus::parse(&status)
+        .ok_or_else(|| StoreError::Corrupt(format!("run status {status:?}")))?;
+    let known: i64 = conn
+        .prepare_cached("SELECT count(*) FROM inbox WHERE run_no = ?1 AND child_run_id = ?2")
+        .and_then(|mut s| s.query_row(params![run_no, arrival.child_run_id], |r| r.get(0)))
+        .map_err(error)?;
+    if known > 0 {
+        return Ok(());
+    }
+    let woken = lifecycle::woken_by_arrival(status, arrival.at_ms);
+    let number: i64 = conn
+        .prepare_cached(
+            "UPDATE runs SET arrivals = arrivals + 1, version = version + 1, \
+             wake_at = coalesce(?2, wake_at), due_at = coalesce(?3, due_at) \
+             WHERE run_no = ?1 RETURNING arrivals",
+        )
+        .and_then(|mut s| {
+            s.query_row(
+                params![run_no, woken.map(|w| w.0), woken.map(|w| w.1)],
+                |r| r.get(0),
+            )
+        })
+        .map_err(error)?;
+    conn.prepare_cached(
+        "INSERT INTO inbox (run_no, arrival, child_run_id, join_set, status, at) \
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+    )
+    .and_then(|mut s| {
+        s.execute(params![
+            run_no,
+            number,
+            arrival.child_run_id,
+            arrival.join_set,
+            arrival.status.as_str(),
+            arrival.at_ms
+        ])
+    })
+    .map_err(error)?;
+    if let Some((_, due)) = woken {
+        crate::wake::note(Some(due), false);
+    }
+    Ok(())
+}
+
+/// Marks run `run_id` cancelled by `request` if it is unfinished and not
+/// marked yet, then every run below it (only the children not detached of
+/// the top one, with `attached`), in the caller's transaction; the ids
+/// marked, top down. A run nobody holds that is pending or waiting is due
+/// at once ([`lifecycle::woken_by_cancel`]).
+pub fn mark_cancelled(
+    conn: &Connection,
+    top: &[String],
+    request: &stephost_core::CancelRequest,
+    marked: &mut Vec<String>,
+) -> Result<(), StoreError> {
+    let mut level: Vec<String> = top.to_vec();
+    while !level.is_empty() {
+        let mut next = Vec::new();
+        for id in &level {
+            let found: Option<(String, bool)> = conn
+                .prepare_cached(
+                    "SELECT status, owner IS NOT NULL FROM runs \
+                     WHERE run_id = ?1 AND cancel_at IS NULL",
+                )
+                .and_then(|mut s| s.query_row([id], |r| Ok((r.get(0)?, r.get(1)?))).optional())
+                .map_err(error)?;
+            if let Some((status, held)) = found
+                && let Some(status) = RunStatus::parse(&status)
+                && !status.is_finished()
+            {
+                let woken = lifecycle::woken_by_cancel(status, held, request.at_ms);
+                conn.prepare_cached(
+                    "UPDATE runs SET cancel_at = ?2, cancel_by = ?3, cancel_reason = ?4, \
+                     version = version + 1, updated_at = ?2, \
+                     wake_at = CASE WHEN status = 'waiting' THEN coalesce(?5, wake_at) \
+                                    ELSE wake_at END, \
+                     due_at = coalesce(?6, due_at) WHERE run_id = ?1",
+                )
+                .and_then(|mut s| {
+                    s.execute(params![
+                        id,
+                        request.at_ms,
+                        request.by,
+                        request.reason,
+                        woken.map(|w| w.0),
+                        woken.map(|w| w.1)
+                    ])
+                })
+                .map_err(error)?;
+                if let Some((_, due)) = woken {
+                    crate::wake::note(Some(due), false);
+                }
+                marked.push(id.clone());
+            }
+            let children: Vec<String> = conn
+                .prepare_cached(
+                    "SELECT run_id FROM runs WHERE parent_run_id = ?1 ORDER BY parent_seq",
+                )
+                .and_then(|mut s| s.query_map([id], |r| r.get(0))?.collect())
+                .map_err(error)?;
+            next.extend(children);
+        }
+        level = next;
+    }
+    Ok(())
+}
+
+/// The children of run `run_id` that are not detached.
+pub fn attached_children(conn: &Connection, run_id: &str) -> Result<Vec<String>, StoreError> {
+    conn.prepare_cached(
+        "SELECT run_id FROM runs WHERE parent_run_id = ?1 AND detached = 0 ORDER BY parent_seq",
+    )
+    .and_then(|mut s| s.query_map([run_id], |r| r.get(0))?.collect())
+    .map_err(error)
 }

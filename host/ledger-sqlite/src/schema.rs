@@ -28,6 +28,7 @@ pub const MIGRATIONS: &[&str] = &[
     include_str!("../migrations/0006_flow_slots.sql"),
     include_str!("../migrations/0007_run_budget.sql"),
     include_str!("../migrations/0008_run_trace.sql"),
+    include_str!("../migrations/0009_children.sql"),
 ];
 
 /// The schema version this build writes.

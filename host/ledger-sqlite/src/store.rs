@@ -8,7 +8,7 @@ use stephost_core::journal::Counters;
 use stephost_core::notices::{Notice, NoticeAttempt};
 use stephost_core::store::{OpenCall, Outbox, RunQuery, Settlement, Store, StoreResult, Views};
 use stephost_core::{
-    AttemptRecord, CallRecord, CallState, LogRecord, RunRecord, RunStatus, StoreError,
+    AttemptRecord, CallRecord, CallState, InboxEntry, LogRecord, RunRecord, RunStatus, StoreError,
 };
 
 use crate::commit::add_counters;
@@ -99,6 +99,9 @@ impl Views for SqliteStore {
     }
 
     fn runs(&self, query: &RunQuery) -> StoreResult<Vec<RunRecord>> {
+        if !query.may_match() {
+            return Ok(Vec::new());
+        }
         let mut sql = format!("SELECT {RUN_COLUMNS} FROM runs WHERE 1");
         let mut values: Vec<rusqlite::types::Value> = Vec::new();
         let mut bind = |sql: &mut String, clause: &str, value: rusqlite::types::Value| {
@@ -289,6 +292,24 @@ impl Views for SqliteStore {
         })
     }
 
+    fn inbox(&self, run_id: &str) -> StoreResult<Vec<InboxEntry>> {
+        self.read(|conn| {
+            let run_no = rows::run_no(conn, run_id)?;
+            rows::inbox(conn, run_no)
+        })
+    }
+
+    fn children(&self, run_id: &str) -> StoreResult<Vec<RunRecord>> {
+        self.read(|conn| {
+            rows::run_no(conn, run_id)?;
+            conn.prepare_cached(&format!(
+                "SELECT {RUN_COLUMNS} FROM runs WHERE parent_run_id = ?1 ORDER BY parent_seq"
+            ))
+            .and_then(|mut s| s.query_map([run_id], rows::run_from_row)?.collect())
+            .map_err(error)
+        })
+    }
+
     fn last_call(&self, run_id: &str) -> StoreResult<Option<CallRecord>> {
         self.read(|conn| {
             let run_no = rows::run_no(conn, run_id)?;
@@ -301,6 +322,25 @@ impl Views for SqliteStore {
 }
 
 impl Store for SqliteStore {
+    fn cancel(
+        &self,
+        run_id: &str,
+        request: &stephost_core::CancelRequest,
+    ) -> StoreResult<Vec<String>> {
+        self.write(|conn| {
+            let run = rows::run(conn, run_id)?;
+            if run.status.is_finished() {
+                return Err(StoreError::Ended {
+                    run_id: run_id.to_string(),
+                    status: run.status.as_str().to_string(),
+                });
+            }
+            let mut marked = Vec::new();
+            rows::mark_cancelled(conn, &[run_id.to_string()], request, &mut marked)?;
+            Ok(marked)
+        })
+    }
+
     fn put_module(&self, digest: &str, bytes: &[u8]) -> StoreResult<()> {
         self.write(|conn| {
             conn.prepare_cached(

@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use stephost_core::conformance::TestLedger;
+use stephost_conformance::TestLedger;
 use stephost_core::store::PoolOptions;
 use stephost_ledger_sqlite::SqlitePool;
 
@@ -30,9 +30,9 @@ fn sqlite_group_commit() -> TestLedger {
 }
 
 mod direct {
-    stephost_core::conformance_tests!(super::sqlite);
+    stephost_conformance::conformance_tests!(super::sqlite);
 }
 
 mod group_commit {
-    stephost_core::conformance_tests!(super::sqlite_group_commit);
+    stephost_conformance::conformance_tests!(super::sqlite_group_commit);
 }

@@ -407,14 +407,13 @@ pub fn classify_stream_error(_api: Api, data: &Value) -> ProviderError {
 /// allowed) or as an HTTP date (relative to `now`, never negative).
 pub fn retry_after(headers: &[(String, String)], now: SystemTime) -> Option<Duration> {
     if let Some(ms) = header(headers, "retry-after-ms").and_then(|v| v.parse::<f64>().ok())
-        && ms.is_finite()
-        && ms >= 0.0
+        && let Some(wait) = seconds(ms / 1000.0)
     {
-        return Some(Duration::from_secs_f64(ms / 1000.0));
+        return Some(wait);
     }
     let value = header(headers, "retry-after")?;
     if let Ok(secs) = value.parse::<f64>() {
-        return (secs.is_finite() && secs >= 0.0).then(|| Duration::from_secs_f64(secs));
+        return seconds(secs);
     }
     let at = parse_http_date(value)?;
     Some(at.duration_since(now).unwrap_or(Duration::ZERO))
@@ -497,7 +496,17 @@ pub fn parse_go_duration(s: &str) -> Option<Duration> {
         rest = &rest[unit_len..];
         total += value * scale;
     }
-    total.is_finite().then(|| Duration::from_secs_f64(total))
+    seconds(total)
+}
+
+/// A provider's number of seconds as a duration: none for one that is not
+/// a number of seconds (negative, NaN), the longest duration for one too
+/// large to hold (the caller bounds what it waits), never a panic.
+fn seconds(secs: f64) -> Option<Duration> {
+    if secs.is_nan() || secs < 0.0 {
+        return None;
+    }
+    Some(Duration::try_from_secs_f64(secs).unwrap_or(Duration::MAX))
 }
 
 /// Days since 1970-01-01 of a proleptic Gregorian date (Howard Hinnant's algorithm).
@@ -937,6 +946,27 @@ mod tests {
         );
         assert_eq!(retry_after(&h(&[("retry-after", "soon")]), now), None);
         assert_eq!(retry_after(&h(&[("retry-after", "-3")]), now), None);
+        assert_eq!(retry_after(&h(&[("retry-after", "NaN")]), now), None);
+        // A number too large for a duration is the longest one (the host
+        // bounds the wait), never a panic.
+        for huge in ["1e20", "1.8446744073709552e19", "inf", "1e308"] {
+            assert_eq!(
+                retry_after(&h(&[("retry-after", huge)]), now),
+                Some(Duration::MAX),
+                "{huge}"
+            );
+        }
+        for huge in ["1e23", "inf"] {
+            assert_eq!(
+                retry_after(&h(&[("retry-after-ms", huge)]), now),
+                Some(Duration::MAX),
+                "{huge} ms"
+            );
+        }
+        assert_eq!(
+            parse_go_duration("99999999999999999999h"),
+            Some(Duration::MAX)
+        );
         assert_eq!(
             retry_after(&h(&[("retry-after-ms", "nope"), ("retry-after", "2")]), now),
             Some(Duration::from_secs(2))

@@ -1,12 +1,13 @@
-//! `stephost-models`: provider-neutral chat requests and responses, and the three wire formats a
-//! model alias can use: OpenAI Chat Completions (`openai-chat`), OpenAI Responses
-//! (`openai-responses`) and Anthropic Messages (`anthropic-messages`).
+//! `stephost-models`: the three wire formats a model alias can use, OpenAI Chat Completions
+//! (`openai-chat`), OpenAI Responses (`openai-responses`) and Anthropic Messages
+//! (`anthropic-messages`), over the provider-neutral chat requests and responses of
+//! `stephost-contract` (re-exported here), with prices and cost.
 //!
 //! The crate is pure: it builds request bodies and reads reply bytes. The host owns HTTP, keys,
 //! retries, timeouts and the ledger. One call goes like this:
 //!
-//! 1. the step's [`ChatRequest`] is recorded as [`ChatRequest::canonical_json`] (hashed with
-//!    [`ChatRequest::sha256_hex`]);
+//! 1. the step's [`ChatRequest`] is recorded as [`ChatRequest::canonical_json`] (after an earlier
+//!    call of the run, as [`RecordedAfter::recorded_after`]);
 //! 2. [`request_body`] maps it to the provider's JSON body (after [`validate`]);
 //! 3. a 200 reply is read with [`parse_response`], or, when streamed, fed to a [`StreamDecoder`]
 //!    as bytes arrive ([`StreamDecoder::push`] reports appended text and the terminal event;
@@ -62,8 +63,8 @@ pub mod wire;
 
 pub use api::{Api, UnknownApi};
 pub use chat::{
-    AFTER, ChatRequest, ChatResponse, Cost, Message, Part, Prices, Role, StopReason, ToolChoice,
-    ToolDef, Usage, cost, validate,
+    AFTER, Charged, ChatRequest, ChatResponse, Cost, Message, Part, Prices, RecordedAfter, Role,
+    StopReason, ToolChoice, ToolDef, Usage, check_redactable, cost, validate,
 };
 pub use errors::{
     ErrorKind, ProviderError, RateLimits, classify, classify_at, rate_limits, request_id,

@@ -55,14 +55,15 @@ fn the_recorded_request_is_canonical_and_hash_stable() {
     let json = req.canonical_json();
     let back: ChatRequest = serde_json::from_str(&json).unwrap();
     assert_eq!(back.canonical_json(), json);
-    assert_eq!(back.sha256_hex(), req.sha256_hex());
-    // Key order in `parameters` does not change the hash: maps are sorted.
+    assert_eq!(back.canonical_json(), req.canonical_json());
+    // Key order in `parameters` does not change what is recorded (and
+    // hashed): maps are sorted.
     let mut reordered = req.clone();
     reordered.tools[0].parameters = serde_json::from_str(
         r#"{"required": ["city"], "properties": {"city": {"type": "string"}}, "type": "object"}"#,
     )
     .unwrap();
-    assert_eq!(reordered.sha256_hex(), req.sha256_hex());
+    assert_eq!(reordered.canonical_json(), req.canonical_json());
 }
 
 #[test]

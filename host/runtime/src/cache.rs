@@ -155,7 +155,7 @@ fn read_or_create_key(path: &Path) -> Option<Vec<u8>> {
     if let Ok(key) = std::fs::read(path) {
         return (key.len() == KEY_BYTES).then_some(key);
     }
-    let key = crate::imports::random::os_bytes(KEY_BYTES);
+    let key = crate::randomness::os_bytes(KEY_BYTES);
     // Two processes may race to make it: the first one's key stays.
     let tmp = path.with_extension(format!("tmp{}", std::process::id()));
     write_new_private(&tmp, &key).ok()?;

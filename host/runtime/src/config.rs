@@ -11,39 +11,23 @@
 //! retry = { attempts_max = 5, backoff_first_ms = 50 }
 //! ```
 //! Unknown fields are refused with their line named. Deny by default: a step
-//! may call only the effects named here.
+//! may call only the effects named here. The sections of the effects
+//! (`[effects]`, `[http]`, `[mcp]`, `[llm]`, `[models]`, `[redact]`) are
+//! `stephost-effects`' own types: this file composes them and knows none of
+//! their fields.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
-use std::time::Duration;
-
-use crate::effects::Granted;
-use crate::effects::ModelEffect;
-use crate::effects::builtin::{Echo, FileReceiver, Reject, Static};
-use crate::effects::command::{CommandEffect, CommandOptions};
-use crate::effects::http::{HttpEffect, Statuses};
-use crate::effects::llm::Llm;
-use crate::effects::mcp;
-use crate::effects::model::Model;
-use crate::effects::origin;
-use crate::effects::{Effect, Effects, Handler, RetryPolicy};
-use stephost_core::CallClass;
 use stephost_core::Limits;
-use stephost_core::redact::Redaction;
+use stephost_effects::Effects;
+use stephost_effects::config::{
+    EffectConfig, HttpOriginConfig, LlmConfig, McpServerConfig, ModelConfig, RedactConfig,
+};
 
-#[derive(Debug, thiserror::Error)]
-pub enum ConfigError {
-    #[error("cannot read configuration {path}: {source}")]
-    Read {
-        path: String,
-        source: std::io::Error,
-    },
-    #[error("configuration {path} is invalid: {message}")]
-    Invalid { path: String, message: String },
-}
+pub use crate::error::ConfigError;
 
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -74,6 +58,10 @@ pub struct Config {
     /// for an approval, failed or diverged.
     #[serde(default)]
     pub webhooks: Vec<WebhookConfig>,
+    /// The steps runs may start as children (`[steps.NAME] module =
+    /// "PATH"`, the `runs` import of stephost:step@0.3.0).
+    #[serde(default)]
+    pub steps: BTreeMap<String, StepConfig>,
     /// The folder relative paths are resolved against (the file's folder).
     #[serde(skip)]
     pub base_dir: PathBuf,
@@ -91,6 +79,14 @@ pub struct Config {
     /// see [`crate::telemetry::Telemetry::from_env`]).
     #[serde(skip)]
     pub telemetry: Option<std::sync::Arc<crate::telemetry::Telemetry>>,
+}
+
+/// A step runs may start as a child (`[steps.NAME]`).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StepConfig {
+    /// Its component, relative to the configuration file's folder.
+    pub module: PathBuf,
 }
 
 /// The variable holding the chain key itself.
@@ -134,240 +130,6 @@ pub fn signer_from_env() -> Result<stephost_core::chain::Signer, ConfigError> {
     }
     let bytes = std::fs::read(&path).map_err(read)?;
     Signer::keyed(bytes.trim_ascii()).map_err(|m| invalid(&shown, m))
-}
-
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum ClassName {
-    Read,
-    #[default]
-    Write,
-}
-
-impl ClassName {
-    fn class(self) -> CallClass {
-        match self {
-            ClassName::Read => CallClass::Read,
-            ClassName::Write => CallClass::Write,
-        }
-    }
-}
-
-#[derive(Debug, Clone, Deserialize)]
-#[serde(tag = "kind", rename_all = "kebab-case", deny_unknown_fields)]
-pub enum EffectConfig {
-    /// Answers with the request.
-    Echo {
-        #[serde(default)]
-        class: ClassName,
-        #[serde(default)]
-        retry: RetryPolicy,
-    },
-    /// Answers with `response`, a JSON document.
-    Static {
-        #[serde(default)]
-        class: ClassName,
-        response: String,
-        #[serde(default)]
-        retry: RetryPolicy,
-    },
-    /// Appends to the file at `path`, deduplicating by operation id.
-    File {
-        #[serde(default)]
-        class: ClassName,
-        path: PathBuf,
-        /// Wait this long after committing before replying (a slow receiver).
-        #[serde(default)]
-        reply_delay_ms: u64,
-        /// Whether the receiver ignores an operation id it has seen (default
-        /// true). A receiver that does not cannot be resent to safely.
-        #[serde(default = "yes")]
-        deduplicate: bool,
-        /// Whether the receiver answers lookups by operation id (default true).
-        #[serde(default = "yes")]
-        lookup: bool,
-        #[serde(default)]
-        retry: RetryPolicy,
-    },
-    /// An HTTP request per attempt; `{field}` in `url` and `lookup` comes
-    /// from the request JSON, `{operation_id}` and `{run_id}` from the call.
-    Http {
-        #[serde(default)]
-        class: ClassName,
-        #[serde(default = "default_method")]
-        method: String,
-        url: String,
-        /// Header values may name environment variables as `${NAME}`; they
-        /// are read when the configuration is loaded and never recorded.
-        #[serde(default)]
-        headers: BTreeMap<String, String>,
-        #[serde(default = "default_timeout_ms")]
-        timeout_ms: u64,
-        /// The receiver deduplicates by `Idempotency-Key`.
-        #[serde(default)]
-        idempotent: bool,
-        /// URL answering 200 + receipt (done) or 404 (not found) for an operation.
-        lookup: Option<String>,
-        #[serde(default)]
-        retry: RetryPolicy,
-        /// Retryable statuses that say the request was turned away before
-        /// it could act (default 429 and 503).
-        #[serde(default = "default_not_received_statuses")]
-        not_received_statuses: Vec<u16>,
-        /// Refusals that are final even after an earlier attempt may have
-        /// acted (default none).
-        #[serde(default)]
-        final_statuses: Vec<u16>,
-        /// Lookup statuses that mean "no record of the operation" (default
-        /// 404 and 410).
-        #[serde(default = "default_lookup_not_found_statuses")]
-        lookup_not_found_statuses: Vec<u16>,
-        /// Where a lookup's receipt names the operation (a JSON pointer).
-        #[serde(default = "default_receipt_pointer")]
-        receipt_operation_pointer: String,
-    },
-    /// A program: request JSON on stdin, result JSON on stdout.
-    Command {
-        #[serde(default)]
-        class: ClassName,
-        argv: Vec<String>,
-        #[serde(default = "default_timeout_ms")]
-        timeout_ms: u64,
-        #[serde(default)]
-        idempotent: bool,
-        /// A program answering exit 0 + receipt (done) or exit 3 (not found).
-        lookup: Option<Vec<String>>,
-        #[serde(default)]
-        retry: RetryPolicy,
-        /// Variables of the host's environment the command gets, by name
-        /// (it gets no others).
-        #[serde(default)]
-        env: Vec<String>,
-        /// Exit codes that are final refusals even after an earlier attempt
-        /// may have acted (default none).
-        #[serde(default)]
-        final_exit_codes: Vec<i32>,
-        /// The lookup's exit code for "no record of the operation".
-        #[serde(default = "default_lookup_not_found_exit")]
-        lookup_not_found_exit: i32,
-        /// Where a lookup's receipt names the operation (a JSON pointer).
-        #[serde(default = "default_receipt_pointer")]
-        receipt_operation_pointer: String,
-    },
-    /// A tool of an MCP server declared in `[mcp.NAME]` (the request is its
-    /// arguments, a JSON object), or the server's tool list.
-    Mcp {
-        /// Read or write; without it the tool's annotations decide
-        /// (`readOnlyHint` makes a read, anything else a write).
-        class: Option<ClassName>,
-        /// The `[mcp.NAME]` server.
-        server: String,
-        /// The tool called; leave it out and set `list_tools` for the
-        /// server's `tools/list`, a read.
-        tool: Option<String>,
-        #[serde(default)]
-        list_tools: bool,
-        /// The server deduplicates by `_meta`'s `dev.stephost/operation_id`,
-        /// so a write whose answer was lost may be sent again.
-        #[serde(default)]
-        idempotent: bool,
-        #[serde(default)]
-        retry: RetryPolicy,
-    },
-    /// Refuses every request with `message`.
-    Reject {
-        #[serde(default)]
-        class: ClassName,
-        message: String,
-    },
-}
-
-/// An OpenAI-compatible chat-completions endpoint.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct LlmConfig {
-    /// e.g. `https://api.openai.com/v1/chat/completions`
-    pub url: String,
-    /// Put into every request as `model`.
-    pub model: String,
-    /// The environment variable holding the API key (sent as a bearer token).
-    pub api_key_env: Option<String>,
-    #[serde(default = "default_llm_timeout_ms")]
-    pub timeout_ms: u64,
-    #[serde(default)]
-    pub retry: RetryPolicy,
-}
-
-/// A model a step calls by its alias (`[models.NAME]`). Changing the
-/// provider behind an alias is a change here, not in the step: runs record
-/// the provider-neutral request, so old runs replay whichever API serves it.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct ModelConfig {
-    /// `openai-chat`, `openai-responses` or `anthropic-messages`.
-    pub api: String,
-    /// The provider's base URL, before `/v1/...` (e.g.
-    /// `https://api.openai.com`, `https://api.anthropic.com`).
-    pub url: String,
-    /// The provider's model id (e.g. `gpt-4.1-mini`,
-    /// `claude-sonnet-4-5`).
-    pub model: String,
-    /// The environment variable holding the API key: sent as a bearer
-    /// token (OpenAI) or `x-api-key` (Anthropic), never recorded, never in
-    /// a log or an error.
-    pub key_env: Option<String>,
-    /// Extra headers sent with every request (e.g. `anthropic-version`;
-    /// Anthropic's is sent as `2023-06-01` unless given here).
-    #[serde(default)]
-    pub headers: BTreeMap<String, String>,
-    /// USD per million tokens, for each call's cost and the run's budget.
-    #[serde(default)]
-    pub prices: stephost_models::Prices,
-    /// The ceiling every call's `max_tokens` is clamped to, and the value
-    /// of a call that sets none, in tokens.
-    #[serde(default = "default_model_max_tokens")]
-    pub max_tokens: u32,
-    /// One attempt's bound, in milliseconds.
-    #[serde(default = "default_llm_timeout_ms")]
-    pub timeout_ms: u64,
-    #[serde(default = "default_model_retry")]
-    pub retry: RetryPolicy,
-    /// Calls of this model in flight at once, shared by every process on
-    /// the ledger (none: unbounded).
-    pub concurrency_max: Option<u32>,
-    /// Requests a minute, shared by every process on the ledger (none:
-    /// unbounded).
-    pub requests_per_minute: Option<u32>,
-    /// Tokens a minute (input and output), shared by every process on the
-    /// ledger (none: unbounded).
-    pub tokens_per_minute: Option<u64>,
-}
-
-fn default_model_max_tokens() -> u32 {
-    4096
-}
-
-/// A provider's 429s and 529s pass within seconds to a minute: more
-/// attempts, over a longer deadline, than an effect's default.
-fn default_model_retry() -> RetryPolicy {
-    RetryPolicy {
-        attempts_max: 6,
-        backoff_first_ms: 500,
-        backoff_max_ms: 20_000,
-        deadline_ms: 120_000,
-        ..RetryPolicy::default()
-    }
-}
-
-/// The values of one effect's (or model's) calls that the ledger keeps
-/// only as a keyed hash: JSON pointers into its requests and its responses.
-#[derive(Debug, Clone, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct RedactConfig {
-    #[serde(default)]
-    pub request: Vec<String>,
-    #[serde(default)]
-    pub response: Vec<String>,
 }
 
 /// A receiver of notifications (`[[webhooks]]`).
@@ -431,136 +193,6 @@ pub struct Webhook {
     pub secret: Vec<u8>,
 }
 
-fn default_not_received_statuses() -> Vec<u16> {
-    crate::effects::http::Statuses::default().not_received
-}
-
-fn default_lookup_not_found_statuses() -> Vec<u16> {
-    crate::effects::http::Statuses::default().lookup_not_found
-}
-
-fn default_lookup_not_found_exit() -> i32 {
-    crate::effects::command::EXIT_NOT_FOUND
-}
-
-fn default_receipt_pointer() -> String {
-    crate::effects::RECEIPT_OPERATION_POINTER.to_string()
-}
-
-fn default_method() -> String {
-    "POST".to_string()
-}
-
-/// An origin granted to steps' own HTTP clients (`[http."ORIGIN"]`).
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct HttpOriginConfig {
-    /// Added to every request; values may name environment variables as
-    /// `${NAME}`. A step cannot set or read them, and they are never
-    /// recorded.
-    #[serde(default)]
-    pub headers: BTreeMap<String, String>,
-    /// The origin deduplicates writes by `Idempotency-Key`.
-    #[serde(default)]
-    pub idempotent: bool,
-    /// URL answering 2xx + receipt (done) or 404 (not found) for an
-    /// operation (`{operation_id}`).
-    pub lookup: Option<String>,
-    /// Where a lookup's receipt names the operation (a JSON pointer).
-    #[serde(default = "default_receipt_pointer")]
-    pub receipt_operation_pointer: String,
-    /// Longest exchange, in milliseconds.
-    #[serde(default = "default_timeout_ms")]
-    pub timeout_ms: u64,
-    #[serde(default)]
-    pub retry: RetryPolicy,
-    /// Classes by method and path prefix, the first match winning; without
-    /// one GET, HEAD and OPTIONS are reads and other methods writes.
-    #[serde(default)]
-    pub classes: Vec<ClassRuleConfig>,
-}
-
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct ClassRuleConfig {
-    pub method: Option<String>,
-    /// A path prefix such as `/v1/search`.
-    pub path: Option<String>,
-    pub class: ClassName,
-}
-
-/// An MCP server (`[mcp.NAME]`): a program over stdio (`command`) or a
-/// streamable HTTP endpoint (`url`).
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct McpServerConfig {
-    /// The program, found on the host's `PATH` unless a path; it runs in
-    /// the configuration's folder.
-    pub command: Option<String>,
-    #[serde(default)]
-    pub args: Vec<String>,
-    /// Variables of the host's environment the program gets, by name (it
-    /// gets no others).
-    #[serde(default)]
-    pub env: Vec<String>,
-    /// The server's streamable HTTP endpoint (`http://` or `https://`).
-    pub url: Option<String>,
-    /// Sent with every HTTP request; values may name environment variables
-    /// as `${NAME}`, read when the configuration is loaded and never
-    /// recorded.
-    #[serde(default)]
-    pub headers: BTreeMap<String, String>,
-    /// Longest wait for the connection and for each request.
-    #[serde(default = "default_timeout_ms")]
-    pub timeout_ms: u64,
-}
-
-fn default_timeout_ms() -> u64 {
-    30_000
-}
-
-fn default_llm_timeout_ms() -> u64 {
-    120_000
-}
-
-/// Replaces each `${NAME}` with the environment variable NAME.
-/// Whether the secrets a configuration names must be set in the
-/// environment (to perform calls) or may be missing (for a replay).
-#[derive(Debug, Clone, Copy)]
-enum Secrets {
-    Required,
-    Optional,
-}
-
-impl Secrets {
-    fn read(self, name: &str) -> Result<String, std::env::VarError> {
-        match (std::env::var(name), self) {
-            (Err(std::env::VarError::NotPresent), Secrets::Optional) => Ok(String::new()),
-            (found, _) => found,
-        }
-    }
-}
-
-fn resolve_env(value: &str, what: &str, secrets: Secrets) -> Result<String, String> {
-    let mut out = String::new();
-    let mut rest = value;
-    while let Some(start) = rest.find("${") {
-        out.push_str(&rest[..start]);
-        let after = &rest[start + 2..];
-        let end = after
-            .find('}')
-            .ok_or_else(|| format!("{what}: unclosed ${{ in {value:?}"))?;
-        let name = &after[..end];
-        let found = secrets.read(name).map_err(|_| {
-            format!("{what} needs the environment variable {name}, which is not set")
-        })?;
-        out.push_str(&found);
-        rest = &after[end + 1..];
-    }
-    out.push_str(rest);
-    Ok(out)
-}
-
 impl Config {
     /// Reads and checks a configuration file.
     pub fn load(path: &Path) -> Result<Self, ConfigError> {
@@ -581,14 +213,16 @@ impl Config {
     /// Parses configuration text; the error names the line.
     pub fn parse(text: &str) -> Result<Self, String> {
         let config: Config = toml::from_str(text).map_err(|e| describe(text, &e))?;
-        for (name, effect) in &config.effects {
-            if let EffectConfig::Static { response, .. } = effect
-                && let Err(e) = serde_json::from_str::<serde_json::Value>(response)
-            {
-                return Err(format!("effects.\"{name}\".response is not JSON: {e}"));
-            }
-        }
+        stephost_effects::config::check(&config.effects)?;
         Ok(config)
+    }
+
+    /// The steps runs may start as children: their module files, by name.
+    pub fn steps(&self) -> BTreeMap<String, PathBuf> {
+        self.steps
+            .iter()
+            .map(|(name, step)| (name.clone(), self.base_dir.join(&step.module)))
+            .collect()
     }
 
     /// The webhooks, their secrets read from the environment.
@@ -649,155 +283,39 @@ impl Config {
 
     /// Builds the granted effects, reading secrets from the environment.
     pub fn effects(&self) -> Result<Effects, ConfigError> {
-        self.effects_with(Secrets::Required)
+        self.effects_with(true)
     }
 
     /// The effects for a replay, which performs none: a secret whose
     /// variable is not set is left empty rather than refused, so that a
     /// replay needs no key.
     pub fn offline_effects(&self) -> Result<Effects, ConfigError> {
-        self.effects_with(Secrets::Optional)
+        self.effects_with(false)
     }
 
-    fn effects_with(&self, secrets: Secrets) -> Result<Effects, ConfigError> {
-        let servers = self
-            .mcp_servers(secrets)
-            .map_err(|message| ConfigError::Invalid {
-                path: self.shown(),
-                message,
-            })?;
-        let origins = self
-            .origins(secrets)
-            .map_err(|message| ConfigError::Invalid {
-                path: self.shown(),
-                message,
-            })?;
-        let mut granted = BTreeMap::new();
-        for (name, config) in &self.effects {
-            let effect = self
-                .build(name, config, secrets, &servers)
-                .map_err(|message| ConfigError::Invalid {
-                    path: self.shown(),
-                    message,
-                })?;
-            granted.insert(name.clone(), effect);
-        }
-        let llm = match &self.llm {
-            Some(llm) => Some(
-                build_llm(llm, secrets).map_err(|message| ConfigError::Invalid {
-                    path: self.shown(),
-                    message,
-                })?,
-            ),
-            None => None,
+    fn effects_with(&self, secrets_required: bool) -> Result<Effects, ConfigError> {
+        let sections = stephost_effects::config::Sections {
+            effects: &self.effects,
+            http: &self.http,
+            mcp: &self.mcp,
+            llm: self.llm.as_ref(),
+            models: &self.models,
+            redact: &self.redact,
         };
-        let mut models = BTreeMap::new();
-        for (alias, config) in &self.models {
-            let model =
-                build_model(alias, config, secrets).map_err(|message| ConfigError::Invalid {
-                    path: self.shown(),
-                    message,
-                })?;
-            models.insert(alias.clone(), model);
-        }
-        for (name, config) in &self.redact {
-            let effect = match name.strip_prefix("models.") {
-                Some(alias) => models
-                    .get_mut(alias)
-                    .map(|m: &mut ModelEffect| &mut m.effect),
-                None => granted.get_mut(name),
-            };
-            let Some(effect) = effect else {
-                return Err(ConfigError::Invalid {
-                    path: self.shown(),
-                    message: format!(
-                        "[redact.\"{name}\"] names no effect (nor a model, as models.ALIAS)"
-                    ),
-                });
-            };
-            let Some(key) = self.signer.mac_key() else {
-                return Err(ConfigError::Invalid {
-                    path: self.shown(),
-                    message: format!(
-                        "[redact.\"{name}\"] needs the operator's key to hash values with: set \
-                         {CHAIN_KEY_FILE_VAR} (or {CHAIN_KEY_VAR})"
-                    ),
-                });
-            };
-            let redaction =
-                Redaction::new(config.request.clone(), config.response.clone(), key.clone())
-                    .map_err(|message| ConfigError::Invalid {
-                        path: self.shown(),
-                        message: format!("[redact.\"{name}\"]: {message}"),
-                    })?;
-            effect.redaction = Some(redaction);
-        }
-        Ok(Effects::new(granted, llm, models).with_origins(origins))
-    }
-
-    /// The granted origins, by their `scheme://host[:port]`.
-    fn origins(&self, secrets: Secrets) -> Result<BTreeMap<String, Granted>, String> {
-        let mut origins = BTreeMap::new();
-        for (given, config) in &self.http {
-            let what = format!("http.\"{given}\"");
-            let Some(origin) = origin::origin_of(given) else {
-                return Err(format!(
-                    "{what} is not an origin; write it as \"https://api.example.com\" or \
-                     \"http://127.0.0.1:8080\""
-                ));
-            };
-            if given
-                .parse::<ureq::http::Uri>()
-                .ok()
-                .and_then(|u| u.path_and_query().map(|p| p.as_str() != "/"))
-                .unwrap_or(false)
-            {
-                return Err(format!(
-                    "{what} has a path; an origin is scheme, host and port only ({origin})"
-                ));
+        let key_hint = format!("set {CHAIN_KEY_FILE_VAR} (or {CHAIN_KEY_VAR})");
+        let context = stephost_effects::config::Context {
+            base_dir: &self.base_dir,
+            payload_bytes_max: self.limits.payload_bytes_max as usize,
+            key: self.signer.mac_key(),
+            key_hint: &key_hint,
+            secrets_required,
+        };
+        stephost_effects::config::build(&sections, &context).map_err(|message| {
+            ConfigError::Invalid {
+                path: self.shown(),
+                message,
             }
-            let receipt_pointer = checked_pointer(&config.receipt_operation_pointer, &what)?;
-            let headers = config
-                .headers
-                .iter()
-                .map(|(k, v)| Ok((k.clone(), resolve_env(v, &what, secrets)?)))
-                .collect::<Result<Vec<_>, String>>()?;
-            let handler = origin::Origin::new(
-                headers,
-                config.lookup.clone(),
-                config.idempotent,
-                Duration::from_millis(config.timeout_ms),
-            )
-            .map_err(|e| format!("{what}: {e}"))?;
-            let classes = config
-                .classes
-                .iter()
-                .map(|r| origin::ClassRule {
-                    method: r.method.as_ref().map(|m| m.to_ascii_uppercase()),
-                    path: r.path.clone(),
-                    class: r.class.class(),
-                })
-                .collect();
-            let granted = Granted {
-                effect: Effect {
-                    class: CallClass::Write,
-                    retry: config.retry.clone(),
-                    handler: Box::new(handler),
-                    receipt_pointer,
-                    redaction: None,
-                },
-                classes,
-                headers: config
-                    .headers
-                    .keys()
-                    .map(|k| k.to_ascii_lowercase())
-                    .collect(),
-            };
-            if origins.insert(origin.clone(), granted).is_some() {
-                return Err(format!("{what} grants {origin} a second time"));
-            }
-        }
-        Ok(origins)
+        })
     }
 
     fn shown(&self) -> String {
@@ -807,333 +325,6 @@ impl Config {
             self.path.display().to_string()
         }
     }
-
-    /// The declared MCP servers, none connected yet.
-    fn mcp_servers(&self, secrets: Secrets) -> Result<mcp::Servers, String> {
-        let mut servers = mcp::Servers::new();
-        for (name, config) in &self.mcp {
-            let what = format!("mcp.\"{name}\"");
-            let transport = match (&config.command, &config.url) {
-                (Some(program), None) => {
-                    if !config.headers.is_empty() {
-                        return Err(format!(
-                            "{what}.headers are for a server over HTTP (url); a program gets \
-                             variables by name in env"
-                        ));
-                    }
-                    mcp::Transport::Stdio {
-                        program: program.clone(),
-                        args: config.args.clone(),
-                        env: config.env.clone(),
-                        dir: Some(self.base_dir.clone()).filter(|d| !d.as_os_str().is_empty()),
-                    }
-                }
-                (None, Some(url)) => {
-                    if !(url.starts_with("http://") || url.starts_with("https://")) {
-                        return Err(format!(
-                            "{what}.url {url:?} is not an http:// or https:// URL"
-                        ));
-                    }
-                    if !config.args.is_empty() || !config.env.is_empty() {
-                        return Err(format!(
-                            "{what}: args and env are for a program (command), not a server \
-                             over HTTP"
-                        ));
-                    }
-                    let headers = config
-                        .headers
-                        .iter()
-                        .map(|(k, v)| Ok((k.clone(), resolve_env(v, &what, secrets)?)))
-                        .collect::<Result<Vec<_>, String>>()?;
-                    mcp::Transport::Http {
-                        url: url.clone(),
-                        headers,
-                    }
-                }
-                _ => {
-                    return Err(format!(
-                        "{what} needs exactly one of command (a program over stdio) and url (a \
-                         server over streamable HTTP)"
-                    ));
-                }
-            };
-            let server =
-                mcp::McpServer::new(name, transport, Duration::from_millis(config.timeout_ms));
-            servers.insert(name.clone(), std::sync::Arc::new(server));
-        }
-        Ok(servers)
-    }
-
-    fn build(
-        &self,
-        name: &str,
-        config: &EffectConfig,
-        secrets: Secrets,
-        servers: &mcp::Servers,
-    ) -> Result<Effect, String> {
-        let mut receipt_pointer = crate::effects::RECEIPT_OPERATION_POINTER.to_string();
-        let (class, retry, handler): (ClassName, RetryPolicy, Box<dyn Handler>) = match config {
-            EffectConfig::Echo { class, retry } => (*class, retry.clone(), Box::new(Echo)),
-            EffectConfig::Static {
-                class,
-                response,
-                retry,
-            } => (
-                *class,
-                retry.clone(),
-                Box::new(Static {
-                    response: response.clone(),
-                }),
-            ),
-            EffectConfig::File {
-                class,
-                path,
-                reply_delay_ms,
-                deduplicate,
-                lookup,
-                retry,
-            } => (
-                *class,
-                retry.clone(),
-                Box::new(
-                    FileReceiver::new(self.base_dir.join(path))
-                        .with_reply_delay(std::time::Duration::from_millis(*reply_delay_ms))
-                        .with_deduplication(*deduplicate)
-                        .with_lookup(*lookup),
-                ),
-            ),
-            EffectConfig::Http {
-                class,
-                method,
-                url,
-                headers,
-                timeout_ms,
-                idempotent,
-                lookup,
-                retry,
-                not_received_statuses,
-                final_statuses,
-                lookup_not_found_statuses,
-                receipt_operation_pointer,
-            } => {
-                let what = format!("effects.\"{name}\"");
-                receipt_pointer = checked_pointer(receipt_operation_pointer, &what)?;
-                let headers = headers
-                    .iter()
-                    .map(|(k, v)| Ok((k.clone(), resolve_env(v, &what, secrets)?)))
-                    .collect::<Result<Vec<_>, String>>()?;
-                let handler = HttpEffect::new(
-                    method,
-                    url.clone(),
-                    headers,
-                    lookup.clone(),
-                    *idempotent,
-                    Duration::from_millis(*timeout_ms),
-                    Statuses {
-                        not_received: not_received_statuses.clone(),
-                        final_refusals: final_statuses.clone(),
-                        lookup_not_found: lookup_not_found_statuses.clone(),
-                    },
-                )
-                .map_err(|e| format!("{what}: {e}"))?;
-                (*class, retry.clone(), Box::new(handler))
-            }
-            EffectConfig::Command {
-                class,
-                argv,
-                timeout_ms,
-                idempotent,
-                lookup,
-                retry,
-                env,
-                final_exit_codes,
-                lookup_not_found_exit,
-                receipt_operation_pointer,
-            } => {
-                let what = format!("effects.\"{name}\"");
-                if argv.is_empty() {
-                    return Err(format!("{what}.argv is empty"));
-                }
-                receipt_pointer = checked_pointer(receipt_operation_pointer, &what)?;
-                let handler = CommandEffect::new(CommandOptions {
-                    argv: argv.clone(),
-                    lookup: lookup.clone(),
-                    idempotent: *idempotent,
-                    timeout: Duration::from_millis(*timeout_ms),
-                    dir: Some(self.base_dir.clone()).filter(|d| !d.as_os_str().is_empty()),
-                    env: env.clone(),
-                    output_bytes_max: self.limits.payload_bytes_max as usize,
-                    final_exit_codes: final_exit_codes.clone(),
-                    lookup_not_found_exit: *lookup_not_found_exit,
-                });
-                (*class, retry.clone(), Box::new(handler))
-            }
-            EffectConfig::Mcp {
-                class,
-                server,
-                tool,
-                list_tools,
-                idempotent,
-                retry,
-            } => {
-                let what = format!("effects.\"{name}\"");
-                let Some(found) = servers.get(server) else {
-                    return Err(format!(
-                        "{what}.server names {server:?}, which no [mcp.\"{server}\"] declares"
-                    ));
-                };
-                let operation = match (tool, list_tools) {
-                    (Some(tool), false) => mcp::Operation::Call { tool: tool.clone() },
-                    (None, true) => {
-                        if *class == Some(ClassName::Write) {
-                            return Err(format!("{what}: a tool list is a read, not a write"));
-                        }
-                        mcp::Operation::List
-                    }
-                    _ => {
-                        return Err(format!(
-                            "{what} needs exactly one of tool = \"NAME\" (a tools/call) and \
-                             list_tools = true (the server's tools/list)"
-                        ));
-                    }
-                };
-                let configured = class.map(|c| c.class());
-                let default = match operation {
-                    mcp::Operation::List => ClassName::Read,
-                    mcp::Operation::Call { .. } => class.unwrap_or(ClassName::Write),
-                };
-                let handler =
-                    mcp::McpEffect::new(found.clone(), operation, *idempotent, configured);
-                (default, retry.clone(), Box::new(handler))
-            }
-            EffectConfig::Reject { class, message } => (
-                *class,
-                RetryPolicy::default(),
-                Box::new(Reject {
-                    message: message.clone(),
-                }),
-            ),
-        };
-        Ok(Effect {
-            class: class.class(),
-            retry,
-            handler,
-            receipt_pointer,
-            redaction: None,
-        })
-    }
-}
-
-/// `pointer` if it is a JSON pointer (empty, or starting with `/`).
-fn checked_pointer(pointer: &str, what: &str) -> Result<String, String> {
-    if pointer.is_empty() || pointer.starts_with('/') {
-        Ok(pointer.to_string())
-    } else {
-        Err(format!(
-            "{what}.receipt_operation_pointer {pointer:?} is not a JSON pointer; write it as \
-             \"/operation_id\" or \"/data/id\""
-        ))
-    }
-}
-
-fn build_llm(llm: &LlmConfig, secrets: Secrets) -> Result<Effect, String> {
-    let mut headers = Vec::new();
-    if let Some(var) = &llm.api_key_env {
-        let key = secrets
-            .read(var)
-            .map_err(|_| format!("llm.api_key_env names {var}, which is not set"))?;
-        headers.push(("Authorization".to_string(), format!("Bearer {key}")));
-    }
-    let http = HttpEffect::new(
-        "POST",
-        llm.url.clone(),
-        headers,
-        None,
-        true,
-        Duration::from_millis(llm.timeout_ms),
-        Statuses::default(),
-    )?;
-    Ok(Effect {
-        class: CallClass::Read,
-        retry: llm.retry.clone(),
-        handler: Box::new(Llm {
-            http,
-            model: llm.model.clone(),
-        }),
-        receipt_pointer: crate::effects::RECEIPT_OPERATION_POINTER.to_string(),
-        redaction: None,
-    })
-}
-
-fn build_model(alias: &str, config: &ModelConfig, secrets: Secrets) -> Result<ModelEffect, String> {
-    let what = format!("models.{alias}");
-    let api: stephost_models::Api = config.api.parse().map_err(|e| format!("{what}.api: {e}"))?;
-    config
-        .prices
-        .validate()
-        .map_err(|e| format!("{what}.prices: {e}"))?;
-    if config.max_tokens == 0 {
-        return Err(format!("{what}.max_tokens must be at least 1"));
-    }
-    if config.concurrency_max == Some(0) {
-        return Err(format!(
-            "{what}.concurrency_max must be at least 1 (leave it out for no bound)"
-        ));
-    }
-    if config.requests_per_minute == Some(0) || config.tokens_per_minute == Some(0) {
-        return Err(format!(
-            "{what}.requests_per_minute and tokens_per_minute must be at least 1 (leave them out \
-             for no bound)"
-        ));
-    }
-    let mut headers: Vec<(String, String)> = Vec::new();
-    if let Some(var) = &config.key_env {
-        let key = secrets
-            .read(var)
-            .map_err(|_| format!("{what}.key_env names {var}, which is not set"))?;
-        match api {
-            stephost_models::Api::AnthropicMessages => headers.push(("x-api-key".into(), key)),
-            _ => headers.push(("authorization".into(), format!("Bearer {key}"))),
-        }
-    }
-    if api == stephost_models::Api::AnthropicMessages
-        && !config
-            .headers
-            .keys()
-            .any(|h| h.eq_ignore_ascii_case("anthropic-version"))
-    {
-        headers.push(("anthropic-version".into(), "2023-06-01".into()));
-    }
-    headers.extend(config.headers.iter().map(|(k, v)| (k.clone(), v.clone())));
-    let model = std::sync::Arc::new(Model::new(
-        alias.to_string(),
-        api,
-        config.url.clone(),
-        config.model.clone(),
-        headers,
-        config.prices,
-        config.max_tokens,
-        Duration::from_millis(config.timeout_ms),
-        stephost_core::flow::FlowCaps {
-            concurrency_max: config.concurrency_max,
-            requests_per_minute: config.requests_per_minute,
-            tokens_per_minute: config.tokens_per_minute,
-        },
-    ));
-    Ok(ModelEffect {
-        effect: Effect {
-            class: CallClass::Read,
-            retry: config.retry.clone(),
-            handler: Box::new(model.clone()),
-            receipt_pointer: crate::effects::RECEIPT_OPERATION_POINTER.to_string(),
-            redaction: None,
-        },
-        model,
-    })
-}
-
-fn yes() -> bool {
-    true
 }
 
 fn describe(text: &str, e: &toml::de::Error) -> String {
@@ -1243,6 +434,7 @@ fn key_at_fault(text: &str, at: usize) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use stephost_core::CallClass;
 
     #[test]
     fn an_unknown_field_is_refused_with_its_line() {
@@ -1365,6 +557,41 @@ headers = { Authorization = "Bearer ${STEPHOST_TEST_UNSET_KEY_7d1f}" }
         .unwrap();
         let effects = ok.effects().unwrap();
         assert_eq!(effects.get("t").unwrap().class, CallClass::Write);
+    }
+
+    #[test]
+    fn an_mcp_tool_call_is_a_write_unless_configured_a_read_or_its_server_trusted() {
+        let effect = |server: &str, class: &str| {
+            let text = format!(
+                "[mcp.s]\ncommand = \"/nonexistent/server\"\n{server}[effects.t]\nkind = \"mcp\"\n\
+                 server = \"s\"\ntool = \"t\"\n{class}"
+            );
+            let effects = Config::parse(&text).unwrap().effects().unwrap();
+            let t = effects.get("t").unwrap();
+            (t.class, t.handler.declares_class())
+        };
+        // By default the tool's annotations are not asked for.
+        assert_eq!(effect("", ""), (CallClass::Write, false));
+        assert_eq!(effect("", "class = \"read\"\n"), (CallClass::Read, false));
+        // A trusted server's annotations decide, unless a class is configured.
+        assert_eq!(
+            effect("trust_annotations = true\n", ""),
+            (CallClass::Write, true)
+        );
+        assert_eq!(
+            effect("trust_annotations = true\n", "class = \"read\"\n"),
+            (CallClass::Read, false)
+        );
+    }
+
+    #[test]
+    fn an_mcp_server_s_settings_have_their_defaults() {
+        let config = Config::parse("[mcp.s]\ncommand = \"x\"\n").unwrap();
+        let server = &config.mcp["s"];
+        assert_eq!(server.timeout_ms, 30_000);
+        assert_eq!(server.start_timeout_ms, 120_000);
+        assert_eq!(server.stderr_line_bytes_max, 4_096);
+        assert!(!server.trust_annotations);
     }
 
     #[test]

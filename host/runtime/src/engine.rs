@@ -28,58 +28,35 @@ use crate::bounded::Bounded;
 use crate::command::Preview1State;
 use crate::imports::StepState;
 
-/// What `stephost` says a step must look like: the newest step world.
-pub const WORLD: &str = WORLD_0_2;
-
-/// The step worlds this build runs: 0.1.0 (runs pinned to it keep running
-/// and replaying) and 0.2.0 (0.1.0 and model calls).
-pub const WORLD_0_1: &str = "stephost:step/step@0.1.0";
-pub const WORLD_0_2: &str = "stephost:step/step@0.2.0";
-
-/// The step worlds, as messages name them.
-const WORLDS: &str = "stephost:step/step@0.2.0 (or @0.1.0)";
+pub use crate::bindings::{WORLD, WORLD_0_1, WORLD_0_2, WORLD_0_3};
 
 /// The world recorded for runs of WASI command programs.
 pub const COMMAND_WORLD: &str = "wasi:cli/command@0.2";
 
-/// Whether this build can run (and resume) runs started under `world`.
-pub fn provides(world: &str) -> bool {
-    world == WORLD_0_1 || world == WORLD_0_2 || world == COMMAND_WORLD
+impl crate::imports::runs::StepModules for StepEngine {
+    fn read(&self, bytes: &[u8], what: &str) -> Result<crate::imports::runs::StepModule, String> {
+        let loaded = self.load(bytes, what).map_err(|e| e.to_string())?;
+        Ok(crate::imports::runs::StepModule {
+            digest: loaded.digest.clone(),
+            world: loaded.world(),
+            step: loaded.step.clone(),
+        })
+    }
 }
 
-#[derive(Debug, thiserror::Error)]
-pub enum ModuleError {
-    #[error(
-        "{what} is not a WebAssembly module ({detail}); pass a .wasm component built for {WORLDS}"
-    )]
-    NotWasm { what: String, detail: String },
-    #[error(
-        "{what} is a core WebAssembly module that neither exports `_start` (a WASI command) \
-         nor carries the component type of {WORLDS} (as `wit-bindgen` emits it); build it \
-         for wasm32-wasip2, or as a WASI program with a `main`, or link the bindings' \
-         component-type object into it"
-    )]
-    CoreModule { what: String },
-    #[error("{what} is a core module that could not be adapted to a component: {detail}")]
-    Adapt { what: String, detail: String },
-    #[error("{what} is not a valid component: {detail}")]
-    Malformed { what: String, detail: String },
-    #[error(
-        "{what} is a component for another world: {detail}. A step must target {WORLDS}: \
-         export `run: func(input: string) -> result<string, string>` and import only \
-         stephost:step and WASI interfaces"
-    )]
-    WrongWorld { what: String, detail: String },
-    #[error("engine setup failed: {0}")]
-    Engine(String),
+/// Whether this build can run (and resume) runs started under `world`.
+pub fn provides(world: &str) -> bool {
+    world == WORLD_0_1 || world == WORLD_0_2 || world == WORLD_0_3 || world == COMMAND_WORLD
 }
+
+pub use crate::error::ModuleError;
 
 /// How a loaded step is entered.
 pub enum Entry {
     /// A component of the step world: `run(input) -> result<output, error>`.
     Step {
         pre: ComponentPre<StepState>,
-        /// [`WORLD_0_1`] or [`WORLD_0_2`], as its imports say.
+        /// [`WORLD_0_1`], [`WORLD_0_2`] or [`WORLD_0_3`], as its imports say.
         world: &'static str,
     },
     /// A WASI command component: stdin, stdout and an exit code.
@@ -125,14 +102,7 @@ pub struct InstancePool {
     pub memory_bytes_max: u64,
 }
 
-/// Most linear memories one run's component may create.
-pub const MEMORIES_MAX: usize = 8;
-/// Most tables one run's component may create.
-pub const TABLES_MAX: usize = 64;
-/// Most core instances one run's component may create.
-pub const INSTANCES_MAX: usize = 64;
-/// Most elements a table may grow to.
-pub const TABLE_ELEMENTS_MAX: usize = 1_000_000;
+pub use crate::limiter::{INSTANCES_MAX, MEMORIES_MAX, TABLE_ELEMENTS_MAX, TABLES_MAX};
 
 impl InstancePool {
     /// The largest memory a pool slot holds: wasmtime's default address
@@ -223,6 +193,7 @@ enum EffectsCall {
 fn link_step_world(linker: &mut Linker<StepState>, call: EffectsCall) -> wasmtime::Result<()> {
     use crate::bindings::stephost::step as v1;
     use crate::bindings::v0_2::stephost::step as v2;
+    use crate::bindings::v0_3::stephost::step as v3;
     crate::imports::wasi::record_random_bytes_per_call(linker)?;
     crate::imports::wasi::record_waits(linker)?;
     fn this(s: &mut StepState) -> &mut StepState {
@@ -233,6 +204,7 @@ fn link_step_world(linker: &mut Linker<StepState>, call: EffectsCall) -> wasmtim
         EffectsCall::OnThread => {
             v1::effects::add_to_linker::<_, Own>(linker, this)?;
             v2::effects::add_to_linker::<_, Own>(linker, this)?;
+            v3::effects::add_to_linker::<_, Own>(linker, this)?;
         }
         EffectsCall::AsTask => crate::imports::effects::link_call_as_task(linker)?,
     }
@@ -248,12 +220,18 @@ fn link_step_world(linker: &mut Linker<StepState>, call: EffectsCall) -> wasmtim
     v2::random::add_to_linker::<_, Own>(linker, this)?;
     v2::log::add_to_linker::<_, Own>(linker, this)?;
     v2::timers::add_to_linker::<_, Own>(linker, this)?;
-    v2::approvals::add_to_linker::<_, Own>(linker, this)
+    v2::approvals::add_to_linker::<_, Own>(linker, this)?;
+    v3::models::add_to_linker::<_, Own>(linker, this)?;
+    v3::llm::add_to_linker::<_, Own>(linker, this)?;
+    v3::clock::add_to_linker::<_, Own>(linker, this)?;
+    v3::random::add_to_linker::<_, Own>(linker, this)?;
+    v3::log::add_to_linker::<_, Own>(linker, this)?;
+    v3::timers::add_to_linker::<_, Own>(linker, this)?;
+    v3::approvals::add_to_linker::<_, Own>(linker, this)?;
+    v3::runs::add_to_linker::<_, Own>(linker, this)
 }
 
-/// How often a running step is interrupted to ask whether it must stop
-/// (see `instance::interrupt_on_tick`), in milliseconds.
-pub const EPOCH_TICK_MS: u64 = 10;
+pub use crate::limiter::EPOCH_TICK_MS;
 
 /// Advances `engine`'s epoch every [`EPOCH_TICK_MS`] on a thread of its
 /// own, which ends with the engine.
@@ -620,9 +598,10 @@ fn step_world(imports: &[&str]) -> Result<&'static str, String> {
     match versions.into_iter().collect::<Vec<_>>().as_slice() {
         [] | ["0.1.0"] => Ok(WORLD_0_1),
         ["0.2.0"] => Ok(WORLD_0_2),
+        ["0.3.0"] => Ok(WORLD_0_3),
         [one] => Err(format!(
             "it imports stephost:step@{one}, which this build does not provide (it provides \
-             0.1.0 and 0.2.0)"
+             0.1.0, 0.2.0 and 0.3.0)"
         )),
         many => Err(format!(
             "it imports stephost:step at several versions ({}); build it against one",

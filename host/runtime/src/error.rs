@@ -1,7 +1,5 @@
 //! The library's errors and the CLI's stable exit codes.
 
-use crate::config::ConfigError;
-use crate::engine::ModuleError;
 use stephost_core::StoreError;
 
 /// Exit codes of the `stephost` binary. Stable: scripts depend on them.
@@ -24,6 +22,50 @@ pub mod exit {
     /// The run waits for a timer or a person's approval; a worker (or
     /// `stephost resume`) continues it once due or decided.
     pub const WAITING: i32 = 7;
+    /// The run was cancelled (`stephost cancel`, or its parent's end).
+    pub const CANCELLED: i32 = 8;
+}
+
+/// The step worlds, as messages name them.
+const WORLDS: &str = "stephost:step/step@0.3.0 (or @0.2.0, @0.1.0)";
+
+/// A module that cannot be a step, or an engine that cannot be set up.
+#[derive(Debug, thiserror::Error)]
+pub enum ModuleError {
+    #[error(
+        "{what} is not a WebAssembly module ({detail}); pass a .wasm component built for {WORLDS}"
+    )]
+    NotWasm { what: String, detail: String },
+    #[error(
+        "{what} is a core WebAssembly module that neither exports `_start` (a WASI command) \
+         nor carries the component type of {WORLDS} (as `wit-bindgen` emits it); build it \
+         for wasm32-wasip2, or as a WASI program with a `main`, or link the bindings' \
+         component-type object into it"
+    )]
+    CoreModule { what: String },
+    #[error("{what} is a core module that could not be adapted to a component: {detail}")]
+    Adapt { what: String, detail: String },
+    #[error("{what} is not a valid component: {detail}")]
+    Malformed { what: String, detail: String },
+    #[error(
+        "{what} is a component for another world: {detail}. A step must target {WORLDS}: \
+         export `run: func(input: string) -> result<string, string>` and import only \
+         stephost:step and WASI interfaces"
+    )]
+    WrongWorld { what: String, detail: String },
+    #[error("engine setup failed: {0}")]
+    Engine(String),
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read configuration {path}: {source}")]
+    Read {
+        path: String,
+        source: std::io::Error,
+    },
+    #[error("configuration {path} is invalid: {message}")]
+    Invalid { path: String, message: String },
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -108,7 +150,8 @@ impl HostError {
                 | StoreError::NotDecidable { .. }
                 | StoreError::NotClaimable { .. }
                 | StoreError::Ended { .. }
-                | StoreError::RunExists { .. },
+                | StoreError::RunExists { .. }
+                | StoreError::Cancelled { .. },
             ) => exit::BAD_INPUT,
             HostError::Ledger(_)
             | HostError::LedgerWrite(_)

@@ -100,6 +100,11 @@ pub fn journal_for(
     start: Start,
     options: &HostOptions,
 ) -> Result<Arc<Mutex<Journal>>, Box<Executed>> {
+    // Claimed from pending or waiting: it was not executing.
+    let idle = matches!(
+        claim.from.as_ref().map(|from| from.status),
+        Some(stephost_core::RunStatus::Pending | stephost_core::RunStatus::Waiting)
+    );
     // Every ledger write needs a claim, so a run claimed for the first time
     // (fencing token 1) has recorded nothing: no history to read.
     let recorded = if claim.fence == 1 {
@@ -128,6 +133,20 @@ pub fn journal_for(
         run.budget.applied_to(&options.limits),
     );
     journal.set_signer(options.signer.clone(), run);
+    journal.set_parent(run.parent.clone(), run.root_run_id.clone());
+    if let Some(request) = &run.cancel {
+        journal.set_cancelled(request.error());
+        // A run cancelled before it began, or while it waited, ends now:
+        // its guest is not run.
+        if idle {
+            let stop = match journal.take_recorded_head() {
+                Ok(()) => Stop::Cancelled(request.error()),
+                Err(stop) => stop,
+            };
+            journal.set_stop(stop);
+        }
+    }
+    journal.set_scrub(options.effects.scrub().clone());
     if options.telemetry.is_some() {
         journal.set_trace(run.trace());
     }
@@ -189,6 +208,7 @@ pub fn conclude(
     let mut pending = journal.take_pending();
     let timings = journal.take_timings();
     let sealer = journal.end_sealer();
+    let notes = journal.end_notes();
     let Mode::Live { mut writer, claim } = journal.into_mode() else {
         unreachable_shared()
     };
@@ -205,7 +225,7 @@ pub fn conclude(
             pending.push(WriteOp::Counters(counters));
             // At a worker's shutdown, as a task: the commit and the release
             // wait for the committer, the runtime told.
-            let released = crate::effects::blocking(|| {
+            let released = stephost_effects::blocking(|| {
                 writer.commit(&claim, pending).wait().and_then(|()| {
                     lifecycle::release(store, &claim, stephost_core::clock::now_ms())
                 })
@@ -217,6 +237,7 @@ pub fn conclude(
             );
         }
         Some(Stop::Suspended { wake_at_ms, .. }) => RunEnd::Waiting { wake_at_ms },
+        Some(Stop::Cancelled(error)) => RunEnd::Cancelled { error },
         Some(Stop::Ledger(m)) => return done(writer, timings, Err(HostError::LedgerWrite(m))),
         Some(Stop::LedgerRead { message, corrupt }) => {
             return done(
@@ -258,6 +279,10 @@ pub fn conclude(
             error: format!("limit: {m}"),
             exit_code: None,
         },
+        Some(stop @ Stop::RedactedValue { .. }) => RunEnd::Failed {
+            error: format!("redacted_value: {stop}"),
+            exit_code: None,
+        },
         // A resumed step that ends before reaching every recorded call is
         // not the run that was recorded.
         None if guest.is_ok() && unreached.is_some() => diverged(
@@ -293,6 +318,7 @@ pub fn conclude(
     // The end rides with every buffered write, and the execution's metric
     // counters, in one durable commit.
     let mut end = lifecycle::ended(&end, stephost_core::clock::now_ms());
+    notes.fill(&mut end);
     sealer.seal(&mut end);
     pending.push(WriteOp::End(end));
     pending.push(WriteOp::Counters(counters));

@@ -33,11 +33,11 @@ pub fn receipt(data: &[u8]) {
     let operation_id = parts.next().unwrap_or("");
     let pointer = parts.next().unwrap_or("/operation_id");
     let answer = parts.next().unwrap_or("");
-    let accepted = crate::effects::check_receipt(
+    let accepted = stephost_effects::check_receipt(
         answer,
         pointer,
         operation_id,
-        &crate::effects::payload_sha256("{}"),
+        &stephost_effects::payload_sha256("{}"),
     )
     .is_ok();
     if accepted {
@@ -48,7 +48,7 @@ pub fn receipt(data: &[u8]) {
             Some(operation_id)
         );
     }
-    let _ = crate::effects::http::retry_after(answer, std::time::SystemTime::now());
+    let _ = stephost_effects::http::retry_after(answer, std::time::SystemTime::now());
 }
 
 #[cfg(test)]

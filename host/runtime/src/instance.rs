@@ -158,10 +158,9 @@ fn new_store(
         models_spent: Default::default(),
         last_chat: None,
         services: options.services.clone(),
-        http: crate::imports::http::HttpState::new(
-            &options.effects,
-            limits.payload_bytes_max as usize,
-        ),
+        http: crate::imports::http::HttpState::new(&options.effects, journal, limits),
+        runs: Default::default(),
+        children: options.children.clone(),
     };
     let mut store = Store::new(engine.engine(), state);
     store.limiter(|s| &mut s.limits);
@@ -170,7 +169,7 @@ fn new_store(
     Ok(store)
 }
 
-/// Every epoch tick ([`crate::engine::EPOCH_TICK_MS`]) while the step
+/// Every epoch tick ([`crate::limiter::EPOCH_TICK_MS`]) while the step
 /// computes, asks its journal whether the execution must stop (its worker
 /// drains or lost the lease, or it ran past `wall_ms_max`), and traps it
 /// with that stop if so: a step that never calls cannot hold a worker.

@@ -1,21 +1,26 @@
 //! stephost-runtime: the runtime that runs steps as sandboxed WebAssembly
 //! components over a ledger (see `stephost-core` for the records, rules and
-//! the journal every import call passes through).
+//! the journal every import call passes through, and `stephost-effects` for
+//! the handlers behind the step's effects and model calls).
 //!
-//! Modules, one per concept:
-//! - [`bindings`]: the step world, generated once.
-//! - [`engine`]: wasmtime, the linker and the compiled-component cache;
-//!   [`adapt`] and [`command`] bring WASI core modules and commands in.
-//! - [`imports`]: one module per WIT interface, plus WASI clocks and random.
-//! - [`effects`]: handlers, the retry loop and reconciliation.
-//! - [`instance`]: one execution's store, limits and WASI.
-//! - [`execution`]: an execution's journal and its end.
-//! - [`runner`]: a host over a ledger: run, resume, replay, upgrade.
-//! - [`worker`]: claims due runs and executes several at once.
-//! - [`service`]: the views and decisions the CLI and the server share.
-//! - [`telemetry`]: OpenTelemetry traces of runs, exported by OTLP.
-//! - [`logs`]: what a worker or server says on stderr, text or JSON.
-//! - [`config`], [`options`], [`metrics`], [`replay`], [`owner`], [`error`].
+//! Modules, one per concept, in layers: each uses only the modules of its
+//! own layer and of the layers above it in this table (a test,
+//! `tests/layers.rs`, holds the crate to it):
+//!
+//! | layer | modules |
+//! |---|---|
+//! | leaves | `adapt` (WASI core modules to components), `bindings` (the step world, generated once), `bounded` (bounded caches), `error` (errors, exit codes), `limiter` (a run's memories and tables), `logs` (stderr, text or JSON), `metrics`, `owner` (claim owners), `randomness` (the host's own) |
+//! | the host's services | `cache` (compiled components on disk), `effects_host` (what the effects take from this process) |
+//! | the step's imports | `imports` (one module per WIT interface, WASI clocks, random and waits) |
+//! | WASI commands | `command` |
+//! | the engine | `engine` (wasmtime, the linker) |
+//! | traces | `telemetry` (OpenTelemetry, exported by OTLP) |
+//! | how a host runs steps | `options` |
+//! | an execution | `instance` (one execution's store, limits and WASI) |
+//! | its journal | `execution` (an execution's journal and its end), `replay` (fixtures and reports) |
+//! | a host over a ledger | `runner` (run, resume, replay, upgrade) |
+//! | its users | `service` (what the CLI and the server share), `worker` (claims due runs, executes several at once) |
+//! | configuration | `config` (`stephost.toml`, composed of the effects' sections), `fuzzing` (what the fuzz targets feed) |
 
 pub mod adapt;
 pub mod bindings;
@@ -23,7 +28,7 @@ pub mod bounded;
 pub mod cache;
 pub mod command;
 pub mod config;
-pub mod effects;
+pub mod effects_host;
 pub mod engine;
 pub mod error;
 pub mod execution;
@@ -35,6 +40,7 @@ pub mod logs;
 pub mod metrics;
 pub mod options;
 pub mod owner;
+pub mod randomness;
 pub mod replay;
 pub mod runner;
 pub mod service;

@@ -5,7 +5,18 @@
 
 use wasmtime::ResourceLimiter;
 
-use crate::engine::{INSTANCES_MAX, MEMORIES_MAX, TABLE_ELEMENTS_MAX, TABLES_MAX};
+/// Most linear memories one run's component may create.
+pub const MEMORIES_MAX: usize = 8;
+/// Most tables one run's component may create.
+pub const TABLES_MAX: usize = 64;
+/// Most core instances one run's component may create.
+pub const INSTANCES_MAX: usize = 64;
+/// Most elements a table may grow to.
+pub const TABLE_ELEMENTS_MAX: usize = 1_000_000;
+
+/// How often a running step is interrupted to ask whether it must stop
+/// (see `instance::interrupt_on_tick`), in milliseconds.
+pub const EPOCH_TICK_MS: u64 = 10;
 
 /// Bytes a table element is counted as (a reference).
 pub const TABLE_ELEMENT_BYTES: usize = 8;

@@ -6,6 +6,14 @@
 use std::fmt::Display;
 use std::sync::atomic::{AtomicBool, Ordering};
 
+/// The run a step's log line is of.
+#[derive(Debug, Clone, Copy)]
+pub struct RunOfLine<'a> {
+    pub run_id: &'a str,
+    /// The trace the run reports into (32 hex digits).
+    pub trace_id: &'a str,
+}
+
 /// How lines are written.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum LogFormat {
@@ -96,11 +104,7 @@ pub fn error(source: &str, run_id: Option<&str>, message: impl Display) {
 /// A line a step logged (live, not replayed): `[RUN] LEVEL: MESSAGE` in
 /// text, whose message the caller has made safe for a terminal; in JSON
 /// with the run's `seq` (the calls it had made).
-pub fn step_line(
-    of: &crate::options::RunOfLine<'_>,
-    record: &stephost_core::LogRecord,
-    shown: impl Display,
-) {
+pub fn step_line(of: &RunOfLine<'_>, record: &stephost_core::LogRecord, shown: impl Display) {
     match format() {
         LogFormat::Text => eprintln!("[{}] {}: {shown}", of.run_id, record.level),
         LogFormat::Json => {

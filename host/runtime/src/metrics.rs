@@ -59,6 +59,10 @@ pub const COUNTERS: &[(&str, &str)] = &[
         "Approvals that expired before anyone decided.",
     ),
     (
+        "children_started_total",
+        "Child runs started by runs (runs.start), each once.",
+    ),
+    (
         "lease_loss_total",
         "Claims whose lease could not be renewed (the run was stopped).",
     ),

@@ -4,44 +4,14 @@ use std::sync::Arc;
 
 use stephost_core::{Limits, LogRecord};
 
-use crate::effects::Effects;
 use crate::engine::InstancePool;
+pub use crate::logs::RunOfLine;
+use stephost_effects::Effects;
+use stephost_effects::Services;
 
 /// Receives each log line of a run: the run, the line, whether it is a
 /// replay of a line already written.
 pub type RunLogSink = Arc<dyn Fn(&RunOfLine<'_>, &LogRecord, bool) + Send + Sync>;
-
-/// The run a step's log line is of.
-#[derive(Debug, Clone, Copy)]
-pub struct RunOfLine<'a> {
-    pub run_id: &'a str,
-    /// The trace the run reports into (32 hex digits).
-    pub trace_id: &'a str,
-}
-
-/// Where what a live model call is doing goes while it does it: its answer
-/// so far as it streams in (at most a few times a second), or what it waits
-/// for before it is sent. Nothing of it is recorded.
-#[derive(Clone)]
-pub struct StreamSink(pub Arc<StreamFn>);
-
-/// What a model call is doing.
-#[derive(Debug, Clone, Copy)]
-pub enum ModelProgress<'a> {
-    /// Its answer so far.
-    Text(&'a str),
-    /// Why it is not sent yet.
-    Waiting(&'a str),
-}
-
-/// A stream sink's function: run id, sequence number, progress.
-pub type StreamFn = dyn Fn(&str, u64, ModelProgress<'_>) + Send + Sync;
-
-impl std::fmt::Debug for StreamSink {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("StreamSink(..)")
-    }
-}
 
 /// How a host runs steps. A clone shares the effects (and so the
 /// connections to MCP servers) and models of the original.
@@ -69,6 +39,11 @@ pub struct HostOptions {
     pub services: Services,
     /// Where runs' spans are exported (`None`: nowhere, at no cost).
     pub telemetry: Option<Arc<crate::telemetry::Telemetry>>,
+    /// The steps runs may start as children, by name (`[steps.NAME]`):
+    /// their module files.
+    pub steps: std::collections::BTreeMap<String, std::path::PathBuf>,
+    /// What starts and joins children use (set by the host from `steps`).
+    pub children: Option<Arc<crate::imports::runs::ChildSteps>>,
 }
 
 /// What a new run is given besides its module and input.
@@ -81,31 +56,52 @@ pub struct RunOptions {
     pub trace: Option<stephost_core::RunTrace>,
 }
 
-/// What live calls use besides their effect.
-#[derive(Clone, Default)]
-pub struct Services {
-    /// Where models' answers go while they stream in, and what a model call
-    /// waits for (`stephost serve`'s event stream).
-    pub stream_sink: Option<StreamSink>,
-    /// Models' flow state, shared by every process on the ledger (filled
-    /// in from the ledger's pool by [`crate::runner::Host`]).
-    pub flows: Option<Arc<dyn stephost_core::flow::Flows>>,
+/// Most whole inputs a process holds at once; past it, the oldest run's
+/// executions get its input as the ledger keeps it.
+pub const HELD_INPUTS_MAX: usize = 4096;
+
+/// The whole inputs of runs this process accepted whose ledger copy has
+/// values redacted (`[redact."input"]`), held in memory only, by run id,
+/// oldest first out: what their executions in this process are given
+/// (any other execution gets the input as the ledger keeps it).
+#[derive(Debug, Default)]
+pub struct HeldInputs(std::sync::Mutex<std::collections::VecDeque<(String, String)>>);
+
+/// This process's held inputs.
+pub fn held_inputs() -> &'static HeldInputs {
+    static HELD: std::sync::OnceLock<HeldInputs> = std::sync::OnceLock::new();
+    HELD.get_or_init(HeldInputs::default)
 }
 
-impl Services {
-    /// None of them.
-    pub const NONE: Services = Services {
-        stream_sink: None,
-        flows: None,
-    };
-}
+impl HeldInputs {
+    pub fn hold(&self, run_id: &str, input: &str) {
+        let mut held = self
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        held.retain(|(id, _)| id != run_id);
+        if held.len() >= HELD_INPUTS_MAX {
+            held.pop_front();
+        }
+        held.push_back((run_id.to_string(), input.to_string()));
+    }
 
-impl std::fmt::Debug for Services {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Services")
-            .field("stream_sink", &self.stream_sink.is_some())
-            .field("flows", &self.flows.is_some())
-            .finish()
+    pub fn get(&self, run_id: &str) -> Option<String> {
+        let held = self
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        held.iter()
+            .find(|(id, _)| id == run_id)
+            .map(|(_, input)| input.clone())
+    }
+
+    pub fn release(&self, run_id: &str) {
+        let mut held = self
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        held.retain(|(id, _)| id != run_id);
     }
 }
 
@@ -129,6 +125,8 @@ impl Default for HostOptions {
             signer: stephost_core::chain::Signer::plain(),
             services: Services::default(),
             telemetry: None,
+            steps: Default::default(),
+            children: None,
         }
     }
 }

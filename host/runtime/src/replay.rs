@@ -38,6 +38,11 @@ pub struct Fixture {
     /// The run's own model budget, if it had one (its seal covers it).
     #[serde(default, skip_serializing_if = "RunBudget::is_empty")]
     pub budget: RunBudget,
+    /// For a child run: where it was started (sealed with its input).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parent: Option<stephost_core::ParentRef>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub root_run_id: Option<String>,
     pub calls: Vec<CallRecord>,
 }
 
@@ -56,6 +61,8 @@ impl Fixture {
             exit_code: run.exit_code,
             seal: run.seal.clone(),
             budget: run.budget,
+            parent: run.parent.clone(),
+            root_run_id: run.root_run_id.clone(),
             calls,
         }
     }
@@ -82,6 +89,9 @@ impl Fixture {
             seal: self.seal.clone(),
             budget: self.budget,
             trace: None,
+            parent: self.parent.clone(),
+            root_run_id: self.root_run_id.clone(),
+            cancel: None,
         }
     }
 
@@ -272,4 +282,14 @@ fn same_json(a: &str, b: &str) -> bool {
         (Ok(x), Ok(y)) => x == y,
         _ => a == b,
     }
+}
+
+/// A portable copy of run `run_id`: module digest, input, calls, output.
+pub fn export(
+    store: &dyn stephost_core::Views,
+    run_id: &str,
+) -> Result<Fixture, crate::error::HostError> {
+    let run = store.run(run_id)?;
+    let calls = store.calls(run_id, 1, usize::MAX)?;
+    Ok(Fixture::new(&run, calls))
 }

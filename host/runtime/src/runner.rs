@@ -61,6 +61,17 @@ impl RunReport {
     }
 }
 
+/// Whether an execution's journal has stopped before its guest runs (a
+/// run cancelled while it was pending or waiting): it is ended, not run.
+fn not_to_run(journal: &Arc<std::sync::Mutex<stephost_core::journal::Journal>>) -> bool {
+    crate::imports::lock(journal).stop().is_some()
+}
+
+/// The guest result of an execution that did not run its guest.
+fn not_run() -> crate::instance::GuestResult {
+    Err(wasmtime::Error::msg("the step was not run"))
+}
+
 /// A host over one ledger.
 pub struct Host {
     engine: Arc<StepEngine>,
@@ -90,8 +101,17 @@ impl Host {
         pool: Arc<dyn Pool>,
         mut options: HostOptions,
     ) -> Result<Self, HostError> {
+        crate::effects_host::install();
         if options.services.flows.is_none() {
             options.services.flows = Some(pool.flows()?);
+        }
+        if options.children.is_none() {
+            options.children = Some(Arc::new(crate::imports::runs::ChildSteps::new(
+                options.steps.clone(),
+                engine.clone(),
+                pool.store()?,
+                options.signer.clone(),
+            )));
         }
         Ok(Host {
             engine,
@@ -140,7 +160,8 @@ impl Host {
         given: RunOptions,
     ) -> Result<RunRecord, HostError> {
         let (loaded, run_id) = self.store_module(module, what, input, run_id)?;
-        let new = new_run(&loaded, &run_id, input, given.budget);
+        let kept = self.kept_input(&run_id, input);
+        let new = new_run(&loaded, &run_id, &kept, given.budget);
         let found = self
             .store
             .insert_run(&self.sealed(new.record(None), given.trace))?;
@@ -164,6 +185,26 @@ impl Host {
             trace: Some(trace),
             ..run
         }
+    }
+
+    /// A new run's input as the ledger keeps it (`[redact."input"]`); the
+    /// whole input, when values are redacted, held for its executions in
+    /// this process.
+    fn kept_input(&self, run_id: &str, input: &str) -> String {
+        let kept = self.options.effects.kept_input(input);
+        if kept != input {
+            crate::options::held_inputs().hold(run_id, input);
+        }
+        kept
+    }
+
+    /// The input an execution of `run` is given: the whole one, if this
+    /// process holds it, else the ledger's.
+    fn input_of(&self, run: &RunRecord) -> String {
+        crate::options::held_inputs()
+            .get(&run.run_id)
+            .filter(|whole| self.options.effects.kept_input(whole) == run.input)
+            .unwrap_or_else(|| run.input.clone())
     }
 
     /// Checks the input, loads the module and keeps its bytes in the
@@ -252,7 +293,8 @@ impl Host {
         given: RunOptions,
     ) -> Result<RunReport, HostError> {
         let owner = self.options.owner.clone();
-        let new = new_run(loaded, run_id, input, given.budget);
+        let kept = self.kept_input(run_id, input);
+        let new = new_run(loaded, run_id, &kept, given.budget);
         // A run id not in the ledger: the run is recorded, claimed by this
         // host, with the execution's first commit, not by a transaction of
         // its own before the guest starts. Should another process start the
@@ -341,6 +383,7 @@ impl Host {
             RunStatus::Completed | RunStatus::Failed => {
                 return Ok(RunReport::from_record(&run, Stats::default()));
             }
+            RunStatus::Cancelled => return Ok(RunReport::from_record(&run, Stats::default())),
             RunStatus::Diverged => {
                 return Err(HostError::BadInput(format!(
                     "run {run_id} diverged from its recording and cannot resume: {}",
@@ -352,6 +395,38 @@ impl Host {
         let loaded = self.load_pinned(&run)?;
         let claim = self.claim(&run)?;
         self.execute_with(&run, claim, &loaded, None, Start::Recorded)
+    }
+
+    /// Cancels run `run_id` and every run below it
+    /// ([`stephost_core::Store::cancel`]), then ends here those of them
+    /// that nobody holds and that were pending or waiting (a run held by a
+    /// worker stops at its next call; a parked one when a person has
+    /// settled it). The runs marked, and each one's report once ended here.
+    pub fn cancel(
+        &mut self,
+        run_id: &str,
+        request: &stephost_core::CancelRequest,
+    ) -> Result<Vec<(String, Option<RunReport>)>, HostError> {
+        let marked = self.store.cancel(run_id, request)?;
+        let mut reports = Vec::with_capacity(marked.len());
+        for id in marked {
+            let run = self.store.run(&id)?;
+            let idle = matches!(run.status, RunStatus::Pending | RunStatus::Waiting)
+                && run.owner.is_none();
+            let report = match idle {
+                true => match self.resume(&id) {
+                    Ok(report) => Some(report),
+                    // Taken meanwhile by a worker, which ends it.
+                    Err(HostError::Ledger(stephost_core::StoreError::ClaimedElsewhere {
+                        ..
+                    })) => None,
+                    Err(e) => return Err(e),
+                },
+                false => None,
+            };
+            reports.push((id, report));
+        }
+        Ok(reports)
     }
 
     /// Adds one to a metric counter; a counter that cannot be written is
@@ -370,7 +445,7 @@ impl Host {
         }
         // A compile takes its thread for a while: a run executed as a task
         // tells its runtime.
-        crate::effects::blocking(|| {
+        stephost_effects::blocking(|| {
             let module = self.store.module(&run.module_digest)?;
             // What runs under a pin is the code the digest names, whatever
             // happened to the ledger's copy.
@@ -429,9 +504,13 @@ impl Host {
             start,
             &self.options,
         ) {
+            Ok(journal) if not_to_run(&journal) => {
+                execution::conclude(self.store.as_ref(), journal, not_run(), None).commit()
+            }
             Ok(journal) => {
+                let input = self.input_of(run);
                 let (guest, exit_code) =
-                    invoke(&self.engine, loaded, &journal, &run.input, &self.options);
+                    invoke(&self.engine, loaded, &journal, &input, &self.options);
                 execution::conclude(self.store.as_ref(), journal, guest, exit_code).commit()
             }
             Err(not_started) => *not_started,
@@ -468,7 +547,7 @@ impl Host {
         let pre = match self.engine.task_pre(&loaded) {
             Some(pre) => pre.map_err(HostError::Internal)?.clone(),
             None => {
-                return crate::effects::blocking(|| {
+                return stephost_effects::blocking(|| {
                     self.execute_with(&run, claim, &loaded, Some(control), Start::Recorded)
                 });
             }
@@ -484,9 +563,14 @@ impl Host {
             Start::Recorded,
             &self.options,
         ) {
+            Ok(journal) if not_to_run(&journal) => {
+                execution::conclude(self.store.as_ref(), journal, not_run(), None)
+                    .commit_task()
+                    .await
+            }
             Ok(journal) => {
-                let guest =
-                    invoke_task(&self.engine, &pre, &journal, &run.input, &self.options).await;
+                let input = self.input_of(&run);
+                let guest = invoke_task(&self.engine, &pre, &journal, &input, &self.options).await;
                 execution::conclude(self.store.as_ref(), journal, guest, None)
                     .commit_task()
                     .await
@@ -529,7 +613,11 @@ impl Host {
         }
         let stats = result?;
         landed?;
-        Ok(RunReport::from_record(&self.store.run(run_id)?, stats))
+        let run = self.store.run(run_id)?;
+        if run.status.is_finished() {
+            crate::options::held_inputs().release(run_id);
+        }
+        Ok(RunReport::from_record(&run, stats))
     }
 
     /// Replays a recorded run offline: no I/O, no ledger writes. With
@@ -600,7 +688,7 @@ impl Host {
 
     /// A portable copy of a run: module digest, input, calls, output.
     pub fn export(&self, run_id: &str) -> Result<Fixture, HostError> {
-        crate::service::export(self.store.as_ref(), run_id)
+        crate::replay::export(self.store.as_ref(), run_id)
     }
 }
 

@@ -14,7 +14,6 @@ use stephost_core::{
 
 use crate::error::HostError;
 use crate::instance::check_json;
-use crate::replay::Fixture;
 use crate::runner::{Host, UpgradeOutcome};
 
 /// A run with everything recorded of it (`stephost show`).
@@ -43,6 +42,121 @@ pub fn run_detail(store: &dyn Views, run_id: &str) -> Result<RunDetail, HostErro
         calls,
         attempts,
         logs,
+    })
+}
+
+/// A run and the runs it started, down its tree (`stephost tree`).
+#[derive(Debug, Clone, Serialize)]
+pub struct TreeNode {
+    pub run_id: String,
+    pub status: RunStatus,
+    /// The step's declared `name@version`, when its module declares one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub step: Option<String>,
+    /// The parent's join set it was started in (none for the root).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub join_set: Option<String>,
+    /// For a child that ended: its place in its parent's inbox (1, 2, 3 …
+    /// in the order the children's ends committed; joins follow it).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub arrival: Option<u64>,
+    /// What an unfinished run waits for: its last call left open (a child
+    /// to join, an approval, a timer, an unknown outcome).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub waits_for: Option<String>,
+    /// For a failed, parked or diverged run: what happened.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    /// What waits for a person in this run or any run below it (an approval
+    /// to decide, an unknown outcome to resolve), so that the root shows
+    /// it: `RUN_ID #SEQ what`.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub needs_a_person: Vec<String>,
+    /// Model tokens and cost its own recorded calls spent.
+    pub tokens_total: u64,
+    #[serde(skip_serializing_if = "is_zero")]
+    pub cost_micro_usd_total: u64,
+    pub children: Vec<TreeNode>,
+}
+
+/// How many runs a tree shows at most.
+pub const TREE_RUNS_MAX: usize = 10_000;
+
+/// Run `run_id` and its descendants, each with its status, what it waits
+/// for and what it spent (at most [`TREE_RUNS_MAX`] runs).
+pub fn tree(store: &dyn Views, run_id: &str) -> Result<TreeNode, HostError> {
+    let mut shown = 0;
+    tree_of(store, store.run(run_id)?, None, &mut shown)
+}
+
+fn tree_of(
+    store: &dyn Views,
+    run: RunRecord,
+    arrival: Option<u64>,
+    shown: &mut usize,
+) -> Result<TreeNode, HostError> {
+    *shown += 1;
+    let calls = store.calls(&run.run_id, 1, usize::MAX)?;
+    let waits_for = (!run.status.is_finished())
+        .then(|| calls.last())
+        .flatten()
+        .filter(|c| matches!(c.state, CallState::Started | CallState::Unknown))
+        .map(|c| {
+            let what = match c.state {
+                CallState::Unknown => "unknown outcome of",
+                _ => "",
+            };
+            format!("{what} #{} {} {}", c.seq, call_name(c), c.request)
+                .trim()
+                .to_string()
+        });
+    let mut needs_a_person: Vec<String> = (!run.status.is_finished())
+        .then(|| calls.last())
+        .flatten()
+        .filter(|c| {
+            c.state == CallState::Unknown
+                || (c.state == CallState::Started && c.interface == approvals::INTERFACE)
+        })
+        .map(|c| {
+            let what = match c.state {
+                CallState::Unknown => "an unknown outcome to resolve",
+                _ => "an approval to decide",
+            };
+            format!("{} #{} {what}", run.run_id, c.seq)
+        })
+        .into_iter()
+        .collect();
+    let mut children = Vec::new();
+    let found = store.children(&run.run_id)?;
+    let inbox = if found.is_empty() {
+        Vec::new()
+    } else {
+        store.inbox(&run.run_id)?
+    };
+    for child in found {
+        if *shown >= TREE_RUNS_MAX {
+            break;
+        }
+        let arrival = inbox
+            .iter()
+            .find(|e| e.child_run_id == child.run_id)
+            .map(|e| e.arrival);
+        let node = tree_of(store, child, arrival, shown)?;
+        needs_a_person.extend(node.needs_a_person.iter().cloned());
+        children.push(node);
+    }
+    Ok(TreeNode {
+        tokens_total: tokens_total(&calls),
+        cost_micro_usd_total: cost_total(&calls),
+        join_set: run.parent.as_ref().map(|p| p.join_set.clone()),
+        arrival,
+        run_id: run.run_id,
+        status: run.status,
+        step: run.step,
+        waits_for,
+        error: run.error,
+        needs_a_person,
+        children,
     })
 }
 
@@ -330,6 +444,48 @@ pub enum Verification {
     NeedsKey { reason: String },
 }
 
+/// Run `run_id` of the ledger checked ([`verify`]), and, for a child run,
+/// its link to its parent: the parent's call that the child's row names
+/// started it (a `runs.start` whose recorded outcome is the child's id,
+/// which is derived from that call's operation id).
+pub fn verify_in(
+    store: &dyn Views,
+    signer: &Signer,
+    run_id: &str,
+) -> Result<Verification, HostError> {
+    let run = store.run(run_id)?;
+    let calls = store.calls(run_id, 1, usize::MAX)?;
+    let verified = verify(signer, &calls, &run);
+    let Some(parent) = &run.parent else {
+        return Ok(verified);
+    };
+    if !matches!(verified, Verification::Intact { .. }) {
+        return Ok(verified);
+    }
+    let start = store.calls(&parent.run_id, parent.seq, 1)?.pop();
+    let started = start.as_ref().and_then(|call| {
+        let outcome: serde_json::Value = serde_json::from_str(call.outcome.as_deref()?).ok()?;
+        let named = outcome["ok"]["run_id"].as_str()? == run.run_id;
+        let derived = stephost_core::ids::child_run_id(&call.operation_id) == run.run_id;
+        (call.interface == crate::imports::runs::INTERFACE
+            && call.function == "start"
+            && named
+            && derived)
+            .then_some(())
+    });
+    Ok(match started {
+        Some(()) => verified,
+        None => Verification::Broken {
+            seq: None,
+            reason: format!(
+                "its row names call #{} of run {} as the start of this child, and that call \
+                 did not start it",
+                parent.seq, parent.run_id
+            ),
+        },
+    })
+}
+
 /// Checks a run's row against its seal and its chain of calls.
 /// Run `run_id` with every call it recorded, as `stephost export` writes it.
 /// How often a caller of [`wait_for_end`] reads the run again, in ms.
@@ -353,11 +509,7 @@ pub fn wait_for_end(
     }
 }
 
-pub fn export(store: &dyn Views, run_id: &str) -> Result<Fixture, HostError> {
-    let run = store.run(run_id)?;
-    let calls = store.calls(run_id, 1, usize::MAX)?;
-    Ok(Fixture::new(&run, calls))
-}
+pub use crate::replay::export;
 
 pub fn verify(signer: &Signer, calls: &[CallRecord], run: &RunRecord) -> Verification {
     match signer.verify(calls, run) {
@@ -399,7 +551,7 @@ pub fn upgrade_from(
 /// chats (0.2.0's `models`).
 pub fn tokens_total(calls: &[CallRecord]) -> u64 {
     let completions: u64 = answers(calls, crate::imports::llm::INTERFACE)
-        .filter_map(|text| crate::effects::llm::total_tokens(&text))
+        .filter_map(|text| stephost_effects::llm::total_tokens(&text))
         .sum();
     let chats: u64 = chats(calls).map(|r| r.usage.total()).sum();
     completions + chats

@@ -86,6 +86,7 @@ pub struct WorkerReport {
     pub parked: usize,
     pub released: usize,
     pub waiting: usize,
+    pub cancelled: usize,
     pub abandoned: usize,
     pub claim_conflicts: usize,
     pub lease_losses: usize,
@@ -647,6 +648,7 @@ fn tally(
                 RunStatus::Parked => report.parked += 1,
                 RunStatus::Waiting => report.waiting += 1,
                 RunStatus::Pending | RunStatus::Running => report.released += 1,
+                RunStatus::Cancelled => report.cancelled += 1,
             }
             crate::logs::run_line(
                 crate::logs::Level::Info,

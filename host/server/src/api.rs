@@ -52,6 +52,8 @@ pub fn router(app: Arc<App>) -> Router {
         .route("/api/runs/{run_id}/verify", get(verify))
         .route("/api/runs/{run_id}/replay", post(replay))
         .route("/api/runs/{run_id}/budget", post(raise_budget))
+        .route("/api/runs/{run_id}/tree", get(tree))
+        .route("/api/runs/{run_id}/cancel", post(cancel))
         .route("/api/approvals", get(approvals))
         .route("/api/approvals/{run_id}/{seq}", post(decide))
         .route("/api/unknown", get(unknown_calls))
@@ -66,12 +68,29 @@ pub fn router(app: Arc<App>) -> Router {
                 "see /openapi.json for the methods each path takes",
             )
         })
+        .layer(axum::middleware::from_fn(no_nul_in_path))
         .layer(axum::middleware::from_fn_with_state(
             app.clone(),
             crate::access::guard,
         ))
         .layer(DefaultBodyLimit::max(json_max))
         .with_state(app)
+}
+
+/// A path naming something with a NUL character names nothing: no text
+/// in the ledger holds one (PostgreSQL cannot store it, and ids are
+/// checked before they are stored), so it is 404 on either backend, not
+/// an error from the database.
+async fn no_nul_in_path(
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    use axum::response::IntoResponse;
+    if request.uri().path().contains("%00") {
+        return ApiError::not_found("nothing in the ledger has a name with a NUL character")
+            .into_response();
+    }
+    next.run(request).await
 }
 
 /// Whether the ledger can be read: a small read (the metric counters),
@@ -122,10 +141,17 @@ impl ModuleRef {
                 "give module_digest or module_base64, not both",
             )),
             (Some(digest), None) => Ok(Some((host.store().module(digest)?, digest.clone()))),
+            // As /openapi.json's pattern says: the standard alphabet,
+            // padded, nothing around it.
             (None, Some(b64)) => base64::engine::general_purpose::STANDARD
-                .decode(b64.trim())
+                .decode(b64)
                 .map(|b| Some((b, "the uploaded module".to_string())))
-                .map_err(|e| ApiError::bad_input(format!("module_base64 is not base64: {e}"))),
+                .map_err(|e| {
+                    ApiError::bad_input(format!(
+                        "module_base64 is not base64 (the standard alphabet, padded with =, \
+                         no spaces or line breaks): {e}"
+                    ))
+                }),
             (None, None) => Ok(None),
         }
     }
@@ -170,7 +196,60 @@ pub struct SubmitBody {
     pub run_id: Option<String>,
     /// The run's own model budget.
     #[serde(default)]
-    pub budget: Option<stephost_core::RunBudget>,
+    pub budget: Option<Budget>,
+}
+
+/// A run's own model budget as a body gives it: a JSON object whose bounds
+/// are whole numbers. JSON (and /openapi.json's `integer`) does not tell
+/// `5000` from `5000.0`, so a bound written with a zero fraction or an
+/// exponent is the whole number it spells, up to 2^53 (a double spells
+/// every whole number up to there, and no reader of doubles can tell the
+/// ones past it apart); past 2^53 it is refused, with how to write it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Budget(pub stephost_core::RunBudget);
+
+/// The largest whole number a bound may be written as with a fraction or
+/// an exponent: 2^53.
+const WHOLE_DOUBLE_MAX: f64 = 9_007_199_254_740_992.0;
+
+/// 2^64: the first whole number past a `u64`.
+const U64_END: f64 = 18_446_744_073_709_551_616.0;
+
+impl<'de> Deserialize<'de> for Budget {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        use serde::de::Error as _;
+        let mut value = serde_json::Value::deserialize(d)?;
+        // serde would read an array as the bounds in order.
+        let Some(bounds) = value.as_object_mut() else {
+            return Err(D::Error::custom(
+                "a budget is a JSON object, e.g. {\"model_tokens_max\": 5000}",
+            ));
+        };
+        for (name, bound) in bounds.iter_mut() {
+            let Some(number) = bound.as_number() else {
+                continue;
+            };
+            if number.is_u64() || number.is_i64() {
+                continue;
+            }
+            let Some(whole) = number.as_f64().filter(|f| f.fract() == 0.0 && *f >= 0.0) else {
+                continue;
+            };
+            if whole <= WHOLE_DOUBLE_MAX {
+                *bound = serde_json::Value::from(whole as u64);
+            } else if whole < U64_END {
+                return Err(D::Error::custom(format!(
+                    "{name}: {number} is written with a fraction or an exponent and is past \
+                     2^53, where that no longer says which whole number it is; write it as \
+                     digits alone"
+                )));
+            }
+            // From 2^64 on, serde says it is out of range.
+        }
+        stephost_core::RunBudget::deserialize(value)
+            .map(Budget)
+            .map_err(D::Error::custom)
+    }
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -212,7 +291,7 @@ async fn submit(
                 &input,
                 body.run_id.as_deref(),
                 stephost_runtime::options::RunOptions {
-                    budget: body.budget.unwrap_or_default(),
+                    budget: body.budget.unwrap_or_default().0,
                     trace,
                 },
             )?)
@@ -279,23 +358,67 @@ async fn raise_budget(
     _operator: Operator,
     _fits: Fits,
     path: Result<Path<String>, PathRejection>,
-    body: Result<Json<serde_json::Value>, JsonRejection>,
+    body: Result<Json<Budget>, JsonRejection>,
 ) -> Result<Json<RunRecord>, ApiError> {
     let Path(run_id) = path?;
-    let Json(body) = body?;
-    // Every bound is optional: serde would read an array as the fields in
-    // order, so the body is checked to be an object first.
-    if !body.is_object() {
-        return Err(ApiError::bad_input(
-            "the body must be a JSON object, e.g. {\"model_tokens_max\": 5000}",
-        ));
-    }
-    let raised: stephost_core::RunBudget =
-        serde_json::from_value(body).map_err(|e| ApiError::bad_input(e.to_string()))?;
+    let Json(Budget(raised)) = body?;
     let run = app
         .with_host(move |host| Ok(host.set_budget(&run_id, &raised)?))
         .await?;
     Ok(Json(run))
+}
+
+/// A run and the runs below it (`stephost tree`).
+async fn tree(
+    State(app): State<Arc<App>>,
+    _caller: Caller,
+    path: Result<Path<String>, PathRejection>,
+) -> Api<service::TreeNode> {
+    let Path(run_id) = path?;
+    Ok(Json(
+        app.with_views(move |s| Ok(service::tree(s, &run_id)?))
+            .await?,
+    ))
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CancelBody {
+    /// Who cancels, on a server without tokens (else the token's name).
+    pub by: Option<String>,
+    pub reason: Option<String>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct Cancelled {
+    /// The runs marked cancelled now, top down (none if the tree was
+    /// cancelled already). The server's worker ends those pending or
+    /// waiting at once; one held by a worker stops at its next call.
+    pub cancelled: Vec<String>,
+    pub by: String,
+}
+
+/// Cancels a run and every run below it.
+async fn cancel(
+    State(app): State<Arc<App>>,
+    Operator(caller): Operator,
+    _fits: Fits,
+    path: Result<Path<String>, PathRejection>,
+    body: Result<Json<CancelBody>, JsonRejection>,
+) -> Api<Cancelled> {
+    let (Path(run_id), Json(body)) = (path?, body?);
+    let by = caller
+        .who(body.by.as_deref())
+        .map_err(ApiError::bad_input)?;
+    let request = stephost_core::CancelRequest {
+        at_ms: stephost_core::clock::now_ms(),
+        by: by.clone(),
+        reason: body.reason,
+    };
+    let cancelled = app
+        .with_store(move |s| Ok(s.cancel(&run_id, &request)?))
+        .await?;
+    Ok(Json(Cancelled { cancelled, by }))
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -325,6 +448,11 @@ async fn list_runs(
 ) -> Api<RunsPage> {
     let Query(p) = query?;
     let limit = p.limit.unwrap_or(50).clamp(1, app.settings.runs_page_max);
+    // A filter with a NUL character matches no run (see no_nul_in_path).
+    let texts = [&p.module, &p.step, &p.after];
+    if texts.iter().any(|t| t.as_deref().is_some_and(|t| t.contains('\0'))) {
+        return Ok(Json(RunsPage { runs: vec![], next: None }));
+    }
     let query = RunQuery {
         status: p.status.as_deref().map(service::parse_status).transpose()?,
         module_digest: p.module.filter(|m| !m.is_empty()),
@@ -428,9 +556,11 @@ async fn verify(
 ) -> Api<service::Verification> {
     Ok(Json(
         app.with_host(move |host| {
-            let run = host.store().run(&run_id)?;
-            let calls = host.store().calls(&run_id, 1, usize::MAX)?;
-            Ok(service::verify(&host.options().signer, &calls, &run))
+            Ok(service::verify_in(
+                host.store(),
+                &host.options().signer,
+                &run_id,
+            )?)
         })
         .await?,
     ))
@@ -605,4 +735,66 @@ async fn resolve(
     })
     .await?;
     Ok(Json(decided))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn budget(json: &str) -> Result<stephost_core::RunBudget, String> {
+        serde_json::from_str::<Budget>(json)
+            .map(|b| b.0)
+            .map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn a_bound_written_as_a_whole_number_with_a_fraction_or_an_exponent_is_that_number() {
+        for (json, tokens) in [
+            (r#"{"model_tokens_max": 198492709}"#, 198_492_709),
+            (r#"{"model_tokens_max": 198492709.0}"#, 198_492_709),
+            (r#"{"model_tokens_max": 1.98492709e8}"#, 198_492_709),
+            (r#"{"model_tokens_max": 0.0}"#, 0),
+            (r#"{"model_tokens_max": 9007199254740992.0}"#, 1 << 53),
+            (r#"{"model_tokens_max": 18446744073709551615}"#, u64::MAX),
+        ] {
+            assert_eq!(
+                budget(json).unwrap().model_tokens_max,
+                Some(tokens),
+                "{json}"
+            );
+        }
+        let both = budget(r#"{"model_tokens_max": null, "model_cost_micro_usd_max": 5e3}"#);
+        assert_eq!(
+            both.unwrap(),
+            stephost_core::RunBudget {
+                model_tokens_max: None,
+                model_cost_micro_usd_max: Some(5_000),
+            }
+        );
+    }
+
+    #[test]
+    fn a_bound_that_is_not_a_whole_number_it_can_tell_is_refused_with_why() {
+        for (json, says) in [
+            (r#"{"model_tokens_max": 1.5}"#, "floating point"),
+            (r#"{"model_tokens_max": -1.0}"#, "floating point"),
+            (r#"{"model_tokens_max": -1}"#, "invalid value"),
+            (
+                r#"{"model_tokens_max": 9007199254740994.0}"#,
+                "write it as digits alone",
+            ),
+            (r#"{"model_tokens_max": 1e19}"#, "write it as digits alone"),
+            (
+                r#"{"model_tokens_max": 18446744073709551616}"#,
+                "floating point",
+            ),
+            (r#"{"model_tokens_max": "5"}"#, "invalid type: string"),
+            (r#"{"tokens": 5}"#, "unknown field"),
+            // Not read as the bounds in order.
+            (r#"[5, 6]"#, "a budget is a JSON object"),
+        ] {
+            let e = budget(json).unwrap_err();
+            assert!(e.contains(says), "{json}: {e}");
+        }
+    }
 }

@@ -39,6 +39,8 @@ pub struct App {
     pub changes: broadcast::Sender<crate::events::Live>,
     /// Set once the server stops: event streams end.
     pub stopping: AtomicBool,
+    /// The event streams each token holds open.
+    pub streams: crate::events::OpenStreams,
     /// Woken each time an execution of the server's worker ends: requests
     /// waiting for a run's end look at it again.
     pub ended: tokio::sync::Notify,
@@ -63,6 +65,7 @@ impl App {
             settings,
             changes: broadcast::channel(64).0,
             stopping: AtomicBool::new(false),
+            streams: crate::events::OpenStreams::default(),
             ended: tokio::sync::Notify::new(),
             signer,
             limits,

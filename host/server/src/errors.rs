@@ -112,6 +112,11 @@ impl From<HostError> for ApiError {
                 "not_decidable",
                 "list the approvals or unknown calls again and decide on what they show",
             ),
+            HostError::Ledger(StoreError::Ended { .. }) => (
+                409,
+                "run_ended",
+                "the run has ended and nothing about it changes any more; submit a new run to go on",
+            ),
             HostError::Ledger(StoreError::RunExists { .. }) => (
                 409,
                 "run_exists",

@@ -53,8 +53,11 @@ fn error_codes(status: u16) -> &'static str {
              site; without tokens, a Host that is not a loopback name"
         }
         404 => "not_found, unknown_run, unknown_module",
-        409 => "not_decidable, run_exists, conflict, diverged, integrity",
+        409 => "not_decidable, run_exists, run_ended, conflict, diverged, integrity",
         413 => "too_large: a body over json_body_bytes_max (module_bytes_max for an upload)",
+        429 => {
+            "too_many_streams: the token holds event_streams_per_token_max event streams open already"
+        }
         500 => "internal",
         503 => "unavailable: the ledger cannot be reached",
         _ => "an error",
@@ -88,6 +91,28 @@ fn nullable_string() -> Value {
     json!({"type": ["string", "null"]})
 }
 
+/// A run id a caller chooses, as the server checks it
+/// ([`stephost_core::ids::check_run_id`]): ASCII letters, digits and
+/// `- _ . : @ + =`, a letter or a digit first.
+fn chosen_run_id() -> Value {
+    json!({"type": ["string", "null"], "minLength": 1, "maxLength": stephost_core::ids::RUN_ID_BYTES_MAX,
+           "pattern": "^[A-Za-z0-9][A-Za-z0-9._:@+=-]*$",
+           "description": "the run's id (none: a new one); ASCII letters, digits and - _ . : @ + =, \
+                           a letter or a digit first"})
+}
+
+/// A module's bytes in base64 as the server decodes it: the standard
+/// alphabet, padded with `=`, nothing around it, and the bits past the
+/// last byte zero (as every encoder writes them). Whether the bytes are a
+/// module the schema cannot say: bytes that are not one are refused with
+/// 400 `bad_input`.
+fn module_base64(types: Value) -> Value {
+    json!({"type": types, "format": "byte", "contentEncoding": "base64",
+           "pattern": "^(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/][AQgw]==|[A-Za-z0-9+/]{2}[AEIMQUYcgkosw048]=)?$",
+           "description": "the module's bytes (a WebAssembly component or core module; other bytes \
+                           are refused with 400 bad_input)"})
+}
+
 /// Any JSON value but `null`.
 fn not_null() -> Value {
     json!({"type": ["object", "array", "string", "number", "boolean"]})
@@ -101,9 +126,11 @@ fn operations() -> Vec<Operation> {
         .collect();
     // A field the server reads as absent when it is null is declared
     // nullable; so is the other module field of each choice.
+    // A whole number written with a fraction or an exponent (`5000.0`) is
+    // the number it spells, up to 2^53 (api::Budget).
     let bound = |description: &str| {
         json!({"type": ["integer", "null"], "minimum": 0, "maximum": u64::MAX,
-               "description": description})
+               "description": format!("{description}; a whole number (written as digits alone past 2^53)")})
     };
     let budget = json!({
         "type": ["object", "null"],
@@ -128,7 +155,7 @@ fn operations() -> Vec<Operation> {
                     name: schema,
                     other: {"type": "null"},
                     "input": {"description": "the run's input, any JSON (null if absent)"},
-                    "run_id": nullable_string(),
+                    "run_id": chosen_run_id(),
                     "budget": budget.clone(),
                 }),
                 &[name],
@@ -136,8 +163,7 @@ fn operations() -> Vec<Operation> {
         };
         json!({"oneOf": [
             module("module_digest", json!({"type": "string", "description": "a module stored already"}), "module_base64"),
-            module("module_base64", json!({"type": "string", "contentEncoding": "base64",
-                                           "description": "the module's bytes"}), "module_digest"),
+            module("module_base64", module_base64(json!("string")), "module_digest"),
         ]})
     };
     let replay = json!({
@@ -145,7 +171,7 @@ fn operations() -> Vec<Operation> {
         "additionalProperties": false,
         "properties": {
             "module_digest": nullable_string(),
-            "module_base64": {"type": ["string", "null"], "contentEncoding": "base64"},
+            "module_base64": module_base64(json!(["string", "null"])),
         },
         "not": {
             "required": ["module_digest", "module_base64"],
@@ -162,6 +188,13 @@ fn operations() -> Vec<Operation> {
             "by": {"type": ["string", "null"], "description": "who decided, on a server without tokens (else the token's name)"},
         }),
         &["verdict"],
+    );
+    let cancel = object(
+        json!({
+            "reason": nullable_string(),
+            "by": {"type": ["string", "null"], "description": "who cancels, on a server without tokens (else the token's name)"},
+        }),
+        &[],
     );
     let resolve = json!({"oneOf": [
         object(
@@ -262,7 +295,7 @@ fn operations() -> Vec<Operation> {
         Operation {
             method: "post",
             path: "/api/modules",
-            summary: "Store a module: the raw bytes of a component or core module (at most module_bytes_max).",
+            summary: "Store a module: the raw bytes of a component or core module (at most module_bytes_max); other bytes are refused (400 bad_input).",
             access: Operator,
             query: vec![],
             body: Body::Module,
@@ -332,12 +365,32 @@ fn operations() -> Vec<Operation> {
         Operation {
             method: "post",
             path: "/api/runs/{run_id}/budget",
-            summary: "Raise a run's own model budget (each bound given); a run parked over its budget is due again.",
+            summary: "Raise a run's own model budget (each bound given); a run parked over its budget is due again; one that has ended is refused (409 run_ended).",
             access: Operator,
             query: vec![],
             body: Body::Json(raise, true),
             ok: (200, "application/json", any_object.clone()),
             more: &[404, 409],
+        },
+        Operation {
+            method: "post",
+            path: "/api/runs/{run_id}/cancel",
+            summary: "Cancel a run and every run below it, in one transaction: each begins nothing more (a write in flight is still settled, an unknown outcome still waits for a person) and ends `cancelled`; the server's worker ends those pending or waiting at once, one held stops at its next call. Answers the runs marked now, top down; one that has ended is refused (409 run_ended).",
+            access: Operator,
+            query: vec![],
+            body: Body::Json(cancel, true),
+            ok: (200, "application/json", any_object.clone()),
+            more: &[404, 409],
+        },
+        Operation {
+            method: "get",
+            path: "/api/runs/{run_id}/tree",
+            summary: "A run and the child runs below it: each one's status, the join set it was started in and its place among its parent's children's ends, what it waits for, what its model calls spent (stephost tree).",
+            access: Read,
+            query: vec![],
+            body: Body::None,
+            ok: (200, "application/json", any_object.clone()),
+            more: &[],
         },
         Operation {
             method: "get",
@@ -449,12 +502,12 @@ fn operations() -> Vec<Operation> {
         Operation {
             method: "get",
             path: "/api/events",
-            summary: "Server-sent events: `runs`, the runs that changed; `model`, a model's answer so far while it streams in to the server's worker (run_id, seq, text), or what its call waits for (run_id, seq, waiting).",
+            summary: "Server-sent events: `runs`, the runs that changed; `model`, a model's answer while it streams in to the server's worker, each event the text that came since the one before (run_id, seq, offset: where the text begins in the answer, in characters; text), or what its call waits for (run_id, seq, waiting). A token holds at most event_streams_per_token_max streams open at once.",
             access: Read,
             query: vec![],
             body: Body::None,
             ok: (200, "text/event-stream", text),
-            more: &[],
+            more: &[429],
         },
     ]
 }
@@ -524,7 +577,10 @@ pub fn openapi() -> Value {
             Body::Module => {
                 operation["requestBody"] = json!({
                     "required": true,
-                    "content": {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}},
+                    "content": {"application/octet-stream": {"schema": {
+                        "type": "string", "format": "binary",
+                        "description": "a WebAssembly component or core module; other bytes are refused with 400 bad_input",
+                    }}},
                 });
             }
             Body::Json(schema, required) => {
@@ -554,7 +610,7 @@ pub fn openapi() -> Value {
                     "type": "object",
                     "required": ["code", "message", "fix"],
                     "properties": {
-                        "code": {"type": "string", "enum": ["bad_input", "unauthorized", "forbidden", "not_found", "method_not_allowed", "unknown_run", "unknown_module", "not_decidable", "run_exists", "conflict", "diverged", "integrity", "too_large", "unavailable", "internal"]},
+                        "code": {"type": "string", "enum": ["bad_input", "unauthorized", "forbidden", "not_found", "method_not_allowed", "unknown_run", "unknown_module", "not_decidable", "run_exists", "run_ended", "conflict", "diverged", "integrity", "too_large", "too_many_streams", "unavailable", "internal"]},
                         "message": {"type": "string"},
                         "fix": {"type": "string"}
                     }

@@ -33,6 +33,11 @@ pub struct ServeSettings {
     pub header_read_timeout_ms: u64,
     /// Connections served at once; more wait to be accepted.
     pub connections_max: usize,
+    /// Event streams (`GET /api/events`) one token holds open at once (a
+    /// server without tokens: all callers together); the next is refused
+    /// with 429 `too_many_streams`, so that no reader holds every
+    /// connection.
+    pub event_streams_per_token_max: usize,
     /// On SIGTERM, requests in flight have this long to finish; then the
     /// connections still open are dropped.
     pub shutdown_grace_ms: u64,
@@ -80,6 +85,7 @@ impl Default for ServeSettings {
             json_body_bytes_max: defaults::JSON_BODY_BYTES_MAX,
             header_read_timeout_ms: defaults::HEADER_READ_TIMEOUT_MS,
             connections_max: defaults::CONNECTIONS_MAX,
+            event_streams_per_token_max: 8,
             shutdown_grace_ms: defaults::SHUTDOWN_GRACE_MS,
             ledger_stores_max: 8,
             ready_cache_ms: 1_000,

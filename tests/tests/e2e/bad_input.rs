@@ -506,6 +506,31 @@ fn a_configuration_with_an_unknown_field_is_refused_with_its_line() {
 }
 
 #[test]
+fn a_redaction_a_replayed_step_could_not_read_is_refused_when_the_configuration_is_read() {
+    let key = "a test chain key of enough bytes, 0123456789";
+    for (pointers, named) in [
+        ("request = [\"/messages\"]", "/messages"),
+        ("response = [\"/content/*/type\"]", "/content/*/type"),
+        ("[redact.\"input\"]\nresponse = [\"/x\"]", "input"),
+    ] {
+        let sb = Sandbox::with_config(
+            BIN,
+            &format!(
+                "[models.support]\napi = \"openai-chat\"\nurl = \"http://127.0.0.1:1\"\n\
+                 model = \"m\"\n[redact.\"models.support\"]\n{pointers}\n"
+            ),
+        );
+        let ran = sb.stephost_with_env(
+            "STEPHOST_CHAIN_KEY",
+            key,
+            &["run", guests::MULTI_WRITE, "--input", r#"{"count":1}"#],
+        );
+        ran.expect_code(2);
+        assert!(ran.stderr.contains(named), "{named}: {}", ran.stderr);
+    }
+}
+
+#[test]
 fn an_effect_name_past_its_limit_ends_the_run_without_recording_it() {
     let sb = Sandbox::new(BIN);
     let name = "e".repeat(300);

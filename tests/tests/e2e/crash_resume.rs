@@ -181,6 +181,18 @@ fn crash_after_the_outcome_of_a_deduplicated_write_settles_it_with_the_receiver(
         .collect();
     assert_eq!(lookups.len(), 1, "{after:#}");
     assert_eq!(lookups[0]["result"], "found");
+    // The send the crashed execution made, which it had no time to record,
+    // is in the call's history as what it is: an interruption.
+    let first = attempts_for(&after, ORDER_SEQ)[0].clone();
+    assert_eq!(
+        (&first["kind"], &first["result"], first["attempt"].as_u64()),
+        (
+            &Value::from("interrupted"),
+            &Value::from("unrecorded"),
+            Some(1)
+        ),
+        "{after:#}"
+    );
 }
 
 #[test]
@@ -390,10 +402,10 @@ reply_delay_ms = 30000
             .iter()
             .map(|a| a["kind"].as_str().unwrap())
             .collect::<Vec<_>>(),
-        vec!["lookup"],
+        vec!["interrupted", "lookup"],
         "{after:#}"
     );
-    assert_eq!(first_write[0]["result"], "found");
+    assert_eq!(first_write[1]["result"], "found");
 }
 
 fn kill_hard(pid: u32) -> i32 {

@@ -195,10 +195,11 @@ fn crash_after_the_supplier_committed_is_reconciled_by_lookup() {
     assert_eq!(receiver.requests_received(), 1, "the order was sent again");
     assert_eq!(receiver.lookups(), 1);
     // The send's own attempt row was to be committed with its outcome, so
-    // the crash took both; the lookup that replaced them is recorded.
+    // the crash took both; the interruption is recorded in its place, then
+    // the lookup that settled the call.
     assert_eq!(
         attempt_results(&sb.show("order-1"), ORDER_SEQ),
-        vec!["lookup:found"]
+        vec!["interrupted:unrecorded", "lookup:found"]
     );
     assert_eq!(sb.metric("reconciliation_total"), 1);
     assert_eq!(sb.metric("workflow_resume_total"), 1);
@@ -311,7 +312,7 @@ fn a_receipt_for_another_operation_is_refused_not_recorded_as_success() {
     assert_eq!(calls(&show)[ORDER_SEQ as usize - 1]["state"], "unknown");
     assert_eq!(
         attempt_results(&show, ORDER_SEQ),
-        vec!["lookup:foreign_receipt"]
+        vec!["interrupted:unrecorded", "lookup:foreign_receipt"]
     );
     assert_eq!(receiver.business_effects(), 1);
 }
@@ -433,6 +434,52 @@ fn an_llm_completion_is_recorded_with_its_tokens_and_replayed_without_the_endpoi
 }
 
 #[test]
+fn an_llm_completion_past_the_runs_token_budget_is_not_sent_and_replays_refused() {
+    let stub = ModelStub::start("never", 42);
+    let config = |tokens: u64| {
+        format!(
+            "[llm]\nurl = \"{}\"\nmodel = \"stub-model\"\napi_key_env = \"STEPHOST_TEST_KEY\"\n\
+             [limits]\nmodel_tokens_max = {tokens}\n",
+            stub.url()
+        )
+    };
+    // The request alone (about four bytes a token) is past 5 tokens.
+    let sb = Sandbox::with_config(BIN, &config(5));
+    let ran = sb
+        .command(&[
+            "run",
+            guests::LLM_STEP,
+            "--input",
+            r#"{"question":"how many widgets are on hand?"}"#,
+            "--run-id",
+            "over",
+        ])
+        .env("STEPHOST_TEST_KEY", "sk-test")
+        .output()
+        .unwrap();
+    let run = sb.show("over")["run"].clone();
+    assert_eq!(run["status"], "failed", "{ran:?}");
+    assert!(
+        run["error"].as_str().unwrap().contains("model_tokens_max"),
+        "{run:#}"
+    );
+    assert!(
+        stub.requests().is_empty(),
+        "a completion over budget was sent"
+    );
+    let show = sb.show("over");
+    let refused = &calls(&show)[0];
+    assert!(
+        refused["outcome"].as_str().unwrap().contains("\"budget\""),
+        "{refused:#}"
+    );
+    // Replayed under a budget that would let it through: refused as it was.
+    sb.set_config(&config(1_000_000));
+    sb.stephost(&["replay", "over"]).expect_code(0);
+    assert!(stub.requests().is_empty());
+}
+
+#[test]
 fn metrics_are_printed_in_prometheus_text_format() {
     let sb = Sandbox::new(BIN);
     sb.run(guests::MULTI_WRITE, r#"{"count":1}"#, "m")
@@ -546,7 +593,7 @@ retry = {{ attempts_max = 3, backoff_first_ms = 10 }}
     assert_eq!(resumed.json()["receipts"][0]["receipt"], "cmd-order");
     assert_eq!(
         attempt_results(&sb.show("l"), 3),
-        vec!["lookup:error", "lookup:found"]
+        vec!["interrupted:unrecorded", "lookup:error", "lookup:found"]
     );
 }
 
@@ -712,7 +759,7 @@ fn lookup_answers_that_name_no_operation_prove_nothing() {
         );
         assert_eq!(
             attempt_results(&show, ORDER_SEQ),
-            vec!["lookup:foreign_receipt"],
+            vec!["interrupted:unrecorded", "lookup:foreign_receipt"],
             "{status} {body:?}"
         );
         assert_eq!(receiver.requests_received(), 0);

@@ -4,6 +4,7 @@
 //! signals.
 
 mod bad_input;
+mod children;
 mod crash_resume;
 mod embedding;
 mod golden;
@@ -11,6 +12,7 @@ mod http_effects;
 mod languages;
 mod mcp;
 mod models;
+mod redaction;
 mod run_replay;
 mod server;
 mod suspension;

@@ -32,14 +32,16 @@ fn server_script() -> PathBuf {
     repo_root().join("examples/mcp-supplier-order/supplier_server.py")
 }
 
-/// The step's effects against `server` (a `[mcp.supplier]` body). The
-/// order's class is left to the tool's annotations.
+/// The step's effects against `server` (a `[mcp.supplier]` body), which is
+/// trusted with its tools' annotations: the stock's and the order's classes
+/// are left to them.
 fn config(server: &str, idempotent: bool) -> String {
     format!(
         r#"
 [mcp.supplier]
 {server}
 timeout_ms = 20_000
+trust_annotations = true
 
 [effects."supplier.tools"]
 kind = "mcp"
@@ -56,6 +58,37 @@ kind = "mcp"
 server = "supplier"
 tool = "place_order"
 idempotent = {idempotent}
+retry = {{ attempts_max = 3, backoff_first_ms = 10, backoff_max_ms = 50 }}
+"#
+    )
+}
+
+/// The step's effects with only the order sent to `server` (a
+/// `[mcp.supplier]` body), a write by configuration: the tool list and the
+/// stock are answered by the host, so the order is the first request the
+/// server gets in a run.
+fn order_only_config(server: &str) -> String {
+    format!(
+        r#"
+[mcp.supplier]
+{server}
+timeout_ms = 20_000
+
+[effects."supplier.tools"]
+kind = "static"
+class = "read"
+response = '{{"server": {{"name": "supplier"}}, "tools": [{{"name": "check_stock"}}, {{"name": "place_order"}}]}}'
+
+[effects."supplier.stock"]
+kind = "static"
+class = "read"
+response = '{{"structuredContent": {{"on_hand": 3}}}}'
+
+[effects."supplier.order"]
+kind = "mcp"
+server = "supplier"
+tool = "place_order"
+class = "write"
 retry = {{ attempts_max = 3, backoff_first_ms = 10, backoff_max_ms = 50 }}
 "#
     )
@@ -99,6 +132,17 @@ fn orders(sb: &Sandbox) -> Vec<Value> {
     sb.received(ORDERS)
 }
 
+/// The message of a call that failed, as recorded.
+#[track_caller]
+fn error_message(call: &Value) -> String {
+    let outcome: Value =
+        serde_json::from_str(call["outcome"].as_str().expect("an outcome")).expect("JSON");
+    outcome["err"]["message"]
+        .as_str()
+        .expect("an error")
+        .to_string()
+}
+
 #[track_caller]
 fn expect_ordered(ran: &stephost_tests::Ran) -> Value {
     stephost_tests::expect_ordered(ran, 7)
@@ -119,8 +163,9 @@ fn a_step_lists_reads_and_writes_through_mcp_and_replay_starts_no_server() {
 
     let show = sb.show("m1");
     let calls = calls(&show);
-    // Classes: the list is a read; check_stock is annotated read-only; the
-    // order has no class configured and no read-only hint: a write.
+    // Classes: the list is a read; check_stock is annotated read-only (the
+    // server is trusted with its annotations); the order has no class
+    // configured and no read-only hint: a write.
     let classes: Vec<&str> = calls.iter().map(|c| c["class"].as_str().unwrap()).collect();
     assert_eq!(classes, ["read", "read", "write"], "{show:#}");
     // The write carried its operation id and fence in _meta.
@@ -274,10 +319,12 @@ fn a_json_rpc_error_is_a_refusal_and_a_timeout_leaves_a_write_in_doubt() {
     assert_eq!(order_call(&show)["state"], "failed");
     assert!(orders(&sb).is_empty());
 
-    // No answer within timeout_ms: the server may have acted, and does not
-    // deduplicate: parked, not sent again.
+    // No answer within timeout_ms (the server takes ten minutes): it may
+    // have acted, and does not deduplicate: parked, not sent again. Starting
+    // the server is not bounded by timeout_ms, so a slow start does not
+    // count against it.
     let config =
-        config(&stdio(&python()), false).replace("timeout_ms = 20_000", "timeout_ms = 1_000");
+        config(&stdio(&python()), false).replace("timeout_ms = 20_000", "timeout_ms = 2_000");
     let sb = Sandbox::with_config(BIN, &config);
     let ran = run_with_fault(&sb, "slow", "e2");
     ran.expect_code(5);
@@ -288,9 +335,65 @@ fn a_json_rpc_error_is_a_refusal_and_a_timeout_leaves_a_write_in_doubt() {
     assert!(
         sends[0]["detail"]
             .as_str()
-            .is_some_and(|d| d.contains("did not answer within 1000 ms")),
+            .is_some_and(|d| d.contains("did not answer within 2000 ms (timeout_ms)")),
         "{show:#}"
     );
+    assert!(orders(&sb).is_empty());
+}
+
+#[test]
+fn starting_a_server_is_bounded_by_start_timeout_ms_not_by_timeout_ms() {
+    // The server takes 4 s before it reads its first message (as one
+    // fetched by npx or uvx may): longer than timeout_ms, well within the
+    // default start_timeout_ms. Waited for, and the order placed.
+    let slow_start = |extra: &str| {
+        config(&stdio(&python()), false)
+            .replace("timeout_ms = 20_000", &format!("timeout_ms = 2_000{extra}"))
+    };
+    let sb = Sandbox::with_config(BIN, &slow_start(""));
+    let ran = run_with_fault(&sb, "slow-start", "s1");
+    expect_ordered(&ran);
+    assert_eq!(orders(&sb).len(), 1);
+
+    // start_timeout_ms bounds it: a server not started within it is a call
+    // that never left (each attempt starts the server again), so a failed
+    // read, nothing in doubt, and the message names the setting.
+    let sb = Sandbox::with_config(BIN, &slow_start("\nstart_timeout_ms = 1_000"));
+    let ran = run_with_fault(&sb, "slow-start", "s2");
+    assert_ne!(ran.code, Some(0), "{ran:?}");
+    let show = sb.show("s2");
+    let calls = calls(&show);
+    assert_eq!(calls.len(), 1, "{show:#}");
+    assert_eq!(calls[0]["state"], "failed", "{show:#}");
+    assert!(
+        error_message(&calls[0]).contains("did not start within 1000 ms (start_timeout_ms)"),
+        "{show:#}"
+    );
+    assert!(orders(&sb).is_empty());
+}
+
+#[test]
+fn a_server_answering_a_protocol_version_stephost_does_not_speak_is_left_before_a_write_leaves() {
+    // The server answers initialize with 1999-01-01. The connection is
+    // closed before anything is sent: the order is a failed call, not one in
+    // doubt, and the message names the version and those stephost speaks.
+    let sb = Sandbox::with_config(BIN, &order_only_config(&stdio(&python())));
+    let ran = run_with_fault(&sb, "version-1999", "v1");
+    assert_ne!(ran.code, Some(0), "{ran:?}");
+    let show = sb.show("v1");
+    let order = order_call(&show);
+    assert_eq!(order["state"], "failed", "{show:#}");
+    let message = error_message(order);
+    assert!(
+        message.contains(r#"answered initialize with protocol version "1999-01-01""#)
+            && message.contains("it speaks 2024-11-05, 2025-03-26, 2025-06-18, 2025-11-25"),
+        "{show:#}"
+    );
+    // Every attempt was turned away before the request left.
+    let sends = attempts_for(&show, ORDER_SEQ);
+    assert!(!sends.is_empty(), "{show:#}");
+    assert!(sends.iter().all(|a| a["result"] == "retryable"), "{show:#}");
+    assert!(orders(&sb).is_empty());
 }
 
 #[test]
@@ -373,6 +476,237 @@ fn a_worker_shares_one_server_among_its_runs_and_stops_it_when_it_exits() {
         std::thread::sleep(Duration::from_millis(50));
     }
     assert!(!alive(pid), "the server outlived its worker");
+}
+
+/// Whether process `pid` has ended with all its threads (its first thread
+/// may be a zombie while the others still run, and hold its pipes open).
+fn ended_whole(pid: u32) -> bool {
+    let threads = std::fs::read_dir(format!("/proc/{pid}/task")).map_or(0, |d| d.count());
+    !alive(pid) && threads <= 1
+}
+
+fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while !done() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Whether run `run_id` has ended (or is parked).
+fn ended(sb: &Sandbox, run_id: &str) -> bool {
+    let show = sb.stephost(&["show", run_id, "--json"]);
+    show.code == Some(0)
+        && ["completed", "failed", "parked", "diverged"]
+            .contains(&show.json()["run"]["status"].as_str().unwrap_or(""))
+}
+
+/// `stephost worker` in the background, its stderr in `worker.log`;
+/// stopped (SIGTERM) when dropped.
+struct Worker<'a> {
+    sb: &'a Sandbox,
+    child: Child,
+}
+
+impl<'a> Worker<'a> {
+    fn start(sb: &'a Sandbox, env: &[(&str, &std::ffi::OsStr)]) -> Self {
+        let log = std::fs::File::create(sb.path("worker.log")).unwrap();
+        let mut command = sb.command(&["worker", "--concurrency", "1"]);
+        command
+            .envs(env.iter().copied())
+            .stdout(Stdio::null())
+            .stderr(log);
+        Worker {
+            sb,
+            child: command.spawn().unwrap(),
+        }
+    }
+
+    /// Submits the step ordering 10 of `sku` as `run_id` and waits for the
+    /// run to end; its `show`.
+    fn order(&self, run_id: &str, sku: &str) -> Value {
+        let input = format!(r#"{{"sku":"{sku}","quantity":10}}"#);
+        self.sb
+            .stephost(&[
+                "submit",
+                guests::MCP_SUPPLIER_ORDER,
+                "--input",
+                &input,
+                "--run-id",
+                run_id,
+            ])
+            .expect_code(0);
+        wait_until(run_id, || ended(self.sb, run_id));
+        self.sb.show(run_id)
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(self.sb.path("worker.log")).unwrap()
+    }
+}
+
+impl Drop for Worker<'_> {
+    fn drop(&mut self) {
+        let _ = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status();
+        let _ = self.child.wait();
+    }
+}
+
+#[test]
+fn a_server_that_died_while_idle_is_started_again_before_a_write_is_sent() {
+    // A worker's runs share the server. It is killed between two runs'
+    // orders; the second order is sent once, to a new server, not parked
+    // as in doubt: nothing had left. The server does not deduplicate.
+    let sb = Sandbox::with_config(BIN, &order_only_config(&stdio(&python())));
+    let pids = sb.path("pids");
+    let worker = Worker::start(&sb, &[("SUPPLIER_MCP_PIDFILE", pids.as_os_str())]);
+    assert_eq!(worker.order("i1", "WIDGET-7")["run"]["status"], "completed");
+    let first: u32 = std::fs::read_to_string(&pids)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    Command::new("kill")
+        .args(["-KILL", &first.to_string()])
+        .status()
+        .unwrap();
+    wait_until("the server to die", || ended_whole(first));
+
+    let show = worker.order("i2", "GADGET-2");
+    assert_eq!(
+        show["run"]["status"],
+        "completed",
+        "{}\n{show:#}",
+        worker.log()
+    );
+    let sends: Vec<&str> = attempts_for(&show, ORDER_SEQ)
+        .iter()
+        .map(|a| a["result"].as_str().unwrap())
+        .collect();
+    assert_eq!(sends, ["ok"], "sent once, on a live connection: {show:#}");
+    assert!(
+        worker.log().contains("had exited; starting it again")
+            || worker.log().contains("had closed; starting it again"),
+        "{}",
+        worker.log()
+    );
+    let placed = orders(&sb);
+    assert_eq!(placed.len(), 2, "{placed:#?}");
+    assert_eq!(placed[1]["operation_id"], order_call(&show)["operation_id"]);
+    let started = std::fs::read_to_string(&pids).unwrap();
+    assert_eq!(started.lines().count(), 2, "a second server: {started}");
+}
+
+#[test]
+fn a_write_to_a_server_over_http_that_went_down_fails_as_never_sent_not_in_doubt() {
+    // The server is stopped between two runs' orders: no connection can be
+    // made for the second order, so it never left. Retried, then failed;
+    // not parked as in doubt.
+    let sb = Sandbox::with_config(BIN, "");
+    let server = HttpServer::start(sb.dir.path());
+    sb.set_config(&order_only_config(&format!("url = {:?}", server.url)));
+    let worker = Worker::start(&sb, &[]);
+    assert_eq!(worker.order("h2", "WIDGET-7")["run"]["status"], "completed");
+    // Killed and waited for: its port refuses connections.
+    drop(server);
+
+    let show = worker.order("h3", "GADGET-2");
+    assert_eq!(show["run"]["status"], "failed", "{show:#}");
+    assert_eq!(order_call(&show)["state"], "failed", "{show:#}");
+    let sends = attempts_for(&show, ORDER_SEQ);
+    assert_eq!(
+        sends.len(),
+        3,
+        "every attempt of its retry policy: {show:#}"
+    );
+    assert!(
+        sends.iter().all(|a| a["detail"].as_str().is_some_and(
+            |d| d.contains("cannot connect to MCP server supplier, so nothing was sent")
+        )),
+        "{show:#}"
+    );
+    assert_eq!(orders(&sb).len(), 1);
+}
+
+#[test]
+fn a_read_only_hint_makes_a_read_only_from_a_server_trusted_with_annotations() {
+    // The server annotates place_order read-only, wrongly. Its hints are not
+    // trusted by default: every tool call is a write unless configured a
+    // read, so the order is recorded started and carries its fence.
+    let trusted = config(&stdio(&python()), false);
+    let untrusted = trusted.replace("trust_annotations = true\n", "");
+    assert_ne!(untrusted, trusted);
+    let classes = |sb: &Sandbox, run_id: &str| -> Vec<String> {
+        calls(&sb.show(run_id))
+            .iter()
+            .map(|c| c["class"].as_str().unwrap().to_string())
+            .collect()
+    };
+    let sb = Sandbox::with_config(BIN, &untrusted);
+    expect_ordered(&run_with_fault(&sb, "read-only-order", "a1"));
+    assert_eq!(classes(&sb, "a1"), ["read", "write", "write"]);
+    assert_eq!(orders(&sb)[0]["fence"], sb.show("a1")["run"]["fence"]);
+
+    // A read by configuration.
+    let configured = untrusted.replace(
+        "tool = \"check_stock\"\n",
+        "tool = \"check_stock\"\nclass = \"read\"\n",
+    );
+    let sb = Sandbox::with_config(BIN, &configured);
+    expect_ordered(&run_with_fault(&sb, "read-only-order", "a2"));
+    assert_eq!(classes(&sb, "a2"), ["read", "read", "write"]);
+
+    // trust_annotations = true: the server's hints decide, wrong ones too.
+    let sb = Sandbox::with_config(BIN, &trusted);
+    expect_ordered(&run_with_fault(&sb, "read-only-order", "a3"));
+    assert_eq!(classes(&sb, "a3"), ["read", "read", "read"]);
+    assert!(orders(&sb)[0]["fence"].is_null());
+}
+
+#[test]
+fn a_failed_tool_list_is_a_failed_read_retried_not_an_empty_list() {
+    // The server's first tools/list answers an internal error: the read is
+    // retried and the step gets the list.
+    let sb = stdio_sandbox(false);
+    let ran = run_with_fault(&sb, "list-error-once", "l1");
+    let out = expect_ordered(&ran);
+    assert_eq!(
+        out["tools"],
+        serde_json::json!(["check_stock", "place_order"])
+    );
+    let show = sb.show("l1");
+    let sends: Vec<&str> = attempts_for(&show, 1)
+        .iter()
+        .map(|a| a["result"].as_str().unwrap())
+        .collect();
+    assert_eq!(sends, ["retryable", "ok"], "{show:#}");
+}
+
+#[test]
+fn a_server_s_stderr_lines_are_cut_at_stderr_line_bytes_max() {
+    // The server prints a line of 1 MiB, then a short one: the host logs
+    // the first 4,096 bytes of the long one with a marker, and the next.
+    let sb = stdio_sandbox(false);
+    let ran = run_with_fault(&sb, "huge-stderr", "o1");
+    expect_ordered(&ran);
+    let logged: Vec<&str> = ran
+        .stderr
+        .lines()
+        .filter_map(|l| l.strip_prefix("stephost mcp supplier: "))
+        .collect();
+    let long = logged
+        .iter()
+        .find(|l| l.starts_with("xxxx"))
+        .unwrap_or_else(|| panic!("{logged:?}"));
+    let (kept, marker) = long.split_at(4_096.min(long.len()));
+    assert_eq!(kept, "x".repeat(4_096));
+    assert_eq!(
+        marker,
+        " [line cut at 4096 bytes (stderr_line_bytes_max); the rest dropped]"
+    );
+    assert!(logged.contains(&"the supplier is up"), "{logged:?}");
 }
 
 /// The example server over streamable HTTP on a free port, as a child.

@@ -189,8 +189,39 @@ fn a_call_that_would_pass_the_budget_is_not_sent() {
         0,
         "a refused call reached the model"
     );
-    // The refusal is recorded: a replay gives the step the same answer.
+    // The refusal is recorded: a replay gives the step the same answer,
+    // `budget`, whatever today's budget.
     stephost(&sb, &["replay", "b"]).expect_code(0);
+    sb.set_config(&config(
+        "openai-chat",
+        &server.url(),
+        "\n[limits]\nmodel_tokens_max = 100000\n",
+    ));
+    stephost(&sb, &["replay", "b"]).expect_code(0);
+    // A run's own budget: refused under it, and replayed as refused under
+    // [limits] that would let the call through.
+    let ran = stephost(
+        &sb,
+        &[
+            "run",
+            guests::CHAT_STEP,
+            "--input",
+            input,
+            "--run-id",
+            "own",
+            "--model-tokens-max",
+            "500",
+        ],
+    );
+    ran.expect_code(0);
+    assert_eq!(ran.json()["error"], "budget", "{}", ran.stdout);
+    stephost(&sb, &["replay", "own"]).expect_code(0);
+    assert_eq!(model_requests(&server), 0);
+    sb.set_config(&config(
+        "openai-chat",
+        &server.url(),
+        "\n[limits]\nmodel_tokens_max = 500\n",
+    ));
     // Within the budget, the same call is sent.
     let input = r#"{"model":"support","message":"hello","max_tokens":300}"#;
     let ran = stephost(
@@ -200,13 +231,13 @@ fn a_call_that_would_pass_the_budget_is_not_sent() {
     ran.expect_code(0);
     assert!(ran.json()["error"].is_null(), "{}", ran.stdout);
     assert_eq!(model_requests(&server), 1);
-    // One refusal counted, its replay not; the answer's tokens and cost,
-    // once, by model and kind.
+    // Two refusals counted (`b`, `own`), their replays not; the answer's
+    // tokens and cost, once, by model and kind.
     let metrics = stephost(&sb, &["metrics"]);
     metrics.expect_code(0);
     let text = metrics.stdout;
     assert!(
-        text.contains("stephost_model_budget_refusals_total{model=\"support\"} 1\n"),
+        text.contains("stephost_model_budget_refusals_total{model=\"support\"} 2\n"),
         "{text}"
     );
     let answer = sb.show("c");
@@ -226,6 +257,131 @@ fn a_call_that_would_pass_the_budget_is_not_sent() {
         text.contains("stephost_model_cost_total{model=\"support\"} 0.0"),
         "{text}"
     );
+}
+
+/// The answer call `seq` of run `run_id` was recorded with, parsed.
+fn recorded_answer(sb: &Sandbox, run_id: &str, seq: usize) -> Value {
+    let show = sb.show(run_id);
+    let outcome: Value =
+        serde_json::from_str(calls(&show)[seq - 1]["outcome"].as_str().unwrap()).unwrap();
+    serde_json::from_str(outcome["ok"].as_str().unwrap()).unwrap()
+}
+
+#[test]
+fn a_budget_counts_a_calls_input_what_usage_omits_and_a_cut_stream() {
+    // A large request: its input, not only its max_tokens, is counted.
+    let (server, sb) = keyed_sandbox("openai-chat", "\n[limits]\nmodel_tokens_max = 1000\n");
+    let input =
+        serde_json::json!({"model": "support", "message": "x".repeat(4000), "max_tokens": 300})
+            .to_string();
+    let ran = stephost(
+        &sb,
+        &[
+            "run",
+            guests::CHAT_STEP,
+            "--input",
+            &input,
+            "--run-id",
+            "big",
+        ],
+    );
+    ran.expect_code(0);
+    assert_eq!(ran.json()["error"], "budget", "{}", ran.stdout);
+    assert_eq!(model_requests(&server), 0, "the large request was sent");
+
+    // An answer the provider reported no usage for: charged by estimate.
+    let long = "word ".repeat(400);
+    let server = server_with(
+        &serde_json::json!({"turns": [{"text": long, "omit_usage": true}]}).to_string(),
+        0,
+    );
+    let sb = Sandbox::with_config(BIN, &config("openai-chat", &server.url(), ""));
+    let ask = r#"{"model":"support","message":"hello","max_tokens":900,"quiet":true}"#;
+    stephost(
+        &sb,
+        &[
+            "run",
+            guests::CHAT_STEP,
+            "--input",
+            ask,
+            "--run-id",
+            "nousage",
+        ],
+    )
+    .expect_code(0);
+    let answer = recorded_answer(&sb, "nousage", 1);
+    assert!(answer.get("usage_raw").is_none(), "{answer:#}");
+    assert_eq!(answer["charged"]["estimated"], true, "{answer:#}");
+    assert!(
+        answer["charged"]["tokens"].as_u64().unwrap() >= 500,
+        "{answer:#}"
+    );
+
+    // A stream cut after it began, then answered: both attempts charged.
+    let server = server_with(
+        &serde_json::json!({"turns": [{"text": long, "faults": [{"kind": "cut", "after_events": 3}]}]})
+            .to_string(),
+        0,
+    );
+    let sb = Sandbox::with_config(BIN, &config("openai-chat", &server.url(), ""));
+    stephost(
+        &sb,
+        &["run", guests::CHAT_STEP, "--input", ask, "--run-id", "cut"],
+    )
+    .expect_code(0);
+    assert_eq!(model_requests(&server), 2);
+    let answer = recorded_answer(&sb, "cut", 1);
+    let usage =
+        answer["usage"]["input"].as_u64().unwrap() + answer["usage"]["output"].as_u64().unwrap();
+    let charged = answer["charged"]["tokens"].as_u64().unwrap();
+    assert!(
+        charged > usage,
+        "the cut attempt was not charged: {answer:#}"
+    );
+    assert_eq!(answer["charged"]["estimated"], true, "{answer:#}");
+    // The step never sees the host's note.
+    let ran = stephost(
+        &sb,
+        &[
+            "run",
+            guests::CHAT_STEP,
+            "--input",
+            r#"{"model":"support","message":"hello","max_tokens":900}"#,
+            "--run-id",
+            "seen",
+        ],
+    );
+    assert!(!ran.stdout.contains("charged"), "{}", ran.stdout);
+}
+
+#[test]
+fn a_provider_asking_for_an_endless_pause_holds_the_model_no_longer_than_its_deadline() {
+    // retry-after beyond what a duration can hold: no panic, and every run
+    // of the model held back only up to the retry deadline.
+    let server = server_with(
+        r#"{"turns": [{"text": "after the pause", "faults": [{"kind": "status", "status": 429, "retry_after": 18446744073709551615}]}]}"#,
+        0,
+    );
+    let sb = Sandbox::with_config(
+        BIN,
+        &config("openai-chat", &server.url(), "")
+            .replace("deadline_ms = 20000", "deadline_ms = 1500"),
+    );
+    let ask = r#"{"model":"support","message":"hello","max_tokens":100}"#;
+    let first = stephost(
+        &sb,
+        &["run", guests::CHAT_STEP, "--input", ask, "--run-id", "p1"],
+    );
+    first.expect_code(0);
+    assert_eq!(first.json()["error"], "exhausted", "{}", first.stdout);
+    // The next run waits out the held-back pause and is answered.
+    let second = stephost(
+        &sb,
+        &["run", guests::CHAT_STEP, "--input", ask, "--run-id", "p2"],
+    );
+    second.expect_code(0);
+    assert!(second.json()["error"].is_null(), "{}", second.stdout);
+    assert_eq!(second.json()["text"], "after the pause");
 }
 
 #[test]
@@ -364,12 +520,14 @@ fn a_run_parked_over_its_budget_goes_on_once_the_api_raises_it() {
     assert_eq!(raised["budget"]["model_tokens_max"], 5000);
     served.wait_status("api", "completed");
     assert_eq!(model_requests(&server), 1);
+    // An ended run's budget no longer changes: a conflict with its state,
+    // not a bad body.
     served
         .post(
             "/api/runs/api/budget",
             &serde_json::json!({"model_tokens_max": 9}),
         )
-        .expect_error(400, "bad_input");
+        .expect_error(409, "run_ended");
     served
         .post("/api/runs/api/budget", &serde_json::json!({"tokens": 9}))
         .expect_error(400, "bad_input");

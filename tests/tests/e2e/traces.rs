@@ -355,6 +355,93 @@ fn a_collector_that_cannot_be_reached_is_said_and_the_run_goes_on() {
     );
 }
 
+/// A listener that keeps the head of every request it gets and answers
+/// each with `status` (and `location`, if any).
+struct Listener {
+    status: u16,
+    location: Option<String>,
+    heads: std::sync::Mutex<Vec<Vec<(String, String)>>>,
+}
+
+impl receiver_http::Service for Listener {
+    fn serve(&self, req: receiver_http::Request, conn: &mut receiver_http::Conn<'_>) -> bool {
+        self.heads.lock().unwrap().push(req.headers.clone());
+        let mut answer = receiver_http::Response::empty(self.status);
+        if let Some(location) = &self.location {
+            answer = answer.with_header("location", location.clone());
+        }
+        conn.reply(&answer, req.keep_alive())
+    }
+}
+
+fn listen(
+    status: u16,
+    location: Option<String>,
+) -> (receiver_http::Server, std::sync::Arc<Listener>) {
+    let listener = std::sync::Arc::new(Listener {
+        status,
+        location,
+        heads: Default::default(),
+    });
+    let server = receiver_http::Server::start(
+        std::net::TcpListener::bind("127.0.0.1:0").unwrap(),
+        "listener",
+        64 << 20,
+        listener.clone(),
+    )
+    .unwrap();
+    (server, listener)
+}
+
+#[test]
+fn a_collector_s_redirect_is_a_failed_export_and_its_headers_go_nowhere_else() {
+    // Another listener on this machine, and a collector that redirects
+    // exports to it (307 keeps the method and the body).
+    let (elsewhere, went_elsewhere) = listen(200, None);
+    let (collector, redirecting) = listen(307, Some(format!("{}/v1/traces", elsewhere.url())));
+    let receiver = Receiver::start().unwrap();
+    let sb = supplier(&receiver);
+    let key = "collector-key-0123456789";
+    let ran = sb.stephost_with_envs(
+        &[
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", collector.url().as_ref()),
+            (
+                "OTEL_EXPORTER_OTLP_HEADERS",
+                format!("x-collector-key={key}").as_ref(),
+            ),
+        ],
+        &[
+            "run",
+            guests::SUPPLIER_ORDER,
+            "--input",
+            INPUT,
+            "--run-id",
+            "r1",
+        ],
+    );
+    ran.expect_code(0);
+    assert_eq!(receiver.business_effects(), 1);
+    // The collector was asked, with its key.
+    let asked = redirecting.heads.lock().unwrap().clone();
+    assert!(!asked.is_empty(), "the collector got no export");
+    assert!(
+        asked[0]
+            .iter()
+            .any(|(n, v)| n == "x-collector-key" && v == key),
+        "{asked:#?}"
+    );
+    // Its redirect was not followed: the other listener got nothing, so
+    // neither the spans nor the key.
+    let got = went_elsewhere.heads.lock().unwrap().clone();
+    assert!(got.is_empty(), "the redirect was followed: {got:#?}");
+    assert!(
+        ran.stderr.contains("the collector answered 307"),
+        "{}",
+        ran.stderr
+    );
+    drop((collector, elsewhere));
+}
+
 #[test]
 fn a_caller_s_traceparent_given_to_submit_is_continued_by_a_worker() {
     let receiver = Receiver::start().unwrap();

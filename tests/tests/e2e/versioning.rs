@@ -173,7 +173,7 @@ fn resume_with_another_build_is_refused_naming_both() {
         .as_str()
         .unwrap()
         .to_string();
-    assert_eq!(sb.show("p")["run"]["world"], "stephost:step/step@0.2.0");
+    assert_eq!(sb.show("p")["run"]["world"], "stephost:step/step@0.3.0");
     // The step's declared name and version, from its crate via the SDK.
     assert_eq!(sb.show("p")["run"]["step"], "guest-multi-write@0.1.0");
     let refused = sb.stephost(&["resume", "p", "--module", guests::DIVERGENT]);

@@ -176,6 +176,216 @@ fn a_lost_answer_is_found_by_lookup_and_the_step_reads_the_receipt() {
     assert_eq!(receiver.business_effects(), 1);
 }
 
+/// Runs `args` to its end, failing the test (and killing the process) if it
+/// has not ended within a bound far past anything the machine's speed could
+/// explain: what it guards is a wait that never ends.
+fn ends(sb: &Sandbox, envs: &[(&str, &str)], args: &[&str]) -> std::process::Output {
+    let mut command = sb.command(args);
+    command.envs(envs.iter().copied());
+    command.stdout(std::process::Stdio::piped());
+    command.stderr(std::process::Stdio::piped());
+    let mut child = command.spawn().unwrap();
+    let started = std::time::Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        if started.elapsed() > std::time::Duration::from_secs(300) {
+            child.kill().unwrap();
+            panic!("stephost {args:?} did not end");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    child.wait_with_output().unwrap()
+}
+
+#[test]
+fn open_bodies_are_bounded_and_a_stalled_exchange_ends_with_its_run() {
+    let receiver = Receiver::start().unwrap();
+    let url = format!("{}/orders", receiver.url());
+    let sb = Sandbox::with_config(
+        BIN,
+        "[limits]
+http_bodies_open_max = 4
+wall_ms_max = 3000
+payload_bytes_max = 65536
+",
+    );
+    let hold = |run_id: &str, bodies: usize, bytes: usize| {
+        let input = json!({"hold": {"url": url, "bodies": bodies, "bytes": bytes}});
+        ends(
+            &sb,
+            &[],
+            &[
+                "run",
+                guests::HTTP_STEP,
+                "--input",
+                &input.to_string(),
+                "--run-id",
+                run_id,
+            ],
+        );
+        sb.show(run_id)["run"].clone()
+    };
+    // Bodies no request was ever sent for, each written past what a channel
+    // buffers: no write waits for a reader.
+    let held = hold("within", 4, 48 * 1024);
+    assert_eq!(held["status"], "completed", "{held:#}");
+    assert_eq!(held["output"], r#"{"held":4}"#);
+    // One more body than the limit: the run stops, named.
+    let over = hold("over", 5, 10);
+    assert_eq!(over["status"], "failed", "{over:#}");
+    assert!(
+        over["error"]
+            .as_str()
+            .unwrap()
+            .contains("http_bodies_open_max = 4"),
+        "{over:#}"
+    );
+    // A body written past payload_bytes_max: the step's write fails.
+    let large = hold("large", 1, 100 * 1024);
+    assert_eq!(large["status"], "failed", "{large:#}");
+    assert_eq!(receiver.requests().len(), 0, "a held request was sent");
+
+    // A step waiting for a response while its own body is open waits until
+    // its run's wall time is up.
+    let stall = json!({"stall": {"url": url}}).to_string();
+    ends(
+        &sb,
+        &[],
+        &[
+            "run",
+            guests::HTTP_STEP,
+            "--input",
+            &stall,
+            "--run-id",
+            "stall",
+        ],
+    );
+    let stalled = sb.show("stall")["run"].clone();
+    assert_eq!(stalled["status"], "failed", "{stalled:#}");
+    assert!(
+        stalled["error"].as_str().unwrap().contains("wall_ms_max"),
+        "{stalled:#}"
+    );
+    // Under a worker that drains: the run is let go, for another worker.
+    sb.set_config(
+        "[limits]
+wall_ms_max = 3600000
+",
+    );
+    sb.stephost(&[
+        "submit",
+        guests::HTTP_STEP,
+        "--input",
+        &stall,
+        "--run-id",
+        "drained",
+    ])
+    .expect_code(0);
+    let mut worker = sb.command(&["worker", "--concurrency", "1"]);
+    worker.stdout(std::process::Stdio::null());
+    worker.stderr(std::process::Stdio::null());
+    let mut worker = worker.spawn().unwrap();
+    let bound = std::time::Duration::from_secs(300);
+    let started = std::time::Instant::now();
+    while sb.show("drained")["run"]["owner"].is_null() {
+        assert!(started.elapsed() < bound, "the run was not claimed");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let term = std::process::Command::new("kill")
+        .args(["-TERM", &worker.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(term.success());
+    let started = std::time::Instant::now();
+    let status = loop {
+        if let Some(status) = worker.try_wait().unwrap() {
+            break status;
+        }
+        if started.elapsed() > bound {
+            worker.kill().unwrap();
+            panic!("the worker did not drain");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    };
+    assert_eq!(status.code(), Some(0), "the worker did not drain cleanly");
+    let drained = sb.show("drained")["run"].clone();
+    assert!(
+        drained["owner"].is_null(),
+        "the claim was not released: {drained:#}"
+    );
+    assert_ne!(drained["status"], "failed", "{drained:#}");
+    assert_eq!(receiver.requests().len(), 0);
+}
+
+/// A receiver answering every request with a 201 and a large body,
+/// counting what it got.
+struct Large(std::sync::atomic::AtomicUsize);
+
+impl receiver_http::Service for Large {
+    fn serve(&self, _req: receiver_http::Request, conn: &mut receiver_http::Conn<'_>) -> bool {
+        self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        let body = "x".repeat(200 * 1024);
+        conn.reply(
+            &receiver_http::Response {
+                status: 201,
+                headers: vec![("Content-Type".into(), "text/plain".into())],
+                body: body.into_bytes(),
+            },
+            false,
+        )
+    }
+}
+
+#[test]
+fn a_write_whose_answer_is_too_large_to_record_reaches_the_step_as_done() {
+    let large = std::sync::Arc::new(Large(std::sync::atomic::AtomicUsize::new(0)));
+    let server = receiver_http::Server::start(
+        std::net::TcpListener::bind("127.0.0.1:0").unwrap(),
+        "large",
+        1 << 20,
+        large.clone(),
+    )
+    .unwrap();
+    let sb = Sandbox::with_config(
+        BIN,
+        &format!(
+            "[limits]\npayload_bytes_max = 65536\n[http.\"{}\"]\nretry = {{ attempts_max = 1 }}\n",
+            server.url()
+        ),
+    );
+    let url = format!("{}/orders", server.url());
+    let answers = http_step(
+        &sb,
+        json!([
+            {"method": "POST", "url": url, "body": "{}"},
+            {"method": "GET", "url": url},
+        ]),
+    );
+    // The write was done: its status and headers, no body, and why.
+    assert_eq!(answers[0]["status"], 201, "{answers:#?}");
+    assert_eq!(answers[0]["body"], "", "{answers:#?}");
+    let omitted = answers[0]["headers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|h| h[0] == "x-stephost-body-omitted")
+        .unwrap_or_else(|| panic!("no header saying the body was left out: {answers:#?}"));
+    assert!(
+        omitted[1].as_str().unwrap().starts_with("204800 sha256="),
+        "{omitted}"
+    );
+    // A read too large stays an error to its client (reading again is
+    // harmless).
+    assert!(
+        answers[1]["error"]
+            .as_str()
+            .unwrap()
+            .contains("HttpResponseBodySize"),
+        "{answers:#?}"
+    );
+    assert_eq!(large.0.load(std::sync::atomic::Ordering::SeqCst), 2);
+    server.stop();
+}
+
 /// The test guest's answers to `requests`.
 fn http_step(sb: &Sandbox, requests: Value) -> Vec<Value> {
     let ran = sb.stephost_with_env(
@@ -209,6 +419,7 @@ fn an_origin_not_granted_is_denied_and_host_headers_are_the_host_s() {
             {"method": "GET", "url": format!("{}/inventory/WIDGET-7", receiver.url())},
             {"method": "POST", "url": format!("{}/orders", receiver.url()),
              "body_bytes": 5000},
+            {"method": "TRACE", "url": format!("{}/inventory/WIDGET-7", receiver.url())},
         ]),
     );
     let error = |i: usize| answers[i]["error"].as_str().unwrap_or_default().to_string();
@@ -224,8 +435,16 @@ fn an_origin_not_granted_is_denied_and_host_headers_are_the_host_s() {
         "{answers:#?}"
     );
     assert_eq!(answers[3]["status"], 200, "{answers:#?}");
+    // The receiver's session cookie is never the step's to see, nor kept.
+    assert!(
+        !answers[3].to_string().to_lowercase().contains("set-cookie"),
+        "{answers:#?}"
+    );
+    assert!(!sb.ledger_contains(supplier_receiver::SESSION_COOKIE));
     // A body larger than payload_bytes_max is refused before it is sent.
     assert!(error(4).contains("HttpRequestBodySize"), "{answers:#?}");
+    // TRACE would echo the injected credential: refused unless listed.
+    assert!(error(5).contains("HttpRequestDenied"), "{answers:#?}");
     assert_eq!(receiver.requests().len(), 1, "only the granted GET left");
     assert_eq!(receiver.business_effects(), 0);
     // The refusal is recorded, naming what to grant.

@@ -6,8 +6,8 @@ use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
-use stephost_ledger_postgres::throwaway::Cluster;
-use stephost_tests::{Sandbox, calls, distinct_operations, guests};
+use stephost_ledger_postgres::throwaway::{Cluster, TestCa};
+use stephost_tests::{BASE_CONFIG, Sandbox, calls, distinct_operations, guests};
 use supplier_receiver::Receiver;
 
 const BIN: &str = env!("CARGO_BIN_EXE_stephost-crash");
@@ -199,8 +199,14 @@ fn a_worker_executes_submitted_runs_several_at_once() {
 fn a_worker_killed_around_a_batched_write_is_reconciled_by_the_next() {
     // Concurrency 2 puts the worker's writes through group commit.
     for (point, expected) in [
-        ("after-started@6", vec!["lookup:not_found", "send:ok"]),
-        ("after-send@6", vec!["lookup:found"]),
+        (
+            "after-started@6",
+            vec!["interrupted:unrecorded", "lookup:not_found", "send:ok"],
+        ),
+        (
+            "after-send@6",
+            vec!["interrupted:unrecorded", "lookup:found"],
+        ),
     ] {
         let sb = Sandbox::new(BIN);
         submit(&sb, 3, "w");
@@ -659,6 +665,57 @@ fn a_postgresql_restart_under_load_loses_nothing_and_sends_nothing_twice() {
         &sb,
         (0..runs).map(|i| format!("p{i:02}")),
         &[3, 6, 9, 12, 15, 18],
+    );
+}
+
+#[test]
+fn the_cli_and_a_worker_reach_postgresql_over_tls_checking_its_certificate() {
+    // A server that takes TCP connections over TLS alone, with a
+    // certificate for 127.0.0.1 that a CA of this test's signed.
+    let ca = TestCa::new("e2e CA");
+    let cluster = Cluster::start_tls(&ca, "hostssl all stephost 127.0.0.1/32 trust")
+        .expect("start a throwaway PostgreSQL serving TLS");
+    let write = |name: &str, pem: String| {
+        let path = cluster.path(name);
+        std::fs::write(&path, pem).unwrap();
+        path.display().to_string()
+    };
+    let ca_file = write("ca.pem", ca.pem());
+    let url = |ca_file: &str| {
+        format!(
+            "postgres://stephost@127.0.0.1:{}/postgres?sslmode=verify-full&sslrootcert={ca_file}",
+            cluster.port()
+        )
+    };
+    let sb = Sandbox::with_ledger(BIN, BASE_CONFIG, Some(url(&ca_file)));
+    let ran = sb.stephost(&[
+        "--ledger",
+        &url(&ca_file),
+        "run",
+        guests::MULTI_WRITE,
+        "--input",
+        r#"{"count":2}"#,
+        "--run-id",
+        "t1",
+    ]);
+    ran.expect_code(0);
+    // A worker's connections (group commit, the listener's) too.
+    submit(&sb, 2, "t2");
+    submit(&sb, 2, "t3");
+    sb.stephost(&["worker", "--concurrency", "2", "--exit-when-idle"])
+        .expect_code(0);
+    let runs = statuses(&sb);
+    assert_eq!(runs.len(), 3);
+    assert!(runs.iter().all(|(_, s, _)| s == "completed"), "{runs:?}");
+    assert_eq!(sb.received("orders.jsonl").len(), 6);
+    // A CA that did not sign the server's certificate: refused, saying so.
+    let other = write("other-ca.pem", TestCa::new("another CA").pem());
+    let refused = sb.stephost(&["--ledger", &url(&other), "runs"]);
+    assert_ne!(refused.code, Some(0));
+    assert!(
+        refused.stderr.contains("not signed by a CA in sslrootcert"),
+        "{}",
+        refused.stderr
     );
 }
 

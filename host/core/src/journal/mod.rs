@@ -33,7 +33,7 @@ pub use crate::outcome::{CallErrorKind, CallErrorRecord, Outcome};
 use crate::records::{
     AttemptRecord, CallClass, CallRecord, CallState, Claim, EndRow, LogRecord, RunRecord,
 };
-use crate::redact::Redaction;
+use crate::redact::{Redaction, Scrub};
 use crate::store::{Commit, PendingCommit, WriteOp, Writer};
 use crate::trace::{CallTiming, RunTrace};
 use budget::Budget;
@@ -205,6 +205,8 @@ pub struct Attempts<'a> {
     seq: u64,
     next: u32,
     counters: &'a mut Counters,
+    /// What an attempt's detail must not hold.
+    scrub: &'a Scrub,
 }
 
 impl Attempts<'_> {
@@ -230,7 +232,7 @@ impl Attempts<'_> {
                 started_at_ms,
                 finished_at_ms: crate::clock::now_ms(),
                 result: result.to_string(),
-                detail: detail.map(str::to_string),
+                detail: detail.map(|d| self.scrub.text(d).into_owned()),
             }));
         }
     }
@@ -244,6 +246,20 @@ struct RequestHashes {
     hasher: ids::RequestHasher,
     /// The hash of an empty request (clock, random).
     empty: String,
+}
+
+/// Refuses to let a read or write leave the host with a redacted value's
+/// marker in its request (see [`Stop::RedactedValue`]).
+pub fn check_sendable(spec: &CallSpec<'_>, seq: u64) -> Result<(), Stop> {
+    if matches!(spec.class, CallClass::Read | CallClass::Write)
+        && crate::redact::is_redacted(spec.request)
+    {
+        return Err(Stop::RedactedValue {
+            seq,
+            name: spec.function.to_string(),
+        });
+    }
+    Ok(())
 }
 
 /// One side of a divergence report.
@@ -314,6 +330,16 @@ pub enum Stop {
     ReplayEnd { seq: u64, reason: String },
     #[error("{0}")]
     Limit(String),
+    /// A call about to leave the host carries a redacted value's marker in
+    /// its request: built, after a resume, from a value the ledger does not
+    /// keep. It is not sent; the run fails.
+    #[error(
+        "call #{seq} ({name}) was not sent: its request holds the marker of a redacted value, \
+         which the ledger does not keep, so the step could only have built it after a resume; \
+         a step that sends a value on must not have it redacted from the answer it came in \
+         (redact it from the requests that carry it)"
+    )]
+    RedactedValue { seq: u64, name: String },
     /// The run waits for a timer or a person; it leaves memory.
     #[error("waiting at call #{seq}: {reason}")]
     Suspended {
@@ -330,6 +356,10 @@ pub enum Stop {
     /// (no outcome, no end, no seal): a person looks at it.
     #[error("{0}")]
     Integrity(String),
+    /// The run was cancelled: the call about to begin did not, and the run
+    /// ends `cancelled` with this error (who cancelled it, and why).
+    #[error("{0}")]
+    Cancelled(String),
 }
 
 impl Stop {
@@ -368,6 +398,7 @@ impl From<StoreError> for Stop {
             StoreError::Fenced { .. } | StoreError::ClaimedElsewhere { .. } => {
                 Stop::Fenced(e.to_string())
             }
+            StoreError::Cancelled { reason, .. } => Stop::Cancelled(reason),
             other => Stop::Ledger(other.to_string()),
         }
     }
@@ -435,6 +466,12 @@ pub struct Stats {
 
 pub type LogSink = Box<dyn FnMut(&LogRecord, bool) + Send>;
 
+/// What [`Journal::next_call`] found.
+enum Next {
+    Replayed(Call),
+    Live(u64),
+}
+
 /// The per-run state of the durable wrapper.
 pub struct Journal {
     run_id: String,
@@ -446,6 +483,10 @@ pub struct Journal {
     /// The redaction of the live call in progress (its sequence number),
     /// applied to what the ledger keeps of its outcome.
     redacting: Option<(u64, Redaction)>,
+    /// The secrets no recorded text may hold (the configuration's).
+    scrub: Scrub,
+    /// Those and the current live call's redacted request values.
+    call_scrub: Scrub,
     stop: Option<Stop>,
     logs_recorded: HashMap<u64, usize>,
     log_sink: Option<LogSink>,
@@ -480,6 +521,18 @@ pub struct Journal {
     /// The write whose `started` commit [`Journal::begin`] left pending:
     /// its sequence number and when it began.
     timing_open: Option<(u64, i64)>,
+    /// For a child run: its parent's call that started it.
+    parent: Option<crate::records::ParentRef>,
+    /// For a child run: its tree's root.
+    root: Option<String>,
+    /// Whether the run has started a child (its end cancels those it did
+    /// not join, unless detached).
+    spawned: bool,
+    /// The run was cancelled before this execution claimed it: why.
+    cancelled: Option<String>,
+    /// For a run that stops to wait for a child: its inbox's arrivals when
+    /// it looked ([`crate::records::EndRow::inbox_seen`]).
+    inbox_seen: Option<u64>,
 }
 
 /// The head of a run's chain as an execution extends it.
@@ -560,6 +613,8 @@ impl Journal {
             next_seq: 1,
             budget: Budget::new(limits),
             redacting: None,
+            scrub: Scrub::default(),
+            call_scrub: Scrub::default(),
             stop: None,
             logs_recorded,
             log_sink: None,
@@ -580,6 +635,11 @@ impl Journal {
             trace: None,
             timings: None,
             timing_open: None,
+            parent: None,
+            root: None,
+            spawned: false,
+            cancelled: None,
+            inbox_seen: None,
         }
     }
 
@@ -630,6 +690,12 @@ impl Journal {
 
     pub fn set_control(&mut self, control: std::sync::Arc<RunControl>) {
         self.control = Some(control);
+    }
+
+    /// What tells this execution to stop (its worker draining, its lease
+    /// lost), if anything does.
+    pub fn control(&self) -> Option<std::sync::Arc<RunControl>> {
+        self.control.clone()
     }
 
     /// Before live I/O: may this execution still act?
@@ -757,6 +823,13 @@ impl Journal {
         matches!(self.mode, Mode::Live { .. })
             && self.stop.is_none()
             && matches!(self.history.get(self.next_seq as usize - 1), Ok(None))
+    }
+
+    /// The secrets no text this journal records may hold (the
+    /// configuration's keys and injected header values).
+    pub fn set_scrub(&mut self, scrub: Scrub) {
+        self.call_scrub = scrub.clone();
+        self.scrub = scrub;
     }
 
     /// Calls made so far in this execution.
@@ -898,37 +971,10 @@ impl Journal {
     }
 
     fn call_inner(&mut self, spec: &CallSpec<'_>, live: &mut dyn LiveCall) -> Result<Call, Stop> {
-        let seq = self.next_seq;
-        self.budget.check_calls(seq)?;
-        let recorded = self
-            .history
-            .get(seq as usize - 1)
-            .map_err(Stop::reading_history)?
-            .is_some();
-        if recorded {
-            return self.replayed(spec, live, seq);
-        }
-        let Mode::Live { .. } = &self.mode else {
-            if self.recording_complete {
-                return Err(Stop::Diverged(Box::new(Divergence {
-                    seq,
-                    recorded: None,
-                    new: Some(new_side(spec)),
-                })));
-            }
-            return Err(Stop::ReplayEnd {
-                seq,
-                reason: format!(
-                    "the recording has {} call(s) and the module makes another: {} {} {}",
-                    self.history.len(),
-                    spec.interface,
-                    spec.function,
-                    spec.request
-                ),
-            });
+        let seq = match self.next_call(spec, live)? {
+            Next::Replayed(call) => return Ok(call),
+            Next::Live(seq) => seq,
         };
-        self.going_live(seq)?;
-        self.next_seq += 1;
         let record = self.new_record(spec, seq);
         match spec.class {
             // Observe calls: one buffered row, durable with the next durable
@@ -981,6 +1027,50 @@ impl Journal {
                 }
             }
         }
+    }
+
+    /// The next call: its recorded outcome if the recording holds it (or
+    /// its reconciliation), else its sequence number, the execution cleared
+    /// to perform it live.
+    fn next_call(&mut self, spec: &CallSpec<'_>, live: &mut dyn LiveCall) -> Result<Next, Stop> {
+        let seq = self.next_seq;
+        self.budget.check_calls(seq)?;
+        let recorded = self
+            .history
+            .get(seq as usize - 1)
+            .map_err(Stop::reading_history)?
+            .is_some();
+        if recorded {
+            return self.replayed(spec, live, seq).map(Next::Replayed);
+        }
+        let Mode::Live { .. } = &self.mode else {
+            if self.recording_complete {
+                return Err(Stop::Diverged(Box::new(Divergence {
+                    seq,
+                    recorded: None,
+                    new: Some(new_side(spec)),
+                })));
+            }
+            return Err(Stop::ReplayEnd {
+                seq,
+                reason: format!(
+                    "the recording has {} call(s) and the module makes another: {} {} {}",
+                    self.history.len(),
+                    spec.interface,
+                    spec.function,
+                    spec.request
+                ),
+            });
+        };
+        self.going_live(seq)?;
+        check_sendable(spec, seq)?;
+        // A run found cancelled when it was claimed begins no new call
+        // (what it had in flight was settled above, as it replayed).
+        if let Some(error) = &self.cancelled {
+            return Err(Stop::Cancelled(error.clone()));
+        }
+        self.next_seq += 1;
+        Ok(Next::Live(seq))
     }
 
     /// A call the recording holds: its outcome, or its reconciliation if
@@ -1053,7 +1143,9 @@ impl Journal {
                     return Err(in_flight_in_replay(seq));
                 }
                 self.going_live(seq)?;
+                check_sendable(spec, seq)?;
                 self.redacting = spec.redact.map(|r| (seq, r.clone()));
+                self.call_scrub = self.scrub.for_call(spec.redact, spec.request);
                 if recorded.class == CallClass::Suspend {
                     return self.wait_for(&recorded, live).map(Call::Done);
                 }
@@ -1076,8 +1168,15 @@ impl Journal {
     /// The `started` row of live call `seq`.
     fn new_record(&mut self, spec: &CallSpec<'_>, seq: u64) -> CallRecord {
         self.redacting = spec.redact.map(|r| (seq, r.clone()));
+        if spec.class != CallClass::Observe {
+            self.call_scrub = self.scrub.for_call(spec.redact, spec.request);
+        }
+        // The hash is of what the ledger keeps (markers in place of
+        // redacted values): it proves the kept text, and gives away
+        // nothing the text does not.
+        let request = spec.kept_request();
         let mut request_hash = String::new();
-        Self::request_hash(&mut self.request_hashes, spec, &mut request_hash);
+        Self::request_hash(&mut self.request_hashes, spec, &request, &mut request_hash);
         // An observe call (a clock, a random number) acts on nothing outside
         // the host, so nothing outside needs to know it again: it has no
         // operation id, which saves a hash on the step's most frequent call.
@@ -1092,7 +1191,7 @@ impl Journal {
             interface: spec.interface.to_string(),
             function: spec.function.to_string(),
             operation_id,
-            request: spec.kept_request(),
+            request,
             request_hash,
             state: CallState::Started,
             outcome: None,
@@ -1119,6 +1218,7 @@ impl Journal {
             seq,
             next: 1,
             counters: &mut self.counters,
+            scrub: &self.call_scrub,
         };
         let outcome = match live.perform(
             &OpContext::of(&self.run_id, self.trace.as_ref(), &record, fence),
@@ -1129,6 +1229,7 @@ impl Journal {
             // be established failed.
             Performed::Unknown(reason) => Outcome::error(CallErrorKind::Exhausted, reason),
         };
+        let outcome = self.call_scrub.outcome(outcome);
         if with_attempts {
             crash::point("after-send", seq);
         }
@@ -1203,6 +1304,7 @@ impl Journal {
             seq,
             next: 1,
             counters: &mut self.counters,
+            scrub: &self.call_scrub,
         };
         let performed = live.perform(
             &OpContext::of(&self.run_id, self.trace.as_ref(), &started, fence),
@@ -1210,8 +1312,9 @@ impl Journal {
         );
         crash::point("after-send", seq);
         let outcome = match performed {
-            Performed::Done(outcome) => outcome,
+            Performed::Done(outcome) => self.call_scrub.outcome(outcome),
             Performed::Unknown(reason) => {
+                let reason = self.call_scrub.text(&reason).into_owned();
                 self.pending.push(WriteOp::Outcome {
                     seq,
                     state: CallState::Unknown,
@@ -1266,8 +1369,13 @@ impl Journal {
         Ok(())
     }
 
-    /// The request hash of a live call, into `out`.
-    fn request_hash(memo: &mut Option<RequestHashes>, spec: &CallSpec<'_>, out: &mut String) {
+    /// The hash of `request`, as a live call of `spec` keeps it, into `out`.
+    fn request_hash(
+        memo: &mut Option<RequestHashes>,
+        spec: &CallSpec<'_>,
+        request: &str,
+        out: &mut String,
+    ) {
         let hashes = match memo {
             Some(hashes)
                 if hashes.interface == spec.interface && hashes.function == spec.function =>
@@ -1286,10 +1394,10 @@ impl Journal {
                 })
             }
         };
-        if spec.request.is_empty() {
+        if request.is_empty() {
             out.clone_from(&hashes.empty);
         } else {
-            hashes.hasher.hash_into(out, spec.request);
+            hashes.hasher.hash_into(out, request);
         }
     }
 
@@ -1443,12 +1551,34 @@ impl Journal {
     ) -> Result<Outcome, Stop> {
         let seq = recorded.seq;
         let op = OpContext::of(&self.run_id, self.trace.as_ref(), recorded, self.fence());
-        // Attempt numbers go on from those of the executions before.
+        // Attempt numbers go on from those of the executions before. An
+        // execution that ended between `started` and its outcome may have
+        // sent the request with no attempt recorded: that attempt is
+        // recorded now, as what it is, so the call's history shows it.
+        let mut next = self.history.last_attempts() + 1;
+        if next == 1 {
+            self.pending.push(WriteOp::Attempt(AttemptRecord {
+                seq,
+                attempt: 1,
+                kind: "interrupted".to_string(),
+                started_at_ms: recorded.started_at_ms,
+                finished_at_ms: crate::clock::now_ms(),
+                result: "unrecorded".to_string(),
+                detail: Some(format!(
+                    "the execution under fencing token {} ended after recording this call \
+                     started and before its answer: the request may or may not have reached \
+                     the receiver",
+                    recorded.fence
+                )),
+            }));
+            next = 2;
+        }
         let mut attempts = Attempts {
             sink: Some(&mut self.pending),
             seq,
-            next: self.history.last_attempts() + 1,
+            next,
             counters: &mut self.counters,
+            scrub: &self.call_scrub,
         };
         let reconciled = if recorded.class == CallClass::Write && !live.reconciles_writes() {
             Reconciled::Unknown(format!(
@@ -1470,6 +1600,10 @@ impl Journal {
                 }
             }
             Reconciled::Unknown(reason) => (CallState::Unknown, Err(reason)),
+        };
+        let outcome = match outcome {
+            Ok(outcome) => Ok(self.call_scrub.outcome(outcome)),
+            Err(reason) => Err(self.call_scrub.text(&reason).into_owned()),
         };
         let kept = outcome.as_ref().ok().map(|o| self.kept(recorded.seq, o));
         Self::push_outcome(&mut self.chain, &mut self.pending, recorded, state, kept);
@@ -1575,5 +1709,7 @@ pub fn truncate(s: &str, max: usize) -> &str {
 }
 
 mod budget;
+mod children;
+pub use children::{EndNotes, MakeChild};
 #[cfg(test)]
 mod tests;

@@ -400,9 +400,14 @@ fn a_write_left_in_flight_is_settled_by_its_receiver_or_sent_again_or_parked() {
                 assert_eq!(journal.counters()["side_effect_unknown_total"], 1);
             }
         }
-        // The lookup is recorded as the call's attempt.
+        // The send the execution before may have made is recorded as what
+        // it is (an interruption, its answer unrecorded), then the lookup.
         let attempts = fx.store.attempts(RUN, Some(1)).unwrap();
-        assert_eq!(attempts[0].kind, "lookup");
+        assert_eq!(
+            (attempts[0].kind.as_str(), attempts[0].result.as_str()),
+            ("interrupted", "unrecorded")
+        );
+        assert_eq!(attempts[1].kind, "lookup");
     }
 }
 

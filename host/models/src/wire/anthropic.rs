@@ -271,6 +271,7 @@ pub fn parse_response(body: &[u8]) -> Result<ChatResponse, WireError> {
         usage: usage_raw.as_ref().map(usage).unwrap_or_default(),
         usage_raw,
         cost: None,
+        charged: None,
     })
 }
 
@@ -481,6 +482,7 @@ impl StreamAssembler for Assembler {
             usage: usage_raw.as_ref().map(usage).unwrap_or_default(),
             usage_raw,
             cost: None,
+            charged: None,
         })
     }
 }

@@ -259,6 +259,7 @@ pub fn parse_response(body: &[u8]) -> Result<ChatResponse, WireError> {
         usage: usage_raw.as_ref().map(usage).unwrap_or_default(),
         usage_raw,
         cost: None,
+        charged: None,
     })
 }
 
@@ -394,6 +395,7 @@ impl StreamAssembler for Assembler {
             usage: me.usage.as_ref().map(usage).unwrap_or_default(),
             usage_raw: me.usage,
             cost: None,
+            charged: None,
         })
     }
 }

@@ -283,6 +283,7 @@ fn from_response(
         usage: usage_raw.as_ref().map(usage).unwrap_or_default(),
         usage_raw,
         cost: None,
+        charged: None,
     })
 }
 

@@ -106,7 +106,7 @@ impl Host for StepState {
         let request = serde_json::json!({
             "subject": subject,
             "details": parsed.as_ref().ok(),
-            "details_sha256": crate::effects::payload_sha256(&details),
+            "details_sha256": stephost_effects::payload_sha256(&details),
             "ttl_seconds": ttl_seconds,
         })
         .to_string();
@@ -140,7 +140,7 @@ impl Host for StepState {
                 };
                 // Durable: as a task, the thread's other runs go on while
                 // its commit is made.
-                let outcome = crate::effects::blocking(|| journal.call(&spec, &mut approval));
+                let outcome = stephost_effects::blocking(|| journal.call(&spec, &mut approval));
                 if approval.expired {
                     journal.count("approvals_expired_total");
                 }

@@ -5,12 +5,12 @@ use wasmtime::component::Linker;
 
 use crate::bindings::CallError;
 use crate::bindings::stephost::step::effects::Host;
-use crate::effects::{Effect, EffectCall, Effects};
 use crate::imports::{StepState, lock, trap};
 use stephost_core::journal::{
     Call, CallErrorKind, CallSpec, Compute, Journal, LiveCall, Outcome, Stop, WriteStarted,
 };
 use stephost_core::{CallClass, StoreResult};
+use stephost_effects::{Effect, EffectCall, Effects};
 
 pub const INTERFACE: &str = "stephost:step/effects";
 
@@ -36,7 +36,7 @@ impl Host for StepState {
         }
         let effects = self.effects.clone();
         let call = Gated::effect(&effects, &name, &request, key.as_deref());
-        gated_call(self, &call, || not_granted(&name))
+        Ok(to_guest(gated_call(self, &call, || not_granted(&name))?))
     }
 }
 
@@ -88,11 +88,16 @@ pub fn link_call_as_task(linker: &mut Linker<StepState>) -> wasmtime::Result<()>
     link_task_call(linker, INSTANCE, |answer| answer)?;
     link_task_call(linker, INSTANCE_0_2, |answer| {
         answer.map_err(crate::imports::v0_2::call_error)
+    })?;
+    link_task_call(linker, INSTANCE_0_3, |answer| {
+        answer.map_err(|e| crate::imports::v0_3::call_error(crate::imports::v0_2::call_error(e)))
     })
 }
 
 /// The 0.2.0 world's instance of this interface.
 const INSTANCE_0_2: &str = "stephost:step/effects@0.2.0";
+/// The 0.3.0 world's.
+const INSTANCE_0_3: &str = "stephost:step/effects@0.3.0";
 
 fn link_task_call<E>(
     linker: &mut Linker<StepState>,
@@ -132,19 +137,20 @@ where
 }
 
 /// One call through a configured effect (or its refusal), recorded by the
-/// journal. Shared by `effects.call` and `llm.complete`.
+/// journal: its outcome, as recorded or as performed. Each interface
+/// spells it for the guest in its own world's words (a recorded `budget`
+/// refusal is `budget` to a 0.2.0 model call, live or replayed alike).
 pub fn gated_call(
     state: &mut StepState,
     call: &Gated<'_>,
     denied: impl FnOnce() -> String,
-) -> wasmtime::Result<Result<String, CallError>> {
-    let outcome = Effect::call_on(call.effect, || {
+) -> wasmtime::Result<Outcome> {
+    Effect::call_on(call.effect, || {
         through_journal(state, call, denied, |journal, spec, live| {
             journal.call(spec, live)
         })
     })
-    .map_err(trap)?;
-    Ok(to_guest(outcome))
+    .map_err(trap)
 }
 
 /// A call through the journal by `go` (all of it, [`Journal::call`], or up
@@ -194,6 +200,19 @@ fn through_journal<T: From<Outcome>>(
     };
     match (refusal, effect) {
         (None, Some(effect)) => {
+            // What is sent whole (a model's conversation) may hold a marker
+            // the part the ledger keeps does not.
+            if let Some(sent) = sent
+                && journal.next_goes_live()
+                && stephost_core::redact::is_redacted(sent)
+            {
+                let stop = Stop::RedactedValue {
+                    seq: journal.calls_made() + 1,
+                    name: function.to_string(),
+                };
+                journal.set_stop(stop.clone());
+                return Err(stop);
+            }
             let spec = CallSpec {
                 class: class.unwrap_or_else(|| effect.class_of_next(&mut journal)),
                 interface,
@@ -207,13 +226,19 @@ fn through_journal<T: From<Outcome>>(
             let mut live = effect_call(state, effect, function, body, &journal);
             go(&mut journal, &spec, &mut live)
         }
-        (refusal, _) => {
+        (refusal, effect) => {
             let outcome = refusal.unwrap_or_else(|| {
                 Outcome::error(CallErrorKind::Denied, format!("{function} is not granted"))
             });
-            // Too-large requests are recorded by size only.
-            let recorded = if request.len() > max {
-                format!("{{\"stephost_request_bytes\":{}}}", request.len())
+            // A refused request is redacted as a sent one would be. One
+            // too large, or one that cannot be redacted (not JSON), is
+            // recorded by its size only.
+            let redact = effect.and_then(|e| e.redaction.as_ref());
+            let opaque = request.len() > max
+                || (redact.is_some()
+                    && serde_json::from_str::<serde::de::IgnoredAny>(request).is_err());
+            let recorded = if opaque {
+                opaque_request(request)
             } else {
                 request.to_string()
             };
@@ -224,13 +249,19 @@ fn through_journal<T: From<Outcome>>(
                 request: &recorded,
                 key,
                 paid: false,
-                redact: None,
+                redact,
             };
             journal
                 .call(&spec, &mut Compute(|| outcome.clone()))
                 .map(T::from)
         }
     }
+}
+
+/// What the ledger keeps of a request it cannot keep whole (too large, or
+/// not JSON where values must be redacted): its size.
+pub fn opaque_request(request: &str) -> String {
+    format!("{{\"stephost_request_bytes\":{}}}", request.len())
 }
 
 /// The rest of a write [`Journal::begin`] left pending, once its commit is
@@ -274,6 +305,8 @@ fn effect_call<'a>(
         sleep: &state.sleep,
         wall_left: journal.wall_left(),
         services: &state.services,
+        spend: Default::default(),
+        deadline: None,
     }
 }
 

@@ -5,10 +5,16 @@
 //! wasmtime-wasi-http serves the resources; its `send_request` hook sends
 //! nothing, it hands the request over. The one journal call of an exchange
 //! is made inside a guest call, at a point that does not depend on timing:
-//! in `handle` when the request's body is already complete, else in
+//! in `handle` when the request's body was already finished, else in
 //! `outgoing-body.finish`, once it is. The response the guest waits for is
 //! made ready (from the network, or from the ledger on a replay or resume)
 //! before the guest can look at it, its body whole in memory.
+//!
+//! What a guest holds is bounded: a body is read as the guest writes it (up
+//! to `payload_bytes_max`), so no write waits for a reader; at most
+//! `http_bodies_open_max` bodies are open at once; and a guest that waits
+//! for a response while its own body is still open waits only until its
+//! run must stop (past `wall_ms_max`, its worker draining, its lease lost).
 //!
 //! An origin not granted (`[http."ORIGIN"]`) is refused as
 //! `HTTP-request-denied`, and the refusal recorded. GET, HEAD and OPTIONS
@@ -19,7 +25,10 @@
 
 use std::collections::HashMap;
 use std::convert::Infallible;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
+
+use stephost_core::Limits;
+use stephost_core::journal::{Journal, Stop};
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
@@ -27,7 +36,7 @@ use ureq::http;
 use ureq::http::request::Parts;
 use wasmtime::StoreContextMut;
 use wasmtime::component::{Linker, Resource, ResourceTable, ResourceType};
-use wasmtime_wasi::runtime::{AbortOnDropJoinHandle, in_tokio, poll_noop, spawn};
+use wasmtime_wasi::runtime::{AbortOnDropJoinHandle, in_tokio, spawn};
 use wasmtime_wasi_http::p2::bindings::http::outgoing_handler;
 use wasmtime_wasi_http::p2::bindings::http::types::{self as wit, ErrorCode};
 use wasmtime_wasi_http::p2::body::{HostOutgoingBody, HyperIncomingBody};
@@ -38,10 +47,10 @@ use wasmtime_wasi_http::{
 };
 
 use crate::bindings::CallError;
-use crate::effects::Effects;
-use crate::effects::origin::{Answered, Body, Exchange, class_of, origin_of};
-use crate::imports::StepState;
 use crate::imports::effects::{Gated, gated_call};
+use crate::imports::{StepState, lock};
+use stephost_effects::Effects;
+use stephost_effects::origin::{Answered, Body, Exchange, class_of, method_allowed, origin_of};
 
 pub const INTERFACE: &str = "wasi:http/outgoing-handler";
 
@@ -53,28 +62,73 @@ const VERSION: &str = "0.2.12";
 pub struct HttpState {
     ctx: WasiHttpCtx,
     hooks: Hooks,
-    /// `outgoing-request` rep → its `outgoing-body` rep.
-    body_of: HashMap<u32, u32>,
+    /// `outgoing-request` rep → its body, read as the step writes it,
+    /// until the request is handed over.
+    body_of: HashMap<u32, Collecting>,
     /// `outgoing-body` rep → the `future-incoming-response` rep waiting on it.
     waiting: HashMap<u32, u32>,
     /// `future-incoming-response` rep → its request, the body still open.
     pending: HashMap<u32, Open>,
     /// Largest request body, in bytes (the run's `payload_bytes_max`).
     body_bytes_max: usize,
+    /// Outgoing bodies the step holds open (neither finished nor dropped),
+    /// each buffering up to two chunks, and its request's body once it is
+    /// handed over: at most the run's `http_bodies_open_max`.
+    bodies_open: u64,
+    bodies_open_max: u64,
 }
 
+/// Most bytes a step's client writes to an outgoing body at once; an open
+/// body buffers two such chunks before its request is sent.
+const BODY_CHUNK_BYTES: usize = 64 * 1024;
+
 impl HttpState {
-    pub fn new(effects: &Effects, body_bytes_max: usize) -> Self {
+    pub fn new(effects: &Effects, journal: &Arc<Mutex<Journal>>, limits: &Limits) -> Self {
         HttpState {
             ctx: WasiHttpCtx::new(),
             hooks: Hooks {
                 handed: None,
                 effects: effects.clone(),
+                watch: {
+                    let journal = lock(journal);
+                    Watch {
+                        control: journal.control(),
+                        wall_until: std::time::Instant::now() + journal.wall_left(),
+                    }
+                },
             },
             body_of: HashMap::new(),
             waiting: HashMap::new(),
             pending: HashMap::new(),
-            body_bytes_max,
+            body_bytes_max: limits.payload_bytes_max as usize,
+            bodies_open: 0,
+            bodies_open_max: limits.http_bodies_open_max,
+        }
+    }
+
+    /// One more outgoing body open: past `http_bodies_open_max`, the run
+    /// stops.
+    fn body_opened(&mut self) -> Result<(), Stop> {
+        if self.bodies_open >= self.bodies_open_max {
+            return Err(Stop::Limit(format!(
+                "the step holds more than http_bodies_open_max = {} outgoing HTTP bodies open \
+                 at once; finish or drop each request's body before opening the next, or raise \
+                 [limits] http_bodies_open_max",
+                self.bodies_open_max
+            )));
+        }
+        self.bodies_open += 1;
+        Ok(())
+    }
+
+    fn body_closed(&mut self) {
+        self.bodies_open = self.bodies_open.saturating_sub(1);
+    }
+
+    /// The body `rep` was finished or dropped: its reading is ending.
+    fn body_ended(&mut self, rep: u32) {
+        if let Some(collecting) = self.body_of.values_mut().find(|c| c.body_rep == rep) {
+            collecting.ended = true;
         }
     }
 }
@@ -94,6 +148,27 @@ impl WasiHttpView for StepState {
 struct Hooks {
     handed: Option<(Parts, WasiBody)>,
     effects: Effects,
+    watch: Watch,
+}
+
+/// When a run must stop, as a wait outside the guest's calls can tell
+/// without its journal: past its wall time, its worker draining, its lease
+/// lost.
+#[derive(Clone)]
+struct Watch {
+    control: Option<Arc<stephost_core::journal::RunControl>>,
+    wall_until: std::time::Instant,
+}
+
+impl Watch {
+    fn must_stop(&self) -> bool {
+        use std::sync::atomic::Ordering;
+        std::time::Instant::now() >= self.wall_until
+            || self
+                .control
+                .as_ref()
+                .is_some_and(|c| c.drain.load(Ordering::SeqCst) || c.lost.load(Ordering::SeqCst))
+    }
 }
 
 type IoFuture = Box<dyn Future<Output = Result<(), wasmtime_wasi_http::Error>> + Send>;
@@ -104,6 +179,10 @@ impl WasiHttpHooks for Hooks {
         Arc::new(move |name| {
             DEFAULT_FORBIDDEN_HEADERS.contains(name) || effects.host_sets_header(name.as_str())
         })
+    }
+
+    fn p2_outgoing_body_chunk_size(&mut self) -> usize {
+        BODY_CHUNK_BYTES
     }
 
     fn send_request(
@@ -117,16 +196,46 @@ impl WasiHttpHooks for Hooks {
     > {
         let (parts, body) = request.into_parts();
         self.handed = Some((parts, body));
-        // Never awaited to its end: the wrapper makes the response ready
-        // (dropping this task) before the guest can look at it.
-        Box::new(std::future::pending())
+        // The wrapper makes the response ready (dropping this task) before
+        // the guest can look at it, unless the guest waits for it with its
+        // body still open. That wait ends when the run must stop; the guest
+        // never sees how: its `get` of the response traps with the run's
+        // stop ([`link`]).
+        let watch = self.watch.clone();
+        Box::new(async move {
+            let tick = std::time::Duration::from_millis(crate::limiter::EPOCH_TICK_MS);
+            while !watch.must_stop() {
+                tokio::time::sleep(tick).await;
+            }
+            Err(wasmtime_wasi_http::Error::InternalError(Some(
+                "the run must stop".to_string(),
+            )))
+        })
     }
+}
+
+/// A body being read as the guest writes it (whole, or an error).
+type Reading = AbortOnDropJoinHandle<Result<Vec<u8>, ErrorCode>>;
+
+/// A request's body, its request not yet handed over.
+struct Collecting {
+    body_rep: u32,
+    /// Finished or dropped: its reading ends at once.
+    ended: bool,
+    reading: Reading,
 }
 
 /// A request whose body the guest is still writing.
 struct Open {
     parts: Parts,
-    body: AbortOnDropJoinHandle<Result<Vec<u8>, ErrorCode>>,
+    body: Reading,
+}
+
+/// An empty body, left in a request whose body is read elsewhere.
+fn empty() -> WasiBody {
+    http_body_util::Empty::<Bytes>::new()
+        .map_err(|e: Infallible| match e {})
+        .boxed_unsync()
 }
 
 /// Takes one frame of a body: `Some` at its end (or an error).
@@ -149,17 +258,6 @@ fn take_frame(
                 buf.extend_from_slice(&data);
             }
             None
-        }
-    }
-}
-
-/// What the guest has written so far, without waiting: `Some` once the
-/// body is complete, `None` while it may still write.
-fn drain_now(body: &mut WasiBody, buf: &mut Vec<u8>, max: usize) -> Option<Result<(), ErrorCode>> {
-    loop {
-        let frame = poll_noop(std::pin::pin!(body.frame()))?;
-        if let Some(done) = take_frame(frame, buf, max) {
-            return Some(done);
         }
     }
 }
@@ -210,6 +308,10 @@ fn exchange(
     let origin = origin_of(&url).unwrap_or_else(|| url.clone());
     let effects = state.effects.clone();
     let granted = effects.origin(&origin);
+    // A method the origin does not take is refused as an origin not
+    // granted is: its credentials never ride on it.
+    let refused_method = granted.is_some_and(|g| !method_allowed(g.methods.as_deref(), method));
+    let granted = granted.filter(|_| !refused_method);
     let call = Gated {
         interface: INTERFACE,
         function: "handle",
@@ -219,13 +321,20 @@ fn exchange(
         sent: None,
         key: None,
     };
-    let answer = gated_call(state, &call, || {
-        format!(
-            "origin {origin} is not granted to this step's HTTP client; grant it with \
-             [http.\"{origin}\"] in stephost.toml"
-        )
+    let outcome = gated_call(state, &call, || {
+        if refused_method {
+            format!(
+                "origin {origin} does not take {method} from this step's HTTP client; list it \
+                 in [http.\"{origin}\"] methods (TRACE and CONNECT are refused unless listed)"
+            )
+        } else {
+            format!(
+                "origin {origin} is not granted to this step's HTTP client; grant it with \
+                 [http.\"{origin}\"] in stephost.toml"
+            )
+        }
     })?;
-    Ok(match answer {
+    Ok(match crate::imports::effects::to_guest(outcome) {
         Ok(text) => answered(&text),
         Err(CallError::Denied(_)) => Err(ErrorCode::HttpRequestDenied),
         Err(CallError::Rejected(m) | CallError::Exhausted(m) | CallError::Invalid(m)) => {
@@ -244,7 +353,7 @@ fn answered(text: &str) -> Result<Answered, ErrorCode> {
     }
     let value = serde_json::from_str::<serde_json::Value>(text).unwrap_or_default();
     if let Some(bytes) = value
-        .get(crate::effects::RESPONSE_TOO_LARGE)
+        .get(stephost_effects::RESPONSE_TOO_LARGE)
         .and_then(|n| n.as_u64())
     {
         return Err(ErrorCode::HttpResponseBodySize(Some(bytes)));
@@ -322,12 +431,29 @@ pub fn link(linker: &mut Linker<StepState>, sync: bool) -> wasmtime::Result<()> 
         ResourceType::host::<HostOutgoingBody>(),
         |mut store: StoreContextMut<'_, StepState>, rep: u32| {
             let state = store.data_mut();
+            state.http.body_closed();
+            state.http.body_ended(rep);
             wit::HostOutgoingBody::drop(&mut state.http(), Resource::new_own(rep))?;
             if let Some(future) = state.http.waiting.remove(&rep) {
                 state.http.pending.remove(&future);
                 make_ready(&mut state.table, future, Err(ErrorCode::HttpProtocolError))?;
             }
             Ok(())
+        },
+    )?;
+    // A response looked at after the run must stop (a wait for it ended
+    // so): the run stops here, with the journal's stop.
+    types.func_wrap(
+        "[method]future-incoming-response.get",
+        |mut store: StoreContextMut<'_, StepState>,
+         (future,): (Resource<HostFutureIncomingResponse>,)| {
+            let state = store.data_mut();
+            let got = wit::HostFutureIncomingResponse::get(&mut state.http(), future)?;
+            let stop = lock(&state.journal).interrupted();
+            match stop {
+                Some(stop) => Err(state.fail(stop)),
+                None => Ok((got,)),
+            }
         },
     )?;
     types.func_wrap(
@@ -337,7 +463,27 @@ pub fn link(linker: &mut Linker<StepState>, sync: bool) -> wasmtime::Result<()> 
             let request = req.rep();
             let body = wit::HostOutgoingRequest::body(&mut state.http(), req)?;
             if let Ok(body) = &body {
-                state.http.body_of.insert(request, body.rep());
+                if let Err(stop) = state.http.body_opened() {
+                    return Err(state.fail(stop));
+                }
+                // Read as the step writes it, up to the payload limit, so
+                // that no write waits for a reader, however long the step
+                // keeps the body open or its request unsent.
+                let max = state.http.body_bytes_max;
+                let req = state
+                    .table
+                    .get_mut(&Resource::<HostOutgoingRequest>::new_borrow(request))?;
+                if let Some(written) = req.body.replace(empty()) {
+                    let reading = spawn(collect(written, Vec::new(), max));
+                    state.http.body_of.insert(
+                        request,
+                        Collecting {
+                            body_rep: body.rep(),
+                            ended: false,
+                            reading,
+                        },
+                    );
+                }
             }
             Ok((body,))
         },
@@ -348,6 +494,8 @@ pub fn link(linker: &mut Linker<StepState>, sync: bool) -> wasmtime::Result<()> 
          (body, trailers): (Resource<HostOutgoingBody>, Option<Resource<FieldMap>>)| {
             let state = store.data_mut();
             let body_rep = body.rep();
+            state.http.body_closed();
+            state.http.body_ended(body_rep);
             let finished = match wit::HostOutgoingBody::finish(&mut state.http(), body, trailers) {
                 Ok(()) => Ok(()),
                 Err(e) => Err(e.downcast()?),
@@ -358,7 +506,7 @@ pub fn link(linker: &mut Linker<StepState>, sync: bool) -> wasmtime::Result<()> 
                         wasmtime::Error::msg("an exchange waits on a body it lost")
                     })?;
                 // The body's channel is closed now: its reader ends at once.
-                let body = crate::effects::blocking(|| in_tokio(open.body));
+                let body = stephost_effects::blocking(|| in_tokio(open.body));
                 let outcome = exchange(state, &open.parts, body)?;
                 make_ready(&mut state.table, future, outcome)?;
             }
@@ -375,34 +523,45 @@ pub fn link(linker: &mut Linker<StepState>, sync: bool) -> wasmtime::Result<()> 
                 Option<Resource<RequestOptions>>,
             )| {
                 let state = store.data_mut();
-                let body_rep = state.http.body_of.remove(&req.rep());
+                let collecting = state.http.body_of.remove(&req.rep());
                 let future = match outgoing_handler::Host::handle(&mut state.http(), req, options) {
                     Ok(future) => future,
                     Err(e) => return Ok((Err(e.downcast()?),)),
                 };
-                let (parts, mut body) = state
+                let (parts, _empty) = state
                     .http
                     .hooks
                     .handed
                     .take()
                     .ok_or_else(|| wasmtime::Error::msg("handle sent no request"))?;
-                let max = state.http.body_bytes_max;
-                let mut buf = Vec::new();
-                match drain_now(&mut body, &mut buf, max) {
-                    Some(done) => {
-                        let outcome = exchange(state, &parts, done.map(|()| buf))?;
+                match collecting {
+                    // No body: an empty one.
+                    None => {
+                        let outcome = exchange(state, &parts, Ok(Vec::new()))?;
                         make_ready(&mut state.table, future.rep(), outcome)?;
                     }
-                    None => {
-                        let body_rep = body_rep.ok_or_else(|| {
-                            wasmtime::Error::msg("an open body that was never taken")
-                        })?;
+                    // Its body ended: read to its end at once.
+                    Some(Collecting {
+                        ended: true,
+                        reading,
+                        ..
+                    }) => {
+                        let body = stephost_effects::blocking(|| in_tokio(reading));
+                        let outcome = exchange(state, &parts, body)?;
+                        make_ready(&mut state.table, future.rep(), outcome)?;
+                    }
+                    // Still open: the exchange is made when it is finished.
+                    Some(Collecting {
+                        body_rep, reading, ..
+                    }) => {
                         state.http.waiting.insert(body_rep, future.rep());
-                        let body = spawn(collect(body, buf, max));
-                        state
-                            .http
-                            .pending
-                            .insert(future.rep(), Open { parts, body });
+                        state.http.pending.insert(
+                            future.rep(),
+                            Open {
+                                parts,
+                                body: reading,
+                            },
+                        );
                     }
                 }
                 Ok((Ok(future),))

@@ -11,10 +11,12 @@ pub mod log;
 pub mod models;
 pub mod policy;
 pub mod random;
+pub mod runs;
 pub mod stdio;
 pub mod timers;
 pub mod types;
 pub mod v0_2;
+pub mod v0_3;
 pub mod wasi;
 
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -22,9 +24,9 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use wasmtime::component::ResourceTable;
 use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 
-use crate::effects::Effects;
 use stephost_core::CallClass;
 use stephost_core::journal::{CallSpec, Compute, Journal, Outcome, Stop};
+use stephost_effects::Effects;
 
 /// The data of a run's `wasmtime::Store`.
 pub struct StepState {
@@ -44,9 +46,13 @@ pub struct StepState {
     /// is new since it.
     pub last_chat: Option<models::LastChat>,
     /// What live calls use besides their effect.
-    pub services: crate::options::Services,
+    pub services: stephost_effects::Services,
     /// The step's own HTTP client's exchanges (`wasi:http`).
     pub http: http::HttpState,
+    /// The children it started and joined (`runs`).
+    pub runs: runs::RunsState,
+    /// The steps it may start as children, and what starts and joins use.
+    pub children: Option<Arc<runs::ChildSteps>>,
 }
 
 impl WasiView for StepState {

@@ -2,8 +2,8 @@
 //! named in `stephost.toml`. The recorded request is the provider-neutral
 //! one, with the alias in `model`, and after the execution's first chat
 //! call only what is new since the last
-//! ([`stephost_models::ChatRequest::recorded_after`]); the answer is committed durably before
-//! the step sees it ([`crate::effects::model`]). A call that would take the
+//! ([`stephost_models::RecordedAfter::recorded_after`]); the answer is committed durably before
+//! the step sees it ([`stephost_effects::model`]). A call that would take the
 //! run past its budget (`[limits] model_tokens_max`,
 //! `model_cost_micro_usd_max`) is not sent: it answers `budget`, recorded
 //! like any refusal, so a replay sees it again.
@@ -11,7 +11,8 @@
 use stephost_core::CallClass;
 use stephost_core::journal::{CallErrorKind, CallSpec, Compute, Outcome, Stop};
 use stephost_core::limits::OverBudget;
-use stephost_models::{ChatRequest, ChatResponse, Message};
+use stephost_core::redact::Redaction;
+use stephost_models::{ChatRequest, ChatResponse, Message, RecordedAfter};
 
 use crate::bindings::v0_2;
 use crate::imports::effects::{Gated, gated_call};
@@ -21,11 +22,7 @@ pub const INTERFACE: &str = "stephost:step/models";
 
 /// What a run's model calls have spent so far in this execution's view:
 /// the replayed ones and the live ones, in call order.
-#[derive(Debug, Default, Clone, Copy)]
-pub struct Spent {
-    pub tokens: u64,
-    pub micro_usd: u64,
-}
+pub type Spent = stephost_core::Spent;
 
 /// An execution's last chat call: the next is recorded as what is new
 /// since it.
@@ -44,17 +41,38 @@ pub fn chat(
     request: &str,
 ) -> wasmtime::Result<Result<String, v0_2::CallError>> {
     let live_before = lock(&state.journal).stats.live;
-    let answer = call(state, alias, request)?;
+    let outcome = call(state, alias, request)?;
     let live = lock(&state.journal).stats.live > live_before;
-    Ok(answered(state, alias, live, answer))
+    Ok(answered(state, alias, live, outcome))
+}
+
+/// Why a model call that may spend `tokens` and cost `micro_usd` would
+/// take the run past its budget, if it would.
+pub fn over_budget(state: &StepState, tokens: u64, micro_usd: Option<u64>) -> Option<String> {
+    let limits = lock(&state.journal).limits().clone();
+    let spent = state.models_spent;
+    if spent.tokens.saturating_add(tokens) > limits.model_tokens_max {
+        return Some(format!(
+            "the run has spent {} model tokens; this call may spend {tokens} more (its input \
+             and max_tokens), past model_tokens_max = {}",
+            spent.tokens, limits.model_tokens_max
+        ));
+    }
+    let micro_usd = micro_usd?;
+    (spent.micro_usd.saturating_add(micro_usd) > limits.model_cost_micro_usd_max).then(|| {
+        format!(
+            "the run's model calls have cost {} micro-USD; this call may cost {micro_usd} more, \
+             past model_cost_micro_usd_max = {}",
+            spent.micro_usd, limits.model_cost_micro_usd_max
+        )
+    })
 }
 
 /// The call itself: recorded, refused or sent.
-fn call(
-    state: &mut StepState,
-    alias: &str,
-    request: &str,
-) -> wasmtime::Result<Result<String, v0_2::CallError>> {
+fn call(state: &mut StepState, alias: &str, request: &str) -> wasmtime::Result<Outcome> {
+    let effects = state.effects.clone();
+    let model = effects.model(alias);
+    let redaction = model.and_then(|m| m.effect.redaction.as_ref());
     let parsed = serde_json::from_str::<ChatRequest>(request)
         .map_err(|e| format!("the chat request is not one: {e}"))
         .and_then(|mut chat| {
@@ -65,7 +83,9 @@ fn call(
     let chat = match parsed {
         Ok(chat) => chat,
         // Recorded as sent (it may not even be JSON), refused.
-        Err(message) => return refuse(state, request, CallErrorKind::Invalid, message),
+        Err(message) => {
+            return refuse(state, request, redaction, CallErrorKind::Invalid, message);
+        }
     };
     let whole = chat.canonical_json();
     // The ledger keeps what is new since the execution's last chat call (a
@@ -83,11 +103,11 @@ fn call(
         request: chat.clone(),
         answer: None,
     });
-    let effects = state.effects.clone();
-    let Some(model) = effects.model(alias) else {
+    let Some(model) = model else {
         return refuse(
             state,
             &recorded,
+            None,
             CallErrorKind::Denied,
             format!(
                 "model `{alias}` is not configured; add [models.{alias}] to stephost.toml \
@@ -95,32 +115,13 @@ fn call(
             ),
         );
     };
+    // What the call may spend: its input, sent whole (about four bytes a
+    // token), and its max_tokens; its worst cost prices all of it as output.
     let max_tokens = model.model.max_tokens_of(&chat);
-    let limits = lock(&state.journal).limits().clone();
-    let worst_cost = model.model.worst_cost_micro_usd(0, max_tokens);
-    let over = if state
-        .models_spent
-        .tokens
-        .saturating_add(u64::from(max_tokens))
-        > limits.model_tokens_max
-    {
-        Some(format!(
-            "the run has spent {} model tokens; this call may spend {max_tokens} more \
-             (its max_tokens), past model_tokens_max = {}",
-            state.models_spent.tokens, limits.model_tokens_max
-        ))
-    } else if state.models_spent.micro_usd.saturating_add(worst_cost)
-        > limits.model_cost_micro_usd_max
-    {
-        Some(format!(
-            "the run's model calls have cost {} micro-USD; this call may cost {worst_cost} more, \
-             past model_cost_micro_usd_max = {}",
-            state.models_spent.micro_usd, limits.model_cost_micro_usd_max
-        ))
-    } else {
-        None
-    };
-    if let Some(message) = over {
+    let tokens = (whole.len() / 4) as u64 + u64::from(max_tokens);
+    let worst_cost = model.model.worst_cost_micro_usd(whole.len(), max_tokens);
+    if let Some(message) = over_budget(state, tokens, Some(worst_cost)) {
+        let limits = lock(&state.journal).limits().clone();
         // Parked only when the call is live: a recorded call replays what
         // it answered, whatever today's budget.
         if limits.model_budget_exceeded == OverBudget::Park
@@ -138,6 +139,7 @@ fn call(
         return refuse(
             state,
             &recorded,
+            redaction,
             CallErrorKind::Budget,
             format!(
                 "{message}; the call was not sent (raise the run's budget when it is submitted, \
@@ -164,7 +166,7 @@ fn call(
             (sink.0)(
                 &run_id,
                 seq,
-                crate::options::ModelProgress::Waiting(&reason),
+                stephost_effects::ModelProgress::Waiting(&reason),
             );
         }
         return Err(state.fail(Stop::Suspended {
@@ -182,70 +184,132 @@ fn call(
         sent,
         key: None,
     };
-    let answer = gated_call(state, &call, String::new)?;
-    Ok(answer.map_err(crate::imports::v0_2::call_error))
+    gated_call(state, &call, String::new)
+}
+
+/// What a recorded model call spent, by its outcome: what the host
+/// charged for it (an answer's `charged`, else its usage and cost; a
+/// failure's `spent`; an answer too large to keep, what its summary
+/// kept).
+pub fn spent_by(outcome: &Outcome) -> Spent {
+    match outcome {
+        Outcome::Ok(serde_json::Value::String(text)) => {
+            if let Ok(response) = serde_json::from_str::<ChatResponse>(text) {
+                return match response.charged {
+                    Some(charged) => Spent {
+                        tokens: charged.tokens,
+                        micro_usd: charged.micro_usd,
+                    },
+                    None => Spent {
+                        tokens: response.usage.total(),
+                        micro_usd: response.cost.map_or(0, |c| c.micro_usd),
+                    },
+                };
+            }
+            serde_json::from_str::<serde_json::Value>(text)
+                .ok()
+                .and_then(|summary| {
+                    serde_json::from_value(summary.get(stephost_effects::SPENT)?.clone()).ok()
+                })
+                .unwrap_or_default()
+        }
+        Outcome::Err(error) => error.spent.unwrap_or_default(),
+        Outcome::Ok(_) => Spent::default(),
+    }
 }
 
 /// What the step gets, noted: an answer's spending counts toward the
 /// budget, and its message is what the next call is recorded after (a
 /// replay without the model configured gets its recorded answers through a
 /// refusal's path: they are noted the same way); a `live` one (not
-/// replayed) counts in the model metrics.
+/// replayed) counts in the model metrics. The host's note of what it
+/// charged is not the step's to see.
 fn answered(
     state: &mut StepState,
     alias: &str,
     live: bool,
-    answer: Result<String, v0_2::CallError>,
+    outcome: Outcome,
 ) -> Result<String, v0_2::CallError> {
+    let spent = spent_by(&outcome);
+    state.models_spent = state.models_spent.plus(spent);
+    let outcome = match outcome {
+        Outcome::Ok(serde_json::Value::String(text)) => {
+            match serde_json::from_str::<ChatResponse>(&text) {
+                Ok(mut response) => {
+                    if let Some(last) = &mut state.last_chat
+                        && !response.content.is_empty()
+                    {
+                        last.answer = Some(Message::assistant(response.content.clone()));
+                    }
+                    if live {
+                        let mut journal = lock(&state.journal);
+                        crate::metrics::model_answer(
+                            alias,
+                            &response.usage,
+                            response.cost.map(|c| c.micro_usd),
+                            |name, n| journal.add(name, n),
+                        );
+                    }
+                    let text = match response.charged.take() {
+                        Some(_) => serde_json::to_string(&response).unwrap_or(text),
+                        None => text,
+                    };
+                    Outcome::Ok(serde_json::Value::String(text))
+                }
+                Err(_) => Outcome::Ok(serde_json::Value::String(text)),
+            }
+        }
+        other => other,
+    };
+    let answer = crate::imports::v0_2::to_guest(outcome);
     if live && let Err(v0_2::CallError::Budget(_)) = &answer {
         lock(&state.journal).count(crate::metrics::model_budget_refusal(alias));
-    }
-    if let Ok(text) = &answer
-        && let Ok(response) = serde_json::from_str::<ChatResponse>(text)
-    {
-        if let Some(last) = &mut state.last_chat
-            && !response.content.is_empty()
-        {
-            last.answer = Some(Message::assistant(response.content.clone()));
-        }
-        if live {
-            let mut journal = lock(&state.journal);
-            crate::metrics::model_answer(
-                alias,
-                &response.usage,
-                response.cost.map(|c| c.micro_usd),
-                |name, n| journal.add(name, n),
-            );
-        }
-        let spent = &mut state.models_spent;
-        spent.tokens = spent.tokens.saturating_add(response.usage.total());
-        spent.micro_usd = spent
-            .micro_usd
-            .saturating_add(response.cost.map_or(0, |c| c.micro_usd));
     }
     answer
 }
 
 /// A call refused before it was sent, recorded as such (so a replay gives
-/// the step the same answer).
-fn refuse(
+/// the step the same answer), its request redacted as a sent one would be:
+/// where it cannot be (it is not JSON), kept by its size and hash only.
+pub fn refuse(
     state: &mut StepState,
     request: &str,
+    redaction: Option<&Redaction>,
     kind: CallErrorKind,
     message: String,
-) -> wasmtime::Result<Result<String, v0_2::CallError>> {
+) -> wasmtime::Result<Outcome> {
+    refuse_in(state, INTERFACE, "chat", request, redaction, kind, message)
+}
+
+/// [`refuse`] for any interface's call.
+pub fn refuse_in(
+    state: &mut StepState,
+    interface: &str,
+    function: &str,
+    request: &str,
+    redaction: Option<&Redaction>,
+    kind: CallErrorKind,
+    message: String,
+) -> wasmtime::Result<Outcome> {
     let outcome = Outcome::error(kind, message);
+    let opaque;
+    let request = match redaction {
+        Some(_) if serde_json::from_str::<serde::de::IgnoredAny>(request).is_err() => {
+            opaque = crate::imports::effects::opaque_request(request);
+            opaque.as_str()
+        }
+        _ => request,
+    };
     let spec = CallSpec {
         class: CallClass::Observe,
-        interface: INTERFACE,
-        function: "chat",
+        interface,
+        function,
         request,
         key: None,
         paid: false,
-        redact: None,
+        redact: redaction,
     };
-    let recorded = lock(&state.journal)
+    lock(&state.journal)
         .call(&spec, &mut Compute(|| outcome.clone()))
-        .map_err(trap)?;
-    Ok(crate::imports::v0_2::to_guest(recorded))
+        .map_err(trap)
 }

@@ -8,15 +8,7 @@ use stephost_core::journal::{Journal, Stop};
 
 pub const INTERFACE: &str = "stephost:step/random";
 
-/// Fresh random bytes from the host's operating system.
-pub fn os_bytes(len: usize) -> Vec<u8> {
-    let mut bytes = vec![0u8; len];
-    // The WASI context's default generator is seeded from the OS; use the
-    // same source the host trusts for keys.
-    let mut rng = wasmtime_wasi::random::thread_rng();
-    rand_core::Rng::fill_bytes(&mut rng, &mut bytes);
-    bytes
-}
+pub use crate::randomness::os_bytes;
 
 /// Decodes recorded bytes (hex).
 pub fn recorded_bytes(value: &serde_json::Value, len: usize) -> Result<Vec<u8>, Stop> {

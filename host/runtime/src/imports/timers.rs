@@ -70,7 +70,7 @@ pub fn durable_sleep(
     };
     // Durable, and it may sleep in place: as a task, the thread's other
     // runs go on meanwhile.
-    crate::effects::blocking(|| lock(journal).call(&spec, &mut Sleep { ms })).map(|_| ())
+    stephost_effects::blocking(|| lock(journal).call(&spec, &mut Sleep { ms })).map(|_| ())
 }
 
 /// A WASI wait of `nanos` (a clock subscription, a `poll_oneoff`) as a

@@ -228,7 +228,7 @@ mod tests {
             run_id: "r",
             module_digest: "d",
             step: None,
-            world: crate::engine::WORLD,
+            world: crate::bindings::WORLD,
             input: "{}",
             now_ms: 1,
             budget: Default::default(),

@@ -24,6 +24,10 @@ impl UreqClient {
         let config = ureq::Agent::config_builder()
             .timeout_global(Some(timeout))
             .http_status_as_error(false)
+            // A redirect is an answer, and the export failed: following it
+            // would send the spans and OTEL_EXPORTER_OTLP_HEADERS (a
+            // collector's token) wherever the answer says.
+            .max_redirects(0)
             .build();
         UreqClient(ureq::Agent::new_with_config(config))
     }

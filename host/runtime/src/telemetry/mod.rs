@@ -26,8 +26,8 @@ use opentelemetry_sdk::trace::{BatchSpanProcessor, SdkTracer, SdkTracerProvider,
 use stephost_core::trace::CallTiming;
 use stephost_core::{ClaimedFrom, RunTrace, Views};
 
-use crate::effects::Effects;
 use crate::error::HostError;
+use stephost_effects::Effects;
 
 /// How long an export waits for the collector unless
 /// `OTEL_EXPORTER_OTLP_TIMEOUT` says otherwise.

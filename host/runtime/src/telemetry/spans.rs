@@ -17,7 +17,7 @@ use stephost_core::{
 };
 
 use super::{Execution, Telemetry, export};
-use crate::effects::Effects;
+use stephost_effects::Effects;
 
 /// How an execution ended.
 pub(super) struct Ended<'a> {

@@ -29,7 +29,14 @@ main.addEventListener("input", () => { editing = true; });
 main.addEventListener("change", () => { editing = true; });
 
 // Replaces the page's content; children as `el` takes them (arrays, nulls).
+// A live update's render that finds a form being filled in leaves the page
+// as it is (it was started before the person began typing).
 function show(...children) {
+  if (liveRender && editing) {
+    stale = true;
+    document.getElementById("live").textContent = "live (paused while you edit)";
+    return;
+  }
   editing = false;
   if (stale) { stale = false; document.getElementById("live").textContent = "live"; }
   const note = flash ? el("div", {class: "notice", role: "status"}, flash.text, " ",
@@ -108,11 +115,66 @@ async function runsView(params) {
 }
 
 // ---- one run
+// A model call read as the conversation it is: the messages this call
+// added (a later turn records what is new since the turn before), and the
+// answer with its tokens and cost. `call` is the whole call.
+function conversation(call) {
+  const parse = text => { try { return JSON.parse(text); } catch { return null; } };
+  const req = parse(call.request) || {};
+  const out = parse(call.outcome || "null");
+  const answer = out && typeof out.ok === "string" ? parse(out.ok) : null;
+  const part = p => p.type === "text" ? p.text
+    : p.type === "tool_call" ? `calls ${p.name}(${p.arguments})`
+    : p.type === "tool_result" ? `${p.name} ${p.is_error ? "failed" : "answered"}: ${p.content}`
+    : JSON.stringify(p);
+  const message = (role, parts) => el("div", {class: `msg msg-${role}`}, el("b", {}, role), el("pre", {}, parts.map(part).join("\n")));
+  const usage = answer && answer.usage ? Object.values(answer.usage).reduce((a, b) => a + (Number(b) || 0), 0) : 0;
+  return el("section", {class: "conversation", "aria-label": `Conversation of call #${call.seq}`},
+    req.stephost_after ? el("p", {class: "muted"}, `(the ${req.stephost_after} message(s) before these are in the earlier model calls)`) : null,
+    req.system ? message("system", [{type: "text", text: req.system}]) : null,
+    (req.messages || []).map(m => message(m.role, m.content || [])),
+    answer ? [message("answer", answer.content || []),
+      el("p", {class: "muted"}, `stop: ${answer.stop}`, usage ? `; ${usage} tokens` : "",
+        answer.cost ? `; $${(answer.cost.micro_usd / 1e6).toFixed(6)}` : "")]
+      : el("p", {class: "muted"}, out && out.err ? `no answer: ${out.err.kind}: ${out.err.message}` : "no answer recorded yet"));
+}
+
+// A run and the runs below it, one nested list item a run.
+function treeNode(n) {
+  return el("li", {},
+    el("a", {href: `#/run/${encodeURIComponent(n.run_id)}`, class: "mono"}, n.run_id), " ", status(n.status),
+    n.join_set ? el("span", {class: "muted"}, ` set ${n.join_set}`, n.arrival ? `, ended #${n.arrival}` : "") : null,
+    n.tokens_total ? el("span", {class: "muted"}, ` ${n.tokens_total} tokens`) : null,
+    n.waits_for ? el("div", {class: "muted"}, "waits for ", n.waits_for) : null,
+    n.error ? el("div", {class: "s-failed"}, n.error) : null,
+    n.children.length ? el("ul", {}, n.children.map(treeNode)) : null);
+}
+
+// Cancelling a run and every run below it.
+function cancelForm(runId) {
+  const out = el("div", {role: "status"});
+  const form = el("form", {"aria-label": "Cancel this run", onsubmit: async ev => {
+    ev.preventDefault();
+    if (!form.reportValidity()) return;
+    const f = new FormData(form);
+    try {
+      const done = await api(`/api/runs/${encodeURIComponent(runId)}/cancel`, {method: "POST",
+        body: JSON.stringify({by: f.get("by") || null, reason: f.get("reason") || null})});
+      flash = {runId, text: `Cancelled ${done.cancelled.length} run(s), top down: a worker ends them; one running stops at its next call.`};
+      route();
+    } catch (e) { out.replaceChildren(el("div", {class: "error", role: "alert"}, e.message)); }
+  }},
+    el("div", {class: "row"}, whoField(), el("label", {}, "Reason", el("input", {name: "reason"})),
+      el("button", {type: "submit", class: "danger"}, "Cancel run and its tree")));
+  return [form, out];
+}
+
 async function runView(runId, params) {
   const from = Number(params.from_seq || 1);
-  const [view, page] = await Promise.all([
+  const [view, page, tree] = await Promise.all([
     api(`/api/runs/${encodeURIComponent(runId)}`),
-    api(`/api/runs/${encodeURIComponent(runId)}/calls?from_seq=${from}&limit=200`)]);
+    api(`/api/runs/${encodeURIComponent(runId)}/calls?from_seq=${from}&limit=200`),
+    api(`/api/runs/${encodeURIComponent(runId)}/tree`)]);
   const r = view.run;
   // The call a divergence names ("call #N diverged"), marked in the timeline.
   const divergence = r.status === "diverged" ? /call #(\d+) diverged/.exec(r.error || "") : null;
@@ -126,6 +188,9 @@ async function runView(runId, params) {
     el("dt", {}, "Fence"), el("dd", {}, `${r.fence} (sent to receivers with each write as Stephost-Fence)`),
     el("dt", {}, "Owner"), el("dd", {}, r.owner ? `${r.owner}, lease until ${time(r.lease_until_ms)}` : "none"),
     el("dt", {}, "Created"), el("dd", {}, time(r.created_at_ms)),
+    r.parent ? [el("dt", {}, "Started by"), el("dd", {}, el("a", {href: `#/run/${encodeURIComponent(r.parent.run_id)}`, class: "mono"}, r.parent.run_id),
+      ` call #${r.parent.seq}, set ${r.parent.join_set}`, r.parent.detached ? " (detached)" : "")] : null,
+    r.cancel ? [el("dt", {}, "Cancelled"), el("dd", {}, `by ${r.cancel.by} at ${time(r.cancel.at_ms)}`, r.cancel.reason ? `: ${r.cancel.reason}` : "")] : null,
     spent.tokens ? [el("dt", {}, "Model tokens"), el("dd", {}, `${spent.tokens}`,
       spent.cost ? ` ($${(spent.cost / 1e6).toFixed(6)})` : "", page.next_seq || from > 1 ? " in the calls shown" : "")] : null,
     el("dt", {}, "Input"), el("dd", {}, el("pre", {}, pretty(r.input))),
@@ -150,6 +215,16 @@ async function runView(runId, params) {
       }}, `show all ${full} bytes`) : null;
       return el("details", {}, el("summary", {}, label, full ? " (cut)" : ""), pre, whole);
     };
+    // A model call opens as its conversation, read whole.
+    const chat = c.name === "models.chat" ? el("details", {ontoggle: async ev => {
+      const box = ev.target;
+      if (!box.open || box.dataset.loaded) return;
+      box.dataset.loaded = "1";
+      try {
+        const whole = await api(`/api/runs/${encodeURIComponent(runId)}/calls/${c.seq}`);
+        box.append(conversation(whole));
+      } catch (e) { box.append(el("div", {class: "error"}, e.message)); }
+    }}, el("summary", {}, "conversation")) : null;
     return el("tr", {class: c.seq === divergedAt ? "diverged" : "", id: `call-${c.seq}`},
       el("td", {}, c.seq),
       el("td", {}, c.class),
@@ -160,7 +235,7 @@ async function runView(runId, params) {
       el("td", {}, c.duration_ms === null || c.duration_ms === undefined ? "" : `${c.duration_ms} ms`,
         c.tokens ? el("div", {class: "muted"}, `${c.tokens} tokens`, c.cost_micro_usd ? `, $${(c.cost_micro_usd / 1e6).toFixed(6)}` : "") : null),
       el("td", {}, c.attempts.length ? el("ol", {}, c.attempts.map(a => el("li", {}, `${a.kind}: ${a.result}`, a.detail ? ` (${a.detail})` : ""))) : ""),
-      el("td", {}, body("request", c.request, c.truncated && c.request_bytes > c.request.length ? c.request_bytes : 0, "request"),
+      el("td", {}, chat, body("request", c.request, c.truncated && c.request_bytes > c.request.length ? c.request_bytes : 0, "request"),
         c.outcome ? body("outcome", c.outcome, c.truncated && c.outcome_bytes > c.outcome.length ? c.outcome_bytes : 0, "outcome") : null));
   });
   const timeline = calls.length ? el("table", {}, el("caption", {class: "visually-hidden"}, "Call timeline"),
@@ -190,6 +265,10 @@ async function runView(runId, params) {
         setTimeout(() => URL.revokeObjectURL(url), 10000);
       } catch (e) { showError(e); }
     }}, "Export")), replayOut,
+    tree.needs_a_person && tree.needs_a_person.length ? el("div", {class: "notice", role: "status"},
+      "Waiting for a person in this tree: ", tree.needs_a_person.join("; "), " (see Approvals and Unknown calls)") : null,
+    tree.children.length ? [el("h3", {}, "Runs below"), el("ul", {class: "tree", "aria-label": "Runs below"}, tree.children.map(treeNode))] : null,
+    ["completed", "failed", "diverged", "cancelled"].includes(r.status) || r.cancel ? null : cancelForm(runId),
     el("h3", {}, "Timeline"),
     el("p", {class: "muted"}, "Each call was performed live once, under the fence shown; an execution under a later fence replayed it from the ledger (\u201creplayed since\u201d) instead of performing it again."),
     nav, timeline,
@@ -274,10 +353,14 @@ function parseHash() {
   const [path, query] = (location.hash.slice(1) || "/runs").split("?");
   return {parts: path.split("/").filter(Boolean), params: Object.fromEntries(new URLSearchParams(query || ""))};
 }
-let rendering = false, again = false;
-async function route() {
-  if (rendering) { again = true; return; }
+// A render asked for while one is in progress runs after it. A render a
+// live update asked for (`fromLive`) does not replace a page whose form the
+// person has started filling in meanwhile (see `show`).
+let rendering = false, again = false, againLive = true, liveRender = false;
+async function route(fromLive = false) {
+  if (rendering) { again = true; againLive = againLive && fromLive; return; }
   rendering = true;
+  liveRender = fromLive;
   const {parts, params} = parseHash();
   for (const a of document.querySelectorAll("nav a")) {
     if (a.dataset.nav === parts[0]) a.setAttribute("aria-current", "page"); else a.removeAttribute("aria-current");
@@ -292,16 +375,36 @@ async function route() {
     document.getElementById("n-unknown").textContent = s.unknown_calls ? `(${s.unknown_calls})` : "";
   } catch (e) { showError(e); }
   rendering = false;
-  if (again) { again = false; route(); }
+  if (again) { const live = againLive; again = false; againLive = true; route(live); }
 }
 
 // A model's answer streaming in (or what its call waits for), shown on its
 // run's page above the timeline until the run's next change redraws the page
-// with the recorded answer.
+// with the recorded answer. Each event brings the text that came since the
+// one before and where it begins in the answer (in characters): the pieces
+// are put together here, for every run (the page may be opened mid-answer),
+// the last few answers kept.
+const answers = new Map();
+const ANSWERS_KEPT = 16;
+function answerSoFar(s) {
+  const key = `${s.run_id}#${s.seq}`;
+  const piece = Array.from(s.text);
+  let a = answers.get(key);
+  // The answer's start (or a retried attempt's), or the piece that follows
+  // the ones put together: appended. Anything else means pieces were missed.
+  if (!a || s.offset === 0 || s.offset !== a.chars) {
+    a = {text: s.offset === 0 ? "" : "…", chars: s.offset};
+  }
+  answers.delete(key);
+  answers.set(key, {text: a.text + s.text, chars: a.chars + piece.length});
+  while (answers.size > ANSWERS_KEPT) answers.delete(answers.keys().next().value);
+  return answers.get(key).text;
+}
 function streaming(event) {
   const data = event.split("\n").filter(l => l.startsWith("data:")).map(l => l.slice(5).replace(/^ /, "")).join("\n");
   let s;
   try { s = JSON.parse(data); } catch { return; }
+  const text = typeof s.text === "string" && Number.isInteger(s.offset) ? answerSoFar(s) : undefined;
   const parts = parseHash().parts;
   if (parts[0] !== "run" || decodeURIComponent(parts[1] || "") !== s.run_id) return;
   let box = document.getElementById("streaming");
@@ -316,8 +419,9 @@ function streaming(event) {
     box.querySelector("p").textContent = `call #${s.seq} waits for its model: ${s.waiting}`;
     return;
   }
+  if (text === undefined) return;
   box.querySelector("p").textContent = `call #${s.seq}, not recorded until it is whole`;
-  box.querySelector("pre").textContent = s.text;
+  box.querySelector("pre").textContent = text;
 }
 
 // Server-sent events, read with fetch so the token goes in a header, not the URL.
@@ -343,7 +447,7 @@ async function connect() {
         if (!/^event: runs$/m.test(event)) continue;
         // A form someone has started filling in is not redrawn under them.
         if (editing) { live.textContent = "live (paused while you edit)"; stale = true; }
-        else route();
+        else route(true);
       }
     }
   } catch (e) { if (e.name === "AbortError") return; }
@@ -351,6 +455,6 @@ async function connect() {
   setTimeout(connect, 2000);
 }
 
-window.addEventListener("hashchange", route);
+window.addEventListener("hashchange", () => route());
 route();
 connect();

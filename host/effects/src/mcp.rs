@@ -5,8 +5,13 @@
 //! over streamable HTTP) and started when a run first calls one of their
 //! tools; every run of the process shares the connection, which is closed
 //! (and a program stopped, its whole process group) when the process lets go
-//! of its effects. A server that dies is started again at the next call. A
-//! program's stderr goes to the host's log a line at a time (`mcp NAME`).
+//! of its effects. Starting a server and its `initialize` are bounded by
+//! `start_timeout_ms`, each request by `timeout_ms`; a server that answers
+//! with a protocol version the client does not speak is left at once. A
+//! server found dead before a request (its program exited, its connection
+//! closed) is started again first, so nothing is sent into a dead
+//! connection. A program's stderr goes to the host's log a line at a time
+//! (`mcp NAME`), each cut at `stderr_line_bytes_max`.
 //!
 //! Each connection is driven by a thread of its own with a single-threaded
 //! tokio runtime: a call is handed over a channel and waited for with a
@@ -18,7 +23,9 @@
 //! `dev.stephost/fence`), so a server can deduplicate and refuse a stale
 //! writer. A call whose reply was lost (the server died, the call timed out)
 //! may have acted: a write is then sent again only to a server declared
-//! `idempotent`, and otherwise parked as `unknown` for a person.
+//! `idempotent`, and otherwise parked as `unknown` for a person. A tool
+//! call is a write unless its effect configures a read, or its server is
+//! trusted with its tools' annotations (`trust_annotations`).
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -34,7 +41,9 @@ use rmcp::service::RunningService;
 use rmcp::{RoleClient, ServiceError, ServiceExt};
 use serde_json::{Value, json};
 
-use super::{Failure, Handler, Reply, Request};
+use crate::handler::{Failure, Handler, Reply, Request};
+use crate::section::{Secrets, default_timeout_ms, resolve_env};
+use serde::Deserialize;
 use stephost_core::CallClass;
 
 /// Where the `_meta` keys of a call live.
@@ -97,47 +106,76 @@ enum Lost {
     Closed(String),
     /// The request never left (no connection could be made).
     NotSent(String),
+    /// No connection could be made for the request (a server over HTTP
+    /// that is down): it never left.
+    Unreachable(String),
     /// An answer this client does not drive (a task, a request for input).
     Unsupported(String),
+}
+
+/// How long a server may take, and how long a line of its log may be.
+#[derive(Debug, Clone, Copy)]
+pub struct Bounds {
+    /// Longest wait for a program to start (or an endpoint to be reached)
+    /// and answer `initialize` (`start_timeout_ms`).
+    pub start: Duration,
+    /// Longest wait for the answer to each request (`timeout_ms`).
+    pub request: Duration,
+    /// Longest line of a program's stderr passed to the host's log
+    /// (`stderr_line_bytes_max`); the rest of a longer one is dropped.
+    pub stderr_line_bytes_max: usize,
 }
 
 /// A declared server, connected on first use.
 pub struct McpServer {
     name: String,
     transport: Transport,
-    /// Longest wait for the connection and for each request.
-    timeout: Duration,
+    bounds: Bounds,
+    /// Its tools' `readOnlyHint` decides the class of a call no class is
+    /// configured for (`trust_annotations`); otherwise such a call is a
+    /// write.
+    trust_annotations: bool,
     connection: Mutex<Option<Arc<Connection>>>,
 }
 
 impl McpServer {
-    pub fn new(name: &str, transport: Transport, timeout: Duration) -> Self {
+    pub fn new(name: &str, transport: Transport, bounds: Bounds, trust_annotations: bool) -> Self {
         McpServer {
             name: name.to_string(),
             transport,
-            timeout,
+            bounds,
+            trust_annotations,
             connection: Mutex::new(None),
         }
     }
 
-    /// The live connection, made (again) if there is none or it ended.
+    /// The live connection, made (again) if there is none or it ended:
+    /// checked before every request, so that a server that died while idle
+    /// is started again before anything is sent rather than sent a request
+    /// it cannot get.
     fn connected(&self) -> Result<Arc<Connection>, Lost> {
         let mut slot = self.connection.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(connection) = slot.as_ref().filter(|c| !c.closed.load(Ordering::Acquire)) {
-            return Ok(connection.clone());
+        match slot.as_ref().map(|c| (c, c.ended())) {
+            Some((connection, None)) => return Ok(connection.clone()),
+            Some((_, Some(why))) => crate::services::host().line(
+                crate::services::Level::Warn,
+                &format!("mcp {}", self.name),
+                &format!("{why}; starting it again before the next request"),
+            ),
+            None => {}
         }
         // The old connection, if any, is stopped outside the lock's reach of
         // callers: dropping it waits for its thread.
         let old = slot.take();
         drop(old);
-        let connection = Arc::new(Connection::open(&self.name, &self.transport, self.timeout)?);
+        let connection = Arc::new(Connection::open(&self.name, &self.transport, self.bounds)?);
         *slot = Some(connection.clone());
         Ok(connection)
     }
 
     fn call(&self, tool: &str, arguments: JsonObject, meta: JsonObject) -> Result<Called, Lost> {
         let connection = self.connected()?;
-        let timeout = self.timeout;
+        let timeout = self.bounds.request;
         connection
             .ask(|reply| Job::Call {
                 tool: tool.to_string(),
@@ -152,17 +190,16 @@ impl McpServer {
             })
     }
 
-    /// The server's tools, as listed when its connection was made.
+    /// The server's tools, as first listed on its connection. A list that
+    /// failed is not kept: the next asks again.
     fn tools(&self) -> Result<(Arc<Vec<Tool>>, Identity), Lost> {
         let connection = self.connected()?;
         if let Some(tools) = connection.tools.get() {
             return Ok((tools.clone(), connection.identity.clone()));
         }
-        let timeout = self.timeout;
-        let listed = connection.ask(|reply| Job::List { timeout, reply });
-        let tools = connection
-            .tools
-            .get_or_init(|| Arc::new(listed.unwrap_or_default()));
+        let timeout = self.bounds.request;
+        let listed = connection.ask(|reply| Job::List { timeout, reply })?;
+        let tools = connection.tools.get_or_init(|| Arc::new(listed));
         Ok((tools.clone(), connection.identity.clone()))
     }
 }
@@ -195,6 +232,10 @@ struct Connection {
     /// The connection ended (the server died, or the network went): the
     /// next call makes a new one.
     closed: Arc<AtomicBool>,
+    /// The client's side of the connection, to see whether it has closed.
+    peer: rmcp::Peer<RoleClient>,
+    /// The program's process id, for a server over stdio.
+    pid: Option<u32>,
     /// The tools listed on this connection (for their annotations).
     tools: OnceLock<Arc<Vec<Tool>>>,
 }
@@ -206,9 +247,13 @@ type Client = RunningService<RoleClient, ClientConfig>;
 const CLOSE_WAIT: Duration = Duration::from_secs(8);
 
 impl Connection {
-    fn open(name: &str, transport: &Transport, timeout: Duration) -> Result<Self, Lost> {
+    /// Starts the server (or reaches it) and makes the `initialize`
+    /// handshake, within `bounds.start`.
+    fn open(name: &str, transport: &Transport, bounds: Bounds) -> Result<Self, Lost> {
+        let start_timeout = bounds.start;
         let (jobs, mut inbox) = tokio::sync::mpsc::unbounded_channel::<Job>();
-        let (ready, connected) = sync_channel::<Result<Identity, String>>(1);
+        type Ready = (Identity, rmcp::Peer<RoleClient>, Option<u32>);
+        let (ready, connected) = sync_channel::<Result<Ready, String>>(1);
         let closed = Arc::new(AtomicBool::new(false));
         let transport = transport.clone();
         let server = name.to_string();
@@ -227,24 +272,29 @@ impl Connection {
                     }
                 };
                 runtime.block_on(async move {
-                    let connecting =
-                        tokio::time::timeout(timeout, connect(&server, &transport)).await;
-                    let mut client = match connecting {
-                        Ok(Ok(client)) => client,
+                    let connecting = tokio::time::timeout(
+                        start_timeout,
+                        connect(&server, &transport, bounds.stderr_line_bytes_max),
+                    )
+                    .await;
+                    let (mut client, pid) = match connecting {
+                        Ok(Ok(connected)) => connected,
                         Ok(Err(e)) => {
                             let _ = ready.send(Err(e));
                             return;
                         }
                         Err(_) => {
                             let _ = ready.send(Err(format!(
-                                "no answer to initialize within {} ms",
-                                timeout.as_millis()
+                                "it did not start within {} ms (start_timeout_ms): no answer to \
+                                 initialize yet; raise start_timeout_ms for a server slow to \
+                                 start, such as one npx or uvx fetches first",
+                                start_timeout.as_millis()
                             )));
                             return;
                         }
                     };
-                    let _ = ready.send(Ok(identity(&client)));
                     let peer = client.peer().clone();
+                    let _ = ready.send(Ok((identity(&client), peer.clone(), pid)));
                     let mut calls = tokio::task::JoinSet::new();
                     while let Some(job) = inbox.recv().await {
                         let peer = peer.clone();
@@ -306,9 +356,9 @@ impl Connection {
             .map_err(|e| {
                 Lost::NotSent(format!("cannot start a thread for MCP server {name}: {e}"))
             })?;
-        let waited = timeout + Duration::from_secs(1);
-        let identity = match connected.recv_timeout(waited) {
-            Ok(Ok(identity)) => identity,
+        let waited = start_timeout + Duration::from_secs(1);
+        let (identity, peer, pid) = match connected.recv_timeout(waited) {
+            Ok(Ok(ready)) => ready,
             Ok(Err(e)) => {
                 let _ = thread.join();
                 return Err(Lost::NotSent(format!(
@@ -317,7 +367,8 @@ impl Connection {
             }
             Err(_) => {
                 return Err(Lost::NotSent(format!(
-                    "MCP server {name} did not finish connecting within {} ms",
+                    "MCP server {name} did not finish connecting within {} ms \
+                     (start_timeout_ms, and a second)",
                     waited.as_millis()
                 )));
             }
@@ -327,8 +378,23 @@ impl Connection {
             thread: Some(thread),
             identity,
             closed,
+            peer,
+            pid,
             tools: OnceLock::new(),
         })
+    }
+
+    /// Why this connection can no longer carry a request, if it cannot: a
+    /// call saw it close, the client's side has closed (the server's end
+    /// of the pipe or stream is gone), or the program has exited. A program
+    /// found exited has closed its end too, so nothing sent now could reach
+    /// it.
+    fn ended(&self) -> Option<String> {
+        if self.closed.load(Ordering::Acquire) || self.peer.is_transport_closed() {
+            return Some("the connection to the server had closed".to_string());
+        }
+        let pid = self.pid?;
+        exited(pid).then(|| format!("the server's program (pid {pid}) had exited"))
     }
 
     /// Hands the job `job` makes to the thread and waits for its answer; a
@@ -370,7 +436,14 @@ fn client_config() -> ClientConfig {
     .with_protocol_version(ProtocolVersion::LATEST_WITH_INITIALIZE)
 }
 
-async fn connect(name: &str, transport: &Transport) -> Result<Client, String> {
+/// Starts (or reaches) the server and makes the handshake; the process id
+/// of a program.
+async fn connect(
+    name: &str,
+    transport: &Transport,
+    stderr_line_bytes_max: usize,
+) -> Result<(Client, Option<u32>), String> {
+    let mut pid = None;
     let client = match transport {
         Transport::Stdio {
             program,
@@ -404,18 +477,12 @@ async fn connect(name: &str, transport: &Transport) -> Result<Client, String> {
                 .stderr(std::process::Stdio::piped())
                 .spawn()
                 .map_err(|e| format!("cannot start {}: {e}", program.display()))?;
+            pid = child.id();
             // Its log goes to the host's, a line at a time (read as it
             // comes: a full pipe would stall the server).
             if let Some(stderr) = stderr {
                 let source = format!("mcp {name}");
-                tokio::spawn(async move {
-                    use tokio::io::AsyncBufReadExt;
-                    let mut lines = tokio::io::BufReader::new(stderr).lines();
-                    while let Ok(Some(line)) = lines.next_line().await {
-                        let line: String = line.chars().filter(|c| !c.is_control()).collect();
-                        crate::logs::info(&source, None, line);
-                    }
-                });
+                tokio::spawn(log_lines(stderr, source, stderr_line_bytes_max));
             }
             client_config()
                 .serve(child)
@@ -445,12 +512,137 @@ async fn connect(name: &str, transport: &Transport) -> Result<Client, String> {
                 .map_err(|e| e.to_string())?
         }
     };
+    // A server that answered with a protocol version this client does not
+    // speak is left at once (the specification's SHOULD): nothing is sent
+    // to it.
+    if let Err(refused) = check_protocol_version(&client) {
+        let mut client = client;
+        let _ = client.close_with_timeout(CLOSE_WAIT).await;
+        return Err(refused);
+    }
     // A list is always asked of the server, never answered from a cache.
     client
         .peer()
         .set_response_cache_config(rmcp::ClientCacheConfig::disabled())
         .await;
-    Ok(client)
+    Ok((client, pid))
+}
+
+/// Whether child process `pid` has exited, without reaping it (the
+/// process's owner still waits for it); one already reaped has too.
+fn exited(pid: libc::id_t) -> bool {
+    // SAFETY: waitid(2) writes one siginfo_t, which we own and which
+    // outlives the call; WNOWAIT leaves the child waitable, WNOHANG keeps
+    // the call from blocking.
+    #[allow(unsafe_code)]
+    unsafe {
+        let mut info: libc::siginfo_t = std::mem::zeroed();
+        let found = libc::waitid(
+            libc::P_PID,
+            pid,
+            &mut info,
+            libc::WEXITED | libc::WNOHANG | libc::WNOWAIT,
+        );
+        // -1: no such child (reaped already); 0 with no pid: still running.
+        found != 0 || info.si_pid() != 0
+    }
+}
+
+/// The protocol versions this client speaks: those of the `initialize`
+/// handshake that `rmcp` knows, oldest first.
+fn supported_versions() -> impl Iterator<Item = &'static ProtocolVersion> {
+    ProtocolVersion::KNOWN_VERSIONS
+        .iter()
+        .filter(|v| v.has_initialize())
+}
+
+/// Whether the version the server answered `initialize` with is one this
+/// client speaks; if not, why the connection is left.
+fn check_protocol_version(client: &Client) -> Result<(), String> {
+    let answered = client
+        .peer()
+        .peer_info()
+        .map(|info| info.protocol_version.clone());
+    match answered {
+        Some(version) if supported_versions().any(|v| *v == version) => Ok(()),
+        answered => {
+            let supported: Vec<&str> = supported_versions().map(ProtocolVersion::as_str).collect();
+            let answered = answered.map_or_else(
+                || "no protocol version".to_string(),
+                |v| format!("protocol version {:?}", v.as_str()),
+            );
+            Err(format!(
+                "it answered initialize with {answered}, which stephost does not speak (it \
+                 speaks {}); the connection was closed and nothing sent: use a server that \
+                 speaks one of these",
+                supported.join(", ")
+            ))
+        }
+    }
+}
+
+/// Passes what a program prints on stderr to the host's log, a line at a
+/// time, holding at most `line_bytes_max` bytes of a line: a longer one is
+/// logged cut, with a marker, and the rest of it is read and dropped.
+async fn log_lines(
+    stderr: impl tokio::io::AsyncRead + Unpin,
+    source: String,
+    line_bytes_max: usize,
+) {
+    use tokio::io::AsyncBufReadExt;
+    let mut reader = tokio::io::BufReader::new(stderr);
+    let mut line = Vec::new();
+    // The line being read was logged cut: drop the rest of it.
+    let mut cut = false;
+    loop {
+        let chunk = match reader.fill_buf().await {
+            Ok(chunk) if !chunk.is_empty() => chunk,
+            _ => break,
+        };
+        let end = chunk.iter().position(|b| *b == b'\n');
+        let part = &chunk[..end.unwrap_or(chunk.len())];
+        if !cut {
+            let room = line_bytes_max - line.len();
+            if part.len() > room {
+                line.extend_from_slice(&part[..room]);
+                log_line(&source, &line, Some(line_bytes_max));
+                line.clear();
+                cut = true;
+            } else {
+                line.extend_from_slice(part);
+            }
+        }
+        let read = end.map_or(chunk.len(), |at| at + 1);
+        reader.consume(read);
+        if end.is_some() {
+            if !cut {
+                log_line(&source, &line, None);
+            }
+            line.clear();
+            cut = false;
+        }
+    }
+    if !line.is_empty() {
+        log_line(&source, &line, None);
+    }
+}
+
+/// One line of a program's stderr in the host's log, without control
+/// characters; `cut_at` when it was longer than that.
+fn log_line(source: &str, line: &[u8], cut_at: Option<usize>) {
+    let text: String = String::from_utf8_lossy(line)
+        .chars()
+        .filter(|c| !c.is_control())
+        .collect();
+    let host = crate::services::host();
+    match cut_at {
+        None => host.line(crate::services::Level::Info, source, &text),
+        Some(max) => host.line(
+            crate::services::Level::Info,
+            source,
+            &format!("{text} [line cut at {max} bytes (stderr_line_bytes_max); the rest dropped]"),
+        ),
+    }
 }
 
 /// TLS for servers over `https://`, with the same provider as the rest of
@@ -477,6 +669,23 @@ fn identity(client: &Client) -> Identity {
     }
 }
 
+/// Whether `error` is the HTTP client's failure to connect (refused, no
+/// such host, a failed TLS handshake): then no request left.
+fn never_connected(error: &(dyn std::error::Error + 'static)) -> bool {
+    use rmcp::transport::streamable_http_client::StreamableHttpError;
+    let mut cause = Some(error);
+    while let Some(e) = cause {
+        // The client's error is that variant's payload, not its source.
+        if let Some(StreamableHttpError::Client(client)) =
+            e.downcast_ref::<StreamableHttpError<reqwest::Error>>()
+        {
+            return client.is_connect();
+        }
+        cause = e.source();
+    }
+    false
+}
+
 fn lost(e: ServiceError) -> Lost {
     match e {
         ServiceError::McpError(data) => Lost::Rpc {
@@ -485,6 +694,7 @@ fn lost(e: ServiceError) -> Lost {
         },
         ServiceError::Timeout { .. } => Lost::Timeout,
         ServiceError::TransportClosed => Lost::Closed("the connection closed".to_string()),
+        ServiceError::TransportSend(e) if never_connected(&e) => Lost::Unreachable(e.to_string()),
         ServiceError::TransportSend(e) => Lost::Closed(e.to_string()),
         other => Lost::Unsupported(other.to_string()),
     }
@@ -505,7 +715,8 @@ pub struct McpEffect {
     operation: Operation,
     /// The server deduplicates writes by `dev.stephost/operation_id`.
     idempotent: bool,
-    /// The configured class; `None`: the tool's annotations decide.
+    /// The configured class; `None`: the tool's annotations decide when
+    /// the server is trusted with them, else a call is a write.
     configured: Option<CallClass>,
 }
 
@@ -546,12 +757,15 @@ impl McpEffect {
             )),
             Lost::Timeout => Failure::retryable(format!(
                 "MCP server {server} did not answer within {} ms (timeout_ms)",
-                self.server.timeout.as_millis()
+                self.server.bounds.request.as_millis()
             )),
             Lost::Closed(why) => Failure::retryable(format!(
                 "the connection to MCP server {server} ended before its answer: {why}"
             )),
             Lost::NotSent(why) => Failure::not_received(why),
+            Lost::Unreachable(why) => Failure::not_received(format!(
+                "cannot connect to MCP server {server}, so nothing was sent: {why}"
+            )),
             Lost::Unsupported(why) => Failure::Rejected(format!("MCP server {server}: {why}")),
         }
     }
@@ -632,11 +846,17 @@ impl Handler for McpEffect {
     }
 
     fn declares_class(&self) -> bool {
-        self.configured.is_none() && matches!(self.operation, Operation::Call { .. })
+        self.configured.is_none()
+            && self.server.trust_annotations
+            && matches!(self.operation, Operation::Call { .. })
     }
 
     fn declared_class(&self) -> Option<CallClass> {
-        let (None, Operation::Call { tool }) = (self.configured, &self.operation) else {
+        let (None, Operation::Call { tool }, true) = (
+            self.configured,
+            &self.operation,
+            self.server.trust_annotations,
+        ) else {
             return self.configured;
         };
         // A hint is a read only when the server says so; a server that
@@ -660,3 +880,140 @@ impl Handler for McpEffect {
 
 /// The servers of a configuration, by name.
 pub type Servers = BTreeMap<String, Arc<McpServer>>;
+
+/// An MCP server (`[mcp.NAME]`): a program over stdio (`command`) or a
+/// streamable HTTP endpoint (`url`).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct McpServerConfig {
+    /// The program, found on the host's `PATH` unless a path; it runs in
+    /// the configuration's folder.
+    pub command: Option<String>,
+    #[serde(default)]
+    pub args: Vec<String>,
+    /// Variables of the host's environment the program gets, by name (it
+    /// gets no others).
+    #[serde(default)]
+    pub env: Vec<String>,
+    /// The server's streamable HTTP endpoint (`http://` or `https://`).
+    pub url: Option<String>,
+    /// Sent with every HTTP request; values may name environment variables
+    /// as `${NAME}`, read when the configuration is loaded and never
+    /// recorded.
+    #[serde(default)]
+    pub headers: BTreeMap<String, String>,
+    /// Longest wait for the answer to each request.
+    #[serde(default = "default_timeout_ms")]
+    pub timeout_ms: u64,
+    /// Longest wait for the program to start (or the endpoint to be
+    /// reached) and answer `initialize`; generous, since a server that npx
+    /// or uvx fetches first may take many seconds.
+    #[serde(default = "default_start_timeout_ms")]
+    pub start_timeout_ms: u64,
+    /// The tools' `readOnlyHint` decides the class of a call whose effect
+    /// configures none. Off by default: annotations are the server's word,
+    /// and a wrong one would let a write be retried as a read.
+    #[serde(default)]
+    pub trust_annotations: bool,
+    /// Longest line of the program's stderr passed to the host's log; the
+    /// rest of a longer one is dropped, with a marker.
+    #[serde(default = "default_stderr_line_bytes_max")]
+    pub stderr_line_bytes_max: usize,
+}
+
+fn default_start_timeout_ms() -> u64 {
+    120_000
+}
+
+fn default_stderr_line_bytes_max() -> usize {
+    4_096
+}
+
+/// The declared MCP servers (`[mcp.NAME]`), none connected yet.
+pub fn servers(
+    mcp: &BTreeMap<String, McpServerConfig>,
+    secrets: &Secrets,
+    base_dir: &std::path::Path,
+) -> Result<Servers, String> {
+    let mut servers = Servers::new();
+    for (name, config) in mcp {
+        let what = format!("mcp.\"{name}\"");
+        let transport = match (&config.command, &config.url) {
+            (Some(program), None) => {
+                if !config.headers.is_empty() {
+                    return Err(format!(
+                        "{what}.headers are for a server over HTTP (url); a program gets \
+                         variables by name in env"
+                    ));
+                }
+                Transport::Stdio {
+                    program: program.clone(),
+                    args: config.args.clone(),
+                    env: config.env.clone(),
+                    dir: Some(base_dir.to_path_buf()).filter(|d| !d.as_os_str().is_empty()),
+                }
+            }
+            (None, Some(url)) => {
+                if !(url.starts_with("http://") || url.starts_with("https://")) {
+                    return Err(format!(
+                        "{what}.url {url:?} is not an http:// or https:// URL"
+                    ));
+                }
+                if !config.args.is_empty() || !config.env.is_empty() {
+                    return Err(format!(
+                        "{what}: args and env are for a program (command), not a server \
+                         over HTTP"
+                    ));
+                }
+                let headers = config
+                    .headers
+                    .iter()
+                    .map(|(k, v)| Ok((k.clone(), resolve_env(v, &what, secrets)?)))
+                    .collect::<Result<Vec<_>, String>>()?;
+                Transport::Http {
+                    url: url.clone(),
+                    headers,
+                }
+            }
+            _ => {
+                return Err(format!(
+                    "{what} needs exactly one of command (a program over stdio) and url (a \
+                     server over streamable HTTP)"
+                ));
+            }
+        };
+        let bounds = Bounds {
+            start: Duration::from_millis(config.start_timeout_ms),
+            request: Duration::from_millis(config.timeout_ms),
+            stderr_line_bytes_max: config.stderr_line_bytes_max,
+        };
+        let server = McpServer::new(name, transport, bounds, config.trust_annotations);
+        servers.insert(name.clone(), std::sync::Arc::new(server));
+    }
+    Ok(servers)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_child_is_seen_exited_once_it_ends_and_is_left_for_its_owner_to_reap() {
+        let mut child = std::process::Command::new("sleep")
+            .arg("600")
+            .spawn()
+            .unwrap();
+        assert!(!exited(child.id()));
+        child.kill().unwrap();
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        while !exited(child.id()) {
+            assert!(std::time::Instant::now() < deadline, "never seen exited");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        // Not reaped by the look: its owner still gets its status.
+        let status = child.wait().unwrap();
+        assert!(!status.success());
+        // Once reaped, it is no child of ours: exited too.
+        assert!(exited(child.id()));
+    }
+}

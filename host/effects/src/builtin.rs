@@ -7,7 +7,7 @@ use std::sync::Mutex;
 
 use serde::{Deserialize, Serialize};
 
-use super::{Failure, Handler, Lookup, Reply, Request};
+use crate::handler::{Failure, Handler, Lookup, Reply, Request};
 
 /// Answers every request with the request itself.
 pub struct Echo;
@@ -241,9 +241,11 @@ mod tests {
     fn request<'a>(op: &'a str, body: &'a str) -> Request<'a> {
         Request {
             seq: 1,
-            services: &crate::options::Services::NONE,
+            services: &crate::services::Services::NONE,
             redacted: false,
             trace: None,
+            spend: &crate::handler::TEST_SPEND,
+            deadline: None,
             run_id: "r",
             effect: "orders",
             class: stephost_core::CallClass::Write,

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use ureq::http;
 
-use super::{Failure, Handler, Lookup, Reply, Request, payload_sha256};
+use crate::handler::{Failure, Handler, Lookup, Reply, Request, payload_sha256};
 use stephost_core::CallClass;
 
 /// Largest response body read, in bytes (the journal applies the payload
@@ -369,18 +369,7 @@ mod tests {
     use super::*;
 
     fn request(body: &str) -> Request<'_> {
-        Request {
-            seq: 1,
-            services: &crate::options::Services::NONE,
-            redacted: false,
-            trace: None,
-            run_id: "run 1",
-            effect: "e",
-            class: CallClass::Write,
-            operation_id: "abc",
-            fence: 1,
-            body,
-        }
+        crate::handler::test_request("run 1", "e", "abc", 1, body)
     }
 
     #[test]

@@ -27,7 +27,7 @@ use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use super::{Failure, Handler, Lookup, Reply, Request};
+use crate::handler::{Failure, Handler, Lookup, Reply, Request};
 
 /// Exit status a command uses to ask for a retry.
 pub const EXIT_RETRY: i32 = 75;
@@ -479,21 +479,9 @@ impl Handler for CommandEffect {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use stephost_core::CallClass;
 
     fn request(body: &str) -> Request<'_> {
-        Request {
-            seq: 1,
-            services: &crate::options::Services::NONE,
-            redacted: false,
-            trace: None,
-            run_id: "r1",
-            effect: "cmd",
-            class: CallClass::Write,
-            operation_id: "op-1",
-            fence: 7,
-            body,
-        }
+        crate::handler::test_request("r1", "cmd", "op-1", 7, body)
     }
 
     fn options(argv: &[&str]) -> CommandOptions {

@@ -8,13 +8,18 @@
 //! policy, honouring `retry-after-ms` / `retry-after`; the rest is final.
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use stephost_models::{Api, ChatRequest, Prices};
 
-use super::flow::Flow;
-use super::{Failure, Handler, Reply, Request};
-use crate::options::ModelProgress;
+use crate::flow::Flow;
+use crate::handler::{Effect, Failure, Handler, Reply, Request};
+use crate::retry::RetryPolicy;
+use crate::section::{Secrets, default_llm_timeout_ms};
+use crate::services::ModelProgress;
+use serde::Deserialize;
+use std::collections::BTreeMap;
+use stephost_core::CallClass;
 
 /// Largest model answer read, in bytes.
 const RESPONSE_BYTES_MAX: u64 = 16 * 1024 * 1024;
@@ -39,6 +44,10 @@ pub struct Model {
     agent: ureq::Agent,
     /// Its flow control (see [`super::flow`]).
     flow: Arc<Flow>,
+    /// The longest pause a provider's answer may impose on every run of
+    /// the model (its retry policy's `deadline_ms`): a `retry-after` or a
+    /// rate-limit reset past it is held to it.
+    pause_max: Duration,
 }
 
 impl Model {
@@ -52,6 +61,7 @@ impl Model {
         prices: Prices,
         max_tokens: u32,
         timeout: Duration,
+        pause_max: Duration,
         limits: stephost_core::flow::FlowCaps,
     ) -> Model {
         let config = ureq::Agent::config_builder()
@@ -75,6 +85,7 @@ impl Model {
             max_tokens,
             agent: config.into(),
             flow,
+            pause_max,
         }
     }
 
@@ -89,7 +100,28 @@ impl Model {
     /// The tokens a call may spend: its input (about four bytes a token,
     /// `body_bytes` of request) and its `max_tokens`.
     fn estimate(body_bytes: usize, max_tokens: u32) -> u64 {
-        (body_bytes / 4) as u64 + u64::from(max_tokens)
+        tokens_of(body_bytes) + u64::from(max_tokens)
+    }
+
+    /// What `input` and `output` tokens cost at this model's prices, as the
+    /// host estimated them.
+    fn estimated(&self, input: u64, output: u64) -> stephost_models::Charged {
+        let usage = stephost_models::Usage {
+            input,
+            output,
+            ..Default::default()
+        };
+        stephost_models::Charged {
+            tokens: usage.total(),
+            micro_usd: stephost_models::cost(&usage, &self.prices).micro_usd,
+            estimated: true,
+        }
+    }
+
+    /// Holds back every call of the model for `wait` (what a provider
+    /// asked), never longer than `pause_max`.
+    fn pause(&self, flows: Option<&dyn stephost_core::flow::Flows>, wait: Duration) {
+        self.flow.pause(flows, wait.min(self.pause_max));
     }
 
     /// How long a call of `request` (its whole JSON, `body_bytes` long)
@@ -97,7 +129,7 @@ impl Model {
     /// ms, if at all.
     pub fn expected_wait(
         &self,
-        services: &crate::options::Services,
+        services: &crate::services::Services,
         request: &ChatRequest,
         body_bytes: usize,
     ) -> Option<i64> {
@@ -105,15 +137,18 @@ impl Model {
         self.flow.expected_wait(services.flows.as_deref(), tokens)
     }
 
-    /// The most a call with `max_tokens` can cost, in micro-USD: every
-    /// token priced as output (the dearest).
+    /// The most a call of `input_bytes` with `max_tokens` can cost, in
+    /// micro-USD: every token priced as output (the dearest).
     pub fn worst_cost_micro_usd(&self, input_bytes: usize, max_tokens: u32) -> u64 {
         // About four bytes a token; the input is priced as output too.
         let tokens = (input_bytes / 4) as f64 + f64::from(max_tokens);
         (tokens * self.prices.output_per_mtok).ceil() as u64
     }
 
-    fn send(&self, body: Vec<u8>) -> Result<Answered, String> {
+    /// Sends `body`, the whole exchange (the answer read to its end
+    /// included) bounded by `deadline`. An error says whether the request
+    /// may have reached the provider.
+    fn send(&self, body: Vec<u8>, deadline: Option<Instant>) -> Result<Answered, (String, bool)> {
         let url = format!("{}{}", self.url, self.api.path());
         let mut request = self
             .agent
@@ -122,7 +157,25 @@ impl Model {
         for (name, value) in &self.headers {
             request = request.header(name.as_str(), value.as_str());
         }
-        let response = request.send(&body[..]).map_err(|e| format!("{url}: {e}"))?;
+        if let Some(deadline) = deadline {
+            let left = deadline.saturating_duration_since(Instant::now());
+            request = request
+                .config()
+                .timeout_global(Some(left.max(Duration::from_millis(1))))
+                .build();
+        }
+        let response = request.send(&body[..]).map_err(|e| {
+            let reached = matches!(
+                e,
+                ureq::Error::Timeout(
+                    ureq::Timeout::Global
+                        | ureq::Timeout::PerCall
+                        | ureq::Timeout::RecvResponse
+                        | ureq::Timeout::RecvBody
+                )
+            );
+            (format!("{url}: {e}"), reached)
+        })?;
         let status = response.status().as_u16();
         let headers: Vec<(String, String)> = response
             .headers()
@@ -214,26 +267,38 @@ impl Handler for Model {
             .map_err(|e| Failure::Invalid(format!("model {}: {e}", self.alias)))?;
         // What the call may spend: its input (about four bytes a token) and
         // its max_tokens.
+        let input_tokens = tokens_of(request.body.len());
         let flows = request.services.flows.as_deref();
-        let mut admitted = self.flow.admit(
-            request.services.flows.clone(),
-            Self::estimate(request.body.len(), max_tokens),
-            &mut |why| {
-                if let Some(sink) = &request.services.stream_sink {
-                    (sink.0)(request.run_id, request.seq, ModelProgress::Waiting(why));
-                }
-            },
-        );
+        let mut admitted = self
+            .flow
+            .admit(
+                request.services.flows.clone(),
+                Self::estimate(request.body.len(), max_tokens),
+                request.deadline,
+                &mut |why| {
+                    if let Some(sink) = &request.services.stream_sink {
+                        (sink.0)(request.run_id, request.seq, ModelProgress::Waiting(why));
+                    }
+                },
+            )
+            .map_err(|why| Failure::not_received(format!("model {}: {why}", self.alias)))?;
         let Answered {
             status,
             headers,
             streamed,
             body: answer,
-        } = self.send(body).map_err(|message| {
-            // The request may not have arrived; a model call is a read, so
-            // asking again is safe.
-            Failure::retryable(format!("model {}: {message}", self.alias))
-        })?;
+        } = self
+            .send(body, request.deadline)
+            .map_err(|(message, reached)| {
+                // Sent and not answered in time: the provider may have
+                // worked on it (and billed its input).
+                if reached {
+                    request.spend.add(self.estimated(input_tokens, 0));
+                }
+                // The request may not have arrived; a model call is a read,
+                // so asking again is safe.
+                Failure::retryable(format!("model {}: {message}", self.alias))
+            })?;
         let limits = stephost_models::rate_limits(self.api, &headers);
         // Nothing left until a reset: every run sharing the model waits.
         for (left, reset) in [
@@ -241,16 +306,20 @@ impl Handler for Model {
             (limits.remaining_tokens, limits.reset_tokens),
         ] {
             if let (Some(0), Some(reset)) = (left, reset) {
-                self.flow.pause(flows, reset);
+                self.pause(flows, reset);
             }
         }
         if (200..300).contains(&status) {
             let mut response = if streamed {
-                // The text so far goes to the sink, if any, at most every
-                // STREAM_EVERY.
-                let mut so_far = String::new();
+                // The text that came since the sink was last told goes to
+                // it, if any, at most every STREAM_EVERY, with where it
+                // begins in the answer (in characters).
+                let mut unsent = String::new();
+                let mut offset = 0;
                 let mut told: Option<std::time::Instant> = None;
-                self.read_stream(answer, &mut |piece| {
+                let mut output_bytes = 0;
+                let read = self.read_stream(answer, &mut |piece| {
+                    output_bytes += piece.len();
                     // A model whose values are redacted shows none of its
                     // answer while it streams in.
                     let Some(sink) = request
@@ -261,11 +330,24 @@ impl Handler for Model {
                     else {
                         return;
                     };
-                    so_far.push_str(piece);
-                    if told.is_none_or(|at| at.elapsed() >= STREAM_EVERY) {
-                        (sink.0)(request.run_id, request.seq, ModelProgress::Text(&so_far));
+                    unsent.push_str(piece);
+                    if !unsent.is_empty() && told.is_none_or(|at| at.elapsed() >= STREAM_EVERY) {
+                        let text = unsent.as_str();
+                        (sink.0)(
+                            request.run_id,
+                            request.seq,
+                            ModelProgress::Text { offset, text },
+                        );
+                        offset += text.chars().count();
+                        unsent.clear();
                         told = Some(std::time::Instant::now());
                     }
+                });
+                // A stream cut after it began was worked on, and billed.
+                read.inspect_err(|_| {
+                    request
+                        .spend
+                        .add(self.estimated(input_tokens, tokens_of(output_bytes)));
                 })?
             } else {
                 let answer = self.read_whole(answer)?;
@@ -281,6 +363,18 @@ impl Handler for Model {
             };
             admitted.settle(response.usage.input + response.usage.output);
             response.cost = Some(stephost_models::cost(&response.usage, &self.prices));
+            // What the budget charges: the provider's count, else the
+            // host's estimate of the input and of the answer it got.
+            let own = match (&response.usage_raw, &response.cost) {
+                (Some(_), Some(cost)) => stephost_models::Charged {
+                    tokens: response.usage.total(),
+                    micro_usd: cost.micro_usd,
+                    estimated: false,
+                },
+                _ => self.estimated(input_tokens, tokens_of(answer_bytes(&response))),
+            };
+            request.spend.add(own);
+            response.charged = Some(request.spend.total());
             let text = serde_json::to_string(&response).map_err(|e| {
                 Failure::Invalid(format!(
                     "model {}: the answer cannot be kept: {e}",
@@ -304,7 +398,7 @@ impl Handler for Model {
             // Asked to slow down: so is every run sharing the model (paused
             // before this call's slot is given up, so that no call waiting
             // for it slips out first).
-            self.flow.pause(flows, wait);
+            self.pause(flows, wait);
         }
         drop(admitted);
         let message = format!(
@@ -337,6 +431,160 @@ impl Handler for Model {
     fn paid(&self) -> bool {
         true
     }
+}
+
+/// A model a step may call by its alias: the effect the journal performs,
+/// and the model it is, for the budget's arithmetic.
+pub struct ModelEffect {
+    pub effect: Effect,
+    pub model: Arc<Model>,
+}
+
+/// A model a step calls by its alias (`[models.NAME]`). Changing the
+/// provider behind an alias is a change here, not in the step: runs record
+/// the provider-neutral request, so old runs replay whichever API serves it.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModelConfig {
+    /// `openai-chat`, `openai-responses` or `anthropic-messages`.
+    pub api: String,
+    /// The provider's base URL, before `/v1/...` (e.g.
+    /// `https://api.openai.com`, `https://api.anthropic.com`).
+    pub url: String,
+    /// The provider's model id (e.g. `gpt-4.1-mini`,
+    /// `claude-sonnet-4-5`).
+    pub model: String,
+    /// The environment variable holding the API key: sent as a bearer
+    /// token (OpenAI) or `x-api-key` (Anthropic), never recorded, never in
+    /// a log or an error.
+    pub key_env: Option<String>,
+    /// Extra headers sent with every request (e.g. `anthropic-version`;
+    /// Anthropic's is sent as `2023-06-01` unless given here).
+    #[serde(default)]
+    pub headers: BTreeMap<String, String>,
+    /// USD per million tokens, for each call's cost and the run's budget.
+    #[serde(default)]
+    pub prices: stephost_models::Prices,
+    /// The ceiling every call's `max_tokens` is clamped to, and the value
+    /// of a call that sets none, in tokens.
+    #[serde(default = "default_model_max_tokens")]
+    pub max_tokens: u32,
+    /// One attempt's bound, in milliseconds.
+    #[serde(default = "default_llm_timeout_ms")]
+    pub timeout_ms: u64,
+    #[serde(default = "default_model_retry")]
+    pub retry: RetryPolicy,
+    /// Calls of this model in flight at once, shared by every process on
+    /// the ledger (none: unbounded).
+    pub concurrency_max: Option<u32>,
+    /// Requests a minute, shared by every process on the ledger (none:
+    /// unbounded).
+    pub requests_per_minute: Option<u32>,
+    /// Tokens a minute (input and output), shared by every process on the
+    /// ledger (none: unbounded).
+    pub tokens_per_minute: Option<u64>,
+}
+
+fn default_model_max_tokens() -> u32 {
+    4096
+}
+
+/// A provider's 429s and 529s pass within seconds to a minute: more
+/// attempts, over a longer deadline, than an effect's default.
+fn default_model_retry() -> RetryPolicy {
+    RetryPolicy {
+        attempts_max: 6,
+        backoff_first_ms: 500,
+        backoff_max_ms: 20_000,
+        deadline_ms: 120_000,
+        ..RetryPolicy::default()
+    }
+}
+
+/// A model by its alias (`[models.NAME]`), its key read from the environment.
+pub fn build(alias: &str, config: &ModelConfig, secrets: &Secrets) -> Result<ModelEffect, String> {
+    let what = format!("models.{alias}");
+    let api: stephost_models::Api = config.api.parse().map_err(|e| format!("{what}.api: {e}"))?;
+    config
+        .prices
+        .validate()
+        .map_err(|e| format!("{what}.prices: {e}"))?;
+    if config.max_tokens == 0 {
+        return Err(format!("{what}.max_tokens must be at least 1"));
+    }
+    if config.concurrency_max == Some(0) {
+        return Err(format!(
+            "{what}.concurrency_max must be at least 1 (leave it out for no bound)"
+        ));
+    }
+    if config.requests_per_minute == Some(0) || config.tokens_per_minute == Some(0) {
+        return Err(format!(
+            "{what}.requests_per_minute and tokens_per_minute must be at least 1 (leave them out \
+             for no bound)"
+        ));
+    }
+    let mut headers: Vec<(String, String)> = Vec::new();
+    if let Some(var) = &config.key_env {
+        let key = secrets
+            .read(var)
+            .map_err(|_| format!("{what}.key_env names {var}, which is not set"))?;
+        match api {
+            stephost_models::Api::AnthropicMessages => headers.push(("x-api-key".into(), key)),
+            _ => headers.push(("authorization".into(), format!("Bearer {key}"))),
+        }
+    }
+    if api == stephost_models::Api::AnthropicMessages
+        && !config
+            .headers
+            .keys()
+            .any(|h| h.eq_ignore_ascii_case("anthropic-version"))
+    {
+        headers.push(("anthropic-version".into(), "2023-06-01".into()));
+    }
+    headers.extend(config.headers.iter().map(|(k, v)| (k.clone(), v.clone())));
+    let model = std::sync::Arc::new(Model::new(
+        alias.to_string(),
+        api,
+        config.url.clone(),
+        config.model.clone(),
+        headers,
+        config.prices,
+        config.max_tokens,
+        Duration::from_millis(config.timeout_ms),
+        Duration::from_millis(config.retry.deadline_ms),
+        stephost_core::flow::FlowCaps {
+            concurrency_max: config.concurrency_max,
+            requests_per_minute: config.requests_per_minute,
+            tokens_per_minute: config.tokens_per_minute,
+        },
+    ));
+    Ok(ModelEffect {
+        effect: Effect {
+            class: CallClass::Read,
+            retry: config.retry.clone(),
+            handler: Box::new(model.clone()),
+            receipt_pointer: crate::handler::RECEIPT_OPERATION_POINTER.to_string(),
+            redaction: None,
+        },
+        model,
+    })
+}
+
+/// About how many tokens `bytes` of text hold (four bytes a token).
+fn tokens_of(bytes: usize) -> u64 {
+    (bytes / 4) as u64
+}
+
+/// The bytes of an answer's text and tool calls.
+fn answer_bytes(response: &stephost_models::ChatResponse) -> usize {
+    response
+        .content
+        .iter()
+        .map(|part| match part {
+            stephost_models::Part::Text { text } => text.len(),
+            other => serde_json::to_string(other).map_or(0, |t| t.len()),
+        })
+        .sum()
 }
 
 /// The rate-limit headers of an answer, as recorded with a failed attempt.

@@ -17,7 +17,7 @@
 use std::collections::HashMap;
 use std::sync::mpsc;
 use std::sync::{Arc, Condvar, Mutex, OnceLock, PoisonError};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use stephost_core::flow::{FlowCaps, FlowOp, FlowState, Flows, SLOT_LEASE_MS};
 
@@ -68,10 +68,10 @@ impl Flow {
         let caps = self.caps;
         match flows {
             Some(flows) => flows.flow(&self.key, caps, op).unwrap_or_else(|e| {
-                crate::logs::warn(
+                crate::services::host().line(
+                    crate::services::Level::Warn,
                     "stephost",
-                    None,
-                    format_args!("model flow state of {} not kept: {e}", self.key),
+                    &format!("model flow state of {} not kept: {e}", self.key),
                 );
                 Ok(())
             }),
@@ -86,28 +86,34 @@ impl Flow {
     }
 
     /// Waits until a call that may spend `tokens` can be sent; `waiting` is
-    /// told why, each time it looks again.
+    /// told why, each time it looks again. Past `deadline` (the call's, or
+    /// its run's wall time) it gives up, saying why.
     pub fn admit(
         self: &Arc<Self>,
         flows: Option<Arc<dyn Flows>>,
         tokens: u64,
+        deadline: Option<Instant>,
         waiting: &mut dyn FnMut(&str),
-    ) -> Admitted {
-        let holder = u64::from_le_bytes(
-            crate::imports::random::os_bytes(8)
-                .try_into()
-                .expect("8 bytes"),
-        );
+    ) -> Result<Admitted, String> {
+        let holder = crate::services::host().random_u64();
         loop {
             let seen = *self.freed.0.lock().unwrap_or_else(PoisonError::into_inner);
             let Err(wait_ms) = self.apply(flows.as_deref(), FlowOp::Take { tokens, holder }) else {
                 break;
             };
-            waiting(&format!(
+            let why = format!(
                 "the model has no capacity now (its calls in flight at once, its rate limits \
                  or the provider's pause): up to {wait_ms} ms more"
-            ));
-            let wait = Duration::from_millis(wait_ms.max(1) as u64).min(RECHECK);
+            );
+            let mut wait = Duration::from_millis(wait_ms.max(1) as u64).min(RECHECK);
+            if let Some(deadline) = deadline {
+                let left = deadline.saturating_duration_since(Instant::now());
+                if left.is_zero() {
+                    return Err(format!("{why}, past the call's deadline"));
+                }
+                wait = wait.min(left);
+            }
+            waiting(&why);
             let freed = self.freed.0.lock().unwrap_or_else(PoisonError::into_inner);
             if *freed == seen {
                 let _ = self
@@ -128,13 +134,13 @@ impl Flow {
             });
             (stop, thread)
         });
-        Admitted {
+        Ok(Admitted {
             flow: self.clone(),
             flows,
             tokens,
             holder,
             heartbeat,
-        }
+        })
     }
 
     /// How long a call of `tokens` would wait for the rate limits or a
@@ -210,24 +216,40 @@ mod tests {
                 ..FlowCaps::default()
             },
         );
-        let first = flow.admit(None, 0, &mut |_| {});
+        let first = flow.admit(None, 0, None, &mut |_| {}).unwrap();
         let next = FlowOp::Take {
             tokens: 0,
             holder: 0,
         };
         assert!(flow.apply(None, next).is_err(), "the slot is held");
         drop(first);
-        let _second = flow.admit(None, 0, &mut |_| {});
+        let _second = flow.admit(None, 0, None, &mut |_| {}).unwrap();
         // A waiter waits until the slot is given back.
         let flow2 = flow.clone();
         let waiter = std::thread::spawn(move || {
             let mut waited = false;
-            drop(flow2.admit(None, 0, &mut |_| waited = true));
+            drop(flow2.admit(None, 0, None, &mut |_| waited = true));
             waited
         });
         std::thread::sleep(Duration::from_millis(50));
         drop(_second);
         assert!(waiter.join().unwrap(), "the waiter waited for the slot");
+    }
+
+    #[test]
+    fn a_wait_for_a_slot_ends_at_the_calls_deadline() {
+        let flow = local(
+            "test-deadline",
+            FlowCaps {
+                concurrency_max: Some(1),
+                ..FlowCaps::default()
+            },
+        );
+        let _held = flow.admit(None, 0, None, &mut |_| {}).unwrap();
+        let deadline = Instant::now() + Duration::from_millis(20);
+        let waited = flow.admit(None, 0, Some(deadline), &mut |_| {});
+        let why = waited.err().expect("the slot stays held past the deadline");
+        assert!(why.contains("deadline"), "{why}");
     }
 
     #[test]
@@ -239,7 +261,7 @@ mod tests {
                 ..FlowCaps::default()
             },
         );
-        drop(flow.admit(None, 0, &mut |_| {}));
+        drop(flow.admit(None, 0, None, &mut |_| {}));
         let next = FlowOp::Take {
             tokens: 0,
             holder: 0,

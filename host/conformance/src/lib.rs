@@ -2,7 +2,7 @@
 //! backend runs all of it with one line in its tests:
 //!
 //! ```text
-//! stephost_core::conformance_tests!(my_backend::test_ledger);
+//! stephost_conformance::conformance_tests!(my_backend::test_ledger);
 //! ```
 //!
 //! where `test_ledger()` returns a [`TestLedger`]: a pool over a new,
@@ -12,17 +12,17 @@
 use std::any::Any;
 use std::sync::{Arc, Barrier};
 
-use crate::approvals::{self, Decision, Verdict};
-use crate::chain::Signer;
-use crate::lifecycle::Repin;
-use crate::lifecycle::{self, ClaimMode};
-use crate::notices::{self, Notice, NoticeAttempt, NoticeEvent, NoticeState};
-use crate::records::{
+use stephost_core::approvals::{self, Decision, Verdict};
+use stephost_core::chain::Signer;
+use stephost_core::lifecycle::Repin;
+use stephost_core::lifecycle::{self, ClaimMode};
+use stephost_core::notices::{self, Notice, NoticeAttempt, NoticeEvent, NoticeState};
+use stephost_core::records::{
     AttemptRecord, CallClass, CallRecord, CallState, Claim, Counters, LogRecord, NewRun, RunEnd,
     RunRecord, RunStatus,
 };
-use crate::settle::{self, Resolution};
-use crate::store::{Outbox, Pool, RunQuery, Store, StoreError, WriteOp};
+use stephost_core::settle::{self, Resolution};
+use stephost_core::store::{Outbox, Pool, RunQuery, Store, StoreError, WriteOp};
 
 /// A pool over a new, empty ledger, and what must outlive it.
 pub struct TestLedger {
@@ -72,14 +72,20 @@ macro_rules! conformance_tests {
             a_runs_last_call_is_read_alone,
             a_models_flow_state_is_kept_by_the_ledger_for_every_handle,
             a_runs_own_budget_is_kept_raised_sealed_and_listed,
-            a_runs_trace_is_kept_from_its_record_through_its_claims_and_end
+            a_runs_trace_is_kept_from_its_record_through_its_claims_and_end,
+            a_child_is_started_with_its_parents_call_in_one_commit_or_not_at_all,
+            a_childs_end_reaches_its_parents_inbox_once_and_wakes_it_if_it_waits,
+            a_parent_that_waits_after_a_child_ended_unseen_is_due_at_once,
+            a_cancel_marks_a_tree_at_once_and_a_marked_run_begins_nothing,
+            no_child_escapes_a_cancel_racing_its_starts,
+            a_parents_end_cancels_its_attached_children_only
         );
     };
     (@cases $make:expr; $($case:ident),* $(,)?) => {
         $(
             #[test]
             fn $case() {
-                $crate::conformance::$case(&$make);
+                $crate::$case(&$make);
             }
         )*
     };
@@ -119,8 +125,8 @@ fn call(seq: u64, class: CallClass, state: CallState) -> CallRecord {
         class,
         interface: "stephost:step/effects".into(),
         function: "orders".into(),
-        operation_id: crate::ids::operation_id("r", "orders", seq, None),
-        request_hash: crate::ids::request_hash("stephost:step/effects", "orders", &request),
+        operation_id: stephost_core::ids::operation_id("r", "orders", seq, None),
+        request_hash: stephost_core::ids::request_hash("stephost:step/effects", "orders", &request),
         request,
         state,
         outcome: state.has_outcome().then(|| format!("{{\"ok\":{seq}}}")),
@@ -179,7 +185,8 @@ fn waiting_for_approval(ledger: &TestLedger, run_id: &str, ttl_seconds: u64) -> 
     let mut asked = call(1, CallClass::Suspend, CallState::Started);
     asked.interface = approvals::INTERFACE.into();
     asked.function = "request".into();
-    asked.request_hash = crate::ids::request_hash(approvals::INTERFACE, "request", &request);
+    asked.request_hash =
+        stephost_core::ids::request_hash(approvals::INTERFACE, "request", &request);
     asked.request = request;
     commit(
         ledger.pool.as_ref(),
@@ -239,6 +246,24 @@ pub fn a_run_is_inserted_once_and_listed_by_its_filters(make: &Make) {
         ..page.clone()
     };
     assert_eq!(ids(&next), ["r3", "r2"]);
+    // A filter no stored text can equal (a NUL) matches nothing, on
+    // every backend, rather than failing.
+    for query in [
+        RunQuery {
+            module_digest: Some("module-\0b".into()),
+            ..RunQuery::default()
+        },
+        RunQuery {
+            step: Some("step\0".into()),
+            ..RunQuery::default()
+        },
+        RunQuery {
+            after_run_id: Some("r\u{0}4".into()),
+            ..RunQuery::default()
+        },
+    ] {
+        assert!(ids(&query).is_empty(), "{query:?}");
+    }
     let pending = RunQuery {
         status: Some(RunStatus::Pending),
         ..RunQuery::default()
@@ -883,7 +908,7 @@ pub fn a_person_approves_a_waiting_call_once_and_the_run_is_due_with_a_new_fence
     assert_eq!(decided.resolved_by.as_deref(), Some("ana"));
     // The decision is linked with who made it, and the run's row sealed
     // with it as the chain's head.
-    let link = Signer::plain().link("ap", "", &crate::chain::Finished::recorded(decided));
+    let link = Signer::plain().link("ap", "", &stephost_core::chain::Finished::recorded(decided));
     assert_eq!(decided.chain.as_deref(), Some(link.as_str()));
     Signer::plain()
         .verify(&calls_of(store.as_ref(), "ap"), &run)
@@ -1427,7 +1452,8 @@ pub fn large_bodies_and_conversations_read_back_byte_for_byte(make: &Make) {
     let c = claim(store.as_ref(), "big", "w", T0);
     let large = |seq: u64, request: String, outcome: String| {
         let mut call = call(seq, CallClass::Read, CallState::Succeeded);
-        call.request_hash = crate::ids::request_hash(&call.interface, &call.function, &request);
+        call.request_hash =
+            stephost_core::ids::request_hash(&call.interface, &call.function, &request);
         call.request = request;
         call.outcome = Some(outcome);
         call
@@ -1679,11 +1705,11 @@ pub fn a_runs_last_call_is_read_alone(make: &Make) {
     ));
 }
 
-/// Models' flow state ([`crate::flow`]) is kept by the ledger: what one
+/// Models' flow state ([`stephost_core::flow`]) is kept by the ledger: what one
 /// handle takes, another sees; keys are apart; a pause holds every handle;
 /// a slot one handle holds is held for all until given back.
 pub fn a_models_flow_state_is_kept_by_the_ledger_for_every_handle(make: &Make) {
-    use crate::flow::{FlowCaps, FlowOp};
+    use stephost_core::flow::{FlowCaps, FlowOp};
     let ledger = make();
     let (a, b) = (
         ledger.pool.flows().expect("flows"),
@@ -1739,7 +1765,7 @@ pub fn a_models_flow_state_is_kept_by_the_ledger_for_every_handle(make: &Make) {
     assert_eq!(a.flow("s", one, take_for(7)).unwrap(), Ok(()));
     let wait = b.flow("s", one, take_for(8)).unwrap().unwrap_err();
     assert!(
-        (1..=crate::flow::SLOT_LEASE_MS).contains(&wait),
+        (1..=stephost_core::flow::SLOT_LEASE_MS).contains(&wait),
         "waits {wait} ms"
     );
     a.flow("s", one, FlowOp::Renew { holder: 7 })
@@ -1752,15 +1778,16 @@ pub fn a_models_flow_state_is_kept_by_the_ledger_for_every_handle(make: &Make) {
     assert_eq!(b.flow("s", one, take_for(8)).unwrap(), Ok(()));
 }
 
-/// A run's own model budget ([`crate::limits::RunBudget`]) is kept with its
+/// A run's own model budget ([`stephost_core::limits::RunBudget`]) is kept with its
 /// row, in every read of it; a raise replaces the bounds it gives, reseals
 /// the row, and is refused once the run has finished.
 pub fn a_runs_own_budget_is_kept_raised_sealed_and_listed(make: &Make) {
-    use crate::limits::RunBudget;
+    use stephost_core::limits::RunBudget;
     let ledger = make();
     let store = ledger.store();
     let store = store.as_ref();
-    let signer = crate::chain::Signer::keyed(b"conformance-key-of-32-bytes-or-so").expect("a key");
+    let signer =
+        stephost_core::chain::Signer::keyed(b"conformance-key-of-32-bytes-or-so").expect("a key");
     let budget = RunBudget {
         model_tokens_max: Some(500),
         model_cost_micro_usd_max: None,
@@ -1776,7 +1803,7 @@ pub fn a_runs_own_budget_is_kept_raised_sealed_and_listed(make: &Make) {
     }
     .record(None);
     let run = RunRecord {
-        seal: Some(signer.seal(&run, &crate::chain::Head::default())),
+        seal: Some(signer.seal(&run, &stephost_core::chain::Head::default())),
         ..run
     };
     assert_eq!(store.insert_run(&run).unwrap().budget, budget);
@@ -1795,7 +1822,7 @@ pub fn a_runs_own_budget_is_kept_raised_sealed_and_listed(make: &Make) {
             model_cost_micro_usd_max: Some(9_000),
         }
     );
-    crate::settle::check_record(store, &signer, &now).expect("resealed");
+    stephost_core::settle::check_record(store, &signer, &now).expect("resealed");
     // Raised behind the host's back, the seal no longer holds.
     let forged = RunRecord {
         budget: RunBudget::default(),
@@ -1803,17 +1830,17 @@ pub fn a_runs_own_budget_is_kept_raised_sealed_and_listed(make: &Make) {
         ..now.clone()
     };
     store.swap_run(now.version, &forged, true).unwrap();
-    assert!(crate::settle::check_record(store, &signer, &forged).is_err());
+    assert!(stephost_core::settle::check_record(store, &signer, &forged).is_err());
     // A new run without one has none.
     assert!(new_run(store, "n", T0).budget.is_empty());
 }
 
-/// A run's trace ([`crate::trace::RunTrace`]) is kept as it was recorded,
+/// A run's trace ([`stephost_core::trace::RunTrace`]) is kept as it was recorded,
 /// by a plain insert or an execution's first commit, in every read of the
 /// run, through claims, commits and its end; a run recorded without one
 /// reads back without one.
 pub fn a_runs_trace_is_kept_from_its_record_through_its_claims_and_end(make: &Make) {
-    use crate::trace::RunTrace;
+    use stephost_core::trace::RunTrace;
     let ledger = make();
     let store = ledger.store();
     let store = store.as_ref();
@@ -1832,14 +1859,16 @@ pub fn a_runs_trace_is_kept_from_its_record_through_its_claims_and_end(make: &Ma
         Some(&trace)
     );
     assert_eq!(store.due_runs(10).unwrap()[0].trace.as_ref(), Some(&trace));
-    let listed = store.runs(&crate::store::RunQuery::default()).unwrap();
+    let listed = store
+        .runs(&stephost_core::store::RunQuery::default())
+        .unwrap();
     assert_eq!(listed[0].trace.as_ref(), Some(&trace));
     let claim = claim(store, "t", "w1", T0 + 1);
     commit(
         ledger.pool.as_ref(),
         &claim,
         vec![WriteOp::End(lifecycle::ended(
-            &crate::records::RunEnd::Completed {
+            &stephost_core::records::RunEnd::Completed {
                 output: "{}".into(),
                 exit_code: None,
             },
@@ -1870,5 +1899,432 @@ pub fn a_runs_trace_is_kept_from_its_record_through_its_claims_and_end(make: &Ma
     assert_eq!(
         store.run("v").unwrap().trace().trace_id,
         RunTrace::of_run_id("v").trace_id
+    );
+}
+
+/// Call `seq` of run `parent` starting child `child` in join set `set`:
+/// the call (finished) and the child's row.
+fn spawn(parent: &str, seq: u64, child: &str, set: &str) -> WriteOp {
+    let mut started = call(seq, CallClass::Write, CallState::Succeeded);
+    started.interface = "stephost:step/runs".into();
+    started.function = "start".into();
+    started.outcome = Some(serde_json::json!({ "run_id": child }).to_string());
+    let mut row = bare(child).record(None);
+    row.parent = Some(stephost_core::ParentRef {
+        run_id: parent.into(),
+        seq,
+        join_set: set.into(),
+        detached: false,
+    });
+    row.root_run_id = Some(parent.into());
+    WriteOp::Spawn {
+        call: started,
+        child: Box::new(row),
+    }
+}
+
+/// A child's end, as its execution commits it.
+fn child_end(parent: &str, child: &str, set: &str, end: RunEnd, now_ms: i64) -> WriteOp {
+    let mut row = lifecycle::ended(&end, now_ms);
+    row.arrival = Some(stephost_core::ChildArrival {
+        parent_run_id: parent.into(),
+        child_run_id: child.into(),
+        join_set: set.into(),
+        status: row.status,
+        at_ms: now_ms,
+    });
+    WriteOp::End(row)
+}
+
+pub fn a_child_is_started_with_its_parents_call_in_one_commit_or_not_at_all(make: &Make) {
+    let ledger = make();
+    let store = ledger.store();
+    new_run(store.as_ref(), "p", T0);
+    let c = claim(store.as_ref(), "p", "w", T0);
+    commit(ledger.pool.as_ref(), &c, vec![spawn("p", 1, "c1", "s")]).unwrap();
+    let child = store.run("c1").expect("the child is recorded");
+    assert_eq!(child.status, RunStatus::Pending);
+    assert_eq!(
+        child
+            .parent
+            .as_ref()
+            .map(|p| (p.run_id.as_str(), p.seq, p.join_set.as_str())),
+        Some(("p", 1, "s"))
+    );
+    assert_eq!(child.root_run_id.as_deref(), Some("p"));
+    assert_eq!(calls_of(store.as_ref(), "p")[0].state, CallState::Succeeded);
+    assert_eq!(
+        store
+            .children("p")
+            .unwrap()
+            .iter()
+            .map(|r| r.run_id.clone())
+            .collect::<Vec<_>>(),
+        ["c1"]
+    );
+    assert!(store.children("c1").unwrap().is_empty());
+    assert!(
+        lifecycle::due_at(&child).is_some(),
+        "a new child is due for a worker"
+    );
+
+    // A start under a stale fence writes neither the call nor the child.
+    let stale = Claim {
+        fence: c.fence - 1,
+        ..c.clone()
+    };
+    let refused = commit(ledger.pool.as_ref(), &stale, vec![spawn("p", 2, "c2", "s")]);
+    assert!(
+        matches!(refused, Err(StoreError::Fenced { .. })),
+        "{refused:?}"
+    );
+    assert!(matches!(store.run("c2"), Err(StoreError::UnknownRun(_))));
+    // A child id that exists fails the commit whole: the call is not kept.
+    new_run(store.as_ref(), "taken", T0);
+    let refused = commit(ledger.pool.as_ref(), &c, vec![spawn("p", 2, "taken", "s")]);
+    assert!(
+        matches!(refused, Err(StoreError::RunExists { .. })),
+        "{refused:?}"
+    );
+    assert_eq!(calls_of(store.as_ref(), "p").len(), 1);
+    commit(ledger.pool.as_ref(), &c, vec![spawn("p", 2, "c2", "s")]).unwrap();
+    assert_eq!(store.children("p").unwrap().len(), 2);
+}
+
+pub fn a_childs_end_reaches_its_parents_inbox_once_and_wakes_it_if_it_waits(make: &Make) {
+    let ledger = make();
+    let store = ledger.store();
+    new_run(store.as_ref(), "p", T0);
+    let parent = claim(store.as_ref(), "p", "w", T0);
+    commit(
+        ledger.pool.as_ref(),
+        &parent,
+        vec![spawn("p", 1, "a", "s"), spawn("p", 2, "b", "s")],
+    )
+    .unwrap();
+    // Child a ends while its parent runs: the parent keeps its claim and
+    // its fence, and finds the end in its inbox.
+    let a = claim(store.as_ref(), "a", "w2", T0 + 1);
+    commit(
+        ledger.pool.as_ref(),
+        &a,
+        vec![child_end(
+            "p",
+            "a",
+            "s",
+            RunEnd::Completed {
+                output: "1".into(),
+                exit_code: None,
+            },
+            T0 + 2,
+        )],
+    )
+    .unwrap();
+    let row = store.run("p").unwrap();
+    assert_eq!(
+        (row.status, row.fence, row.wake_at_ms),
+        (RunStatus::Running, parent.fence, None)
+    );
+    let inbox = store.inbox("p").unwrap();
+    assert_eq!(
+        inbox
+            .iter()
+            .map(|e| (e.arrival, e.child_run_id.as_str(), e.status))
+            .collect::<Vec<_>>(),
+        [(1, "a", RunStatus::Completed)]
+    );
+    // The parent still writes under its claim, and waits.
+    commit(
+        ledger.pool.as_ref(),
+        &parent,
+        vec![
+            WriteOp::Started(call(3, CallClass::Suspend, CallState::Started)),
+            end(RunEnd::Waiting { wake_at_ms: None }, T0 + 3),
+        ],
+    )
+    .unwrap();
+    assert_eq!(
+        lifecycle::due_at(&store.run("p").unwrap()),
+        None,
+        "waits for b"
+    );
+    // Child b fails: the waiting parent is due at once, its fence kept.
+    let b = claim(store.as_ref(), "b", "w2", T0 + 4);
+    commit(
+        ledger.pool.as_ref(),
+        &b,
+        vec![child_end(
+            "p",
+            "b",
+            "s",
+            RunEnd::Failed {
+                error: "no".into(),
+                exit_code: None,
+            },
+            T0 + 5,
+        )],
+    )
+    .unwrap();
+    let row = store.run("p").unwrap();
+    assert_eq!(row.status, RunStatus::Waiting);
+    assert_eq!(
+        row.fence, parent.fence,
+        "a child's end never moves the fence"
+    );
+    assert_eq!(lifecycle::due_at(&row), Some(T0 + 5));
+    let inbox = store.inbox("p").unwrap();
+    assert_eq!(
+        inbox
+            .iter()
+            .map(|e| (e.arrival, e.child_run_id.as_str(), e.status))
+            .collect::<Vec<_>>(),
+        [(1, "a", RunStatus::Completed), (2, "b", RunStatus::Failed)]
+    );
+    assert!(matches!(
+        store.inbox("nobody"),
+        Err(StoreError::UnknownRun(_))
+    ));
+}
+
+pub fn a_parent_that_waits_after_a_child_ended_unseen_is_due_at_once(make: &Make) {
+    let ledger = make();
+    let store = ledger.store();
+    new_run(store.as_ref(), "p", T0);
+    let parent = claim(store.as_ref(), "p", "w", T0);
+    commit(ledger.pool.as_ref(), &parent, vec![spawn("p", 1, "a", "s")]).unwrap();
+    // The parent looked at its inbox (empty) and decides to wait; the
+    // child ends before the parent's end commits.
+    let a = claim(store.as_ref(), "a", "w2", T0 + 1);
+    commit(
+        ledger.pool.as_ref(),
+        &a,
+        vec![child_end(
+            "p",
+            "a",
+            "s",
+            RunEnd::Completed {
+                output: "1".into(),
+                exit_code: None,
+            },
+            T0 + 2,
+        )],
+    )
+    .unwrap();
+    let mut waits = lifecycle::ended(&RunEnd::Waiting { wake_at_ms: None }, T0 + 3);
+    waits.inbox_seen = Some(0);
+    commit(
+        ledger.pool.as_ref(),
+        &parent,
+        vec![
+            WriteOp::Started(call(2, CallClass::Suspend, CallState::Started)),
+            WriteOp::End(waits),
+        ],
+    )
+    .unwrap();
+    let row = store.run("p").unwrap();
+    assert_eq!(row.status, RunStatus::Waiting);
+    assert_eq!(
+        lifecycle::due_at(&row),
+        Some(T0 + 3),
+        "the end it had not seen makes it due: no wake-up is lost"
+    );
+    // Having seen it, it would wait.
+    new_run(store.as_ref(), "q", T0);
+    let q = claim(store.as_ref(), "q", "w", T0);
+    let mut waits = lifecycle::ended(&RunEnd::Waiting { wake_at_ms: None }, T0 + 3);
+    waits.inbox_seen = Some(0);
+    commit(ledger.pool.as_ref(), &q, vec![WriteOp::End(waits)]).unwrap();
+    assert_eq!(lifecycle::due_at(&store.run("q").unwrap()), None);
+}
+
+fn cancel_request(by: &str) -> stephost_core::CancelRequest {
+    stephost_core::CancelRequest {
+        at_ms: T0 + 100,
+        by: by.into(),
+        reason: Some("test".into()),
+    }
+}
+
+pub fn a_cancel_marks_a_tree_at_once_and_a_marked_run_begins_nothing(make: &Make) {
+    let ledger = make();
+    let store = ledger.store();
+    new_run(store.as_ref(), "p", T0);
+    let p = claim(store.as_ref(), "p", "w", T0);
+    commit(
+        ledger.pool.as_ref(),
+        &p,
+        vec![spawn("p", 1, "a", "s"), spawn("p", 2, "b", "s")],
+    )
+    .unwrap();
+    let b = claim(store.as_ref(), "b", "w2", T0 + 1);
+    commit(ledger.pool.as_ref(), &b, vec![spawn("b", 1, "b1", "t")]).unwrap();
+    // b1 waits (for a child it never started: any wait will do).
+    let b1 = claim(store.as_ref(), "b1", "w3", T0 + 2);
+    commit(
+        ledger.pool.as_ref(),
+        &b1,
+        vec![
+            WriteOp::Started(call(1, CallClass::Suspend, CallState::Started)),
+            end(RunEnd::Waiting { wake_at_ms: None }, T0 + 3),
+        ],
+    )
+    .unwrap();
+    assert_eq!(lifecycle::due_at(&store.run("b1").unwrap()), None);
+
+    let marked = store.cancel("p", &cancel_request("ops")).unwrap();
+    assert_eq!(marked, ["p", "a", "b", "b1"], "the tree, top down");
+    for id in ["p", "a", "b", "b1"] {
+        let run = store.run(id).unwrap();
+        assert_eq!(run.cancel, Some(cancel_request("ops")), "{id}");
+    }
+    // Held runs keep their claim; idle ones are due at once for a worker.
+    assert_eq!(store.run("p").unwrap().owner.as_deref(), Some("w"));
+    assert_eq!(
+        store.run("p").unwrap().fence,
+        p.fence,
+        "the mark moves no fence"
+    );
+    assert_eq!(lifecycle::due_at(&store.run("b1").unwrap()), Some(T0 + 100));
+    assert!(lifecycle::due_at(&store.run("a").unwrap()).is_some());
+
+    // A held run begins nothing more: no write or wait, no child.
+    let refused = commit(
+        ledger.pool.as_ref(),
+        &p,
+        vec![WriteOp::Started(call(
+            3,
+            CallClass::Write,
+            CallState::Started,
+        ))],
+    );
+    assert!(
+        matches!(refused, Err(StoreError::Cancelled { .. })),
+        "{refused:?}"
+    );
+    let refused = commit(ledger.pool.as_ref(), &p, vec![spawn("p", 3, "c", "s")]);
+    assert!(
+        matches!(refused, Err(StoreError::Cancelled { .. })),
+        "{refused:?}"
+    );
+    assert!(matches!(store.run("c"), Err(StoreError::UnknownRun(_))));
+    // What already happened is still recorded, and the end lands.
+    commit(
+        ledger.pool.as_ref(),
+        &p,
+        vec![
+            finished(3),
+            end(
+                RunEnd::Cancelled {
+                    error: "cancelled by ops: test".into(),
+                },
+                T0 + 200,
+            ),
+        ],
+    )
+    .unwrap();
+    let run = store.run("p").unwrap();
+    assert_eq!(
+        (run.status, calls_of(store.as_ref(), "p").len()),
+        (RunStatus::Cancelled, 3)
+    );
+    // A finished run is not cancelled; a marked tree is not marked twice.
+    let ended = store.cancel("p", &cancel_request("ops"));
+    assert!(matches!(ended, Err(StoreError::Ended { .. })), "{ended:?}");
+    assert!(
+        store
+            .cancel("b", &cancel_request("again"))
+            .unwrap()
+            .is_empty()
+    );
+    assert!(matches!(
+        store.cancel("nobody", &cancel_request("ops")),
+        Err(StoreError::UnknownRun(_))
+    ));
+}
+
+pub fn no_child_escapes_a_cancel_racing_its_starts(make: &Make) {
+    let ledger = make();
+    for round in 0..8 {
+        let store = ledger.store();
+        let parent = format!("p{round}");
+        new_run(store.as_ref(), &parent, T0);
+        let claimed = claim(store.as_ref(), &parent, "w", T0);
+        let pool = ledger.pool.clone();
+        let starter = {
+            let parent = parent.clone();
+            std::thread::spawn(move || {
+                for seq in 1..=200u64 {
+                    let child = format!("{parent}-c{seq}");
+                    match commit(
+                        pool.as_ref(),
+                        &claimed,
+                        vec![spawn(&parent, seq, &child, "s")],
+                    ) {
+                        Ok(()) => {}
+                        Err(StoreError::Cancelled { .. }) => return seq - 1,
+                        Err(e) => panic!("start {seq}: {e}"),
+                    }
+                }
+                200
+            })
+        };
+        std::thread::sleep(std::time::Duration::from_millis(round * 3));
+        store.cancel(&parent, &cancel_request("ops")).unwrap();
+        let started = starter.join().unwrap();
+        let children = store.children(&parent).unwrap();
+        assert_eq!(children.len() as u64, started, "round {round}");
+        for child in children {
+            assert!(
+                child.cancel.is_some(),
+                "round {round}: child {} escaped the cancel",
+                child.run_id
+            );
+        }
+    }
+}
+
+pub fn a_parents_end_cancels_its_attached_children_only(make: &Make) {
+    let ledger = make();
+    let store = ledger.store();
+    new_run(store.as_ref(), "p", T0);
+    let p = claim(store.as_ref(), "p", "w", T0);
+    let detached = match spawn("p", 2, "d", "s") {
+        WriteOp::Spawn { call, mut child } => {
+            if let Some(parent) = child.parent.as_mut() {
+                parent.detached = true;
+            }
+            WriteOp::Spawn { call, child }
+        }
+        other => other,
+    };
+    commit(
+        ledger.pool.as_ref(),
+        &p,
+        vec![spawn("p", 1, "a", "s"), detached],
+    )
+    .unwrap();
+    assert!(store.run("d").unwrap().parent.unwrap().detached);
+    let a = claim(store.as_ref(), "a", "w2", T0 + 1);
+    commit(ledger.pool.as_ref(), &a, vec![spawn("a", 1, "a1", "t")]).unwrap();
+    let mut ended = lifecycle::ended(
+        &RunEnd::Completed {
+            output: "{}".into(),
+            exit_code: None,
+        },
+        T0 + 5,
+    );
+    ended.cancel_children = Some(cancel_request("run p"));
+    commit(ledger.pool.as_ref(), &p, vec![WriteOp::End(ended)]).unwrap();
+    assert_eq!(store.run("p").unwrap().status, RunStatus::Completed);
+    assert_eq!(store.run("p").unwrap().cancel, None);
+    assert!(store.run("a").unwrap().cancel.is_some());
+    assert!(
+        store.run("a1").unwrap().cancel.is_some(),
+        "and the runs below it"
+    );
+    assert_eq!(
+        store.run("d").unwrap().cancel,
+        None,
+        "a detached child goes on"
     );
 }

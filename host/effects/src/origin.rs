@@ -8,15 +8,26 @@
 //! `Stephost-Operation-Id`; the origin's configured
 //! headers (credentials) are added here, on the way out, so they are never
 //! recorded and a step can neither set nor read them.
+//!
+//! A response's `set-cookie` headers are dropped before it is recorded: a
+//! step never sees them. The methods an origin takes are its `methods`
+//! (any but TRACE and CONNECT without them); its `classes` match paths by
+//! whole segments, dot segments resolved.
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use base64::Engine as _;
 use serde::{Deserialize, Serialize};
+
+use crate::retry::RetryPolicy;
 use ureq::http;
 
-use super::http::{check_template, classify_error, operation_headers, render_url};
-use super::{Failure, Handler, Lookup, Reply, Request, payload_sha256};
+use crate::handler::{Effect, Failure, Handler, Lookup, Reply, Request, payload_sha256};
+use crate::http::{check_template, classify_error, operation_headers, render_url};
+use crate::section::{
+    ClassName, Secrets, checked_pointer, default_receipt_pointer, default_timeout_ms, resolve_env,
+};
 use stephost_core::CallClass;
 
 /// A request as the step made it: no `host` header (the URL has it), the
@@ -67,6 +78,10 @@ impl Body {
     }
 }
 
+/// The header a write's response carries when its body was too large to
+/// record: the body's size and sha256.
+pub const BODY_OMITTED: &str = "x-stephost-body-omitted";
+
 /// Whether `method` only reads, as HTTP defines it (GET, HEAD, OPTIONS).
 pub fn reads(method: &str) -> bool {
     matches!(method, "GET" | "HEAD" | "OPTIONS")
@@ -78,9 +93,43 @@ pub fn reads(method: &str) -> bool {
 pub struct ClassRule {
     /// Any method when `None`.
     pub method: Option<String>,
-    /// A path prefix (`/v1/search`); any path when `None`.
+    /// A path prefix, whole segments (`/v1/search` names `/v1/search` and
+    /// `/v1/search/x`, not `/v1/searchAndDestroy`); any path when `None`.
     pub path: Option<String>,
     pub class: CallClass,
+}
+
+/// The methods an origin takes unless its configuration lists them: any
+/// but TRACE (which echoes the request, injected credentials included)
+/// and CONNECT (a tunnel, past the host's recording).
+pub fn method_allowed(methods: Option<&[String]>, method: &str) -> bool {
+    match methods {
+        Some(methods) => methods.iter().any(|m| m.eq_ignore_ascii_case(method)),
+        None => !method.eq_ignore_ascii_case("TRACE") && !method.eq_ignore_ascii_case("CONNECT"),
+    }
+}
+
+/// A request path's segments, its query left out and its dot segments
+/// (`.`, `..`, also percent-encoded) removed as a receiver resolves them.
+fn segments(path: &str) -> Vec<&str> {
+    let path = path.split(['?', '#']).next().unwrap_or("");
+    let mut out: Vec<&str> = Vec::new();
+    for segment in path.split('/').filter(|s| !s.is_empty()) {
+        match segment.to_ascii_lowercase().replace("%2e", ".").as_str() {
+            "." => {}
+            ".." => {
+                out.pop();
+            }
+            _ => out.push(segment),
+        }
+    }
+    out
+}
+
+/// Whether `path` is `prefix` or below it, segment by segment.
+fn under(path: &str, prefix: &str) -> bool {
+    let (path, prefix) = (segments(path), segments(prefix));
+    path.len() >= prefix.len() && path.iter().zip(&prefix).all(|(a, b)| a == b)
 }
 
 /// An origin's request classes: the first rule that matches, else GET,
@@ -92,7 +141,7 @@ pub fn class_of(rules: &[ClassRule], method: &str, path: &str) -> CallClass {
             r.method
                 .as_deref()
                 .is_none_or(|m| m.eq_ignore_ascii_case(method))
-                && r.path.as_deref().is_none_or(|p| path.starts_with(p))
+                && r.path.as_deref().is_none_or(|p| under(path, p))
         })
         .map(|r| r.class)
         .unwrap_or(if reads(method) {
@@ -195,9 +244,12 @@ impl Handler for Origin {
         };
         let mut response = result.map_err(|e| classify_error(url, e))?;
         let status = response.status().as_u16();
+        // A session cookie is a credential: never recorded, so never the
+        // step's to see either (live or replayed alike).
         let headers = response
             .headers()
             .iter()
+            .filter(|(k, _)| **k != http::header::SET_COOKIE)
             .map(|(k, v)| {
                 (
                     k.as_str().to_string(),
@@ -257,6 +309,25 @@ impl Handler for Origin {
         self.idempotent
     }
 
+    /// A write's response with its body left out, and said so in a header
+    /// (`x-stephost-body-omitted: BYTES sha256=HEX`).
+    fn answer_without_body(&self, answer: &str) -> Option<String> {
+        let mut answered: Answered = serde_json::from_str(answer).ok()?;
+        let body = answered.body.bytes().ok()?;
+        answered.headers.retain(|(name, _)| {
+            !name.eq_ignore_ascii_case("content-length")
+                && !name.eq_ignore_ascii_case("transfer-encoding")
+        });
+        answered.headers.push((
+            BODY_OMITTED.to_string(),
+            format!("{} sha256={}", body.len(), payload_sha256(&body)),
+        ));
+        answered.body = Body::Text {
+            body: String::new(),
+        };
+        serde_json::to_string(&answered).ok()
+    }
+
     fn payload_sha256(&self, body: &str) -> String {
         serde_json::from_str::<Exchange>(body)
             .ok()
@@ -264,6 +335,132 @@ impl Handler for Origin {
             .map(payload_sha256)
             .unwrap_or_default()
     }
+}
+
+/// An origin granted to steps' own HTTP clients (`wasi:http`).
+pub struct Granted {
+    /// Its exchanges' effect (the class of each comes from `classes`).
+    pub effect: Effect,
+    pub classes: Vec<ClassRule>,
+    /// The methods it takes (upper case); any but TRACE and CONNECT when
+    /// `None` ([`method_allowed`]).
+    pub methods: Option<Vec<String>>,
+    /// The names of the headers the host adds (lower case): a step may not
+    /// set them.
+    pub headers: Vec<String>,
+}
+
+/// An origin granted to steps' own HTTP clients (`[http."ORIGIN"]`).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HttpOriginConfig {
+    /// Added to every request; values may name environment variables as
+    /// `${NAME}`. A step cannot set or read them, and they are never
+    /// recorded.
+    #[serde(default)]
+    pub headers: BTreeMap<String, String>,
+    /// The origin deduplicates writes by `Idempotency-Key`.
+    #[serde(default)]
+    pub idempotent: bool,
+    /// URL answering 2xx + receipt (done) or 404 (not found) for an
+    /// operation (`{operation_id}`).
+    pub lookup: Option<String>,
+    /// Where a lookup's receipt names the operation (a JSON pointer).
+    #[serde(default = "default_receipt_pointer")]
+    pub receipt_operation_pointer: String,
+    /// Longest exchange, in milliseconds.
+    #[serde(default = "default_timeout_ms")]
+    pub timeout_ms: u64,
+    #[serde(default)]
+    pub retry: RetryPolicy,
+    /// Classes by method and path prefix, the first match winning; without
+    /// one GET, HEAD and OPTIONS are reads and other methods writes.
+    #[serde(default)]
+    pub classes: Vec<ClassRuleConfig>,
+    /// The methods a step may use (and its injected headers ride on);
+    /// without it any but TRACE and CONNECT.
+    pub methods: Option<Vec<String>>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ClassRuleConfig {
+    pub method: Option<String>,
+    /// A path prefix such as `/v1/search`.
+    pub path: Option<String>,
+    pub class: ClassName,
+}
+
+/// The granted origins (`[http."ORIGIN"]`), by their `scheme://host[:port]`.
+pub fn grants(
+    http: &BTreeMap<String, HttpOriginConfig>,
+    secrets: &Secrets,
+) -> Result<BTreeMap<String, Granted>, String> {
+    let mut origins = BTreeMap::new();
+    for (given, config) in http {
+        let what = format!("http.\"{given}\"");
+        let Some(origin) = origin_of(given) else {
+            return Err(format!(
+                "{what} is not an origin; write it as \"https://api.example.com\" or \
+                 \"http://127.0.0.1:8080\""
+            ));
+        };
+        if given
+            .parse::<ureq::http::Uri>()
+            .ok()
+            .and_then(|u| u.path_and_query().map(|p| p.as_str() != "/"))
+            .unwrap_or(false)
+        {
+            return Err(format!(
+                "{what} has a path; an origin is scheme, host and port only ({origin})"
+            ));
+        }
+        let receipt_pointer = checked_pointer(&config.receipt_operation_pointer, &what)?;
+        let headers = config
+            .headers
+            .iter()
+            .map(|(k, v)| Ok((k.clone(), resolve_env(v, &what, secrets)?)))
+            .collect::<Result<Vec<_>, String>>()?;
+        let handler = Origin::new(
+            headers,
+            config.lookup.clone(),
+            config.idempotent,
+            Duration::from_millis(config.timeout_ms),
+        )
+        .map_err(|e| format!("{what}: {e}"))?;
+        let classes = config
+            .classes
+            .iter()
+            .map(|r| ClassRule {
+                method: r.method.as_ref().map(|m| m.to_ascii_uppercase()),
+                path: r.path.clone(),
+                class: r.class.class(),
+            })
+            .collect();
+        let granted = Granted {
+            effect: Effect {
+                class: CallClass::Write,
+                retry: config.retry.clone(),
+                handler: Box::new(handler),
+                receipt_pointer,
+                redaction: None,
+            },
+            classes,
+            methods: config
+                .methods
+                .as_ref()
+                .map(|m| m.iter().map(|m| m.to_ascii_uppercase()).collect()),
+            headers: config
+                .headers
+                .keys()
+                .map(|k| k.to_ascii_lowercase())
+                .collect(),
+        };
+        if origins.insert(origin.clone(), granted).is_some() {
+            return Err(format!("{what} grants {origin} a second time"));
+        }
+    }
+    Ok(origins)
 }
 
 #[cfg(test)]
@@ -303,7 +500,35 @@ mod tests {
         assert_eq!(class_of(&rules, "GET", "/v1/trigger/now"), CallClass::Write);
         assert_eq!(class_of(&rules, "GET", "/v1/orders"), CallClass::Read);
         assert_eq!(class_of(&[], "DELETE", "/"), CallClass::Write);
-        assert_eq!(class_of(&[], "OPTIONS", "/"), CallClass::Read);
+        assert_eq!(class_of(&[], "OPTIONS", "/"), CallClass::Read); // Whole segments, after the receiver's dot segments are resolved.
+        assert_eq!(class_of(&rules, "POST", "/v1/search"), CallClass::Read);
+        assert_eq!(class_of(&rules, "POST", "/v1/search/"), CallClass::Read);
+        assert_eq!(class_of(&rules, "POST", "/v1/search/deep"), CallClass::Read);
+        assert_eq!(
+            class_of(&rules, "POST", "/v1/searchAndDestroy"),
+            CallClass::Write
+        );
+        assert_eq!(
+            class_of(&rules, "POST", "/v1/search/../orders"),
+            CallClass::Write
+        );
+        assert_eq!(
+            class_of(&rules, "POST", "/v1/search/%2E%2e/orders"),
+            CallClass::Write
+        );
+        assert_eq!(class_of(&rules, "POST", "/v1/./search"), CallClass::Read);
+    }
+
+    #[test]
+    fn an_origin_takes_any_method_but_trace_and_connect_unless_it_lists_them() {
+        for method in ["GET", "POST", "DELETE", "PATCH", "PROPFIND"] {
+            assert!(method_allowed(None, method), "{method}");
+        }
+        assert!(!method_allowed(None, "TRACE"));
+        assert!(!method_allowed(None, "connect"));
+        let listed = ["GET".to_string(), "TRACE".to_string()];
+        assert!(method_allowed(Some(&listed), "trace"));
+        assert!(!method_allowed(Some(&listed), "POST"));
     }
 
     #[test]
