@@ -81,4 +81,6 @@ fi
 rustup target add wasm32-wasip2
 cargo test --workspace
 echo "== the end-to-end suite on PostgreSQL"
-STEPHOST_TEST_LEDGER=postgres cargo test -p stephost-tests --test e2e
+# `--workspace`, as above: a `-p` selection unifies the crates' features
+# otherwise and builds wasmtime and the host again.
+STEPHOST_TEST_LEDGER=postgres cargo test --workspace --test e2e
