@@ -28,6 +28,7 @@ const GUESTS: &[(&str, &str)] = &[
     ("guest-fanout", "GUEST_FANOUT"),
     ("guest-fanout-v2", "GUEST_FANOUT_V2"),
     ("guest-square", "GUEST_SQUARE"),
+    ("guest-promise-step", "GUEST_PROMISE_STEP"),
     ("agent-refund", "AGENT_REFUND"),
 ];
 

@@ -64,7 +64,14 @@ try:  # stephost:step@0.3.0 only: child runs
 except ImportError:
     _runs = None
 
+try:  # stephost:step@0.3.0 only: promises
+    from wit_world.imports import promises as _promises
+except ImportError:
+    _promises = None
+
 __all__ = [
+    "Promise",
+    "Settled",
     "AgentRun",
     "BudgetError",
     "ChildEnd",
@@ -342,6 +349,34 @@ def _child_spec(
     )
 
 
+@dataclass(frozen=True)
+class Promise:
+    """A promise `ctx.promise` made: its id in the run (for
+    `ctx.wait_promise`), the token that completes it (`POST
+    /api/promises/{token}` or `stephost complete TOKEN`; a secret: send it in
+    a field the effect's `[redact]` covers) and when it expires (ms since
+    the Unix epoch)."""
+
+    id: int
+    token: str
+    expires_at_ms: int
+
+
+@dataclass(frozen=True)
+class Settled:
+    """How a promise ended: `state` is `resolved` (`value` is its JSON),
+    `rejected` (`value` is the message) or `expired` (`value` is None)."""
+
+    state: str
+    value: Optional[str]
+
+    def json(self) -> Any:
+        """A resolved promise's value, decoded; None otherwise."""
+        if self.state != "resolved":
+            return None
+        return _decode("promises.wait", self.value)
+
+
 # --- the context -------------------------------------------------------------
 
 
@@ -509,6 +544,36 @@ class Ctx:
             return _child_end(_runs.call(spec))
         except Err as e:
             raise _call_error(f"runs.call {step}", e) from None
+
+
+    def promise(self, name: str, ttl_seconds: int) -> Promise:
+        """Makes a promise named `name` that expires after `ttl_seconds` (1
+        at least); a resumed or replayed run gets the same token
+        (stephost:step@0.3.0). Raises `DeniedError` on a host without the
+        operator's key."""
+        if _promises is None:
+            raise StepError("promises need a step built against stephost:step@0.3.0")
+        ttl = min(max(int(ttl_seconds), 1), _U64_MAX)
+        try:
+            made = _promises.create(name, ttl)
+        except Err as e:
+            raise _call_error("promises.create", e) from None
+        return Promise(id=made.id, token=made.token, expires_at_ms=made.expires_at_ms)
+
+    def wait_promise(self, promise: Promise) -> Settled:
+        """Waits, out of memory, until `promise` is completed or expires; one
+        completed already ends the wait at once (stephost:step@0.3.0)."""
+        if _promises is None:
+            raise StepError("promises need a step built against stephost:step@0.3.0")
+        try:
+            settled = _promises.wait(promise.id)
+        except Err as e:
+            raise _call_error("promises.wait", e) from None
+        if isinstance(settled, _promises.Settled_Resolved):
+            return Settled(state="resolved", value=settled.value)
+        if isinstance(settled, _promises.Settled_Rejected):
+            return Settled(state="rejected", value=settled.value)
+        return Settled(state="expired", value=None)
 
 
 def _encode(effect: str, value: Any) -> str:

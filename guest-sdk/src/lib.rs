@@ -50,10 +50,12 @@ mod children;
 mod ctx;
 mod error;
 pub mod log;
+mod promises;
 
 pub use agent::{Agent, AgentRun, ToolOutput};
 pub use children::{Child, ChildEnd};
 pub use ctx::{Ctx, Decision, Verdict};
+pub use promises::{Promise, Settled};
 pub use error::{EffectError, Error};
 /// The provider-neutral chat types ([`ChatRequest`], [`ChatResponse`], ...),
 /// from the contract the host reads too, so both sides read the same JSON.

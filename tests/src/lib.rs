@@ -34,6 +34,7 @@ pub mod guests {
     pub const FANOUT: &str = env!("GUEST_FANOUT");
     pub const FANOUT_V2: &str = env!("GUEST_FANOUT_V2");
     pub const SQUARE: &str = env!("GUEST_SQUARE");
+    pub const PROMISE_STEP: &str = env!("GUEST_PROMISE_STEP");
     pub const COMMAND: &str = env!("GUEST_COMMAND");
     /// The refund agent of `examples/agent-refund`.
     pub const AGENT_REFUND: &str = env!("AGENT_REFUND");

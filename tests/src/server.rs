@@ -130,6 +130,30 @@ impl Served {
             .request("POST", path, Some(body.to_string().as_bytes()))
     }
 
+    /// Runs `tests/browser/SCRIPT` (headless Chromium) against this server,
+    /// with `args` after its base URL; panics, with what the script and the
+    /// server said, if it fails.
+    pub fn browse(&self, script: &str, args: &[&str]) {
+        let browser = concat!(env!("CARGO_MANIFEST_DIR"), "/browser");
+        let out = std::process::Command::new("node")
+            .arg(format!("{browser}/{script}"))
+            .arg(&self.base)
+            .args(args)
+            .current_dir(browser)
+            .output()
+            .expect(
+                "run node (the browser tests need Node.js, Chromium and tests/browser's \
+                 node_modules: scripts/test.sh installs them)",
+            );
+        assert!(
+            out.status.success(),
+            "the browser test {script} failed:\n{}\n{}\nserver log:\n{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr),
+            self.log.lock().unwrap()
+        );
+    }
+
     pub fn pid(&self) -> i32 {
         self.child.as_ref().unwrap().id() as i32
     }

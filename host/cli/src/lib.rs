@@ -97,6 +97,10 @@ pub enum Command {
     /// Approve a waiting approval call; a worker (or `stephost resume`) then
     /// continues the run.
     Approve(ApproveArgs),
+    /// Complete a promise a run waits for, with the token the run handed
+    /// out: resolve it with a JSON value or reject it with a message; a
+    /// worker then continues the run.
+    Complete(CompleteArgs),
     /// Reject a waiting approval call.
     Reject(RejectArgs),
     /// Check the tamper-evident chain of a run in the ledger, or of an
@@ -384,6 +388,23 @@ pub struct CancelArgs {
     pub json: bool,
 }
 
+/// The arguments of `stephost complete`.
+#[derive(Args, Debug)]
+#[command(group(clap::ArgGroup::new("completion").required(true).args(["resolve", "reject"])))]
+pub struct CompleteArgs {
+    /// The promise's token, as the run handed it out.
+    pub token: String,
+    /// Resolve it with this JSON value.
+    #[arg(long)]
+    pub resolve: Option<String>,
+    /// Reject it with this message.
+    #[arg(long)]
+    pub reject: Option<String>,
+    /// Who completes it (kept in the ledger with the time).
+    #[arg(long)]
+    pub by: String,
+}
+
 /// The arguments of `stephost tree`.
 #[derive(Args, Debug)]
 pub struct TreeArgs {
@@ -665,6 +686,7 @@ fn command(ctx: &Ctx, command: Command) -> Result<i32, HostError> {
         Command::Show(args) => show(ctx, args),
         Command::Tree(args) => tree(ctx, args),
         Command::Cancel(args) => cancel(ctx, args),
+        Command::Complete(args) => complete(ctx, args),
         Command::Runs(args) => runs(ctx, args),
         Command::Resolve(args) => resolve(ctx, args),
         Command::Approvals(args) => approvals(ctx, args),
@@ -923,6 +945,52 @@ fn show(ctx: &Ctx, ShowArgs { run_id, json }: ShowArgs) -> Result<i32, HostError
         print_json(&detail);
     } else {
         print_show(&detail);
+    }
+    Ok(exit::OK)
+}
+
+fn complete(
+    ctx: &Ctx,
+    CompleteArgs {
+        token,
+        resolve,
+        reject,
+        by,
+    }: CompleteArgs,
+) -> Result<i32, HostError> {
+    use stephost_core::promises::{self, Completed, Completion, PromiseError, PromiseState};
+    let Ctx { config, ledger } = ctx;
+    let (state, value) = match (resolve, reject) {
+        (Some(json), None) => {
+            let value: serde_json::Value = serde_json::from_str(&json)
+                .map_err(|e| HostError::BadInput(format!("--resolve is not JSON: {e}")))?;
+            (PromiseState::Resolved, value.to_string())
+        }
+        (None, Some(message)) => (PromiseState::Rejected, message),
+        _ => unreachable!("clap requires exactly one of --resolve and --reject"),
+    };
+    let completion = Completion {
+        state,
+        value,
+        by: by.clone(),
+        at_ms: stephost_core::clock::now_ms(),
+    };
+    let store = ledger.open(PoolOptions::default())?.store()?;
+    let completed = promises::complete(store.as_ref(), &config.signer, &token, &completion)
+        .map_err(|e| match e {
+            PromiseError::Store(e) => HostError::from(e),
+            other => HostError::BadInput(other.to_string()),
+        })?;
+    let (run_id, id) = promises::verify(&config.signer, &token).expect("a completed token");
+    match completed {
+        Completed::Completed => eprintln!(
+            "stephost: promise {id} of run {run_id} {} by {by}; a worker continues the run",
+            state.as_str()
+        ),
+        Completed::Again => eprintln!(
+            "stephost: promise {id} of run {run_id} was {} the same way already; nothing changed",
+            state.as_str()
+        ),
     }
     Ok(exit::OK)
 }

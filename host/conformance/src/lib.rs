@@ -71,6 +71,8 @@ macro_rules! conformance_tests {
             notices_are_taken_earliest_due_first_whatever_their_creation_order,
             a_runs_last_call_is_read_alone,
             a_models_flow_state_is_kept_by_the_ledger_for_every_handle,
+            a_trees_model_spend_is_one_total_that_racing_holds_never_pass,
+            a_promise_is_completed_once_into_its_runs_inbox_and_wakes_it_if_it_waits,
             a_runs_own_budget_is_kept_raised_sealed_and_listed,
             a_runs_trace_is_kept_from_its_record_through_its_claims_and_end,
             a_child_is_started_with_its_parents_call_in_one_commit_or_not_at_all,
@@ -1703,6 +1705,163 @@ pub fn a_runs_last_call_is_read_alone(make: &Make) {
         store.last_call("nope"),
         Err(StoreError::UnknownRun(_))
     ));
+}
+
+/// A promise's completion ([`stephost_core::promises`]) is kept once, with
+/// an arrival in its run's inbox: a running run keeps its claim and fence;
+/// a waiting one is due at once; an unknown or finished run is refused.
+pub fn a_promise_is_completed_once_into_its_runs_inbox_and_wakes_it_if_it_waits(make: &Make) {
+    use stephost_core::promises::{Completion, Kept, PromiseState};
+    let ledger = make();
+    let store = ledger.store();
+    new_run(store.as_ref(), "r", T0);
+    let run = claim(store.as_ref(), "r", "w", T0);
+    let paid = |at_ms| Completion {
+        state: PromiseState::Resolved,
+        value: r#"{"paid":true}"#.into(),
+        by: "acme".into(),
+        at_ms,
+    };
+    assert_eq!(store.promise("r", 1).unwrap(), None);
+    assert_eq!(store.complete_promise("r", 1, &paid(T0 + 1)).unwrap(), Kept::Now);
+    assert_eq!(store.promise("r", 1).unwrap(), Some(paid(T0 + 1)));
+    let declined = Completion {
+        state: PromiseState::Rejected,
+        value: "declined".into(),
+        by: "bank".into(),
+        at_ms: T0 + 2,
+    };
+    assert_eq!(
+        store.complete_promise("r", 1, &declined).unwrap(),
+        Kept::Already(paid(T0 + 1)),
+        "the first completion stands"
+    );
+    let row = store.run("r").unwrap();
+    assert_eq!(
+        (row.status, row.fence, row.wake_at_ms),
+        (RunStatus::Running, run.fence, None)
+    );
+    // The run waits (for a timer, say): the next completion makes it due.
+    commit(
+        ledger.pool.as_ref(),
+        &run,
+        vec![
+            WriteOp::Started(call(1, CallClass::Suspend, CallState::Started)),
+            end(
+                RunEnd::Waiting {
+                    wake_at_ms: Some(T0 + 60_000),
+                },
+                T0 + 3,
+            ),
+        ],
+    )
+    .unwrap();
+    assert_eq!(
+        store.complete_promise("r", 2, &declined).unwrap(),
+        Kept::Now
+    );
+    let row = store.run("r").unwrap();
+    assert_eq!(row.status, RunStatus::Waiting);
+    assert_eq!(lifecycle::due_at(&row), Some(T0 + 2));
+    assert_eq!(
+        store
+            .inbox("r")
+            .unwrap()
+            .iter()
+            .map(|e| (e.arrival, e.child_run_id.as_str(), e.status))
+            .collect::<Vec<_>>(),
+        [
+            (1, "promise:1", RunStatus::Completed),
+            (2, "promise:2", RunStatus::Failed)
+        ]
+    );
+    assert!(matches!(
+        store.complete_promise("nope", 1, &paid(T0)),
+        Err(StoreError::UnknownRun(_))
+    ));
+    new_run(store.as_ref(), "done", T0);
+    let done = claim(store.as_ref(), "done", "w", T0);
+    commit(
+        ledger.pool.as_ref(),
+        &done,
+        vec![end(
+            RunEnd::Completed {
+                output: "1".into(),
+                exit_code: None,
+            },
+            T0 + 1,
+        )],
+    )
+    .unwrap();
+    assert!(matches!(
+        store.complete_promise("done", 1, &paid(T0 + 2)),
+        Err(StoreError::Ended { .. })
+    ));
+}
+
+/// Trees' model spend ([`stephost_core::tree_spend`]): each run's figure
+/// is written whole, what one handle writes another counts, trees are
+/// apart, a hold past the cap is refused with what the rest of the tree
+/// spent, and sixteen runs racing to hold never pass it together.
+pub fn a_trees_model_spend_is_one_total_that_racing_holds_never_pass(make: &Make) {
+    use stephost_core::Spent;
+    let ledger = make();
+    let (a, b) = (
+        ledger.pool.tree_spends().expect("tree spends"),
+        ledger.pool.tree_spends().expect("tree spends"),
+    );
+    let spent = |tokens, micro_usd| Spent { tokens, micro_usd };
+    let cap = Some(spent(1_000, 100));
+    assert_eq!(a.tree_spent("root").unwrap(), Spent::default());
+    a.set_spent("root", "root", spent(300, 10), None)
+        .unwrap()
+        .unwrap();
+    b.set_spent("root", "child-1", spent(500, 10), cap)
+        .unwrap()
+        .unwrap();
+    // Written whole: the same figure again changes nothing; a smaller one
+    // (a hold given back) replaces it.
+    b.set_spent("root", "child-1", spent(500, 10), cap)
+        .unwrap()
+        .unwrap();
+    assert_eq!(b.tree_spent("root").unwrap(), spent(800, 20));
+    assert_eq!(
+        a.set_spent("root", "child-2", spent(201, 0), cap).unwrap(),
+        Err(spent(800, 20)),
+        "past the tokens cap"
+    );
+    assert_eq!(
+        a.set_spent("root", "child-2", spent(0, 81), cap).unwrap(),
+        Err(spent(800, 20)),
+        "past the cost cap"
+    );
+    a.set_spent("root", "child-2", spent(200, 80), cap)
+        .unwrap()
+        .unwrap();
+    assert_eq!(a.tree_spent("root").unwrap(), spent(1_000, 100));
+    b.set_spent("root", "child-1", spent(400, 10), None)
+        .unwrap()
+        .unwrap();
+    assert_eq!(a.tree_spent("root").unwrap(), spent(900, 100));
+    assert_eq!(a.tree_spent("other").unwrap(), Spent::default());
+    // Racing holds of 100 tokens each, on a tree with room for 5.
+    let won = std::sync::atomic::AtomicU64::new(0);
+    std::thread::scope(|scope| {
+        for i in 0..16 {
+            let spends = ledger.pool.tree_spends().expect("tree spends");
+            let won = &won;
+            scope.spawn(move || {
+                let fits = spends
+                    .set_spent("race", &format!("run-{i}"), spent(100, 0), Some(spent(500, 0)))
+                    .expect("a hold");
+                if fits.is_ok() {
+                    won.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                }
+            });
+        }
+    });
+    assert_eq!(won.into_inner(), 5);
+    assert_eq!(a.tree_spent("race").unwrap(), spent(500, 0));
 }
 
 /// Models' flow state ([`stephost_core::flow`]) is kept by the ledger: what one

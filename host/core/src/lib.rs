@@ -33,6 +33,7 @@ pub mod memory;
 pub mod notices;
 pub mod outcome;
 pub mod payload;
+pub mod promises;
 pub mod records;
 pub mod redact;
 pub mod settle;
@@ -40,6 +41,7 @@ pub mod store;
 #[cfg(feature = "testing")]
 pub mod tamper;
 pub mod trace;
+pub mod tree_spend;
 
 pub use history::History;
 pub use limits::{Limits, RunBudget};

@@ -26,6 +26,8 @@ struct RunRows {
     logs: Vec<LogRecord>,
     /// The ends of the run's children, in arrival order.
     inbox: Vec<InboxEntry>,
+    /// Its promises' completions, by id.
+    promises: BTreeMap<u64, crate::promises::Completion>,
     /// When the run was recorded, among all runs (children list in it).
     order: u64,
 }
@@ -38,6 +40,8 @@ struct State {
     /// By delivery id, in the order they were owed.
     notices: Vec<Notice>,
     flows: HashMap<String, crate::flow::FlowState>,
+    /// Trees' model spend: by root, by run.
+    tree_spend: HashMap<String, BTreeMap<String, crate::Spent>>,
     /// Runs recorded so far.
     recorded: u64,
 }
@@ -71,6 +75,43 @@ impl Pool for MemoryPool {
 
     fn flows(&self) -> StoreResult<Arc<dyn crate::flow::Flows>> {
         Ok(Arc::new(self.clone()))
+    }
+
+    fn tree_spends(&self) -> StoreResult<Arc<dyn crate::tree_spend::TreeSpends>> {
+        Ok(Arc::new(self.clone()))
+    }
+}
+
+impl crate::tree_spend::TreeSpends for MemoryPool {
+    fn set_spent(
+        &self,
+        root_run_id: &str,
+        run_id: &str,
+        spent: crate::Spent,
+        cap: Option<crate::Spent>,
+    ) -> StoreResult<Result<(), crate::Spent>> {
+        let mut state = self.lock();
+        let tree = state.tree_spend.entry(root_run_id.to_string()).or_default();
+        let others = tree
+            .iter()
+            .filter(|(run, _)| *run != run_id)
+            .fold(crate::Spent::default(), |sum, (_, s)| sum.plus(*s));
+        if let Some(cap) = cap
+            && !crate::tree_spend::fits(others, spent, cap)
+        {
+            return Ok(Err(others));
+        }
+        tree.insert(run_id.to_string(), spent);
+        Ok(Ok(()))
+    }
+
+    fn tree_spent(&self, root_run_id: &str) -> StoreResult<crate::Spent> {
+        Ok(self
+            .lock()
+            .tree_spend
+            .get(root_run_id)
+            .map(|tree| tree.values().fold(crate::Spent::default(), |sum, s| sum.plus(*s)))
+            .unwrap_or_default())
     }
 }
 
@@ -356,6 +397,16 @@ impl Views for MemoryPool {
         Ok(state.runs[run_id].inbox.clone())
     }
 
+    fn promise(
+        &self,
+        run_id: &str,
+        id: u64,
+    ) -> StoreResult<Option<crate::promises::Completion>> {
+        let state = self.lock();
+        state.run(run_id)?;
+        Ok(state.runs[run_id].promises.get(&id).cloned())
+    }
+
     fn children(&self, run_id: &str) -> StoreResult<Vec<RunRecord>> {
         let state = self.lock();
         state.run(run_id)?;
@@ -467,6 +518,33 @@ impl Store for MemoryPool {
     fn add_counters(&self, counters: &Counters) -> StoreResult<()> {
         self.lock().add(counters);
         Ok(())
+    }
+
+    fn complete_promise(
+        &self,
+        run_id: &str,
+        id: u64,
+        completion: &crate::promises::Completion,
+    ) -> StoreResult<crate::promises::Kept> {
+        let mut state = self.lock();
+        let run = state.run(run_id)?;
+        if let Some(kept) = state.runs[run_id].promises.get(&id) {
+            return Ok(crate::promises::Kept::Already(kept.clone()));
+        }
+        if run.status.is_finished() {
+            return Err(StoreError::Ended {
+                run_id: run_id.to_string(),
+                status: run.status.as_str().to_string(),
+            });
+        }
+        state
+            .runs
+            .get_mut(run_id)
+            .expect("found above")
+            .promises
+            .insert(id, completion.clone());
+        state.arrive(&crate::promises::arrival(run_id, id, completion))?;
+        Ok(crate::promises::Kept::Now)
     }
 }
 

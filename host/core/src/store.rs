@@ -209,6 +209,8 @@ pub trait Pool: Send + Sync {
     }
     /// Models' flow state, shared by every process on the ledger.
     fn flows(&self) -> StoreResult<Arc<dyn crate::flow::Flows>>;
+    /// Trees' model spend, shared by every process on the ledger.
+    fn tree_spends(&self) -> StoreResult<Arc<dyn crate::tree_spend::TreeSpends>>;
 }
 
 /// Opens pools of one ledger: what a worker or a server is given, so that
@@ -267,6 +269,10 @@ pub trait Views: Send {
     }
     /// The ends of the run's children, in arrival order.
     fn inbox(&self, run_id: &str) -> StoreResult<Vec<InboxEntry>>;
+    /// Promise `id` of run `run_id`'s completion, if it has one
+    /// ([`crate::promises`]).
+    fn promise(&self, run_id: &str, id: u64)
+    -> StoreResult<Option<crate::promises::Completion>>;
     /// The run's children, in the order they were started.
     fn children(&self, run_id: &str) -> StoreResult<Vec<RunRecord>>;
 }
@@ -299,6 +305,17 @@ pub trait Store: Views {
     /// The runs marked now, top down. [`StoreError::Ended`] if `run_id`
     /// has finished.
     fn cancel(&self, run_id: &str, request: &CancelRequest) -> StoreResult<Vec<String>>;
+    /// Keeps `completion` as promise `id` of run `run_id`'s, unless it has
+    /// one (which is returned), and in the same transaction appends it to
+    /// the run's inbox (`promise:ID`), making the run due if it waits, as
+    /// a child's end does. An unknown run is `UnknownRun`; a finished one,
+    /// `Ended`.
+    fn complete_promise(
+        &self,
+        run_id: &str,
+        id: u64,
+        completion: &crate::promises::Completion,
+    ) -> StoreResult<crate::promises::Kept>;
 }
 
 /// Notices owed to webhooks ([`crate::notices`]): recorded before they are

@@ -24,6 +24,10 @@ impl PgFlows {
     pub fn new(shared: std::sync::Arc<Shared>) -> Self {
         PgFlows { shared }
     }
+
+    pub(crate) fn shared(&self) -> &Shared {
+        &self.shared
+    }
 }
 
 impl Flows for PgFlows {

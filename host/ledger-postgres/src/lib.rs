@@ -28,6 +28,7 @@ mod store;
 mod stream;
 #[cfg(feature = "testing")]
 mod tamper;
+mod tree_spend;
 #[cfg(any(test, feature = "testing"))]
 pub mod throwaway;
 pub mod tls;
@@ -164,6 +165,10 @@ impl Pool for PgPool {
     }
 
     fn flows(&self) -> StoreResult<Arc<dyn stephost_core::flow::Flows>> {
+        Ok(Arc::new(flows::PgFlows::new(self.shared.clone())))
+    }
+
+    fn tree_spends(&self) -> StoreResult<Arc<dyn stephost_core::tree_spend::TreeSpends>> {
         Ok(Arc::new(flows::PgFlows::new(self.shared.clone())))
     }
 

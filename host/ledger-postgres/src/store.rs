@@ -306,6 +306,23 @@ impl Views for PgStore {
         })
     }
 
+    fn promise(
+        &self,
+        run_id: &str,
+        id: u64,
+    ) -> StoreResult<Option<stephost_core::promises::Completion>> {
+        let run_id = run_id.to_string();
+        self.shared.block(move |mut conn| async move {
+            rows::run(&mut conn, &run_id).await?;
+            let found = conn
+                .client
+                .query_opt(SELECT_PROMISE, &[&run_id, &(id as i64)])
+                .await
+                .map_err(error)?;
+            found.as_ref().map(promise_from_row).transpose()
+        })
+    }
+
     fn children(&self, run_id: &str) -> StoreResult<Vec<RunRecord>> {
         let id = run_id.to_string();
         self.shared.block(move |mut conn| async move {
@@ -443,6 +460,87 @@ impl Store for PgStore {
                 .collect::<StoreResult<Vec<_>>>()?;
             transaction.commit().await.map_err(error)?;
             Ok(marked)
+        })
+    }
+
+    fn complete_promise(
+        &self,
+        run_id: &str,
+        id: u64,
+        completion: &stephost_core::promises::Completion,
+    ) -> StoreResult<stephost_core::promises::Kept> {
+        use stephost_core::promises::Kept;
+        let (run_id, completion) = (run_id.to_string(), completion.clone());
+        self.shared.block(move |mut conn| async move {
+            let transaction = conn.client.transaction().await.map_err(error)?;
+            // The run's row is locked first, as a child's end locks its
+            // parent's: arrivals are numbered in commit order.
+            let found = transaction
+                .query_opt(
+                    "SELECT status FROM runs WHERE run_id = $1 FOR UPDATE",
+                    &[&run_id],
+                )
+                .await
+                .map_err(error)?;
+            let Some(found) = found else {
+                return Err(StoreError::UnknownRun(run_id));
+            };
+            let kept = transaction
+                .query_opt(SELECT_PROMISE, &[&run_id, &(id as i64)])
+                .await
+                .map_err(error)?;
+            if let Some(kept) = kept {
+                return Ok(Kept::Already(promise_from_row(&kept)?));
+            }
+            let status: String = found.try_get(0).map_err(error)?;
+            if RunStatus::parse(&status).is_some_and(RunStatus::is_finished) {
+                return Err(StoreError::Ended { run_id, status });
+            }
+            transaction
+                .execute(
+                    "INSERT INTO promises (run_id, id, state, value, by, at) \
+                     VALUES ($1, $2, $3, $4, $5, $6)",
+                    &[
+                        &run_id,
+                        &(id as i64),
+                        &completion.state.as_str(),
+                        &completion.value,
+                        &completion.by,
+                        &completion.at_ms,
+                    ],
+                )
+                .await
+                .map_err(error)?;
+            let arrival = stephost_core::promises::arrival(&run_id, id, &completion);
+            let arrivals: i64 = transaction
+                .query_one(
+                    "UPDATE runs SET arrivals = arrivals + 1, version = version + 1, \
+                     wake_at = CASE WHEN status = 'waiting' THEN $2 ELSE wake_at END, \
+                     due_at = CASE WHEN status = 'waiting' THEN $2 ELSE due_at END \
+                     WHERE run_id = $1 RETURNING arrivals",
+                    &[&run_id, &arrival.at_ms],
+                )
+                .await
+                .map_err(error)?
+                .try_get(0)
+                .map_err(error)?;
+            transaction
+                .execute(
+                    "INSERT INTO inbox (run_id, arrival, child_run_id, join_set, status, at) \
+                     VALUES ($1, $2, $3, $4, $5, $6)",
+                    &[
+                        &run_id,
+                        &arrivals,
+                        &arrival.child_run_id,
+                        &arrival.join_set,
+                        &arrival.status.as_str(),
+                        &arrival.at_ms,
+                    ],
+                )
+                .await
+                .map_err(error)?;
+            transaction.commit().await.map_err(error)?;
+            Ok(Kept::Now)
         })
     }
 
@@ -675,4 +773,20 @@ async fn attempts_of(
         all.extend(AttemptRecord::from_stored_json(seq as u64, text)?);
     }
     Ok(all)
+}
+
+const SELECT_PROMISE: &str =
+    "SELECT state, value, by, at FROM promises WHERE run_id = $1 AND id = $2";
+
+fn promise_from_row(
+    row: &tokio_postgres::Row,
+) -> StoreResult<stephost_core::promises::Completion> {
+    let state: String = row.try_get(0).map_err(error)?;
+    Ok(stephost_core::promises::Completion {
+        state: stephost_core::promises::PromiseState::parse(&state)
+            .ok_or_else(|| StoreError::Corrupt(format!("a promise in state {state:?}")))?,
+        value: row.try_get(1).map_err(error)?,
+        by: row.try_get(2).map_err(error)?,
+        at_ms: row.try_get(3).map_err(error)?,
+    })
 }

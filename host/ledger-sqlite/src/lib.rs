@@ -22,6 +22,7 @@ mod store;
 mod stream;
 #[cfg(feature = "testing")]
 mod tamper;
+mod tree_spend;
 pub mod wake;
 
 use std::path::{Path, PathBuf};
@@ -50,6 +51,15 @@ pub struct SqlitePool {
 }
 
 impl SqlitePool {
+    /// The connection models' flow state and trees' spend share, made on
+    /// first use.
+    fn shared_state(&self) -> Arc<flows::SqliteFlows> {
+        let mut flows = self.flows.lock().unwrap_or_else(|p| p.into_inner());
+        flows
+            .get_or_insert_with(|| Arc::new(flows::SqliteFlows::new(&self.path)))
+            .clone()
+    }
+
     /// Opens (or creates) the ledger at `path`: checks the file and brings
     /// its schema up to date, once; the pool's other connections trust it.
     pub fn open(path: &Path, options: PoolOptions) -> StoreResult<Self> {
@@ -131,10 +141,11 @@ impl Pool for SqlitePool {
     }
 
     fn flows(&self) -> StoreResult<Arc<dyn stephost_core::flow::Flows>> {
-        let mut flows = self.flows.lock().unwrap_or_else(|p| p.into_inner());
-        Ok(flows
-            .get_or_insert_with(|| Arc::new(flows::SqliteFlows::new(&self.path)))
-            .clone())
+        Ok(self.shared_state())
+    }
+
+    fn tree_spends(&self) -> StoreResult<Arc<dyn stephost_core::tree_spend::TreeSpends>> {
+        Ok(self.shared_state())
     }
 }
 

@@ -346,6 +346,34 @@ pub fn inbox(conn: &Connection, run_no: i64) -> Result<Vec<stephost_core::InboxE
     .map_err(error)
 }
 
+/// Promise `id` of run `run_no`'s completion, if it has one.
+pub fn promise(
+    conn: &Connection,
+    run_no: i64,
+    id: u64,
+) -> Result<Option<stephost_core::promises::Completion>, StoreError> {
+    let found: Option<(String, String, String, i64)> = conn
+        .prepare_cached("SELECT state, value, by, at FROM promises WHERE run_no = ?1 AND id = ?2")
+        .and_then(|mut s| {
+            s.query_row(params![run_no, id as i64], |r| {
+                Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?))
+            })
+            .optional()
+        })
+        .map_err(error)?;
+    found
+        .map(|(state, value, by, at_ms)| {
+            Ok(stephost_core::promises::Completion {
+                state: stephost_core::promises::PromiseState::parse(&state)
+                    .ok_or_else(|| error(bad_value(0, &state)))?,
+                value,
+                by,
+                at_ms,
+            })
+        })
+        .transpose()
+}
+
 /// A child's end into its parent's inbox, under the parent's next arrival
 /// number; the parent made due if it waits
 /// ([`lifecycle::woken_by_arrival`]). A second delivery of the same end

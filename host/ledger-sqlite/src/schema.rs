@@ -29,6 +29,8 @@ pub const MIGRATIONS: &[&str] = &[
     include_str!("../migrations/0007_run_budget.sql"),
     include_str!("../migrations/0008_run_trace.sql"),
     include_str!("../migrations/0009_children.sql"),
+    include_str!("../migrations/0010_tree_spend.sql"),
+    include_str!("../migrations/0011_promises.sql"),
 ];
 
 /// The schema version this build writes.

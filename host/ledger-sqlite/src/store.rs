@@ -299,6 +299,17 @@ impl Views for SqliteStore {
         })
     }
 
+    fn promise(
+        &self,
+        run_id: &str,
+        id: u64,
+    ) -> StoreResult<Option<stephost_core::promises::Completion>> {
+        self.read(|conn| {
+            let run_no = rows::run_no(conn, run_id)?;
+            rows::promise(conn, run_no, id)
+        })
+    }
+
     fn children(&self, run_id: &str) -> StoreResult<Vec<RunRecord>> {
         self.read(|conn| {
             rows::run_no(conn, run_id)?;
@@ -322,6 +333,47 @@ impl Views for SqliteStore {
 }
 
 impl Store for SqliteStore {
+    fn complete_promise(
+        &self,
+        run_id: &str,
+        id: u64,
+        completion: &stephost_core::promises::Completion,
+    ) -> StoreResult<stephost_core::promises::Kept> {
+        self.write(|conn| {
+            let run = rows::run(conn, run_id)?;
+            let run_no = rows::run_no(conn, run_id)?;
+            if let Some(kept) = rows::promise(conn, run_no, id)? {
+                return Ok(stephost_core::promises::Kept::Already(kept));
+            }
+            if run.status.is_finished() {
+                return Err(StoreError::Ended {
+                    run_id: run_id.to_string(),
+                    status: run.status.as_str().to_string(),
+                });
+            }
+            conn.prepare_cached(
+                "INSERT INTO promises (run_no, id, state, value, by, at) \
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+            )
+            .and_then(|mut s| {
+                s.execute(params![
+                    run_no,
+                    id as i64,
+                    completion.state.as_str(),
+                    completion.value,
+                    completion.by,
+                    completion.at_ms
+                ])
+            })
+            .map_err(error)?;
+            rows::arrive(
+                conn,
+                &stephost_core::promises::arrival(run_id, id, completion),
+            )?;
+            Ok(stephost_core::promises::Kept::Now)
+        })
+    }
+
     fn cancel(
         &self,
         run_id: &str,

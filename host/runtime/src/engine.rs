@@ -228,6 +228,7 @@ fn link_step_world(linker: &mut Linker<StepState>, call: EffectsCall) -> wasmtim
     v3::log::add_to_linker::<_, Own>(linker, this)?;
     v3::timers::add_to_linker::<_, Own>(linker, this)?;
     v3::approvals::add_to_linker::<_, Own>(linker, this)?;
+    v3::promises::add_to_linker::<_, Own>(linker, this)?;
     v3::runs::add_to_linker::<_, Own>(linker, this)
 }
 

@@ -160,6 +160,8 @@ fn new_store(
         services: options.services.clone(),
         http: crate::imports::http::HttpState::new(&options.effects, journal, limits),
         runs: Default::default(),
+        promises: Default::default(),
+        signer: options.signer.clone(),
         children: options.children.clone(),
     };
     let mut store = Store::new(engine.engine(), state);

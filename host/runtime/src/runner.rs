@@ -111,6 +111,8 @@ impl Host {
                 engine.clone(),
                 pool.store()?,
                 options.signer.clone(),
+                pool.tree_spends()?,
+                options.limits.clone(),
             )));
         }
         Ok(Host {

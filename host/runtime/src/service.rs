@@ -341,6 +341,40 @@ pub fn approvals(store: &dyn Views) -> Result<Vec<ApprovalView>, HostError> {
         .collect())
 }
 
+/// A run waiting for a promise, as a person sees it (never its token).
+#[derive(Debug, Clone, Serialize)]
+pub struct PromiseView {
+    pub run_id: String,
+    /// The wait's call.
+    pub seq: u64,
+    /// The promise's id in the run (its `create` call) and name.
+    pub promise: u64,
+    pub name: String,
+    pub waiting_since_ms: i64,
+    /// None if its `create` call cannot be read.
+    pub expires_at_ms: Option<i64>,
+}
+
+/// Runs waiting for a promise, oldest first.
+pub fn promises(store: &dyn Views) -> Result<Vec<PromiseView>, HostError> {
+    let open = store.open_calls(CallState::Started, Some(stephost_core::promises::INTERFACE))?;
+    let mut views = Vec::with_capacity(open.len());
+    for o in open {
+        let request: serde_json::Value = serde_json::from_str(&o.call.request).unwrap_or_default();
+        let promise = request["id"].as_u64().unwrap_or(0);
+        let made = stephost_core::promises::made(store, &o.run.run_id, promise)?;
+        views.push(PromiseView {
+            run_id: o.run.run_id.clone(),
+            seq: o.call.seq,
+            promise,
+            name: made.as_ref().map(|m| m.name.clone()).unwrap_or_default(),
+            waiting_since_ms: o.call.started_at_ms,
+            expires_at_ms: made.map(|m| m.expires_at_ms),
+        });
+    }
+    Ok(views)
+}
+
 /// A call whose outcome is unknown, with what its receiver was sent.
 #[derive(Debug, Clone, Serialize)]
 pub struct UnknownCallView {

@@ -59,6 +59,8 @@ pub fn router(app: Arc<App>) -> Router {
         .route("/api/unknown", get(unknown_calls))
         .route("/api/unknown/{run_id}/{seq}", post(resolve))
         .route("/api/events", get(crate::events::stream))
+        .route("/api/promises", get(promises))
+        .route("/api/promises/{token}", post(crate::promises::complete))
         .fallback(|| async { ApiError::not_found("no such path") })
         .method_not_allowed_fallback(|| async {
             ApiError::new(
@@ -597,6 +599,13 @@ async fn approvals(
     _caller: Caller,
 ) -> Api<Vec<service::ApprovalView>> {
     Ok(Json(app.with_views(|s| Ok(service::approvals(s)?)).await?))
+}
+
+async fn promises(
+    State(app): State<Arc<App>>,
+    _caller: Caller,
+) -> Api<Vec<service::PromiseView>> {
+    Ok(Json(app.with_views(|s| Ok(service::promises(s)?)).await?))
 }
 
 #[derive(Debug, Deserialize)]

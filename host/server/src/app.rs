@@ -48,6 +48,8 @@ pub struct App {
     pub signer: Signer,
     /// Sizes a resolved response is held to.
     pub limits: stephost_core::Limits,
+    /// Promise completions this second.
+    pub promise_pace: crate::promises::Pace,
 }
 
 impl App {
@@ -69,6 +71,7 @@ impl App {
             ended: tokio::sync::Notify::new(),
             signer,
             limits,
+            promise_pace: Default::default(),
         }
     }
 

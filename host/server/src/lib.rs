@@ -13,6 +13,7 @@ pub mod events;
 pub mod http;
 pub mod notifier;
 pub mod openapi;
+pub mod promises;
 pub mod settings;
 
 use std::sync::Arc;

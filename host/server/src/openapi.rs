@@ -53,13 +53,21 @@ fn error_codes(status: u16) -> &'static str {
              site; without tokens, a Host that is not a loopback name"
         }
         404 => "not_found, unknown_run, unknown_module",
-        409 => "not_decidable, run_exists, run_ended, conflict, diverged, integrity",
+        409 => {
+            "not_decidable, run_exists, run_ended, conflict, diverged, integrity, \
+             promise_expired, promise_completed"
+        }
         413 => "too_large: a body over json_body_bytes_max (module_bytes_max for an upload)",
         429 => {
-            "too_many_streams: the token holds event_streams_per_token_max event streams open already"
+            "too_many_streams: the token holds event_streams_per_token_max event streams open \
+             already; too_many_completions: over promise_completions_per_second_max promise \
+             completions this second"
         }
         500 => "internal",
-        503 => "unavailable: the ledger cannot be reached",
+        503 => {
+            "unavailable: the ledger cannot be reached; no_key: the server has no operator key to \
+             check a promise's token"
+        }
         _ => "an error",
     }
 }
@@ -206,6 +214,16 @@ fn operations() -> Vec<Operation> {
             json!({"outcome": {"const": "failed"}, "message": {"type": "string"},
                    "response": {"type": "null"}, "by": nullable_string()}),
             &["outcome", "message"],
+        ),
+    ]});
+    let complete = json!({"oneOf": [
+        object(
+            json!({"resolve": not_null(), "reject": {"type": "null"}, "by": nullable_string()}),
+            &["resolve"],
+        ),
+        object(
+            json!({"reject": {"type": "string"}, "resolve": {"type": "null"}, "by": nullable_string()}),
+            &["reject"],
         ),
     ]});
     let any_object = json!({"type": "object"});
@@ -501,6 +519,26 @@ fn operations() -> Vec<Operation> {
         },
         Operation {
             method: "get",
+            path: "/api/promises",
+            summary: "Runs waiting for a promise, oldest first: the run, the wait's call, the promise's id and name, since when, and when it expires (never its token).",
+            access: Read,
+            query: vec![],
+            body: Body::None,
+            ok: (200, "application/json", any_array.clone()),
+            more: &[],
+        },
+        Operation {
+            method: "post",
+            path: "/api/promises/{token}",
+            summary: "Complete a promise a run waits for: resolve it with a JSON value or reject it with a message (and who, as `by`; `webhook` if not given). The token the run handed out is the authorization: no bearer token is needed. The first completion stands; the same one again answers `again`, another is refused (409 promise_completed), as is one after the promise expired (409 promise_expired). A token the operator's key did not make is 404. At most promise_completions_per_second_max a second across the server (429).",
+            access: Public,
+            query: vec![],
+            body: Body::Json(complete, true),
+            ok: (200, "application/json", json!({"type": "object"})),
+            more: &[409, 429, 500, 503],
+        },
+        Operation {
+            method: "get",
             path: "/api/events",
             summary: "Server-sent events: `runs`, the runs that changed; `model`, a model's answer while it streams in to the server's worker, each event the text that came since the one before (run_id, seq, offset: where the text begins in the answer, in characters; text), or what its call waits for (run_id, seq, waiting). A token holds at most event_streams_per_token_max streams open at once.",
             access: Read,
@@ -610,7 +648,7 @@ pub fn openapi() -> Value {
                     "type": "object",
                     "required": ["code", "message", "fix"],
                     "properties": {
-                        "code": {"type": "string", "enum": ["bad_input", "unauthorized", "forbidden", "not_found", "method_not_allowed", "unknown_run", "unknown_module", "not_decidable", "run_exists", "run_ended", "conflict", "diverged", "integrity", "too_large", "too_many_streams", "unavailable", "internal"]},
+                        "code": {"type": "string", "enum": ["bad_input", "unauthorized", "forbidden", "not_found", "method_not_allowed", "unknown_run", "unknown_module", "not_decidable", "run_exists", "run_ended", "conflict", "diverged", "integrity", "too_large", "too_many_streams", "too_many_completions", "promise_expired", "promise_completed", "no_key", "unavailable", "internal"]},
                         "message": {"type": "string"},
                         "fix": {"type": "string"}
                     }

@@ -38,6 +38,10 @@ pub struct ServeSettings {
     /// with 429 `too_many_streams`, so that no reader holds every
     /// connection.
     pub event_streams_per_token_max: usize,
+    /// Promise completions (`POST /api/promises/{token}`, which takes no
+    /// bearer token) the server accepts a second, all callers together;
+    /// more are refused with 429 `too_many_completions`.
+    pub promise_completions_per_second_max: usize,
     /// On SIGTERM, requests in flight have this long to finish; then the
     /// connections still open are dropped.
     pub shutdown_grace_ms: u64,
@@ -86,6 +90,7 @@ impl Default for ServeSettings {
             header_read_timeout_ms: defaults::HEADER_READ_TIMEOUT_MS,
             connections_max: defaults::CONNECTIONS_MAX,
             event_streams_per_token_max: 8,
+            promise_completions_per_second_max: 50,
             shutdown_grace_ms: defaults::SHUTDOWN_GRACE_MS,
             ledger_stores_max: 8,
             ready_cache_ms: 1_000,

@@ -2,13 +2,18 @@
 of step `square` in join set `squares` (`{"n": i, "fail": ...}`), joins
 them all in the order they end, calls one more (`{"n": 100}`) and looks
 once in the empty set. Returns `{"started", "joined": [{"run_id", "ok",
-"value"}], "called", "left"}`."""
+"value"}], "called", "left"}`. With `"promise": TTL` it makes a promise
+instead, hands its token to `orders`, waits and returns `{"promise": ID,
+"settled": {"resolved": VALUE} | {"rejected": MESSAGE} | "expired"}`, as
+the Rust `promise-step` guest does."""
 
 import stephost_step
 from stephost_step import Ctx
 
 
 def run(ctx: Ctx, input: dict) -> dict:
+    if "promise" in input:
+        return promised(ctx, int(input["promise"]))
     n = int(input.get("n", 0))
     fail = set(input.get("fail", []))
     started = [
@@ -22,6 +27,17 @@ def run(ctx: Ctx, input: dict) -> dict:
     called = ctx.call_step("square", {"n": 100}).value()
     left = ctx.join_try_next("squares")
     return {"started": started, "joined": joined, "called": called, "left": left and left.run_id}
+
+
+def promised(ctx: Ctx, ttl_seconds: int) -> dict:
+    p = ctx.promise("payment", ttl_seconds)
+    ctx.effect("orders", {"promise": p.id, "token": p.token})
+    settled = ctx.wait_promise(p)
+    if settled.state == "resolved":
+        return {"promise": p.id, "settled": {"resolved": settled.json()}}
+    if settled.state == "rejected":
+        return {"promise": p.id, "settled": {"rejected": settled.value}}
+    return {"promise": p.id, "settled": "expired"}
 
 
 WitWorld = stephost_step.export_step(run)

@@ -289,6 +289,84 @@ fn starts_past_a_limit_or_of_an_unknown_step_are_refused_and_start_nothing() {
     assert!(children_of(&sb, "u").is_empty());
 }
 
+/// A root's model budget is its tree's: four children of a parent with a
+/// budget for one answer each ask the scripted model; whatever their
+/// timing, one is answered and the others are refused `budget` before
+/// anything is sent, naming the tree. Without the tree's budget each
+/// child's own (the configuration's) would let all four through.
+#[test]
+fn a_trees_runs_share_their_roots_model_budget() {
+    let server = model_server::ModelServer::start_with(model_server::Config {
+        script: model_server::Script::from_json(
+            r#"{"turns": [{"text": "done", "usage": {"input_tokens": 100, "output_tokens": 300}}]}"#,
+        )
+        .unwrap(),
+        ..model_server::Config::default()
+    })
+    .unwrap();
+    let sb = Sandbox::with_config(
+        BIN,
+        &format!(
+            "{}
+[steps.chat]
+module = {:?}
+
+[models.support]
+api = \"openai-chat\"
+\
+             url = \"{}\"
+model = \"scripted-1\"
+",
+            stephost_tests::BASE_CONFIG,
+            guests::CHAT_STEP,
+            server.url()
+        ),
+    );
+    // One call holds its input (about 50 tokens) and max_tokens (300) and
+    // spends 400: room for one in 600, never two.
+    let input = json!({
+        "n": 3,
+        "step": "chat",
+        "child_input": {"model": "support", "message": "hello", "max_tokens": 300},
+    });
+    sb.stephost(&[
+        "run",
+        guests::FANOUT,
+        "--input",
+        &input.to_string(),
+        "--run-id",
+        "p",
+        "--model-tokens-max",
+        "600",
+    ])
+    .expect_code(7);
+    finish(&sb, "p");
+    let out = output(&sb, "p");
+    let mut answers: Vec<Value> = out["joined"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|j| j["value"].clone())
+        .collect();
+    answers.push(out["called"].clone());
+    let answered = answers.iter().filter(|a| a["text"] == "done").count();
+    let refused: Vec<&Value> = answers.iter().filter(|a| a["error"] == "budget").collect();
+    assert_eq!((answered, refused.len()), (1, 3), "{out:#}");
+    for refusal in refused {
+        let message = refusal["message"].as_str().unwrap();
+        assert!(
+            message.contains("tree (root p)") && message.contains("model_tokens_max = 600"),
+            "{message}"
+        );
+    }
+    assert_eq!(server.report()["requests_total"], 1, "one call was sent");
+    // The refusals are recorded: the tree replays as it ran.
+    for child in children_of(&sb, "p") {
+        let id = child["run_id"].as_str().unwrap();
+        sb.stephost(&["replay", id]).expect_code(0);
+    }
+}
+
 /// Runs workers until nothing is due now (a child asleep until later waits).
 fn drain(sb: &Sandbox) {
     sb.stephost(&["worker", "--exit-when-idle", "--concurrency", "4"])
@@ -701,20 +779,7 @@ fn the_console_shows_a_runs_tree_and_cancels_it_in_a_browser() {
     let sb = Sandbox::with_config(BIN, &config(""));
     let (served, _) = serve_a_waiting_tree(&sb);
     let client = served.client();
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/browser/tree.mjs");
-    let out = std::process::Command::new("node")
-        .arg(script)
-        .arg(&served.base)
-        .current_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/browser"))
-        .output()
-        .expect("run node (scripts/test.sh installs Node.js, Chromium and playwright-core)");
-    assert!(
-        out.status.success(),
-        "the console tree test failed:\n{}\n{}\nserver log:\n{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr),
-        served.log.lock().unwrap()
-    );
+    served.browse("tree.mjs", &[]);
     let tree = client.get("/api/runs/p/tree").expect(200);
     assert_eq!(tree["status"], "cancelled", "{tree:#}");
     assert_eq!(tree["error"], "cancelled by browser-ana: wrong customer");

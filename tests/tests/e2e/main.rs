@@ -12,6 +12,7 @@ mod http_effects;
 mod languages;
 mod mcp;
 mod models;
+mod promises;
 mod redaction;
 mod run_replay;
 mod server;

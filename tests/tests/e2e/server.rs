@@ -845,24 +845,7 @@ fn the_console_in_a_browser_approves_and_resolves() {
         "{diverged:#}"
     );
     let chat_digest = served.client().upload(guests::CHAT_STEP);
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/browser/console.mjs");
-    let out = std::process::Command::new("node")
-        .arg(script)
-        .arg(&served.base)
-        .arg(&chat_digest)
-        .current_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/browser"))
-        .output()
-        .expect(
-            "run node (the browser tests need Node.js, Chromium and tests/browser's \
-             node_modules: scripts/test.sh installs them)",
-        );
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        out.status.success(),
-        "the console test failed:\n{stdout}\n{stderr}\nserver log:\n{}",
-        served.log.lock().unwrap()
-    );
+    served.browse("console.mjs", &[&chat_digest]);
     // What the browser did is in the ledger.
     let approved = served.wait_status("approval-run", "completed");
     assert_eq!(approved["run"]["status"], "completed");

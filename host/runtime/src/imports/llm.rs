@@ -53,6 +53,32 @@ impl Host for StepState {
             )?;
             return Ok(self.completed(&request, outcome));
         }
+        // In a tree, held against the root's budget (see models.chat).
+        let live = {
+            let journal = lock(&self.journal);
+            journal.calls_made() >= journal.history_len()
+        };
+        let in_tree = effect.is_some() && live && crate::imports::runs::in_tree(self);
+        if in_tree {
+            let call = Spent {
+                tokens: tokens_asked(&request),
+                micro_usd: 0,
+            };
+            if let Some(message) =
+                crate::imports::runs::hold_model_spend(self, call).map_err(|stop| self.fail(stop))?
+            {
+                let outcome = refuse_in(
+                    self,
+                    INTERFACE,
+                    "complete",
+                    &request,
+                    effect.and_then(|e| e.redaction.as_ref()),
+                    CallErrorKind::Budget,
+                    format!("{message}; the completion was not sent"),
+                )?;
+                return Ok(self.completed(&request, outcome));
+            }
+        }
         let call = Gated {
             interface: INTERFACE,
             function: "complete",
@@ -65,7 +91,11 @@ impl Host for StepState {
         let outcome = gated_call(self, &call, || {
             "no model endpoint is configured; add an [llm] section to stephost.toml".to_string()
         })?;
-        Ok(self.completed(&request, outcome))
+        let answer = self.completed(&request, outcome);
+        if in_tree {
+            crate::imports::runs::settle_model_spend(self);
+        }
+        Ok(answer)
     }
 }
 

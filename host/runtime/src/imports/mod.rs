@@ -10,6 +10,7 @@ pub mod llm;
 pub mod log;
 pub mod models;
 pub mod policy;
+pub mod promises;
 pub mod random;
 pub mod runs;
 pub mod stdio;
@@ -51,6 +52,10 @@ pub struct StepState {
     pub http: http::HttpState,
     /// The children it started and joined (`runs`).
     pub runs: runs::RunsState,
+    /// The promises it made (`promises`).
+    pub promises: promises::PromisesState,
+    /// The operator's key: promises' tokens are made under it.
+    pub signer: stephost_core::chain::Signer,
     /// The steps it may start as children, and what starts and joins use.
     pub children: Option<Arc<runs::ChildSteps>>,
 }

@@ -43,7 +43,11 @@ pub fn chat(
     let live_before = lock(&state.journal).stats.live;
     let outcome = call(state, alias, request)?;
     let live = lock(&state.journal).stats.live > live_before;
-    Ok(answered(state, alias, live, outcome))
+    let answer = answered(state, alias, live, outcome);
+    if live && crate::imports::runs::in_tree(state) {
+        crate::imports::runs::settle_model_spend(state);
+    }
+    Ok(answer)
 }
 
 /// Why a model call that may spend `tokens` and cost `micro_usd` would
@@ -146,6 +150,26 @@ fn call(state: &mut StepState, alias: &str, request: &str) -> wasmtime::Result<O
                  or in [limits])"
             ),
         );
+    }
+    let live = seq > lock(&state.journal).history_len();
+    // In a tree, the call is held against the root's budget, which every
+    // run of the tree shares; refused like any call over budget.
+    if live && crate::imports::runs::in_tree(state) {
+        let call = stephost_core::Spent {
+            tokens,
+            micro_usd: worst_cost,
+        };
+        if let Some(message) =
+            crate::imports::runs::hold_model_spend(state, call).map_err(|stop| state.fail(stop))?
+        {
+            return refuse(
+                state,
+                &recorded,
+                redaction,
+                CallErrorKind::Budget,
+                format!("{message}; the call was not sent (raise the root's budget)"),
+            );
+        }
     }
     // A live call that would wait long for its model's capacity leaves
     // memory instead, holding no thread: the run waits (a worker wakes it

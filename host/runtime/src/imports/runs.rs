@@ -28,7 +28,10 @@ use stephost_core::chain::{Head, Signer};
 use stephost_core::journal::{
     Attempts, CallErrorKind, CallSpec, Compute, LiveCall, OpContext, Outcome, Performed, Stop, Wait,
 };
-use stephost_core::{CallClass, InboxEntry, NewRun, ParentRef, RunRecord, RunStatus, Store};
+use stephost_core::tree_spend::TreeSpends;
+use stephost_core::{
+    CallClass, InboxEntry, Limits, NewRun, ParentRef, RunRecord, RunStatus, Spent, Store,
+};
 
 use crate::bindings::v0_3::CallError;
 use crate::bindings::v0_3::stephost::step::runs::{
@@ -59,6 +62,10 @@ pub struct ChildSteps {
     engine: Arc<dyn StepModules>,
     store: Mutex<Box<dyn Store>>,
     signer: Signer,
+    /// Trees' model spend, and this host's `[limits]` (a root's budget
+    /// over them is its tree's).
+    spends: Arc<dyn TreeSpends>,
+    limits: Limits,
     /// Modules read, by step name: a step is read and stored once per
     /// process.
     resolved: Mutex<HashMap<String, Resolved>>,
@@ -78,17 +85,21 @@ impl ChildSteps {
         engine: Arc<dyn StepModules>,
         store: Box<dyn Store>,
         signer: Signer,
+        spends: Arc<dyn TreeSpends>,
+        limits: Limits,
     ) -> Self {
         ChildSteps {
             steps,
             engine,
             store: Mutex::new(store),
             signer,
+            spends,
+            limits,
             resolved: Mutex::default(),
         }
     }
 
-    fn store(&self) -> std::sync::MutexGuard<'_, Box<dyn Store>> {
+    pub(crate) fn store(&self) -> std::sync::MutexGuard<'_, Box<dyn Store>> {
         self.store.lock().unwrap_or_else(|p| p.into_inner())
     }
 
@@ -165,6 +176,8 @@ pub struct RunsState {
     /// Children joined.
     joined: HashSet<String>,
     started_total: u64,
+    /// The model budget of the run's tree, once read.
+    tree_cap: Option<Spent>,
 }
 
 impl RunsState {
@@ -224,6 +237,20 @@ fn start(state: &mut StepState, join_set: &str, spec: &ChildSpec) -> Result<Outc
     };
     let parent_root = journal.tree_root().to_string();
     let own_parent = journal.parent().cloned();
+    // A root's first child: what the root has spent joins the tree's
+    // total before the child can spend.
+    let live = journal.calls_made() >= journal.history_len();
+    if live
+        && own_parent.is_none()
+        && started_total == 0
+        && !state.models_spent.is_zero()
+        && let Some(steps) = &steps
+    {
+        steps
+            .spends
+            .set_spent(&parent_root, &parent_root, state.models_spent, None)
+            .map_err(Stop::from)?;
+    }
     let budget = stephost_core::RunBudget {
         model_tokens_max: spec.model_tokens_max,
         model_cost_micro_usd_max: spec.model_cost_micro_usd_max,
@@ -305,6 +332,81 @@ fn start(state: &mut StepState, join_set: &str, spec: &ChildSpec) -> Result<Outc
         state.runs.started_total += 1;
     }
     Ok(outcome)
+}
+
+/// Whether a run's model calls count against its tree's budget: a child's
+/// do, and a root's once it has started a child.
+pub fn in_tree(state: &StepState) -> bool {
+    state.runs.started_total > 0 || lock(&state.journal).parent().is_some()
+}
+
+/// Holds what a live model call of a run in a tree may spend (`call`, its
+/// worst case) on top of what the run has spent, if the tree's total stays
+/// within its root's budget; why not, if it would not
+/// ([`stephost_core::tree_spend`]).
+pub fn hold_model_spend(state: &mut StepState, call: Spent) -> Result<Option<String>, Stop> {
+    let Some(steps) = state.children.clone() else {
+        return Ok(None);
+    };
+    let (run_id, root) = {
+        let journal = lock(&state.journal);
+        (journal.run_id().to_string(), journal.tree_root().to_string())
+    };
+    let cap = match state.runs.tree_cap {
+        Some(cap) => cap,
+        None => {
+            let limits = if root == run_id {
+                lock(&state.journal).limits().clone()
+            } else {
+                let root_run = steps.store().run(&root).map_err(Stop::reading_history)?;
+                root_run.budget.applied_to(&steps.limits)
+            };
+            let cap = Spent {
+                tokens: limits.model_tokens_max,
+                micro_usd: limits.model_cost_micro_usd_max,
+            };
+            state.runs.tree_cap = Some(cap);
+            cap
+        }
+    };
+    let mine = state.models_spent.plus(call);
+    match steps.spends.set_spent(&root, &run_id, mine, Some(cap))? {
+        Ok(()) => Ok(None),
+        Err(others) => Ok(Some(
+            if others.tokens.saturating_add(mine.tokens) > cap.tokens {
+                format!(
+                    "the runs of its tree (root {root}) have spent or hold {} model tokens and \
+                     this run {}; this call may spend {} more, past the root's \
+                     model_tokens_max = {}",
+                    others.tokens, state.models_spent.tokens, call.tokens, cap.tokens
+                )
+            } else {
+                format!(
+                    "the model calls of its tree (root {root}) have cost or hold {} micro-USD and \
+                     this run's {}; this call may cost {} more, past the root's \
+                     model_cost_micro_usd_max = {}",
+                    others.micro_usd, state.models_spent.micro_usd, call.micro_usd, cap.micro_usd
+                )
+            },
+        )),
+    }
+}
+
+/// Writes what a run in a tree has spent after a live model call (in place
+/// of what it held). A failure leaves the hold, which counts more than was
+/// spent: the tree may be refused a call it could afford, never pass its
+/// budget; the run's next call writes it again.
+pub fn settle_model_spend(state: &StepState) {
+    let Some(steps) = &state.children else {
+        return;
+    };
+    let (run_id, root) = {
+        let journal = lock(&state.journal);
+        (journal.run_id().to_string(), journal.tree_root().to_string())
+    };
+    let _ = steps
+        .spends
+        .set_spent(&root, &run_id, state.models_spent, None);
 }
 
 /// A run record with nothing but its id (to walk up a tree from it).
@@ -505,7 +607,7 @@ fn child_end(value: &Value) -> Result<ChildEnd, Stop> {
     })
 }
 
-fn guest<T>(
+pub(crate) fn guest<T>(
     state: &StepState,
     outcome: Outcome,
     read: impl FnOnce(&Value) -> Result<T, Stop>,

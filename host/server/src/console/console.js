@@ -308,7 +308,19 @@ async function approvalsView() {
           el("button", {type: "button", class: "danger", onclick: decide("rejected")}, "Reject"))),
       out);
   });
-  show(el("h2", {}, "Approvals waiting"), cards.length ? cards : el("p", {class: "empty"}, "Nothing waits for an approval."));
+  // Runs waiting for another system's callback: listed, not completed here
+  // (the token that completes a promise is never shown).
+  const promises = await api("/api/promises");
+  const waits = promises.map(p => el("section", {class: "card", "aria-label": `Promise ${p.name} of run ${p.run_id}`},
+    el("h3", {}, `Promise \u201c${p.name}\u201d`),
+    el("dl", {},
+      el("dt", {}, "Run"), el("dd", {}, el("a", {href: `#/run/${encodeURIComponent(p.run_id)}`, class: "mono"}, p.run_id), ` call #${p.seq}`),
+      el("dt", {}, "Waiting since"), el("dd", {}, time(p.waiting_since_ms)),
+      el("dt", {}, "Expires"), el("dd", {}, p.expires_at_ms == null ? "unknown" : time(p.expires_at_ms)))));
+  show(el("h2", {}, "Approvals waiting"), cards.length ? cards : el("p", {class: "empty"}, "Nothing waits for an approval."),
+    el("h2", {}, "Promises waiting"),
+    el("p", {class: "muted"}, "Runs waiting for another system, which completes each promise with the token the run handed it (POST /api/promises/TOKEN)."),
+    waits.length ? waits : el("p", {class: "empty"}, "No run waits for a promise."));
 }
 
 // ---- unknown calls

@@ -6,7 +6,8 @@
 //! "left": null}`. With `"keyed": true` each child has the business key
 //! `sq-i`; with `"step"` another step name is started; with `"detach":
 //! true` the children go on if the parent ends first; with `"join": false`
-//! the parent returns `{"started": [ids]}` without joining them.
+//! the parent returns `{"started": [ids]}` without joining them; with
+//! `"child_input"` every child (the called one too) gets it as its input.
 
 use serde_json::{Value, json};
 use stephost_guest::{Child, Ctx, Error};
@@ -18,12 +19,13 @@ fn run(ctx: &mut Ctx, input: Value) -> Result<Value, Error> {
         .as_array()
         .map(|a| a.iter().filter_map(Value::as_u64).collect())
         .unwrap_or_default();
+    let given = input.get("child_input");
     let mut started = Vec::new();
     for i in 0..n {
         let sleep_ms = input["sleep_ms"][i as usize].as_u64().unwrap_or(0);
         let mut child = Child::new(
             step,
-            &json!({ "n": i, "fail": fail.contains(&i), "sleep_ms": sleep_ms }),
+            given.unwrap_or(&json!({ "n": i, "fail": fail.contains(&i), "sleep_ms": sleep_ms })),
         )?;
         if input["keyed"].as_bool() == Some(true) {
             child = child.key(&format!("sq-{i}"));
@@ -49,7 +51,7 @@ fn run(ctx: &mut Ctx, input: Value) -> Result<Value, Error> {
             }),
         });
     }
-    let called = ctx.call_step(&Child::new(step, &json!({ "n": 100 }))?)?;
+    let called = ctx.call_step(&Child::new(step, given.unwrap_or(&json!({ "n": 100 })))?)?;
     let left = ctx.join_try_next("squares")?;
     Ok(json!({
         "started": started,

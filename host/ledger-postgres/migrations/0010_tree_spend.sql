@@ -1,0 +1,10 @@
+-- Trees' model spend (stephost_core::tree_spend): what each run of a tree
+-- has spent on model calls, or holds for one in flight, written whole; the
+-- tree's total counts against its root's budget.
+CREATE TABLE tree_spend (
+    root_run_id  text NOT NULL,
+    run_id       text NOT NULL,
+    tokens       bigint NOT NULL,
+    micro_usd    bigint NOT NULL,
+    PRIMARY KEY (root_run_id, run_id)
+);
