@@ -55,8 +55,8 @@ mod promises;
 pub use agent::{Agent, AgentRun, ToolOutput};
 pub use children::{Child, ChildEnd};
 pub use ctx::{Ctx, Decision, Verdict};
-pub use promises::{Promise, Settled};
 pub use error::{EffectError, Error};
+pub use promises::{Promise, Settled};
 /// The provider-neutral chat types ([`ChatRequest`], [`ChatResponse`], ...),
 /// from the contract the host reads too, so both sides read the same JSON.
 pub use stephost_contract::{

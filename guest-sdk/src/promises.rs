@@ -40,12 +40,14 @@ impl Settled {
     /// A value that does not decode as `T`.
     pub fn value<T: serde::de::DeserializeOwned>(&self) -> Result<Option<T>, EffectError> {
         match self {
-            Settled::Resolved(json) => serde_json::from_str(json)
-                .map(Some)
-                .map_err(|e| EffectError::Decode {
-                    effect: "promises.wait".to_owned(),
-                    message: e.to_string(),
-                }),
+            Settled::Resolved(json) => {
+                serde_json::from_str(json)
+                    .map(Some)
+                    .map_err(|e| EffectError::Decode {
+                        effect: "promises.wait".to_owned(),
+                        message: e.to_string(),
+                    })
+            }
             _ => Ok(None),
         }
     }

@@ -97,12 +97,12 @@ pub enum Command {
     /// Approve a waiting approval call; a worker (or `stephost resume`) then
     /// continues the run.
     Approve(ApproveArgs),
+    /// Reject a waiting approval call.
+    Reject(RejectArgs),
     /// Complete a promise a run waits for, with the token the run handed
     /// out: resolve it with a JSON value or reject it with a message; a
     /// worker then continues the run.
     Complete(CompleteArgs),
-    /// Reject a waiting approval call.
-    Reject(RejectArgs),
     /// Check the tamper-evident chain of a run in the ledger, or of an
     /// exported run file.
     Verify(VerifyArgs),

@@ -1723,7 +1723,10 @@ pub fn a_promise_is_completed_once_into_its_runs_inbox_and_wakes_it_if_it_waits(
         at_ms,
     };
     assert_eq!(store.promise("r", 1).unwrap(), None);
-    assert_eq!(store.complete_promise("r", 1, &paid(T0 + 1)).unwrap(), Kept::Now);
+    assert_eq!(
+        store.complete_promise("r", 1, &paid(T0 + 1)).unwrap(),
+        Kept::Now
+    );
     assert_eq!(store.promise("r", 1).unwrap(), Some(paid(T0 + 1)));
     let declined = Completion {
         state: PromiseState::Rejected,
@@ -1852,7 +1855,12 @@ pub fn a_trees_model_spend_is_one_total_that_racing_holds_never_pass(make: &Make
             let won = &won;
             scope.spawn(move || {
                 let fits = spends
-                    .set_spent("race", &format!("run-{i}"), spent(100, 0), Some(spent(500, 0)))
+                    .set_spent(
+                        "race",
+                        &format!("run-{i}"),
+                        spent(100, 0),
+                        Some(spent(500, 0)),
+                    )
                     .expect("a hold");
                 if fits.is_ok() {
                     won.fetch_add(1, std::sync::atomic::Ordering::SeqCst);

@@ -110,7 +110,10 @@ impl crate::tree_spend::TreeSpends for MemoryPool {
             .lock()
             .tree_spend
             .get(root_run_id)
-            .map(|tree| tree.values().fold(crate::Spent::default(), |sum, s| sum.plus(*s)))
+            .map(|tree| {
+                tree.values()
+                    .fold(crate::Spent::default(), |sum, s| sum.plus(*s))
+            })
             .unwrap_or_default())
     }
 }
@@ -397,11 +400,7 @@ impl Views for MemoryPool {
         Ok(state.runs[run_id].inbox.clone())
     }
 
-    fn promise(
-        &self,
-        run_id: &str,
-        id: u64,
-    ) -> StoreResult<Option<crate::promises::Completion>> {
+    fn promise(&self, run_id: &str, id: u64) -> StoreResult<Option<crate::promises::Completion>> {
         let state = self.lock();
         state.run(run_id)?;
         Ok(state.runs[run_id].promises.get(&id).cloned())

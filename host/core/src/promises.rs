@@ -271,7 +271,11 @@ mod tests {
         let signer = Signer::keyed(b"a test chain key of enough bytes, 0123456789").unwrap();
         let token = token(&signer, "run-1.a~b", 7).unwrap();
         assert_eq!(verify(&signer, &token), Some(("run-1.a~b".to_string(), 7)));
-        assert_eq!(token, super::token(&signer, "run-1.a~b", 7).unwrap(), "derived");
+        assert_eq!(
+            token,
+            super::token(&signer, "run-1.a~b", 7).unwrap(),
+            "derived"
+        );
         assert_ne!(token, super::token(&signer, "run-1.a~b", 8).unwrap());
         // Another key, a changed MAC, another promise: not the key's.
         let other = Signer::keyed(b"another chain key of enough bytes, 98765").unwrap();

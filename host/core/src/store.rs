@@ -271,8 +271,7 @@ pub trait Views: Send {
     fn inbox(&self, run_id: &str) -> StoreResult<Vec<InboxEntry>>;
     /// Promise `id` of run `run_id`'s completion, if it has one
     /// ([`crate::promises`]).
-    fn promise(&self, run_id: &str, id: u64)
-    -> StoreResult<Option<crate::promises::Completion>>;
+    fn promise(&self, run_id: &str, id: u64) -> StoreResult<Option<crate::promises::Completion>>;
     /// The run's children, in the order they were started.
     fn children(&self, run_id: &str) -> StoreResult<Vec<RunRecord>>;
 }

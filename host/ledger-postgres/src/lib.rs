@@ -28,10 +28,10 @@ mod store;
 mod stream;
 #[cfg(feature = "testing")]
 mod tamper;
-mod tree_spend;
 #[cfg(any(test, feature = "testing"))]
 pub mod throwaway;
 pub mod tls;
+mod tree_spend;
 mod writer;
 
 use std::future::Future;

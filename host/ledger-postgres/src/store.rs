@@ -778,9 +778,7 @@ async fn attempts_of(
 const SELECT_PROMISE: &str =
     "SELECT state, value, by, at FROM promises WHERE run_id = $1 AND id = $2";
 
-fn promise_from_row(
-    row: &tokio_postgres::Row,
-) -> StoreResult<stephost_core::promises::Completion> {
+fn promise_from_row(row: &tokio_postgres::Row) -> StoreResult<stephost_core::promises::Completion> {
     let state: String = row.try_get(0).map_err(error)?;
     Ok(stephost_core::promises::Completion {
         state: stephost_core::promises::PromiseState::parse(&state)

@@ -452,8 +452,14 @@ async fn list_runs(
     let limit = p.limit.unwrap_or(50).clamp(1, app.settings.runs_page_max);
     // A filter with a NUL character matches no run (see no_nul_in_path).
     let texts = [&p.module, &p.step, &p.after];
-    if texts.iter().any(|t| t.as_deref().is_some_and(|t| t.contains('\0'))) {
-        return Ok(Json(RunsPage { runs: vec![], next: None }));
+    if texts
+        .iter()
+        .any(|t| t.as_deref().is_some_and(|t| t.contains('\0')))
+    {
+        return Ok(Json(RunsPage {
+            runs: vec![],
+            next: None,
+        }));
     }
     let query = RunQuery {
         status: p.status.as_deref().map(service::parse_status).transpose()?,
@@ -601,10 +607,7 @@ async fn approvals(
     Ok(Json(app.with_views(|s| Ok(service::approvals(s)?)).await?))
 }
 
-async fn promises(
-    State(app): State<Arc<App>>,
-    _caller: Caller,
-) -> Api<Vec<service::PromiseView>> {
+async fn promises(State(app): State<Arc<App>>, _caller: Caller) -> Api<Vec<service::PromiseView>> {
     Ok(Json(app.with_views(|s| Ok(service::promises(s)?)).await?))
 }
 

@@ -64,10 +64,7 @@ fn error_codes(status: u16) -> &'static str {
              completions this second"
         }
         500 => "internal",
-        503 => {
-            "unavailable: the ledger cannot be reached; no_key: the server has no operator key to \
-             check a promise's token"
-        }
+        503 => "unavailable: the ledger cannot be reached",
         _ => "an error",
     }
 }
@@ -524,13 +521,13 @@ fn operations() -> Vec<Operation> {
             access: Read,
             query: vec![],
             body: Body::None,
-            ok: (200, "application/json", any_array.clone()),
+            ok: (200, "application/json", json!({"type": "array"})),
             more: &[],
         },
         Operation {
             method: "post",
             path: "/api/promises/{token}",
-            summary: "Complete a promise a run waits for: resolve it with a JSON value or reject it with a message (and who, as `by`; `webhook` if not given). The token the run handed out is the authorization: no bearer token is needed. The first completion stands; the same one again answers `again`, another is refused (409 promise_completed), as is one after the promise expired (409 promise_expired). A token the operator's key did not make is 404. At most promise_completions_per_second_max a second across the server (429).",
+            summary: "Complete a promise a run waits for: resolve it with a JSON value or reject it with a message (and who, as `by`; `webhook` if not given). The token the run handed out is the authorization: no bearer token is needed. The first completion stands; the same one again answers `again`, another is refused (409 promise_completed), as is one after the promise expired (409 promise_expired). A token the operator's key did not make (or any, on a server without the key) is 404. At most promise_completions_per_second_max a second across the server (429).",
             access: Public,
             query: vec![],
             body: Body::Json(complete, true),
@@ -648,7 +645,7 @@ pub fn openapi() -> Value {
                     "type": "object",
                     "required": ["code", "message", "fix"],
                     "properties": {
-                        "code": {"type": "string", "enum": ["bad_input", "unauthorized", "forbidden", "not_found", "method_not_allowed", "unknown_run", "unknown_module", "not_decidable", "run_exists", "run_ended", "conflict", "diverged", "integrity", "too_large", "too_many_streams", "too_many_completions", "promise_expired", "promise_completed", "no_key", "unavailable", "internal"]},
+                        "code": {"type": "string", "enum": ["bad_input", "unauthorized", "forbidden", "not_found", "method_not_allowed", "unknown_run", "unknown_module", "not_decidable", "run_exists", "run_ended", "conflict", "diverged", "integrity", "too_large", "too_many_streams", "too_many_completions", "promise_expired", "promise_completed", "unavailable", "internal"]},
                         "message": {"type": "string"},
                         "fix": {"type": "string"}
                     }

@@ -114,9 +114,10 @@ pub async fn complete(
 fn refused(e: PromiseError) -> ApiError {
     let message = e.to_string();
     match e {
+        // No token is one this server can check: none names a promise here.
         PromiseError::NoKey => ApiError::new(
-            503,
-            "no_key",
+            404,
+            "not_found",
             message,
             "start the server with the operator's key (STEPHOST_CHAIN_KEY_FILE)",
         ),

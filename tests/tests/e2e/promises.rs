@@ -77,7 +77,18 @@ fn output(show: &Value) -> Value {
 #[test]
 fn a_promise_completed_while_its_run_waits_continues_it_and_the_first_completion_wins() {
     let sb = sandbox();
-    keyed(&sb, &["run", guests::PROMISE_STEP, "--input", "{}", "--run-id", "w"]).expect_code(7);
+    keyed(
+        &sb,
+        &[
+            "run",
+            guests::PROMISE_STEP,
+            "--input",
+            "{}",
+            "--run-id",
+            "w",
+        ],
+    )
+    .expect_code(7);
     let show = sb.show("w");
     assert_eq!(show["run"]["status"], "waiting");
     let wait = &calls(&show)[2];
@@ -98,15 +109,36 @@ fn a_promise_completed_while_its_run_waits_continues_it_and_the_first_completion
     forged.push(if last == '0' { '1' } else { '0' });
     let refused = complete(&sb, &forged, &["--resolve", "{}", "--by", "mallory"]);
     refused.expect_code(2);
-    assert!(refused.stderr.contains("no promise has this token"), "{}", refused.stderr);
+    assert!(
+        refused.stderr.contains("no promise has this token"),
+        "{}",
+        refused.stderr
+    );
 
-    complete(&sb, &token, &["--resolve", r#"{"paid": true}"#, "--by", "acme"]).expect_code(0);
-    let again = complete(&sb, &token, &["--resolve", r#"{"paid":true}"#, "--by", "acme"]);
+    complete(
+        &sb,
+        &token,
+        &["--resolve", r#"{"paid": true}"#, "--by", "acme"],
+    )
+    .expect_code(0);
+    let again = complete(
+        &sb,
+        &token,
+        &["--resolve", r#"{"paid":true}"#, "--by", "acme"],
+    );
     again.expect_code(0);
-    assert!(again.stderr.contains("the same way already"), "{}", again.stderr);
+    assert!(
+        again.stderr.contains("the same way already"),
+        "{}",
+        again.stderr
+    );
     let other = complete(&sb, &token, &["--reject", "declined", "--by", "acme"]);
     other.expect_code(2);
-    assert!(other.stderr.contains("this one differs"), "{}", other.stderr);
+    assert!(
+        other.stderr.contains("this one differs"),
+        "{}",
+        other.stderr
+    );
 
     // The completion made the run due: one worker pass ends it.
     keyed(&sb, &["worker", "--exit-when-idle"]).expect_code(0);
@@ -125,7 +157,12 @@ fn a_promise_completed_while_its_run_waits_continues_it_and_the_first_completion
     assert_ne!(sb.stephost(&["replay", "w"]).code, Some(0));
     // The run has ended: the same completion is still accepted, another
     // still refused.
-    complete(&sb, &token, &["--resolve", r#"{"paid": true}"#, "--by", "acme"]).expect_code(0);
+    complete(
+        &sb,
+        &token,
+        &["--resolve", r#"{"paid": true}"#, "--by", "acme"],
+    )
+    .expect_code(0);
     complete(&sb, &token, &["--resolve", "1", "--by", "acme"]).expect_code(2);
 }
 
@@ -135,25 +172,55 @@ fn a_promise_completed_before_its_run_waits_ends_the_wait_at_once() {
     // The run sleeps (out of memory) between handing the token out and
     // waiting; the completion lands meanwhile.
     let input = json!({"sleep_ms": 5000}).to_string();
-    keyed(&sb, &["run", guests::PROMISE_STEP, "--input", &input, "--run-id", "b"]).expect_code(7);
-    complete(&sb, &token(&sb, 0), &["--reject", "card declined", "--by", "bank"]).expect_code(0);
+    keyed(
+        &sb,
+        &[
+            "run",
+            guests::PROMISE_STEP,
+            "--input",
+            &input,
+            "--run-id",
+            "b",
+        ],
+    )
+    .expect_code(7);
+    complete(
+        &sb,
+        &token(&sb, 0),
+        &["--reject", "card declined", "--by", "bank"],
+    )
+    .expect_code(0);
     let show = finish(&sb, "b");
     assert_eq!(
         output(&show),
         json!({"promise": 1, "settled": {"rejected": "card declined"}})
     );
     let wait = calls(&show)
-        .into_iter()
+        .iter()
         .find(|c| c["function"] == "wait" && c["interface"] == "stephost:step/promises")
         .unwrap();
-    assert_eq!(wait["class"], "observe", "found at once, nothing to wait for");
+    assert_eq!(
+        wait["class"], "observe",
+        "found at once, nothing to wait for"
+    );
 }
 
 #[test]
 fn a_promise_not_completed_in_time_expires_and_a_late_completion_is_refused() {
     let sb = sandbox();
     let input = json!({"ttl_seconds": 1}).to_string();
-    keyed(&sb, &["run", guests::PROMISE_STEP, "--input", &input, "--run-id", "x"]).expect_code(7);
+    keyed(
+        &sb,
+        &[
+            "run",
+            guests::PROMISE_STEP,
+            "--input",
+            &input,
+            "--run-id",
+            "x",
+        ],
+    )
+    .expect_code(7);
     let show = finish(&sb, "x");
     assert_eq!(output(&show), json!({"promise": 1, "settled": "expired"}));
     let late = complete(&sb, &token(&sb, 0), &["--resolve", "{}", "--by", "slow"]);
@@ -169,13 +236,23 @@ fn a_worker_killed_while_its_run_waits_leaves_it_for_the_next_with_the_same_toke
     let died = keyed_crashing_at(
         &sb,
         "after-started@3",
-        &["run", guests::PROMISE_STEP, "--input", "{}", "--run-id", "k"],
+        &[
+            "run",
+            guests::PROMISE_STEP,
+            "--input",
+            "{}",
+            "--run-id",
+            "k",
+        ],
     );
     assert_eq!(died.signal, Some(libc::SIGABRT), "{died:?}");
     complete(&sb, &token(&sb, 0), &["--resolve", "42", "--by", "acme"]).expect_code(0);
     keyed(&sb, &["resume", "k"]).expect_code(0);
     let show = sb.show("k");
-    assert_eq!(output(&show), json!({"promise": 1, "settled": {"resolved": 42}}));
+    assert_eq!(
+        output(&show),
+        json!({"promise": 1, "settled": {"resolved": 42}})
+    );
     // The resumed run handed the same token to the same operation: the
     // receiver kept one request.
     assert_eq!(sb.received("orders.jsonl").len(), 1);
@@ -184,7 +261,18 @@ fn a_worker_killed_while_its_run_waits_leaves_it_for_the_next_with_the_same_toke
 #[test]
 fn the_api_completes_a_promise_with_its_token_alone_and_refuses_a_forged_one() {
     let sb = sandbox();
-    keyed(&sb, &["run", guests::PROMISE_STEP, "--input", "{}", "--run-id", "a"]).expect_code(7);
+    keyed(
+        &sb,
+        &[
+            "run",
+            guests::PROMISE_STEP,
+            "--input",
+            "{}",
+            "--run-id",
+            "a",
+        ],
+    )
+    .expect_code(7);
     let token = token(&sb, 0);
     let key = sb.path("chain.key");
     let served = sb.serve(
@@ -201,7 +289,11 @@ fn the_api_completes_a_promise_with_its_token_alone_and_refuses_a_forged_one() {
     let waiting = ana.get("/api/promises").expect(200);
     assert_eq!(waiting.as_array().unwrap().len(), 1, "{waiting:#}");
     assert_eq!(
-        (&waiting[0]["run_id"], &waiting[0]["promise"], &waiting[0]["name"]),
+        (
+            &waiting[0]["run_id"],
+            &waiting[0]["promise"],
+            &waiting[0]["name"]
+        ),
         (&json!("a"), &json!(1), &json!("payment"))
     );
     assert!(!waiting.to_string().contains(&token));
@@ -241,10 +333,8 @@ fn the_api_completes_a_promise_with_its_token_alone_and_refuses_a_forged_one() {
     let run = ana.wait_status("a", "completed");
     let out: Value = serde_json::from_str(run["run"]["output"].as_str().unwrap()).unwrap();
     assert_eq!(out["settled"], json!({"resolved": {"signed": true}}));
-    let kept: Value = serde_json::from_str(
-        calls(&sb.show("a"))[2]["outcome"].as_str().unwrap(),
-    )
-    .unwrap();
+    let kept: Value =
+        serde_json::from_str(calls(&sb.show("a"))[2]["outcome"].as_str().unwrap()).unwrap();
     assert_eq!(kept["ok"]["by"], "docusign");
     served.stop();
 }

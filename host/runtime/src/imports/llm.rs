@@ -64,8 +64,8 @@ impl Host for StepState {
                 tokens: tokens_asked(&request),
                 micro_usd: 0,
             };
-            if let Some(message) =
-                crate::imports::runs::hold_model_spend(self, call).map_err(|stop| self.fail(stop))?
+            if let Some(message) = crate::imports::runs::hold_model_spend(self, call)
+                .map_err(|stop| self.fail(stop))?
             {
                 let outcome = refuse_in(
                     self,

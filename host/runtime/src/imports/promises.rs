@@ -164,9 +164,7 @@ fn wait(state: &mut StepState, id: u64) -> Result<Outcome, Stop> {
     };
     let outcome = match ready {
         Some(found) => journal.call(&spec(CallClass::Observe), &mut Compute(|| found.clone())),
-        None => {
-            stephost_effects::blocking(|| journal.call(&spec(CallClass::Suspend), &mut live))
-        }
+        None => stephost_effects::blocking(|| journal.call(&spec(CallClass::Suspend), &mut live)),
     };
     if let (Err(Stop::Suspended { .. }), Some(seen)) = (&outcome, live.seen) {
         journal.await_inbox(seen);
@@ -204,12 +202,12 @@ impl Host for StepState {
         guest(self, outcome, |v| {
             let expires_at_ms = v.get("expires_at_ms").and_then(Value::as_u64).unwrap_or(0);
             let token = promises::token(&signer, &run_id, id).ok_or_else(|| {
-                    Stop::Limit(
-                        "the run made a promise under the operator's key, and this host has none \
+                Stop::Limit(
+                    "the run made a promise under the operator's key, and this host has none \
                          to make its token again (STEPHOST_CHAIN_KEY_FILE)"
-                            .into(),
-                    )
-                })?;
+                        .into(),
+                )
+            })?;
             Ok(Promise {
                 id,
                 token,

@@ -246,7 +246,8 @@ fn start(state: &mut StepState, join_set: &str, spec: &ChildSpec) -> Result<Outc
         && !state.models_spent.is_zero()
         && let Some(steps) = &steps
     {
-        steps
+        // Without a cap the figure is written, whatever the tree's total.
+        let _written = steps
             .spends
             .set_spent(&parent_root, &parent_root, state.models_spent, None)
             .map_err(Stop::from)?;
@@ -350,7 +351,10 @@ pub fn hold_model_spend(state: &mut StepState, call: Spent) -> Result<Option<Str
     };
     let (run_id, root) = {
         let journal = lock(&state.journal);
-        (journal.run_id().to_string(), journal.tree_root().to_string())
+        (
+            journal.run_id().to_string(),
+            journal.tree_root().to_string(),
+        )
     };
     let cap = match state.runs.tree_cap {
         Some(cap) => cap,
@@ -402,7 +406,10 @@ pub fn settle_model_spend(state: &StepState) {
     };
     let (run_id, root) = {
         let journal = lock(&state.journal);
-        (journal.run_id().to_string(), journal.tree_root().to_string())
+        (
+            journal.run_id().to_string(),
+            journal.tree_root().to_string(),
+        )
     };
     let _ = steps
         .spends
