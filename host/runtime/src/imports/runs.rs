@@ -218,6 +218,7 @@ fn start(state: &mut StepState, join_set: &str, spec: &ChildSpec) -> Result<Outc
     let mut journal = lock(&state.journal);
     let limits = journal.limits().clone();
     let started_total = state.runs.started_total;
+    let pending = started_total.saturating_sub(state.runs.joined.len() as u64);
     let (request, refusal) = match request_of(join_set, spec) {
         Ok(request) => (request, None),
         Err(refused) => (
@@ -272,6 +273,30 @@ fn start(state: &mut StepState, join_set: &str, spec: &ChildSpec) -> Result<Outc
                 format!(
                     "the run has started {started_total} children; children_per_run_max = {}",
                     limits.children_per_run_max
+                ),
+            ));
+        }
+        if pending >= limits.children_pending_max {
+            return Err(Outcome::error(
+                CallErrorKind::Budget,
+                format!(
+                    "the run has {pending} children started and not joined; \
+                     children_pending_max = {} (join one first)",
+                    limits.children_pending_max
+                ),
+            ));
+        }
+        let in_tree = steps
+            .store()
+            .tree_size(&parent_root)
+            .map_err(|e| Outcome::error(CallErrorKind::Exhausted, e.to_string()))?;
+        if in_tree.saturating_add(1) >= limits.runs_per_tree_max {
+            return Err(Outcome::error(
+                CallErrorKind::Budget,
+                format!(
+                    "the tree of run {parent_root} holds {} runs; runs_per_tree_max = {}",
+                    in_tree + 1,
+                    limits.runs_per_tree_max
                 ),
             ));
         }
@@ -590,6 +615,54 @@ fn join(state: &mut StepState, join_set: &str, wait: bool) -> Result<Outcome, St
     Ok(outcome)
 }
 
+/// Cancels child `child` with the runs below it (its own transaction,
+/// durable), recorded as an observe call: a process that dies before the
+/// record is committed cancels it again, which changes nothing.
+fn cancel(state: &mut StepState, child: &str) -> Result<Outcome, Stop> {
+    let steps = state.children.clone();
+    let ours = state
+        .runs
+        .started
+        .values()
+        .any(|set| set.iter().any(|c| c == child));
+    let request = json!({ "run_id": child }).to_string();
+    let spec = CallSpec {
+        class: CallClass::Observe,
+        interface: INTERFACE,
+        function: "cancel",
+        request: &request,
+        key: None,
+        paid: false,
+        redact: None,
+    };
+    let mut journal = lock(&state.journal);
+    let run_id = journal.run_id().to_string();
+    let seq = journal.calls_made() + 1;
+    journal.call(
+        &spec,
+        &mut Compute(|| {
+            if !ours {
+                return Outcome::error(
+                    CallErrorKind::Invalid,
+                    format!("run {child} is not a child this run started"),
+                );
+            }
+            let Some(steps) = &steps else {
+                return Outcome::error(CallErrorKind::Denied, "this host starts no child runs");
+            };
+            let request = stephost_core::CancelRequest {
+                at_ms: stephost_core::clock::now_ms(),
+                by: format!("run {run_id}"),
+                reason: Some(format!("its parent cancelled it (call #{seq})")),
+            };
+            match steps.store().cancel(child, &request) {
+                Ok(_) | Err(stephost_core::StoreError::Ended { .. }) => Outcome::Ok(Value::Null),
+                Err(e) => Outcome::error(CallErrorKind::Exhausted, e.to_string()),
+            }
+        }),
+    )
+}
+
 /// A recorded join's outcome as the guest sees it.
 fn child_end(value: &Value) -> Result<ChildEnd, Stop> {
     let corrupt = || Stop::Corrupt(format!("a recorded join is not a child's end: {value}"));
@@ -658,6 +731,11 @@ impl Host for StepState {
             Some("empty") => Ok(TryNext::Empty),
             _ => child_end(v).map(TryNext::Found),
         })
+    }
+
+    fn cancel(&mut self, run_id: String) -> wasmtime::Result<Result<(), CallError>> {
+        let outcome = cancel(self, &run_id).map_err(trap)?;
+        guest(self, outcome, |_| Ok(()))
     }
 
     fn call(&mut self, spec: ChildSpec) -> wasmtime::Result<Result<ChildEnd, CallError>> {
