@@ -267,7 +267,9 @@ impl Bench {
     /// at a time on an idle server, beside a floor.
     pub(crate) fn promises(&mut self, args: &Args) -> Res<()> {
         let Some(cli) = args.cli_path() else {
-            self.note("15: skipped, no `stephost` binary (build it: cargo build -p stephost)".into());
+            self.note(
+                "15: skipped, no `stephost` binary (build it: cargo build -p stephost)".into(),
+            );
             return Ok(());
         };
         let dir = self.dir.join("serve-promises");

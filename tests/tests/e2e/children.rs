@@ -277,15 +277,25 @@ fn starts_past_a_limit_or_of_an_unknown_step_are_refused_and_start_nothing() {
     sb.set_config(&config("children_pending_max = 2"));
     let ran = sb.run(guests::FANOUT, &json!({"n": 3}).to_string(), "pending");
     ran.expect_code(3);
-    let error = sb.show("pending")["run"]["error"].as_str().unwrap().to_string();
+    let error = sb.show("pending")["run"]["error"]
+        .as_str()
+        .unwrap()
+        .to_string();
     assert!(error.contains("children_pending_max = 2"), "{error}");
     assert_eq!(children_of(&sb, "pending").len(), 2);
     sb.set_config(&config("runs_per_tree_max = 3"));
     let ran = sb.run(guests::FANOUT, &json!({"n": 3}).to_string(), "tree");
     ran.expect_code(3);
-    let error = sb.show("tree")["run"]["error"].as_str().unwrap().to_string();
+    let error = sb.show("tree")["run"]["error"]
+        .as_str()
+        .unwrap()
+        .to_string();
     assert!(error.contains("runs_per_tree_max = 3"), "{error}");
-    assert_eq!(children_of(&sb, "tree").len(), 2, "the root and two children");
+    assert_eq!(
+        children_of(&sb, "tree").len(),
+        2,
+        "the root and two children"
+    );
 
     let ran = sb.run(
         guests::FANOUT,
@@ -412,7 +422,11 @@ fn a_step_cancels_a_child_it_started_and_joins_it_as_cancelled() {
         cancelled["value"],
         "cancelled by run p: its parent cancelled it (call #3)"
     );
-    assert_eq!(sb.received("orders.jsonl").len(), 2, "the second child and the called one wrote");
+    assert_eq!(
+        sb.received("orders.jsonl").len(),
+        2,
+        "the second child and the called one wrote"
+    );
     sb.stephost(&["replay", "p"]).expect_code(0);
 }
 

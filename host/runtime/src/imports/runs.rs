@@ -178,6 +178,12 @@ pub struct RunsState {
     started_total: u64,
     /// The model budget of the run's tree, once read.
     tree_cap: Option<Spent>,
+    /// The runs below the run's root the ledger held at this execution's
+    /// first live start, and the live starts since: what
+    /// `runs_per_tree_max` is checked against (a start rides on the next
+    /// durable commit, so the ledger's count lags this execution's own).
+    tree_base: Option<u64>,
+    live_starts: u64,
 }
 
 impl RunsState {
@@ -257,6 +263,9 @@ fn start(state: &mut StepState, join_set: &str, spec: &ChildSpec) -> Result<Outc
         model_tokens_max: spec.model_tokens_max,
         model_cost_micro_usd_max: spec.model_cost_micro_usd_max,
     };
+    let tree_base = &mut state.runs.tree_base;
+    let live_starts = state.runs.live_starts;
+    let mut made_live = false;
     let mut make = |op: &OpContext<'_>| -> Result<RunRecord, Outcome> {
         if let Some(refused) = &refusal {
             return Err(refused.clone());
@@ -286,10 +295,18 @@ fn start(state: &mut StepState, join_set: &str, spec: &ChildSpec) -> Result<Outc
                 ),
             ));
         }
-        let in_tree = steps
-            .store()
-            .tree_size(&parent_root)
-            .map_err(|e| Outcome::error(CallErrorKind::Exhausted, e.to_string()))?;
+        let base = match *tree_base {
+            Some(base) => base,
+            None => {
+                let base = steps
+                    .store()
+                    .tree_size(&parent_root)
+                    .map_err(|e| Outcome::error(CallErrorKind::Exhausted, e.to_string()))?;
+                *tree_base = Some(base);
+                base
+            }
+        };
+        let in_tree = base + live_starts;
         if in_tree.saturating_add(1) >= limits.runs_per_tree_max {
             return Err(Outcome::error(
                 CallErrorKind::Budget,
@@ -338,6 +355,7 @@ fn start(state: &mut StepState, join_set: &str, spec: &ChildSpec) -> Result<Outc
         child.root_run_id = Some(parent_root.clone());
         child.trace = Some(child_trace(op));
         child.seal = Some(steps.signer.seal(&child, &Head::default()));
+        made_live = true;
         Ok(child)
     };
     // Durable: as a task, the thread's other runs go on while its commit
@@ -356,6 +374,7 @@ fn start(state: &mut StepState, join_set: &str, spec: &ChildSpec) -> Result<Outc
             .or_default()
             .push(child.to_string());
         state.runs.started_total += 1;
+        state.runs.live_starts += u64::from(made_live);
     }
     Ok(outcome)
 }
@@ -616,7 +635,7 @@ fn join(state: &mut StepState, join_set: &str, wait: bool) -> Result<Outcome, St
 }
 
 /// Cancels child `child` with the runs below it (its own transaction,
-/// durable), recorded as an observe call: a process that dies before the
+/// durable, after this run's pending commits), recorded as an observe call: a process that dies before the
 /// record is committed cancels it again, which changes nothing.
 fn cancel(state: &mut StepState, child: &str) -> Result<Outcome, Stop> {
     let steps = state.children.clone();
@@ -636,6 +655,11 @@ fn cancel(state: &mut StepState, child: &str) -> Result<Outcome, Stop> {
         redact: None,
     };
     let mut journal = lock(&state.journal);
+    // The child's row rides on the next commit: it is applied first, so
+    // that there is a row to cancel.
+    if journal.next_goes_live() {
+        stephost_effects::blocking(|| journal.flush_now())?;
+    }
     let run_id = journal.run_id().to_string();
     let seq = journal.calls_made() + 1;
     journal.call(
