@@ -478,6 +478,9 @@ impl Bench {
         if args.wants(11) {
             self.server(args)?;
         }
+        if args.wants(15) {
+            self.promises(args)?;
+        }
         Ok(())
     }
 

@@ -102,10 +102,28 @@ fn p50_p99(mut ms: Vec<f64>) -> (f64, f64) {
     (at(0.50), at(0.99))
 }
 
+/// Runs of figure 15, one at a time.
+const PROMISES: usize = 200;
+
+/// The operator's key figure 15's server signs with: the bench derives the
+/// promises' tokens under it, as the server does.
+const PROMISE_KEY: &str = "the bench's operator key, 32 bytes or more";
+
 impl Bench {
     /// `stephost serve` (concurrency 4) on `ledger`, its configuration and
     /// cache in `dir`, on a port of its own on 127.0.0.1.
     fn serve(&self, cli: &std::path::Path, dir: &std::path::Path, ledger: &str) -> Res<Served> {
+        self.serve_with(cli, dir, ledger, None)
+    }
+
+    /// [`Bench::serve`], signing with `key` if given.
+    fn serve_with(
+        &self,
+        cli: &std::path::Path,
+        dir: &std::path::Path,
+        ledger: &str,
+        key: Option<&str>,
+    ) -> Res<Served> {
         std::fs::create_dir_all(dir)?;
         std::fs::write(dir.join("stephost.toml"), config_text(&self.gate))?;
         let mut child = Command::new(cli)
@@ -118,6 +136,8 @@ impl Bench {
             .env_remove("STEPHOST_DB")
             .env_remove("STEPHOST_API_TOKENS")
             .env_remove("STEPHOST_API_TOKENS_FILE")
+            .env_remove("STEPHOST_CHAIN_KEY_FILE")
+            .env("STEPHOST_CHAIN_KEY", key.unwrap_or_default())
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
             .spawn()?;
@@ -238,6 +258,78 @@ impl Bench {
              /api/runs/ID every 0.2 ms until completed; p50 and p99; the ?wait p50's ratio is \
              over {} ms plus the floor ({floor:.0} µs)",
             ends.allowance_ms
+        ));
+        Ok(())
+    }
+
+    /// Figure 15: a promise's completion (`POST /api/promises/TOKEN`) to the
+    /// end of its run, whose next calls are one write and its end, one run
+    /// at a time on an idle server, beside a floor.
+    pub(crate) fn promises(&mut self, args: &Args) -> Res<()> {
+        let Some(cli) = args.cli_path() else {
+            self.note(
+                "15: skipped, no `stephost` binary (build it: cargo build -p stephost)".into(),
+            );
+            return Ok(());
+        };
+        let dir = self.dir.join("serve-promises");
+        let ledger = format!("sqlite:{}", dir.join("ledger.db").display());
+        let served = self.serve_with(&cli, &dir, &ledger, Some(PROMISE_KEY))?;
+        let digest = served.upload(&self.module)?;
+        let signer = stephost_core::chain::Signer::keyed(PROMISE_KEY.as_bytes())?;
+        progress(&format!(
+            "15: {PROMISES} runs waiting for a promise, each completed and timed to its end"
+        ));
+        let mut ended = Vec::with_capacity(PROMISES);
+        for i in 0..PROMISES {
+            let id = format!("w{i}");
+            let body = json!({"module_digest": digest, "run_id": id, "input": {"mode": "promise"}});
+            let run = served.json(
+                "POST",
+                "/api/runs?wait=10000",
+                Some(body.to_string().into_bytes()),
+            )?;
+            if run["status"] != "waiting" {
+                return Err(format!("15: run {id} is {}, not waiting", run["status"]).into());
+            }
+            let token = stephost_core::promises::token(&signer, &id, 1).ok_or("no key")?;
+            let t = Instant::now();
+            served.json(
+                "POST",
+                &format!("/api/promises/{token}"),
+                Some(b"{\"resolve\": 1}".to_vec()),
+            )?;
+            while served.json("GET", &format!("/api/runs/{id}"), None)?["run"]["status"]
+                != "completed"
+            {
+                if t.elapsed() > Duration::from_secs(10) {
+                    return Err(format!("15: run {id} did not complete in 10 s").into());
+                }
+                std::thread::sleep(Duration::from_micros(200));
+            }
+            ended.push(t.elapsed().as_secs_f64() * 1e3);
+        }
+        let (p50, p99) = p50_p99(ended);
+        let floor = self.floor("15")?;
+        progress(&format!(
+            "15: promise completed → run ended p50 {p50:.2} ms, p99 {p99:.2} ms (floor {floor:.0} µs)"
+        ));
+        let allowed_ms = 5.0 + floor / 1e3;
+        self.rows
+            .push(Row::new(report::PROMISE_P50, p50, "ms").with_ratio(p50 / allowed_ms, floor));
+        self.rows.push(Row::new(
+            "15 promise completed → the run's next call and end, p99",
+            p99,
+            "ms",
+        ));
+        self.note(format!(
+            "15: `stephost serve` (SQLite, --concurrency 4, an operator key) on 127.0.0.1: \
+             {PROMISES} runs, one at a time, each submitted with POST /api/runs?wait (answered \
+             once it waits for its promise), then completed by POST /api/promises/TOKEN (no \
+             bearer token) and read by GET /api/runs/ID every 0.2 ms until completed: the \
+             completion's commit, the worker's wake-up and claim, the replay of the promise's \
+             two calls, one write (fsync'd) and the end; p50 and p99; the p50's ratio is over 5 \
+             ms plus the floor ({floor:.0} µs)"
         ));
         Ok(())
     }

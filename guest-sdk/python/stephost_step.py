@@ -529,6 +529,17 @@ class Ctx:
             return _child_end(found.value)
         return None
 
+    def cancel_child(self, run_id: str) -> None:
+        """Cancels child `run_id` (one this run started) with the runs below
+        it; its join gives it `cancelled`. A child that has ended is left as
+        it ended (stephost:step@0.3.0)."""
+        if _runs is None:
+            raise StepError("child runs need a step built against stephost:step@0.3.0")
+        try:
+            _runs.cancel(run_id)
+        except Err as e:
+            raise _call_error("runs.cancel", e) from None
+
     def call_step(
         self,
         step: str,

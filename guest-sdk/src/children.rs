@@ -158,6 +158,16 @@ impl Ctx {
         }
     }
 
+    /// Cancels child `run_id` (one this run started) with the runs below
+    /// it: each begins nothing more and ends cancelled, which its join
+    /// gives. A child that has ended already is left as it ended.
+    ///
+    /// # Errors
+    /// `Invalid` for a run this run did not start.
+    pub fn cancel_child(&mut self, run_id: &str) -> Result<(), EffectError> {
+        runs::cancel(run_id).map_err(|e| effect_error("runs.cancel", e))
+    }
+
     /// Starts `child` and waits for its end.
     ///
     /// # Errors

@@ -21,7 +21,10 @@
 //!   own HTTP client (`wstd` over `wasi:http`);
 //! - `children`: N child runs of the step `bench` (`[steps.bench]`), each
 //!   one `noop.write` (`{"mode": "write", "count": 1}`), started one after
-//!   another in one join set, then joined.
+//!   another in one join set, then joined;
+//! - `promise`: makes a promise, waits for it (the bench completes it with
+//!   the token it derives under the key it gave the server), then one
+//!   `noop.write`.
 //!
 //! With `"pad": P`, `read` and `write` add P bytes to each request (the
 //! echo effects answer them back).
@@ -208,6 +211,12 @@ fn calls(ctx: &mut Ctx, input: &Input) -> Result<Value, Error> {
                 end.output::<Value>()?;
             }
             return Ok(json!({ "calls": count }));
+        }
+        "promise" => {
+            let promise = ctx.promise("bench", std::time::Duration::from_secs(600))?;
+            ctx.wait_promise(&promise)?;
+            effects(ctx, "noop.write", 1, 0)?;
+            return Ok(json!({ "calls": 3 }));
         }
         "stamp" => return Ok(json!({ "calls": 1, "first_ns": ctx.now_nanos() })),
         "resume" => {

@@ -62,6 +62,14 @@ pub struct Limits {
     /// Deepest a tree of runs may grow: a root is at depth 0, its children
     /// at 1. A start that would make a run deeper answers `budget`.
     pub child_depth_max: u64,
+    /// Most children one run may have started and not joined yet; past
+    /// it, a start answers `budget` (join one first).
+    pub children_pending_max: u64,
+    /// Most runs a tree may hold, its root with them; a start that would
+    /// pass it answers `budget`. Counted as the start is made: runs of the
+    /// tree started at that moment by other processes may pass it by as
+    /// many.
+    pub runs_per_tree_max: u64,
 }
 
 /// What a model call over its run's budget does (`[limits]
@@ -152,6 +160,8 @@ impl Default for Limits {
             http_bodies_open_max: 16,
             children_per_run_max: 1_000,
             child_depth_max: 8,
+            children_pending_max: 100,
+            runs_per_tree_max: 10_000,
         }
     }
 }

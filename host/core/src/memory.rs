@@ -400,6 +400,16 @@ impl Views for MemoryPool {
         Ok(state.runs[run_id].inbox.clone())
     }
 
+    fn tree_size(&self, root_run_id: &str) -> StoreResult<u64> {
+        Ok(self
+            .lock()
+            .runs
+            .values()
+            .filter_map(|r| r.run.as_ref())
+            .filter(|r| r.root_run_id.as_deref() == Some(root_run_id))
+            .count() as u64)
+    }
+
     fn promise(&self, run_id: &str, id: u64) -> StoreResult<Option<crate::promises::Completion>> {
         let state = self.lock();
         state.run(run_id)?;

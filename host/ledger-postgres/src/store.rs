@@ -306,6 +306,18 @@ impl Views for PgStore {
         })
     }
 
+    fn tree_size(&self, root_run_id: &str) -> StoreResult<u64> {
+        let root = root_run_id.to_string();
+        self.shared.block(move |conn| async move {
+            let row = conn
+                .client
+                .query_one("SELECT count(*) FROM runs WHERE root_run_id = $1", &[&root])
+                .await
+                .map_err(error)?;
+            Ok(row.try_get::<_, i64>(0).map_err(error)?.max(0) as u64)
+        })
+    }
+
     fn promise(
         &self,
         run_id: &str,

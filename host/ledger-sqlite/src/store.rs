@@ -299,6 +299,15 @@ impl Views for SqliteStore {
         })
     }
 
+    fn tree_size(&self, root_run_id: &str) -> StoreResult<u64> {
+        self.read(|conn| {
+            conn.prepare_cached("SELECT count(*) FROM runs WHERE root_run_id = ?1")
+                .and_then(|mut s| s.query_row([root_run_id], |r| r.get::<_, i64>(0)))
+                .map(|n| n.max(0) as u64)
+                .map_err(error)
+        })
+    }
+
     fn promise(
         &self,
         run_id: &str,

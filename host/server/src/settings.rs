@@ -90,7 +90,7 @@ impl Default for ServeSettings {
             header_read_timeout_ms: defaults::HEADER_READ_TIMEOUT_MS,
             connections_max: defaults::CONNECTIONS_MAX,
             event_streams_per_token_max: 8,
-            promise_completions_per_second_max: 50,
+            promise_completions_per_second_max: 1_000,
             shutdown_grace_ms: defaults::SHUTDOWN_GRACE_MS,
             ledger_stores_max: 8,
             ready_cache_ms: 1_000,

@@ -1,7 +1,8 @@
 """Test guest in Python, the Rust `fanout` guest's twin: starts `n` children
 of step `square` in join set `squares` (`{"n": i, "fail": ...}`), joins
 them all in the order they end, calls one more (`{"n": 100}`) and looks
-once in the empty set. Returns `{"started", "joined": [{"run_id", "ok",
+once in the empty set (`"cancel": [i, ...]` cancels those children once
+all are started). Returns `{"started", "joined": [{"run_id", "ok",
 "value"}], "called", "left"}`. With `"promise": TTL` it makes a promise
 instead, hands its token to `orders`, waits and returns `{"promise": ID,
 "settled": {"resolved": VALUE} | {"rejected": MESSAGE} | "expired"}`, as
@@ -20,6 +21,8 @@ def run(ctx: Ctx, input: dict) -> dict:
         ctx.start("squares", "square", {"n": i, "fail": i in fail, "sleep_ms": 0})
         for i in range(n)
     ]
+    for i in input.get("cancel", []):
+        ctx.cancel_child(started[i])
     joined = []
     for _ in range(n):
         end = ctx.join_next("squares")

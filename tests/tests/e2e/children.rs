@@ -274,6 +274,29 @@ fn starts_past_a_limit_or_of_an_unknown_step_are_refused_and_start_nothing() {
     let outcome: Value = serde_json::from_str(third["outcome"].as_str().unwrap()).unwrap();
     assert_eq!(outcome["err"]["kind"], "budget", "{third:#}");
 
+    sb.set_config(&config("children_pending_max = 2"));
+    let ran = sb.run(guests::FANOUT, &json!({"n": 3}).to_string(), "pending");
+    ran.expect_code(3);
+    let error = sb.show("pending")["run"]["error"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(error.contains("children_pending_max = 2"), "{error}");
+    assert_eq!(children_of(&sb, "pending").len(), 2);
+    sb.set_config(&config("runs_per_tree_max = 3"));
+    let ran = sb.run(guests::FANOUT, &json!({"n": 3}).to_string(), "tree");
+    ran.expect_code(3);
+    let error = sb.show("tree")["run"]["error"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(error.contains("runs_per_tree_max = 3"), "{error}");
+    assert_eq!(
+        children_of(&sb, "tree").len(),
+        2,
+        "the root and two children"
+    );
+
     let ran = sb.run(
         guests::FANOUT,
         &json!({"n": 1, "step": "nope"}).to_string(),
@@ -365,6 +388,46 @@ model = \"scripted-1\"
         let id = child["run_id"].as_str().unwrap();
         sb.stephost(&["replay", id]).expect_code(0);
     }
+}
+
+#[test]
+fn a_step_cancels_a_child_it_started_and_joins_it_as_cancelled() {
+    let sb = Sandbox::with_config(BIN, &config(""));
+    // Both children are pending when the parent (run in-process, alone)
+    // cancels the first.
+    let input = json!({"n": 2, "cancel": [0]}).to_string();
+    sb.run(guests::FANOUT, &input, "p").expect_code(7);
+    let show = sb.show("p");
+    let cancel = &calls(&show)[2];
+    assert_eq!(
+        (&cancel["function"], &cancel["class"]),
+        (&json!("cancel"), &json!("observe"))
+    );
+    let first = children_of(&sb, "p")[0]["run_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert_eq!(sb.show(&first)["run"]["cancel"]["by"], "run p");
+    finish(&sb, "p");
+    let out = output(&sb, "p");
+    let cancelled = out["joined"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|j| j["run_id"] == first.as_str())
+        .unwrap()
+        .clone();
+    assert_eq!(cancelled["cancelled"], true, "{out:#}");
+    assert_eq!(
+        cancelled["value"],
+        "cancelled by run p: its parent cancelled it (call #3)"
+    );
+    assert_eq!(
+        sb.received("orders.jsonl").len(),
+        2,
+        "the second child and the called one wrote"
+    );
+    sb.stephost(&["replay", "p"]).expect_code(0);
 }
 
 /// Runs workers until nothing is due now (a child asleep until later waits).
@@ -819,6 +882,26 @@ fn a_python_step_starts_and_joins_children_as_the_rust_one_does() {
     assert_eq!(out["called"], json!({"n": 100, "square": 10000}));
     assert_eq!(out["left"], Value::Null);
     assert_eq!(children_of(&sb, "p").len(), 4);
+    // A child cancelled by its parent, as the Rust step does it.
+    sb.run(&module, &json!({"n": 2, "cancel": [0]}).to_string(), "pc")
+        .expect_code(7);
+    finish(&sb, "pc");
+    let out = output(&sb, "pc");
+    let first = &out["started"][0];
+    let cancelled = out["joined"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|j| &j["run_id"] == first)
+        .unwrap();
+    assert_eq!(cancelled["ok"], false, "{out:#}");
+    assert!(
+        cancelled["value"]
+            .as_str()
+            .unwrap()
+            .starts_with("cancelled by run pc"),
+        "{out:#}"
+    );
     sb.set_config("");
     sb.stephost(&["replay", "p"]).expect_code(0);
 }

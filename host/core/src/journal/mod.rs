@@ -1509,7 +1509,7 @@ impl Journal {
     }
 
     /// [`Journal::flush`], and waits until the commit is applied.
-    fn flush_now(&mut self) -> Result<(), Stop> {
+    pub fn flush_now(&mut self) -> Result<(), Stop> {
         self.flush()?;
         self.landed()
     }

@@ -178,6 +178,12 @@ pub struct RunsState {
     started_total: u64,
     /// The model budget of the run's tree, once read.
     tree_cap: Option<Spent>,
+    /// The runs below the run's root the ledger held at this execution's
+    /// first live start, and the live starts since: what
+    /// `runs_per_tree_max` is checked against (a start rides on the next
+    /// durable commit, so the ledger's count lags this execution's own).
+    tree_base: Option<u64>,
+    live_starts: u64,
 }
 
 impl RunsState {
@@ -218,6 +224,7 @@ fn start(state: &mut StepState, join_set: &str, spec: &ChildSpec) -> Result<Outc
     let mut journal = lock(&state.journal);
     let limits = journal.limits().clone();
     let started_total = state.runs.started_total;
+    let pending = started_total.saturating_sub(state.runs.joined.len() as u64);
     let (request, refusal) = match request_of(join_set, spec) {
         Ok(request) => (request, None),
         Err(refused) => (
@@ -256,6 +263,9 @@ fn start(state: &mut StepState, join_set: &str, spec: &ChildSpec) -> Result<Outc
         model_tokens_max: spec.model_tokens_max,
         model_cost_micro_usd_max: spec.model_cost_micro_usd_max,
     };
+    let tree_base = &mut state.runs.tree_base;
+    let live_starts = state.runs.live_starts;
+    let mut made_live = false;
     let mut make = |op: &OpContext<'_>| -> Result<RunRecord, Outcome> {
         if let Some(refused) = &refusal {
             return Err(refused.clone());
@@ -272,6 +282,38 @@ fn start(state: &mut StepState, join_set: &str, spec: &ChildSpec) -> Result<Outc
                 format!(
                     "the run has started {started_total} children; children_per_run_max = {}",
                     limits.children_per_run_max
+                ),
+            ));
+        }
+        if pending >= limits.children_pending_max {
+            return Err(Outcome::error(
+                CallErrorKind::Budget,
+                format!(
+                    "the run has {pending} children started and not joined; \
+                     children_pending_max = {} (join one first)",
+                    limits.children_pending_max
+                ),
+            ));
+        }
+        let base = match *tree_base {
+            Some(base) => base,
+            None => {
+                let base = steps
+                    .store()
+                    .tree_size(&parent_root)
+                    .map_err(|e| Outcome::error(CallErrorKind::Exhausted, e.to_string()))?;
+                *tree_base = Some(base);
+                base
+            }
+        };
+        let in_tree = base + live_starts;
+        if in_tree.saturating_add(1) >= limits.runs_per_tree_max {
+            return Err(Outcome::error(
+                CallErrorKind::Budget,
+                format!(
+                    "the tree of run {parent_root} holds {} runs; runs_per_tree_max = {}",
+                    in_tree + 1,
+                    limits.runs_per_tree_max
                 ),
             ));
         }
@@ -313,6 +355,7 @@ fn start(state: &mut StepState, join_set: &str, spec: &ChildSpec) -> Result<Outc
         child.root_run_id = Some(parent_root.clone());
         child.trace = Some(child_trace(op));
         child.seal = Some(steps.signer.seal(&child, &Head::default()));
+        made_live = true;
         Ok(child)
     };
     // Durable: as a task, the thread's other runs go on while its commit
@@ -331,6 +374,7 @@ fn start(state: &mut StepState, join_set: &str, spec: &ChildSpec) -> Result<Outc
             .or_default()
             .push(child.to_string());
         state.runs.started_total += 1;
+        state.runs.live_starts += u64::from(made_live);
     }
     Ok(outcome)
 }
@@ -590,6 +634,59 @@ fn join(state: &mut StepState, join_set: &str, wait: bool) -> Result<Outcome, St
     Ok(outcome)
 }
 
+/// Cancels child `child` with the runs below it (its own transaction,
+/// durable, after this run's pending commits), recorded as an observe call: a process that dies before the
+/// record is committed cancels it again, which changes nothing.
+fn cancel(state: &mut StepState, child: &str) -> Result<Outcome, Stop> {
+    let steps = state.children.clone();
+    let ours = state
+        .runs
+        .started
+        .values()
+        .any(|set| set.iter().any(|c| c == child));
+    let request = json!({ "run_id": child }).to_string();
+    let spec = CallSpec {
+        class: CallClass::Observe,
+        interface: INTERFACE,
+        function: "cancel",
+        request: &request,
+        key: None,
+        paid: false,
+        redact: None,
+    };
+    let mut journal = lock(&state.journal);
+    // The child's row rides on the next commit: it is applied first, so
+    // that there is a row to cancel.
+    if journal.next_goes_live() {
+        stephost_effects::blocking(|| journal.flush_now())?;
+    }
+    let run_id = journal.run_id().to_string();
+    let seq = journal.calls_made() + 1;
+    journal.call(
+        &spec,
+        &mut Compute(|| {
+            if !ours {
+                return Outcome::error(
+                    CallErrorKind::Invalid,
+                    format!("run {child} is not a child this run started"),
+                );
+            }
+            let Some(steps) = &steps else {
+                return Outcome::error(CallErrorKind::Denied, "this host starts no child runs");
+            };
+            let request = stephost_core::CancelRequest {
+                at_ms: stephost_core::clock::now_ms(),
+                by: format!("run {run_id}"),
+                reason: Some(format!("its parent cancelled it (call #{seq})")),
+            };
+            match steps.store().cancel(child, &request) {
+                Ok(_) | Err(stephost_core::StoreError::Ended { .. }) => Outcome::Ok(Value::Null),
+                Err(e) => Outcome::error(CallErrorKind::Exhausted, e.to_string()),
+            }
+        }),
+    )
+}
+
 /// A recorded join's outcome as the guest sees it.
 fn child_end(value: &Value) -> Result<ChildEnd, Stop> {
     let corrupt = || Stop::Corrupt(format!("a recorded join is not a child's end: {value}"));
@@ -658,6 +755,11 @@ impl Host for StepState {
             Some("empty") => Ok(TryNext::Empty),
             _ => child_end(v).map(TryNext::Found),
         })
+    }
+
+    fn cancel(&mut self, run_id: String) -> wasmtime::Result<Result<(), CallError>> {
+        let outcome = cancel(self, &run_id).map_err(trap)?;
+        guest(self, outcome, |_| Ok(()))
     }
 
     fn call(&mut self, spec: ChildSpec) -> wasmtime::Result<Result<ChildEnd, CallError>> {

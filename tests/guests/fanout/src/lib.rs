@@ -7,7 +7,8 @@
 //! `sq-i`; with `"step"` another step name is started; with `"detach":
 //! true` the children go on if the parent ends first; with `"join": false`
 //! the parent returns `{"started": [ids]}` without joining them; with
-//! `"child_input"` every child (the called one too) gets it as its input.
+//! `"child_input"` every child (the called one too) gets it as its input;
+//! `"cancel": [i, …]` cancels those children once all are started.
 
 use serde_json::{Value, json};
 use stephost_guest::{Child, Ctx, Error};
@@ -34,6 +35,9 @@ fn run(ctx: &mut Ctx, input: Value) -> Result<Value, Error> {
             child = child.detach();
         }
         started.push(ctx.start("squares", &child)?);
+    }
+    for i in input["cancel"].as_array().into_iter().flatten() {
+        ctx.cancel_child(&started[i.as_u64().unwrap_or(0) as usize])?;
     }
     if input["join"].as_bool() == Some(false) {
         return Ok(json!({ "started": started }));
