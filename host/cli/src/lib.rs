@@ -99,6 +99,8 @@ pub enum Command {
     Approve(ApproveArgs),
     /// Reject a waiting approval call.
     Reject(RejectArgs),
+    /// List runs waiting for a promise (never its token).
+    Promises(PromisesArgs),
     /// Complete a promise a run waits for, with the token the run handed
     /// out: resolve it with a JSON value or reject it with a message; a
     /// worker then continues the run.
@@ -384,6 +386,14 @@ pub struct CancelArgs {
     #[arg(long)]
     pub reason: Option<String>,
     /// Print what was cancelled as JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// The arguments of `stephost promises`.
+#[derive(Args, Debug)]
+pub struct PromisesArgs {
+    /// Print them as JSON.
     #[arg(long)]
     pub json: bool,
 }
@@ -690,6 +700,7 @@ fn command(ctx: &Ctx, command: Command) -> Result<i32, HostError> {
         Command::Runs(args) => runs(ctx, args),
         Command::Resolve(args) => resolve(ctx, args),
         Command::Approvals(args) => approvals(ctx, args),
+        Command::Promises(args) => promises(ctx, args),
         Command::Approve(args) => approve(ctx, args),
         Command::Reject(args) => reject(ctx, args),
         Command::Verify(args) => verify(ctx, args),
@@ -1111,6 +1122,16 @@ fn approvals(ctx: &Ctx, ApprovalsArgs { json }: ApprovalsArgs) -> Result<i32, Ho
         print_json(&rows);
     } else {
         print::print_approvals(&rows);
+    }
+    Ok(exit::OK)
+}
+
+fn promises(ctx: &Ctx, PromisesArgs { json }: PromisesArgs) -> Result<i32, HostError> {
+    let rows = service::promises(views(&ctx.ledger)?.as_ref())?;
+    if json {
+        print_json(&rows);
+    } else {
+        print::print_promises(&rows);
     }
     Ok(exit::OK)
 }

@@ -344,6 +344,27 @@ pub fn print_upgrades(outcomes: &[UpgradeOutcome]) {
 }
 
 /// The approvals inbox.
+pub fn print_promises(rows: &[stephost_runtime::service::PromiseView]) {
+    let mut out = std::io::stdout().lock();
+    let _ = writeln!(
+        out,
+        "{:<26} {:>5}  {:>7}  {:<24} {:<24} NAME",
+        "RUN", "SEQ", "PROMISE", "WAITING SINCE", "EXPIRES"
+    );
+    for r in rows {
+        let _ = writeln!(
+            out,
+            "{:<26} {:>5}  {:>7}  {:<24} {:<24} {}",
+            r.run_id,
+            r.seq,
+            r.promise,
+            format_time(r.waiting_since_ms),
+            r.expires_at_ms.map_or("-".to_string(), format_time),
+            Safe(&r.name)
+        );
+    }
+}
+
 pub fn print_approvals(rows: &[ApprovalView]) {
     let mut out = std::io::stdout().lock();
     let _ = writeln!(

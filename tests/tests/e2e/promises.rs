@@ -98,6 +98,13 @@ fn a_promise_completed_while_its_run_waits_continues_it_and_the_first_completion
     );
     let token = token(&sb, 0);
     assert!(token.starts_with("w~1~"), "{token}");
+    let listed = sb.stephost(&["promises", "--json"]);
+    listed.expect_code(0);
+    let listed = listed.json();
+    assert_eq!(
+        (&listed[0]["run_id"], &listed[0]["seq"], &listed[0]["name"]),
+        (&json!("w"), &json!(3), &json!("payment"))
+    );
     // The token is nowhere in what the ledger gives out.
     let export = keyed(&sb, &["export", "w"]);
     export.expect_code(0);
