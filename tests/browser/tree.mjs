@@ -2,25 +2,12 @@
 // whole tree. Called by tests/tests/e2e/children.rs with the server's base
 // URL; the server holds a run "p" waiting for two children that sleep. Exits
 // non-zero, naming the step, on the first failure.
-import { chromium } from "playwright-core";
+import { drive } from "./harness.mjs";
 
 const base = process.argv[2];
-const executablePath = process.env.STEPHOST_CHROMIUM || "/usr/bin/chromium";
-const browser = await chromium.launch({
-  executablePath,
-  args: ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-         "--disable-component-update", "--no-first-run"],
-});
-let step = "start";
-const failures = [];
-let page;
-try {
-  page = await browser.newPage({ viewport: { width: 1280, height: 800 } });
-  page.on("pageerror", e => failures.push(`script error: ${e.message}`));
-  // Generous: the suite runs many servers at once on a small machine.
-  page.setDefaultTimeout(90_000);
 
-  step = "the run's page lists the runs below it, each waiting";
+await drive(async (page, step) => {
+  step("the run's page lists the runs below it, each waiting");
   await page.goto(base + "/#/run/p");
   const below = page.getByRole("list", { name: "Runs below" });
   await below.getByRole("link", { name: /^c-/ }).first().waitFor();
@@ -28,7 +15,7 @@ try {
   await below.getByText("waiting", { exact: true }).first().waitFor();
   await below.getByText(/set squares/).first().waitFor();
 
-  step = "a child's page names the call that started it";
+  step("a child's page names the call that started it");
   await below.getByRole("link", { name: /^c-/ }).first().click();
   await page.getByText("Started by", { exact: true }).waitFor();
   await page.getByRole("link", { name: "p", exact: true }).click();
@@ -36,7 +23,7 @@ try {
   // drawn (the list of runs below is p's alone).
   await page.getByRole("list", { name: "Runs below" }).waitFor();
 
-  step = "cancelling the run cancels its tree";
+  step("cancelling the run cancels its tree");
   const form = page.getByRole("form", { name: "Cancel this run" });
   await form.getByLabel("Your name").fill("browser-ana");
   await form.getByLabel("Reason").fill("wrong customer");
@@ -51,16 +38,4 @@ try {
     if (i === 99) throw new Error("the children were not shown cancelled");
     await page.waitForTimeout(200);
   }
-} catch (e) {
-  failures.push(`${step}: ${e.message}`);
-  // What the page showed then, for whoever reads the failure.
-  const shown = page ? await page.locator("body").innerText().catch(() => "") : "";
-  failures.push(`the page showed:\n${shown}`);
-} finally {
-  await browser.close();
-}
-if (failures.length) {
-  console.error(failures.join("\n"));
-  process.exit(1);
-}
-console.log("ok");
+});
