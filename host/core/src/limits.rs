@@ -160,7 +160,7 @@ impl Default for Limits {
             http_bodies_open_max: 16,
             children_per_run_max: 1_000,
             child_depth_max: 8,
-            children_pending_max: 100,
+            children_pending_max: 1_000,
             runs_per_tree_max: 10_000,
         }
     }
