@@ -126,7 +126,8 @@ impl Bench {
     ) -> Res<Served> {
         std::fs::create_dir_all(dir)?;
         std::fs::write(dir.join("stephost.toml"), config_text(&self.gate))?;
-        let mut child = Command::new(cli)
+        let mut command = Command::new(cli);
+        command
             .arg("--config")
             .arg(dir.join("stephost.toml"))
             .arg("--cache-dir")
@@ -137,10 +138,13 @@ impl Bench {
             .env_remove("STEPHOST_API_TOKENS")
             .env_remove("STEPHOST_API_TOKENS_FILE")
             .env_remove("STEPHOST_CHAIN_KEY_FILE")
-            .env("STEPHOST_CHAIN_KEY", key.unwrap_or_default())
+            .env_remove("STEPHOST_CHAIN_KEY")
             .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()?;
+            .stderr(Stdio::piped());
+        if let Some(key) = key {
+            command.env("STEPHOST_CHAIN_KEY", key);
+        }
+        let mut child = command.spawn()?;
         let mut lines = BufReader::new(child.stderr.take().ok_or("no stderr")?).lines();
         let addr = loop {
             let line = lines
