@@ -519,29 +519,9 @@ pub fn validate(req: &ChatRequest) -> Result<(), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::fixtures::weather_request;
     use serde_json::json;
 
-    fn weather_request() -> ChatRequest {
-        ChatRequest {
-            system: Some("You are terse.".into()),
-            tools: vec![ToolDef {
-                name: "get_weather".into(),
-                description: Some("Current weather for a city".into()),
-                parameters: json!({"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}),
-            }],
-            ..ChatRequest::new(
-                "default",
-                vec![
-                    Message::user("Weather in Paris?"),
-                    Message::assistant(vec![
-                        Part::text("Checking."),
-                        Part::tool_call("call_A", "get_weather", r#"{"city":"Paris"}"#),
-                    ]),
-                    Message::tool_result("call_A", "get_weather", r#"{"temp_c":18}"#, false),
-                ],
-            )
-        }
-    }
 
     #[test]
     fn request_json_is_canonical_and_skips_absent_options() {

@@ -8,6 +8,8 @@
 //!   their parts and tool calls, usage and cost.
 
 pub mod chat;
+#[cfg(any(test, feature = "fixtures"))]
+pub mod fixtures;
 
 pub use chat::{
     Charged, ChatRequest, ChatResponse, Cost, Message, Part, Role, StopReason, ToolChoice, ToolDef,

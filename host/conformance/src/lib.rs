@@ -151,6 +151,14 @@ fn commit(pool: &dyn Pool, claim: &Claim, ops: Vec<WriteOp>) -> Result<(), Store
     writer.landed()
 }
 
+/// A run's end with `output`, no exit code.
+fn completed(output: &str) -> RunEnd {
+    RunEnd::Completed {
+        output: output.into(),
+        exit_code: None,
+    }
+}
+
 fn end(end: RunEnd, now_ms: i64) -> WriteOp {
     WriteOp::End(lifecycle::ended(&end, now_ms))
 }
@@ -463,10 +471,7 @@ pub fn a_stale_writer_is_refused_on_every_write_path(make: &Make) {
         (
             "the run's end",
             end(
-                RunEnd::Completed {
-                    output: "{}".into(),
-                    exit_code: None,
-                },
+                completed("{}"),
                 T0,
             ),
         ),
@@ -575,10 +580,7 @@ pub fn due_runs_come_earliest_first_and_workers_claim_only_due_ones(make: &Make)
         pool,
         &c,
         vec![end(
-            RunEnd::Completed {
-                output: "{}".into(),
-                exit_code: None,
-            },
+            completed("{}"),
             T0,
         )],
     )
@@ -1067,10 +1069,7 @@ pub fn a_decision_racing_an_executions_commit_on_its_call_never_deadlocks(make: 
                             chain: None,
                         },
                         end(
-                            RunEnd::Completed {
-                                output: "{}".into(),
-                                exit_code: None,
-                            },
+                            completed("{}"),
                             T0 + 7,
                         ),
                     ],
@@ -1788,10 +1787,7 @@ pub fn a_promise_is_completed_once_into_its_runs_inbox_and_wakes_it_if_it_waits(
         ledger.pool.as_ref(),
         &done,
         vec![end(
-            RunEnd::Completed {
-                output: "1".into(),
-                exit_code: None,
-            },
+            completed("1"),
             T0 + 1,
         )],
     )
@@ -2035,10 +2031,7 @@ pub fn a_runs_trace_is_kept_from_its_record_through_its_claims_and_end(make: &Ma
         ledger.pool.as_ref(),
         &claim,
         vec![WriteOp::End(lifecycle::ended(
-            &stephost_core::records::RunEnd::Completed {
-                output: "{}".into(),
-                exit_code: None,
-            },
+            &completed("{}"),
             T0 + 2,
         ))],
     )
@@ -2179,10 +2172,7 @@ pub fn a_childs_end_reaches_its_parents_inbox_once_and_wakes_it_if_it_waits(make
             "p",
             "a",
             "s",
-            RunEnd::Completed {
-                output: "1".into(),
-                exit_code: None,
-            },
+            completed("1"),
             T0 + 2,
         )],
     )
@@ -2269,10 +2259,7 @@ pub fn a_parent_that_waits_after_a_child_ended_unseen_is_due_at_once(make: &Make
             "p",
             "a",
             "s",
-            RunEnd::Completed {
-                output: "1".into(),
-                exit_code: None,
-            },
+            completed("1"),
             T0 + 2,
         )],
     )
@@ -2474,10 +2461,7 @@ pub fn a_parents_end_cancels_its_attached_children_only(make: &Make) {
     let a = claim(store.as_ref(), "a", "w2", T0 + 1);
     commit(ledger.pool.as_ref(), &a, vec![spawn("a", 1, "a1", "t")]).unwrap();
     let mut ended = lifecycle::ended(
-        &RunEnd::Completed {
-            output: "{}".into(),
-            exit_code: None,
-        },
+        &completed("{}"),
         T0 + 5,
     );
     ended.cancel_children = Some(cancel_request("run p"));

@@ -201,28 +201,8 @@ impl RecordedAfter for ChatRequest {
 mod tests {
     use super::*;
     use serde_json::json;
+    use stephost_contract::fixtures::weather_request;
 
-    fn weather_request() -> ChatRequest {
-        ChatRequest {
-            system: Some("You are terse.".into()),
-            tools: vec![ToolDef {
-                name: "get_weather".into(),
-                description: Some("Current weather for a city".into()),
-                parameters: json!({"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}),
-            }],
-            ..ChatRequest::new(
-                "default",
-                vec![
-                    Message::user("Weather in Paris?"),
-                    Message::assistant(vec![
-                        Part::text("Checking."),
-                        Part::tool_call("call_A", "get_weather", r#"{"city":"Paris"}"#),
-                    ]),
-                    Message::tool_result("call_A", "get_weather", r#"{"temp_c":18}"#, false),
-                ],
-            )
-        }
-    }
 
     #[test]
     fn a_redaction_names_text_fields_only() {

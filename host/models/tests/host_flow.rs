@@ -28,24 +28,8 @@ fn h(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
 
 fn request() -> ChatRequest {
     ChatRequest {
-        system: Some("You are terse.".into()),
-        tools: vec![ToolDef {
-            name: "get_weather".into(),
-            description: Some("Current weather for a city".into()),
-            parameters: json!({"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}),
-        }],
         tool_choice: Some(ToolChoice::Auto),
-        ..ChatRequest::new(
-            "default",
-            vec![
-                Message::user("Weather in Paris?"),
-                Message::assistant(vec![
-                    Part::text("Checking."),
-                    Part::tool_call("call_A", "get_weather", r#"{"city":"Paris"}"#),
-                ]),
-                Message::tool_result("call_A", "get_weather", r#"{"temp_c":18}"#, false),
-            ],
-        )
+        ..stephost_contract::fixtures::weather_request()
     }
 }
 

@@ -55,6 +55,12 @@ fn complete(sb: &Sandbox, token: &str, how: &[&str]) -> Ran {
     keyed(sb, &args)
 }
 
+/// Runs the promise step on `input` as run `run_id`, which waits.
+fn waiting(sb: &Sandbox, input: &str, run_id: &str) {
+    let args = ["run", guests::PROMISE_STEP, "--input", input, "--run-id", run_id];
+    keyed(sb, &args).expect_code(7);
+}
+
 /// Runs keyed workers until run `run_id` has ended.
 fn finish(sb: &Sandbox, run_id: &str) -> Value {
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(300);
@@ -77,18 +83,7 @@ fn output(show: &Value) -> Value {
 #[test]
 fn a_promise_completed_while_its_run_waits_continues_it_and_the_first_completion_wins() {
     let sb = sandbox();
-    keyed(
-        &sb,
-        &[
-            "run",
-            guests::PROMISE_STEP,
-            "--input",
-            "{}",
-            "--run-id",
-            "w",
-        ],
-    )
-    .expect_code(7);
+    waiting(&sb, "{}", "w");
     let show = sb.show("w");
     assert_eq!(show["run"]["status"], "waiting");
     let wait = &calls(&show)[2];
@@ -179,18 +174,7 @@ fn a_promise_completed_before_its_run_waits_ends_the_wait_at_once() {
     // The run sleeps (out of memory) between handing the token out and
     // waiting; the completion lands meanwhile.
     let input = json!({"sleep_ms": 5000}).to_string();
-    keyed(
-        &sb,
-        &[
-            "run",
-            guests::PROMISE_STEP,
-            "--input",
-            &input,
-            "--run-id",
-            "b",
-        ],
-    )
-    .expect_code(7);
+    waiting(&sb, &input, "b");
     complete(
         &sb,
         &token(&sb, 0),
@@ -216,18 +200,7 @@ fn a_promise_completed_before_its_run_waits_ends_the_wait_at_once() {
 fn a_promise_not_completed_in_time_expires_and_a_late_completion_is_refused() {
     let sb = sandbox();
     let input = json!({"ttl_seconds": 1}).to_string();
-    keyed(
-        &sb,
-        &[
-            "run",
-            guests::PROMISE_STEP,
-            "--input",
-            &input,
-            "--run-id",
-            "x",
-        ],
-    )
-    .expect_code(7);
+    waiting(&sb, &input, "x");
     let show = finish(&sb, "x");
     assert_eq!(output(&show), json!({"promise": 1, "settled": "expired"}));
     let late = complete(&sb, &token(&sb, 0), &["--resolve", "{}", "--by", "slow"]);
@@ -268,18 +241,7 @@ fn a_worker_killed_while_its_run_waits_leaves_it_for_the_next_with_the_same_toke
 #[test]
 fn the_api_completes_a_promise_with_its_token_alone_and_refuses_a_forged_one() {
     let sb = sandbox();
-    keyed(
-        &sb,
-        &[
-            "run",
-            guests::PROMISE_STEP,
-            "--input",
-            "{}",
-            "--run-id",
-            "a",
-        ],
-    )
-    .expect_code(7);
+    waiting(&sb, "{}", "a");
     let token = token(&sb, 0);
     let key = sb.path("chain.key");
     let served = sb.serve(
