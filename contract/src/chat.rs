@@ -522,7 +522,6 @@ mod tests {
     use crate::fixtures::weather_request;
     use serde_json::json;
 
-
     #[test]
     fn request_json_is_canonical_and_skips_absent_options() {
         let req = weather_request();

@@ -468,13 +468,7 @@ pub fn a_stale_writer_is_refused_on_every_write_path(make: &Make) {
                 until_ms: T0 + 99_999,
             },
         ),
-        (
-            "the run's end",
-            end(
-                completed("{}"),
-                T0,
-            ),
-        ),
+        ("the run's end", end(completed("{}"), T0)),
         (
             "counters",
             WriteOp::Counters(Counters::from([("zombie_total", 1)])),
@@ -576,15 +570,7 @@ pub fn due_runs_come_earliest_first_and_workers_claim_only_due_ones(make: &Make)
     )
     .unwrap();
     let c = claim(store.as_ref(), "done", "w", T0);
-    commit(
-        pool,
-        &c,
-        vec![end(
-            completed("{}"),
-            T0,
-        )],
-    )
-    .unwrap();
+    commit(pool, &c, vec![end(completed("{}"), T0)]).unwrap();
     let listed: Vec<String> = store
         .due_runs(100)
         .unwrap()
@@ -1068,10 +1054,7 @@ pub fn a_decision_racing_an_executions_commit_on_its_call_never_deadlocks(make: 
                             now_ms: T0 + 7,
                             chain: None,
                         },
-                        end(
-                            completed("{}"),
-                            T0 + 7,
-                        ),
+                        end(completed("{}"), T0 + 7),
                     ],
                 )
             });
@@ -1786,10 +1769,7 @@ pub fn a_promise_is_completed_once_into_its_runs_inbox_and_wakes_it_if_it_waits(
     commit(
         ledger.pool.as_ref(),
         &done,
-        vec![end(
-            completed("1"),
-            T0 + 1,
-        )],
+        vec![end(completed("1"), T0 + 1)],
     )
     .unwrap();
     assert!(matches!(
@@ -2030,10 +2010,7 @@ pub fn a_runs_trace_is_kept_from_its_record_through_its_claims_and_end(make: &Ma
     commit(
         ledger.pool.as_ref(),
         &claim,
-        vec![WriteOp::End(lifecycle::ended(
-            &completed("{}"),
-            T0 + 2,
-        ))],
+        vec![WriteOp::End(lifecycle::ended(&completed("{}"), T0 + 2))],
     )
     .unwrap();
     let ended = store.run("t").unwrap();
@@ -2168,13 +2145,7 @@ pub fn a_childs_end_reaches_its_parents_inbox_once_and_wakes_it_if_it_waits(make
     commit(
         ledger.pool.as_ref(),
         &a,
-        vec![child_end(
-            "p",
-            "a",
-            "s",
-            completed("1"),
-            T0 + 2,
-        )],
+        vec![child_end("p", "a", "s", completed("1"), T0 + 2)],
     )
     .unwrap();
     let row = store.run("p").unwrap();
@@ -2255,13 +2226,7 @@ pub fn a_parent_that_waits_after_a_child_ended_unseen_is_due_at_once(make: &Make
     commit(
         ledger.pool.as_ref(),
         &a,
-        vec![child_end(
-            "p",
-            "a",
-            "s",
-            completed("1"),
-            T0 + 2,
-        )],
+        vec![child_end("p", "a", "s", completed("1"), T0 + 2)],
     )
     .unwrap();
     let mut waits = lifecycle::ended(&RunEnd::Waiting { wake_at_ms: None }, T0 + 3);
@@ -2460,10 +2425,7 @@ pub fn a_parents_end_cancels_its_attached_children_only(make: &Make) {
     assert!(store.run("d").unwrap().parent.unwrap().detached);
     let a = claim(store.as_ref(), "a", "w2", T0 + 1);
     commit(ledger.pool.as_ref(), &a, vec![spawn("a", 1, "a1", "t")]).unwrap();
-    let mut ended = lifecycle::ended(
-        &completed("{}"),
-        T0 + 5,
-    );
+    let mut ended = lifecycle::ended(&completed("{}"), T0 + 5);
     ended.cancel_children = Some(cancel_request("run p"));
     commit(ledger.pool.as_ref(), &p, vec![WriteOp::End(ended)]).unwrap();
     assert_eq!(store.run("p").unwrap().status, RunStatus::Completed);

@@ -200,9 +200,7 @@ impl RecordedAfter for ChatRequest {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use serde_json::json;
     use stephost_contract::fixtures::weather_request;
-
 
     #[test]
     fn a_redaction_names_text_fields_only() {

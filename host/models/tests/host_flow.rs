@@ -5,9 +5,8 @@
 use serde_json::{Value, json};
 use std::time::Duration;
 use stephost_models::{
-    Api, ChatRequest, ErrorKind, Message, Part, Prices, StopReason, StreamDecoder, ToolChoice,
-    ToolDef, Usage, WireError, classify, cost, parse_response, parse_stream, rate_limits,
-    request_bytes,
+    Api, ChatRequest, ErrorKind, Prices, StopReason, StreamDecoder, ToolChoice, Usage, WireError,
+    classify, cost, parse_response, parse_stream, rate_limits, request_bytes,
 };
 
 fn fixture(api: Api, name: &str) -> Vec<u8> {

@@ -57,7 +57,14 @@ fn complete(sb: &Sandbox, token: &str, how: &[&str]) -> Ran {
 
 /// Runs the promise step on `input` as run `run_id`, which waits.
 fn waiting(sb: &Sandbox, input: &str, run_id: &str) {
-    let args = ["run", guests::PROMISE_STEP, "--input", input, "--run-id", run_id];
+    let args = [
+        "run",
+        guests::PROMISE_STEP,
+        "--input",
+        input,
+        "--run-id",
+        run_id,
+    ];
     keyed(sb, &args).expect_code(7);
 }
 
