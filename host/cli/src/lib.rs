@@ -4,6 +4,7 @@
 
 pub mod allocator;
 mod print;
+mod schedule;
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -112,6 +113,9 @@ pub enum Command {
     Metrics,
     /// Write a run as a portable JSON fixture to stdout.
     Export(ExportArgs),
+    /// Start steps on a cron schedule, kept in the ledger and fired once per
+    /// slot by whichever worker looks first.
+    Schedule(schedule::ScheduleArgs),
 }
 
 /// The arguments of `stephost run`.
@@ -706,6 +710,7 @@ fn command(ctx: &Ctx, command: Command) -> Result<i32, HostError> {
         Command::Verify(args) => verify(ctx, args),
         Command::Metrics => metrics(ctx),
         Command::Export(args) => export(ctx, args),
+        Command::Schedule(args) => schedule::schedule(ctx, args),
     }
 }
 

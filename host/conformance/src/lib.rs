@@ -72,6 +72,7 @@ macro_rules! conformance_tests {
             a_runs_last_call_is_read_alone,
             a_models_flow_state_is_kept_by_the_ledger_for_every_handle,
             a_trees_model_spend_is_one_total_that_racing_holds_never_pass,
+            schedules_move_by_compare_and_set_and_only_due_ones_are_listed,
             a_promise_is_completed_once_into_its_runs_inbox_and_wakes_it_if_it_waits,
             a_runs_own_budget_is_kept_raised_sealed_and_listed,
             a_runs_trace_is_kept_from_its_record_through_its_claims_and_end,
@@ -2440,4 +2441,78 @@ pub fn a_parents_end_cancels_its_attached_children_only(make: &Make) {
         None,
         "a detached child goes on"
     );
+}
+
+/// Schedules ([`stephost_core::schedules`]): a name is added once, a swap
+/// on a stale version changes nothing (one of two racing workers moves a
+/// schedule past a slot), and only due schedules (a slot come, or one
+/// buffered) that are not paused are listed as due.
+pub fn schedules_move_by_compare_and_set_and_only_due_ones_are_listed(make: &Make) {
+    use stephost_core::schedules::{Overlap, Schedule};
+    let ledger = make();
+    let (a, b) = (
+        ledger.pool.schedules().expect("schedules"),
+        ledger.pool.schedules().expect("schedules"),
+    );
+    let schedule = |name: &str, next_at_ms: i64| Schedule {
+        name: name.into(),
+        cron: "* * * * *".into(),
+        timezone: "UTC".into(),
+        module_digest: "d1".into(),
+        world: "w".into(),
+        step: Some("s@1".into()),
+        input: "{}".into(),
+        overlap: Overlap::BufferOne,
+        catch_up_ms: 60_000,
+        paused: false,
+        next_at_ms,
+        last_run_id: None,
+        buffered_at_ms: None,
+        created_at_ms: T0,
+        updated_at_ms: T0,
+        version: 1,
+    };
+    assert!(a.add(&schedule("due", T0)).unwrap());
+    assert!(
+        !b.add(&schedule("due", T0 + 5)).unwrap(),
+        "a name is added once"
+    );
+    assert!(a.add(&schedule("later", T0 + 60_000)).unwrap());
+    assert_eq!(b.get("due").unwrap(), Some(schedule("due", T0)));
+    assert_eq!(b.get("none").unwrap(), None);
+    let due: Vec<String> = b.due(T0, 10).unwrap().into_iter().map(|s| s.name).collect();
+    assert_eq!(due, ["due"]);
+    assert_eq!(a.next_at().unwrap(), Some(T0));
+    // Two workers move it past the slot: one wins.
+    let mut moved = schedule("due", T0 + 60_000);
+    moved.last_run_id = Some("due@slot".into());
+    assert!(a.swap(1, &moved, false).unwrap());
+    assert!(!b.swap(1, &moved, false).unwrap(), "a stale version");
+    let found = b.get("due").unwrap().unwrap();
+    assert_eq!(
+        (found.version, found.last_run_id.as_deref()),
+        (2, Some("due@slot"))
+    );
+    assert!(b.due(T0 + 1, 10).unwrap().is_empty());
+    // A buffered slot is due whatever the next slot; a paused schedule is
+    // never due.
+    let mut buffered = found.clone();
+    buffered.buffered_at_ms = Some(T0);
+    assert!(b.swap(2, &buffered, false).unwrap());
+    assert_eq!(a.due(T0 + 1, 10).unwrap().len(), 1);
+    let mut paused = b.get("later").unwrap().unwrap();
+    paused.paused = true;
+    assert!(a.swap(1, &paused, true).unwrap());
+    assert!(
+        a.due(T0 + 120_000, 10)
+            .unwrap()
+            .iter()
+            .all(|s| s.name != "later")
+    );
+    assert_eq!(b.next_at().unwrap(), Some(T0 + 60_000));
+    let listed: Vec<String> = a.list().unwrap().into_iter().map(|s| s.name).collect();
+    assert_eq!(listed, ["due", "later"]);
+    assert!(a.remove("due").unwrap());
+    assert!(!b.remove("due").unwrap());
+    assert!(!a.swap(3, &buffered, false).unwrap(), "gone");
 }

@@ -275,6 +275,18 @@ impl Signer {
             )
         });
         input.extend(parent.as_deref().map(str::as_bytes));
+        // A fork's source is sealed with its input (a run that is no fork
+        // seals as before forks were kept).
+        let fork = run.fork.as_ref().map(|f| {
+            format!(
+                "fork:{}#{}#{}#{}",
+                f.run_id,
+                f.seq,
+                f.link.as_deref().unwrap_or(""),
+                f.operations
+            )
+        });
+        input.extend(fork.as_deref().map(str::as_bytes));
         Seal {
             calls: head.seq,
             head: head.link.clone(),

@@ -97,6 +97,13 @@ pub enum StoreError {
     Cancelled { run_id: String, reason: String },
     #[error("module {0} is not stored in the ledger")]
     UnknownModule(String),
+    #[error("no schedule {0} in the ledger (list them with `stephost schedule list`)")]
+    UnknownSchedule(String),
+    #[error(
+        "a schedule named {0} exists; remove it first (`stephost schedule remove {0}`) or choose \
+         another name"
+    )]
+    ScheduleExists(String),
     #[error(
         "call #{seq} of run {run_id} is already recorded: a run's calls are only ever appended, \
          by one execution at a time"

@@ -36,6 +36,7 @@ pub mod payload;
 pub mod promises;
 pub mod records;
 pub mod redact;
+pub mod schedules;
 pub mod settle;
 pub mod store;
 #[cfg(feature = "testing")]
@@ -48,7 +49,7 @@ pub use limits::{Limits, RunBudget};
 pub use outcome::{CallErrorKind, CallErrorRecord, Outcome, Spent};
 pub use records::{
     AttemptRecord, CallClass, CallRecord, CallState, CancelRequest, ChildArrival, Claim,
-    ClaimedFrom, InboxEntry, LogRecord, NewRun, ParentRef, RunEnd, RunRecord, RunStatus,
+    ClaimedFrom, ForkRef, InboxEntry, LogRecord, NewRun, ParentRef, RunEnd, RunRecord, RunStatus,
 };
 pub use store::{Outbox, Pool, Store, StoreError, StoreResult, Views, WriteOp, Writer};
 pub use trace::RunTrace;

@@ -42,6 +42,7 @@ struct State {
     flows: HashMap<String, crate::flow::FlowState>,
     /// Trees' model spend: by root, by run.
     tree_spend: HashMap<String, BTreeMap<String, crate::Spent>>,
+    schedules: BTreeMap<String, crate::schedules::Schedule>,
     /// Runs recorded so far.
     recorded: u64,
 }
@@ -79,6 +80,82 @@ impl Pool for MemoryPool {
 
     fn tree_spends(&self) -> StoreResult<Arc<dyn crate::tree_spend::TreeSpends>> {
         Ok(Arc::new(self.clone()))
+    }
+
+    fn schedules(&self) -> StoreResult<Arc<dyn crate::schedules::Schedules>> {
+        Ok(Arc::new(self.clone()))
+    }
+}
+
+impl crate::schedules::Schedules for MemoryPool {
+    fn add(&self, schedule: &crate::schedules::Schedule) -> StoreResult<bool> {
+        let mut state = self.lock();
+        if state.schedules.contains_key(&schedule.name) {
+            return Ok(false);
+        }
+        let added = crate::schedules::Schedule {
+            version: 1,
+            ..schedule.clone()
+        };
+        state.schedules.insert(schedule.name.clone(), added);
+        Ok(true)
+    }
+
+    fn list(&self) -> StoreResult<Vec<crate::schedules::Schedule>> {
+        Ok(self.lock().schedules.values().cloned().collect())
+    }
+
+    fn get(&self, name: &str) -> StoreResult<Option<crate::schedules::Schedule>> {
+        Ok(self.lock().schedules.get(name).cloned())
+    }
+
+    fn due(&self, now_ms: i64, limit: usize) -> StoreResult<Vec<crate::schedules::Schedule>> {
+        let state = self.lock();
+        let mut due: Vec<_> = state
+            .schedules
+            .values()
+            .filter(|s| crate::schedules::is_due(s, now_ms))
+            .cloned()
+            .collect();
+        due.sort_by_key(|s| s.next_at_ms);
+        due.truncate(limit);
+        Ok(due)
+    }
+
+    fn next_at(&self) -> StoreResult<Option<i64>> {
+        Ok(self
+            .lock()
+            .schedules
+            .values()
+            .filter(|s| !s.paused)
+            .map(|s| s.next_at_ms)
+            .min())
+    }
+
+    fn swap(
+        &self,
+        expected: i64,
+        schedule: &crate::schedules::Schedule,
+        _durable: bool,
+    ) -> StoreResult<bool> {
+        let mut state = self.lock();
+        let Some(found) = state.schedules.get_mut(&schedule.name) else {
+            return Ok(false);
+        };
+        if found.version != expected {
+            return Ok(false);
+        }
+        found.paused = schedule.paused;
+        found.next_at_ms = schedule.next_at_ms;
+        found.last_run_id = schedule.last_run_id.clone();
+        found.buffered_at_ms = schedule.buffered_at_ms;
+        found.updated_at_ms = schedule.updated_at_ms;
+        found.version += 1;
+        Ok(true)
+    }
+
+    fn remove(&self, name: &str) -> StoreResult<bool> {
+        Ok(self.lock().schedules.remove(name).is_some())
     }
 }
 

@@ -237,6 +237,41 @@ pub struct RunRecord {
     /// more, and ends `cancelled` at its next write, wait or start.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cancel: Option<CancelRequest>,
+    /// For a fork: the run and call it was forked from.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fork: Option<ForkRef>,
+}
+
+/// Where a fork came from ([`crate::fork`]): its source run, the call it
+/// went live from, the source's link before that call, and whose operation
+/// ids its calls carry. Set when the fork is recorded, never changed, and
+/// sealed with its input.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ForkRef {
+    pub run_id: String,
+    /// The first call the fork made live; calls before it are the source's.
+    pub seq: u64,
+    /// The source's chain link of call `seq - 1` (none when `seq` is 1).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub link: Option<String>,
+    /// The run whose id the fork's operation ids are derived from: the
+    /// source's (its own source's, for a fork of a fork), so a receiver
+    /// sees a write the source made as the same operation.
+    pub operations: String,
+}
+
+impl ForkRef {
+    /// The column a ledger keeps it in.
+    pub fn to_column(&self) -> String {
+        serde_json::to_string(self).expect("a fork reference serializes")
+    }
+
+    pub fn from_column(text: Option<&str>) -> Result<Option<Self>, String> {
+        text.map(|t| {
+            serde_json::from_str(t).map_err(|e| format!("a run's fork column is not one: {e}"))
+        })
+        .transpose()
+    }
 }
 
 /// Who cancelled a run, when and why.
@@ -296,6 +331,14 @@ pub struct InboxEntry {
 }
 
 impl RunRecord {
+    /// The run whose id this run's operation ids are derived from: its
+    /// own, or for a fork its source's ([`ForkRef::operations`]).
+    pub fn operations(&self) -> &str {
+        self.fork
+            .as_ref()
+            .map_or(self.run_id.as_str(), |f| f.operations.as_str())
+    }
+
     /// The run's trace: the one kept with it, or one derived from its id.
     pub fn trace(&self) -> crate::trace::RunTrace {
         self.trace
@@ -460,6 +503,7 @@ impl NewRun<'_> {
             parent: None,
             root_run_id: None,
             cancel: None,
+            fork: None,
         }
     }
 }

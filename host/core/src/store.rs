@@ -211,6 +211,10 @@ pub trait Pool: Send + Sync {
     fn flows(&self) -> StoreResult<Arc<dyn crate::flow::Flows>>;
     /// Trees' model spend, shared by every process on the ledger.
     fn tree_spends(&self) -> StoreResult<Arc<dyn crate::tree_spend::TreeSpends>>;
+
+    /// The schedules ([`crate::schedules`]), shared by every process on
+    /// the ledger.
+    fn schedules(&self) -> StoreResult<Arc<dyn crate::schedules::Schedules>>;
 }
 
 /// Opens pools of one ledger: what a worker or a server is given, so that

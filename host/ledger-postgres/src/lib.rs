@@ -23,6 +23,7 @@ mod flows;
 pub mod group;
 pub mod notify;
 mod rows;
+mod schedules;
 pub mod schema;
 mod store;
 mod stream;
@@ -169,6 +170,10 @@ impl Pool for PgPool {
     }
 
     fn tree_spends(&self) -> StoreResult<Arc<dyn stephost_core::tree_spend::TreeSpends>> {
+        Ok(Arc::new(flows::PgFlows::new(self.shared.clone())))
+    }
+
+    fn schedules(&self) -> StoreResult<Arc<dyn stephost_core::schedules::Schedules>> {
         Ok(Arc::new(flows::PgFlows::new(self.shared.clone())))
     }
 

@@ -20,6 +20,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../migrations/0009_children.sql"),
     include_str!("../migrations/0010_tree_spend.sql"),
     include_str!("../migrations/0011_promises.sql"),
+    include_str!("../migrations/0012_schedules_forks.sql"),
 ];
 
 /// The advisory lock key migrations hold ("stephost" in ASCII).

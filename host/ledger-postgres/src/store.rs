@@ -39,7 +39,7 @@ impl Views for PgStore {
                     "SELECT run_id, module_digest, input, status, output, error, created_at, \
                      updated_at, version, owner, lease_until, fence, wake_at, world, step, \
                      exit_code, seal, budget, trace, parent_run_id, parent_seq, join_set, \
-                     root_run_id, detached, cancel_at, cancel_by, cancel_reason FROM runs \
+                     root_run_id, detached, cancel_at, cancel_by, cancel_reason, fork FROM runs \
                      WHERE due_at IS NOT NULL \
                      ORDER BY due_at, run_id LIMIT $1",
                 )
@@ -233,7 +233,7 @@ impl Views for PgStore {
                      c.state, c.outcome, c.outcome_split, c.started_at, c.finished_at, \
                      c.resolved_by, c.chain, c.fence, r.trace, r.parent_run_id, r.parent_seq, \
                      r.join_set, r.root_run_id, r.detached, r.cancel_at, r.cancel_by, \
-                     r.cancel_reason \
+                     r.cancel_reason, r.fork \
                      FROM runs r CROSS JOIN LATERAL (SELECT * FROM calls \
                      WHERE calls.run_id = r.run_id ORDER BY seq DESC LIMIT 1) c \
                      WHERE r.status IN ('running', 'waiting', 'parked') AND c.state = $1 \

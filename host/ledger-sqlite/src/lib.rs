@@ -16,6 +16,7 @@ mod flows;
 pub mod group;
 mod known;
 mod rows;
+mod schedules;
 pub mod schema;
 pub mod segments;
 mod store;
@@ -145,6 +146,10 @@ impl Pool for SqlitePool {
     }
 
     fn tree_spends(&self) -> StoreResult<Arc<dyn stephost_core::tree_spend::TreeSpends>> {
+        Ok(self.shared_state())
+    }
+
+    fn schedules(&self) -> StoreResult<Arc<dyn stephost_core::schedules::Schedules>> {
         Ok(self.shared_state())
     }
 }

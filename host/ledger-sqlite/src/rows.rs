@@ -12,7 +12,7 @@ use crate::errors::error;
 pub const RUN_COLUMNS: &str = "run_id, module_digest, input, status, output, error, created_at, \
      updated_at, version, owner, lease_until, fence, wake_at, world, step, exit_code, seal, budget, \
      trace, parent_run_id, parent_seq, join_set, root_run_id, detached, cancel_at, cancel_by, \
-     cancel_reason";
+     cancel_reason, fork";
 
 pub fn run_from_row(r: &Row<'_>) -> rusqlite::Result<RunRecord> {
     let status: String = r.get(3)?;
@@ -65,6 +65,10 @@ pub fn run_from_row(r: &Row<'_>) -> rusqlite::Result<RunRecord> {
                 reason: r.get(26)?,
             }),
             None => None,
+        },
+        fork: {
+            let text: Option<String> = r.get(27)?;
+            stephost_core::ForkRef::from_column(text.as_deref()).map_err(|e| bad_value(27, &e))?
         },
     })
 }
@@ -121,8 +125,8 @@ pub fn insert_run(conn: &Connection, run: &RunRecord) -> Result<bool, StoreError
             "INSERT INTO runs (run_id, module_digest, input, status, output, error, created_at, \
              updated_at, version, owner, lease_until, fence, wake_at, due_at, world, step, \
              exit_code, seal, budget, trace, parent_run_id, parent_seq, join_set, root_run_id, \
-             detached) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, \
-             ?16, ?17, ?18, ?19, ?20, ?21, ?22, ?23, ?24, ?25) ON CONFLICT (run_id) DO NOTHING",
+             detached, fork) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, \
+             ?15, ?16, ?17, ?18, ?19, ?20, ?21, ?22, ?23, ?24, ?25, ?26) ON CONFLICT (run_id) DO NOTHING",
         )
         .and_then(|mut s| {
             s.execute(params![
@@ -150,7 +154,8 @@ pub fn insert_run(conn: &Connection, run: &RunRecord) -> Result<bool, StoreError
                 run.parent.as_ref().map(|p| p.seq as i64),
                 run.parent.as_ref().map(|p| p.join_set.as_str()),
                 run.root_run_id,
-                run.parent.as_ref().is_some_and(|p| p.detached)
+                run.parent.as_ref().is_some_and(|p| p.detached),
+                run.fork.as_ref().map(stephost_core::ForkRef::to_column)
             ])
         })
         .map_err(error)?;

@@ -101,6 +101,9 @@ pub enum HostError {
     /// record does not verify against the chain key.
     #[error("{0}")]
     Integrity(String),
+    /// A fork that cannot be made from the call it names (see the message).
+    #[error("{0}")]
+    ForkRefused(String),
     #[error("internal error: {0}")]
     Internal(String),
 }
@@ -146,6 +149,8 @@ impl HostError {
                 | StoreError::Config(_)
                 | StoreError::UnknownRun(_)
                 | StoreError::UnknownModule(_)
+                | StoreError::UnknownSchedule(_)
+                | StoreError::ScheduleExists(_)
                 | StoreError::NotUnknown { .. }
                 | StoreError::NotDecidable { .. }
                 | StoreError::NotClaimable { .. }
@@ -162,6 +167,7 @@ impl HostError {
             HostError::Module(_)
             | HostError::Config(_)
             | HostError::BadInput(_)
+            | HostError::ForkRefused(_)
             | HostError::Read { .. } => exit::BAD_INPUT,
         }
     }

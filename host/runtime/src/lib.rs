@@ -43,6 +43,7 @@ pub mod owner;
 pub mod randomness;
 pub mod replay;
 pub mod runner;
+pub mod schedules;
 pub mod service;
 pub mod telemetry;
 pub mod worker;

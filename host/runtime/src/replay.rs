@@ -43,6 +43,9 @@ pub struct Fixture {
     pub parent: Option<stephost_core::ParentRef>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub root_run_id: Option<String>,
+    /// For a fork: where it was forked from (sealed with its input).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fork: Option<stephost_core::ForkRef>,
     pub calls: Vec<CallRecord>,
 }
 
@@ -63,6 +66,7 @@ impl Fixture {
             budget: run.budget,
             parent: run.parent.clone(),
             root_run_id: run.root_run_id.clone(),
+            fork: run.fork.clone(),
             calls,
         }
     }
@@ -92,6 +96,7 @@ impl Fixture {
             parent: self.parent.clone(),
             root_run_id: self.root_run_id.clone(),
             cancel: None,
+            fork: self.fork.clone(),
         }
     }
 

@@ -688,6 +688,49 @@ impl Host {
         Ok(outcome(true, report))
     }
 
+    /// The ledger's schedules ([`crate::schedules`]).
+    pub fn schedules(&self) -> Result<Arc<dyn stephost_core::schedules::Schedules>, HostError> {
+        Ok(self.pool.schedules()?)
+    }
+
+    /// Adds a schedule firing `module` (stored in the ledger) or, with no
+    /// module, the build of step `step` the ledger last ran. Its input is
+    /// kept as given, so one that the configuration would redact is
+    /// refused (each firing's row would hold what a run's row never does).
+    pub fn add_schedule(
+        &mut self,
+        module: Option<(&[u8], &str)>,
+        step: Option<&str>,
+        new: crate::schedules::NewSchedule,
+    ) -> Result<stephost_core::schedules::Schedule, HostError> {
+        let target = match (module, step) {
+            (Some((bytes, what)), _) => {
+                let loaded = self.load(bytes, what)?;
+                crate::schedules::Target {
+                    module_digest: loaded.digest.clone(),
+                    world: loaded.world().to_string(),
+                    step: loaded.step.clone(),
+                }
+            }
+            (None, Some(step)) => crate::schedules::Target::of_step(self.store.as_ref(), step)?,
+            (None, None) => {
+                return Err(HostError::BadInput(
+                    "a schedule names the build it fires: a module, or a step the ledger has run"
+                        .into(),
+                ));
+            }
+        };
+        if self.options.effects.kept_input(&new.input) != new.input {
+            return Err(HostError::BadInput(
+                "the schedule's input holds values the configuration redacts; a schedule keeps \
+                 its input whole in the ledger, so give secrets through the configuration, not \
+                 the input"
+                    .into(),
+            ));
+        }
+        crate::schedules::add(self.pool.schedules()?.as_ref(), target, new)
+    }
+
     /// A portable copy of a run: module digest, input, calls, output.
     pub fn export(&self, run_id: &str) -> Result<Fixture, HostError> {
         crate::replay::export(self.store.as_ref(), run_id)

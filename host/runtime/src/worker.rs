@@ -93,6 +93,9 @@ pub struct WorkerReport {
     /// Runs not claimed, or stopped, because their record does not verify
     /// against the chain key.
     pub integrity_refusals: usize,
+    /// Schedules' slots this worker fired (each a run, found if another
+    /// worker fired the slot first).
+    pub scheduled: usize,
     /// How the runs' commits shared transactions and fsyncs (with
     /// `concurrency` above 1; zeros otherwise).
     pub commits: CommitCounts,
@@ -217,6 +220,10 @@ pub fn run(
         group_commit: concurrent,
     })?;
     let store = pool.store()?;
+    let schedules = pool.schedules()?;
+    // When to look at the schedules again: at the earliest next slot, and
+    // at least every poll (a schedule added meanwhile).
+    let mut schedules_look_at = i64::MIN;
     let idle = Arc::new(IdleHosts::default());
     let tasks = match concurrent {
         true => Some(task_runtime(options.concurrency)?),
@@ -271,6 +278,23 @@ pub fn run(
             let mut claimed = 0;
             // When the earliest run not yet due will be.
             let mut next_due: Option<i64> = None;
+            let now = stephost_core::clock::now_ms();
+            if now >= schedules_look_at {
+                let poll_ms = poll.as_millis().min(i64::MAX as u128) as i64;
+                schedules_look_at = now.saturating_add(poll_ms);
+                match crate::schedules::fire_due(store.as_ref(), schedules.as_ref(), &signer, now) {
+                    Ok(fired) => {
+                        report.scheduled += fired.runs.len();
+                        if let Some(at) = fired.next_at_ms {
+                            schedules_look_at = schedules_look_at.min(at);
+                        }
+                    }
+                    // A busy ledger: look again on the next round.
+                    Err(e) => {
+                        crate::logs::error("worker", None, format_args!("firing schedules: {e}"));
+                    }
+                }
+            }
             if free > 0 {
                 let listed = match store.due_runs(free * 4 + 8) {
                     Ok(runs) => runs,
@@ -394,6 +418,8 @@ pub fn run(
                 // Look again after the poll, when a run seen is due, or as
                 // soon as one of this worker's runs ends (its slot is free
                 // for the next run) or the ledger says a run became due.
+                let next_due =
+                    Some(next_due.map_or(schedules_look_at, |d| d.min(schedules_look_at)));
                 let until_due = next_due.map(|due| {
                     Duration::from_millis((due - stephost_core::clock::now_ms()).max(1) as u64)
                 });

@@ -10,7 +10,7 @@ use axum::extract::rejection::{BytesRejection, JsonRejection, PathRejection, Que
 use axum::extract::{DefaultBodyLimit, Path, Query, State};
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
+use axum::routing::{delete, get, post};
 use base64::Engine as _;
 use serde::{Deserialize, Serialize};
 use stephost_core::approvals::{Decision, Verdict};
@@ -61,6 +61,16 @@ pub fn router(app: Arc<App>) -> Router {
         .route("/api/events", get(crate::events::stream))
         .route("/api/promises", get(promises))
         .route("/api/promises/{token}", post(crate::promises::complete))
+        .route(
+            "/api/schedules",
+            get(crate::schedules::list).post(crate::schedules::add),
+        )
+        .route("/api/schedules/{name}", delete(crate::schedules::remove))
+        .route("/api/schedules/{name}/pause", post(crate::schedules::pause))
+        .route(
+            "/api/schedules/{name}/resume",
+            post(crate::schedules::resume),
+        )
         .fallback(|| async { ApiError::not_found("no such path") })
         .method_not_allowed_fallback(|| async {
             ApiError::new(
@@ -137,7 +147,10 @@ pub struct ModuleRef {
 impl ModuleRef {
     /// The module's bytes and how messages name it; `None` if neither is
     /// given.
-    fn bytes(&self, host: &stephost_runtime::Host) -> Result<Option<(Vec<u8>, String)>, ApiError> {
+    pub(crate) fn bytes(
+        &self,
+        host: &stephost_runtime::Host,
+    ) -> Result<Option<(Vec<u8>, String)>, ApiError> {
         match (&self.module_digest, &self.module_base64) {
             (Some(_), Some(_)) => Err(ApiError::bad_input(
                 "give module_digest or module_base64, not both",

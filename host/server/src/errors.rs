@@ -107,6 +107,21 @@ impl From<HostError> for ApiError {
                 "unknown_module",
                 "upload the module first (POST /api/modules) or send its bytes",
             ),
+            HostError::Ledger(StoreError::UnknownSchedule(_)) => (
+                404,
+                "unknown_schedule",
+                "check the name; GET /api/schedules lists schedules",
+            ),
+            HostError::Ledger(StoreError::ScheduleExists(_)) => (
+                409,
+                "schedule_exists",
+                "remove the schedule first, or add it under another name",
+            ),
+            HostError::ForkRefused(_) => (
+                409,
+                "fork_refused",
+                "fork from a call before the one the message names, or settle that call first",
+            ),
             HostError::Ledger(StoreError::NotDecidable { .. } | StoreError::NotUnknown { .. }) => (
                 409,
                 "not_decidable",

@@ -14,6 +14,7 @@ pub mod http;
 pub mod notifier;
 pub mod openapi;
 pub mod promises;
+pub mod schedules;
 pub mod settings;
 
 use std::sync::Arc;

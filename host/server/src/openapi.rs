@@ -52,10 +52,10 @@ fn error_codes(status: u16) -> &'static str {
             "forbidden: a read-only token asked to change something; a request from another \
              site; without tokens, a Host that is not a loopback name"
         }
-        404 => "not_found, unknown_run, unknown_module",
+        404 => "not_found, unknown_run, unknown_module, unknown_schedule",
         409 => {
             "not_decidable, run_exists, run_ended, conflict, diverged, integrity, \
-             promise_expired, promise_completed"
+             promise_expired, promise_completed, schedule_exists"
         }
         413 => "too_large: a body over json_body_bytes_max (module_bytes_max for an upload)",
         429 => {
@@ -213,6 +213,23 @@ fn operations() -> Vec<Operation> {
             &["outcome", "message"],
         ),
     ]});
+    let schedule = object(
+        json!({
+            "name": {"type": "string", "minLength": 1, "maxLength": stephost_core::schedules::NAME_BYTES_MAX,
+                     "pattern": "^[A-Za-z0-9][A-Za-z0-9._-]*$",
+                     "description": "the schedule's name: ASCII letters, digits, - _ ., a letter or digit first; part of each firing's run id"},
+            "cron": {"type": "string", "description": "5 fields (minute hour day-of-month month day-of-week) or 6 with seconds first"},
+            "timezone": {"type": ["string", "null"], "description": "an IANA time zone (default UTC)"},
+            "module_digest": nullable_string(),
+            "module_base64": module_base64(json!(["string", "null"])),
+            "step": {"type": ["string", "null"], "description": "a step the ledger has run (name@version): the build its newest run ran"},
+            "input": {"description": "each firing's input (default {})"},
+            "overlap": {"type": ["string", "null"], "enum": ["skip", "buffer-one", "allow", null]},
+            "catch_up_ms": {"type": ["integer", "null"], "minimum": 0, "maximum": i64::MAX,
+                            "description": "how late a missed slot may still fire (default 60000)"},
+        }),
+        &["name", "cron"],
+    );
     let complete = json!({"oneOf": [
         object(
             json!({"resolve": not_null(), "reject": {"type": "null"}, "by": nullable_string()}),
@@ -533,6 +550,56 @@ fn operations() -> Vec<Operation> {
             body: Body::Json(complete, true),
             ok: (200, "application/json", json!({"type": "object"})),
             more: &[409, 429, 500, 503],
+        },
+        Operation {
+            method: "get",
+            path: "/api/schedules",
+            summary: "The schedules, by name: cron, time zone, the build and input each firing runs, overlap, catch-up window, whether paused, the next slot and the last firing's run.",
+            access: Read,
+            query: vec![],
+            body: Body::None,
+            ok: (200, "application/json", json!({"type": "array"})),
+            more: &[],
+        },
+        Operation {
+            method: "post",
+            path: "/api/schedules",
+            summary: "Add a schedule (stephost schedule add): each slot its cron expression names starts one run of the build, with the id NAME@SLOT, fired once by whichever worker looks first; slots missed by more than catch_up_ms are skipped. A name in use is refused (409 schedule_exists).",
+            access: Operator,
+            query: vec![],
+            body: Body::Json(schedule, true),
+            ok: (201, "application/json", json!({"type": "object"})),
+            more: &[409],
+        },
+        Operation {
+            method: "delete",
+            path: "/api/schedules/{name}",
+            summary: "Remove a schedule; the runs it fired stay.",
+            access: Operator,
+            query: vec![],
+            body: Body::None,
+            ok: (200, "application/json", json!({"type": "object"})),
+            more: &[],
+        },
+        Operation {
+            method: "post",
+            path: "/api/schedules/{name}/pause",
+            summary: "Pause a schedule: it fires nothing until resumed.",
+            access: Operator,
+            query: vec![],
+            body: Body::None,
+            ok: (200, "application/json", json!({"type": "object"})),
+            more: &[],
+        },
+        Operation {
+            method: "post",
+            path: "/api/schedules/{name}/resume",
+            summary: "Resume a paused schedule from its next slot (the slots that came while it was paused are not caught up).",
+            access: Operator,
+            query: vec![],
+            body: Body::None,
+            ok: (200, "application/json", json!({"type": "object"})),
+            more: &[],
         },
         Operation {
             method: "get",

@@ -15,6 +15,7 @@ mod models;
 mod promises;
 mod redaction;
 mod run_replay;
+mod schedules;
 mod server;
 mod suspension;
 mod tamper;

@@ -360,6 +360,37 @@ async function unknownView() {
   show(el("h2", {}, "Calls whose outcome is unknown"), cards.length ? cards : el("p", {class: "empty"}, "No call's outcome is in doubt."));
 }
 
+// ---- schedules
+async function schedulesView() {
+  const list = await api("/api/schedules");
+  const rows = list.map(sc => {
+    const out = el("div", {role: "status"});
+    const act = what => async () => {
+      try {
+        await api(`/api/schedules/${encodeURIComponent(sc.name)}/${what}`, {method: "POST"});
+        route();
+      } catch (e) { out.replaceChildren(el("div", {class: "error", role: "alert"}, e.message)); }
+    };
+    return el("section", {class: "card", "aria-label": `Schedule ${sc.name}`},
+      el("h3", {}, sc.name, " ", el("span", {class: `status s-${sc.paused ? "waiting" : "running"}`}, sc.paused ? "paused" : "active")),
+      el("dl", {},
+        el("dt", {}, "Cron"), el("dd", {class: "mono"}, `${sc.cron} (${sc.timezone})`),
+        el("dt", {}, "Build"), el("dd", {class: "mono"}, sc.step || sc.module_digest),
+        el("dt", {}, "Overlap"), el("dd", {}, sc.overlap),
+        el("dt", {}, "Catch-up"), el("dd", {}, age(sc.catch_up_ms)),
+        el("dt", {}, "Next slot"), el("dd", {}, sc.paused || sc.next_at_ms >= 8.64e15 ? "none" : time(sc.next_at_ms)),
+        el("dt", {}, "Last run"), el("dd", {}, sc.last_run_id ? el("a", {href: `#/run/${encodeURIComponent(sc.last_run_id)}`, class: "mono"}, sc.last_run_id) : "none yet")),
+      el("pre", {"aria-label": "Input"}, pretty(sc.input)),
+      el("div", {class: "row"}, sc.paused
+        ? el("button", {type: "button", onclick: act("resume")}, "Resume")
+        : el("button", {type: "button", class: "danger", onclick: act("pause")}, "Pause")),
+      out);
+  });
+  show(el("h2", {}, "Schedules"),
+    el("p", {class: "muted"}, "Each slot starts one run, named after the schedule and the slot, whichever worker fires it. Add one with stephost schedule add or POST /api/schedules."),
+    rows.length ? rows : el("p", {class: "empty"}, "No schedule."));
+}
+
 // ---- routing and live updates
 function parseHash() {
   const [path, query] = (location.hash.slice(1) || "/runs").split("?");
@@ -381,6 +412,7 @@ async function route(fromLive = false) {
     if (parts[0] === "run" && parts[1]) await runView(decodeURIComponent(parts[1]), params);
     else if (parts[0] === "approvals") await approvalsView();
     else if (parts[0] === "unknown") await unknownView();
+    else if (parts[0] === "schedules") await schedulesView();
     else await runsView(params);
     const s = await api("/api/summary");
     document.getElementById("n-approvals").textContent = s.approvals_waiting ? `(${s.approvals_waiting})` : "";
