@@ -27,6 +27,8 @@ const GUESTS: &[(&str, &str)] = &[
     ("guest-command", "GUEST_COMMAND"),
     ("guest-fanout", "GUEST_FANOUT"),
     ("guest-fanout-v2", "GUEST_FANOUT_V2"),
+    ("guest-fork-step", "GUEST_FORK_STEP"),
+    ("guest-fork-step-fixed", "GUEST_FORK_STEP_FIXED"),
     ("guest-square", "GUEST_SQUARE"),
     ("guest-promise-step", "GUEST_PROMISE_STEP"),
     ("agent-refund", "AGENT_REFUND"),

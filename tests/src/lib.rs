@@ -33,6 +33,8 @@ pub mod guests {
     pub const SLEEPER: &str = env!("GUEST_SLEEPER");
     pub const FANOUT: &str = env!("GUEST_FANOUT");
     pub const FANOUT_V2: &str = env!("GUEST_FANOUT_V2");
+    pub const FORK_STEP: &str = env!("GUEST_FORK_STEP");
+    pub const FORK_STEP_FIXED: &str = env!("GUEST_FORK_STEP_FIXED");
     pub const SQUARE: &str = env!("GUEST_SQUARE");
     pub const PROMISE_STEP: &str = env!("GUEST_PROMISE_STEP");
     pub const COMMAND: &str = env!("GUEST_COMMAND");

@@ -79,6 +79,10 @@ pub enum Command {
     /// Move unfinished runs to a new build of their step: replays each run's
     /// history against it with no I/O and repins only runs that match.
     Upgrade(UpgradeArgs),
+    /// Fork a run from a call: a new run keeping the calls before it (their
+    /// outcomes, what they paid, their operation ids), pinned to a build
+    /// that must make those calls, going live from there; prints its id.
+    Fork(ForkArgs),
     /// Show a run and its call timeline.
     Show(ShowArgs),
     /// Cancel a run and every run below it: each begins nothing more (a
@@ -363,6 +367,26 @@ pub struct UpgradeArgs {
     pub module: PathBuf,
     /// Print each run's outcome (moved, or its first divergent call) as
     /// JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// The arguments of `stephost fork`.
+#[derive(Args, Debug)]
+pub struct ForkArgs {
+    /// The run to fork (it is not changed).
+    pub run_id: String,
+    /// The first call the fork makes live; the calls before it are kept.
+    #[arg(long)]
+    pub at: u64,
+    /// The build the fork runs (default: the run's own); it must make the
+    /// kept calls, as a replay checks before anything is written.
+    #[arg(long)]
+    pub module: Option<PathBuf>,
+    /// The fork's run id (default: a new one).
+    #[arg(long = "run-id", value_name = "RUN_ID")]
+    pub fork_run_id: Option<String>,
+    /// Print the fork's row as JSON.
     #[arg(long)]
     pub json: bool,
 }
@@ -697,6 +721,7 @@ fn command(ctx: &Ctx, command: Command) -> Result<i32, HostError> {
         Command::Resume(args) => resume(ctx, args),
         Command::Replay(args) => replay(ctx, args),
         Command::Upgrade(args) => upgrade(ctx, args),
+        Command::Fork(args) => fork(ctx, args),
         Command::Show(args) => show(ctx, args),
         Command::Tree(args) => tree(ctx, args),
         Command::Cancel(args) => cancel(ctx, args),
@@ -953,6 +978,34 @@ fn upgrade(
     } else {
         exit::DIVERGED
     })
+}
+
+fn fork(
+    ctx: &Ctx,
+    ForkArgs {
+        run_id,
+        at,
+        module,
+        fork_run_id,
+        json,
+    }: ForkArgs,
+) -> Result<i32, HostError> {
+    let Ctx { config, ledger } = ctx;
+    let bytes = module.as_deref().map(read_file).transpose()?;
+    let what = module.as_ref().map(|m| m.display().to_string());
+    let mut host = open(ledger, options(config)?)?;
+    let forked = host.fork(
+        &run_id,
+        at,
+        bytes.as_deref().zip(what.as_deref()),
+        fork_run_id.as_deref(),
+    )?;
+    if json {
+        print_json(&forked);
+    } else {
+        let _ = writeln!(std::io::stdout().lock(), "{}", forked.run_id);
+    }
+    Ok(exit::OK)
 }
 
 fn show(ctx: &Ctx, ShowArgs { run_id, json }: ShowArgs) -> Result<i32, HostError> {

@@ -232,6 +232,7 @@ pub fn print_show(detail: &RunDetail) {
         calls,
         attempts,
         logs,
+        forks,
     } = detail;
     let mut out = std::io::stdout().lock();
     let _ = writeln!(out, "run      {}", run.run_id);
@@ -252,6 +253,22 @@ pub fn print_show(detail: &RunDetail) {
         run.fence
     );
     let _ = writeln!(out, "input    {}", Safe(&run.input));
+    if let Some(fork) = &run.fork {
+        let _ = writeln!(
+            out,
+            "fork of  {} at #{} (calls before it are {}'s)",
+            fork.run_id, fork.seq, fork.run_id
+        );
+    }
+    for f in forks {
+        let _ = writeln!(
+            out,
+            "forked   {} at #{} ({})",
+            f.run_id,
+            f.at,
+            f.status.as_str()
+        );
+    }
     if let Some(o) = &run.output {
         let _ = writeln!(out, "output   {}", Safe(o));
     }

@@ -170,6 +170,24 @@ pub fn child_run_id(operation_id: &str) -> String {
     )
 }
 
+/// The run id of the child started by run `run_id`'s call with operation
+/// id `operation_id`, where the run's operation ids derive from run
+/// `operations`' id: [`child_run_id`] for a run's own, and for a fork
+/// (whose operation ids are its source's) one made with the fork's id too,
+/// so the fork's children are its own, not its source's.
+pub fn child_run_id_in(run_id: &str, operations: &str, operation_id: &str) -> String {
+    if run_id == operations {
+        return child_run_id(operation_id);
+    }
+    format!(
+        "c-{}",
+        &hash_fields(
+            "stephost/child/fork/v1",
+            &[run_id.as_bytes(), operation_id.as_bytes()]
+        )[..32]
+    )
+}
+
 pub fn new_run_id() -> String {
     format!("run-{}", &unique("stephost/run-id/v1")[..20])
 }

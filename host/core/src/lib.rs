@@ -23,6 +23,7 @@ pub mod commit;
 pub mod crash;
 pub mod error;
 pub mod flow;
+pub mod fork;
 pub mod history;
 pub mod ids;
 pub mod journal;

@@ -506,6 +506,19 @@ impl Views for MemoryPool {
         Ok(children.into_iter().map(|(_, r)| r).collect())
     }
 
+    fn forks(&self, run_id: &str) -> StoreResult<Vec<RunRecord>> {
+        let state = self.lock();
+        state.run(run_id)?;
+        let mut forks: Vec<(u64, RunRecord)> = state
+            .runs
+            .values()
+            .filter_map(|r| Some((r.order, r.run.clone()?)))
+            .filter(|(_, r)| r.fork.as_ref().is_some_and(|f| f.run_id == run_id))
+            .collect();
+        forks.sort_by_key(|(order, _)| *order);
+        Ok(forks.into_iter().map(|(_, r)| r).collect())
+    }
+
     fn last_call(&self, run_id: &str) -> StoreResult<Option<CallRecord>> {
         let locked = self.lock();
         let rows = locked.runs.get(run_id).ok_or_else(|| unknown(run_id))?;

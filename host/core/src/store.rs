@@ -278,6 +278,8 @@ pub trait Views: Send {
     fn promise(&self, run_id: &str, id: u64) -> StoreResult<Option<crate::promises::Completion>>;
     /// The run's children, in the order they were started.
     fn children(&self, run_id: &str) -> StoreResult<Vec<RunRecord>>;
+    /// The runs forked from run `run_id`, oldest first.
+    fn forks(&self, run_id: &str) -> StoreResult<Vec<RunRecord>>;
     /// How many runs the tree of `root_run_id` holds below its root.
     fn tree_size(&self, root_run_id: &str) -> StoreResult<u64>;
 }

@@ -24,6 +24,9 @@ CREATE INDEX schedules_due ON schedules (next_at) WHERE NOT paused;
 
 -- Forks (stephost_core::fork): the source run, the call the fork went live
 -- from, the source's link before it and whose operation ids the fork's
--- calls carry (JSON), set when the fork is recorded and sealed with its
--- input. NULL for a run that is no fork.
+-- calls carry (`fork`, JSON), set when the fork is recorded and sealed with
+-- its input; `fork_of`, the source alone, finds a run's forks. NULL for a
+-- run that is no fork.
 ALTER TABLE runs ADD COLUMN fork text;
+ALTER TABLE runs ADD COLUMN fork_of text;
+CREATE INDEX runs_forks ON runs (fork_of) WHERE fork_of IS NOT NULL;

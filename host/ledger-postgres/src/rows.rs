@@ -23,6 +23,11 @@ pub const SELECT_RUN: &str = "SELECT run_id, module_digest, input, status, outpu
      seal, budget, trace, parent_run_id, parent_seq, join_set, root_run_id, detached, cancel_at, \
      cancel_by, cancel_reason, fork FROM runs WHERE run_id = $1";
 
+pub const SELECT_FORKS: &str = "SELECT run_id, module_digest, input, status, output, error, \
+     created_at, updated_at, version, owner, lease_until, fence, wake_at, world, step, exit_code, \
+     seal, budget, trace, parent_run_id, parent_seq, join_set, root_run_id, detached, cancel_at, \
+     cancel_by, cancel_reason, fork FROM runs WHERE fork_of = $1 ORDER BY created_at, run_id";
+
 pub const SELECT_CHILDREN: &str = "SELECT run_id, module_digest, input, status, output, error, \
      created_at, updated_at, version, owner, lease_until, fence, wake_at, world, step, exit_code, \
      seal, budget, trace, parent_run_id, parent_seq, join_set, root_run_id, detached, cancel_at, \
@@ -31,14 +36,15 @@ pub const SELECT_CHILDREN: &str = "SELECT run_id, module_digest, input, status, 
 pub const INSERT_RUN: &str = "INSERT INTO runs (run_id, module_digest, input, status, output, \
      error, created_at, updated_at, version, owner, lease_until, fence, wake_at, due_at, world, \
      step, exit_code, seal, budget, trace, parent_run_id, parent_seq, join_set, root_run_id, \
-     detached, fork) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, \
-     $17, $18, $19, $20, $21, $22, $23, $24, $25, $26)";
+     detached, fork, fork_of) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, \
+     $15, $16, $17, $18, $19, $20, $21, $22, $23, $24, $25, $26, $27)";
 
 pub const INSERT_RUN_UNLESS_EXISTS: &str = "INSERT INTO runs (run_id, module_digest, input, \
      status, output, error, created_at, updated_at, version, owner, lease_until, fence, wake_at, \
      due_at, world, step, exit_code, seal, budget, trace, parent_run_id, parent_seq, join_set, \
-     root_run_id, detached, fork) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, \
-     $14, $15, $16, $17, $18, $19, $20, $21, $22, $23, $24, $25, $26) ON CONFLICT (run_id) DO NOTHING";
+     root_run_id, detached, fork, fork_of) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, \
+     $12, $13, $14, $15, $16, $17, $18, $19, $20, $21, $22, $23, $24, $25, $26, $27) \
+     ON CONFLICT (run_id) DO NOTHING";
 
 pub const SWAP_RUN: &str = "UPDATE runs SET module_digest = $2, input = $3, status = $4, \
      output = $5, error = $6, created_at = $7, updated_at = $8, version = $9, owner = $10, \
@@ -180,6 +186,7 @@ pub fn insert_values(r: &RunRecord) -> Vec<Value> {
         boxed(r.root_run_id.clone()),
         boxed(r.parent.as_ref().is_some_and(|p| p.detached)),
         boxed(r.fork.as_ref().map(stephost_core::ForkRef::to_column)),
+        boxed(r.fork.as_ref().map(|f| f.run_id.clone())),
     ]);
     values
 }

@@ -345,6 +345,16 @@ impl Views for PgStore {
         })
     }
 
+    fn forks(&self, run_id: &str) -> StoreResult<Vec<RunRecord>> {
+        let id = run_id.to_string();
+        self.shared.block(move |mut conn| async move {
+            rows::run(&mut conn, &id).await?;
+            let statement = conn.statement(rows::SELECT_FORKS).await?;
+            let found = conn.client.query(&statement, &[&id]).await.map_err(error)?;
+            found.iter().map(rows::run_from_row).collect()
+        })
+    }
+
     fn last_call(&self, run_id: &str) -> StoreResult<Option<CallRecord>> {
         let id = run_id.to_string();
         self.shared.block(move |mut conn| async move {

@@ -125,8 +125,9 @@ pub fn insert_run(conn: &Connection, run: &RunRecord) -> Result<bool, StoreError
             "INSERT INTO runs (run_id, module_digest, input, status, output, error, created_at, \
              updated_at, version, owner, lease_until, fence, wake_at, due_at, world, step, \
              exit_code, seal, budget, trace, parent_run_id, parent_seq, join_set, root_run_id, \
-             detached, fork) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, \
-             ?15, ?16, ?17, ?18, ?19, ?20, ?21, ?22, ?23, ?24, ?25, ?26) ON CONFLICT (run_id) DO NOTHING",
+             detached, fork, fork_of) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, \
+             ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20, ?21, ?22, ?23, ?24, ?25, ?26, ?27) \
+             ON CONFLICT (run_id) DO NOTHING",
         )
         .and_then(|mut s| {
             s.execute(params![
@@ -155,7 +156,8 @@ pub fn insert_run(conn: &Connection, run: &RunRecord) -> Result<bool, StoreError
                 run.parent.as_ref().map(|p| p.join_set.as_str()),
                 run.root_run_id,
                 run.parent.as_ref().is_some_and(|p| p.detached),
-                run.fork.as_ref().map(stephost_core::ForkRef::to_column)
+                run.fork.as_ref().map(stephost_core::ForkRef::to_column),
+                run.fork.as_ref().map(|f| f.run_id.as_str())
             ])
         })
         .map_err(error)?;

@@ -330,6 +330,17 @@ impl Views for SqliteStore {
         })
     }
 
+    fn forks(&self, run_id: &str) -> StoreResult<Vec<RunRecord>> {
+        self.read(|conn| {
+            rows::run_no(conn, run_id)?;
+            conn.prepare_cached(&format!(
+                "SELECT {RUN_COLUMNS} FROM runs WHERE fork_of = ?1 ORDER BY created_at, run_id"
+            ))
+            .and_then(|mut s| s.query_map([run_id], rows::run_from_row)?.collect())
+            .map_err(error)
+        })
+    }
+
     fn last_call(&self, run_id: &str) -> StoreResult<Option<CallRecord>> {
         self.read(|conn| {
             let run_no = rows::run_no(conn, run_id)?;

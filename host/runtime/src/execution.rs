@@ -107,7 +107,9 @@ pub fn journal_for(
     );
     // Every ledger write needs a claim, so a run claimed for the first time
     // (fencing token 1) has recorded nothing: no history to read.
-    let recorded = if claim.fence == 1 {
+    // A run's first execution finds nothing recorded, but a fork's: its
+    // calls before the fork came with its row.
+    let recorded = if claim.fence == 1 && run.fork.is_none() {
         Ok((History::empty(&run.run_id), Vec::new()))
     } else {
         store
@@ -133,6 +135,7 @@ pub fn journal_for(
         run.budget.applied_to(&options.limits),
     );
     journal.set_signer(options.signer.clone(), run);
+    journal.set_operations(run.operations());
     journal.set_parent(run.parent.clone(), run.root_run_id.clone());
     if let Some(request) = &run.cancel {
         journal.set_cancelled(request.error());

@@ -688,6 +688,110 @@ impl Host {
         Ok(outcome(true, report))
     }
 
+    /// Forks run `source` at call `at` ([`stephost_core::fork`]): a new run,
+    /// pending for a worker, with the source's calls before `at` (their
+    /// outcomes and operation ids), pinned to `module` (else the source's
+    /// build), which must replay those calls with no divergence. The
+    /// source is unchanged. Nothing is written unless every check passes.
+    pub fn fork(
+        &mut self,
+        source_id: &str,
+        at: u64,
+        module: Option<(&[u8], &str)>,
+        run_id: Option<&str>,
+    ) -> Result<RunRecord, HostError> {
+        use stephost_core::fork;
+        let source = self.store.run(source_id)?;
+        let calls = self.store.calls(source_id, 1, usize::MAX)?;
+        fork::check_prefix(&source, &calls, at).map_err(HostError::ForkRefused)?;
+        let prefix = &calls[..(at - 1) as usize];
+        // The prefix is the source's as its chain says: a changed one is
+        // not carried into a fork.
+        self.options
+            .signer
+            .verify_chain(source_id, prefix)
+            .map_err(|broken| {
+                HostError::Integrity(format!(
+                    "run {source_id}'s calls before #{at} do not verify ({broken}); nothing was \
+                     forked"
+                ))
+            })?;
+        let loaded = match module {
+            Some((bytes, what)) => self.load(bytes, what)?,
+            None => self.load_pinned(&source)?,
+        };
+        // The build must make the prefix's calls: replayed with no I/O.
+        let recording = Fixture::new(
+            &RunRecord {
+                status: RunStatus::Running,
+                ..source.clone()
+            },
+            Vec::new(),
+        );
+        let history = stephost_core::History::loaded(source_id, prefix.to_vec());
+        let report = replay_loaded(&self.engine, &recording, history, &loaded, &self.options)?;
+        if let ReplayVerdict::Diverged { divergence } = &report.verdict {
+            return Err(HostError::VersionMismatch(format!(
+                "build {} does not make run {source_id}'s calls before #{at}: {divergence}; \
+                 nothing was forked (fork from an earlier call, or with a build that makes them)",
+                loaded.digest
+            )));
+        }
+        let run_id = match run_id {
+            Some(id) => {
+                stephost_core::ids::check_run_id(id).map_err(HostError::BadInput)?;
+                id.to_string()
+            }
+            None => format!(
+                "fork-{}",
+                &stephost_core::ids::unique("stephost/fork-id/v1")[..20]
+            ),
+        };
+        let mut run = new_run(&loaded, &run_id, &source.input, source.budget).record(None);
+        run.fork = Some(fork::fork_ref(&source, prefix, at));
+        let relinked = fork::relink(&self.options.signer, &run_id, prefix);
+        let head = relinked
+            .last()
+            .map_or_else(Default::default, |c| stephost_core::chain::Head {
+                seq: c.seq,
+                link: c.chain.clone().unwrap_or_default(),
+            });
+        run.seal = Some(self.options.signer.seal(&run, &head));
+        run.trace = Some(match &self.options.telemetry {
+            Some(telemetry) => telemetry.new_trace(),
+            None => RunTrace::new(true),
+        });
+        if relinked.is_empty() {
+            let found = self.store.insert_run(&run)?;
+            if found != run {
+                return Err(StoreError::RunExists { run_id }.into());
+            }
+            return Ok(found);
+        }
+        // The row and the copied calls in one durable commit, as a run's
+        // first commit creates it: a worker finds both or neither.
+        let claim = stephost_core::Claim {
+            run_id: run_id.clone(),
+            owner: String::new(),
+            fence: run.fence,
+            lease_ms: 0,
+            lease_until_ms: 0,
+            from: None,
+        };
+        let mut ops = vec![stephost_core::WriteOp::Create(Box::new(run.clone()))];
+        ops.extend(relinked.into_iter().map(stephost_core::WriteOp::Answer));
+        let mut writer = self.take_writer()?;
+        let committed = writer.commit(&claim, ops).wait();
+        self.writer = Some(writer);
+        match committed {
+            Ok(()) => Ok(self.store.run(&run_id)?),
+            Err(StoreError::ClaimedElsewhere { .. }) => {
+                Err(StoreError::RunExists { run_id }.into())
+            }
+            Err(e) => Err(e.into()),
+        }
+    }
+
     /// The ledger's schedules ([`crate::schedules`]).
     pub fn schedules(&self) -> Result<Arc<dyn stephost_core::schedules::Schedules>, HostError> {
         Ok(self.pool.schedules()?)

@@ -28,6 +28,33 @@ pub struct RunDetail {
     pub calls: Vec<CallRecord>,
     pub attempts: Vec<AttemptRecord>,
     pub logs: Vec<LogRecord>,
+    /// The runs forked from it (the run itself names its source).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub forks: Vec<ForkView>,
+}
+
+/// A run forked from another, as its source lists it.
+#[derive(Debug, Clone, Serialize)]
+pub struct ForkView {
+    pub run_id: String,
+    /// The first call it made live.
+    pub at: u64,
+    pub status: RunStatus,
+    pub module_digest: String,
+}
+
+/// The runs forked from run `run_id`, oldest first.
+pub fn forks(store: &dyn Views, run_id: &str) -> Result<Vec<ForkView>, HostError> {
+    Ok(store
+        .forks(run_id)?
+        .into_iter()
+        .map(|f| ForkView {
+            at: f.fork.as_ref().map_or(0, |r| r.seq),
+            run_id: f.run_id,
+            status: f.status,
+            module_digest: f.module_digest,
+        })
+        .collect())
 }
 
 pub fn run_detail(store: &dyn Views, run_id: &str) -> Result<RunDetail, HostError> {
@@ -42,6 +69,7 @@ pub fn run_detail(store: &dyn Views, run_id: &str) -> Result<RunDetail, HostErro
         calls,
         attempts,
         logs,
+        forks: forks(store, run_id)?,
     })
 }
 
@@ -490,17 +518,30 @@ pub fn verify_in(
     let run = store.run(run_id)?;
     let calls = store.calls(run_id, 1, usize::MAX)?;
     let verified = verify(signer, &calls, &run);
-    let Some(parent) = &run.parent else {
-        return Ok(verified);
-    };
     if !matches!(verified, Verification::Intact { .. }) {
         return Ok(verified);
     }
+    if let Some(fork) = &run.fork
+        && let Some(reason) = fork_differs(store, signer, fork, &calls)?
+    {
+        return Ok(Verification::Broken { seq: None, reason });
+    }
+    let Some(parent) = &run.parent else {
+        return Ok(verified);
+    };
     let start = store.calls(&parent.run_id, parent.seq, 1)?.pop();
+    let parent_operations = store
+        .run(&parent.run_id)
+        .ok()
+        .map(|p| p.operations().to_string());
     let started = start.as_ref().and_then(|call| {
         let outcome: serde_json::Value = serde_json::from_str(call.outcome.as_deref()?).ok()?;
         let named = outcome["ok"]["run_id"].as_str()? == run.run_id;
-        let derived = stephost_core::ids::child_run_id(&call.operation_id) == run.run_id;
+        let derived = stephost_core::ids::child_run_id_in(
+            &parent.run_id,
+            parent_operations.as_deref().unwrap_or(&parent.run_id),
+            &call.operation_id,
+        ) == run.run_id;
         (call.interface == crate::imports::runs::INTERFACE
             && call.function == "start"
             && named
@@ -518,6 +559,57 @@ pub fn verify_in(
             ),
         },
     })
+}
+
+/// For a fork: why its kept calls are not its source's, if they are not.
+/// The source's chain is checked up to the fork's call, and its link
+/// there must be the one the fork's sealed row names; each kept call must
+/// be the source's (links aside: each run links its own). A source no
+/// longer in the ledger leaves the fork's own chain as the evidence.
+fn fork_differs(
+    store: &dyn Views,
+    signer: &Signer,
+    fork: &stephost_core::ForkRef,
+    calls: &[CallRecord],
+) -> Result<Option<String>, HostError> {
+    let source = match store.calls(&fork.run_id, 1, (fork.seq - 1) as usize) {
+        Ok(found) => found,
+        Err(stephost_core::StoreError::UnknownRun(_)) => return Ok(None),
+        Err(e) => return Err(e.into()),
+    };
+    let kept = (fork.seq - 1) as usize;
+    if source.len() != kept || calls.len() < kept {
+        return Ok(Some(format!(
+            "it is a fork of run {} at #{}, which now has {} call(s) before #{}",
+            fork.run_id,
+            fork.seq,
+            source.len(),
+            fork.seq
+        )));
+    }
+    if let Err(broken) = signer.verify_chain(&fork.run_id, &source) {
+        return Ok(Some(format!(
+            "its source, run {}, does not verify before #{}: {broken}",
+            fork.run_id, fork.seq
+        )));
+    }
+    if source.last().and_then(|c| c.chain.as_deref()) != fork.link.as_deref() {
+        return Ok(Some(format!(
+            "run {}'s link of call #{} is not the one the fork was made from",
+            fork.run_id,
+            fork.seq - 1
+        )));
+    }
+    Ok(calls
+        .iter()
+        .zip(&source)
+        .find(|(mine, theirs)| !stephost_core::fork::same_call(mine, theirs))
+        .map(|(mine, _)| {
+            format!(
+                "call #{} is not run {}'s call #{}, which the fork kept",
+                mine.seq, fork.run_id, mine.seq
+            )
+        }))
 }
 
 /// Checks a run's row against its seal and its chain of calls.

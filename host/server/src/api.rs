@@ -51,6 +51,7 @@ pub fn router(app: Arc<App>) -> Router {
         .route("/api/runs/{run_id}/export", get(export))
         .route("/api/runs/{run_id}/verify", get(verify))
         .route("/api/runs/{run_id}/replay", post(replay))
+        .route("/api/runs/{run_id}/fork", post(fork))
         .route("/api/runs/{run_id}/budget", post(raise_budget))
         .route("/api/runs/{run_id}/tree", get(tree))
         .route("/api/runs/{run_id}/cancel", post(cancel))
@@ -501,6 +502,8 @@ pub struct RunView {
     pub run: RunRecord,
     pub logs: Vec<LogRecord>,
     pub notices: Vec<Notice>,
+    /// The runs forked from it.
+    pub forks: Vec<service::ForkView>,
 }
 
 async fn run(
@@ -514,6 +517,7 @@ async fn run(
                 run: s.run(&run_id)?,
                 logs: s.logs(&run_id)?,
                 notices: s.notices(Some(&run_id), 1_000)?,
+                forks: service::forks(s, &run_id)?,
             })
         })
         .await?,
@@ -611,6 +615,36 @@ async fn replay(
         })
         .await?,
     ))
+}
+
+/// A fork to make: the first call it makes live, its build (default the
+/// run's own) and its run id (default a new one).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ForkBody {
+    pub at: u64,
+    #[serde(flatten)]
+    pub module: ModuleRef,
+    pub run_id: Option<String>,
+}
+
+/// Forks a run at a call ([`stephost_core::fork`]): the new run, pending.
+async fn fork(
+    State(app): State<Arc<App>>,
+    _operator: Operator,
+    _fits: Fits,
+    path: Result<Path<String>, PathRejection>,
+    body: Result<Json<ForkBody>, JsonRejection>,
+) -> Result<(StatusCode, Json<RunRecord>), ApiError> {
+    let (Path(run_id), Json(body)) = (path?, body?);
+    let forked = app
+        .with_host(move |host| {
+            let module = body.module.bytes(host)?;
+            let given = module.as_ref().map(|(b, w)| (b.as_slice(), w.as_str()));
+            Ok(host.fork(&run_id, body.at, given, body.run_id.as_deref())?)
+        })
+        .await?;
+    Ok((StatusCode::CREATED, Json(forked)))
 }
 
 async fn approvals(

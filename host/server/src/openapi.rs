@@ -55,7 +55,7 @@ fn error_codes(status: u16) -> &'static str {
         404 => "not_found, unknown_run, unknown_module, unknown_schedule",
         409 => {
             "not_decidable, run_exists, run_ended, conflict, diverged, integrity, \
-             promise_expired, promise_completed, schedule_exists"
+             promise_expired, promise_completed, schedule_exists, fork_refused"
         }
         413 => "too_large: a body over json_body_bytes_max (module_bytes_max for an upload)",
         429 => {
@@ -213,6 +213,16 @@ fn operations() -> Vec<Operation> {
             &["outcome", "message"],
         ),
     ]});
+    let fork = object(
+        json!({
+            "at": {"type": "integer", "minimum": 1, "maximum": i64::MAX,
+                   "description": "the first call the fork makes live; the calls before it are kept"},
+            "module_digest": nullable_string(),
+            "module_base64": module_base64(json!(["string", "null"])),
+            "run_id": chosen_run_id(),
+        }),
+        &["at"],
+    );
     let schedule = object(
         json!({
             "name": {"type": "string", "minLength": 1, "maxLength": stephost_core::schedules::NAME_BYTES_MAX,
@@ -489,6 +499,16 @@ fn operations() -> Vec<Operation> {
             query: vec![],
             body: Body::Json(replay, false),
             ok: (200, "application/json", any_object.clone()),
+            more: &[409],
+        },
+        Operation {
+            method: "post",
+            path: "/api/runs/{run_id}/fork",
+            summary: "Fork a run from a call (stephost fork): a new run, pending for a worker, keeping the calls before `at` with their outcomes and operation ids, pinned to the build given (default the run's own), which must make those calls (else 409 diverged, naming the call); a kept call whose outcome is in doubt, or a child or promise the kept calls do not join or wait for, is refused (409 fork_refused). The run is unchanged and lists its forks.",
+            access: Operator,
+            query: vec![],
+            body: Body::Json(fork, true),
+            ok: (201, "application/json", json!({"type": "object"})),
             more: &[409],
         },
         Operation {

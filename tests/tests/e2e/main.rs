@@ -7,6 +7,7 @@ mod bad_input;
 mod children;
 mod crash_resume;
 mod embedding;
+mod forks;
 mod golden;
 mod http_effects;
 mod languages;

@@ -78,6 +78,9 @@ impl CallSpec<'_> {
 #[derive(Debug, Clone)]
 pub struct OpContext<'a> {
     pub run_id: &'a str,
+    /// The run whose id the operation ids of this run's calls derive from:
+    /// `run_id`, or a fork's source ([`crate::ForkRef::operations`]).
+    pub operations: &'a str,
     pub seq: u64,
     /// The call's class as recorded (on reconciliation) or as configured.
     pub class: CallClass,
@@ -92,12 +95,14 @@ impl<'a> OpContext<'a> {
     /// The operation of a call recorded (or being recorded) for run `run_id`.
     fn of(
         run_id: &'a str,
+        operations: &'a str,
         trace: Option<&'a RunTrace>,
         recorded: &'a CallRecord,
         fence: i64,
     ) -> Self {
         OpContext {
             run_id,
+            operations,
             seq: recorded.seq,
             class: recorded.class,
             operation_id: &recorded.operation_id,
@@ -475,6 +480,8 @@ enum Next {
 /// The per-run state of the durable wrapper.
 pub struct Journal {
     run_id: String,
+    /// For a fork: the run its operation ids derive from (else `run_id`).
+    operations: Option<String>,
     mode: Mode,
     history: History,
     next_seq: u64,
@@ -608,6 +615,7 @@ impl Journal {
         }
         Journal {
             run_id: run_id.to_string(),
+            operations: None,
             mode,
             history,
             next_seq: 1,
@@ -686,6 +694,18 @@ impl Journal {
     /// Whether `pending` still records the run itself.
     fn creates_run(pending: &[WriteOp]) -> bool {
         matches!(pending.first(), Some(WriteOp::Create(_)))
+    }
+
+    /// Derives the operation ids of the calls this execution makes from
+    /// run `operations`' id: a fork's source's ([`crate::fork`]), so a
+    /// write it makes again reaches the receiver as the same operation.
+    pub fn set_operations(&mut self, operations: &str) {
+        self.operations = (operations != self.run_id).then(|| operations.to_string());
+    }
+
+    /// The run whose id this execution's operation ids derive from.
+    pub fn operations(&self) -> &str {
+        self.operations.as_deref().unwrap_or(&self.run_id)
     }
 
     pub fn set_control(&mut self, control: std::sync::Arc<RunControl>) {
@@ -1183,7 +1203,7 @@ impl Journal {
         let operation_id = if spec.class == CallClass::Observe {
             String::new()
         } else {
-            ids::operation_id(&self.run_id, spec.function, seq, spec.key)
+            ids::operation_id(self.operations(), spec.function, seq, spec.key)
         };
         CallRecord {
             seq,
@@ -1221,7 +1241,13 @@ impl Journal {
             scrub: &self.call_scrub,
         };
         let outcome = match live.perform(
-            &OpContext::of(&self.run_id, self.trace.as_ref(), &record, fence),
+            &OpContext::of(
+                &self.run_id,
+                self.operations.as_deref().unwrap_or(&self.run_id),
+                self.trace.as_ref(),
+                &record,
+                fence,
+            ),
             &mut attempts,
         ) {
             Performed::Done(outcome) => outcome,
@@ -1307,7 +1333,13 @@ impl Journal {
             scrub: &self.call_scrub,
         };
         let performed = live.perform(
-            &OpContext::of(&self.run_id, self.trace.as_ref(), &started, fence),
+            &OpContext::of(
+                &self.run_id,
+                self.operations.as_deref().unwrap_or(&self.run_id),
+                self.trace.as_ref(),
+                &started,
+                fence,
+            ),
             &mut attempts,
         );
         crash::point("after-send", seq);
@@ -1467,7 +1499,13 @@ impl Journal {
         live: &mut dyn LiveCall,
     ) -> Result<Outcome, Stop> {
         let seq = recorded.seq;
-        let op = OpContext::of(&self.run_id, self.trace.as_ref(), recorded, self.fence());
+        let op = OpContext::of(
+            &self.run_id,
+            self.operations.as_deref().unwrap_or(&self.run_id),
+            self.trace.as_ref(),
+            recorded,
+            self.fence(),
+        );
         match live.wait(&op, recorded.started_at_ms) {
             Wait::Ready(outcome) => {
                 let kept = self.kept(recorded.seq, &outcome);
@@ -1550,7 +1588,13 @@ impl Journal {
         live: &mut dyn LiveCall,
     ) -> Result<Outcome, Stop> {
         let seq = recorded.seq;
-        let op = OpContext::of(&self.run_id, self.trace.as_ref(), recorded, self.fence());
+        let op = OpContext::of(
+            &self.run_id,
+            self.operations.as_deref().unwrap_or(&self.run_id),
+            self.trace.as_ref(),
+            recorded,
+            self.fence(),
+        );
         // Attempt numbers go on from those of the executions before. An
         // execution that ended between `started` and its outcome may have
         // sent the request with no attempt recorded: that attempt is

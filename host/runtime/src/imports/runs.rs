@@ -335,7 +335,7 @@ fn start(state: &mut StepState, join_set: &str, spec: &ChildSpec) -> Result<Outc
             ));
         }
         let module = steps.resolve(&spec.step)?;
-        let run_id = stephost_core::ids::child_run_id(op.operation_id);
+        let run_id = stephost_core::ids::child_run_id_in(op.run_id, op.operations, op.operation_id);
         let mut child = NewRun {
             run_id: &run_id,
             module_digest: &module.digest,

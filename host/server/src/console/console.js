@@ -169,6 +169,28 @@ function cancelForm(runId) {
   return [form, out];
 }
 
+// A fork of the run from a call: the calls before it kept (and not paid
+// again), the build given (or the run's own) going live from there.
+function forkForm(runId) {
+  const out = el("div", {role: "status"});
+  const form = el("form", {"aria-label": "Fork this run", onsubmit: async ev => {
+    ev.preventDefault();
+    if (!form.reportValidity()) return;
+    const f = new FormData(form);
+    try {
+      const made = await api(`/api/runs/${encodeURIComponent(runId)}/fork`, {method: "POST",
+        body: JSON.stringify({at: Number(f.get("at")), module_digest: f.get("digest") || null})});
+      flash = {runId: made.run_id, text: `Forked from call #${f.get("at")} as ${made.run_id}: a worker runs it from there.`};
+      route();
+    } catch (e) { out.replaceChildren(el("div", {class: "error", role: "alert"}, e.message)); }
+  }},
+    el("div", {class: "row"},
+      el("label", {}, "From call #", el("input", {name: "at", type: "number", min: 1, required: true, size: 6})),
+      el("label", {}, "Build (module digest; empty: this run's)", el("input", {name: "digest", size: 40, autocomplete: "off"})),
+      el("button", {type: "submit", class: "secondary"}, "Fork")));
+  return [form, out];
+}
+
 async function runView(runId, params) {
   const from = Number(params.from_seq || 1);
   const [view, page, tree] = await Promise.all([
@@ -190,6 +212,10 @@ async function runView(runId, params) {
     el("dt", {}, "Created"), el("dd", {}, time(r.created_at_ms)),
     r.parent ? [el("dt", {}, "Started by"), el("dd", {}, el("a", {href: `#/run/${encodeURIComponent(r.parent.run_id)}`, class: "mono"}, r.parent.run_id),
       ` call #${r.parent.seq}, set ${r.parent.join_set}`, r.parent.detached ? " (detached)" : "")] : null,
+    r.fork ? [el("dt", {}, "Forked from"), el("dd", {}, el("a", {href: `#/run/${encodeURIComponent(r.fork.run_id)}`, class: "mono"}, r.fork.run_id),
+      ` at call #${r.fork.seq} (the calls before it are that run's)`)] : null,
+    view.forks.length ? [el("dt", {}, "Forks"), el("dd", {}, view.forks.map(f => el("div", {},
+      el("a", {href: `#/run/${encodeURIComponent(f.run_id)}`, class: "mono"}, f.run_id), ` from call #${f.at}, `, status(f.status))))] : null,
     r.cancel ? [el("dt", {}, "Cancelled"), el("dd", {}, `by ${r.cancel.by} at ${time(r.cancel.at_ms)}`, r.cancel.reason ? `: ${r.cancel.reason}` : "")] : null,
     spent.tokens ? [el("dt", {}, "Model tokens"), el("dd", {}, `${spent.tokens}`,
       spent.cost ? ` ($${(spent.cost / 1e6).toFixed(6)})` : "", page.next_seq || from > 1 ? " in the calls shown" : "")] : null,
@@ -225,8 +251,14 @@ async function runView(runId, params) {
         box.append(conversation(whole));
       } catch (e) { box.append(el("div", {class: "error"}, e.message)); }
     }}, el("summary", {}, "conversation")) : null;
+    // Fills the fork form with this call, the first the fork makes live.
+    const forkHere = el("button", {type: "button", class: "secondary", "aria-label": `Fork from call ${c.seq}`, onclick: () => {
+      const at = main.querySelector("form[aria-label='Fork this run'] input[name=at]");
+      at.value = c.seq;
+      at.focus();
+    }}, "fork here");
     return el("tr", {class: c.seq === divergedAt ? "diverged" : "", id: `call-${c.seq}`},
-      el("td", {}, c.seq),
+      el("td", {}, c.seq, el("div", {}, forkHere)),
       el("td", {}, c.class),
       el("td", {}, el("div", {class: "mono"}, c.name), c.operation_id ? el("div", {class: "mono", title: "operation id (Idempotency-Key)"}, "op ", c.operation_id.slice(0, 16)) : null),
       el("td", {}, status(c.state), c.resolved_by ? el("div", {}, "by ", c.resolved_by) : null,
@@ -269,6 +301,9 @@ async function runView(runId, params) {
       "Waiting for a person in this tree: ", tree.needs_a_person.join("; "), " (see Approvals and Unknown calls)") : null,
     tree.children.length ? [el("h3", {}, "Runs below"), el("ul", {class: "tree", "aria-label": "Runs below"}, tree.children.map(treeNode))] : null,
     ["completed", "failed", "diverged", "cancelled"].includes(r.status) || r.cancel ? null : cancelForm(runId),
+    el("h3", {}, "Fork"),
+    el("p", {class: "muted"}, "A new run keeping the calls before the one given (their outcomes and operation ids: a write made again reaches its receiver as the same operation), with this build or another that makes those calls."),
+    forkForm(runId),
     el("h3", {}, "Timeline"),
     el("p", {class: "muted"}, "Each call was performed live once, under the fence shown; an execution under a later fence replayed it from the ledger (\u201creplayed since\u201d) instead of performing it again."),
     nav, timeline,
