@@ -18,7 +18,7 @@
 //! | how a host runs steps | `options` |
 //! | an execution | `instance` (one execution's store, limits and WASI) |
 //! | its journal | `execution` (an execution's journal and its end), `replay` (fixtures and reports) |
-//! | a host over a ledger | `runner` (run, resume, replay, upgrade) |
+//! | a host over a ledger | `runner` (run, resume, replay, upgrade, fork), `schedules` (schedules as an operator changes them and workers fire them) |
 //! | its users | `service` (what the CLI and the server share), `worker` (claims due runs, executes several at once) |
 //! | configuration | `config` (`stephost.toml`, composed of the effects' sections), `fuzzing` (what the fuzz targets feed) |
 
