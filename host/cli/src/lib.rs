@@ -1339,7 +1339,7 @@ fn print_worker_report(
         None,
         format_args!(
             "{} completed, {} failed, {} parked, {} cancelled, {} released, {} abandoned, {} claim \
-             conflicts, {} lease losses{shared}",
+             conflicts, {} lease losses, {} schedule slot(s) fired{shared}",
             report.completed,
             report.failed,
             report.parked,
@@ -1348,6 +1348,7 @@ fn print_worker_report(
             report.abandoned,
             report.claim_conflicts,
             report.lease_losses,
+            report.scheduled,
         ),
     );
 }

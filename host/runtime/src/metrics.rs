@@ -63,6 +63,14 @@ pub const COUNTERS: &[(&str, &str)] = &[
         "Child runs started by runs (runs.start), each once.",
     ),
     (
+        "schedule_runs_fired_total",
+        "Runs recorded for schedules' slots, each once whatever the number of workers.",
+    ),
+    (
+        "schedule_slots_skipped_total",
+        "Schedules' slots passed over: missed by more than the catch-up window, or skipped while the last firing's run was unfinished.",
+    ),
+    (
         "lease_loss_total",
         "Claims whose lease could not be renewed (the run was stopped).",
     ),

@@ -146,9 +146,12 @@ pub fn remove(schedules: &dyn Schedules, name: &str) -> Result<(), HostError> {
 /// What a worker's look at the schedules did.
 #[derive(Debug, Default)]
 pub struct Fired {
-    /// The runs recorded for due slots (found, if another worker made
-    /// them first).
+    /// The runs this look recorded for due slots (not those another
+    /// worker had recorded first).
     pub runs: Vec<String>,
+    /// Slots passed over: older than the catch-up window, or skipped while
+    /// the last firing's run was unfinished.
+    pub skipped: u64,
     /// The earliest next slot of any schedule, to look again then.
     pub next_at_ms: Option<i64>,
 }
@@ -186,15 +189,28 @@ pub fn fire_due(
             None => false,
         };
         let look = schedules::look(&schedule, &timing, now_ms, last_busy);
+        let mut made = Vec::new();
         for slot in &look.fire {
             let run = firing(&schedule, *slot, signer);
-            let found = store.insert_run(&run)?;
-            fired.runs.push(found.run_id);
+            // Found as another worker made it (its own trace), or made now.
+            if store.insert_run(&run)? == run {
+                made.push(run.run_id);
+            }
         }
         let mut next = look.next;
         next.updated_at_ms = now_ms;
-        // Lost to another worker: it fired the same slots (the same runs).
-        schedules.swap(schedule.version, &next, false)?;
+        // Lost to another worker: it fired the same slots (the same runs)
+        // and counts them.
+        if schedules.swap(schedule.version, &next, false)? {
+            fired.skipped += look.skipped;
+        }
+        fired.runs.extend(made);
+    }
+    if !fired.runs.is_empty() || fired.skipped > 0 {
+        let mut counters = stephost_core::journal::Counters::new();
+        counters.insert("schedule_runs_fired_total", fired.runs.len() as i64);
+        counters.insert("schedule_slots_skipped_total", fired.skipped as i64);
+        store.add_counters(&counters)?;
     }
     fired.next_at_ms = schedules.next_at()?;
     Ok(fired)

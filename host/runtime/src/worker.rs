@@ -93,8 +93,7 @@ pub struct WorkerReport {
     /// Runs not claimed, or stopped, because their record does not verify
     /// against the chain key.
     pub integrity_refusals: usize,
-    /// Schedules' slots this worker fired (each a run, found if another
-    /// worker fired the slot first).
+    /// Schedules' slots this worker fired (each a run it recorded).
     pub scheduled: usize,
     /// How the runs' commits shared transactions and fsyncs (with
     /// `concurrency` above 1; zeros otherwise).

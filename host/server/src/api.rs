@@ -245,27 +245,72 @@ impl<'de> Deserialize<'de> for Budget {
             let Some(number) = bound.as_number() else {
                 continue;
             };
-            if number.is_u64() || number.is_i64() {
-                continue;
+            // What is not a whole number serde says is not.
+            match whole_number(number) {
+                Whole::Is(whole) => *bound = serde_json::Value::from(whole),
+                Whole::PastDoubles => {
+                    return Err(D::Error::custom(format!(
+                        "{name}: {}",
+                        past_doubles(number)
+                    )));
+                }
+                Whole::Not => {}
             }
-            let Some(whole) = number.as_f64().filter(|f| f.fract() == 0.0 && *f >= 0.0) else {
-                continue;
-            };
-            if whole <= WHOLE_DOUBLE_MAX {
-                *bound = serde_json::Value::from(whole as u64);
-            } else if whole < U64_END {
-                return Err(D::Error::custom(format!(
-                    "{name}: {number} is written with a fraction or an exponent and is past \
-                     2^53, where that no longer says which whole number it is; write it as \
-                     digits alone"
-                )));
-            }
-            // From 2^64 on, serde says it is out of range.
         }
         stephost_core::RunBudget::deserialize(value)
             .map(Budget)
             .map_err(D::Error::custom)
     }
+}
+
+/// What a JSON number is as a whole number of 0 or more.
+enum Whole {
+    Is(u64),
+    /// Written with a fraction or an exponent past 2^53.
+    PastDoubles,
+    Not,
+}
+
+/// `number` as a whole number of 0 or more: digits, or written with a zero
+/// fraction or an exponent up to 2^53 (see [`Budget`]).
+fn whole_number(number: &serde_json::Number) -> Whole {
+    if let Some(whole) = number.as_u64() {
+        return Whole::Is(whole);
+    }
+    match number.as_f64().filter(|f| f.fract() == 0.0 && *f >= 0.0) {
+        Some(whole) if whole <= WHOLE_DOUBLE_MAX => Whole::Is(whole as u64),
+        Some(whole) if whole < U64_END => Whole::PastDoubles,
+        _ => Whole::Not,
+    }
+}
+
+fn past_doubles(number: &serde_json::Number) -> String {
+    format!(
+        "{number} is written with a fraction or an exponent and is past 2^53, where that no \
+         longer says which whole number it is; write it as digits alone"
+    )
+}
+
+/// A body's whole number, written as [`Budget`]'s bounds may be.
+pub(crate) fn whole<'de, D: serde::Deserializer<'de>>(d: D) -> Result<u64, D::Error> {
+    use serde::de::Error as _;
+    let number = serde_json::Number::deserialize(d)?;
+    match whole_number(&number) {
+        Whole::Is(whole) => Ok(whole),
+        Whole::PastDoubles => Err(D::Error::custom(past_doubles(&number))),
+        Whole::Not => Err(D::Error::custom(format!(
+            "{number} is not a whole number of 0 or more"
+        ))),
+    }
+}
+
+/// [`whole`], for a field that may be null or absent.
+pub(crate) fn whole_or_none<'de, D: serde::Deserializer<'de>>(
+    d: D,
+) -> Result<Option<u64>, D::Error> {
+    #[derive(Deserialize)]
+    struct Wrapped(#[serde(deserialize_with = "whole")] u64);
+    Ok(Option::<Wrapped>::deserialize(d)?.map(|Wrapped(n)| n))
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -622,6 +667,7 @@ async fn replay(
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ForkBody {
+    #[serde(deserialize_with = "whole")]
     pub at: u64,
     #[serde(flatten)]
     pub module: ModuleRef,
@@ -855,5 +901,21 @@ mod tests {
             let e = budget(json).unwrap_err();
             assert!(e.contains(says), "{json}: {e}");
         }
+    }
+
+    #[test]
+    fn a_forks_call_number_is_a_whole_number_however_it_is_written() {
+        let at = |json: &str| serde_json::from_str::<ForkBody>(json).map(|b| b.at);
+        assert_eq!(at(r#"{"at": 3}"#).unwrap(), 3);
+        assert_eq!(at(r#"{"at": 3.0}"#).unwrap(), 3);
+        assert_eq!(at(r#"{"at": 3e2}"#).unwrap(), 300);
+        assert!(at(r#"{"at": 3.5}"#).is_err());
+        assert!(at(r#"{"at": -1}"#).is_err());
+        assert!(
+            at(r#"{"at": 1e17}"#)
+                .unwrap_err()
+                .to_string()
+                .contains("2^53")
+        );
     }
 }

@@ -223,6 +223,12 @@ fn operations() -> Vec<Operation> {
         }),
         &["at"],
     );
+    // One build at most: a digest or bytes.
+    let mut fork = fork;
+    fork["not"] = json!({
+        "required": ["module_digest", "module_base64"],
+        "properties": {"module_digest": {"type": "string"}, "module_base64": {"type": "string"}},
+    });
     let schedule = object(
         json!({
             "name": {"type": "string", "minLength": 1, "maxLength": stephost_core::schedules::NAME_BYTES_MAX,
@@ -239,6 +245,12 @@ fn operations() -> Vec<Operation> {
                             "description": "how late a missed slot may still fire (default 60000)"},
         }),
         &["name", "cron"],
+    );
+    // The build, named one way: a digest, bytes, or a step the ledger ran.
+    let mut schedule = schedule;
+    schedule["oneOf"] = json!(
+        ["module_digest", "module_base64", "step"]
+            .map(|field| json!({"required": [field], "properties": {field: {"type": "string"}}}))
     );
     let complete = json!({"oneOf": [
         object(
@@ -732,7 +744,7 @@ pub fn openapi() -> Value {
                     "type": "object",
                     "required": ["code", "message", "fix"],
                     "properties": {
-                        "code": {"type": "string", "enum": ["bad_input", "unauthorized", "forbidden", "not_found", "method_not_allowed", "unknown_run", "unknown_module", "not_decidable", "run_exists", "run_ended", "conflict", "diverged", "integrity", "too_large", "too_many_streams", "too_many_completions", "promise_expired", "promise_completed", "unavailable", "internal"]},
+                        "code": {"type": "string", "enum": ["bad_input", "unauthorized", "forbidden", "not_found", "method_not_allowed", "unknown_run", "unknown_module", "not_decidable", "run_exists", "run_ended", "conflict", "diverged", "integrity", "too_large", "too_many_streams", "too_many_completions", "promise_expired", "promise_completed", "unknown_schedule", "schedule_exists", "fork_refused", "unavailable", "internal"]},
                         "message": {"type": "string"},
                         "fix": {"type": "string"}
                     }

@@ -35,7 +35,7 @@ pub struct AddBody {
     pub input: Option<serde_json::Value>,
     #[serde(default)]
     pub overlap: Option<String>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "crate::api::whole_or_none")]
     pub catch_up_ms: Option<u64>,
 }
 

@@ -141,6 +141,10 @@ fn three_workers_fire_each_missed_slot_in_the_window_once_and_none_before_it() {
         stephost_tests::distinct_operations(&orders).len(),
         runs.len()
     );
+    // Each slot's run was made by one worker; the slots before the window
+    // were passed over.
+    assert_eq!(sb.metric("schedule_runs_fired_total"), runs.len() as i64);
+    assert!(sb.metric("schedule_slots_skipped_total") >= 1);
     let tick = &list(&sb)[0];
     assert_eq!(
         tick["last_run_id"],

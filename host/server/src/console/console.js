@@ -258,7 +258,7 @@ async function runView(runId, params) {
       at.focus();
     }}, "fork here");
     return el("tr", {class: c.seq === divergedAt ? "diverged" : "", id: `call-${c.seq}`},
-      el("td", {}, c.seq, el("div", {}, forkHere)),
+      el("td", {}, c.seq),
       el("td", {}, c.class),
       el("td", {}, el("div", {class: "mono"}, c.name), c.operation_id ? el("div", {class: "mono", title: "operation id (Idempotency-Key)"}, "op ", c.operation_id.slice(0, 16)) : null),
       el("td", {}, status(c.state), c.resolved_by ? el("div", {}, "by ", c.resolved_by) : null,
@@ -268,10 +268,11 @@ async function runView(runId, params) {
         c.tokens ? el("div", {class: "muted"}, `${c.tokens} tokens`, c.cost_micro_usd ? `, $${(c.cost_micro_usd / 1e6).toFixed(6)}` : "") : null),
       el("td", {}, c.attempts.length ? el("ol", {}, c.attempts.map(a => el("li", {}, `${a.kind}: ${a.result}`, a.detail ? ` (${a.detail})` : ""))) : ""),
       el("td", {}, chat, body("request", c.request, c.truncated && c.request_bytes > c.request.length ? c.request_bytes : 0, "request"),
-        c.outcome ? body("outcome", c.outcome, c.truncated && c.outcome_bytes > c.outcome.length ? c.outcome_bytes : 0, "outcome") : null));
+        c.outcome ? body("outcome", c.outcome, c.truncated && c.outcome_bytes > c.outcome.length ? c.outcome_bytes : 0, "outcome") : null),
+      el("td", {}, forkHere));
   });
   const timeline = calls.length ? el("table", {}, el("caption", {class: "visually-hidden"}, "Call timeline"),
-      el("thead", {}, el("tr", {}, ["#", "Class", "Call", "State", "Fence", "Took", "Attempts", "Bodies"].map(h => el("th", {scope: "col"}, h)))),
+      el("thead", {}, el("tr", {}, ["#", "Class", "Call", "State", "Fence", "Took", "Attempts", "Bodies", "Fork"].map(h => el("th", {scope: "col"}, h)))),
       el("tbody", {}, calls))
     : el("p", {class: "empty"}, from > 1 ? "No calls from here on." : "The run has made no calls yet.");
   const nav = el("p", {}, from > 1 ? el("a", {href: `#/run/${encodeURIComponent(runId)}`}, "← first calls") : null, " ",
