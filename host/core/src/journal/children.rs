@@ -68,7 +68,7 @@ impl Journal {
         let fence = self.fence();
         let made = child(&OpContext::of(
             &self.run_id,
-            self.operations(),
+            &self.operations,
             self.trace.as_ref(),
             &record,
             fence,

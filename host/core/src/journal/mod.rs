@@ -480,8 +480,9 @@ enum Next {
 /// The per-run state of the durable wrapper.
 pub struct Journal {
     run_id: String,
-    /// For a fork: the run its operation ids derive from (else `run_id`).
-    operations: Option<String>,
+    /// The run its operation ids derive from: `run_id`, or a fork's
+    /// source's ([`Journal::set_operations`]).
+    operations: String,
     mode: Mode,
     history: History,
     next_seq: u64,
@@ -615,7 +616,7 @@ impl Journal {
         }
         Journal {
             run_id: run_id.to_string(),
-            operations: None,
+            operations: run_id.to_string(),
             mode,
             history,
             next_seq: 1,
@@ -700,12 +701,7 @@ impl Journal {
     /// run `operations`' id: a fork's source's ([`crate::fork`]), so a
     /// write it makes again reaches the receiver as the same operation.
     pub fn set_operations(&mut self, operations: &str) {
-        self.operations = (operations != self.run_id).then(|| operations.to_string());
-    }
-
-    /// The run whose id this execution's operation ids derive from.
-    pub fn operations(&self) -> &str {
-        self.operations.as_deref().unwrap_or(&self.run_id)
+        self.operations = operations.to_string();
     }
 
     pub fn set_control(&mut self, control: std::sync::Arc<RunControl>) {
@@ -1203,7 +1199,7 @@ impl Journal {
         let operation_id = if spec.class == CallClass::Observe {
             String::new()
         } else {
-            ids::operation_id(self.operations(), spec.function, seq, spec.key)
+            ids::operation_id(&self.operations, spec.function, seq, spec.key)
         };
         CallRecord {
             seq,
@@ -1243,7 +1239,7 @@ impl Journal {
         let outcome = match live.perform(
             &OpContext::of(
                 &self.run_id,
-                self.operations.as_deref().unwrap_or(&self.run_id),
+                &self.operations,
                 self.trace.as_ref(),
                 &record,
                 fence,
@@ -1335,7 +1331,7 @@ impl Journal {
         let performed = live.perform(
             &OpContext::of(
                 &self.run_id,
-                self.operations.as_deref().unwrap_or(&self.run_id),
+                &self.operations,
                 self.trace.as_ref(),
                 &started,
                 fence,
@@ -1501,7 +1497,7 @@ impl Journal {
         let seq = recorded.seq;
         let op = OpContext::of(
             &self.run_id,
-            self.operations.as_deref().unwrap_or(&self.run_id),
+            &self.operations,
             self.trace.as_ref(),
             recorded,
             self.fence(),
@@ -1590,7 +1586,7 @@ impl Journal {
         let seq = recorded.seq;
         let op = OpContext::of(
             &self.run_id,
-            self.operations.as_deref().unwrap_or(&self.run_id),
+            &self.operations,
             self.trace.as_ref(),
             recorded,
             self.fence(),
