@@ -108,6 +108,12 @@ idempotent = true
     format!("{config}{lookup}").replace("URL", url)
 }
 
+/// A configuration whose `llm` is the scripted model server at `url`
+/// (model `stub-model`, its key in `STEPHOST_TEST_KEY`).
+pub fn llm_config(url: &str) -> String {
+    format!("[llm]\nurl = \"{url}\"\nmodel = \"stub-model\"\napi_key_env = \"STEPHOST_TEST_KEY\"\n")
+}
+
 /// The result of one `stephost` invocation.
 #[derive(Debug)]
 pub struct Ran {

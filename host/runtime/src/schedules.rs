@@ -240,6 +240,7 @@ fn firing(schedule: &Schedule, slot_ms: i64, signer: &Signer) -> RunRecord {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::Arc;
     use stephost_core::Pool;
     use stephost_core::memory::MemoryPool;
 
@@ -262,11 +263,18 @@ mod tests {
         }
     }
 
+    /// An in-memory ledger's schedules and store.
+    fn ledger() -> (Arc<dyn Schedules>, Box<dyn Store>) {
+        let pool = MemoryPool::new();
+        (
+            pool.schedules().expect("schedules"),
+            pool.store().expect("store"),
+        )
+    }
+
     #[test]
     fn two_workers_firing_the_same_slots_make_each_run_once() {
-        let pool = MemoryPool::new();
-        let schedules = pool.schedules().expect("schedules");
-        let store = pool.store().expect("store");
+        let (schedules, store) = ledger();
         let added = add(
             schedules.as_ref(),
             target(),
@@ -288,9 +296,7 @@ mod tests {
 
     #[test]
     fn a_paused_schedule_fires_nothing_and_resumes_from_the_next_slot() {
-        let pool = MemoryPool::new();
-        let schedules = pool.schedules().expect("schedules");
-        let store = pool.store().expect("store");
+        let (schedules, store) = ledger();
         let added = add(
             schedules.as_ref(),
             target(),

@@ -290,13 +290,7 @@ fn base64_of(path: &str) -> String {
 #[test]
 fn a_model_answer_before_the_fork_is_reused_not_paid_again() {
     let stub = ModelStub::start("Order 7 more widgets.", 42);
-    let sb = Sandbox::with_config(
-        BIN,
-        &format!(
-            "[llm]\nurl = \"{}\"\nmodel = \"stub-model\"\napi_key_env = \"STEPHOST_TEST_KEY\"\n",
-            stub.url()
-        ),
-    );
+    let sb = Sandbox::with_config(BIN, &stephost_tests::llm_config(&stub.url()));
     let with_key = |args: &[&str]| {
         sb.stephost_with_env("STEPHOST_TEST_KEY", std::ffi::OsStr::new("sk-test"), args)
     };

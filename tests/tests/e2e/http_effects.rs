@@ -390,13 +390,7 @@ retry = {{ attempts_max = 3, backoff_first_ms = 10 }}
 #[test]
 fn an_llm_completion_is_recorded_with_its_tokens_and_replayed_without_the_endpoint() {
     let stub = ModelStub::start("Order 7 more widgets.", 42);
-    let sb = Sandbox::with_config(
-        BIN,
-        &format!(
-            "[llm]\nurl = \"{}\"\nmodel = \"stub-model\"\napi_key_env = \"STEPHOST_TEST_KEY\"\n",
-            stub.url()
-        ),
-    );
+    let sb = Sandbox::with_config(BIN, &stephost_tests::llm_config(&stub.url()));
     let ran = sb
         .command(&[
             "run",
@@ -438,9 +432,8 @@ fn an_llm_completion_past_the_runs_token_budget_is_not_sent_and_replays_refused(
     let stub = ModelStub::start("never", 42);
     let config = |tokens: u64| {
         format!(
-            "[llm]\nurl = \"{}\"\nmodel = \"stub-model\"\napi_key_env = \"STEPHOST_TEST_KEY\"\n\
-             [limits]\nmodel_tokens_max = {tokens}\n",
-            stub.url()
+            "{}[limits]\nmodel_tokens_max = {tokens}\n",
+            stephost_tests::llm_config(&stub.url())
         )
     };
     // The request alone (about four bytes a token) is past 5 tokens.
@@ -869,13 +862,7 @@ fn a_placeholder_in_a_url_host_is_refused_when_the_configuration_loads() {
 #[test]
 fn a_model_answer_is_committed_before_the_step_sees_it_and_never_asked_twice() {
     let stub = ModelStub::start("Order 7 more widgets.", 42);
-    let sb = Sandbox::with_config(
-        BIN,
-        &format!(
-            "[llm]\nurl = \"{}\"\nmodel = \"stub-model\"\napi_key_env = \"STEPHOST_TEST_KEY\"\n",
-            stub.url()
-        ),
-    );
+    let sb = Sandbox::with_config(BIN, &stephost_tests::llm_config(&stub.url()));
     // The process dies right after the model answered (its first call).
     let crashed = sb
         .command(&[
