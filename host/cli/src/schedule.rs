@@ -172,15 +172,16 @@ fn print_schedules(rows: &[Schedule]) {
     let mut out = std::io::stdout().lock();
     let _ = writeln!(
         out,
-        "{:<20} {:<16} {:<12} {:<10} {:<8} {:<24} LAST RUN",
+        "{:<20} {:<16} {:<16} {:<10} {:<8} {:<24} LAST RUN",
         "NAME", "CRON", "TIMEZONE", "OVERLAP", "STATE", "NEXT"
     );
     for s in rows {
         let _ = writeln!(
             out,
-            "{:<20} {:<16} {:<12} {:<10} {:<8} {:<24} {}",
+            "{:<20} {:<16} {:<16} {:<10} {:<8} {:<24} {}",
             s.name,
-            Safe(&s.cron),
+            // Made a string first: the padding is of what is shown.
+            Safe(&s.cron).to_string(),
             s.timezone,
             s.overlap.as_str(),
             if s.paused { "paused" } else { "active" },
