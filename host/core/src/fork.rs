@@ -13,6 +13,9 @@
 //!   promise made there waited for there: its end reaches only S's inbox,
 //!   so a fork could not join it; such children are shared (the fork keeps
 //!   the recorded joins), never run again;
+//! - the fork's row is written with the prefix as a run's first execution
+//!   (fencing token 1) would leave it: pending, its kept calls recorded
+//!   under that token, so a worker's claim reads them as any history;
 //! - the prefix is relinked under the fork's own run id, so the fork's
 //!   chain verifies like any run's; the fork's row names S, `at` and S's
 //!   link of call `at - 1`, sealed with its input, so `verify` checks the

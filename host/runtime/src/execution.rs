@@ -106,9 +106,8 @@ pub fn journal_for(
         Some(stephost_core::RunStatus::Pending | stephost_core::RunStatus::Waiting)
     );
     // Every ledger write needs a claim, so a run claimed for the first time
-    // (fencing token 1) has recorded nothing: no history to read. But a
-    // fork: its calls before the fork came with its row.
-    let recorded = if claim.fence == 1 && run.fork.is_none() {
+    // (fencing token 1) has recorded nothing: no history to read.
+    let recorded = if claim.fence == 1 {
         Ok((History::empty(&run.run_id), Vec::new()))
     } else {
         store

@@ -749,6 +749,11 @@ impl Host {
         };
         let mut run = new_run(&loaded, &run_id, &source.input, source.budget).record(None);
         run.fork = Some(fork::fork_ref(&source, prefix, at));
+        // Its row is as its first execution (fencing token 1) would leave
+        // it, having recorded the kept calls: a worker's claim is its second,
+        // and reads them like any recorded history.
+        run.fence = 1;
+        run.version = 1;
         let relinked = fork::relink(&self.options.signer, &run_id, prefix);
         let head = relinked
             .last()
