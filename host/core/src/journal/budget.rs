@@ -43,11 +43,22 @@ impl Budget {
         Duration::from_millis(self.limits.wall_ms_max).saturating_sub(self.started.elapsed())
     }
 
-    /// Stops the run once this execution has taken longer than
-    /// `wall_ms_max`.
+    /// When this execution's `wall_ms_max` is up (`None`: past what an
+    /// instant can name). The one rule of the wall time: a wait outside
+    /// the guest's calls that ends at this instant finds [`Self::check_wall`]
+    /// stopping the run.
+    pub(super) fn wall_deadline(&self) -> Option<Instant> {
+        self.started
+            .checked_add(Duration::from_millis(self.limits.wall_ms_max))
+    }
+
+    /// Stops the run once this execution has reached `wall_ms_max`.
     pub(super) fn check_wall(&self) -> Result<(), Stop> {
         let max = self.limits.wall_ms_max;
-        if self.started.elapsed().as_millis() > u128::from(max) {
+        if self
+            .wall_deadline()
+            .is_some_and(|deadline| Instant::now() >= deadline)
+        {
             return Err(Stop::Limit(format!(
                 "the execution took longer than wall_ms_max = {max} ms; raise [limits] \
                  wall_ms_max if the step is meant to"

@@ -746,6 +746,12 @@ impl Journal {
         self.budget.wall_left()
     }
 
+    /// When this execution's `wall_ms_max` is up, by the rule
+    /// [`Journal::interrupted`] applies (`None`: never).
+    pub fn wall_deadline(&self) -> Option<std::time::Instant> {
+        self.budget.wall_deadline()
+    }
+
     /// Stops the run if its worker has lost the claim's lease.
     fn check_lease(&self, seq: u64) -> Result<(), Stop> {
         use std::sync::atomic::Ordering;

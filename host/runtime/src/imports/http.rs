@@ -93,7 +93,7 @@ impl HttpState {
                     let journal = lock(journal);
                     Watch {
                         control: journal.control(),
-                        wall_until: std::time::Instant::now() + journal.wall_left(),
+                        wall_until: journal.wall_deadline(),
                     }
                 },
             },
@@ -153,17 +153,20 @@ struct Hooks {
 
 /// When a run must stop, as a wait outside the guest's calls can tell
 /// without its journal: past its wall time, its worker draining, its lease
-/// lost.
+/// lost. Each is the journal's own rule ([`Journal::interrupted`]), read
+/// from the same instant and flags, so once this says stop the journal
+/// does too and the guest's `get` traps with the stop.
 #[derive(Clone)]
 struct Watch {
     control: Option<Arc<stephost_core::journal::RunControl>>,
-    wall_until: std::time::Instant,
+    wall_until: Option<std::time::Instant>,
 }
 
 impl Watch {
     fn must_stop(&self) -> bool {
         use std::sync::atomic::Ordering;
-        std::time::Instant::now() >= self.wall_until
+        self.wall_until
+            .is_some_and(|until| std::time::Instant::now() >= until)
             || self
                 .control
                 .as_ref()
