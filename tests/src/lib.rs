@@ -12,6 +12,7 @@ pub mod golden;
 pub mod model_stub;
 pub mod otlp;
 pub mod server;
+pub mod sim;
 
 /// The test guests and examples, built from source by `build.rs`.
 pub mod guests {

@@ -64,6 +64,10 @@ pub struct Config {
     pub state_file: Option<PathBuf>,
     /// Print every request and its outcome on stderr.
     pub log: bool,
+    /// Answer a repeated `Idempotency-Key` with the first order's receipt
+    /// (the default); `false` plays a receiver that ignores the key and
+    /// creates an order for every request it commits.
+    pub deduplicate: bool,
 }
 
 impl Default for Config {
@@ -78,6 +82,7 @@ impl Default for Config {
                 .collect(),
             state_file: None,
             log: false,
+            deduplicate: true,
         }
     }
 }
@@ -234,6 +239,8 @@ struct State {
     default_on_hand: i64,
     orders: Vec<Order>,
     by_key: HashMap<String, usize>,
+    /// Whether a repeated key is answered with its first order.
+    deduplicate: bool,
     /// Highest `Stephost-Fence` seen per `Stephost-Run-Id`.
     fences: HashMap<String, u64>,
     faults: VecDeque<Fault>,
@@ -296,6 +303,7 @@ impl Receiver {
             stock: config.stock,
             default_on_hand: config.default_on_hand,
             customer_orders: config.customer_orders,
+            deduplicate: config.deduplicate,
             ..State::default()
         };
         if let Some(path) = &config.state_file {
@@ -650,7 +658,7 @@ impl Shared {
         if let Err(resp) = state.check_fence(&run_id, fence) {
             return resp;
         }
-        if let Some(&i) = state.by_key.get(key) {
+        if let Some(&i) = state.by_key.get(key).filter(|_| state.deduplicate) {
             let order = &state.orders[i];
             if order.payload_sha256 != payload_sha256 {
                 return Response::error(422, "idempotency key reused with a different payload");
@@ -682,7 +690,10 @@ impl Shared {
         }
         let receipt = order.receipt();
         let index = state.orders.len();
-        state.by_key.insert(order.operation_id.clone(), index);
+        state
+            .by_key
+            .entry(order.operation_id.clone())
+            .or_insert(index);
         state.orders.push(order);
         Response::json(201, &receipt)
     }

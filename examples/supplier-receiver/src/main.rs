@@ -55,6 +55,7 @@ fn main() -> ExitCode {
             .collect(),
         state_file: args.state.clone(),
         log: !args.quiet,
+        deduplicate: true,
     };
     let receiver = match Receiver::start_with(config) {
         Ok(r) => r,

@@ -600,3 +600,22 @@ fn the_built_in_customer_orders() {
     let r = get(&agent, format!("{}/customer-orders/A-1002", rx.url()));
     assert_eq!(r.json["amount_cents"], 25000);
 }
+
+#[test]
+fn a_receiver_that_does_not_deduplicate_creates_an_order_per_request() {
+    let rx = Receiver::start_with(Config {
+        deduplicate: false,
+        ..Config::default()
+    })
+    .unwrap();
+    let agent = agent();
+    let first = reply(post(&agent, &rx.url(), "op-1", BODY));
+    let again = reply(post(&agent, &rx.url(), "op-1", BODY));
+    assert_eq!((first.status, again.status), (201, 201));
+    assert_eq!(rx.business_effects(), 2, "the key was not used");
+    assert_eq!(rx.idempotent_replays(), 0);
+    // A lookup finds the first order made with the key.
+    let found = get(&agent, format!("{}/orders/op-1", rx.url()));
+    assert_eq!(found.status, 200);
+    assert_eq!(rx.orders()[0].order_id, "ORD-1");
+}

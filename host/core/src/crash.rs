@@ -1,10 +1,13 @@
-//! Named crash points for crash-resume tests.
+//! Named crash points for crash-resume tests, and switches that break one
+//! of the host's rules on purpose, to show that the fault-injection
+//! harness catches a host that breaks it.
 //!
 //! Built only with the cargo feature `crash-points`. When the environment
 //! variable `STEPHOST_CRASH_AT` names a point (`after-started`) or a point at
 //! a sequence number (`after-started@3`), the process announces it on stderr
 //! and aborts on the spot: no destructors run and nothing is flushed, as
-//! with `kill -9`.
+//! with `kill -9`. When `STEPHOST_BREAK` names one of [`BREAKS`] (several,
+//! separated by commas), the host breaks that rule.
 
 /// The crash points, in the order a call passes them.
 pub const POINTS: &[&str] = &[
@@ -35,5 +38,28 @@ pub fn point(name: &'static str, seq: u64) {
     #[cfg(not(feature = "crash-points"))]
     {
         let _ = (name, seq);
+    }
+}
+
+/// The rules a test build can be told to break (`STEPHOST_BREAK`):
+/// - `send-before-started`: a write's request leaves before its `started`
+///   row is durable (it is committed with the outcome);
+/// - `doubt-as-failed`: a write whose outcome is in doubt is recorded as
+///   rejected instead of `unknown`;
+/// - `skip-fence`: a write's request carries no `Stephost-Fence`.
+pub const BREAKS: &[&str] = &["send-before-started", "doubt-as-failed", "skip-fence"];
+
+/// Whether `STEPHOST_BREAK` tells this process to break rule `name` (one
+/// of [`BREAKS`]). Always false in builds without `crash-points`.
+#[inline]
+pub fn broken(name: &'static str) -> bool {
+    debug_assert!(BREAKS.contains(&name), "unknown break {name}");
+    #[cfg(feature = "crash-points")]
+    {
+        std::env::var("STEPHOST_BREAK").is_ok_and(|v| v.split(',').any(|b| b.trim() == name))
+    }
+    #[cfg(not(feature = "crash-points"))]
+    {
+        false
     }
 }

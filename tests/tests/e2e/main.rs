@@ -18,6 +18,7 @@ mod redaction;
 mod run_replay;
 mod schedules;
 mod server;
+mod sim;
 mod suspension;
 mod tamper;
 mod traces;

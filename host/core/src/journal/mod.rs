@@ -1033,6 +1033,9 @@ impl Journal {
             CallClass::Write => {
                 self.pending.push(WriteOp::Started(record.clone()));
                 self.outcome_pending = false;
+                if crash::broken("send-before-started") {
+                    return self.perform_write(record, live).map(Call::Done);
+                }
                 let Mode::Live { writer, claim } = &mut self.mode else {
                     unreachable!("checked live above")
                 };
@@ -1347,6 +1350,9 @@ impl Journal {
         crash::point("after-send", seq);
         let outcome = match performed {
             Performed::Done(outcome) => self.call_scrub.outcome(outcome),
+            Performed::Unknown(reason) if crash::broken("doubt-as-failed") => {
+                Outcome::error(CallErrorKind::Rejected, reason)
+            }
             Performed::Unknown(reason) => {
                 let reason = self.call_scrub.text(&reason).into_owned();
                 self.pending.push(WriteOp::Outcome {

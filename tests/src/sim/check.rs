@@ -1,0 +1,292 @@
+//! The invariants checked after every seed, from the ledger (`runs`,
+//! `show`, `verify`, `replay` of the real binary) and the receivers' own
+//! records. Each returns what it found broken, in words that name the run,
+//! the call and the operation.
+
+use std::collections::{BTreeMap, HashMap};
+
+use serde_json::Value;
+use supplier_receiver::Receiver;
+
+use super::plan::{Plan, Work};
+use crate::Sandbox;
+
+/// A write call as the ledger records it.
+struct Write {
+    run_id: String,
+    seq: u64,
+    function: String,
+    state: String,
+}
+
+/// The receivers and the effect each plays.
+pub struct Receivers<'a> {
+    /// `supplier.order`: deduplicates by `Idempotency-Key`, looked up.
+    pub deduplicating: &'a Receiver,
+    /// `orders`: does not deduplicate; the host must never resend to it.
+    pub plain: &'a Receiver,
+}
+
+impl Receivers<'_> {
+    fn all(&self) -> [(&'static str, &Receiver, &'static str); 2] {
+        [
+            ("deduplicating", self.deduplicating, "supplier.order"),
+            ("plain", self.plain, "orders"),
+        ]
+    }
+
+    fn requests(&self) -> usize {
+        self.deduplicating.requests().len() + self.plain.requests().len()
+    }
+}
+
+/// Every invariant; an empty list when all hold.
+pub fn all(sb: &Sandbox, plan: &Plan, receivers: &Receivers<'_>) -> Vec<String> {
+    let mut broken = Vec::new();
+    let runs = list(sb);
+    ended_with_a_reason(plan, &runs, &mut broken);
+    let shows: BTreeMap<String, Value> = runs
+        .iter()
+        .map(|r| {
+            let id = r["run_id"].as_str().unwrap_or_default().to_string();
+            let show = sb.stephost(&["show", &id, "--json"]).json();
+            (id, show)
+        })
+        .collect();
+    let writes = writes(&shows, &mut broken);
+    effects_match_the_ledger(&writes, receivers, &mut broken);
+    writes_carry_their_fence(receivers, &mut broken);
+    children_started_once(plan, &runs, &mut broken);
+    verified_and_replayed(sb, &runs, receivers, &mut broken);
+    broken
+}
+
+pub fn list(sb: &Sandbox) -> Vec<Value> {
+    let ran = sb.stephost(&["runs", "--json"]);
+    match ran.code {
+        Some(0) => ran.json().as_array().cloned().unwrap_or_default(),
+        _ => Vec::new(),
+    }
+}
+
+/// Every run ends completed, failed (with its reason) or cancelled: none
+/// is left running, waiting, pending, parked or diverged once the faults
+/// have stopped and every wait has ended.
+fn ended_with_a_reason(plan: &Plan, runs: &[Value], broken: &mut Vec<String>) {
+    for submit in &plan.submits {
+        if !runs.iter().any(|r| r["run_id"] == submit.run_id.as_str()) {
+            broken.push(format!(
+                "run {} was submitted and is not in the ledger",
+                submit.run_id
+            ));
+        }
+    }
+    for run in runs {
+        let id = &run["run_id"];
+        match run["status"].as_str() {
+            Some("completed") | Some("cancelled") => {}
+            Some("failed") if run["error"].as_str().is_some_and(|e| !e.is_empty()) => {}
+            other => broken.push(format!(
+                "run {id} ended {}: {}",
+                other.unwrap_or("with no status"),
+                run["error"]
+            )),
+        }
+    }
+}
+
+/// The write calls of every run, by operation id; an operation id
+/// recorded by two calls is broken.
+fn writes(shows: &BTreeMap<String, Value>, broken: &mut Vec<String>) -> HashMap<String, Write> {
+    let mut writes: HashMap<String, Write> = HashMap::new();
+    for (run_id, show) in shows {
+        for call in show["calls"].as_array().into_iter().flatten() {
+            if call["class"] != "write" {
+                continue;
+            }
+            let op = call["operation_id"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string();
+            let write = Write {
+                run_id: run_id.clone(),
+                seq: call["seq"].as_u64().unwrap_or(0),
+                function: call["function"].as_str().unwrap_or_default().to_string(),
+                state: call["state"].as_str().unwrap_or_default().to_string(),
+            };
+            if let Some(first) = writes.get(&op) {
+                broken.push(format!(
+                    "operation {op} is recorded by {} #{} and {} #{}",
+                    first.run_id, first.seq, write.run_id, write.seq
+                ));
+            }
+            writes.insert(op, write);
+        }
+    }
+    writes
+}
+
+/// At each receiver: no operation has two business effects; every effect
+/// is a write the ledger recorded (durably `started` before it left) and
+/// does not call failed; every write the ledger calls succeeded is there.
+fn effects_match_the_ledger(
+    writes: &HashMap<String, Write>,
+    receivers: &Receivers<'_>,
+    broken: &mut Vec<String>,
+) {
+    for (name, receiver, function) in receivers.all() {
+        let mut effects: BTreeMap<String, usize> = BTreeMap::new();
+        for order in receiver.orders() {
+            *effects.entry(order.operation_id.clone()).or_default() += 1;
+        }
+        for (op, count) in &effects {
+            let Some(write) = writes.get(op) else {
+                broken.push(format!(
+                    "the {name} receiver holds {count} order(s) for operation {op}, which no \
+                     call in the ledger records"
+                ));
+                continue;
+            };
+            if *count > 1 {
+                broken.push(format!(
+                    "operation {op} ({} #{}) has {count} business effects at the {name} receiver",
+                    write.run_id, write.seq
+                ));
+            }
+            if write.state != "succeeded" {
+                broken.push(format!(
+                    "the {name} receiver holds operation {op} while the ledger records {} #{} as \
+                     {}: doubt was not kept as doubt",
+                    write.run_id, write.seq, write.state
+                ));
+            }
+        }
+        for (op, write) in writes {
+            if write.function == function && write.state == "succeeded" && !effects.contains_key(op)
+            {
+                broken.push(format!(
+                    "{} #{} is recorded succeeded, and the {name} receiver holds no order for \
+                     operation {op}",
+                    write.run_id, write.seq
+                ));
+            }
+        }
+    }
+}
+
+/// Every write request carries its run's fence, and no order was made
+/// with a fence lower than one an earlier order of its run carried: a
+/// paused zombie cannot act.
+fn writes_carry_their_fence(receivers: &Receivers<'_>, broken: &mut Vec<String>) {
+    for (name, receiver, _) in receivers.all() {
+        let unfenced = receiver
+            .requests()
+            .iter()
+            .filter(|r| r.method == "POST" && r.path == "/orders")
+            .filter(|r| r.header("stephost-fence").is_none())
+            .count();
+        if unfenced > 0 {
+            broken.push(format!(
+                "{unfenced} write request(s) reached the {name} receiver without a \
+                 Stephost-Fence: a zombie's write could not be refused"
+            ));
+        }
+        let mut highest: HashMap<String, u64> = HashMap::new();
+        for order in receiver.orders() {
+            let (Some(run), Some(fence)) = (order.run_id.clone(), order.fence) else {
+                continue;
+            };
+            let seen = highest.entry(run.clone()).or_insert(fence);
+            if fence < *seen {
+                broken.push(format!(
+                    "the {name} receiver took order {} of run {run} with fence {fence} after one \
+                     with fence {seen}",
+                    order.order_id
+                ));
+            }
+            *seen = (*seen).max(fence);
+        }
+    }
+}
+
+/// No child is started twice, and a fan-out that completed joined as many
+/// children as it started.
+fn children_started_once(plan: &Plan, runs: &[Value], broken: &mut Vec<String>) {
+    let mut by_start: BTreeMap<(String, u64), Vec<String>> = BTreeMap::new();
+    for run in runs {
+        if let Some(parent) = run["parent"]["run_id"].as_str() {
+            let seq = run["parent"]["seq"].as_u64().unwrap_or(0);
+            by_start
+                .entry((parent.to_string(), seq))
+                .or_default()
+                .push(run["run_id"].as_str().unwrap_or_default().to_string());
+        }
+    }
+    for ((parent, seq), children) in &by_start {
+        if children.len() > 1 {
+            broken.push(format!(
+                "{parent} #{seq} started {} children: {children:?}",
+                children.len()
+            ));
+        }
+    }
+    for submit in &plan.submits {
+        let Work::Fanout { n } = submit.work else {
+            continue;
+        };
+        let Some(run) = runs.iter().find(|r| r["run_id"] == submit.run_id.as_str()) else {
+            continue;
+        };
+        if run["status"] != "completed" {
+            continue;
+        }
+        let output: Value =
+            serde_json::from_str(run["output"].as_str().unwrap_or("null")).unwrap_or_default();
+        let joined = output["joined"].as_array().map_or(0, Vec::len) as u64;
+        let started = by_start.keys().filter(|(p, _)| *p == submit.run_id).count() as u64;
+        // `n` started and joined, and one more called.
+        if joined != n || started != n + 1 {
+            broken.push(format!(
+                "fan-out {} of {n} completed having started {started} and joined {joined}",
+                submit.run_id
+            ));
+        }
+    }
+}
+
+/// Every run's chain and seal verify; every completed run replays with no
+/// divergence and no request to any receiver.
+fn verified_and_replayed(
+    sb: &Sandbox,
+    runs: &[Value],
+    receivers: &Receivers<'_>,
+    broken: &mut Vec<String>,
+) {
+    let before = receivers.requests();
+    for run in runs {
+        let id = run["run_id"].as_str().unwrap_or_default();
+        let verified = sb.stephost(&["verify", id]);
+        if verified.code != Some(0) {
+            broken.push(format!(
+                "verify {id} exited {:?}: {}{}",
+                verified.code, verified.stdout, verified.stderr
+            ));
+        }
+        if run["status"] == "completed" {
+            let replayed = sb.stephost(&["replay", id]);
+            if replayed.code != Some(0) || !replayed.stdout.contains("no divergence") {
+                broken.push(format!(
+                    "replay {id} exited {:?}: {}{}",
+                    replayed.code, replayed.stdout, replayed.stderr
+                ));
+            }
+        }
+    }
+    let after = receivers.requests();
+    if after != before {
+        broken.push(format!(
+            "replays made {} request(s) to the receivers",
+            after - before
+        ));
+    }
+}

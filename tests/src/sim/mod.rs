@@ -1,0 +1,363 @@
+//! The fault-injection harness: from one seed it draws a cluster of
+//! worker processes, a workload and a schedule of faults ([`plan`]), runs
+//! them against the real binary, a real ledger (SQLite, or PostgreSQL
+//! with `STEPHOST_TEST_LEDGER=postgres`) and two real HTTP receivers on
+//! 127.0.0.1 (one deduplicating by `Idempotency-Key`, one not), acts as
+//! the person who settles parked calls and as the system completing
+//! promises, and checks every invariant ([`check`]) once each run has
+//! ended. The same seed draws the same plan; the processes' interleaving
+//! is the machine's. `docs/testing.md` says how to run it.
+
+pub mod check;
+mod cluster;
+pub mod plan;
+pub mod rng;
+
+use std::collections::{HashMap, HashSet};
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+use supplier_receiver::{Config, Receiver};
+
+use crate::{Sandbox, guests};
+use check::Receivers;
+use cluster::Cluster;
+use plan::{Fault, Plan, Work};
+
+/// How long a seed may take, past its faults, for every run to end.
+pub const SETTLE_SECS: u64 = 180;
+
+/// A parked call is settled once it has been parked this long: a receiver
+/// that commits late (at most 800 ms after the request) has committed by
+/// then, so the harness, like a careful person, sees what it holds.
+const PARKED_SETTLE: Duration = Duration::from_millis(1500);
+
+/// One seed to run.
+pub struct Options {
+    pub seed: u64,
+    /// The `stephost` binary built with crash points (`stephost-crash`).
+    pub bin: PathBuf,
+    /// Rules the host is told to break (`STEPHOST_BREAK`), to show a
+    /// check catches it.
+    pub breaks: Option<String>,
+    /// Keep the seed's folder (ledger, worker logs) and print where.
+    pub keep: bool,
+}
+
+/// What a seed did and found.
+pub struct Report {
+    pub plan: Plan,
+    /// What happened to the workers.
+    pub events: Vec<String>,
+    /// Each invariant found broken.
+    pub broken: Vec<String>,
+    pub runs: usize,
+    /// The seed's folder, when kept.
+    pub kept: Option<PathBuf>,
+}
+
+impl Report {
+    /// The command that runs this seed again.
+    pub fn rerun(&self, breaks: Option<&str>) -> String {
+        let backend = match crate::test_backend() {
+            crate::Backend::Sqlite => "sqlite",
+            crate::Backend::Postgres => "postgres",
+        };
+        let breaks = breaks.map_or(String::new(), |b| format!(" --break {b}"));
+        format!(
+            "cargo build -p stephost-tests --bins && STEPHOST_TEST_LEDGER={backend} \
+             target/debug/stephost-sim --seed {}{breaks} --keep",
+            self.plan.seed
+        )
+    }
+}
+
+impl std::fmt::Display for Report {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}", self.plan)?;
+        for event in &self.events {
+            writeln!(f, "  {event}")?;
+        }
+        writeln!(f, "  {} run(s) in the ledger", self.runs)?;
+        if let Some(dir) = &self.kept {
+            writeln!(f, "  kept in {}", dir.display())?;
+        }
+        for broken in &self.broken {
+            writeln!(f, "BROKEN: {broken}")?;
+        }
+        Ok(())
+    }
+}
+
+fn config(plan: &Plan, deduplicating: &str, plain: &str) -> String {
+    // Attempts time out before the slowest misbehaviours answer, so a
+    // write's outcome is often in doubt.
+    let attempts = "timeout_ms = 400\nretry = { attempts_max = 3, backoff_first_ms = 20, \
+                    backoff_max_ms = 200, deadline_ms = 5000 }\n";
+    let lookup_plain = if plan.lookup_plain {
+        format!("lookup = \"{plain}/orders/{{operation_id}}\"\n")
+    } else {
+        String::new()
+    };
+    format!(
+        r#"[effects."inventory.read"]
+kind = "http"
+class = "read"
+method = "GET"
+url = "{deduplicating}/inventory/{{sku}}"
+
+[effects."supplier.order"]
+kind = "http"
+class = "write"
+method = "POST"
+url = "{deduplicating}/orders"
+idempotent = true
+lookup = "{deduplicating}/orders/{{operation_id}}"
+{attempts}
+[effects.orders]
+kind = "http"
+class = "write"
+method = "POST"
+url = "{plain}/orders"
+idempotent = false
+{lookup_plain}{attempts}
+[steps.square]
+module = {square:?}
+"#,
+        square = guests::SQUARE
+    )
+}
+
+fn submit(sb: &Sandbox, run_id: &str, work: &Work) {
+    let (guest, input) = match work {
+        Work::Supplier { quantity } => (
+            guests::SUPPLIER_ORDER,
+            json!({"sku": format!("SKU-{run_id}"), "quantity": quantity}),
+        ),
+        Work::Writes { count } => (guests::MULTI_WRITE, json!({ "count": count })),
+        Work::Sleeper { ms } => (guests::SLEEPER, json!({ "ms": ms })),
+        Work::Fanout { n } => (guests::FANOUT, json!({ "n": n })),
+        Work::Promise { .. } => (guests::PROMISE_STEP, json!({ "ttl_seconds": 600 })),
+    };
+    sb.stephost(&[
+        "submit",
+        guest,
+        "--input",
+        &input.to_string(),
+        "--run-id",
+        run_id,
+    ])
+    .expect_code(0);
+}
+
+/// Promises whose tokens reached the plain receiver, completed as the
+/// plan says.
+#[derive(Default)]
+struct Promises {
+    seen: HashMap<String, Instant>,
+    done: HashSet<String>,
+    tries: HashMap<String, u32>,
+}
+
+impl Promises {
+    fn complete_due(&mut self, sb: &Sandbox, plan: &Plan, plain: &Receiver) {
+        for order in plain.orders() {
+            let body = order.body_json();
+            let Some(token) = body["token"].as_str() else {
+                continue;
+            };
+            let seen = *self
+                .seen
+                .entry(token.to_string())
+                .or_insert_with(Instant::now);
+            let after = plan
+                .submits
+                .iter()
+                .find(|s| Some(&s.run_id) == order.run_id.as_ref())
+                .and_then(|s| match s.work {
+                    Work::Promise { after } => Some(after),
+                    _ => None,
+                })
+                .unwrap_or_default();
+            let tries = self.tries.entry(token.to_string()).or_default();
+            if self.done.contains(token) || seen.elapsed() < after || *tries >= 5 {
+                continue;
+            }
+            *tries += 1;
+            let value = json!({"approved": true}).to_string();
+            let ran = sb.stephost(&["complete", token, "--resolve", &value, "--by", "sim"]);
+            if ran.code == Some(0) {
+                self.done.insert(token.to_string());
+            }
+        }
+    }
+}
+
+/// Settles each call parked as `unknown` as a careful person would: by
+/// what the receiver holds for its operation id, then resumes the run.
+fn settle_parked(
+    sb: &Sandbox,
+    runs: &[Value],
+    receivers: &Receivers<'_>,
+    parked: &mut HashMap<String, Instant>,
+    events: &mut Vec<String>,
+) {
+    for run in runs.iter().filter(|r| r["status"] == "parked") {
+        let id = run["run_id"].as_str().unwrap_or_default().to_string();
+        let since = *parked.entry(id.clone()).or_insert_with(Instant::now);
+        if since.elapsed() < PARKED_SETTLE {
+            continue;
+        }
+        parked.remove(&id);
+        let show = sb.show(&id);
+        for call in show["calls"].as_array().into_iter().flatten() {
+            if call["state"] != "unknown" {
+                continue;
+            }
+            let seq = call["seq"].as_u64().unwrap_or(0).to_string();
+            let op = call["operation_id"].as_str().unwrap_or_default();
+            let receiver = match call["function"].as_str() {
+                Some("supplier.order") => receivers.deduplicating,
+                _ => receivers.plain,
+            };
+            let decided = match receiver.order(op) {
+                Some(order) => {
+                    let receipt = order.receipt().to_string();
+                    sb.stephost(&["resolve", &id, &seq, "--succeeded", &receipt, "--by", "sim"])
+                }
+                None => sb.stephost(&[
+                    "resolve",
+                    &id,
+                    &seq,
+                    "--failed",
+                    "the receiver holds no such order",
+                    "--by",
+                    "sim",
+                ]),
+            };
+            events.push(format!(
+                "{id} #{seq} settled by the receiver's record (exit {:?})",
+                decided.code
+            ));
+        }
+        let resumed = sb.stephost(&["resume", &id]);
+        events.push(format!("{id} resumed (exit {:?})", resumed.code));
+    }
+}
+
+fn ended(run: &Value) -> bool {
+    matches!(
+        run["status"].as_str(),
+        Some("completed" | "failed" | "cancelled" | "diverged")
+    )
+}
+
+/// Runs one seed to its end and checks every invariant.
+pub fn run(options: &Options) -> Report {
+    let plan = Plan::draw(options.seed);
+    let deduplicating = Receiver::start().expect("start the deduplicating receiver");
+    let plain = Receiver::start_with(Config {
+        deduplicate: false,
+        ..Config::default()
+    })
+    .expect("start the plain receiver");
+    for m in &plan.deduplicating {
+        deduplicating.push_fault(m.clone());
+    }
+    for m in &plan.plain {
+        plain.push_fault(m.clone());
+    }
+    let receivers = Receivers {
+        deduplicating: &deduplicating,
+        plain: &plain,
+    };
+    let sb = Sandbox::with_config(
+        options.bin.to_str().expect("a UTF-8 path"),
+        &config(&plan, &deduplicating.url(), &plain.url()),
+    );
+    let mut submits: Vec<_> = plan.submits.iter().collect();
+    submits.sort_by_key(|s| s.at);
+    let mut submits = submits.into_iter().peekable();
+    while let Some(s) = submits.next_if(|s| s.at.is_zero()) {
+        submit(&sb, &s.run_id, &s.work);
+    }
+    let mut cluster = Cluster::start(
+        &sb,
+        plan.workers,
+        plan.concurrency,
+        plan.lease_ms,
+        options.breaks.clone(),
+    );
+    let mut injects = plan.injects.iter().peekable();
+    let mut promises = Promises::default();
+    let mut parked = HashMap::new();
+    let mut events = Vec::new();
+    let mut broken = Vec::new();
+    let start = Instant::now();
+    let mut calm = false;
+    let mut looked = Instant::now();
+    loop {
+        let now = start.elapsed();
+        while let Some(s) = submits.next_if(|s| s.at <= now) {
+            submit(&sb, &s.run_id, &s.work);
+        }
+        while let Some(inject) = injects.next_if(|i| i.at <= now) {
+            let w = inject.worker;
+            match &inject.fault {
+                Fault::Kill => cluster.kill(w, None),
+                Fault::Arm(point) => cluster.kill(w, Some(point)),
+                Fault::Pause { r#for } => cluster.pause(w, *r#for),
+                Fault::Drain => cluster.drain(w),
+            }
+            events.push(format!(
+                "at {} ms worker {w}: {:?}",
+                now.as_millis(),
+                inject.fault
+            ));
+        }
+        cluster.tend();
+        promises.complete_due(&sb, &plan, &plain);
+        if !calm && now >= plan.chaos {
+            cluster.calm();
+            calm = true;
+        }
+        if calm && looked.elapsed() >= Duration::from_millis(300) {
+            looked = Instant::now();
+            let runs = check::list(&sb);
+            if !runs.is_empty() && runs.iter().all(ended) {
+                break;
+            }
+            settle_parked(&sb, &runs, &receivers, &mut parked, &mut events);
+            if now >= plan.chaos + Duration::from_secs(SETTLE_SECS) {
+                let left: Vec<String> = runs
+                    .iter()
+                    .filter(|r| !ended(r))
+                    .map(|r| format!("{} {}", r["run_id"], r["status"]))
+                    .collect();
+                broken.push(format!(
+                    "{SETTLE_SECS} s after the last fault, runs had not ended: {left:?} (a \
+                     waiting run not woken, a lease never released, or a run that cannot finish)"
+                ));
+                break;
+            }
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    cluster.stop(Duration::from_secs(30));
+    events.append(&mut cluster.events);
+    drop(cluster);
+    broken.extend(check::all(&sb, &plan, &receivers));
+    let runs = check::list(&sb).len();
+    let kept = options.keep.then(|| sb.dir.path().to_path_buf());
+    if options.keep {
+        std::mem::forget(sb);
+    }
+    Report {
+        plan,
+        events,
+        broken,
+        runs,
+        kept,
+    }
+}

@@ -1,0 +1,234 @@
+//! What a seed draws: the cluster, the workload and the schedule of
+//! faults. Drawing touches nothing; the same seed gives the same plan.
+
+use std::fmt;
+use std::time::Duration;
+
+use supplier_receiver::Fault as Misbehaviour;
+
+use super::rng::Rng;
+
+/// The crash points a worker can be armed with (`STEPHOST_CRASH_AT`).
+const POINTS: &[&str] = stephost_core::crash::POINTS;
+
+/// One run of the workload, submitted at `at` into the plan.
+#[derive(Debug, Clone)]
+pub struct Submit {
+    pub at: Duration,
+    pub run_id: String,
+    pub work: Work,
+}
+
+/// What a run does.
+#[derive(Debug, Clone)]
+pub enum Work {
+    /// The supplier step: reads the stock, orders the shortage from the
+    /// deduplicating receiver (looked up when in doubt).
+    Supplier { quantity: u64 },
+    /// `count` writes in a row to the receiver that does not deduplicate.
+    Writes { count: u64 },
+    /// A write, a durable sleep of `ms`, a write.
+    Sleeper { ms: u64 },
+    /// `n` child runs of the `square` step (each one write), joined.
+    Fanout { n: u64 },
+    /// A promise whose token the run hands to the receiver, completed by
+    /// the harness `after` the token arrives.
+    Promise { after: Duration },
+}
+
+/// A fault the harness injects into worker `worker` at `at`.
+#[derive(Debug, Clone)]
+pub struct Inject {
+    pub at: Duration,
+    pub worker: usize,
+    pub fault: Fault,
+}
+
+#[derive(Debug, Clone)]
+pub enum Fault {
+    /// `kill -9`.
+    Kill,
+    /// `kill -9`, then started again armed to abort at this crash point
+    /// (`after-send@3`): it dies when some run's call passes it.
+    Arm(String),
+    /// SIGSTOP for `for` (past the lease, so a successor may act), then
+    /// SIGCONT.
+    Pause { r#for: Duration },
+    /// SIGTERM: the worker drains and exits; it is started again.
+    Drain,
+}
+
+/// A seed's plan.
+#[derive(Debug, Clone)]
+pub struct Plan {
+    pub seed: u64,
+    pub workers: usize,
+    pub concurrency: u64,
+    pub lease_ms: u64,
+    /// Whether the receiver that does not deduplicate can be looked up.
+    pub lookup_plain: bool,
+    /// How long faults are injected and runs submitted.
+    pub chaos: Duration,
+    pub submits: Vec<Submit>,
+    pub injects: Vec<Inject>,
+    /// The misbehaviours queued at each receiver's `POST /orders`, in the
+    /// order requests take them.
+    pub deduplicating: Vec<Misbehaviour>,
+    pub plain: Vec<Misbehaviour>,
+}
+
+impl Plan {
+    pub fn draw(seed: u64) -> Plan {
+        let mut rng = Rng::new(seed);
+        let workers = rng.range(1, 4) as usize;
+        let concurrency = rng.range(2, 6);
+        let lease_ms = rng.range(1500, 2500);
+        let lookup_plain = rng.chance(50);
+        let chaos = Duration::from_millis(rng.range(2000, 5000));
+        let runs = rng.range(8, 16);
+        let mut writes = 0;
+        let submits = (0..runs)
+            .map(|i| {
+                let (work, kind, n) = match rng.range(0, 9) {
+                    0..=2 => (Work::Supplier { quantity: 10 }, "supplier", 1),
+                    3..=4 => {
+                        let count = rng.range(1, 6);
+                        (Work::Writes { count }, "writes", count)
+                    }
+                    5..=6 => {
+                        let ms = rng.range(100, 1500);
+                        (Work::Sleeper { ms }, "sleeper", 2)
+                    }
+                    7..=8 => {
+                        let n = rng.range(1, 4);
+                        (Work::Fanout { n }, "fanout", n)
+                    }
+                    _ => {
+                        let after = Duration::from_millis(rng.range(0, 1000));
+                        (Work::Promise { after }, "promise", 1)
+                    }
+                };
+                writes += n;
+                // Half the runs are there when the workers start.
+                let at = if rng.chance(50) {
+                    Duration::ZERO
+                } else {
+                    Duration::from_millis(rng.range(0, chaos.as_millis() as u64))
+                };
+                Submit {
+                    at,
+                    run_id: format!("r{i:02}-{kind}"),
+                    work,
+                }
+            })
+            .collect();
+        let faults = rng.range(1, 6);
+        let mut injects: Vec<Inject> = (0..faults)
+            .map(|_| {
+                let at = Duration::from_millis(rng.range(100, chaos.as_millis() as u64));
+                let worker = rng.index(workers);
+                let fault = match rng.range(0, 9) {
+                    0..=2 => Fault::Kill,
+                    3..=6 => {
+                        let point = POINTS[rng.index(POINTS.len())];
+                        let seq = rng.range(1, 10);
+                        // A claim passes its point before any call.
+                        Fault::Arm(match point {
+                            "after-claim" => point.to_string(),
+                            _ => format!("{point}@{seq}"),
+                        })
+                    }
+                    7..=8 => Fault::Pause {
+                        r#for: Duration::from_millis(lease_ms + rng.range(300, 1500)),
+                    },
+                    _ => Fault::Drain,
+                };
+                Inject { at, worker, fault }
+            })
+            .collect();
+        injects.sort_by_key(|i| i.at);
+        let queue = |rng: &mut Rng| {
+            (0..writes * 2)
+                .map(|_| misbehaviour(rng))
+                .collect::<Vec<_>>()
+        };
+        let deduplicating = queue(&mut rng);
+        let plain = queue(&mut rng);
+        Plan {
+            seed,
+            workers,
+            concurrency,
+            lease_ms,
+            lookup_plain,
+            chaos,
+            submits,
+            injects,
+            deduplicating,
+            plain,
+        }
+    }
+}
+
+/// Most requests are answered at once; the rest misbehave as receivers do.
+fn misbehaviour(rng: &mut Rng) -> Misbehaviour {
+    if rng.chance(65) {
+        return Misbehaviour::Delay(Duration::ZERO);
+    }
+    match rng.range(0, 7) {
+        0 => Misbehaviour::status(500),
+        1 => Misbehaviour::retry_after(503, rng.range(0, 1)),
+        2 => Misbehaviour::retry_after(429, 0),
+        3 => Misbehaviour::CommitThenDrop,
+        4 => Misbehaviour::DropBeforeCommit,
+        5 => Misbehaviour::Delay(Duration::from_millis(rng.range(100, 700))),
+        _ => Misbehaviour::CommitLate(Duration::from_millis(rng.range(100, 800))),
+    }
+}
+
+impl fmt::Display for Plan {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(
+            f,
+            "seed {}: {} worker(s) × {} slots, lease {} ms, {} ms of faults, the plain \
+             receiver {} lookup",
+            self.seed,
+            self.workers,
+            self.concurrency,
+            self.lease_ms,
+            self.chaos.as_millis(),
+            if self.lookup_plain { "with" } else { "without" }
+        )?;
+        for s in &self.submits {
+            writeln!(
+                f,
+                "  at {:>5} ms submit {} {:?}",
+                s.at.as_millis(),
+                s.run_id,
+                s.work
+            )?;
+        }
+        for i in &self.injects {
+            writeln!(
+                f,
+                "  at {:>5} ms worker {}: {:?}",
+                i.at.as_millis(),
+                i.worker,
+                i.fault
+            )?;
+        }
+        let odd = |queue: &[Misbehaviour]| {
+            queue
+                .iter()
+                .filter(|m| **m != Misbehaviour::Delay(Duration::ZERO))
+                .count()
+        };
+        writeln!(
+            f,
+            "  receivers: {} of {} deduplicating and {} of {} plain answers misbehave",
+            odd(&self.deduplicating),
+            self.deduplicating.len(),
+            odd(&self.plain),
+            self.plain.len()
+        )
+    }
+}

@@ -1,0 +1,86 @@
+//! The fault-injection harness ([`stephost_tests::sim`]) on fixed seeds,
+//! on the backend the suite runs against, and shown to catch a host that
+//! breaks each rule it checks. `target/debug/stephost-sim` runs other
+//! seeds, or random ones for as long as asked (docs/testing.md).
+
+use stephost_tests::sim::{self, Options};
+
+const BIN: &str = env!("CARGO_BIN_EXE_stephost-crash");
+
+/// The seeds every CI run checks, with every seed a long random run kept
+/// (`tests/sim-regressions.txt`).
+const SEEDS: &[u64] = &[1, 2, 3, 4, 5, 6];
+
+/// Most seeds a broken host may take to be caught; each break below is
+/// caught in a few on this project's machines (docs/testing.md).
+const SEEDS_TO_CATCH_MAX: u64 = 20;
+
+fn seeds() -> Vec<u64> {
+    let kept =
+        std::fs::read_to_string(stephost_tests::repo_root().join("tests/sim-regressions.txt"))
+            .unwrap_or_default();
+    let mut seeds = SEEDS.to_vec();
+    seeds.extend(
+        kept.lines()
+            .map(str::trim)
+            .filter(|l| !l.is_empty() && !l.starts_with('#'))
+            .map(|l| l.parse::<u64>().expect("a seed per line")),
+    );
+    seeds
+}
+
+fn options(seed: u64, breaks: Option<&str>) -> Options {
+    Options {
+        seed,
+        bin: BIN.into(),
+        breaks: breaks.map(str::to_string),
+        keep: false,
+    }
+}
+
+#[test]
+fn every_invariant_holds_on_the_fixed_and_kept_seeds() {
+    let mut failed = Vec::new();
+    for seed in seeds() {
+        let report = sim::run(&options(seed, None));
+        if !report.broken.is_empty() {
+            failed.push(format!("{report}rerun: {}\n", report.rerun(None)));
+        }
+    }
+    assert!(failed.is_empty(), "{}", failed.join("\n"));
+}
+
+/// Runs seeds from 1 with the host breaking `rule` until one breaks an
+/// invariant that `names` describes; returns the seed.
+fn caught(rule: &str, names: &str) -> u64 {
+    let mut missed = Vec::new();
+    for seed in 1..=SEEDS_TO_CATCH_MAX {
+        let report = sim::run(&options(seed, Some(rule)));
+        if report.broken.iter().any(|b| b.contains(names)) {
+            return seed;
+        }
+        missed.push(format!("{report}"));
+    }
+    panic!(
+        "a host breaking {rule} held every invariant for {SEEDS_TO_CATCH_MAX} seeds:\n{}",
+        missed.join("\n")
+    );
+}
+
+#[test]
+fn a_host_sending_before_started_is_durable_is_caught_by_a_second_effect() {
+    caught(
+        "send-before-started",
+        "business effects at the plain receiver",
+    );
+}
+
+#[test]
+fn a_host_recording_doubt_as_failed_is_caught_by_the_receiver_s_record() {
+    caught("doubt-as-failed", "doubt was not kept as doubt");
+}
+
+#[test]
+fn a_host_sending_writes_without_their_fence_is_caught() {
+    assert_eq!(caught("skip-fence", "without a Stephost-Fence"), 1);
+}
