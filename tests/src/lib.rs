@@ -372,6 +372,8 @@ impl Sandbox {
             // guest (Python, JavaScript) is compiled once, not per command.
             .env("STEPHOST_CACHE_DIR", shared_cache_dir())
             .env_remove("STEPHOST_CRASH_AT")
+            .env_remove("STEPHOST_BREAK")
+            .env_remove("STEPHOST_LEDGER_FAULTS")
             // Spans are exported only where a test asks for them.
             .env_remove("OTEL_EXPORTER_OTLP_ENDPOINT")
             .env_remove("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")

@@ -10,6 +10,9 @@ use std::sync::Arc;
 use stephost_core::StoreError;
 use stephost_core::store::{Opener, Pool, PoolOptions};
 
+#[cfg(feature = "faults")]
+pub mod faults;
+
 /// A ledger's location.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Ledger {
@@ -78,6 +81,23 @@ impl Ledger {
 impl Opener for Ledger {
     /// Opens the ledger (creating an embedded one if absent).
     fn open(&self, options: PoolOptions) -> Result<Arc<dyn Pool>, StoreError> {
+        let pool = self.open_backend(options)?;
+        #[cfg(feature = "faults")]
+        let pool = faults::wrap(pool)?;
+        Ok(pool)
+    }
+
+    /// The URL, for messages (without a password).
+    fn url(&self) -> String {
+        match self {
+            Ledger::Sqlite(path) => format!("sqlite:{}", path.display()),
+            Ledger::Postgres(url) => redact(url),
+        }
+    }
+}
+
+impl Ledger {
+    fn open_backend(&self, options: PoolOptions) -> Result<Arc<dyn Pool>, StoreError> {
         match self {
             #[cfg(feature = "sqlite")]
             Ledger::Sqlite(path) => Ok(Arc::new(stephost_ledger_sqlite::SqlitePool::open(
@@ -95,14 +115,6 @@ impl Opener for Ledger {
                     other.url()
                 )))
             }
-        }
-    }
-
-    /// The URL, for messages (without a password).
-    fn url(&self) -> String {
-        match self {
-            Ledger::Sqlite(path) => format!("sqlite:{}", path.display()),
-            Ledger::Postgres(url) => redact(url),
         }
     }
 }

@@ -25,6 +25,8 @@ pub struct Cluster<'a> {
     sb: &'a Sandbox,
     args: Vec<String>,
     breaks: Option<String>,
+    /// `(seed, percent)` of the ledger faults, if any.
+    ledger_faults: Option<(u64, u64)>,
     slots: Vec<Slot>,
     /// What happened, for the report.
     pub events: Vec<String>,
@@ -37,6 +39,7 @@ impl<'a> Cluster<'a> {
         concurrency: u64,
         lease_ms: u64,
         breaks: Option<String>,
+        ledger_faults: Option<(u64, u64)>,
     ) -> Cluster<'a> {
         let args = vec![
             "worker".to_string(),
@@ -52,6 +55,7 @@ impl<'a> Cluster<'a> {
             sb,
             args,
             breaks,
+            ledger_faults,
             slots: Vec::new(),
             events: Vec::new(),
         };
@@ -81,6 +85,14 @@ impl<'a> Cluster<'a> {
         command.stdout(Stdio::null()).stderr(Stdio::from(log));
         if let Some(point) = crash_at {
             command.env("STEPHOST_CRASH_AT", point);
+        }
+        if let Some((seed, percent)) = self.ledger_faults {
+            // Each process its own draws, the same for the same seed.
+            let seed = seed * 1000 + slot as u64 * 100 + start as u64;
+            command.env(
+                "STEPHOST_LEDGER_FAULTS",
+                format!("seed={seed},percent={percent}"),
+            );
         }
         if let Some(breaks) = &self.breaks {
             command.env("STEPHOST_BREAK", breaks);

@@ -246,6 +246,18 @@ fn settle_parked(
     }
 }
 
+/// The lines of the workers' logs that name an injected ledger fault.
+fn injected_ledger_faults(sb: &Sandbox) -> usize {
+    std::fs::read_dir(sb.dir.path())
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().starts_with("worker-"))
+        .filter_map(|e| std::fs::read_to_string(e.path()).ok())
+        .map(|log| log.matches("injected fault").count())
+        .sum()
+}
+
 fn ended(run: &Value) -> bool {
     matches!(
         run["status"].as_str(),
@@ -288,6 +300,7 @@ pub fn run(options: &Options) -> Report {
         plan.concurrency,
         plan.lease_ms,
         options.breaks.clone(),
+        (plan.ledger_faults_percent > 0).then_some((plan.seed, plan.ledger_faults_percent)),
     );
     let mut injects = plan.injects.iter().peekable();
     let mut promises = Promises::default();
@@ -347,6 +360,10 @@ pub fn run(options: &Options) -> Report {
     cluster.stop(Duration::from_secs(30));
     events.append(&mut cluster.events);
     drop(cluster);
+    let ledger_faults = injected_ledger_faults(&sb);
+    if ledger_faults > 0 {
+        events.push(format!("{ledger_faults} injected ledger fault(s) in the workers' logs"));
+    }
     broken.extend(check::all(&sb, &plan, &receivers));
     let runs = check::list(&sb).len();
     let kept = options.keep.then(|| sb.dir.path().to_path_buf());

@@ -67,6 +67,9 @@ pub struct Plan {
     pub lease_ms: u64,
     /// Whether the receiver that does not deduplicate can be looked up.
     pub lookup_plain: bool,
+    /// In how many of 100 commits, compare-and-sets and reads of the
+    /// workers' ledger a fault is injected (`STEPHOST_LEDGER_FAULTS`).
+    pub ledger_faults_percent: u64,
     /// How long faults are injected and runs submitted.
     pub chaos: Duration,
     pub submits: Vec<Submit>,
@@ -84,6 +87,7 @@ impl Plan {
         let concurrency = rng.range(2, 6);
         let lease_ms = rng.range(1500, 2500);
         let lookup_plain = rng.chance(50);
+        let ledger_faults_percent = if rng.chance(40) { rng.range(2, 10) } else { 0 };
         let chaos = Duration::from_millis(rng.range(2000, 5000));
         let runs = rng.range(8, 16);
         let mut writes = 0;
@@ -160,6 +164,7 @@ impl Plan {
             concurrency,
             lease_ms,
             lookup_plain,
+            ledger_faults_percent,
             chaos,
             submits,
             injects,
@@ -190,13 +195,14 @@ impl fmt::Display for Plan {
         writeln!(
             f,
             "seed {}: {} worker(s) × {} slots, lease {} ms, {} ms of faults, the plain \
-             receiver {} lookup",
+             receiver {} lookup, ledger faults in {} of 100 operations",
             self.seed,
             self.workers,
             self.concurrency,
             self.lease_ms,
             self.chaos.as_millis(),
-            if self.lookup_plain { "with" } else { "without" }
+            if self.lookup_plain { "with" } else { "without" },
+            self.ledger_faults_percent
         )?;
         for s in &self.submits {
             writeln!(
