@@ -2307,39 +2307,41 @@ pub fn a_cancel_marks_a_tree_at_once_and_a_marked_run_begins_nothing(make: &Make
     assert_eq!(lifecycle::due_at(&store.run("b1").unwrap()), Some(T0 + 100));
     assert!(lifecycle::due_at(&store.run("a").unwrap()).is_some());
 
-    // A held run begins nothing more: no write or wait, no child.
+    // A held run begins nothing more: no write or wait, no child. What the
+    // refused commit records of a call already made lands all the same.
     let refused = commit(
         ledger.pool.as_ref(),
         &p,
-        vec![WriteOp::Started(call(
-            3,
-            CallClass::Write,
-            CallState::Started,
-        ))],
+        vec![
+            finished(3),
+            WriteOp::Started(call(4, CallClass::Write, CallState::Started)),
+        ],
     );
     assert!(
         matches!(refused, Err(StoreError::Cancelled { .. })),
         "{refused:?}"
     );
-    let refused = commit(ledger.pool.as_ref(), &p, vec![spawn("p", 3, "c", "s")]);
+    assert_eq!(
+        calls_of(store.as_ref(), "p").len(),
+        3,
+        "the finished call is recorded, the start is not"
+    );
+    let refused = commit(ledger.pool.as_ref(), &p, vec![spawn("p", 4, "c", "s")]);
     assert!(
         matches!(refused, Err(StoreError::Cancelled { .. })),
         "{refused:?}"
     );
     assert!(matches!(store.run("c"), Err(StoreError::UnknownRun(_))));
-    // What already happened is still recorded, and the end lands.
+    // The end lands.
     commit(
         ledger.pool.as_ref(),
         &p,
-        vec![
-            finished(3),
-            end(
-                RunEnd::Cancelled {
-                    error: "cancelled by ops: test".into(),
-                },
-                T0 + 200,
-            ),
-        ],
+        vec![end(
+            RunEnd::Cancelled {
+                error: "cancelled by ops: test".into(),
+            },
+            T0 + 200,
+        )],
     )
     .unwrap();
     let run = store.run("p").unwrap();

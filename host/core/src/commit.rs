@@ -29,7 +29,10 @@
 //! - a commit that begins something (a `started` call, a child) is refused
 //!   as [`StoreError::Cancelled`] once its run is cancelled: the backend
 //!   checks the mark with the fence; outcomes, logs and the end still land,
-//!   since they record what already happened;
+//!   since they record what already happened, also when they ride in the
+//!   refused commit: the backend then writes [`CommitPlan::what_happened`]
+//!   in the refusal's place (in its transaction, or the next), and answers
+//!   the refusal;
 //! - the commit must be durable before it is answered if any op is
 //!   ([`WriteOp::durable`]).
 
@@ -203,6 +206,41 @@ impl CommitPlan {
         }
         plan.updates = updates.into_values().collect();
         Ok(plan)
+    }
+
+    /// What the plan records of calls already made, without what it
+    /// begins: the calls it appends up to the first `started` one or the
+    /// first that starts a child (and none after), the outcomes of earlier
+    /// calls, logs, counters, the lease and the end. What a backend writes
+    /// when the plan is refused because its run was cancelled: the
+    /// execution's chain links those calls, so dropping them would break
+    /// the run's seal, and an outcome dropped would leave a settled write
+    /// in doubt.
+    pub fn what_happened(&self) -> CommitPlan {
+        let spawned: Vec<u64> = self
+            .spawns
+            .iter()
+            .filter_map(|child| child.parent.as_ref().map(|p| p.seq))
+            .collect();
+        let cut = self
+            .calls
+            .iter()
+            .position(|c| c.call.state == CallState::Started || spawned.contains(&c.call.seq))
+            .unwrap_or(self.calls.len());
+        CommitPlan {
+            run_id: self.run_id.clone(),
+            fence: self.fence,
+            create: self.create.clone(),
+            calls: self.calls[..cut].to_vec(),
+            updates: self.updates.clone(),
+            logs: self.logs.clone(),
+            lease: self.lease,
+            end: self.end.clone(),
+            counters: self.counters.clone(),
+            spawns: Vec::new(),
+            begins: false,
+            durable: self.durable,
+        }
     }
 
     /// The sequence number of the first call appended, if any.

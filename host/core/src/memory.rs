@@ -707,7 +707,15 @@ impl Outbox for MemoryPool {
 
 impl Writer for MemoryPool {
     fn write(&mut self, plan: CommitPlan) -> Commit {
-        Commit::Done(self.apply(plan))
+        let kept = plan.begins.then(|| plan.what_happened());
+        Commit::Done(match (self.apply(plan), kept) {
+            // What the refused commit records of calls already made lands
+            // all the same (crate::commit).
+            (Err(refusal @ StoreError::Cancelled { .. }), Some(kept)) => {
+                self.apply(kept).and(Err(refusal))
+            }
+            (answer, _) => answer,
+        })
     }
 
     fn landed(&mut self) -> StoreResult<()> {

@@ -114,7 +114,7 @@ async fn committer(
                     plan,
                     reply,
                     writer,
-                } => jobs.push((plan, reply, writer)),
+                } => jobs.push((plan, reply, writer, None)),
                 Request::Landed(reply, writer) => landed.push((reply, writer)),
             }
         }
@@ -128,7 +128,15 @@ async fn committer(
     }
 }
 
-type Queued = (Box<CommitPlan>, CommitReply, Arc<WriterState>);
+/// A commit, its reply, its writer, and the refusal to answer once it is
+/// applied (a plan refused because its run was cancelled, replaced by what
+/// it records of calls already made: stephost_core::commit).
+type Queued = (
+    Box<CommitPlan>,
+    CommitReply,
+    Arc<WriterState>,
+    Option<StoreError>,
+);
 
 async fn apply_batch(
     conns: &Conns,
@@ -141,7 +149,7 @@ async fn apply_batch(
         // A writer whose earlier commit failed has none after it applied.
         let (dead, live): (Vec<Queued>, Vec<Queued>) =
             jobs.into_iter().partition(|job| job.2.failed().is_some());
-        for (_, reply, writer) in dead {
+        for (_, reply, writer, _) in dead {
             reply.send(Err(writer.failed().unwrap_or_else(|| {
                 StoreError::Unavailable("an earlier commit failed".into())
             })));
@@ -160,7 +168,7 @@ async fn apply_batch(
             }
         }
         let Some(c) = conn.as_mut() else { return };
-        let batch: Vec<Job<'_>> = jobs.iter().map(|(plan, _, _)| Job { plan }).collect();
+        let batch: Vec<Job<'_>> = jobs.iter().map(|(plan, ..)| Job { plan }).collect();
         let durable = commit::durable(&batch);
         let result = commit::apply(c, &batch).await;
         drop(batch);
@@ -170,13 +178,26 @@ async fn apply_batch(
                 if durable {
                     counts.fsyncs.fetch_add(1, Ordering::Relaxed);
                 }
-                for (_, reply, _) in jobs {
-                    reply.send(Ok(()));
+                for (_, reply, writer, refusal) in jobs {
+                    match refusal {
+                        Some(refusal) => {
+                            writer.fail(&refusal);
+                            reply.send(Err(refusal));
+                        }
+                        None => reply.send(Ok(())),
+                    }
                 }
                 return;
             }
+            Err(Failed::Job(at, refusal @ StoreError::Cancelled { .. }))
+                if jobs[at].0.begins && jobs[at].3.is_none() =>
+            {
+                let kept = jobs[at].0.what_happened();
+                jobs[at].0 = Box::new(kept);
+                jobs[at].3 = Some(refusal);
+            }
             Err(Failed::Job(at, e)) => {
-                let (_, reply, writer) = jobs.remove(at);
+                let (_, reply, writer, _) = jobs.remove(at);
                 writer.fail(&e);
                 reply.send(Err(e));
             }
@@ -196,7 +217,7 @@ async fn apply_batch(
 }
 
 fn fail_all(jobs: Vec<Queued>, e: &StoreError) {
-    for (_, reply, writer) in jobs {
+    for (_, reply, writer, _) in jobs {
         writer.fail(e);
         reply.send(Err(e.clone()));
     }

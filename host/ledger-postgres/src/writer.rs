@@ -62,6 +62,15 @@ async fn apply(conns: &Arc<Conns>, plan: &CommitPlan) -> StoreResult<()> {
     let mut conn = conns.get().await?;
     match commit::apply(&mut conn, &[Job { plan }]).await {
         Ok(()) => Ok(()),
+        // What the refused commit records of calls already made lands all
+        // the same, in a transaction of its own (stephost_core::commit).
+        Err(Failed::Job(_, refusal @ StoreError::Cancelled { .. })) if plan.begins => {
+            let kept = plan.what_happened();
+            match commit::apply(&mut conn, &[Job { plan: &kept }]).await {
+                Ok(()) => Err(refusal),
+                Err(Failed::Job(_, e)) | Err(Failed::All(e)) => Err(e),
+            }
+        }
         Err(Failed::Job(_, e)) | Err(Failed::All(e)) => Err(e),
     }
 }

@@ -14,8 +14,27 @@ use crate::rows;
 use crate::segments;
 
 /// Writes `plan`; the caller holds the write transaction and has brought
-/// `known` up to date for it ([`Known::begin`]).
-pub fn apply(conn: &Connection, known: &mut Known, plan: &CommitPlan) -> Result<(), StoreError> {
+/// `known` up to date for it ([`Known::begin`]). `Ok(Some(refusal))`: the
+/// plan began something for a run cancelled meanwhile; what it records of
+/// calls already made ([`CommitPlan::what_happened`]) was written in its
+/// place, the transaction stands, and the commit's answer is the refusal.
+pub fn apply(
+    conn: &Connection,
+    known: &mut Known,
+    plan: &CommitPlan,
+) -> Result<Option<StoreError>, StoreError> {
+    match write(conn, known, plan) {
+        Err(refusal @ StoreError::Cancelled { .. }) => {
+            write(conn, known, &plan.what_happened())?;
+            Ok(Some(refusal))
+        }
+        written => written.map(|()| None),
+    }
+}
+
+/// Writes `plan`, or nothing if it is refused (the fence check comes before
+/// every write but the run's creation, which a cancelled run cannot need).
+fn write(conn: &Connection, known: &mut Known, plan: &CommitPlan) -> Result<(), StoreError> {
     if let Some(run) = &plan.create {
         if let Some(found) = rows::find_run(conn, &run.run_id)? {
             // Another process started the same run id first.

@@ -167,13 +167,16 @@ impl Conn {
             .known
             .begin(&self.conn)
             .and_then(|()| crate::commit::apply(&self.conn, &mut self.known, plan))
-            .and_then(|()| Conn::run(&self.conn, "COMMIT"));
+            .and_then(|refusal| Conn::run(&self.conn, "COMMIT").map(|()| refusal));
         if applied.is_err() {
             let _ = Conn::run(&self.conn, "ROLLBACK");
             self.known.forget();
         }
         self.ended(applied.is_ok());
-        applied
+        match applied? {
+            Some(refusal) => Err(refusal),
+            None => Ok(()),
+        }
     }
 
     /// Puts the connection in `sync` mode for its next commit.

@@ -262,10 +262,13 @@ fn apply_batch(conn: &mut Conn, batch: &[Job]) -> Vec<StoreResult<()>> {
             known.forget();
         }
         let ended = match &applied {
-            Ok(()) => Conn::run(db, "RELEASE job"),
+            Ok(_) => Conn::run(db, "RELEASE job"),
             Err(_) => Conn::run(db, "ROLLBACK TO job").and_then(|()| Conn::run(db, "RELEASE job")),
         };
-        answers.push(applied.and(ended));
+        // A refusal whose record of calls already made was written stands
+        // with the transaction; its job is answered with the refusal.
+        let answer = applied.and_then(|refusal| ended.map(|()| refusal));
+        answers.push(answer.and_then(|refusal| refusal.map_or(Ok(()), Err)));
     }
     if let Err(e) = Conn::run(db, "COMMIT") {
         let _ = Conn::run(db, "ROLLBACK");

@@ -57,6 +57,7 @@ pub fn all(sb: &Sandbox, plan: &Plan, receivers: &Receivers<'_>) -> Vec<String> 
     effects_match_the_ledger(&writes, receivers, &mut broken);
     writes_carry_their_fence(receivers, &mut broken);
     children_started_once(plan, &runs, &mut broken);
+    cancelled_trees_begin_nothing(&runs, &shows, &mut broken);
     verified_and_replayed(sb, &runs, receivers, &mut broken);
     broken
 }
@@ -231,7 +232,7 @@ fn children_started_once(plan: &Plan, runs: &[Value], broken: &mut Vec<String>) 
         }
     }
     for submit in &plan.submits {
-        let Work::Fanout { n } = submit.work else {
+        let Work::Fanout { n, .. } = submit.work else {
             continue;
         };
         let Some(run) = runs.iter().find(|r| r["run_id"] == submit.run_id.as_str()) else {
@@ -250,6 +251,52 @@ fn children_started_once(plan: &Plan, runs: &[Value], broken: &mut Vec<String>) 
                 "fan-out {} of {n} completed having started {started} and joined {joined}",
                 submit.run_id
             ));
+        }
+    }
+}
+
+/// A run marked cancelled at T began nothing after T (no write, wait or
+/// child start stamped later), and no run below it was created after T.
+fn cancelled_trees_begin_nothing(
+    runs: &[Value],
+    shows: &BTreeMap<String, Value>,
+    broken: &mut Vec<String>,
+) {
+    let parent_of: HashMap<&str, &str> = runs
+        .iter()
+        .filter_map(|r| Some((r["run_id"].as_str()?, r["parent"]["run_id"].as_str()?)))
+        .collect();
+    for run in runs {
+        let (Some(id), Some(at)) = (run["run_id"].as_str(), run["cancel"]["at_ms"].as_i64()) else {
+            continue;
+        };
+        let calls = shows.get(id).and_then(|s| s["calls"].as_array());
+        for call in calls.into_iter().flatten() {
+            let begins = call["class"] == "write" || call["class"] == "suspend";
+            if begins && call["started_at_ms"].as_i64().is_some_and(|t| t > at) {
+                broken.push(format!(
+                    "run {id} was cancelled at {at} and began call #{} ({}) at {}",
+                    call["seq"], call["function"], call["started_at_ms"]
+                ));
+            }
+        }
+        for below in runs {
+            let Some(child) = below["run_id"].as_str() else {
+                continue;
+            };
+            let mut up = parent_of.get(child).copied();
+            while let Some(parent) = up {
+                if parent == id {
+                    if below["created_at_ms"].as_i64().is_some_and(|t| t > at) {
+                        broken.push(format!(
+                            "run {child} was started at {} below run {id}, cancelled at {at}",
+                            below["created_at_ms"]
+                        ));
+                    }
+                    break;
+                }
+                up = parent_of.get(parent).copied();
+            }
         }
     }
 }

@@ -141,6 +141,13 @@ impl<'a> Cluster<'a> {
         }
     }
 
+    /// Freezes every worker until `r#for` has passed.
+    pub fn outage(&mut self, r#for: Duration) {
+        for i in 0..self.slots.len() {
+            self.pause(i, r#for);
+        }
+    }
+
     /// SIGTERM to worker `i`: it drains; [`Cluster::tend`] starts another.
     pub fn drain(&mut self, i: usize) {
         if self.slots[i].frozen_until.is_none() && !self.slots[i].draining {

@@ -137,8 +137,10 @@ fn submit(sb: &Sandbox, run_id: &str, work: &Work) {
         ),
         Work::Writes { count } => (guests::MULTI_WRITE, json!({ "count": count })),
         Work::Sleeper { ms } => (guests::SLEEPER, json!({ "ms": ms })),
-        Work::Fanout { n } => (guests::FANOUT, json!({ "n": n })),
-        Work::Promise { .. } => (guests::PROMISE_STEP, json!({ "ttl_seconds": 600 })),
+        Work::Fanout { n, sleep_ms } => (guests::FANOUT, json!({ "n": n, "sleep_ms": sleep_ms })),
+        Work::Promise { ttl_seconds, .. } => {
+            (guests::PROMISE_STEP, json!({ "ttl_seconds": ttl_seconds }))
+        }
     };
     sb.stephost(&[
         "submit",
@@ -176,7 +178,7 @@ impl Promises {
                 .iter()
                 .find(|s| Some(&s.run_id) == order.run_id.as_ref())
                 .and_then(|s| match s.work {
-                    Work::Promise { after } => Some(after),
+                    Work::Promise { after, .. } => Some(after),
                     _ => None,
                 })
                 .unwrap_or_default();
@@ -303,6 +305,7 @@ pub fn run(options: &Options) -> Report {
         (plan.ledger_faults_percent > 0).then_some((plan.seed, plan.ledger_faults_percent)),
     );
     let mut injects = plan.injects.iter().peekable();
+    let mut cancels = plan.cancels.iter().peekable();
     let mut promises = Promises::default();
     let mut parked = HashMap::new();
     let mut events = Vec::new();
@@ -322,11 +325,21 @@ pub fn run(options: &Options) -> Report {
                 Fault::Arm(point) => cluster.kill(w, Some(point)),
                 Fault::Pause { r#for } => cluster.pause(w, *r#for),
                 Fault::Drain => cluster.drain(w),
+                Fault::Outage { r#for } => cluster.outage(*r#for),
             }
             events.push(format!(
                 "at {} ms worker {w}: {:?}",
                 now.as_millis(),
                 inject.fault
+            ));
+        }
+        while let Some((_, run_id)) = cancels.next_if(|(at, _)| *at <= now) {
+            // A run not submitted yet, or ended, is refused: that is fine.
+            let ran = sb.stephost(&["cancel", run_id, "--by", "sim", "--reason", "the harness"]);
+            events.push(format!(
+                "at {} ms cancel {run_id} (exit {:?})",
+                now.as_millis(),
+                ran.code
             ));
         }
         cluster.tend();
@@ -362,7 +375,9 @@ pub fn run(options: &Options) -> Report {
     drop(cluster);
     let ledger_faults = injected_ledger_faults(&sb);
     if ledger_faults > 0 {
-        events.push(format!("{ledger_faults} injected ledger fault(s) in the workers' logs"));
+        events.push(format!(
+            "{ledger_faults} injected ledger fault(s) in the workers' logs"
+        ));
     }
     broken.extend(check::all(&sb, &plan, &receivers));
     let runs = check::list(&sb).len();

@@ -29,11 +29,13 @@ pub enum Work {
     Writes { count: u64 },
     /// A write, a durable sleep of `ms`, a write.
     Sleeper { ms: u64 },
-    /// `n` child runs of the `square` step (each one write), joined.
-    Fanout { n: u64 },
+    /// `n` child runs of the `square` step (each a durable sleep of
+    /// `sleep_ms[i]`, then one write), joined.
+    Fanout { n: u64, sleep_ms: Vec<u64> },
     /// A promise whose token the run hands to the receiver, completed by
-    /// the harness `after` the token arrives.
-    Promise { after: Duration },
+    /// the harness `after` the token arrives; it expires after
+    /// `ttl_seconds` (a short one may expire first).
+    Promise { after: Duration, ttl_seconds: u64 },
 }
 
 /// A fault the harness injects into worker `worker` at `at`.
@@ -56,6 +58,9 @@ pub enum Fault {
     Pause { r#for: Duration },
     /// SIGTERM: the worker drains and exits; it is started again.
     Drain,
+    /// Every worker frozen for `for`: timers, promises and leases run out
+    /// while nothing runs.
+    Outage { r#for: Duration },
 }
 
 /// A seed's plan.
@@ -74,6 +79,8 @@ pub struct Plan {
     pub chaos: Duration,
     pub submits: Vec<Submit>,
     pub injects: Vec<Inject>,
+    /// Runs a person cancels (with their trees), and when.
+    pub cancels: Vec<(Duration, String)>,
     /// The misbehaviours queued at each receiver's `POST /orders`, in the
     /// order requests take them.
     pub deduplicating: Vec<Misbehaviour>,
@@ -91,7 +98,7 @@ impl Plan {
         let chaos = Duration::from_millis(rng.range(2000, 5000));
         let runs = rng.range(8, 16);
         let mut writes = 0;
-        let submits = (0..runs)
+        let submits: Vec<Submit> = (0..runs)
             .map(|i| {
                 let (work, kind, n) = match rng.range(0, 9) {
                     0..=2 => (Work::Supplier { quantity: 10 }, "supplier", 1),
@@ -105,11 +112,13 @@ impl Plan {
                     }
                     7..=8 => {
                         let n = rng.range(1, 4);
-                        (Work::Fanout { n }, "fanout", n)
+                        let sleep_ms = (0..n).map(|_| rng.range(0, 1500)).collect();
+                        (Work::Fanout { n, sleep_ms }, "fanout", n)
                     }
                     _ => {
-                        let after = Duration::from_millis(rng.range(0, 1000));
-                        (Work::Promise { after }, "promise", 1)
+                        let after = Duration::from_millis(rng.range(0, 2000));
+                        let ttl_seconds = if rng.chance(30) { 1 } else { 600 };
+                        (Work::Promise { after, ttl_seconds }, "promise", 1)
                     }
                 };
                 writes += n;
@@ -142,8 +151,11 @@ impl Plan {
                             _ => format!("{point}@{seq}"),
                         })
                     }
-                    7..=8 => Fault::Pause {
+                    7 => Fault::Pause {
                         r#for: Duration::from_millis(lease_ms + rng.range(300, 1500)),
+                    },
+                    8 => Fault::Outage {
+                        r#for: Duration::from_millis(rng.range(500, 2500)),
                     },
                     _ => Fault::Drain,
                 };
@@ -151,6 +163,22 @@ impl Plan {
             })
             .collect();
         injects.sort_by_key(|i| i.at);
+        let mut cancels: Vec<(Duration, String)> = (0..rng.range(0, 2))
+            .map(|_| {
+                let at = Duration::from_millis(rng.range(100, chaos.as_millis() as u64));
+                // Runs that live long enough to be cancelled mid-way.
+                let long: Vec<&Submit> = submits
+                    .iter()
+                    .filter(|s| !matches!(s.work, Work::Supplier { .. } | Work::Writes { .. }))
+                    .collect();
+                let run = match long.is_empty() {
+                    true => &submits[rng.index(submits.len())],
+                    false => long[rng.index(long.len())],
+                };
+                (at, run.run_id.clone())
+            })
+            .collect();
+        cancels.sort();
         let queue = |rng: &mut Rng| {
             (0..writes * 2)
                 .map(|_| misbehaviour(rng))
@@ -168,6 +196,7 @@ impl Plan {
             chaos,
             submits,
             injects,
+            cancels,
             deduplicating,
             plain,
         }

@@ -938,3 +938,54 @@ fn a_parent_waiting_for_its_children_is_upgraded_without_starting_them_again() {
     sb.set_config("");
     sb.stephost(&["replay", "p"]).expect_code(0);
 }
+
+#[test]
+fn a_run_cancelled_between_its_writes_keeps_what_it_recorded_and_verifies() {
+    // Each write's receiver answers after 300 ms: the cancel lands while a
+    // write is in flight, and the commit after it (the write's outcome, the
+    // calls made since, the next write's start) is refused.
+    let sb = Sandbox::with_config(
+        BIN,
+        "[effects.orders]\nkind = \"file\"\nclass = \"write\"\npath = \"orders.jsonl\"\n\
+         reply_delay_ms = 300\n",
+    );
+    let input = json!({"count": 6}).to_string();
+    let mut run = sb
+        .command(&[
+            "run",
+            guests::MULTI_WRITE,
+            "--input",
+            &input,
+            "--run-id",
+            "m",
+        ])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+    while sb.received("orders.jsonl").is_empty() {
+        assert!(std::time::Instant::now() < deadline, "no write arrived");
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    sb.stephost(&["cancel", "m", "--by", "ops"]).expect_code(0);
+    let status = run.wait().unwrap();
+    assert_eq!(status.code(), Some(8), "exit 8: cancelled");
+    let show = sb.show("m");
+    assert_eq!(show["run"]["status"], "cancelled", "{show:#}");
+    // Every write that reached the receiver has its outcome recorded: the
+    // refused commit's record of what already happened landed.
+    let lines = sb.received("orders.jsonl");
+    assert!(lines.len() < 6, "the cancel stopped the run: {lines:#?}");
+    let writes: Vec<&Value> = calls(&show)
+        .iter()
+        .filter(|c| c["class"] == "write")
+        .collect();
+    assert_eq!(writes.len(), lines.len(), "{show:#}");
+    for (write, line) in writes.iter().zip(&lines) {
+        assert_eq!(write["state"], "succeeded", "{write:#}");
+        assert_eq!(write["operation_id"], line["operation_id"]);
+    }
+    // The seal covers exactly the calls the ledger holds.
+    sb.stephost(&["verify", "m"]).expect_code(0);
+}
