@@ -46,8 +46,15 @@ pub fn point(name: &'static str, seq: u64) {
 ///   row is durable (it is committed with the outcome);
 /// - `doubt-as-failed`: a write whose outcome is in doubt is recorded as
 ///   rejected instead of `unknown`;
-/// - `skip-fence`: a write's request carries no `Stephost-Fence`.
-pub const BREAKS: &[&str] = &["send-before-started", "doubt-as-failed", "skip-fence"];
+/// - `skip-fence`: a write's request carries no `Stephost-Fence`;
+/// - `ask-model-again`: a model turn already answered is asked again as
+///   its run resumes (the recorded answer is still the one used).
+pub const BREAKS: &[&str] = &[
+    "send-before-started",
+    "doubt-as-failed",
+    "skip-fence",
+    "ask-model-again",
+];
 
 /// Whether `STEPHOST_BREAK` tells this process to break rule `name` (one
 /// of [`BREAKS`]). Always false in builds without `crash-points`.

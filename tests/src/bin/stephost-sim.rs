@@ -5,6 +5,7 @@
 //!
 //! ```text
 //! stephost-sim --seed N [--break RULE] [--keep]
+//! stephost-sim --seeds FIRST..LAST --plan  # print what the seeds draw, run nothing
 //! stephost-sim --seeds FIRST..LAST
 //! stephost-sim --random --minutes M      # failing seeds are appended to
 //!                                        # tests/sim-regressions.txt
@@ -21,7 +22,7 @@ use stephost_tests::sim::{self, Options};
 fn usage(why: &str) -> ExitCode {
     eprintln!(
         "stephost-sim: {why}\nusage: stephost-sim (--seed N | --seeds FIRST..LAST | --random \
-         --minutes M) [--break RULE] [--keep]"
+         --minutes M) [--break RULE] [--keep] [--plan]"
     );
     ExitCode::from(2)
 }
@@ -32,6 +33,7 @@ fn main() -> ExitCode {
     let mut minutes: Option<u64> = None;
     let mut breaks = None;
     let mut keep = false;
+    let mut plan_only = false;
     let mut i = 0;
     while i < args.len() {
         let value = args.get(i + 1).cloned().unwrap_or_default();
@@ -63,12 +65,23 @@ fn main() -> ExitCode {
                 i += 1;
                 continue;
             }
+            "--plan" => {
+                plan_only = true;
+                i += 1;
+                continue;
+            }
             other => return usage(&format!("unknown argument {other:?}")),
         }
         i += 2;
     }
     if seeds.is_none() && minutes.is_none() {
         return usage("name the seeds, or --random --minutes M");
+    }
+    if plan_only {
+        for seed in seeds.unwrap_or_default() {
+            print!("{}", sim::plan::Plan::draw(seed));
+        }
+        return ExitCode::SUCCESS;
     }
     let bin = std::env::current_exe()
         .ok()

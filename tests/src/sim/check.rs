@@ -5,6 +5,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 
+use model_server::ModelServer;
 use serde_json::Value;
 use supplier_receiver::Receiver;
 
@@ -19,24 +20,40 @@ struct Write {
     state: String,
 }
 
-/// The receivers and the effect each plays.
+/// The other side of the network: the receivers, the effects each plays,
+/// and the model.
 pub struct Receivers<'a> {
     /// `supplier.order`: deduplicates by `Idempotency-Key`, looked up.
     pub deduplicating: &'a Receiver,
-    /// `orders`: does not deduplicate; the host must never resend to it.
+    /// `orders` and `payments.refund`: does not deduplicate; the host must
+    /// never resend to it.
     pub plain: &'a Receiver,
+    pub model: &'a ModelServer,
+    /// The wall clock (ms) just before the model server started: its
+    /// requests' arrival times count from a moment at or after it.
+    pub model_started_ms: i64,
 }
 
 impl Receivers<'_> {
-    fn all(&self) -> [(&'static str, &Receiver, &'static str); 2] {
+    fn all(&self) -> [(&'static str, &Receiver, &'static [&'static str]); 2] {
         [
-            ("deduplicating", self.deduplicating, "supplier.order"),
-            ("plain", self.plain, "orders"),
+            ("deduplicating", self.deduplicating, &["supplier.order"]),
+            ("plain", self.plain, &["orders", "payments.refund"]),
         ]
     }
 
+    /// The receiver of the write effect `function`.
+    pub fn of(&self, function: &str) -> &Receiver {
+        match function {
+            "supplier.order" => self.deduplicating,
+            _ => self.plain,
+        }
+    }
+
     fn requests(&self) -> usize {
-        self.deduplicating.requests().len() + self.plain.requests().len()
+        self.deduplicating.requests().len()
+            + self.plain.requests().len()
+            + self.model.report()["requests_total"].as_u64().unwrap_or(0) as usize
     }
 }
 
@@ -58,6 +75,8 @@ pub fn all(sb: &Sandbox, plan: &Plan, receivers: &Receivers<'_>) -> Vec<String> 
     writes_carry_their_fence(receivers, &mut broken);
     children_started_once(plan, &runs, &mut broken);
     cancelled_trees_begin_nothing(&runs, &shows, &mut broken);
+    no_answered_turn_asked_again(plan, &shows, receivers, &mut broken);
+    budgets_hold(plan, &shows, &mut broken);
     verified_and_replayed(sb, &runs, receivers, &mut broken);
     broken
 }
@@ -135,7 +154,7 @@ fn effects_match_the_ledger(
     receivers: &Receivers<'_>,
     broken: &mut Vec<String>,
 ) {
-    for (name, receiver, function) in receivers.all() {
+    for (name, receiver, functions) in receivers.all() {
         let mut effects: BTreeMap<String, usize> = BTreeMap::new();
         for order in receiver.orders() {
             *effects.entry(order.operation_id.clone()).or_default() += 1;
@@ -163,7 +182,9 @@ fn effects_match_the_ledger(
             }
         }
         for (op, write) in writes {
-            if write.function == function && write.state == "succeeded" && !effects.contains_key(op)
+            if functions.contains(&write.function.as_str())
+                && write.state == "succeeded"
+                && !effects.contains_key(op)
             {
                 broken.push(format!(
                     "{} #{} is recorded succeeded, and the {name} receiver holds no order for \
@@ -297,6 +318,78 @@ fn cancelled_trees_begin_nothing(
                 }
                 up = parent_of.get(parent).copied();
             }
+        }
+    }
+}
+
+/// No model turn is asked again once its answer is recorded: for each
+/// agent run, no request for its k-th turn reached the model after the
+/// ledger's k-th model call finished. (A worker killed between an answer's
+/// arrival and its commit asks again, and records the later answer.)
+fn no_answered_turn_asked_again(
+    plan: &Plan,
+    shows: &BTreeMap<String, Value>,
+    receivers: &Receivers<'_>,
+    broken: &mut Vec<String>,
+) {
+    let report = receivers.model.report();
+    let requests = report["requests"].as_array().cloned().unwrap_or_default();
+    for submit in &plan.submits {
+        let Work::Agent { order } = &submit.work else {
+            continue;
+        };
+        let Some(show) = shows.get(&submit.run_id) else {
+            continue;
+        };
+        let answered: Vec<i64> = show["calls"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|c| {
+                c["interface"]
+                    .as_str()
+                    .is_some_and(|i| i.contains("models"))
+            })
+            .filter(|c| c["state"] == "succeeded")
+            .filter_map(|c| c["finished_at_ms"].as_i64())
+            .collect();
+        let mine = requests
+            .iter()
+            .filter(|r| r["body"].to_string().contains(&format!("order {order},")));
+        for request in mine {
+            let (Some(turn), Some(arrived)) =
+                (request["turn"].as_u64(), request["arrived_ms"].as_i64())
+            else {
+                continue;
+            };
+            let Some(finished) = answered.get(turn as usize - 1) else {
+                continue;
+            };
+            // The arrival, on the wall clock, is no earlier than this.
+            let at_least = receivers.model_started_ms + arrived;
+            if at_least > *finished {
+                broken.push(format!(
+                    "run {}'s model turn {turn} was asked again at {at_least}, after its answer \
+                     was recorded at {finished}",
+                    submit.run_id
+                ));
+            }
+        }
+    }
+}
+
+/// No run spent more model tokens than its budget: a call that would pass
+/// it is refused before it is sent.
+fn budgets_hold(plan: &Plan, shows: &BTreeMap<String, Value>, broken: &mut Vec<String>) {
+    let Some(max) = plan.model_tokens_max else {
+        return;
+    };
+    for (run_id, show) in shows {
+        let spent = show["tokens_total"].as_u64().unwrap_or(0);
+        if spent > max {
+            broken.push(format!(
+                "run {run_id} spent {spent} model tokens, past model_tokens_max = {max}"
+            ));
         }
     }
 }

@@ -23,7 +23,7 @@ use supplier_receiver::{Config, Receiver};
 use crate::{Sandbox, guests};
 use check::Receivers;
 use cluster::Cluster;
-use plan::{Fault, Plan, Work};
+use plan::{Fault, Plan, ServerEvent, Work};
 
 /// How long a seed may take, past its faults, for every run to end.
 pub const SETTLE_SECS: u64 = 180;
@@ -90,7 +90,7 @@ impl std::fmt::Display for Report {
     }
 }
 
-fn config(plan: &Plan, deduplicating: &str, plain: &str) -> String {
+fn config(plan: &Plan, deduplicating: &str, plain: &str, model: &str) -> String {
     // Attempts time out before the slowest misbehaviours answer, so a
     // write's outcome is often in doubt.
     let attempts = "timeout_ms = 400\nretry = { attempts_max = 3, backoff_first_ms = 20, \
@@ -122,10 +122,38 @@ method = "POST"
 url = "{plain}/orders"
 idempotent = false
 {lookup_plain}{attempts}
+[effects."payments.refund"]
+kind = "http"
+class = "write"
+method = "POST"
+url = "{plain}/orders"
+idempotent = false
+{lookup_plain}{attempts}
+[effects."orders.lookup"]
+kind = "static"
+class = "read"
+response = '{{"amount_cents": 2599, "status": "delivered"}}'
+
+[models.support]
+api = "{api}"
+url = "{model}"
+model = "scripted-1"
+max_tokens = 1024
+
+[models.support.retry]
+attempts_max = 6
+backoff_first_ms = 10
+backoff_max_ms = 200
+deadline_ms = 20000
+
 [steps.square]
 module = {square:?}
-"#,
-        square = guests::SQUARE
+{limits}"#,
+        limits = plan.model_tokens_max.map_or(String::new(), |max| format!(
+            "\n[limits]\nmodel_tokens_max = {max}\n"
+        )),
+        square = guests::SQUARE,
+        api = plan.model_api,
     )
 }
 
@@ -141,6 +169,14 @@ fn submit(sb: &Sandbox, run_id: &str, work: &Work) {
         Work::Promise { ttl_seconds, .. } => {
             (guests::PROMISE_STEP, json!({ "ttl_seconds": ttl_seconds }))
         }
+        Work::Agent { order } => (
+            guests::CHAT_STEP,
+            json!({
+                "model": "support",
+                "message": format!("Please refund order {order}, it arrived broken."),
+                "agent": true,
+            }),
+        ),
     };
     sb.stephost(&[
         "submit",
@@ -219,10 +255,7 @@ fn settle_parked(
             }
             let seq = call["seq"].as_u64().unwrap_or(0).to_string();
             let op = call["operation_id"].as_str().unwrap_or_default();
-            let receiver = match call["function"].as_str() {
-                Some("supplier.order") => receivers.deduplicating,
-                _ => receivers.plain,
-            };
+            let receiver = receivers.of(call["function"].as_str().unwrap_or_default());
             let decided = match receiver.order(op) {
                 Some(order) => {
                     let receipt = order.receipt().to_string();
@@ -282,14 +315,38 @@ pub fn run(options: &Options) -> Report {
     for m in &plan.plain {
         plain.push_fault(m.clone());
     }
+    let mut script = model_server::Script::default_refund();
+    for (turn, faults) in script.turns.iter_mut().zip(&plan.model_faults) {
+        turn.faults = faults
+            .iter()
+            .map(|f| serde_json::from_value(f.clone()).expect("a model fault the server reads"))
+            .collect();
+    }
+    let model_started_ms = stephost_core::clock::now_ms();
+    let model = model_server::ModelServer::start_with(model_server::Config {
+        script,
+        ..model_server::Config::default()
+    })
+    .expect("start the scripted model server");
     let receivers = Receivers {
         deduplicating: &deduplicating,
         plain: &plain,
+        model: &model,
+        model_started_ms,
     };
-    let sb = Sandbox::with_config(
+    // A PostgreSQL server of the seed's own when the plan does something
+    // to the server: the suite's shared one serves other tests.
+    let own = (crate::test_backend() == crate::Backend::Postgres && !plan.postgres.is_empty())
+        .then(|| {
+            stephost_ledger_postgres::throwaway::Cluster::start()
+                .expect("start a PostgreSQL server for the seed")
+        });
+    let sb = Sandbox::with_ledger(
         options.bin.to_str().expect("a UTF-8 path"),
-        &config(&plan, &deduplicating.url(), &plain.url()),
+        &config(&plan, &deduplicating.url(), &plain.url(), &model.url()),
+        own.as_ref().map(|c| c.fresh_ledger()),
     );
+    let mut server_events = plan.postgres.iter().filter(|_| own.is_some()).peekable();
     let mut submits: Vec<_> = plan.submits.iter().collect();
     submits.sort_by_key(|s| s.at);
     let mut submits = submits.into_iter().peekable();
@@ -340,6 +397,20 @@ pub fn run(options: &Options) -> Report {
                 "at {} ms cancel {run_id} (exit {:?})",
                 now.as_millis(),
                 ran.code
+            ));
+        }
+        while let Some((_, event)) = server_events.next_if(|(at, _)| *at <= now) {
+            let Some(server) = &own else { break };
+            let done = match event {
+                ServerEvent::Restart => server.restart().map(|()| String::new()),
+                ServerEvent::DropConnections => server.psql(
+                    "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity \
+                     WHERE pid <> pg_backend_pid() AND backend_type = 'client backend'",
+                ),
+            };
+            events.push(format!(
+                "at {} ms PostgreSQL {event:?}: {done:?}",
+                now.as_millis()
             ));
         }
         cluster.tend();

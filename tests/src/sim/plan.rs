@@ -36,6 +36,9 @@ pub enum Work {
     /// the harness `after` the token arrives; it expires after
     /// `ttl_seconds` (a short one may expire first).
     Promise { after: Duration, ttl_seconds: u64 },
+    /// The refund agent (three model turns, a read, a refund written to
+    /// the receiver that does not deduplicate) for order `order`.
+    Agent { order: String },
 }
 
 /// A fault the harness injects into worker `worker` at `at`.
@@ -63,6 +66,15 @@ pub enum Fault {
     Outage { r#for: Duration },
 }
 
+/// Something done to the PostgreSQL server the ledger is on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ServerEvent {
+    /// `pg_ctl restart -m fast`: every session cut, the server back.
+    Restart,
+    /// Every client's backend terminated (`pg_terminate_backend`).
+    DropConnections,
+}
+
 /// A seed's plan.
 #[derive(Debug, Clone)]
 pub struct Plan {
@@ -72,6 +84,18 @@ pub struct Plan {
     pub lease_ms: u64,
     /// Whether the receiver that does not deduplicate can be looked up.
     pub lookup_plain: bool,
+    /// The API the model speaks (`[models.support] api`).
+    pub model_api: &'static str,
+    /// The faults each of the model's three turns serves first (to the
+    /// first requests of any run that reach it), as the scripted model
+    /// server reads them.
+    pub model_faults: Vec<Vec<serde_json::Value>>,
+    /// Each run's model token budget (`[limits] model_tokens_max`), when
+    /// drawn: tight enough that an agent's later turns are refused.
+    pub model_tokens_max: Option<u64>,
+    /// What happens to the PostgreSQL server, when the ledger is one of
+    /// the harness's own (on SQLite, nothing).
+    pub postgres: Vec<(Duration, ServerEvent)>,
     /// In how many of 100 commits, compare-and-sets and reads of the
     /// workers' ledger a fault is injected (`STEPHOST_LEDGER_FAULTS`).
     pub ledger_faults_percent: u64,
@@ -96,29 +120,42 @@ impl Plan {
         let lookup_plain = rng.chance(50);
         let ledger_faults_percent = if rng.chance(40) { rng.range(2, 10) } else { 0 };
         let chaos = Duration::from_millis(rng.range(2000, 5000));
+        let model_api = MODEL_APIS[rng.index(MODEL_APIS.len())];
+        let model_faults = (0..3)
+            .map(|_| {
+                (0..rng.range(0, 2))
+                    .map(|_| model_fault(&mut rng))
+                    .collect()
+            })
+            .collect();
+        let model_tokens_max = rng.chance(30).then(|| rng.range(1500, 4000));
         let runs = rng.range(8, 16);
         let mut writes = 0;
         let submits: Vec<Submit> = (0..runs)
             .map(|i| {
-                let (work, kind, n) = match rng.range(0, 9) {
-                    0..=2 => (Work::Supplier { quantity: 10 }, "supplier", 1),
-                    3..=4 => {
+                let (work, kind, n) = match rng.range(0, 11) {
+                    0..=1 => (Work::Supplier { quantity: 10 }, "supplier", 1),
+                    2..=3 => {
                         let count = rng.range(1, 6);
                         (Work::Writes { count }, "writes", count)
                     }
-                    5..=6 => {
+                    4..=5 => {
                         let ms = rng.range(100, 1500);
                         (Work::Sleeper { ms }, "sleeper", 2)
                     }
-                    7..=8 => {
+                    6..=7 => {
                         let n = rng.range(1, 4);
                         let sleep_ms = (0..n).map(|_| rng.range(0, 1500)).collect();
                         (Work::Fanout { n, sleep_ms }, "fanout", n)
                     }
-                    _ => {
+                    8 => {
                         let after = Duration::from_millis(rng.range(0, 2000));
                         let ttl_seconds = if rng.chance(30) { 1 } else { 600 };
                         (Work::Promise { after, ttl_seconds }, "promise", 1)
+                    }
+                    _ => {
+                        let order = format!("A-{}", 2000 + i);
+                        (Work::Agent { order }, "agent", 1)
                     }
                 };
                 writes += n;
@@ -179,6 +216,20 @@ impl Plan {
             })
             .collect();
         cancels.sort();
+        let mut postgres: Vec<(Duration, ServerEvent)> = match rng.chance(30) {
+            false => Vec::new(),
+            true => (0..rng.range(1, 2))
+                .map(|_| {
+                    let at = Duration::from_millis(rng.range(100, chaos.as_millis() as u64));
+                    let event = match rng.chance(50) {
+                        true => ServerEvent::Restart,
+                        false => ServerEvent::DropConnections,
+                    };
+                    (at, event)
+                })
+                .collect(),
+        };
+        postgres.sort_by_key(|(at, _)| *at);
         let queue = |rng: &mut Rng| {
             (0..writes * 2)
                 .map(|_| misbehaviour(rng))
@@ -192,6 +243,10 @@ impl Plan {
             concurrency,
             lease_ms,
             lookup_plain,
+            model_api,
+            model_faults,
+            model_tokens_max,
+            postgres,
             ledger_faults_percent,
             chaos,
             submits,
@@ -200,6 +255,25 @@ impl Plan {
             deduplicating,
             plain,
         }
+    }
+}
+
+const MODEL_APIS: &[&str] = &["openai-chat", "openai-responses", "anthropic-messages"];
+
+/// A model provider's misbehaviour: rate limits with and without
+/// `retry-after`, overload, 5xx, streams cut or ended by an error, a
+/// dropped connection.
+fn model_fault(rng: &mut Rng) -> serde_json::Value {
+    use serde_json::json;
+    let times = rng.range(1, 3);
+    match rng.range(0, 6) {
+        0 => json!({"kind": "status", "status": 429, "retry_after": 0, "times": times}),
+        1 => json!({"kind": "status", "status": 429, "times": times}),
+        2 => json!({"kind": "status", "status": 529, "times": times}),
+        3 => json!({"kind": "status", "status": 500, "times": times}),
+        4 => json!({"kind": "cut", "times": times}),
+        5 => json!({"kind": "stream_error", "times": times}),
+        _ => json!({"kind": "drop", "times": times}),
     }
 }
 
@@ -251,12 +325,31 @@ impl fmt::Display for Plan {
                 i.fault
             )?;
         }
+        for (at, run_id) in &self.cancels {
+            writeln!(f, "  at {:>5} ms cancel {run_id}", at.as_millis())?;
+        }
+        for (at, event) in &self.postgres {
+            writeln!(
+                f,
+                "  at {:>5} ms PostgreSQL (a server of the seed's own): {event:?}",
+                at.as_millis()
+            )?;
+        }
+        if let Some(max) = self.model_tokens_max {
+            writeln!(f, "  model_tokens_max = {max}")?;
+        }
         let odd = |queue: &[Misbehaviour]| {
             queue
                 .iter()
                 .filter(|m| **m != Misbehaviour::Delay(Duration::ZERO))
                 .count()
         };
+        writeln!(
+            f,
+            "  model ({}): turn faults {}",
+            self.model_api,
+            serde_json::Value::from(self.model_faults.clone())
+        )?;
         writeln!(
             f,
             "  receivers: {} of {} deduplicating and {} of {} plain answers misbehave",

@@ -84,3 +84,8 @@ fn a_host_recording_doubt_as_failed_is_caught_by_the_receiver_s_record() {
 fn a_host_sending_writes_without_their_fence_is_caught() {
     assert_eq!(caught("skip-fence", "without a Stephost-Fence"), 1);
 }
+
+#[test]
+fn a_host_asking_a_model_again_after_its_answer_is_caught() {
+    caught("ask-model-again", "was asked again");
+}

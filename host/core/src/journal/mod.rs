@@ -1132,6 +1132,18 @@ impl Journal {
                 new: Some(new_side(spec)),
             })));
         }
+        let recorded = if spec.paid
+            && crash::broken("ask-model-again")
+            && matches!(self.mode, Mode::Live { .. })
+        {
+            let record = recorded.clone();
+            self.ask_again(&record, live);
+            self.history
+                .arrived(index)
+                .expect("the caller found the call recorded")
+        } else {
+            recorded
+        };
         self.next_seq += 1;
         match recorded.state {
             CallState::Succeeded | CallState::Failed => {
@@ -1395,6 +1407,27 @@ impl Journal {
         crash::point("after-outcome", seq);
         self.call_done()?;
         Ok(outcome)
+    }
+
+    /// A test build told to break the rule (`STEPHOST_BREAK=ask-model-again`):
+    /// a paid read already answered is sent again, its answer dropped.
+    fn ask_again(&mut self, record: &CallRecord, live: &mut dyn LiveCall) {
+        let fence = self.fence();
+        let mut attempts = Attempts {
+            sink: None,
+            seq: record.seq,
+            next: 1,
+            counters: &mut self.counters,
+            scrub: &self.call_scrub,
+        };
+        let context = OpContext::of(
+            &self.run_id,
+            &self.operations,
+            self.trace.as_ref(),
+            record,
+            fence,
+        );
+        let _ = live.perform(&context, &mut attempts);
     }
 
     /// After a live call: commits the buffer once it is full, and counts
