@@ -193,7 +193,7 @@ async fn apply_batch(
                 if jobs[at].0.begins && jobs[at].3.is_none() =>
             {
                 let kept = jobs[at].0.what_happened();
-                jobs[at].0 = Box::new(kept);
+                *jobs[at].0 = kept;
                 jobs[at].3 = Some(refusal);
             }
             Err(Failed::Job(at, e)) => {
