@@ -114,7 +114,8 @@ impl CommitPlan {
         let durable = ops.iter().any(WriteOp::durable);
         let begins = ops
             .iter()
-            .any(|op| matches!(op, WriteOp::Started(_) | WriteOp::Spawn { .. }));
+            .any(|op| matches!(op, WriteOp::Started(_) | WriteOp::Spawn { .. }))
+            && !crate::crash::broken("begin-after-cancel");
         let mut plan = CommitPlan {
             run_id: claim.run_id.clone(),
             fence: claim.fence,
@@ -217,6 +218,22 @@ impl CommitPlan {
     /// the run's seal, and an outcome dropped would leave a settled write
     /// in doubt.
     pub fn what_happened(&self) -> CommitPlan {
+        if crate::crash::broken("drop-refused-record") {
+            return CommitPlan {
+                run_id: self.run_id.clone(),
+                fence: self.fence,
+                create: None,
+                calls: Vec::new(),
+                updates: Vec::new(),
+                logs: Vec::new(),
+                lease: None,
+                end: None,
+                counters: Counters::new(),
+                spawns: Vec::new(),
+                begins: false,
+                durable: false,
+            };
+        }
         let spawned: Vec<u64> = self
             .spawns
             .iter()

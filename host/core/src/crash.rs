@@ -48,12 +48,23 @@ pub fn point(name: &'static str, seq: u64) {
 ///   rejected instead of `unknown`;
 /// - `skip-fence`: a write's request carries no `Stephost-Fence`;
 /// - `ask-model-again`: a model turn already answered is asked again as
-///   its run resumes (the recorded answer is still the one used).
+///   its run resumes (the recorded answer is still the one used);
+/// - `doubt-as-succeeded`: a write whose outcome is in doubt is recorded as
+///   succeeded;
+/// - `skip-budget`: a model call is sent whatever the run's budget;
+/// - `begin-after-cancel`: a cancelled run's commits that begin something
+///   are not refused;
+/// - `drop-refused-record`: a commit refused because its run was cancelled
+///   drops what it recorded of calls already made.
 pub const BREAKS: &[&str] = &[
     "send-before-started",
     "doubt-as-failed",
     "skip-fence",
     "ask-model-again",
+    "doubt-as-succeeded",
+    "skip-budget",
+    "begin-after-cancel",
+    "drop-refused-record",
 ];
 
 /// Whether `STEPHOST_BREAK` tells this process to break rule `name` (one

@@ -128,7 +128,7 @@ impl Plan {
                     .collect()
             })
             .collect();
-        let model_tokens_max = rng.chance(30).then(|| rng.range(1500, 4000));
+        let model_tokens_max = rng.chance(60).then(|| rng.range(600, 2000));
         let runs = rng.range(8, 16);
         let mut writes = 0;
         let submits: Vec<Submit> = (0..runs)
@@ -200,19 +200,15 @@ impl Plan {
             })
             .collect();
         injects.sort_by_key(|i| i.at);
-        let mut cancels: Vec<(Duration, String)> = (0..rng.range(0, 2))
+        // A person cancels runs soon after they are submitted, mostly
+        // while a worker executes them.
+        let mut cancels: Vec<(Duration, String)> = (0..rng.range(0, 3))
             .map(|_| {
-                let at = Duration::from_millis(rng.range(100, chaos.as_millis() as u64));
-                // Runs that live long enough to be cancelled mid-way.
-                let long: Vec<&Submit> = submits
-                    .iter()
-                    .filter(|s| !matches!(s.work, Work::Supplier { .. } | Work::Writes { .. }))
-                    .collect();
-                let run = match long.is_empty() {
-                    true => &submits[rng.index(submits.len())],
-                    false => long[rng.index(long.len())],
-                };
-                (at, run.run_id.clone())
+                let run = &submits[rng.index(submits.len())];
+                (
+                    run.at + Duration::from_millis(rng.range(50, 800)),
+                    run.run_id.clone(),
+                )
             })
             .collect();
         cancels.sort();

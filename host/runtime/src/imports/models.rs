@@ -53,6 +53,9 @@ pub fn chat(
 /// Why a model call that may spend `tokens` and cost `micro_usd` would
 /// take the run past its budget, if it would.
 pub fn over_budget(state: &StepState, tokens: u64, micro_usd: Option<u64>) -> Option<String> {
+    if stephost_core::crash::broken("skip-budget") {
+        return None;
+    }
     let limits = lock(&state.journal).limits().clone();
     let spent = state.models_spent;
     if spent.tokens.saturating_add(tokens) > limits.model_tokens_max {
