@@ -53,6 +53,12 @@ pub struct Report {
     /// Each invariant found broken.
     pub broken: Vec<String>,
     pub runs: usize,
+    /// Faults that happened: worker faults, cancels, server events,
+    /// receivers' and the model's misbehaviours served, ledger faults that
+    /// reached a worker's log.
+    pub faults: usize,
+    /// How long the seed took, its checks included.
+    pub took: Duration,
     /// The seed's folder, when kept.
     pub kept: Option<PathBuf>,
 }
@@ -79,7 +85,13 @@ impl std::fmt::Display for Report {
         for event in &self.events {
             writeln!(f, "  {event}")?;
         }
-        writeln!(f, "  {} run(s) in the ledger", self.runs)?;
+        writeln!(
+            f,
+            "  {} run(s) in the ledger, {} fault(s) injected, {:.1} s",
+            self.runs,
+            self.faults,
+            self.took.as_secs_f64()
+        )?;
         if let Some(dir) = &self.kept {
             writeln!(f, "  kept in {}", dir.display())?;
         }
@@ -302,6 +314,7 @@ fn ended(run: &Value) -> bool {
 
 /// Runs one seed to its end and checks every invariant.
 pub fn run(options: &Options) -> Report {
+    let began = Instant::now();
     let plan = Plan::draw(options.seed);
     let deduplicating = Receiver::start().expect("start the deduplicating receiver");
     let plain = Receiver::start_with(Config {
@@ -445,6 +458,27 @@ pub fn run(options: &Options) -> Report {
     events.append(&mut cluster.events);
     drop(cluster);
     let ledger_faults = injected_ledger_faults(&sb);
+    let odd = |queue: &[supplier_receiver::Fault]| {
+        queue
+            .iter()
+            .filter(|m| **m != supplier_receiver::Fault::Delay(Duration::ZERO))
+            .count()
+    };
+    let served = |queue: &[supplier_receiver::Fault], receiver: &Receiver| {
+        // Queued misbehaviours are served in order; those left were not.
+        let left = receiver.pending_faults();
+        odd(&queue[..queue.len().saturating_sub(left)])
+    };
+    let model_faults = model.report()["requests"]
+        .as_array()
+        .map_or(0, |r| r.iter().filter(|r| !r["fault"].is_null()).count());
+    let faults = plan.injects.len()
+        + plan.cancels.len()
+        + if own.is_some() { plan.postgres.len() } else { 0 }
+        + served(&plan.deduplicating, &deduplicating)
+        + served(&plan.plain, &plain)
+        + model_faults
+        + ledger_faults;
     if ledger_faults > 0 {
         events.push(format!(
             "{ledger_faults} injected ledger fault(s) in the workers' logs"
@@ -461,6 +495,8 @@ pub fn run(options: &Options) -> Report {
         events,
         broken,
         runs,
+        faults,
+        took: began.elapsed(),
         kept,
     }
 }
