@@ -2332,9 +2332,23 @@ pub fn a_cancel_marks_a_tree_at_once_and_a_marked_run_begins_nothing(make: &Make
         "{refused:?}"
     );
     assert!(matches!(store.run("c"), Err(StoreError::UnknownRun(_))));
-    // The end lands.
-    commit(
-        ledger.pool.as_ref(),
+    // The end lands, through a writer whose commit was just refused.
+    let mut writer = ledger.pool.writer().unwrap();
+    let refused = writer
+        .commit(
+            &p,
+            vec![WriteOp::Started(call(
+                4,
+                CallClass::Write,
+                CallState::Started,
+            ))],
+        )
+        .wait();
+    assert!(
+        matches!(refused, Err(StoreError::Cancelled { .. })),
+        "{refused:?}"
+    );
+    let ended = writer.commit(
         &p,
         vec![end(
             RunEnd::Cancelled {
@@ -2342,8 +2356,9 @@ pub fn a_cancel_marks_a_tree_at_once_and_a_marked_run_begins_nothing(make: &Make
             },
             T0 + 200,
         )],
-    )
-    .unwrap();
+    );
+    ended.wait().unwrap();
+    writer.landed().unwrap();
     let run = store.run("p").unwrap();
     assert_eq!(
         (run.status, calls_of(store.as_ref(), "p").len()),

@@ -32,7 +32,8 @@
 //!   since they record what already happened, also when they ride in the
 //!   refused commit: the backend then writes [`CommitPlan::what_happened`]
 //!   in the refusal's place (in its transaction, or the next), and answers
-//!   the refusal;
+//!   the refusal, which does not stop the writer (the execution's end
+//!   follows and lands);
 //! - the commit must be durable before it is answered if any op is
 //!   ([`WriteOp::durable`]).
 

@@ -39,7 +39,12 @@ impl DirectWriter {
                             continue;
                         }
                         let result = apply(&conns, &plan).await;
-                        if let Err(e) = &result {
+                        // A refusal because the run was cancelled wrote
+                        // what the commit recorded in its place: the
+                        // execution's end, which follows, still lands.
+                        if let Err(e) = &result
+                            && !matches!(e, StoreError::Cancelled { .. })
+                        {
                             failed = Some(e.clone());
                         }
                         reply.send(result);

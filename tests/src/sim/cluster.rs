@@ -24,6 +24,8 @@ struct Slot {
 pub struct Cluster<'a> {
     sb: &'a Sandbox,
     args: Vec<String>,
+    /// Slot 0 runs `stephost serve` (the API and its worker).
+    serve: bool,
     breaks: Option<String>,
     /// `(seed, percent)` of the ledger faults, if any.
     ledger_faults: Option<(u64, u64)>,
@@ -36,13 +38,13 @@ impl<'a> Cluster<'a> {
     pub fn start(
         sb: &'a Sandbox,
         workers: usize,
+        serve: bool,
         concurrency: u64,
         lease_ms: u64,
         breaks: Option<String>,
         ledger_faults: Option<(u64, u64)>,
     ) -> Cluster<'a> {
         let args = vec![
-            "worker".to_string(),
             "--concurrency".to_string(),
             concurrency.to_string(),
             "--lease-ms".to_string(),
@@ -54,6 +56,7 @@ impl<'a> Cluster<'a> {
         let mut cluster = Cluster {
             sb,
             args,
+            serve,
             breaks,
             ledger_faults,
             slots: Vec::new(),
@@ -74,7 +77,11 @@ impl<'a> Cluster<'a> {
 
     fn spawn(&self, slot: usize, start: usize, crash_at: Option<&str>) -> Child {
         let id = format!("sim-{slot}.{start}");
-        let mut args: Vec<&str> = self.args.iter().map(String::as_str).collect();
+        let mut args: Vec<&str> = match self.serve && slot == 0 {
+            true => vec!["serve", "--listen", "127.0.0.1:0"],
+            false => vec!["worker"],
+        };
+        args.extend(self.args.iter().map(String::as_str));
         args.extend(["--worker-id", &id]);
         let log = OpenOptions::new()
             .create(true)

@@ -369,6 +369,7 @@ pub fn run(options: &Options) -> Report {
     let mut cluster = Cluster::start(
         &sb,
         plan.workers,
+        plan.serve,
         plan.concurrency,
         plan.lease_ms,
         options.breaks.clone(),
@@ -474,7 +475,11 @@ pub fn run(options: &Options) -> Report {
         .map_or(0, |r| r.iter().filter(|r| !r["fault"].is_null()).count());
     let faults = plan.injects.len()
         + plan.cancels.len()
-        + if own.is_some() { plan.postgres.len() } else { 0 }
+        + if own.is_some() {
+            plan.postgres.len()
+        } else {
+            0
+        }
         + served(&plan.deduplicating, &deduplicating)
         + served(&plan.plain, &plain)
         + model_faults

@@ -80,6 +80,9 @@ pub enum ServerEvent {
 pub struct Plan {
     pub seed: u64,
     pub workers: usize,
+    /// Whether worker 0 is `stephost serve` (the API with its worker),
+    /// under the same faults as the others.
+    pub serve: bool,
     pub concurrency: u64,
     pub lease_ms: u64,
     /// Whether the receiver that does not deduplicate can be looked up.
@@ -115,6 +118,7 @@ impl Plan {
     pub fn draw(seed: u64) -> Plan {
         let mut rng = Rng::new(seed);
         let workers = rng.range(1, 4) as usize;
+        let serve = rng.chance(50);
         let concurrency = rng.range(2, 6);
         let lease_ms = rng.range(1500, 2500);
         let lookup_plain = rng.chance(50);
@@ -236,6 +240,7 @@ impl Plan {
         Plan {
             seed,
             workers,
+            serve,
             concurrency,
             lease_ms,
             lookup_plain,
@@ -283,7 +288,9 @@ fn misbehaviour(rng: &mut Rng) -> Misbehaviour {
         1 => Misbehaviour::retry_after(503, rng.range(0, 1)),
         2 => Misbehaviour::retry_after(429, 0),
         3 => Misbehaviour::CommitThenDrop,
-        4 => Misbehaviour::DropBeforeCommit,
+        4 if rng.chance(50) => Misbehaviour::DropBeforeCommit,
+        // A refusal not declared final ("the key is in use").
+        4 => Misbehaviour::status(409),
         5 => Misbehaviour::Delay(Duration::from_millis(rng.range(100, 700))),
         _ => Misbehaviour::CommitLate(Duration::from_millis(rng.range(100, 800))),
     }
@@ -293,10 +300,15 @@ impl fmt::Display for Plan {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         writeln!(
             f,
-            "seed {}: {} worker(s) × {} slots, lease {} ms, {} ms of faults, the plain \
+            "seed {}: {} worker(s){} × {} slots, lease {} ms, {} ms of faults, the plain \
              receiver {} lookup, ledger faults in {} of 100 operations",
             self.seed,
             self.workers,
+            if self.serve {
+                " (worker 0 is serve)"
+            } else {
+                ""
+            },
             self.concurrency,
             self.lease_ms,
             self.chaos.as_millis(),
