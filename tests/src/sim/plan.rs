@@ -278,10 +278,15 @@ fn model_fault(rng: &mut Rng) -> serde_json::Value {
     }
 }
 
-/// Most requests are answered at once; the rest misbehave as receivers do.
+/// The longest latency a well-behaved receiver answers with here.
+pub const USUAL_LATENCY: Duration = Duration::from_millis(150);
+
+/// Most requests are answered after a receiver's usual latency (up to
+/// 150 ms, within the attempt's timeout); the rest misbehave as receivers
+/// do.
 fn misbehaviour(rng: &mut Rng) -> Misbehaviour {
     if rng.chance(65) {
-        return Misbehaviour::Delay(Duration::ZERO);
+        return Misbehaviour::Delay(Duration::from_millis(rng.range(0, 150)));
     }
     match rng.range(0, 7) {
         0 => Misbehaviour::status(500),
@@ -349,7 +354,7 @@ impl fmt::Display for Plan {
         let odd = |queue: &[Misbehaviour]| {
             queue
                 .iter()
-                .filter(|m| **m != Misbehaviour::Delay(Duration::ZERO))
+                .filter(|m| !matches!(m, Misbehaviour::Delay(d) if *d <= USUAL_LATENCY))
                 .count()
         };
         writeln!(

@@ -939,8 +939,10 @@ fn a_parent_waiting_for_its_children_is_upgraded_without_starting_them_again() {
     sb.stephost(&["replay", "p"]).expect_code(0);
 }
 
-#[test]
-fn a_run_cancelled_between_its_writes_keeps_what_it_recorded_and_verifies() {
+/// Runs three writes, each answered after 2 s, and cancels the run while
+/// the first is in flight (with `STEPHOST_BREAK=breaks` if given); the
+/// sandbox and the run.
+fn cancelled_between_writes(breaks: Option<&str>) -> (Sandbox, Value) {
     // Each write's receiver answers after 2 s: the cancel lands while the
     // first write is in flight, and the commit after it (the write's
     // outcome, the calls made since, the next write's start) is refused.
@@ -961,6 +963,7 @@ fn a_run_cancelled_between_its_writes_keeps_what_it_recorded_and_verifies() {
         ])
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::piped())
+        .envs(breaks.map(|b| ("STEPHOST_BREAK", b)))
         .spawn()
         .unwrap();
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
@@ -978,6 +981,12 @@ fn a_run_cancelled_between_its_writes_keeps_what_it_recorded_and_verifies() {
     );
     let show = sb.show("m");
     assert_eq!(show["run"]["status"], "cancelled", "{show:#}");
+    (sb, show)
+}
+
+#[test]
+fn a_run_cancelled_between_its_writes_keeps_what_it_recorded_and_verifies() {
+    let (sb, show) = cancelled_between_writes(None);
     // Every write that reached the receiver has its outcome recorded: the
     // refused commit's record of what already happened landed.
     let lines = sb.received("orders.jsonl");
@@ -993,4 +1002,18 @@ fn a_run_cancelled_between_its_writes_keeps_what_it_recorded_and_verifies() {
     }
     // The seal covers exactly the calls the ledger holds.
     sb.stephost(&["verify", "m"]).expect_code(0);
+}
+
+#[test]
+fn a_host_dropping_what_a_refused_commit_recorded_fails_verify() {
+    // The check above can fail: with the refused commit's record dropped
+    // (a test-only switch), the seal names calls the ledger lacks.
+    let (sb, _) = cancelled_between_writes(Some("drop-refused-record"));
+    let verified = sb.stephost(&["verify", "m"]);
+    verified.expect_code(4);
+    assert!(
+        verified.stdout.contains("calls were dropped"),
+        "{}",
+        verified.stdout
+    );
 }

@@ -111,8 +111,3 @@ fn a_host_sending_model_calls_past_the_budget_is_caught() {
 fn a_host_letting_a_cancelled_run_begin_more_is_caught() {
     caught("begin-after-cancel", "was cancelled at", &[2, 5]);
 }
-
-#[test]
-fn a_host_dropping_what_a_refused_commit_recorded_is_caught_by_verify() {
-    caught("drop-refused-record", "verify ", &[2, 5]);
-}
