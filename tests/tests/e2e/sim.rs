@@ -12,8 +12,8 @@ const BIN: &str = env!("CARGO_BIN_EXE_stephost-crash");
 const SEEDS: &[u64] = &[1, 2, 3, 4, 5, 6];
 
 /// Most seeds a broken host may take to be caught. Each break is caught
-/// by 2 to 10 of seeds 1 to 10 on this project's machines
-/// (docs/testing.md); the seeds that caught it there are tried first.
+/// by 2 to 8 of seeds 1 to 8 on this project's machines
+/// (docs/testing.md); seeds that caught it there are tried first.
 const SEEDS_TO_CATCH_MAX: usize = 30;
 
 fn seeds() -> Vec<u64> {
@@ -78,13 +78,13 @@ fn a_host_sending_before_started_is_durable_is_caught_by_a_second_effect() {
     caught(
         "send-before-started",
         "business effects at the plain receiver",
-        &[2, 5],
+        &[2, 3],
     );
 }
 
 #[test]
 fn a_host_recording_doubt_as_failed_is_caught_by_the_receiver_s_record() {
-    caught("doubt-as-failed", "doubt was not kept as doubt", &[3, 4]);
+    caught("doubt-as-failed", "doubt was not kept as doubt", &[1, 2]);
 }
 
 #[test]
@@ -94,20 +94,24 @@ fn a_host_sending_writes_without_their_fence_is_caught() {
 
 #[test]
 fn a_host_asking_a_model_again_after_its_answer_is_caught() {
-    caught("ask-model-again", "was asked again", &[1, 4]);
+    caught("ask-model-again", "was asked again", &[2, 5]);
 }
 
 #[test]
 fn a_host_recording_doubt_as_succeeded_is_caught_by_the_missing_effect() {
-    caught("doubt-as-succeeded", "holds no order for operation", &[]);
+    caught(
+        "doubt-as-succeeded",
+        "holds no order for operation",
+        &[3, 4],
+    );
 }
 
 #[test]
 fn a_host_sending_model_calls_past_the_budget_is_caught() {
-    caught("skip-budget", "past model_tokens_max", &[2, 3]);
+    caught("skip-budget", "past model_tokens_max", &[1, 2]);
 }
 
 #[test]
 fn a_host_letting_a_cancelled_run_begin_more_is_caught() {
-    caught("begin-after-cancel", "was cancelled at", &[2, 5]);
+    caught("begin-after-cancel", "was cancelled at", &[1, 2]);
 }
