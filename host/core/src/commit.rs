@@ -118,18 +118,9 @@ impl CommitPlan {
             .any(|op| matches!(op, WriteOp::Started(_) | WriteOp::Spawn { .. }))
             && !crate::crash::broken("begin-after-cancel");
         let mut plan = CommitPlan {
-            run_id: claim.run_id.clone(),
-            fence: claim.fence,
-            create: None,
-            calls: Vec::new(),
-            updates: Vec::new(),
-            logs: Vec::new(),
-            lease: None,
-            end: None,
-            counters: Counters::new(),
-            spawns: Vec::new(),
             begins,
             durable,
+            ..CommitPlan::empty(&claim.run_id, claim.fence)
         };
         let mut updates: BTreeMap<u64, CallUpdate> = BTreeMap::new();
         let mut attempts: Vec<AttemptRecord> = Vec::new();
@@ -220,20 +211,7 @@ impl CommitPlan {
     /// in doubt.
     pub fn what_happened(&self) -> CommitPlan {
         if crate::crash::broken("drop-refused-record") {
-            return CommitPlan {
-                run_id: self.run_id.clone(),
-                fence: self.fence,
-                create: None,
-                calls: Vec::new(),
-                updates: Vec::new(),
-                logs: Vec::new(),
-                lease: None,
-                end: None,
-                counters: Counters::new(),
-                spawns: Vec::new(),
-                begins: false,
-                durable: false,
-            };
+            return CommitPlan::empty(&self.run_id, self.fence);
         }
         let spawned: Vec<u64> = self
             .spawns
@@ -258,6 +236,24 @@ impl CommitPlan {
             spawns: Vec::new(),
             begins: false,
             durable: self.durable,
+        }
+    }
+
+    /// A plan of run `run_id` under `fence` that writes nothing.
+    fn empty(run_id: &str, fence: i64) -> CommitPlan {
+        CommitPlan {
+            run_id: run_id.to_string(),
+            fence,
+            create: None,
+            calls: Vec::new(),
+            updates: Vec::new(),
+            logs: Vec::new(),
+            lease: None,
+            end: None,
+            counters: Counters::new(),
+            spawns: Vec::new(),
+            begins: false,
+            durable: false,
         }
     }
 
