@@ -112,6 +112,13 @@ fn config(plan: &Plan, deduplicating: &str, plain: &str, model: &str) -> String 
     } else {
         String::new()
     };
+    // The effects whose receiver does not deduplicate.
+    let plain_write = |name: &str| {
+        format!(
+            "[effects.{name}]\nkind = \"http\"\nclass = \"write\"\nmethod = \"POST\"\n\
+             url = \"{plain}/orders\"\nidempotent = false\n{lookup_plain}{attempts}"
+        )
+    };
     format!(
         r#"[effects."inventory.read"]
 kind = "http"
@@ -127,20 +134,8 @@ url = "{deduplicating}/orders"
 idempotent = true
 lookup = "{deduplicating}/orders/{{operation_id}}"
 {attempts}
-[effects.orders]
-kind = "http"
-class = "write"
-method = "POST"
-url = "{plain}/orders"
-idempotent = false
-{lookup_plain}{attempts}
-[effects."payments.refund"]
-kind = "http"
-class = "write"
-method = "POST"
-url = "{plain}/orders"
-idempotent = false
-{lookup_plain}{attempts}
+{orders}
+{refund}
 [effects."orders.lookup"]
 kind = "static"
 class = "read"
@@ -166,6 +161,8 @@ module = {square:?}
         )),
         square = guests::SQUARE,
         api = plan.model_api,
+        orders = plain_write("orders"),
+        refund = plain_write("\"payments.refund\""),
     )
 }
 
