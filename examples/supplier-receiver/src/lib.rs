@@ -109,7 +109,28 @@ pub enum Fault {
     /// Wait this long, then process the request normally and reply: a
     /// lookup meanwhile finds no order yet (a receiver that commits late).
     CommitLate(Duration),
+    /// Process the request normally, then reply `201` with a body that is
+    /// not JSON (an HTML page from a proxy in front of the receiver).
+    CommitNotJson,
 }
+
+/// A misbehaviour of one `GET /orders/{operation_id}` (a lookup), queued
+/// with [`Receiver::push_lookup_fault`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LookupFault {
+    /// Look the order up, then wait this long before answering (a slow
+    /// lookup the client may give up on).
+    Slow(Duration),
+    /// Answer `200` with the receipt of another operation (an order the
+    /// receiver holds, or a made-up one): a receipt that proves nothing
+    /// about the operation asked for.
+    OtherReceipt,
+    /// Answer `200` with a body that is not JSON.
+    NotJson,
+}
+
+/// What [`Fault::CommitNotJson`] and [`LookupFault::NotJson`] answer.
+pub const NOT_JSON: &str = "<html><body>OK</body></html>";
 
 impl Fault {
     /// `Fault::Status` without `Retry-After`.
@@ -244,6 +265,7 @@ struct State {
     /// Highest `Stephost-Fence` seen per `Stephost-Run-Id`.
     fences: HashMap<String, u64>,
     faults: VecDeque<Fault>,
+    lookup_faults: VecDeque<LookupFault>,
     customer_orders: HashMap<String, i64>,
     refunds: Vec<Refund>,
     refund_by_key: HashMap<String, usize>,
@@ -356,6 +378,17 @@ impl Receiver {
     /// Faults queued and not yet applied.
     pub fn pending_faults(&self) -> usize {
         lock(&self.shared.state).faults.len()
+    }
+
+    /// Queues a misbehaviour for the next lookup (`GET /orders/{id}`) not
+    /// yet claimed by an earlier one.
+    pub fn push_lookup_fault(&self, fault: LookupFault) {
+        lock(&self.shared.state).lookup_faults.push_back(fault);
+    }
+
+    /// Lookup misbehaviours queued and not yet applied.
+    pub fn pending_lookup_faults(&self) -> usize {
+        lock(&self.shared.state).lookup_faults.len()
     }
 
     /// Sets the `on_hand` of one sku.
@@ -527,7 +560,7 @@ impl Shared {
 
         let outcome = match (segments.as_slice(), req.method.as_str()) {
             (["inventory", sku], "GET") => Outcome::Reply(self.inventory(sku)),
-            (["orders", id], "GET") => Outcome::Reply(self.lookup(id)),
+            (["orders", id], "GET") => Outcome::Reply(self.faulty_lookup(id)),
             (["orders"], "POST") => self.post_order(&req, fault),
             (["customer-orders", id], "GET") => Outcome::Reply(self.customer_order(id)),
             (["refunds", id], "GET") => Outcome::Reply(self.refund_lookup(id)),
@@ -592,6 +625,40 @@ impl Shared {
         response
     }
 
+    fn faulty_lookup(&self, id: &str) -> Response {
+        let fault = lock(&self.state).lookup_faults.pop_front();
+        match fault {
+            None => self.lookup(id),
+            Some(LookupFault::Slow(delay)) => {
+                let response = self.lookup(id);
+                std::thread::sleep(delay);
+                response
+            }
+            Some(LookupFault::OtherReceipt) => {
+                let mut state = lock(&self.state);
+                state.lookups += 1;
+                let asked = percent_decode(id).unwrap_or_default();
+                let other = state
+                    .orders
+                    .iter()
+                    .find(|o| o.operation_id != asked)
+                    .map(Order::receipt)
+                    .unwrap_or_else(|| {
+                        json!({"order_id": "ORD-0", "operation_id": format!("{asked}-other")})
+                    });
+                Response::json(200, &other)
+            }
+            Some(LookupFault::NotJson) => {
+                lock(&self.state).lookups += 1;
+                Response {
+                    status: 200,
+                    headers: vec![("Content-Type".into(), "text/html".into())],
+                    body: NOT_JSON.as_bytes().to_vec(),
+                }
+            }
+        }
+    }
+
     fn lookup(&self, id: &str) -> Response {
         let mut state = lock(&self.state);
         state.lookups += 1;
@@ -636,6 +703,14 @@ impl Shared {
             Some(Fault::CommitLate(delay)) => {
                 std::thread::sleep(delay);
                 Outcome::Reply(self.place_order(req))
+            }
+            Some(Fault::CommitNotJson) => {
+                let mut resp = self.place_order(req);
+                if resp.status < 300 {
+                    resp.headers = vec![("Content-Type".into(), "text/html".into())];
+                    resp.body = NOT_JSON.as_bytes().to_vec();
+                }
+                Outcome::Reply(resp)
             }
             None => Outcome::Reply(self.place_order(req)),
         }

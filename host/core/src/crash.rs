@@ -55,7 +55,12 @@ pub fn point(name: &'static str, seq: u64) {
 /// - `begin-after-cancel`: a cancelled run's commits that begin something
 ///   are not refused;
 /// - `drop-refused-record`: a commit refused because its run was cancelled
-///   drops what it recorded of calls already made.
+///   drops what it recorded of calls already made;
+/// - `lose-wake-up`: a waiting run is never due by its wake time (a timer
+///   or an expiry wakes nobody; an arrival still does);
+/// - `start-child-again`: a resumed parent replaying a recorded start
+///   starts another child for it as well (the recorded one is still the
+///   one it joins).
 pub const BREAKS: &[&str] = &[
     "send-before-started",
     "doubt-as-failed",
@@ -65,6 +70,8 @@ pub const BREAKS: &[&str] = &[
     "skip-budget",
     "begin-after-cancel",
     "drop-refused-record",
+    "lose-wake-up",
+    "start-child-again",
 ];
 
 /// Whether `STEPHOST_BREAK` tells this process to break rule `name` (one

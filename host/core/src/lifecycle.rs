@@ -49,6 +49,7 @@ pub fn due_at_of(
         RunStatus::Pending => Some(created_at_ms),
         RunStatus::Running if owned => Some(lease_until_ms.unwrap_or(updated_at_ms)),
         RunStatus::Running => Some(updated_at_ms),
+        RunStatus::Waiting if crate::crash::broken("lose-wake-up") => None,
         RunStatus::Waiting => wake_at_ms,
         RunStatus::Parked
         | RunStatus::Completed

@@ -4,6 +4,7 @@
 //! the call and the operation.
 
 use std::collections::{BTreeMap, HashMap};
+use std::path::PathBuf;
 
 use model_server::ModelServer;
 use serde_json::Value;
@@ -16,7 +17,8 @@ use crate::Sandbox;
 struct Write {
     run_id: String,
     seq: u64,
-    function: String,
+    /// The receiver it was sent to ([`Receivers::name_of`]).
+    receiver: Option<&'static str>,
     state: String,
 }
 
@@ -32,28 +34,98 @@ pub struct Receivers<'a> {
     /// The wall clock (ms) just before the model server started: its
     /// requests' arrival times count from a moment at or after it.
     pub model_started_ms: i64,
+    /// The MCP supplier server's orders (a JSON line each), when the plan
+    /// has `supplier.order` there.
+    pub mcp: Option<PathBuf>,
+}
+
+/// An order the MCP supplier server placed (its file's line).
+struct McpOrder {
+    line: Value,
 }
 
 impl Receivers<'_> {
-    fn all(&self) -> [(&'static str, &Receiver, &'static [&'static str]); 2] {
+    fn all(&self) -> [(&'static str, &Receiver); 2] {
         [
-            ("deduplicating", self.deduplicating, &["supplier.order"]),
-            ("plain", self.plain, &["orders", "payments.refund"]),
+            ("deduplicating", self.deduplicating),
+            ("plain", self.plain),
         ]
     }
 
-    /// The receiver of the write effect `function`.
-    pub fn of(&self, function: &str) -> &Receiver {
-        match function {
-            "supplier.order" => self.deduplicating,
-            _ => self.plain,
+    fn mcp_orders(&self) -> Vec<McpOrder> {
+        let Some(path) = &self.mcp else {
+            return Vec::new();
+        };
+        std::fs::read_to_string(path)
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| serde_json::from_str(l).ok())
+            .map(|line| McpOrder { line })
+            .collect()
+    }
+
+    /// Which receiver the write `call` (as `show --json` has it) went to:
+    /// by its effect, or for a guest's own HTTP request by its URL; none
+    /// for a write the host keeps (a child's start, a promise).
+    pub fn name_of(&self, call: &Value) -> Option<&'static str> {
+        match call["function"].as_str().unwrap_or_default() {
+            "supplier.order" if self.mcp.is_some() => Some("mcp"),
+            "supplier.order" => Some("deduplicating"),
+            "orders" | "payments.refund" => Some("plain"),
+            "handle" => {
+                let request = call["request"].as_str().unwrap_or_default();
+                match request.contains(&self.deduplicating.url()) {
+                    true => Some("deduplicating"),
+                    false => Some("plain"),
+                }
+            }
+            _ => None,
         }
+    }
+
+    /// The receipt the receiver of `call` holds for operation `op`, if it
+    /// holds one.
+    pub fn receipt(&self, call: &Value, op: &str) -> Option<Value> {
+        match self.name_of(call)? {
+            "mcp" => self
+                .mcp_orders()
+                .into_iter()
+                .find(|o| o.line["operation_id"] == op)
+                .map(|o| o.line),
+            "deduplicating" => self.deduplicating.order(op).map(|o| o.receipt()),
+            _ => self.plain.order(op).map(|o| o.receipt()),
+        }
+    }
+
+    /// Each receiver's business effects: how many for each operation id.
+    fn effects(&self) -> Vec<(&'static str, BTreeMap<String, usize>)> {
+        let mut all: Vec<_> = self
+            .all()
+            .into_iter()
+            .map(|(name, receiver)| {
+                let mut effects: BTreeMap<String, usize> = BTreeMap::new();
+                for order in receiver.orders() {
+                    *effects.entry(order.operation_id.clone()).or_default() += 1;
+                }
+                (name, effects)
+            })
+            .collect();
+        if self.mcp.is_some() {
+            let mut effects: BTreeMap<String, usize> = BTreeMap::new();
+            for order in self.mcp_orders() {
+                let op = order.line["operation_id"].as_str().unwrap_or("(none)");
+                *effects.entry(op.to_string()).or_default() += 1;
+            }
+            all.push(("mcp", effects));
+        }
+        all
     }
 
     fn requests(&self) -> usize {
         self.deduplicating.requests().len()
             + self.plain.requests().len()
             + self.model.report()["requests_total"].as_u64().unwrap_or(0) as usize
+            + self.mcp_orders().len()
     }
 }
 
@@ -70,7 +142,7 @@ pub fn all(sb: &Sandbox, plan: &Plan, receivers: &Receivers<'_>) -> Vec<String> 
             (id, show)
         })
         .collect();
-    let writes = writes(&shows, &mut broken);
+    let writes = writes(&shows, receivers, &mut broken);
     effects_match_the_ledger(&writes, receivers, &mut broken);
     writes_carry_their_fence(receivers, &mut broken);
     children_started_once(plan, &runs, &mut broken);
@@ -117,7 +189,11 @@ fn ended_with_a_reason(plan: &Plan, runs: &[Value], broken: &mut Vec<String>) {
 
 /// The write calls of every run, by operation id; an operation id
 /// recorded by two calls is broken.
-fn writes(shows: &BTreeMap<String, Value>, broken: &mut Vec<String>) -> HashMap<String, Write> {
+fn writes(
+    shows: &BTreeMap<String, Value>,
+    receivers: &Receivers<'_>,
+    broken: &mut Vec<String>,
+) -> HashMap<String, Write> {
     let mut writes: HashMap<String, Write> = HashMap::new();
     for (run_id, show) in shows {
         for call in show["calls"].as_array().into_iter().flatten() {
@@ -131,8 +207,8 @@ fn writes(shows: &BTreeMap<String, Value>, broken: &mut Vec<String>) -> HashMap<
             let write = Write {
                 run_id: run_id.clone(),
                 seq: call["seq"].as_u64().unwrap_or(0),
-                function: call["function"].as_str().unwrap_or_default().to_string(),
-                state: call["state"].as_str().unwrap_or_default().to_string(),
+                receiver: receivers.name_of(call),
+                state: state_of(call),
             };
             if let Some(first) = writes.get(&op) {
                 broken.push(format!(
@@ -146,6 +222,25 @@ fn writes(shows: &BTreeMap<String, Value>, broken: &mut Vec<String>) -> HashMap<
     writes
 }
 
+/// The state of a write, as the receiver's side should see it: a guest's
+/// own HTTP request that the receiver answered with an error is recorded
+/// succeeded (the exchange happened; the step reads the status) and took
+/// no effect.
+fn state_of(call: &Value) -> String {
+    let state = call["state"].as_str().unwrap_or_default();
+    if call["function"] == "handle" && state == "succeeded" {
+        let outcome: Value =
+            serde_json::from_str(call["outcome"].as_str().unwrap_or("null")).unwrap_or_default();
+        let exchange: Value =
+            serde_json::from_str(outcome["ok"].as_str().unwrap_or("null")).unwrap_or_default();
+        let status = exchange["status"].as_u64().unwrap_or(0);
+        if !(200..300).contains(&status) {
+            return format!("answered {status}");
+        }
+    }
+    state.to_string()
+}
+
 /// At each receiver: no operation has two business effects; every effect
 /// is a write the ledger recorded (durably `started` before it left) and
 /// does not call failed; every write the ledger calls succeeded is there.
@@ -154,11 +249,7 @@ fn effects_match_the_ledger(
     receivers: &Receivers<'_>,
     broken: &mut Vec<String>,
 ) {
-    for (name, receiver, functions) in receivers.all() {
-        let mut effects: BTreeMap<String, usize> = BTreeMap::new();
-        for order in receiver.orders() {
-            *effects.entry(order.operation_id.clone()).or_default() += 1;
-        }
+    for (name, effects) in receivers.effects() {
         for (op, count) in &effects {
             let Some(write) = writes.get(op) else {
                 broken.push(format!(
@@ -182,7 +273,7 @@ fn effects_match_the_ledger(
             }
         }
         for (op, write) in writes {
-            if functions.contains(&write.function.as_str())
+            if write.receiver == Some(name)
                 && write.state == "succeeded"
                 && !effects.contains_key(op)
             {
@@ -200,7 +291,17 @@ fn effects_match_the_ledger(
 /// with a fence lower than one an earlier order of its run carried: a
 /// paused zombie cannot act.
 fn writes_carry_their_fence(receivers: &Receivers<'_>, broken: &mut Vec<String>) {
-    for (name, receiver, _) in receivers.all() {
+    let unfenced = receivers
+        .mcp_orders()
+        .iter()
+        .filter(|o| o.line["fence"].is_null())
+        .count();
+    if unfenced > 0 {
+        broken.push(format!(
+            "{unfenced} order(s) reached the MCP supplier server without a fence in their _meta"
+        ));
+    }
+    for (name, receiver) in receivers.all() {
         let unfenced = receiver
             .requests()
             .iter()

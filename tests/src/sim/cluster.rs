@@ -6,6 +6,7 @@ use std::fs::OpenOptions;
 use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
+use super::plan::Plan;
 use crate::Sandbox;
 
 /// One worker slot: the process in it now, and what is being done to it.
@@ -23,46 +24,34 @@ struct Slot {
 
 pub struct Cluster<'a> {
     sb: &'a Sandbox,
+    plan: &'a Plan,
     args: Vec<String>,
-    /// Slot 0 runs `stephost serve` (the API and its worker).
-    serve: bool,
     breaks: Option<String>,
-    /// `(seed, percent)` of the ledger faults, if any.
-    ledger_faults: Option<(u64, u64)>,
     slots: Vec<Slot>,
     /// What happened, for the report.
     pub events: Vec<String>,
 }
 
 impl<'a> Cluster<'a> {
-    pub fn start(
-        sb: &'a Sandbox,
-        workers: usize,
-        serve: bool,
-        concurrency: u64,
-        lease_ms: u64,
-        breaks: Option<String>,
-        ledger_faults: Option<(u64, u64)>,
-    ) -> Cluster<'a> {
+    pub fn start(sb: &'a Sandbox, plan: &'a Plan, breaks: Option<String>) -> Cluster<'a> {
         let args = vec![
             "--concurrency".to_string(),
-            concurrency.to_string(),
+            plan.concurrency.to_string(),
             "--lease-ms".to_string(),
-            lease_ms.to_string(),
+            plan.lease_ms.to_string(),
             // Wake-ups reach a worker at once; a lost one is found soon.
             "--poll-ms".to_string(),
             "500".to_string(),
         ];
         let mut cluster = Cluster {
             sb,
+            plan,
             args,
-            serve,
             breaks,
-            ledger_faults,
             slots: Vec::new(),
             events: Vec::new(),
         };
-        for i in 0..workers {
+        for i in 0..plan.workers {
             let child = cluster.spawn(i, 0, None);
             cluster.slots.push(Slot {
                 child,
@@ -77,7 +66,7 @@ impl<'a> Cluster<'a> {
 
     fn spawn(&self, slot: usize, start: usize, crash_at: Option<&str>) -> Child {
         let id = format!("sim-{slot}.{start}");
-        let mut args: Vec<&str> = match self.serve && slot == 0 {
+        let mut args: Vec<&str> = match self.plan.serve && slot == 0 {
             true => vec!["serve", "--listen", "127.0.0.1:0"],
             false => vec!["worker"],
         };
@@ -93,13 +82,25 @@ impl<'a> Cluster<'a> {
         if let Some(point) = crash_at {
             command.env("STEPHOST_CRASH_AT", point);
         }
-        if let Some((seed, percent)) = self.ledger_faults {
+        if self.plan.ledger_faults_percent > 0 {
             // Each process its own draws, the same for the same seed.
-            let seed = seed * 1000 + slot as u64 * 100 + start as u64;
+            let percent = self.plan.ledger_faults_percent;
+            let seed = self.plan.seed * 1000 + slot as u64 * 100 + start as u64;
             command.env(
                 "STEPHOST_LEDGER_FAULTS",
                 format!("seed={seed},percent={percent}"),
             );
+        }
+        if self.plan.mcp {
+            // The MCP servers this process starts: where they keep their
+            // orders and ids, and what they do wrong.
+            command
+                .env("SUPPLIER_ORDERS", self.sb.path(super::MCP_ORDERS))
+                .env("SUPPLIER_MCP_PIDFILE", self.sb.path(super::MCP_PIDS))
+                .env(
+                    "SUPPLIER_MCP_FAULT",
+                    self.plan.mcp_fault(slot, start).unwrap_or_default(),
+                );
         }
         if let Some(breaks) = &self.breaks {
             command.env("STEPHOST_BREAK", breaks);

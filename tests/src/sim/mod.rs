@@ -28,6 +28,12 @@ use plan::{Fault, Plan, ServerEvent, Work};
 /// How long a seed may take, past its faults, for every run to end.
 pub const SETTLE_SECS: u64 = 180;
 
+/// Once the faults have stopped, a waiting run whose wake time passed
+/// this long ago without a worker taking it was not woken (a lost
+/// wake-up). Long enough for every worker's slots to be busy with runs
+/// retrying their models and receivers meanwhile.
+pub const WOKEN_WITHIN: Duration = Duration::from_secs(60);
+
 /// A parked call is settled once it has been parked this long: a receiver
 /// that commits late (at most 800 ms after the request) has committed by
 /// then, so the harness, like a careful person, sees what it holds.
@@ -103,10 +109,15 @@ impl std::fmt::Display for Report {
 }
 
 fn config(plan: &Plan, deduplicating: &str, plain: &str, model: &str) -> String {
-    // Attempts time out before the slowest misbehaviours answer, so a
-    // write's outcome is often in doubt.
-    let attempts = "timeout_ms = 400\nretry = { attempts_max = 3, backoff_first_ms = 20, \
-                    backoff_max_ms = 200, deadline_ms = 5000 }\n";
+    let supplier_order = match plan.mcp {
+        true => mcp_config(),
+        false => format!(
+            "[effects.\"supplier.order\"]\nkind = \"http\"\nclass = \"write\"\nmethod = \"POST\"\n\
+             url = \"{deduplicating}/orders\"\nidempotent = true\n\
+             lookup = \"{deduplicating}/orders/{{operation_id}}\"\n{ATTEMPTS}"
+        ),
+    };
+    let attempts = ATTEMPTS;
     let lookup_plain = if plan.lookup_plain {
         format!("lookup = \"{plain}/orders/{{operation_id}}\"\n")
     } else {
@@ -126,14 +137,7 @@ class = "read"
 method = "GET"
 url = "{deduplicating}/inventory/{{sku}}"
 
-[effects."supplier.order"]
-kind = "http"
-class = "write"
-method = "POST"
-url = "{deduplicating}/orders"
-idempotent = true
-lookup = "{deduplicating}/orders/{{operation_id}}"
-{attempts}
+{supplier_order}
 {orders}
 {refund}
 [effects."orders.lookup"]
@@ -155,7 +159,14 @@ deadline_ms = 20000
 
 [steps.square]
 module = {square:?}
-{limits}"#,
+
+[http."{deduplicating}"]
+idempotent = true
+lookup = "{deduplicating}/orders/{{operation_id}}"
+{attempts}
+[http."{plain}"]
+idempotent = false
+{lookup_plain}{attempts}{limits}"#,
         limits = plan.model_tokens_max.map_or(String::new(), |max| format!(
             "\n[limits]\nmodel_tokens_max = {max}\n"
         )),
@@ -166,7 +177,59 @@ module = {square:?}
     )
 }
 
-fn submit(sb: &Sandbox, run_id: &str, work: &Work) {
+/// Attempts time out before the slowest misbehaviours answer, so a
+/// write's outcome is often in doubt.
+const ATTEMPTS: &str = "timeout_ms = 400\nretry = { attempts_max = 3, backoff_first_ms = 20, \
+                        backoff_max_ms = 200, deadline_ms = 5000 }\n";
+
+/// The MCP supplier server, over stdio, started by each worker that needs
+/// it: the tool list, the stock (a read, by the tool's annotation) and the
+/// order (deduplicated by the server by operation id).
+fn mcp_config() -> String {
+    let python = crate::repo_root().join("target/mcp-venv/bin/python3");
+    assert!(
+        python.exists(),
+        "plans with MCP need the Python `mcp` package in target/mcp-venv: run scripts/test.sh \
+         (it installs it) or `python3 -m venv target/mcp-venv && target/mcp-venv/bin/pip \
+         install mcp==2.3.0`"
+    );
+    let script = crate::repo_root().join("examples/mcp-supplier-order/supplier_server.py");
+    format!(
+        r#"[mcp.supplier]
+command = {python:?}
+args = [{script:?}]
+env = ["SUPPLIER_MCP_FAULT", "SUPPLIER_MCP_PIDFILE", "SUPPLIER_ORDERS"]
+timeout_ms = 10_000
+trust_annotations = true
+
+[effects."supplier.tools"]
+kind = "mcp"
+server = "supplier"
+list_tools = true
+
+[effects."supplier.stock"]
+kind = "mcp"
+server = "supplier"
+tool = "check_stock"
+
+[effects."supplier.order"]
+kind = "mcp"
+server = "supplier"
+tool = "place_order"
+idempotent = true
+retry = {{ attempts_max = 3, backoff_first_ms = 20, backoff_max_ms = 200 }}
+"#,
+        python = python.display().to_string(),
+        script = script.display().to_string(),
+    )
+}
+
+/// Where the MCP supplier server keeps its orders (`SUPPLIER_ORDERS`) and
+/// its processes' ids (`SUPPLIER_MCP_PIDFILE`), in the seed's folder.
+pub const MCP_ORDERS: &str = "mcp-orders.jsonl";
+pub const MCP_PIDS: &str = "mcp-pids";
+
+fn submit(sb: &Sandbox, run_id: &str, work: &Work, receivers: &Receivers<'_>) {
     let (guest, input) = match work {
         Work::Supplier { quantity } => (
             guests::SUPPLIER_ORDER,
@@ -185,6 +248,24 @@ fn submit(sb: &Sandbox, run_id: &str, work: &Work) {
                 "message": format!("Please refund order {order}, it arrived broken."),
                 "agent": true,
             }),
+        ),
+        Work::Approval { ttl_seconds, .. } => (
+            guests::APPROVAL_STEP,
+            json!({"sku": format!("SKU-{run_id}"), "quantity": 10, "ttl_seconds": ttl_seconds}),
+        ),
+        Work::WasiHttp { plain } => {
+            let supplier = match plain {
+                true => receivers.plain.url(),
+                false => receivers.deduplicating.url(),
+            };
+            (
+                guests::HTTP_SUPPLIER_ORDER,
+                json!({"sku": format!("SKU-{run_id}"), "quantity": 10, "supplier": supplier}),
+            )
+        }
+        Work::Mcp => (
+            guests::MCP_SUPPLIER_ORDER,
+            json!({"sku": "WIDGET-7", "quantity": 10}),
         ),
     };
     sb.stephost(&[
@@ -241,6 +322,60 @@ impl Promises {
     }
 }
 
+/// Approvals the harness decides as the plan says, once each has waited
+/// its `after`.
+#[derive(Default)]
+struct Approvals {
+    seen: HashMap<(String, u64), Instant>,
+    done: HashSet<(String, u64)>,
+}
+
+impl Approvals {
+    fn decide_due(&mut self, sb: &Sandbox, plan: &Plan) {
+        if !plan
+            .submits
+            .iter()
+            .any(|s| matches!(s.work, Work::Approval { .. }))
+        {
+            return;
+        }
+        let listed = sb.stephost(&["approvals", "--json"]);
+        let listed: Value = serde_json::from_str(&listed.stdout).unwrap_or_default();
+        for waiting in listed.as_array().into_iter().flatten() {
+            let (Some(run_id), Some(seq)) = (waiting["run_id"].as_str(), waiting["seq"].as_u64())
+            else {
+                continue;
+            };
+            let key = (run_id.to_string(), seq);
+            let seen = *self.seen.entry(key.clone()).or_insert_with(Instant::now);
+            let Some((after, approve)) = plan
+                .submits
+                .iter()
+                .find(|s| s.run_id == run_id)
+                .and_then(|s| match s.work {
+                    Work::Approval { after, approve, .. } => Some((after, approve)),
+                    _ => None,
+                })
+            else {
+                continue;
+            };
+            if self.done.contains(&key) || seen.elapsed() < after {
+                continue;
+            }
+            let seq = seq.to_string();
+            let details = waiting["details_sha256"].as_str().unwrap_or_default();
+            let ran = match approve {
+                true => sb.stephost(&["approve", run_id, &seq, "--details", details, "--by", "sim"]),
+                false => sb.stephost(&["reject", run_id, &seq, "--by", "sim"]),
+            };
+            // Refused once the approval expired or the run was cancelled.
+            if ran.code == Some(0) || ran.code == Some(2) {
+                self.done.insert(key);
+            }
+        }
+    }
+}
+
 /// Settles each call parked as `unknown` as a careful person would: by
 /// what the receiver holds for its operation id, then resumes the run.
 fn settle_parked(
@@ -264,10 +399,9 @@ fn settle_parked(
             }
             let seq = call["seq"].as_u64().unwrap_or(0).to_string();
             let op = call["operation_id"].as_str().unwrap_or_default();
-            let receiver = receivers.of(call["function"].as_str().unwrap_or_default());
-            let decided = match receiver.order(op) {
-                Some(order) => {
-                    let receipt = order.receipt().to_string();
+            let decided = match receivers.receipt(call, op) {
+                Some(receipt) => {
+                    let receipt = receipt.to_string();
                     sb.stephost(&["resolve", &id, &seq, "--succeeded", &receipt, "--by", "sim"])
                 }
                 None => sb.stephost(&[
@@ -287,6 +421,18 @@ fn settle_parked(
         }
         let resumed = sb.stephost(&["resume", &id]);
         events.push(format!("{id} resumed (exit {:?})", resumed.code));
+    }
+}
+
+/// `kill -9` of every MCP server process the workers started that is
+/// still there.
+fn kill_mcp_servers(sb: &Sandbox) {
+    let pids = std::fs::read_to_string(sb.path(MCP_PIDS)).unwrap_or_default();
+    for pid in pids.lines().filter(|l| !l.trim().is_empty()) {
+        let _ = std::process::Command::new("kill")
+            .args(["-9", pid.trim()])
+            .stderr(std::process::Stdio::null())
+            .status();
     }
 }
 
@@ -325,12 +471,19 @@ pub fn run(options: &Options) -> Report {
     for m in &plan.plain {
         plain.push_fault(m.clone());
     }
+    for l in &plan.deduplicating_lookups {
+        deduplicating.push_lookup_fault(l.clone());
+    }
+    for l in &plan.plain_lookups {
+        plain.push_lookup_fault(l.clone());
+    }
     let mut script = model_server::Script::default_refund();
-    for (turn, faults) in script.turns.iter_mut().zip(&plan.model_faults) {
+    for (i, (turn, faults)) in script.turns.iter_mut().zip(&plan.model_faults).enumerate() {
         turn.faults = faults
             .iter()
             .map(|f| serde_json::from_value(f.clone()).expect("a model fault the server reads"))
             .collect();
+        turn.omit_usage = plan.model_omit_usage.contains(&i);
     }
     let model_started_ms = stephost_core::clock::now_ms();
     let model = model_server::ModelServer::start_with(model_server::Config {
@@ -338,12 +491,6 @@ pub fn run(options: &Options) -> Report {
         ..model_server::Config::default()
     })
     .expect("start the scripted model server");
-    let receivers = Receivers {
-        deduplicating: &deduplicating,
-        plain: &plain,
-        model: &model,
-        model_started_ms,
-    };
     // A PostgreSQL server of the seed's own when the plan does something
     // to the server: the suite's shared one serves other tests.
     let own = (crate::test_backend() == crate::Backend::Postgres && !plan.postgres.is_empty())
@@ -356,25 +503,25 @@ pub fn run(options: &Options) -> Report {
         &config(&plan, &deduplicating.url(), &plain.url(), &model.url()),
         own.as_ref().map(|c| c.fresh_ledger()),
     );
+    let receivers = Receivers {
+        deduplicating: &deduplicating,
+        plain: &plain,
+        model: &model,
+        model_started_ms,
+        mcp: plan.mcp.then(|| sb.path(MCP_ORDERS)),
+    };
     let mut server_events = plan.postgres.iter().filter(|_| own.is_some()).peekable();
     let mut submits: Vec<_> = plan.submits.iter().collect();
     submits.sort_by_key(|s| s.at);
     let mut submits = submits.into_iter().peekable();
     while let Some(s) = submits.next_if(|s| s.at.is_zero()) {
-        submit(&sb, &s.run_id, &s.work);
+        submit(&sb, &s.run_id, &s.work, &receivers);
     }
-    let mut cluster = Cluster::start(
-        &sb,
-        plan.workers,
-        plan.serve,
-        plan.concurrency,
-        plan.lease_ms,
-        options.breaks.clone(),
-        (plan.ledger_faults_percent > 0).then_some((plan.seed, plan.ledger_faults_percent)),
-    );
+    let mut cluster = Cluster::start(&sb, &plan, options.breaks.clone());
     let mut injects = plan.injects.iter().peekable();
     let mut cancels = plan.cancels.iter().peekable();
     let mut promises = Promises::default();
+    let mut approvals = Approvals::default();
     let mut parked = HashMap::new();
     let mut events = Vec::new();
     let mut broken = Vec::new();
@@ -384,7 +531,7 @@ pub fn run(options: &Options) -> Report {
     loop {
         let now = start.elapsed();
         while let Some(s) = submits.next_if(|s| s.at <= now) {
-            submit(&sb, &s.run_id, &s.work);
+            submit(&sb, &s.run_id, &s.work, &receivers);
         }
         while let Some(inject) = injects.next_if(|i| i.at <= now) {
             let w = inject.worker;
@@ -394,6 +541,7 @@ pub fn run(options: &Options) -> Report {
                 Fault::Pause { r#for } => cluster.pause(w, *r#for),
                 Fault::Drain => cluster.drain(w),
                 Fault::Outage { r#for } => cluster.outage(*r#for),
+                Fault::McpDeath => kill_mcp_servers(&sb),
             }
             events.push(format!(
                 "at {} ms worker {w}: {:?}",
@@ -426,6 +574,7 @@ pub fn run(options: &Options) -> Report {
         }
         cluster.tend();
         promises.complete_due(&sb, &plan, &plain);
+        approvals.decide_due(&sb, &plan);
         if !calm && now >= plan.chaos {
             cluster.calm();
             calm = true;
@@ -437,6 +586,25 @@ pub fn run(options: &Options) -> Report {
                 break;
             }
             settle_parked(&sb, &runs, &receivers, &mut parked, &mut events);
+            let now_ms = stephost_core::clock::now_ms();
+            let asleep: Vec<String> = runs
+                .iter()
+                .filter(|r| r["status"] == "waiting")
+                .filter_map(|r| {
+                    let late = now_ms - r["wake_at_ms"].as_i64()?;
+                    (late > WOKEN_WITHIN.as_millis() as i64).then(|| {
+                        format!(
+                            "run {} waits for a wake-up that was due {} s ago: it was not woken",
+                            r["run_id"],
+                            late / 1000
+                        )
+                    })
+                })
+                .collect();
+            if !asleep.is_empty() {
+                broken.extend(asleep);
+                break;
+            }
             if now >= plan.chaos + Duration::from_secs(SETTLE_SECS) {
                 let left: Vec<String> = runs
                     .iter()

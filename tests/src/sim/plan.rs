@@ -4,7 +4,7 @@
 use std::fmt;
 use std::time::Duration;
 
-use supplier_receiver::Fault as Misbehaviour;
+use supplier_receiver::{Fault as Misbehaviour, LookupFault};
 
 use super::rng::Rng;
 
@@ -39,6 +39,22 @@ pub enum Work {
     /// The refund agent (three model turns, a read, a refund written to
     /// the receiver that does not deduplicate) for order `order`.
     Agent { order: String },
+    /// A person's approval, decided by the harness `after` it is asked
+    /// (approved or rejected); it expires after `ttl_seconds` (a short one
+    /// may expire first). Approved, the step reads the stock and writes
+    /// an order to the receiver that does not deduplicate.
+    Approval {
+        after: Duration,
+        approve: bool,
+        ttl_seconds: u64,
+    },
+    /// The supplier step with the guest's own HTTP client (`wasi:http`):
+    /// a read and an order, to the receiver that does not deduplicate when
+    /// `plain`, else to the one that does (an idempotent origin).
+    WasiHttp { plain: bool },
+    /// The supplier step over MCP (a tool list, a read and an order from
+    /// the MCP supplier server); only in plans with `mcp`.
+    Mcp,
 }
 
 /// A fault the harness injects into worker `worker` at `at`.
@@ -64,6 +80,9 @@ pub enum Fault {
     /// Every worker frozen for `for`: timers, promises and leases run out
     /// while nothing runs.
     Outage { r#for: Duration },
+    /// `kill -9` of every MCP server the workers have started (idle or
+    /// mid-call); a worker starts another when it next needs one.
+    McpDeath,
 }
 
 /// Something done to the PostgreSQL server the ledger is on.
@@ -112,6 +131,16 @@ pub struct Plan {
     /// order requests take them.
     pub deduplicating: Vec<Misbehaviour>,
     pub plain: Vec<Misbehaviour>,
+    /// The misbehaviours queued at each receiver's lookups.
+    pub deduplicating_lookups: Vec<LookupFault>,
+    pub plain_lookups: Vec<LookupFault>,
+    /// Whether `supplier.order` is a tool of the MCP supplier server (the
+    /// supplier step's orders go there, and MCP runs are drawn) instead of
+    /// the deduplicating HTTP receiver.
+    pub mcp: bool,
+    /// The model leaves the usage out of its answers to these turns
+    /// (indexes from 0; OpenAI Chat streams only).
+    pub model_omit_usage: Vec<usize>,
 }
 
 impl Plan {
@@ -235,8 +264,75 @@ impl Plan {
                 .map(|_| misbehaviour(rng))
                 .collect::<Vec<_>>()
         };
-        let deduplicating = queue(&mut rng);
-        let plain = queue(&mut rng);
+        let mut deduplicating = queue(&mut rng);
+        let mut plain = queue(&mut rng);
+        // What later versions of the plan draw comes from a stream of its
+        // own, so the draws above stay what they were for every seed.
+        let mut more = Rng::new(seed ^ 0x5eed_0000_0000_0002);
+        let mcp = more.chance(35);
+        let mut submits = submits;
+        for (i, s) in submits.iter_mut().enumerate() {
+            if !more.chance(30) {
+                continue;
+            }
+            let (work, kind) = match more.range(0, 2) {
+                0 => {
+                    let after = Duration::from_millis(more.range(0, 2000));
+                    let ttl_seconds = if more.chance(25) { 1 } else { 600 };
+                    let approve = more.chance(75);
+                    let work = Work::Approval {
+                        after,
+                        approve,
+                        ttl_seconds,
+                    };
+                    (work, "approval")
+                }
+                1 if mcp && more.chance(50) => (Work::Mcp, "mcp"),
+                _ => (
+                    Work::WasiHttp {
+                        plain: more.chance(50),
+                    },
+                    "wasi-http",
+                ),
+            };
+            s.work = work;
+            s.run_id = format!("r{i:02}-{kind}");
+        }
+        // Receivers' answers that are not JSON, and lookups that are slow,
+        // not JSON, or answer with another operation's receipt.
+        for queue in [&mut deduplicating, &mut plain] {
+            for m in queue.iter_mut() {
+                if more.chance(5) {
+                    *m = Misbehaviour::CommitNotJson;
+                }
+            }
+        }
+        let lookups = |more: &mut Rng| {
+            (0..writes)
+                .map(|_| match more.range(0, 9) {
+                    0 => Some(LookupFault::OtherReceipt),
+                    1 => Some(LookupFault::NotJson),
+                    2 | 3 => Some(LookupFault::Slow(Duration::from_millis(
+                        more.range(100, 700),
+                    ))),
+                    _ => None,
+                })
+                .map(|f| f.unwrap_or(LookupFault::Slow(Duration::ZERO)))
+                .collect::<Vec<_>>()
+        };
+        let deduplicating_lookups = lookups(&mut more);
+        let plain_lookups = lookups(&mut more);
+        if mcp && submits.iter().any(|s| matches!(s.work, Work::Mcp | Work::Supplier { .. })) {
+            for _ in 0..more.range(0, 2) {
+                injects.push(Inject {
+                    at: Duration::from_millis(more.range(100, chaos.as_millis() as u64)),
+                    worker: 0,
+                    fault: Fault::McpDeath,
+                });
+            }
+            injects.sort_by_key(|i| i.at);
+        }
+        let model_omit_usage = (0..3).filter(|_| more.chance(20)).collect();
         Plan {
             seed,
             workers,
@@ -255,6 +351,24 @@ impl Plan {
             cancels,
             deduplicating,
             plain,
+            deduplicating_lookups,
+            plain_lookups,
+            mcp,
+            model_omit_usage,
+        }
+    }
+
+    /// What the MCP supplier server started by start `start` of worker
+    /// `slot` does wrong (`SUPPLIER_MCP_FAULT`), if anything: the same for
+    /// the same seed.
+    pub fn mcp_fault(&self, slot: usize, start: usize) -> Option<&'static str> {
+        let mut rng = Rng::new(self.seed ^ (0x3c9_0000 + slot as u64 * 100 + start as u64));
+        match rng.range(0, 9) {
+            0 => Some("die-after"),
+            1 => Some("die-before"),
+            2 => Some("rpc-error"),
+            3 => Some("slow-start"),
+            _ => None,
         }
     }
 }
@@ -276,6 +390,14 @@ fn model_fault(rng: &mut Rng) -> serde_json::Value {
         5 => json!({"kind": "stream_error", "times": times}),
         _ => json!({"kind": "drop", "times": times}),
     }
+}
+
+/// How many of `lookups` misbehave.
+pub fn odd_lookups(lookups: &[LookupFault]) -> usize {
+    lookups
+        .iter()
+        .filter(|l| **l != LookupFault::Slow(Duration::ZERO))
+        .count()
 }
 
 /// The longest latency a well-behaved receiver answers with here.
@@ -365,11 +487,27 @@ impl fmt::Display for Plan {
         )?;
         writeln!(
             f,
-            "  receivers: {} of {} deduplicating and {} of {} plain answers misbehave",
+            "  receivers: {} of {} deduplicating and {} of {} plain answers misbehave; {} of {} \
+             and {} of {} lookups",
             odd(&self.deduplicating),
             self.deduplicating.len(),
             odd(&self.plain),
-            self.plain.len()
-        )
+            self.plain.len(),
+            odd_lookups(&self.deduplicating_lookups),
+            self.deduplicating_lookups.len(),
+            odd_lookups(&self.plain_lookups),
+            self.plain_lookups.len(),
+        )?;
+        if self.mcp {
+            writeln!(f, "  supplier.order is the MCP supplier server's place_order")?;
+        }
+        if !self.model_omit_usage.is_empty() {
+            writeln!(
+                f,
+                "  the model leaves the usage out of turns {:?}",
+                self.model_omit_usage
+            )?;
+        }
+        Ok(())
     }
 }

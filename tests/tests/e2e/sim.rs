@@ -115,3 +115,13 @@ fn a_host_sending_model_calls_past_the_budget_is_caught() {
 fn a_host_letting_a_cancelled_run_begin_more_is_caught() {
     caught("begin-after-cancel", "was cancelled at", &[1, 2]);
 }
+
+#[test]
+fn a_host_losing_a_wake_up_is_caught_by_a_run_left_waiting() {
+    caught("lose-wake-up", "it was not woken", &[1, 2]);
+}
+
+#[test]
+fn a_host_starting_a_child_again_is_caught() {
+    caught("start-child-again", "children: [", &[1, 2]);
+}

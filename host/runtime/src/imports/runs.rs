@@ -375,8 +375,37 @@ fn start(state: &mut StepState, join_set: &str, spec: &ChildSpec) -> Result<Outc
             .push(child.to_string());
         state.runs.started_total += 1;
         state.runs.live_starts += u64::from(made_live);
+        if !made_live
+            && stephost_core::crash::broken("start-child-again")
+            && let Some(steps) = &state.children
+        {
+            start_again(steps, child);
+        }
     }
     Ok(outcome)
+}
+
+/// The `start-child-again` break (test builds only): another child like
+/// the recorded one `child`, under the same parent's call.
+fn start_again(steps: &ChildSteps, child: &str) {
+    let Ok(recorded) = steps.store().run(child) else {
+        return;
+    };
+    let run_id = format!("{child}-again-{}", stephost_core::clock::now_ms());
+    let mut again = NewRun {
+        run_id: &run_id,
+        module_digest: &recorded.module_digest,
+        step: recorded.step.as_deref(),
+        world: &recorded.world,
+        input: &recorded.input,
+        now_ms: stephost_core::clock::now_ms(),
+        budget: recorded.budget,
+    }
+    .record(None);
+    again.parent = recorded.parent.clone();
+    again.root_run_id = recorded.root_run_id.clone();
+    again.seal = Some(steps.signer.seal(&again, &Head::default()));
+    let _ = steps.store().insert_run(&again);
 }
 
 /// Whether a run's model calls count against its tree's budget: a child's
