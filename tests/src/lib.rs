@@ -190,9 +190,15 @@ impl Sandbox {
     /// A sandbox whose ledger is at `ledger` (a URL), or, if `None`, on the
     /// backend the tests run against.
     pub fn with_ledger(bin: &str, config: &str, ledger: Option<String>) -> Self {
+        Self::on(bin, config, test_backend(), ledger)
+    }
+
+    /// A sandbox whose ledger is at `ledger` (a URL), or, if `None`, a
+    /// fresh one on `backend`.
+    pub fn on(bin: &str, config: &str, backend: Backend, ledger: Option<String>) -> Self {
         let dir = tempfile::tempdir().expect("temp dir");
         std::fs::write(dir.path().join("stephost.toml"), config).expect("write config");
-        let ledger = ledger.unwrap_or_else(|| match test_backend() {
+        let ledger = ledger.unwrap_or_else(|| match backend {
             Backend::Sqlite => format!("sqlite:{}", dir.path().join("ledger.db").display()),
             Backend::Postgres => TestServer::shared().fresh_ledger(),
         });

@@ -60,7 +60,10 @@ pub fn point(name: &'static str, seq: u64) {
 ///   or an expiry wakes nobody; an arrival still does);
 /// - `start-child-again`: a resumed parent replaying a recorded start
 ///   starts another child for it as well (the recorded one is still the
-///   one it joins).
+///   one it joins);
+/// - `not-found-as-failed`: a write in doubt whose receiver's lookup finds
+///   no record of it yet is recorded failed (the rule before a receiver
+///   committing late was known to make that no proof).
 pub const BREAKS: &[&str] = &[
     "send-before-started",
     "doubt-as-failed",
@@ -72,6 +75,7 @@ pub const BREAKS: &[&str] = &[
     "drop-refused-record",
     "lose-wake-up",
     "start-child-again",
+    "not-found-as-failed",
 ];
 
 /// Whether `STEPHOST_BREAK` tells this process to break rule `name` (one

@@ -57,6 +57,13 @@ impl EffectCall<'_> {
             Answer::Receipt(receipt) => {
                 return Outcome::Ok(serde_json::Value::String(receipt)).into();
             }
+            Answer::NotFound if stephost_core::crash::broken("not-found-as-failed") => {
+                return Outcome::error(
+                    CallErrorKind::Exhausted,
+                    format!("the receiver has no record of the operation; last failure: {last}"),
+                )
+                .into();
+            }
             Answer::NotFound => "the receiver has no record of the operation yet, which does \
                                  not prove it never will (it may not have committed it)"
                 .to_string(),

@@ -1,7 +1,7 @@
 //! `stephost-sim`: runs the fault-injection harness
 //! ([`stephost_tests::sim`]) for chosen seeds or random ones, against the
 //! `stephost-crash` binary beside it, on the ledger `STEPHOST_TEST_LEDGER`
-//! names (`sqlite`, the default, or `postgres`).
+//! names (`sqlite` or `postgres`), or else on the one each seed draws.
 //!
 //! ```text
 //! stephost-sim --seed N [--break RULE] [--keep]
@@ -112,11 +112,16 @@ fn main() -> ExitCode {
                 None => break,
             },
         };
+        // The backend `STEPHOST_TEST_LEDGER` names, or the seed's.
+        let ledger = std::env::var("STEPHOST_TEST_LEDGER")
+            .is_ok_and(|v| !v.is_empty())
+            .then(stephost_tests::test_backend);
         let report = sim::run(&Options {
             seed,
             bin: bin.clone(),
             breaks: breaks.clone(),
             keep,
+            ledger,
         });
         ran += 1;
         print!("{report}");

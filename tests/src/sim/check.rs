@@ -225,7 +225,7 @@ fn writes(
 /// The state of a write, as the receiver's side should see it: a guest's
 /// own HTTP request that the receiver answered with an error is recorded
 /// succeeded (the exchange happened; the step reads the status) and took
-/// no effect.
+/// no effect. (A write settled by a lookup records the receipt.)
 fn state_of(call: &Value) -> String {
     let state = call["state"].as_str().unwrap_or_default();
     if call["function"] == "handle" && state == "succeeded" {
@@ -233,8 +233,10 @@ fn state_of(call: &Value) -> String {
             serde_json::from_str(call["outcome"].as_str().unwrap_or("null")).unwrap_or_default();
         let exchange: Value =
             serde_json::from_str(outcome["ok"].as_str().unwrap_or("null")).unwrap_or_default();
-        let status = exchange["status"].as_u64().unwrap_or(0);
-        if !(200..300).contains(&status) {
+        // A receipt found by a lookup has no status.
+        if let Some(status) = exchange["status"].as_u64()
+            && !(200..300).contains(&status)
+        {
             return format!("answered {status}");
         }
     }

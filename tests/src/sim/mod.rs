@@ -49,11 +49,15 @@ pub struct Options {
     pub breaks: Option<String>,
     /// Keep the seed's folder (ledger, worker logs) and print where.
     pub keep: bool,
+    /// The ledger's backend; the seed draws it when `None`.
+    pub ledger: Option<crate::Backend>,
 }
 
 /// What a seed did and found.
 pub struct Report {
     pub plan: Plan,
+    /// The ledger's backend.
+    pub backend: crate::Backend,
     /// What happened to the workers.
     pub events: Vec<String>,
     /// Each invariant found broken.
@@ -72,7 +76,7 @@ pub struct Report {
 impl Report {
     /// The command that runs this seed again.
     pub fn rerun(&self, breaks: Option<&str>) -> String {
-        let backend = match crate::test_backend() {
+        let backend = match self.backend {
             crate::Backend::Sqlite => "sqlite",
             crate::Backend::Postgres => "postgres",
         };
@@ -493,14 +497,19 @@ pub fn run(options: &Options) -> Report {
     .expect("start the scripted model server");
     // A PostgreSQL server of the seed's own when the plan does something
     // to the server: the suite's shared one serves other tests.
-    let own = (crate::test_backend() == crate::Backend::Postgres && !plan.postgres.is_empty())
+    let backend = options.ledger.unwrap_or(match plan.postgres_ledger {
+        true => crate::Backend::Postgres,
+        false => crate::Backend::Sqlite,
+    });
+    let own = (backend == crate::Backend::Postgres && !plan.postgres.is_empty())
         .then(|| {
             stephost_ledger_postgres::throwaway::Cluster::start()
                 .expect("start a PostgreSQL server for the seed")
         });
-    let sb = Sandbox::with_ledger(
+    let sb = Sandbox::on(
         options.bin.to_str().expect("a UTF-8 path"),
         &config(&plan, &deduplicating.url(), &plain.url(), &model.url()),
+        backend,
         own.as_ref().map(|c| c.fresh_ledger()),
     );
     let receivers = Receivers {
@@ -664,6 +673,7 @@ pub fn run(options: &Options) -> Report {
     }
     Report {
         plan,
+        backend,
         events,
         broken,
         runs,

@@ -141,6 +141,9 @@ pub struct Plan {
     /// The model leaves the usage out of its answers to these turns
     /// (indexes from 0; OpenAI Chat streams only).
     pub model_omit_usage: Vec<usize>,
+    /// The ledger is on PostgreSQL (else SQLite), unless the run names one
+    /// (`STEPHOST_TEST_LEDGER`).
+    pub postgres_ledger: bool,
 }
 
 impl Plan {
@@ -333,6 +336,7 @@ impl Plan {
             injects.sort_by_key(|i| i.at);
         }
         let model_omit_usage = (0..3).filter(|_| more.chance(20)).collect();
+        let postgres_ledger = more.chance(50);
         Plan {
             seed,
             workers,
@@ -355,6 +359,7 @@ impl Plan {
             plain_lookups,
             mcp,
             model_omit_usage,
+            postgres_ledger,
         }
     }
 
@@ -428,7 +433,7 @@ impl fmt::Display for Plan {
         writeln!(
             f,
             "seed {}: {} worker(s){} × {} slots, lease {} ms, {} ms of faults, the plain \
-             receiver {} lookup, ledger faults in {} of 100 operations",
+             receiver {} lookup, ledger faults in {} of 100 operations, {} drawn",
             self.seed,
             self.workers,
             if self.serve {
@@ -440,7 +445,12 @@ impl fmt::Display for Plan {
             self.lease_ms,
             self.chaos.as_millis(),
             if self.lookup_plain { "with" } else { "without" },
-            self.ledger_faults_percent
+            self.ledger_faults_percent,
+            if self.postgres_ledger {
+                "PostgreSQL"
+            } else {
+                "SQLite"
+            }
         )?;
         for s in &self.submits {
             writeln!(
