@@ -643,9 +643,9 @@ impl Shared {
                     .iter()
                     .find(|o| o.operation_id != asked)
                     .map(Order::receipt)
-                    .unwrap_or_else(|| {
-                        json!({"order_id": "ORD-0", "operation_id": format!("{asked}-other")})
-                    });
+                    .unwrap_or_else(
+                        || json!({"order_id": "ORD-0", "operation_id": format!("{asked}-other")}),
+                    );
                 Response::json(200, &other)
             }
             Some(LookupFault::NotJson) => {

@@ -151,6 +151,10 @@ impl EffectCall<'_> {
         let mut n = 1;
         let mut ambiguous = false;
         loop {
+            if !attempts.may_send() {
+                // Not recorded: the execution stops (Attempts::may_send).
+                return Performed::Unknown(String::new());
+            }
             let started = stephost_core::clock::now_ms();
             let result = self.effect.handler.perform(&self.request(op));
             match &result {

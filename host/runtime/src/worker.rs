@@ -366,7 +366,7 @@ pub fn run(
                     };
                     stephost_core::crash::point("after-claim", 0);
                     claimed += 1;
-                    let control = Arc::new(RunControl::default());
+                    let control = Arc::new(RunControl::holding(claim.lease_until_ms));
                     active_lock(&active).insert(
                         run.run_id.clone(),
                         Active {
@@ -613,7 +613,7 @@ fn renew_all(
         match lifecycle::renew(store, &a.claim, now) {
             // Renewed, or the run just finished, waits or was released by
             // its own task or thread.
-            Ok(_) => {}
+            Ok(_) => a.control.renewed(lifecycle::renewed_lease(&a.claim, now)),
             Err(StoreError::Fenced { .. }) => {
                 if !a.control.lost.swap(true, Ordering::SeqCst) {
                     report.lease_losses += 1;

@@ -46,10 +46,7 @@ struct McpOrder {
 
 impl Receivers<'_> {
     fn all(&self) -> [(&'static str, &Receiver); 2] {
-        [
-            ("deduplicating", self.deduplicating),
-            ("plain", self.plain),
-        ]
+        [("deduplicating", self.deduplicating), ("plain", self.plain)]
     }
 
     fn mcp_orders(&self) -> Vec<McpOrder> {

@@ -352,14 +352,14 @@ impl Approvals {
             };
             let key = (run_id.to_string(), seq);
             let seen = *self.seen.entry(key.clone()).or_insert_with(Instant::now);
-            let Some((after, approve)) = plan
-                .submits
-                .iter()
-                .find(|s| s.run_id == run_id)
-                .and_then(|s| match s.work {
-                    Work::Approval { after, approve, .. } => Some((after, approve)),
-                    _ => None,
-                })
+            let Some((after, approve)) =
+                plan.submits
+                    .iter()
+                    .find(|s| s.run_id == run_id)
+                    .and_then(|s| match s.work {
+                        Work::Approval { after, approve, .. } => Some((after, approve)),
+                        _ => None,
+                    })
             else {
                 continue;
             };
@@ -369,7 +369,9 @@ impl Approvals {
             let seq = seq.to_string();
             let details = waiting["details_sha256"].as_str().unwrap_or_default();
             let ran = match approve {
-                true => sb.stephost(&["approve", run_id, &seq, "--details", details, "--by", "sim"]),
+                true => {
+                    sb.stephost(&["approve", run_id, &seq, "--details", details, "--by", "sim"])
+                }
                 false => sb.stephost(&["reject", run_id, &seq, "--by", "sim"]),
             };
             // Refused once the approval expired or the run was cancelled.
@@ -501,11 +503,10 @@ pub fn run(options: &Options) -> Report {
         true => crate::Backend::Postgres,
         false => crate::Backend::Sqlite,
     });
-    let own = (backend == crate::Backend::Postgres && !plan.postgres.is_empty())
-        .then(|| {
-            stephost_ledger_postgres::throwaway::Cluster::start()
-                .expect("start a PostgreSQL server for the seed")
-        });
+    let own = (backend == crate::Backend::Postgres && !plan.postgres.is_empty()).then(|| {
+        stephost_ledger_postgres::throwaway::Cluster::start()
+            .expect("start a PostgreSQL server for the seed")
+    });
     let sb = Sandbox::on(
         options.bin.to_str().expect("a UTF-8 path"),
         &config(&plan, &deduplicating.url(), &plain.url(), &model.url()),

@@ -325,7 +325,11 @@ impl Plan {
         };
         let deduplicating_lookups = lookups(&mut more);
         let plain_lookups = lookups(&mut more);
-        if mcp && submits.iter().any(|s| matches!(s.work, Work::Mcp | Work::Supplier { .. })) {
+        if mcp
+            && submits
+                .iter()
+                .any(|s| matches!(s.work, Work::Mcp | Work::Supplier { .. }))
+        {
             for _ in 0..more.range(0, 2) {
                 injects.push(Inject {
                     at: Duration::from_millis(more.range(100, chaos.as_millis() as u64)),
@@ -509,7 +513,10 @@ impl fmt::Display for Plan {
             self.plain_lookups.len(),
         )?;
         if self.mcp {
-            writeln!(f, "  supplier.order is the MCP supplier server's place_order")?;
+            writeln!(
+                f,
+                "  supplier.order is the MCP supplier server's place_order"
+            )?;
         }
         if !self.model_omit_usage.is_empty() {
             writeln!(

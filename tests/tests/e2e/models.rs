@@ -660,6 +660,85 @@ fn a_429_holds_back_every_run_sharing_the_model_not_only_the_one_told() {
     arrived_after(&report, 1, 1_450);
 }
 
+#[test]
+fn a_worker_frozen_past_its_lease_between_attempts_does_not_ask_the_model_again() {
+    // Worker A's first request is told to wait 1.5 s; A is frozen while it
+    // waits, past its 1.2 s lease. Worker B takes the run and gets the
+    // answer. A, thawed after its wait is over, must not send its next
+    // attempt: by its own clock its lease ran out, and a model, unlike a
+    // receiver, checks no fence. (The fault-injection harness found a
+    // zombie asking again.)
+    let server = told_to_wait(1500);
+    let sb = Sandbox::with_config(BIN, &config("openai-chat", &server.url(), ""));
+    let input = r#"{"model":"support","message":"hi"}"#;
+    stephost(
+        &sb,
+        &[
+            "submit",
+            guests::CHAT_STEP,
+            "--input",
+            input,
+            "--run-id",
+            "z",
+        ],
+    )
+    .expect_code(0);
+    let lease = ["--lease-ms", "1200", "--poll-ms", "100"];
+    let log = std::fs::File::create(sb.path("zombie.log")).unwrap();
+    let mut zombie = sb
+        .command(&[&["worker", "--worker-id", "zombie"][..], &lease[..]].concat())
+        .env("STEPHOST_TEST_MODEL_KEY", KEY)
+        .stdout(std::process::Stdio::null())
+        .stderr(log)
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while model_requests(&server) == 0 {
+        assert!(std::time::Instant::now() < deadline, "no request came");
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    let signal = |name: &str| {
+        std::process::Command::new("kill")
+            .args([&format!("-{name}"), &zombie.id().to_string()])
+            .status()
+            .unwrap()
+    };
+    assert!(signal("STOP").success());
+    let frozen = std::time::Instant::now();
+    stephost(
+        &sb,
+        &[&["worker", "--exit-when-idle"][..], &lease[..]].concat(),
+    )
+    .expect_code(0);
+    let done = sb.show("z");
+    assert_eq!(done["run"]["status"], "completed", "{done:#}");
+    assert_eq!(model_requests(&server), 2, "{}", server.report());
+    // Thawed once its 1.5 s wait is over: its next attempt is due at once.
+    std::thread::sleep(std::time::Duration::from_millis(2000).saturating_sub(frozen.elapsed()));
+    assert!(signal("CONT").success());
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    let said = loop {
+        let said = std::fs::read_to_string(sb.path("zombie.log")).unwrap();
+        if said.contains("another worker may own the run") || model_requests(&server) > 2 {
+            break said;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the thawed worker never stopped the run: {said}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    };
+    assert!(signal("TERM").success());
+    assert!(zombie.wait().unwrap().success(), "{said}");
+    assert_eq!(
+        model_requests(&server),
+        2,
+        "the thawed worker asked the model again: {}\n{said}",
+        server.report()
+    );
+    assert_eq!(sb.show("z"), done);
+}
+
 /// A model server whose first answer is a 429 asking to wait `ms`.
 fn told_to_wait(ms: u64) -> ModelServer {
     server_with(

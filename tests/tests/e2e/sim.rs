@@ -132,3 +132,8 @@ fn a_host_losing_a_wake_up_is_caught_by_a_run_left_waiting() {
 fn a_host_starting_a_child_again_is_caught() {
     caught("start-child-again", "children: [", &[1, 2]);
 }
+
+#[test]
+fn a_host_taking_a_lookup_s_not_found_as_failure_is_caught_by_a_late_commit() {
+    caught("not-found-as-failed", "doubt was not kept as doubt", &[13]);
+}

@@ -212,9 +212,48 @@ pub struct Attempts<'a> {
     counters: &'a mut Counters,
     /// What an attempt's detail must not hold.
     scrub: &'a Scrub,
+    /// The execution's control, when a worker runs it.
+    control: Option<&'a RunControl>,
+    /// Why an attempt did not leave ([`Attempts::may_send`]).
+    halted: Option<String>,
 }
 
 impl Attempts<'_> {
+    /// Before an attempt leaves: may this execution still send? Not once
+    /// its worker lost the claim's lease, by the ledger's word or by its
+    /// own clock (a worker frozen past its lease sends nothing before it
+    /// hears that another may own the run; a receiver's fence refuses a
+    /// write, but a model or a read is not fenced). When not, the caller
+    /// returns at once and the execution stops, leaving the call as it
+    /// stands for the run's next owner.
+    pub fn may_send(&mut self) -> bool {
+        use std::sync::atomic::Ordering;
+        let Some(control) = self.control else {
+            return true;
+        };
+        let until = control.lease_until_ms.load(Ordering::SeqCst);
+        let why = if control.lost.load(Ordering::SeqCst) {
+            "the claim's lease was lost"
+        } else if until > 0 && crate::clock::now_ms() >= until {
+            "the claim's lease ran out by this worker's clock"
+        } else {
+            return true;
+        };
+        self.halted = Some(format!(
+            "{why} before attempt {} of call #{}; another worker may own the run, this one stops",
+            self.next, self.seq
+        ));
+        false
+    }
+
+    /// The stop an attempt not sent asks for ([`Attempts::may_send`]).
+    fn halted(&mut self, run_id: &str) -> Result<(), Stop> {
+        match self.halted.take() {
+            Some(why) => Err(Stop::Fenced(format!("run {run_id}: {why}"))),
+            None => Ok(()),
+        }
+    }
+
     /// Adds one to the counter `name`.
     pub fn count(&mut self, name: &'static str) {
         *self.counters.entry(name).or_insert(0) += 1;
@@ -418,6 +457,26 @@ pub struct RunControl {
     pub lost: std::sync::atomic::AtomicBool,
     /// Stop at the next call boundary and release the claim.
     pub drain: std::sync::atomic::AtomicBool,
+    /// Until when (wall clock, ms) the claim's last renewal holds it; 0
+    /// when not told. Past it, another worker may have claimed the run
+    /// though this one has not heard yet (it was frozen, say): no attempt
+    /// leaves ([`Attempts::may_send`]).
+    pub lease_until_ms: std::sync::atomic::AtomicI64,
+}
+
+impl RunControl {
+    /// Control of a claim whose lease holds until `lease_until_ms`.
+    pub fn holding(lease_until_ms: i64) -> RunControl {
+        let control = RunControl::default();
+        control.renewed(lease_until_ms);
+        control
+    }
+
+    /// The claim's lease was renewed until `lease_until_ms`.
+    pub fn renewed(&self, lease_until_ms: i64) {
+        self.lease_until_ms
+            .store(lease_until_ms, std::sync::atomic::Ordering::SeqCst);
+    }
 }
 
 /// Where [`Journal::begin`] left a call.
@@ -1256,6 +1315,8 @@ impl Journal {
             next: 1,
             counters: &mut self.counters,
             scrub: &self.call_scrub,
+            control: self.control.as_deref(),
+            halted: None,
         };
         let outcome = match live.perform(
             &OpContext::of(
@@ -1267,6 +1328,9 @@ impl Journal {
             ),
             &mut attempts,
         ) {
+            _ if attempts.halted.is_some() => {
+                return Err(attempts.halted(&self.run_id).unwrap_err());
+            }
             Performed::Done(outcome) => outcome,
             // Only a write's outcome can be unknown: a read that could not
             // be established failed.
@@ -1348,6 +1412,8 @@ impl Journal {
             next: 1,
             counters: &mut self.counters,
             scrub: &self.call_scrub,
+            control: self.control.as_deref(),
+            halted: None,
         };
         let performed = live.perform(
             &OpContext::of(
@@ -1359,6 +1425,7 @@ impl Journal {
             ),
             &mut attempts,
         );
+        attempts.halted(&self.run_id)?;
         crash::point("after-send", seq);
         let outcome = match performed {
             Performed::Done(outcome) => self.call_scrub.outcome(outcome),
@@ -1422,6 +1489,8 @@ impl Journal {
             next: 1,
             counters: &mut self.counters,
             scrub: &self.call_scrub,
+            control: self.control.as_deref(),
+            halted: None,
         };
         let context = OpContext::of(
             &self.run_id,
@@ -1532,6 +1601,9 @@ impl Journal {
         self.pending.push(WriteOp::Lease { until_ms });
         self.flush()?;
         self.lease_checked = std::time::Instant::now();
+        if let Some(control) = &self.control {
+            control.renewed(until_ms);
+        }
         Ok(())
     }
 
@@ -1667,6 +1739,8 @@ impl Journal {
             next,
             counters: &mut self.counters,
             scrub: &self.call_scrub,
+            control: self.control.as_deref(),
+            halted: None,
         };
         let reconciled = if recorded.class == CallClass::Write && !live.reconciles_writes() {
             Reconciled::Unknown(format!(
@@ -1681,6 +1755,7 @@ impl Journal {
             Reconciled::Outcome(outcome) => (outcome.state(), Ok(outcome)),
             Reconciled::PerformAgain => {
                 let performed = live.perform(&op, &mut attempts);
+                attempts.halted(&self.run_id)?;
                 crash::point("after-send", seq);
                 match performed {
                     Performed::Done(outcome) => (outcome.state(), Ok(outcome)),
