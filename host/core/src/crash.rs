@@ -63,7 +63,12 @@ pub fn point(name: &'static str, seq: u64) {
 ///   one it joins);
 /// - `not-found-as-failed`: a write in doubt whose receiver's lookup finds
 ///   no record of it yet is recorded failed (the rule before a receiver
-///   committing late was known to make that no proof).
+///   committing late was known to make that no proof);
+/// - `budget-replayed-as-other`: a model call's recorded budget refusal is
+///   given back to the step as `exhausted` when replayed (live, it is
+///   `budget`);
+/// - `resend-with-another-key`: a write sent again after a failed attempt
+///   carries another operation id (as a host that keyed each attempt).
 pub const BREAKS: &[&str] = &[
     "send-before-started",
     "doubt-as-failed",
@@ -76,6 +81,8 @@ pub const BREAKS: &[&str] = &[
     "lose-wake-up",
     "start-child-again",
     "not-found-as-failed",
+    "budget-replayed-as-other",
+    "resend-with-another-key",
 ];
 
 /// Whether `STEPHOST_BREAK` tells this process to break rule `name` (one

@@ -156,7 +156,13 @@ impl EffectCall<'_> {
                 return Performed::Unknown(String::new());
             }
             let started = stephost_core::clock::now_ms();
-            let result = self.effect.handler.perform(&self.request(op));
+            let another;
+            let mut request = self.request(op);
+            if n > 1 && stephost_core::crash::broken("resend-with-another-key") {
+                another = format!("{}-attempt-{n}", op.operation_id);
+                request.operation_id = &another;
+            }
+            let result = self.effect.handler.perform(&request);
             match &result {
                 Ok(reply) => attempts.record("send", started, "ok", reply.detail.as_deref()),
                 Err(f) => attempts.record("send", started, f.label(), Some(f.message())),

@@ -127,7 +127,14 @@ impl Receivers<'_> {
 }
 
 /// Every invariant; an empty list when all hold.
-pub fn all(sb: &Sandbox, plan: &Plan, receivers: &Receivers<'_>) -> Vec<String> {
+/// `breaks`: the rules the host was told to break, which its replays break
+/// too.
+pub fn all(
+    sb: &Sandbox,
+    plan: &Plan,
+    receivers: &Receivers<'_>,
+    breaks: Option<&str>,
+) -> Vec<String> {
     let mut broken = Vec::new();
     let runs = list(sb);
     ended_with_a_reason(plan, &runs, &mut broken);
@@ -146,7 +153,7 @@ pub fn all(sb: &Sandbox, plan: &Plan, receivers: &Receivers<'_>) -> Vec<String> 
     cancelled_trees_begin_nothing(&runs, &shows, &mut broken);
     no_answered_turn_asked_again(plan, &shows, receivers, &mut broken);
     budgets_hold(plan, &shows, &mut broken);
-    verified_and_replayed(sb, &runs, receivers, &mut broken);
+    verified_and_replayed(sb, &runs, receivers, breaks, &mut broken);
     broken
 }
 
@@ -500,6 +507,7 @@ fn verified_and_replayed(
     sb: &Sandbox,
     runs: &[Value],
     receivers: &Receivers<'_>,
+    breaks: Option<&str>,
     broken: &mut Vec<String>,
 ) {
     let before = receivers.requests();
@@ -513,7 +521,10 @@ fn verified_and_replayed(
             ));
         }
         if run["status"] == "completed" {
-            let replayed = sb.stephost(&["replay", id]);
+            let replayed = match breaks {
+                Some(breaks) => sb.stephost_with_env("STEPHOST_BREAK", breaks, &["replay", id]),
+                None => sb.stephost(&["replay", id]),
+            };
             if replayed.code != Some(0) || !replayed.stdout.contains("no divergence") {
                 broken.push(format!(
                     "replay {id} exited {:?}: {}{}",

@@ -12,6 +12,7 @@ pub mod check;
 mod cluster;
 pub mod plan;
 pub mod rng;
+mod watch;
 
 use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
@@ -430,6 +431,41 @@ fn settle_parked(
     }
 }
 
+/// How long the harness waits for `serve`'s event stream to show a run's
+/// end it has surely sent ([`watch::SENT_WITHIN_MS`] after the change).
+const STREAMED_WITHIN: Duration = Duration::from_secs(10);
+
+/// Every run that ended after the faults stopped, while one of `serve`'s
+/// event streams was open, is seen ending on it; what is not, broken.
+fn streamed_ends(sb: &Sandbox, watch: &mut watch::Watch, calm_ms: i64) -> Vec<String> {
+    let waited = Instant::now();
+    loop {
+        let runs = check::list(sb);
+        let missed: Vec<String> = {
+            let seen = watch.seen();
+            runs.iter()
+                .filter(|r| ended(r))
+                .filter_map(|r| {
+                    let at = r["updated_at_ms"].as_i64()?;
+                    let (id, status) = (r["run_id"].as_str()?, r["status"].as_str()?);
+                    let shown = seen.last.get(id).map(String::as_str);
+                    (at >= calm_ms && seen.open_at(at) && shown != Some(status)).then(|| {
+                        format!(
+                            "run {id} ended {status} at {at} while serve's event stream was \
+                             open, and the stream last showed it {shown:?}"
+                        )
+                    })
+                })
+                .collect()
+        };
+        if missed.is_empty() || waited.elapsed() >= STREAMED_WITHIN {
+            watch.stop();
+            return missed;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
 /// `kill -9` of every MCP server process the workers started that is
 /// still there.
 fn kill_mcp_servers(sb: &Sandbox) {
@@ -527,6 +563,11 @@ pub fn run(options: &Options) -> Report {
     while let Some(s) = submits.next_if(|s| s.at.is_zero()) {
         submit(&sb, &s.run_id, &s.work, &receivers);
     }
+    // A console watching through `serve`'s event stream, reopened after
+    // each restart.
+    let mut watch = plan
+        .serve
+        .then(|| watch::Watch::start(sb.dir.path().to_path_buf()));
     let mut cluster = Cluster::start(&sb, &plan, options.breaks.clone());
     let mut injects = plan.injects.iter().peekable();
     let mut cancels = plan.cancels.iter().peekable();
@@ -537,6 +578,7 @@ pub fn run(options: &Options) -> Report {
     let mut broken = Vec::new();
     let start = Instant::now();
     let mut calm = false;
+    let mut calm_ms = i64::MAX;
     let mut looked = Instant::now();
     loop {
         let now = start.elapsed();
@@ -588,6 +630,7 @@ pub fn run(options: &Options) -> Report {
         if !calm && now >= plan.chaos {
             cluster.calm();
             calm = true;
+            calm_ms = stephost_core::clock::now_ms();
         }
         if calm && looked.elapsed() >= Duration::from_millis(300) {
             looked = Instant::now();
@@ -630,6 +673,15 @@ pub fn run(options: &Options) -> Report {
         }
         std::thread::sleep(Duration::from_millis(20));
     }
+    if let Some(watch) = &mut watch {
+        broken.extend(streamed_ends(&sb, watch, calm_ms));
+        let seen = watch.seen();
+        events.push(format!(
+            "serve's event stream: opened {} time(s), showed {} run(s)",
+            seen.streams.len(),
+            seen.last.len()
+        ));
+    }
     cluster.stop(Duration::from_secs(30));
     events.append(&mut cluster.events);
     drop(cluster);
@@ -666,7 +718,12 @@ pub fn run(options: &Options) -> Report {
             "{ledger_faults} injected ledger fault(s) in the workers' logs"
         ));
     }
-    broken.extend(check::all(&sb, &plan, &receivers));
+    broken.extend(check::all(
+        &sb,
+        &plan,
+        &receivers,
+        options.breaks.as_deref(),
+    ));
     let runs = check::list(&sb).len();
     let kept = options.keep.then(|| sb.dir.path().to_path_buf());
     if options.keep {

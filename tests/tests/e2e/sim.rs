@@ -137,3 +137,21 @@ fn a_host_starting_a_child_again_is_caught() {
 fn a_host_taking_a_lookup_s_not_found_as_failure_is_caught_by_a_late_commit() {
     caught("not-found-as-failed", "doubt was not kept as doubt", &[13]);
 }
+
+#[test]
+fn a_host_resending_a_write_under_another_key_is_caught_by_an_unrecorded_effect() {
+    caught(
+        "resend-with-another-key",
+        "which no call in the ledger records",
+        &[1],
+    );
+}
+
+#[test]
+fn a_host_replaying_a_budget_refusal_as_another_error_is_caught_by_replay() {
+    caught(
+        "budget-replayed-as-other",
+        "same calls, different output",
+        &[1],
+    );
+}
