@@ -19,7 +19,8 @@ For tests, SUPPLIER_MCP_FAULT makes `place_order` misbehave: `die-after`
 places the order and exits before answering (a server killed mid-call);
 `die-before` exits before placing it; `slow` waits ten minutes before
 placing it (cancelled when the client gives up or leaves); `rpc-error`
-answers with a JSON-RPC error (-32001) instead of a result. Others make the
+answers with a JSON-RPC error (-32001) instead of a result; `is-error`
+answers with a tool result marked `isError` (the supplier refuses it). Others make the
 server itself misbehave: `slow-start` waits 4 s before it reads anything
 (a server that takes long to start, as one run by npx or uvx may);
 `version-1999` answers `initialize` with protocol version 1999-01-01, which
@@ -107,6 +108,8 @@ async def place_order(sku: str, quantity: int, ctx: Context) -> dict[str, Any]:
         os._exit(3)
     if FAULT == "rpc-error":
         raise MCPError(code=-32001, message="the supplier takes no orders today")
+    if FAULT == "is-error":
+        raise ToolError("the supplier is closed for inventory today")
     if FAULT == "slow":
         await anyio.sleep(600)
     order = {

@@ -157,7 +157,7 @@ impl Plan {
         let ledger_faults_percent = if rng.chance(40) { rng.range(2, 10) } else { 0 };
         let chaos = Duration::from_millis(rng.range(2000, 5000));
         let model_api = MODEL_APIS[rng.index(MODEL_APIS.len())];
-        let model_faults = (0..3)
+        let mut model_faults: Vec<Vec<serde_json::Value>> = (0..3)
             .map(|_| {
                 (0..rng.range(0, 2))
                     .map(|_| model_fault(&mut rng))
@@ -340,6 +340,15 @@ impl Plan {
             injects.sort_by_key(|i| i.at);
         }
         let model_omit_usage = (0..3).filter(|_| more.chance(20)).collect();
+        // A rate limit that pauses the model for every process sharing it
+        // (the pause is kept in the ledger).
+        if more.chance(25) {
+            let turn = more.index(model_faults.len());
+            model_faults[turn].insert(
+                0,
+                serde_json::json!({"kind": "status", "status": 429, "retry_after": 1, "times": 1}),
+            );
+        }
         let postgres_ledger = more.chance(50);
         Plan {
             seed,
@@ -372,11 +381,12 @@ impl Plan {
     /// the same seed.
     pub fn mcp_fault(&self, slot: usize, start: usize) -> Option<&'static str> {
         let mut rng = Rng::new(self.seed ^ (0x3c9_0000 + slot as u64 * 100 + start as u64));
-        match rng.range(0, 9) {
+        match rng.range(0, 10) {
             0 => Some("die-after"),
             1 => Some("die-before"),
             2 => Some("rpc-error"),
             3 => Some("slow-start"),
+            4 => Some("is-error"),
             _ => None,
         }
     }

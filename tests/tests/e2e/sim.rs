@@ -67,9 +67,10 @@ fn caught(rule: &str, names: &str, first: &[u64]) -> u64 {
         .iter()
         .copied()
         .chain((1..).filter(|s| !first.contains(s)));
-    for seed in seeds.take(SEEDS_TO_CATCH_MAX) {
+    for (tried, seed) in seeds.take(SEEDS_TO_CATCH_MAX).enumerate() {
         let report = sim::run(&options(seed, Some(rule)));
         if report.broken.iter().any(|b| b.contains(names)) {
+            eprintln!("{rule}: caught by seed {seed}, the {} tried", tried + 1);
             return seed;
         }
         missed.push(format!("{report}"));
@@ -91,7 +92,7 @@ fn a_host_sending_before_started_is_durable_is_caught_by_a_second_effect() {
 
 #[test]
 fn a_host_recording_doubt_as_failed_is_caught_by_the_receiver_s_record() {
-    caught("doubt-as-failed", "doubt was not kept as doubt", &[1, 2]);
+    caught("doubt-as-failed", "doubt was not kept as doubt", &[2, 1]);
 }
 
 #[test]
@@ -101,7 +102,7 @@ fn a_host_sending_writes_without_their_fence_is_caught() {
 
 #[test]
 fn a_host_asking_a_model_again_after_its_answer_is_caught() {
-    caught("ask-model-again", "was asked again", &[2, 5]);
+    caught("ask-model-again", "was asked again", &[5, 2]);
 }
 
 #[test]
@@ -120,7 +121,7 @@ fn a_host_sending_model_calls_past_the_budget_is_caught() {
 
 #[test]
 fn a_host_letting_a_cancelled_run_begin_more_is_caught() {
-    caught("begin-after-cancel", "was cancelled at", &[1, 2]);
+    caught("begin-after-cancel", "was cancelled at", &[14]);
 }
 
 #[test]
