@@ -246,6 +246,7 @@ mod tests {
             trace: None,
             spend: &crate::handler::TEST_SPEND,
             deadline: None,
+            control: None,
             run_id: "r",
             effect: "orders",
             class: stephost_core::CallClass::Write,

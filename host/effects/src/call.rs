@@ -138,6 +138,7 @@ impl EffectCall<'_> {
             trace: op.trace,
             spend: &self.spend,
             deadline: self.deadline,
+            control: None,
         }
     }
 
@@ -158,6 +159,7 @@ impl EffectCall<'_> {
             let started = stephost_core::clock::now_ms();
             let another;
             let mut request = self.request(op);
+            request.control = attempts.control();
             if n > 1 && stephost_core::crash::broken("resend-with-another-key") {
                 another = format!("{}-attempt-{n}", op.operation_id);
                 request.operation_id = &another;
@@ -166,6 +168,12 @@ impl EffectCall<'_> {
             match &result {
                 Ok(reply) => attempts.record("send", started, "ok", reply.detail.as_deref()),
                 Err(f) => attempts.record("send", started, f.label(), Some(f.message())),
+            }
+            // A failed attempt may have waited long (a handler waits for
+            // capacity, a reply comes late): not held any more, the call is
+            // left for the run's next owner rather than recorded failed.
+            if result.is_err() && !attempts.may_send() {
+                return Performed::Unknown(String::new());
             }
             match result {
                 Ok(reply) if reply.body.len() > self.payload_bytes_max => {

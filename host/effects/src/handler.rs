@@ -130,6 +130,10 @@ pub struct Request<'a> {
     /// `wall_ms_max`. A handler that waits (for a model's capacity, for a
     /// streamed answer) stops there.
     pub deadline: Option<std::time::Instant>,
+    /// The claim the call runs under, when a worker runs it: a handler
+    /// that waits before it sends (for a model's capacity) looks again
+    /// whether it still holds the run ([`RunControl::holds`]).
+    pub control: Option<&'a stephost_core::journal::RunControl>,
 }
 
 /// What a paid call's attempts have cost so far: its handler adds each
@@ -314,6 +318,7 @@ pub fn test_request<'a>(
         trace: None,
         spend: &TEST_SPEND,
         deadline: None,
+        control: None,
         run_id,
         effect,
         class: stephost_core::CallClass::Write,

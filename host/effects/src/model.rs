@@ -282,6 +282,14 @@ impl Handler for Model {
                 },
             )
             .map_err(|why| Failure::not_received(format!("model {}: {why}", self.alias)))?;
+        // The wait may have been long, the worker frozen meanwhile: a
+        // worker that no longer holds the run sends nothing.
+        if let Some(Err(why)) = request.control.map(|c| c.holds()) {
+            return Err(Failure::not_received(format!(
+                "model {}: {why}; not sent",
+                self.alias
+            )));
+        }
         let Answered {
             status,
             headers,

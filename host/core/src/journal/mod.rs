@@ -218,6 +218,14 @@ pub struct Attempts<'a> {
     halted: Option<String>,
 }
 
+impl<'a> Attempts<'a> {
+    /// The execution's control, for a handler that waits before it sends
+    /// to look again ([`RunControl::holds`]).
+    pub fn control(&self) -> Option<&'a RunControl> {
+        self.control
+    }
+}
+
 impl Attempts<'_> {
     /// Before an attempt leaves: may this execution still send? Not once
     /// its worker lost the claim's lease, by the ledger's word or by its
@@ -227,16 +235,7 @@ impl Attempts<'_> {
     /// returns at once and the execution stops, leaving the call as it
     /// stands for the run's next owner.
     pub fn may_send(&mut self) -> bool {
-        use std::sync::atomic::Ordering;
-        let Some(control) = self.control else {
-            return true;
-        };
-        let until = control.lease_until_ms.load(Ordering::SeqCst);
-        let why = if control.lost.load(Ordering::SeqCst) {
-            "the claim's lease was lost"
-        } else if until > 0 && crate::clock::now_ms() >= until {
-            "the claim's lease ran out by this worker's clock"
-        } else {
+        let Some(Err(why)) = self.control.map(RunControl::holds) else {
             return true;
         };
         self.halted = Some(format!(
@@ -476,6 +475,21 @@ impl RunControl {
     pub fn renewed(&self, lease_until_ms: i64) {
         self.lease_until_ms
             .store(lease_until_ms, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// Whether the claim still holds the run as far as this worker knows:
+    /// not once its lease was reported lost, nor once it has run out by
+    /// this worker's own clock; why not, if not.
+    pub fn holds(&self) -> Result<(), &'static str> {
+        use std::sync::atomic::Ordering;
+        let until = self.lease_until_ms.load(Ordering::SeqCst);
+        if self.lost.load(Ordering::SeqCst) {
+            Err("the claim's lease was lost")
+        } else if until > 0 && crate::clock::now_ms() >= until {
+            Err("the claim's lease ran out by this worker's clock")
+        } else {
+            Ok(())
+        }
     }
 }
 
