@@ -32,6 +32,11 @@ pub struct EffectCall<'a> {
     pub spend: Spend,
     /// When the call must be over (set as its first attempt starts).
     pub deadline: Option<std::time::Instant>,
+    /// A write sent again after an execution that may have sent it ended
+    /// ([`LiveCall::reconcile`] said perform it again): its first attempt
+    /// here is already a resend, so an error answer does not say it did
+    /// not happen.
+    pub resent: bool,
 }
 
 /// What asking the receiver about an operation established.
@@ -150,7 +155,7 @@ impl EffectCall<'_> {
             Some(first + std::time::Duration::from_millis(policy.deadline_ms).min(self.wall_left));
         let attempts_max = policy.attempts_max.max(1);
         let mut n = 1;
-        let mut ambiguous = false;
+        let mut ambiguous = self.resent;
         loop {
             if !attempts.may_send() {
                 // Not recorded: the execution stops (Attempts::may_send).
@@ -198,6 +203,16 @@ impl EffectCall<'_> {
                         summary[SPENT] = serde_json::json!(spent);
                     }
                     return Outcome::Ok(serde_json::Value::String(summary.to_string())).into();
+                }
+                // A resend answered with an error after an attempt that may
+                // have acted: the receiver is asked what happened.
+                Ok(reply) if reply.refusal && ambiguous && op.class == CallClass::Write => {
+                    return self.settle(
+                        op,
+                        attempts,
+                        "a resend, after an attempt that may have acted, was answered with an \
+                         error status",
+                    );
                 }
                 Ok(reply) => {
                     if reply.duplicate {
@@ -302,7 +317,10 @@ impl LiveCall for EffectCall<'_> {
             }
             // A receiver that deduplicates may be sent the request again with
             // the same operation id: it acts at most once.
-            Answer::NotFound | Answer::CannotTell(_) if idempotent => Reconciled::PerformAgain,
+            Answer::NotFound | Answer::CannotTell(_) if idempotent => {
+                self.resent = true;
+                Reconciled::PerformAgain
+            }
             Answer::NotFound => Reconciled::Unknown(
                 "the receiver has no record of the operation but does not deduplicate, so \
                  resending could act twice"

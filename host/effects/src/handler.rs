@@ -80,6 +80,12 @@ pub struct Reply {
     /// What the receiver said beside its answer, recorded with the attempt
     /// (a model's request id and rate-limit headers).
     pub detail: Option<String>,
+    /// The answer is a refusal the step reads as it is (a guest's own HTTP
+    /// exchange answered with an error status). After an earlier attempt
+    /// that may have acted it does not say the operation did not happen (a
+    /// 409 "still in progress" comes while the first is being processed),
+    /// so the write is settled with the receiver instead.
+    pub refusal: bool,
 }
 
 impl Reply {
@@ -88,6 +94,7 @@ impl Reply {
             body: body.into(),
             duplicate: false,
             detail: None,
+            refusal: false,
         }
     }
 }

@@ -270,7 +270,10 @@ impl Handler for Origin {
         };
         let text = serde_json::to_string(&answered)
             .map_err(|e| Failure::Invalid(format!("cannot record the response: {e}")))?;
-        Ok(Reply::new(text))
+        Ok(Reply {
+            refusal: !(200..300).contains(&status),
+            ..Reply::new(text)
+        })
     }
 
     fn lookup(&self, request: &Request<'_>) -> Result<Lookup, Failure> {

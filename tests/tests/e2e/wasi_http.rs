@@ -176,6 +176,66 @@ fn a_lost_answer_is_found_by_lookup_and_the_step_reads_the_receipt() {
     assert_eq!(receiver.business_effects(), 1);
 }
 
+#[test]
+fn a_resend_refused_after_a_lost_answer_is_settled_by_lookup_not_given_to_the_step() {
+    // The receiver places the order and drops the connection; the origin
+    // deduplicates, so the write is sent again, and that is answered 409
+    // (as a receiver still busy with the first answers "in progress"). The
+    // 409 does not say the order was not placed: the lookup finds it and
+    // the step reads the receipt. (The fault-injection harness found the
+    // 409 given to the step, the run failed, the order placed.)
+    let receiver = Receiver::start().unwrap();
+    let sb = Sandbox::with_config(BIN, &config(&receiver, true, true));
+    receiver.push_fault(Fault::CommitThenDrop);
+    receiver.push_fault(Fault::status(409));
+    let out = expect_ordered(&run_order(&sb, &receiver, "r1"));
+    assert_eq!(receiver.business_effects(), 1);
+    let show = sb.show("r1");
+    let kinds: Vec<&str> = attempts_for(&show, ORDER_SEQ)
+        .iter()
+        .map(|a| a["kind"].as_str().unwrap())
+        .collect();
+    assert_eq!(kinds, ["send", "send", "lookup"], "{show:#}");
+    assert_eq!(
+        out["receipt"]["operation_id"],
+        calls(&show)[1]["operation_id"]
+    );
+
+    // After a crash with the write started, its resend answered 409 is no
+    // proof either: with nothing found by the lookup, the call is parked.
+    let receiver = Receiver::start().unwrap();
+    let sb = Sandbox::with_config(BIN, &config(&receiver, true, true));
+    receiver.push_fault(Fault::status(409));
+    let crashed = sb.stephost_with_envs(
+        &[
+            ("SUPPLIER_TOKEN", TOKEN.as_ref()),
+            ("STEPHOST_CRASH_AT", "after-started@2".as_ref()),
+        ],
+        &[
+            "run",
+            guests::HTTP_SUPPLIER_ORDER,
+            "--input",
+            &input(&receiver),
+            "--run-id",
+            "r3",
+        ],
+    );
+    assert_eq!(crashed.signal, Some(libc::SIGABRT), "{crashed:?}");
+    let resumed = sb.stephost_with_env("SUPPLIER_TOKEN", TOKEN, &["resume", "r3"]);
+    resumed.expect_code(5);
+    assert_eq!(calls(&sb.show("r3"))[1]["state"], "unknown");
+
+    // A first answer of 409, with nothing sent before it, is the step's.
+    let receiver = Receiver::start().unwrap();
+    let sb = Sandbox::with_config(BIN, &config(&receiver, true, true));
+    receiver.push_fault(Fault::status(409));
+    let ran = run_order(&sb, &receiver, "r2");
+    // Exit 3: the run failed, as its step decided.
+    ran.expect_code(3);
+    assert!(ran.stderr.contains("409"), "{}", ran.stderr);
+    assert_eq!(receiver.business_effects(), 0);
+}
+
 /// Runs `args` to its end, failing the test (and killing the process) if it
 /// has not ended within a bound far past anything the machine's speed could
 /// explain: what it guards is a wait that never ends.

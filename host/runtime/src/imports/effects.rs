@@ -307,6 +307,7 @@ fn effect_call<'a>(
         services: &state.services,
         spend: Default::default(),
         deadline: None,
+        resent: false,
     }
 }
 
