@@ -1332,7 +1332,7 @@ impl Journal {
             control: self.control.as_deref(),
             halted: None,
         };
-        let outcome = match live.perform(
+        let performed = live.perform(
             &OpContext::of(
                 &self.run_id,
                 &self.operations,
@@ -1341,10 +1341,9 @@ impl Journal {
                 fence,
             ),
             &mut attempts,
-        ) {
-            _ if attempts.halted.is_some() => {
-                return Err(attempts.halted(&self.run_id).unwrap_err());
-            }
+        );
+        attempts.halted(&self.run_id)?;
+        let outcome = match performed {
             Performed::Done(outcome) => outcome,
             // Only a write's outcome can be unknown: a read that could not
             // be established failed.
