@@ -109,6 +109,55 @@ idempotent = true
     format!("{config}{lookup}").replace("URL", url)
 }
 
+/// The Python of `target/mcp-venv` (with the `mcp` package), which runs the
+/// MCP supplier server; panics saying how to install it when missing.
+pub fn mcp_python() -> PathBuf {
+    let python = repo_root().join("target/mcp-venv/bin/python3");
+    assert!(
+        python.exists(),
+        "the MCP supplier server needs the Python `mcp` package in target/mcp-venv: run \
+         scripts/test.sh (it installs it) or `python3 -m venv target/mcp-venv && \
+         target/mcp-venv/bin/pip install mcp==2.3.0`"
+    );
+    python
+}
+
+/// The MCP supplier server (`examples/mcp-supplier-order`).
+pub fn mcp_server_script() -> PathBuf {
+    repo_root().join("examples/mcp-supplier-order/supplier_server.py")
+}
+
+/// The MCP supplier step's effects against `server` (a `[mcp.supplier]`
+/// body), which is trusted with its tools' annotations: the stock's and the
+/// order's classes are left to them.
+pub fn mcp_supplier_config(server: &str, idempotent: bool) -> String {
+    format!(
+        r#"
+[mcp.supplier]
+{server}
+timeout_ms = 20_000
+trust_annotations = true
+
+[effects."supplier.tools"]
+kind = "mcp"
+server = "supplier"
+list_tools = true
+
+[effects."supplier.stock"]
+kind = "mcp"
+server = "supplier"
+tool = "check_stock"
+
+[effects."supplier.order"]
+kind = "mcp"
+server = "supplier"
+tool = "place_order"
+idempotent = {idempotent}
+retry = {{ attempts_max = 3, backoff_first_ms = 10, backoff_max_ms = 50 }}
+"#
+    )
+}
+
 /// A configuration whose `llm` is the scripted model server at `url`
 /// (model `stub-model`, its key in `STEPHOST_TEST_KEY`).
 pub fn llm_config(url: &str) -> String {

@@ -191,42 +191,13 @@ const ATTEMPTS: &str = "timeout_ms = 400\nretry = { attempts_max = 3, backoff_fi
 /// it: the tool list, the stock (a read, by the tool's annotation) and the
 /// order (deduplicated by the server by operation id).
 fn mcp_config() -> String {
-    let python = crate::repo_root().join("target/mcp-venv/bin/python3");
-    assert!(
-        python.exists(),
-        "plans with MCP need the Python `mcp` package in target/mcp-venv: run scripts/test.sh \
-         (it installs it) or `python3 -m venv target/mcp-venv && target/mcp-venv/bin/pip \
-         install mcp==2.3.0`"
+    let server = format!(
+        "command = {:?}\nargs = [{:?}]\n\
+         env = [\"SUPPLIER_MCP_FAULT\", \"SUPPLIER_MCP_PIDFILE\", \"SUPPLIER_ORDERS\"]",
+        crate::mcp_python().display().to_string(),
+        crate::mcp_server_script().display().to_string(),
     );
-    let script = crate::repo_root().join("examples/mcp-supplier-order/supplier_server.py");
-    format!(
-        r#"[mcp.supplier]
-command = {python:?}
-args = [{script:?}]
-env = ["SUPPLIER_MCP_FAULT", "SUPPLIER_MCP_PIDFILE", "SUPPLIER_ORDERS"]
-timeout_ms = 10_000
-trust_annotations = true
-
-[effects."supplier.tools"]
-kind = "mcp"
-server = "supplier"
-list_tools = true
-
-[effects."supplier.stock"]
-kind = "mcp"
-server = "supplier"
-tool = "check_stock"
-
-[effects."supplier.order"]
-kind = "mcp"
-server = "supplier"
-tool = "place_order"
-idempotent = true
-retry = {{ attempts_max = 3, backoff_first_ms = 20, backoff_max_ms = 200 }}
-"#,
-        python = python.display().to_string(),
-        script = script.display().to_string(),
-    )
+    crate::mcp_supplier_config(&server, true)
 }
 
 /// Where the MCP supplier server keeps its orders (`SUPPLIER_ORDERS`) and

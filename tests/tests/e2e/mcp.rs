@@ -4,64 +4,20 @@
 //! stdio and streamable HTTP. The server counts: it appends each order it
 //! places to a file.
 
-use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
-use stephost_tests::{Sandbox, attempts_for, calls, guests, repo_root};
+use stephost_tests::{
+    Sandbox, attempts_for, calls, guests, mcp_python as python, mcp_server_script as server_script,
+    mcp_supplier_config as config,
+};
 
 const BIN: &str = env!("CARGO_BIN_EXE_stephost-crash");
 const INPUT: &str = r#"{"sku":"WIDGET-7","quantity":10}"#;
 /// The step's calls: 1 supplier.tools, 2 supplier.stock, 3 supplier.order.
 const ORDER_SEQ: u64 = 3;
 const ORDERS: &str = "supplier-orders.jsonl";
-
-fn python() -> PathBuf {
-    let python = repo_root().join("target/mcp-venv/bin/python3");
-    assert!(
-        python.exists(),
-        "the MCP test server needs the Python `mcp` package in target/mcp-venv: run \
-         scripts/test.sh (it installs it) or `python3 -m venv target/mcp-venv && \
-         target/mcp-venv/bin/pip install mcp==2.3.0`"
-    );
-    python
-}
-
-fn server_script() -> PathBuf {
-    repo_root().join("examples/mcp-supplier-order/supplier_server.py")
-}
-
-/// The step's effects against `server` (a `[mcp.supplier]` body), which is
-/// trusted with its tools' annotations: the stock's and the order's classes
-/// are left to them.
-fn config(server: &str, idempotent: bool) -> String {
-    format!(
-        r#"
-[mcp.supplier]
-{server}
-timeout_ms = 20_000
-trust_annotations = true
-
-[effects."supplier.tools"]
-kind = "mcp"
-server = "supplier"
-list_tools = true
-
-[effects."supplier.stock"]
-kind = "mcp"
-server = "supplier"
-tool = "check_stock"
-
-[effects."supplier.order"]
-kind = "mcp"
-server = "supplier"
-tool = "place_order"
-idempotent = {idempotent}
-retry = {{ attempts_max = 3, backoff_first_ms = 10, backoff_max_ms = 50 }}
-"#
-    )
-}
 
 /// The step's effects with only the order sent to `server` (a
 /// `[mcp.supplier]` body), a write by configuration: the tool list and the
