@@ -89,6 +89,11 @@ pub enum Command {
     /// write in flight is still settled, an unknown outcome still waits for
     /// a person) and ends `cancelled`; a parent joining it sees it as such.
     Cancel(CancelArgs),
+    /// Delete finished runs (each with the runs below it and everything they
+    /// owned) that finished before a time: what `[retention]` has workers do
+    /// in the background, by hand. `unknown`, waiting and running runs are
+    /// never deleted.
+    Prune(PruneArgs),
     /// Show a run and the child runs it started, down its tree: each run's
     /// status, what it waits for, and what its model calls spent.
     Tree(TreeArgs),
@@ -418,6 +423,28 @@ pub struct CancelArgs {
     pub json: bool,
 }
 
+/// The arguments of `stephost prune`.
+#[derive(Args, Debug)]
+pub struct PruneArgs {
+    /// Delete runs (trees, by their root) that finished longer ago than
+    /// this: `500ms`, `30s`, `10m`, `2h` or `30d`.
+    #[arg(long, value_name = "DURATION")]
+    pub finished_before: String,
+    /// The roots' statuses to delete (repeat or separate by commas; finished
+    /// ones only); default completed, failed and cancelled.
+    #[arg(long = "status", value_delimiter = ',')]
+    pub statuses: Vec<String>,
+    /// Say which runs the first batch would delete, and delete nothing.
+    #[arg(long)]
+    pub dry_run: bool,
+    /// Trees deleted in one transaction (a commit waits for one at most).
+    #[arg(long, default_value_t = stephost_core::retention::BATCH_RUNS_DEFAULT)]
+    pub batch_runs: usize,
+    /// Print what was deleted as JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
 /// The arguments of `stephost promises`.
 #[derive(Args, Debug)]
 pub struct PromisesArgs {
@@ -725,6 +752,7 @@ fn command(ctx: &Ctx, command: Command) -> Result<i32, HostError> {
         Command::Show(args) => show(ctx, args),
         Command::Tree(args) => tree(ctx, args),
         Command::Cancel(args) => cancel(ctx, args),
+        Command::Prune(args) => prune(ctx, args),
         Command::Complete(args) => complete(ctx, args),
         Command::Runs(args) => runs(ctx, args),
         Command::Resolve(args) => resolve(ctx, args),
@@ -826,6 +854,7 @@ fn worker(
     let shutdown = stop_on_signals()?;
     let worker_options = stephost_runtime::worker::WorkerOptions {
         exit_when_idle,
+        retention: config.retention.clone(),
         ..stephost_runtime::worker::WorkerOptions::new(
             concurrency,
             lease_ms,
@@ -875,6 +904,7 @@ fn serve(
         shutdown_grace_ms,
         wait_ms_max,
         poll_ms,
+        retention: config.retention.clone(),
         ..stephost_server::ServeSettings::default()
     };
     let shutdown = stop_on_signals()?;
@@ -1060,6 +1090,57 @@ fn complete(
             "stephost: promise {id} of run {run_id} was {} the same way already; nothing changed",
             state.as_str()
         ),
+    }
+    Ok(exit::OK)
+}
+
+fn prune(
+    ctx: &Ctx,
+    PruneArgs {
+        finished_before,
+        statuses,
+        dry_run,
+        batch_runs,
+        json,
+    }: PruneArgs,
+) -> Result<i32, HostError> {
+    let Ctx { config, ledger } = ctx;
+    let age = schedule::duration_ms(&finished_before).map_err(HostError::BadInput)?;
+    let statuses =
+        stephost_runtime::retention::parse_statuses(&statuses).map_err(HostError::BadInput)?;
+    let mut rule = stephost_core::retention::Rule::new(
+        stephost_core::clock::now_ms().saturating_sub(age),
+        &statuses,
+    )
+    .map_err(HostError::BadInput)?;
+    rule.batch_runs = batch_runs.max(1);
+    let host = open(ledger, options(config)?)?;
+    let summary = stephost_core::retention::prune_all(host.retention()?.as_ref(), &rule, dry_run)?;
+    let pruned = &summary.pruned;
+    if json {
+        print_json(&serde_json::json!({
+            "dry_run": dry_run,
+            "runs": pruned.run_ids.len(),
+            "run_ids": pruned.run_ids,
+            "bytes": pruned.bytes,
+            "reclaimed_bytes": summary.reclaimed_bytes,
+        }));
+    } else if dry_run {
+        println!(
+            "would delete {} runs ({} bytes) in the first batch; nothing deleted",
+            pruned.run_ids.len(),
+            pruned.bytes
+        );
+        for id in &pruned.run_ids {
+            println!("{id}");
+        }
+    } else {
+        println!(
+            "deleted {} runs ({} bytes); the ledger file gave back {} bytes",
+            pruned.run_ids.len(),
+            pruned.bytes,
+            summary.reclaimed_bytes
+        );
     }
     Ok(exit::OK)
 }

@@ -21,6 +21,7 @@ use stephost_core::records::{
     AttemptRecord, CallClass, CallRecord, CallState, Claim, Counters, LogRecord, NewRun, RunEnd,
     RunRecord, RunStatus,
 };
+use stephost_core::retention::{self, Rule};
 use stephost_core::settle::{self, Resolution};
 use stephost_core::store::{Outbox, Pool, RunQuery, Store, StoreError, WriteOp};
 
@@ -81,7 +82,8 @@ macro_rules! conformance_tests {
             a_parent_that_waits_after_a_child_ended_unseen_is_due_at_once,
             a_cancel_marks_a_tree_at_once_and_a_marked_run_begins_nothing,
             no_child_escapes_a_cancel_racing_its_starts,
-            a_parents_end_cancels_its_attached_children_only
+            a_parents_end_cancels_its_attached_children_only,
+            retention_deletes_finished_trees_with_what_they_owned_and_nothing_else
         );
     };
     (@cases $make:expr; $($case:ident),* $(,)?) => {
@@ -2532,4 +2534,136 @@ pub fn schedules_move_by_compare_and_set_and_only_due_ones_are_listed(make: &Mak
     assert!(a.remove("due").unwrap());
     assert!(!b.remove("due").unwrap());
     assert!(!a.swap(3, &buffered, false).unwrap(), "gone");
+}
+
+/// A run of module `module` that made `calls` and completed at `ended_at`.
+fn finished_run(
+    ledger: &TestLedger,
+    run_id: &str,
+    module: &str,
+    calls: &[CallRecord],
+    ended_at: i64,
+) {
+    let store = ledger.store();
+    let run = NewRun {
+        module_digest: module,
+        ..bare(run_id)
+    }
+    .record(None);
+    store.insert_run(&run).expect("insert a run");
+    let c = claim(store.as_ref(), run_id, "w", T0);
+    let mut ops: Vec<WriteOp> = calls.iter().cloned().map(WriteOp::Call).collect();
+    ops.push(WriteOp::Log(LogRecord {
+        after_seq: calls.len() as u64,
+        level: "info".into(),
+        message: "done".into(),
+        at_ms: ended_at,
+    }));
+    ops.push(end(completed("{\"ok\":true}"), ended_at));
+    commit(ledger.pool.as_ref(), &c, ops).unwrap();
+}
+
+pub fn retention_deletes_finished_trees_with_what_they_owned_and_nothing_else(make: &Make) {
+    let ledger = make();
+    let store = ledger.store();
+    store.put_module("module-a", b"a").unwrap();
+    store.put_module("module-b", b"bb").unwrap();
+    // Two runs carrying the same large part (a conversation's message).
+    let shared = |seq: u64| {
+        let mut call = call(seq, CallClass::Read, CallState::Succeeded);
+        call.request = format!(
+            "{{\"messages\": [{{\"role\":\"user\",\"content\":\"{}\"}}]}}",
+            "the same long question ".repeat(80)
+        );
+        call.request_hash =
+            stephost_core::ids::request_hash(&call.interface, &call.function, &call.request);
+        call.outcome = Some(format!("{{\"answer\":\"{}\"}}", "long ".repeat(400)));
+        call
+    };
+    let cutoff = T0 + 1_000;
+    finished_run(
+        &ledger,
+        "old",
+        "module-b",
+        &[shared(1), call(2, CallClass::Observe, CallState::Succeeded)],
+        T0 + 10,
+    );
+    finished_run(&ledger, "recent", "module-a", &[shared(1)], cutoff + 10);
+    finished_run(&ledger, "noticed", "module-a", &[], T0 + 10);
+    ledger
+        .outbox()
+        .owe_notices(&[notice("ops", NoticeEvent::Failed, "noticed", None)])
+        .unwrap();
+    new_run(store.as_ref(), "pending", T0);
+    new_run(store.as_ref(), "running", T0);
+    claim(store.as_ref(), "running", "w", T0);
+    // A finished parent whose child still runs.
+    new_run(store.as_ref(), "p", T0);
+    let c = claim(store.as_ref(), "p", "w", T0);
+    commit(ledger.pool.as_ref(), &c, vec![spawn("p", 1, "c1", "s")]).unwrap();
+    commit(
+        ledger.pool.as_ref(),
+        &c,
+        vec![end(completed("{}"), T0 + 10)],
+    )
+    .unwrap();
+
+    let mut rule = Rule::new(cutoff, &[]).unwrap();
+    rule.module_kept_ms = 0;
+    let retention = ledger.pool.retention().unwrap();
+    // A dry run says which, and deletes nothing.
+    let dry = retention::prune_all(retention.as_ref(), &rule, true).unwrap();
+    assert_eq!(dry.pruned.run_ids, ["old"]);
+    assert!(dry.pruned.bytes > 0);
+    assert_eq!(store.run("old").unwrap().status, RunStatus::Completed);
+    assert_eq!(calls_of(store.as_ref(), "old").len(), 2);
+
+    let done = retention::prune_all(retention.as_ref(), &rule, false).unwrap();
+    assert_eq!(done.pruned.run_ids, ["old"]);
+    assert!(done.pruned.bytes >= dry.pruned.bytes, "{done:?} {dry:?}");
+    assert!(matches!(store.run("old"), Err(StoreError::UnknownRun(_))));
+    assert!(store.logs("old").map_or(true, |logs| logs.is_empty()));
+    // The part the other run refers to stays, byte for byte.
+    assert_eq!(calls_of(store.as_ref(), "recent"), [shared(1)]);
+    // The module only the deleted run pinned goes; the other stays.
+    assert!(
+        store.module("module-b").is_err(),
+        "module-b is pinned by no run"
+    );
+    assert_eq!(store.module("module-a").unwrap(), b"a");
+    for kept in ["recent", "noticed", "pending", "running", "p", "c1"] {
+        store
+            .run(kept)
+            .unwrap_or_else(|e| panic!("{kept} is kept: {e}"));
+    }
+    let counters: std::collections::BTreeMap<String, i64> =
+        store.counters().unwrap().into_iter().collect();
+    assert_eq!(counters.get(retention::RUNS_PRUNED_COUNTER), Some(&1));
+    assert_eq!(
+        counters.get(retention::BYTES_PRUNED_COUNTER),
+        Some(&(done.pruned.bytes as i64))
+    );
+    // Once nothing is left, a pass deletes nothing.
+    let again = retention::prune_all(retention.as_ref(), &rule, false).unwrap();
+    assert!(again.pruned.run_ids.is_empty());
+
+    // The child ends: its tree goes whole, the child with its parent.
+    let child = claim(store.as_ref(), "c1", "w", T0 + 20);
+    commit(
+        ledger.pool.as_ref(),
+        &child,
+        vec![child_end("p", "c1", "s", completed("{}"), T0 + 20)],
+    )
+    .unwrap();
+    let tree = retention::prune_all(retention.as_ref(), &rule, false).unwrap();
+    let mut ids = tree.pruned.run_ids.clone();
+    ids.sort();
+    assert_eq!(ids, ["c1", "p"]);
+    assert!(matches!(store.run("c1"), Err(StoreError::UnknownRun(_))));
+    assert!(store.inbox("p").map_or(true, |inbox| inbox.is_empty()));
+    // A rule naming other statuses, or a later cutoff, leaves the rest.
+    let failed_only = Rule::new(cutoff, &[RunStatus::Failed]).unwrap();
+    let none = retention::prune_all(retention.as_ref(), &failed_only, false).unwrap();
+    assert!(none.pruned.run_ids.is_empty());
+    store.run("recent").unwrap();
 }

@@ -13,6 +13,7 @@
 //! - [`store`]: the storage roles (pool, store, writer) every backend fills;
 //!   [`memory`] is one in memory (`stephost-conformance` holds the suite they all pass).
 //! - [`notices`]: notifications owed to webhooks, recorded before sent.
+//! - [`retention`]: which finished runs are deleted, with what they owned.
 //! - [`journal`]: the one durable wrapper every import call passes through,
 //!   over a [`history`] of recorded calls; [`outcome`] is what it records.
 
@@ -37,6 +38,7 @@ pub mod payload;
 pub mod promises;
 pub mod records;
 pub mod redact;
+pub mod retention;
 pub mod schedules;
 pub mod settle;
 pub mod store;

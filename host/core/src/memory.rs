@@ -35,6 +35,8 @@ struct RunRows {
 #[derive(Default)]
 struct State {
     modules: HashMap<String, Vec<u8>>,
+    /// When each module was last stored ([`crate::retention::MODULE_KEPT_MS`]).
+    module_stored: HashMap<String, i64>,
     runs: BTreeMap<String, RunRows>,
     counters: BTreeMap<String, i64>,
     /// By delivery id, in the order they were owed.
@@ -84,6 +86,114 @@ impl Pool for MemoryPool {
 
     fn schedules(&self) -> StoreResult<Arc<dyn crate::schedules::Schedules>> {
         Ok(Arc::new(self.clone()))
+    }
+
+    fn retention(&self) -> StoreResult<Arc<dyn crate::retention::Retention>> {
+        Ok(Arc::new(self.clone()))
+    }
+}
+
+impl crate::retention::Retention for MemoryPool {
+    fn prune(
+        &self,
+        rule: &crate::retention::Rule,
+        dry_run: bool,
+    ) -> StoreResult<crate::retention::Pruned> {
+        let mut state = self.lock();
+        let finished = |r: &RunRecord| r.status.is_finished();
+        let mut roots: Vec<(i64, String)> = state
+            .runs
+            .values()
+            .filter_map(|rows| rows.run.as_ref())
+            .filter(|r| r.root_run_id.is_none() && rule.takes(r.status, r.updated_at_ms))
+            .map(|r| (r.updated_at_ms, r.run_id.clone()))
+            .collect();
+        roots.sort();
+        let mut pruned = crate::retention::Pruned::default();
+        let mut trees = 0;
+        let mut modules = Vec::new();
+        for (_, root) in roots {
+            if trees == rule.batch_runs {
+                break;
+            }
+            let tree: Vec<String> = state
+                .runs
+                .values()
+                .filter_map(|rows| rows.run.as_ref())
+                .filter(|r| r.run_id == root || r.root_run_id.as_deref() == Some(root.as_str()))
+                .map(|r| r.run_id.clone())
+                .collect();
+            let all_finished = tree
+                .iter()
+                .all(|id| state.runs[id].run.as_ref().is_some_and(finished));
+            let owed = state
+                .notices
+                .iter()
+                .any(|n| tree.contains(&n.run_id) && n.state == NoticeState::Owed);
+            if !all_finished || owed {
+                continue;
+            }
+            trees += 1;
+            for id in &tree {
+                let rows = &state.runs[id];
+                let run = rows.run.as_ref().expect("listed");
+                pruned.bytes += (run.input.len()
+                    + run.output.as_ref().map_or(0, String::len)
+                    + run.error.as_ref().map_or(0, String::len))
+                    as u64;
+                for call in &rows.calls {
+                    pruned.bytes +=
+                        (call.request.len() + call.outcome.as_ref().map_or(0, String::len)) as u64;
+                }
+                pruned.bytes += rows
+                    .logs
+                    .iter()
+                    .map(|l| l.message.len() as u64)
+                    .sum::<u64>();
+                pruned.run_ids.push(id.clone());
+                modules.push(run.module_digest.clone());
+            }
+            if dry_run {
+                continue;
+            }
+            for id in &tree {
+                state.runs.remove(id);
+            }
+            state.notices.retain(|n| !tree.contains(&n.run_id));
+            state.tree_spend.remove(&root);
+        }
+        if dry_run || pruned.run_ids.is_empty() {
+            return Ok(pruned);
+        }
+        let pinned: std::collections::HashSet<String> = state
+            .runs
+            .values()
+            .filter_map(|rows| rows.run.as_ref().map(|r| r.module_digest.clone()))
+            .chain(state.schedules.values().map(|s| s.module_digest.clone()))
+            .collect();
+        let kept_since = crate::clock::now_ms() - rule.module_kept_ms;
+        for digest in modules {
+            let recent = state
+                .module_stored
+                .get(&digest)
+                .is_some_and(|at| *at > kept_since);
+            if pinned.contains(&digest) || recent {
+                continue;
+            }
+            state.module_stored.remove(&digest);
+            if let Some(bytes) = state.modules.remove(&digest) {
+                pruned.bytes += bytes.len() as u64;
+            }
+        }
+        *state
+            .counters
+            .entry(crate::retention::RUNS_PRUNED_COUNTER.into())
+            .or_default() += pruned.run_ids.len() as i64;
+        *state
+            .counters
+            .entry(crate::retention::BYTES_PRUNED_COUNTER.into())
+            .or_default() += pruned.bytes as i64;
+        Ok(pruned)
     }
 }
 
@@ -529,10 +639,14 @@ impl Views for MemoryPool {
 
 impl Store for MemoryPool {
     fn put_module(&self, digest: &str, bytes: &[u8]) -> StoreResult<()> {
-        self.lock()
+        let mut state = self.lock();
+        state
             .modules
             .entry(digest.to_string())
             .or_insert_with(|| bytes.to_vec());
+        state
+            .module_stored
+            .insert(digest.to_string(), crate::clock::now_ms());
         Ok(())
     }
 

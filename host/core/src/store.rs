@@ -215,6 +215,9 @@ pub trait Pool: Send + Sync {
     /// The schedules ([`crate::schedules`]), shared by every process on
     /// the ledger.
     fn schedules(&self) -> StoreResult<Arc<dyn crate::schedules::Schedules>>;
+
+    /// Deleting finished runs ([`crate::retention`]).
+    fn retention(&self) -> StoreResult<Arc<dyn crate::retention::Retention>>;
 }
 
 /// Opens pools of one ledger: what a worker or a server is given, so that

@@ -22,6 +22,7 @@ mod errors;
 mod flows;
 pub mod group;
 pub mod notify;
+mod retention;
 mod rows;
 mod schedules;
 pub mod schema;
@@ -174,6 +175,10 @@ impl Pool for PgPool {
     }
 
     fn schedules(&self) -> StoreResult<Arc<dyn stephost_core::schedules::Schedules>> {
+        Ok(Arc::new(flows::PgFlows::new(self.shared.clone())))
+    }
+
+    fn retention(&self) -> StoreResult<Arc<dyn stephost_core::retention::Retention>> {
         Ok(Arc::new(flows::PgFlows::new(self.shared.clone())))
     }
 

@@ -21,6 +21,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../migrations/0010_tree_spend.sql"),
     include_str!("../migrations/0011_promises.sql"),
     include_str!("../migrations/0012_schedules_forks.sql"),
+    include_str!("../migrations/0013_retention.sql"),
 ];
 
 /// The advisory lock key migrations hold ("stephost" in ASCII).

@@ -373,8 +373,12 @@ impl Store for PgStore {
         self.shared.block(move |mut conn| async move {
             let statement = conn
                 .statement(
-                    "INSERT INTO modules (digest, bytes, size, created_at) VALUES ($1, $2, $3, $4) \
-                     ON CONFLICT (digest) DO NOTHING",
+                    // Noted as stored now, whatever retention does: the run
+                    // it is stored for is recorded next.
+                    "WITH m AS (INSERT INTO modules (digest, bytes, size, created_at) \
+                     VALUES ($1, $2, $3, $4) ON CONFLICT (digest) DO NOTHING) \
+                     INSERT INTO module_stored (digest, at) VALUES ($1, $4) \
+                     ON CONFLICT (digest) DO UPDATE SET at = excluded.at",
                 )
                 .await?;
             conn.client

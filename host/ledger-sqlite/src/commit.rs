@@ -56,7 +56,7 @@ fn write(conn: &Connection, known: &mut Known, plan: &CommitPlan) -> Result<(), 
             Some(settled) => {
                 let (outcome, split) = match &settled.outcome {
                     Some(body) => {
-                        let (text, split) = rows::store_body(conn, body)?;
+                        let (text, split) = rows::store_body(conn, run_no, body)?;
                         (Some(text), split)
                     }
                     None => (None, false),
@@ -257,10 +257,10 @@ fn insert_calls(
                 .map_err(error)?;
             let mut n = 0;
             for NewCall { call, attempts } in rows {
-                let (request, request_split) = rows::store_body(conn, &call.request)?;
+                let (request, request_split) = rows::store_body(conn, run_no, &call.request)?;
                 let (outcome, outcome_split) = match &call.outcome {
                     Some(body) => {
-                        let (text, split) = rows::store_body(conn, body)?;
+                        let (text, split) = rows::store_body(conn, run_no, body)?;
                         (Some(text), split)
                     }
                     None => (None, false),

@@ -125,6 +125,11 @@ impl Conn {
         let checked = schema::check(&conn, &location);
         let _ = conn.execute_batch("COMMIT");
         checked?;
+        // A new file keeps the pages retention frees apart, to be given
+        // back by `PRAGMA incremental_vacuum`; an existing file made without
+        // it keeps its mode (it reuses free pages all the same).
+        patiently(|| conn.pragma_update(None, "auto_vacuum", "INCREMENTAL"))
+            .map_err(|e| not_a_ledger(&location, e))?;
         patiently(|| conn.pragma_update(None, "journal_mode", "WAL"))
             .map_err(|e| not_a_ledger(&location, e))?;
         conn.pragma_update(None, "synchronous", "FULL")

@@ -15,6 +15,7 @@ mod errors;
 mod flows;
 pub mod group;
 mod known;
+mod retention;
 mod rows;
 mod schedules;
 pub mod schema;
@@ -151,6 +152,10 @@ impl Pool for SqlitePool {
 
     fn schedules(&self) -> StoreResult<Arc<dyn stephost_core::schedules::Schedules>> {
         Ok(self.shared_state())
+    }
+
+    fn retention(&self) -> StoreResult<Arc<dyn stephost_core::retention::Retention>> {
+        Ok(Arc::new(retention::SqliteRetention::new(&self.path)))
     }
 }
 

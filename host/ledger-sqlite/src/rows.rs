@@ -283,10 +283,12 @@ fn part(conn: &Connection, digest: &str) -> Result<Option<String>, StoreError> {
         .map_err(error)
 }
 
-/// `body` as stored: its text for the row (and whether it is split), its
-/// parts kept in `payloads`.
+/// `body`, a body of run `run_no`'s calls, as stored: its text for the
+/// row (and whether it is split), its parts kept in `payloads`, each noted
+/// as referred to by the run (`payload_refs`, for retention).
 pub fn store_body<'a>(
     conn: &Connection,
+    run_no: i64,
     body: &'a str,
 ) -> Result<(std::borrow::Cow<'a, str>, bool), StoreError> {
     if payload::stays_whole(body) {
@@ -298,6 +300,11 @@ pub fn store_body<'a>(
             "INSERT INTO payloads (digest, body) VALUES (?1, ?2) ON CONFLICT DO NOTHING",
         )
         .and_then(|mut s| s.execute(params![part.digest, part.body]))
+        .map_err(error)?;
+        conn.prepare_cached(
+            "INSERT INTO payload_refs (run_no, digest) VALUES (?1, ?2) ON CONFLICT DO NOTHING",
+        )
+        .and_then(|mut s| s.execute(params![run_no, part.digest]))
         .map_err(error)?;
     }
     let split = stored.is_split();

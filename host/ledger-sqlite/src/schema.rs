@@ -32,6 +32,7 @@ pub const MIGRATIONS: &[&str] = &[
     include_str!("../migrations/0010_tree_spend.sql"),
     include_str!("../migrations/0011_promises.sql"),
     include_str!("../migrations/0012_schedules_forks.sql"),
+    include_str!("../migrations/0013_retention.sql"),
 ];
 
 /// The schema version this build writes.

@@ -62,6 +62,20 @@ impl SqliteStore {
         done
     }
 
+    /// Runs `f` in a write transaction that is rolled back whatever it
+    /// did (what a change would do, without doing it).
+    pub(crate) fn rolled_back<T>(
+        &self,
+        f: impl FnOnce(&rusqlite::Connection) -> StoreResult<T>,
+    ) -> StoreResult<T> {
+        let conn = self.conn.borrow_mut();
+        let db = &conn.conn;
+        Conn::run(db, "BEGIN IMMEDIATE")?;
+        let done = f(db);
+        Conn::run(db, "ROLLBACK")?;
+        done
+    }
+
     pub(crate) fn read<T>(
         &self,
         f: impl FnOnce(&rusqlite::Connection) -> StoreResult<T>,
@@ -428,6 +442,14 @@ impl Store for SqliteStore {
                 ])
             })
             .map_err(error)?;
+            // Kept an hour after, whatever retention does: the run this
+            // module is stored for is recorded next.
+            conn.prepare_cached(
+                "INSERT INTO module_stored (digest, at) VALUES (?1, ?2) \
+                 ON CONFLICT (digest) DO UPDATE SET at = excluded.at",
+            )
+            .and_then(|mut s| s.execute(params![digest, stephost_core::clock::now_ms()]))
+            .map_err(error)?;
             Ok(())
         })
     }
@@ -458,8 +480,8 @@ impl Store for SqliteStore {
 
     fn settle(&self, s: &Settlement) -> StoreResult<()> {
         self.write(|conn| {
-            let (outcome, split) = rows::store_body(conn, &s.outcome)?;
             let run_no = rows::run_no(conn, &s.run_id)?;
+            let (outcome, split) = rows::store_body(conn, run_no, &s.outcome)?;
             let key = segments::find(conn, run_no, s.seq)?.unwrap_or(0);
             let changed = conn
                 .prepare_cached(

@@ -37,10 +37,11 @@ impl Tamper for SqliteStore {
                 .filter(|c| c.seq == seq)
                 .ok_or_else(|| missing(run_id, seq))?;
             edit(&mut call);
-            let (request, request_split) = rows::store_body(conn, &call.request)?;
+            let run_no = rows::run_no(conn, run_id)?;
+            let (request, request_split) = rows::store_body(conn, run_no, &call.request)?;
             let (outcome, outcome_split) = match &call.outcome {
                 Some(text) => {
-                    let (body, split) = rows::store_body(conn, text)?;
+                    let (body, split) = rows::store_body(conn, run_no, text)?;
                     (Some(body.into_owned()), split)
                 }
                 None => (None, false),

@@ -164,6 +164,10 @@ impl Pool for FaultyPool {
     fn schedules(&self) -> StoreResult<Arc<dyn stephost_core::schedules::Schedules>> {
         self.inner.schedules()
     }
+
+    fn retention(&self) -> StoreResult<Arc<dyn stephost_core::retention::Retention>> {
+        self.inner.retention()
+    }
 }
 
 struct FaultyWriter {

@@ -62,6 +62,9 @@ pub struct Config {
     /// "PATH"`, the `runs` import of stephost:step@0.3.0).
     #[serde(default)]
     pub steps: BTreeMap<String, StepConfig>,
+    /// Finished runs workers delete in the background (`[retention]`);
+    /// without it nothing is deleted but by `stephost prune`.
+    pub retention: Option<crate::retention::RetentionConfig>,
     /// The folder relative paths are resolved against (the file's folder).
     #[serde(skip)]
     pub base_dir: PathBuf,
@@ -214,6 +217,11 @@ impl Config {
     pub fn parse(text: &str) -> Result<Self, String> {
         let config: Config = toml::from_str(text).map_err(|e| describe(text, &e))?;
         stephost_effects::config::check(&config.effects)?;
+        if let Some(retention) = &config.retention {
+            retention
+                .rule(stephost_core::clock::now_ms())
+                .map_err(|e| format!("[retention]: {e}"))?;
+        }
         Ok(config)
     }
 

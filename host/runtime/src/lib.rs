@@ -19,7 +19,7 @@
 //! | an execution | `instance` (one execution's store, limits and WASI) |
 //! | its journal | `execution` (an execution's journal and its end), `replay` (fixtures and reports) |
 //! | a host over a ledger | `runner` (run, resume, replay, upgrade, fork), `schedules` (schedules as an operator changes them and workers fire them) |
-//! | its users | `service` (what the CLI and the server share), `worker` (claims due runs, executes several at once) |
+//! | its users | `service` (what the CLI and the server share), `retention` (finished runs deleted in the background), `worker` (claims due runs, executes several at once) |
 //! | configuration | `config` (`stephost.toml`, composed of the effects' sections), `fuzzing` (what the fuzz targets feed) |
 
 pub mod adapt;
@@ -42,6 +42,7 @@ pub mod options;
 pub mod owner;
 pub mod randomness;
 pub mod replay;
+pub mod retention;
 pub mod runner;
 pub mod schedules;
 pub mod service;

@@ -75,6 +75,14 @@ pub const COUNTERS: &[(&str, &str)] = &[
         "Claims whose lease could not be renewed (the run was stopped).",
     ),
     (
+        "runs_pruned_total",
+        "Finished runs deleted by retention or `stephost prune`, children included.",
+    ),
+    (
+        "pruned_bytes_total",
+        "Bytes of ledger rows deleted with them (bodies, payload parts, log lines, modules, notices).",
+    ),
+    (
         "integrity_refusal_total",
         "Runs a worker did not claim, or stopped, because their record does not verify against the chain key (counted when the worker exits).",
     ),

@@ -802,6 +802,11 @@ impl Host {
         Ok(self.pool.schedules()?)
     }
 
+    /// Deleting the ledger's finished runs ([`stephost_core::retention`]).
+    pub fn retention(&self) -> Result<Arc<dyn stephost_core::retention::Retention>, HostError> {
+        Ok(self.pool.retention()?)
+    }
+
     /// Adds a schedule firing `module` (stored in the ledger) or, with no
     /// module, the build of step `step` the ledger last ran. Its input is
     /// kept as given, so one that the configuration would redact is

@@ -52,6 +52,8 @@ pub struct WorkerOptions {
     /// its row was left: finished, waiting, parked or released), before
     /// the worker looks for more.
     pub on_end: Option<EndHook>,
+    /// Finished runs this worker deletes in the background (`[retention]`).
+    pub retention: Option<crate::retention::RetentionConfig>,
 }
 
 /// What a worker tells when one of its runs' executions ends.
@@ -74,6 +76,7 @@ impl Default for WorkerOptions {
             notified_poll_ms: 5_000,
             exit_when_idle: false,
             on_end: None,
+            retention: None,
         }
     }
 }
@@ -155,6 +158,16 @@ type Finished = (String, Result<RunReport, HostError>);
 
 /// How often an idle worker looks whether it was told to stop.
 const SHUTDOWN_CHECK: Duration = Duration::from_millis(100);
+
+/// Sets its flag when dropped (when a scope's closure returns, before the
+/// scope joins its threads).
+struct SetOnDrop<'a>(&'a AtomicBool);
+
+impl Drop for SetOnDrop<'_> {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::SeqCst);
+    }
+}
 
 /// What wakes the worker's loop.
 enum Event {
@@ -249,7 +262,25 @@ pub fn run(
     let mut last_renewal = Instant::now();
     let renew_every = Duration::from_millis((options.lease_ms / 3).max(10) as u64);
 
+    let retention = match &options.retention {
+        Some(config) => Some((pool.retention()?, config)),
+        None => None,
+    };
+    // Set when the loop ends, however it ends: the retention thread stops.
+    let stopped = AtomicBool::new(false);
     std::thread::scope(|scope| -> Result<(), HostError> {
+        let _stop_retention = SetOnDrop(&stopped);
+        if let Some((retention, config)) = &retention {
+            let stopped = &stopped;
+            std::thread::Builder::new()
+                .name("retention".into())
+                .spawn_scoped(scope, move || {
+                    crate::retention::keep(retention.as_ref(), config, stopped)
+                })
+                .map_err(|e| {
+                    HostError::BadInput(format!("cannot start the retention thread: {e}"))
+                })?;
+        }
         loop {
             while let Ok(event) = done_rx.try_recv() {
                 if let Event::Finished(finished) = event {

@@ -93,6 +93,7 @@ pub fn serve(
     let worker_options = WorkerOptions {
         // A request waiting for a run's end looks again when one ends.
         on_end: Some(EndHook(Arc::new(move |_| ended.ended.notify_waiters()))),
+        retention: settings.retention.clone(),
         ..WorkerOptions::new(
             settings.concurrency,
             settings.lease_ms,

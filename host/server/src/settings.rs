@@ -76,6 +76,9 @@ pub struct ServeSettings {
     /// The worker looks for runnable runs at least this often (none: its
     /// default for the ledger).
     pub poll_ms: Option<u64>,
+    /// Finished runs the server's worker deletes in the background
+    /// (`[retention]` in `stephost.toml`).
+    pub retention: Option<stephost_runtime::retention::RetentionConfig>,
 }
 
 impl Default for ServeSettings {
@@ -103,6 +106,7 @@ impl Default for ServeSettings {
             notify_page_runs_max: 500,
             wait_ms_max: defaults::WAIT_MS_MAX,
             poll_ms: None,
+            retention: None,
         }
     }
 }

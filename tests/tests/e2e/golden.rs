@@ -354,9 +354,63 @@ fn check_frozen(set: &Path) {
         assert_eq!(replayed.json()["result"], "consistent", "{file}");
     }
 
+    prune_frozen(&sb, &ledger, &day);
+
     assert_eq!(
         std::fs::read(set.join("ledger.sqlite")).unwrap(),
         original,
         "the checked-in frozen ledger was changed"
+    );
+}
+
+/// Retention on the migrated copy: the finished runs go with every row
+/// they owned (payload parts referred to before the migration included),
+/// the others stay whole.
+fn prune_frozen(sb: &Sandbox, ledger: &Path, day: &str) {
+    let count = |sql: &str| -> i64 {
+        let conn = rusqlite::Connection::open(ledger).unwrap();
+        conn.query_row(sql, [], |r| r.get(0))
+            .unwrap_or_else(|e| panic!("{sql}: {e}"))
+    };
+    let parts_before = count("SELECT count(*) FROM payloads");
+    let runs_before = sb.stephost(&["runs", "--json"]).json();
+    let finished: Vec<&str> = runs_before
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| ["completed", "failed", "cancelled"].contains(&r["status"].as_str().unwrap()))
+        .map(|r| r["run_id"].as_str().unwrap())
+        .collect();
+    assert!(!finished.is_empty(), "{day}: nothing finished to prune");
+    let dry = sb.stephost(&["prune", "--finished-before", "0s", "--dry-run", "--json"]);
+    dry.expect_code(0);
+    assert_eq!(dry.json()["runs"], finished.len(), "{day}: {}", dry.stdout);
+    let pruned = sb.stephost(&["prune", "--finished-before", "0s", "--json"]);
+    pruned.expect_code(0);
+    let pruned = pruned.json();
+    assert_eq!(pruned["runs"], finished.len(), "{day}: {pruned:#}");
+    assert!(pruned["bytes"].as_u64().unwrap() > 0, "{day}: {pruned:#}");
+    for run_id in &finished {
+        sb.stephost(&["show", run_id]).expect_code(2);
+    }
+    let left = sb.stephost(&["runs", "--json"]).json();
+    assert_eq!(
+        left.as_array().unwrap().len(),
+        runs_before.as_array().unwrap().len() - finished.len(),
+        "{day}: {left:#}"
+    );
+    for orphans in [
+        "SELECT count(*) FROM calls WHERE run_no NOT IN (SELECT run_no FROM runs)",
+        "SELECT count(*) FROM logs WHERE run_no NOT IN (SELECT run_no FROM runs)",
+        "SELECT count(*) FROM run_epochs WHERE run_no NOT IN (SELECT run_no FROM runs)",
+        "SELECT count(*) FROM payload_refs WHERE run_no NOT IN (SELECT run_no FROM runs)",
+        "SELECT count(*) FROM payloads WHERE digest NOT IN (SELECT digest FROM payload_refs)",
+        "SELECT count(*) FROM notices WHERE run_id NOT IN (SELECT run_id FROM runs)",
+    ] {
+        assert_eq!(count(orphans), 0, "{day}: {orphans}");
+    }
+    assert!(
+        count("SELECT count(*) FROM payloads") <= parts_before,
+        "{day}: no part was added by pruning"
     );
 }

@@ -196,6 +196,65 @@ fn a_worker_executes_submitted_runs_several_at_once() {
 }
 
 #[test]
+fn retention_deletes_finished_runs_in_the_background_and_prune_does_by_hand() {
+    let config = format!("{BASE_CONFIG}\n[retention]\nfinished_before_ms = 1\nevery_ms = 1000\n");
+    let sb = Sandbox::with_config(BIN, &config);
+    for i in 0..3 {
+        submit(&sb, 2, &format!("r{i}"));
+    }
+    // A run waiting on a timer is never deleted.
+    submit_step(&sb, guests::SLEEPER, r#"{"ms": 3600000}"#, "later");
+    let first = sb.stephost(&["worker", "--concurrency", "2", "--exit-when-idle"]);
+    first.expect_code(0);
+    // The runs finished: the next worker's first look deletes them (the
+    // first worker's may have deleted some already).
+    std::thread::sleep(Duration::from_millis(20));
+    let second = sb.stephost(&["worker", "--exit-when-idle"]);
+    second.expect_code(0);
+    let runs = statuses(&sb);
+    assert_eq!(
+        runs.iter()
+            .map(|(id, s, _)| (id.as_str(), s.as_str()))
+            .collect::<Vec<_>>(),
+        [("later", "waiting")],
+        "{}{}",
+        first.stderr,
+        second.stderr
+    );
+    assert_eq!(sb.metric("runs_pruned_total"), 3);
+    assert!(sb.metric("pruned_bytes_total") > 0);
+    assert!(
+        format!("{}{}", first.stderr, second.stderr).contains("finished runs ("),
+        "{}{}",
+        first.stderr,
+        second.stderr
+    );
+    sb.stephost(&["show", "r0"]).expect_code(2);
+    // What the deleted runs wrote stays where the receiver keeps it (two
+    // orders each, and the sleeper's first).
+    assert_eq!(sb.received("orders.jsonl").len(), 7);
+
+    // By hand: what is not a finished status, or not a duration, is refused.
+    let refused = sb.stephost(&["prune", "--finished-before", "0s", "--status", "pending"]);
+    refused.expect_code(2);
+    assert!(
+        refused.stderr.contains("never pruned"),
+        "{}",
+        refused.stderr
+    );
+    let refused = sb.stephost(&["prune", "--finished-before", "3 weeks"]);
+    refused.expect_code(2);
+    assert!(
+        refused.stderr.contains("not a duration"),
+        "{}",
+        refused.stderr
+    );
+    let none = sb.stephost(&["prune", "--finished-before", "0s", "--json"]);
+    none.expect_code(0);
+    assert_eq!(none.json()["runs"], 0);
+}
+
+#[test]
 fn a_worker_killed_around_a_batched_write_is_reconciled_by_the_next() {
     // Concurrency 2 puts the worker's writes through group commit.
     for (point, expected) in [
