@@ -14,12 +14,16 @@ pub enum StoreError {
     NotALedger { location: String, detail: String },
     #[error(
         "ledger {location} has schema version {found}, newer than this stephost understands \
-         ({supported}); upgrade stephost"
+         ({supported}), and may be used by builds of schema version {compatible_from} or later \
+         only; upgrade stephost"
     )]
     TooNew {
         location: String,
         found: i64,
         supported: i64,
+        /// The oldest schema version whose builds may use the ledger (its
+        /// own version when it does not say).
+        compatible_from: i64,
     },
     #[error(
         "ledger {location} was written by an earlier development format of stephost (format \

@@ -500,3 +500,32 @@ impl Future for PendingCommit {
 fn committer_gone() -> StoreError {
     StoreError::Unavailable("the ledger's committer stopped before answering".into())
 }
+
+/// The rule of rolling upgrades, written once for every backend: a build
+/// whose schema version is `supported` uses a ledger at version `found`
+/// when it is not newer, migrating it up (`Ok(true)`); a newer ledger only
+/// if the ledger says builds of `compatible_from` or later may use it
+/// (`Ok(false)`: used as it is, never migrated down). Each migration that
+/// only adds (a table, an index, a column with a default) that older
+/// builds may leave alone keeps the ledger's `compatible_from`; one that
+/// older builds would break raises it.
+pub fn may_use(
+    location: &str,
+    found: i64,
+    compatible_from: Option<i64>,
+    supported: i64,
+) -> StoreResult<bool> {
+    if found <= supported {
+        return Ok(true);
+    }
+    let compatible_from = compatible_from.unwrap_or(found);
+    if compatible_from <= supported {
+        return Ok(false);
+    }
+    Err(StoreError::TooNew {
+        location: location.to_string(),
+        found,
+        supported,
+        compatible_from,
+    })
+}

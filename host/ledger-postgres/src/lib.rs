@@ -30,7 +30,7 @@ mod store;
 mod stream;
 #[cfg(feature = "testing")]
 mod tamper;
-#[cfg(any(test, feature = "testing"))]
+#[cfg(any(test, feature = "throwaway"))]
 pub mod throwaway;
 pub mod tls;
 mod tree_spend;

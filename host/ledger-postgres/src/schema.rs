@@ -7,8 +7,14 @@ use stephost_core::{StoreError, StoreResult};
 use crate::conns::PgConn;
 use crate::errors::describe;
 
+/// The oldest schema version whose builds may use a ledger at this
+/// build's (`stephost_core::store::may_use`): 13, as builds before it do
+/// not keep `module_stored`, which retention relies on. A later migration
+/// that only adds keeps it.
+pub const COMPATIBLE_FROM: i64 = 13;
+
 /// The migrations, in order; the schema version is how many are applied.
-const MIGRATIONS: &[&str] = &[
+pub const MIGRATIONS: &[&str] = &[
     include_str!("../migrations/0001_ledger.sql"),
     include_str!("../migrations/0002_seal.sql"),
     include_str!("../migrations/0003_notices.sql"),
@@ -46,7 +52,8 @@ pub async fn prepare(conn: &mut PgConn, location: &str) -> StoreResult<()> {
     let applied = if has_meta {
         let rows = transaction
             .query(
-                "SELECT key, value FROM stephost_meta WHERE key IN ('format', 'version')",
+                "SELECT key, value FROM stephost_meta \
+                 WHERE key IN ('format', 'version', 'compatible_from')",
                 &[],
             )
             .await
@@ -62,11 +69,15 @@ pub async fn prepare(conn: &mut PgConn, location: &str) -> StoreResult<()> {
                 detail: "its stephost_meta table names another format".into(),
             });
         }
-        value("version")
+        let version = value("version")
             .and_then(|v| v.parse::<i64>().ok())
             .ok_or_else(|| {
                 StoreError::Corrupt("the ledger's schema version is unreadable".into())
-            })?
+            })?;
+        (
+            version,
+            value("compatible_from").and_then(|v| v.parse::<i64>().ok()),
+        )
     } else {
         let taken: bool = transaction
             .query_one("SELECT to_regclass('runs') IS NOT NULL", &[])
@@ -81,22 +92,31 @@ pub async fn prepare(conn: &mut PgConn, location: &str) -> StoreResult<()> {
                     .into(),
             });
         }
-        0
+        (0, None)
     };
+    let (applied, compatible_from) = applied;
     let supported = MIGRATIONS.len() as i64;
-    if applied > supported {
-        return Err(StoreError::TooNew {
-            location: location.to_string(),
-            found: applied,
-            supported,
-        });
+    if !stephost_core::store::may_use(location, applied, compatible_from, supported)? {
+        // A newer build's ledger this build may use as it is.
+        return transaction.commit().await.map_err(failed);
     }
+    let migrating = applied < supported;
     for (version, sql) in MIGRATIONS.iter().enumerate().skip(applied as usize) {
         transaction.batch_execute(sql).await.map_err(failed)?;
         transaction
             .execute(
                 "UPDATE stephost_meta SET value = $1 WHERE key = 'version'",
                 &[&(version as i64 + 1).to_string()],
+            )
+            .await
+            .map_err(failed)?;
+    }
+    if migrating {
+        transaction
+            .execute(
+                "INSERT INTO stephost_meta (key, value) VALUES ('compatible_from', $1) \
+                 ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+                &[&COMPATIBLE_FROM.to_string()],
             )
             .await
             .map_err(failed)?;

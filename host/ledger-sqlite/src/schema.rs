@@ -4,10 +4,12 @@
 //! A ledger file is marked with `PRAGMA application_id` so that stephost
 //! never writes into a database that is not its own, and `PRAGMA
 //! user_version` holds the schema version. A ledger newer than this build is
-//! refused; so is one of the development format no release wrote, which
-//! carries another application id.
+//! used as it is if its `stephost_meta` says builds of this schema version
+//! may use it (rolling upgrades: `stephost_core::store::may_use`), and
+//! refused otherwise; so is one of the development format no release
+//! wrote, which carries another application id.
 
-use rusqlite::Connection;
+use rusqlite::{Connection, OptionalExtension};
 use stephost_core::StoreError;
 
 use crate::errors::{error, not_a_ledger};
@@ -33,10 +35,42 @@ pub const MIGRATIONS: &[&str] = &[
     include_str!("../migrations/0011_promises.sql"),
     include_str!("../migrations/0012_schedules_forks.sql"),
     include_str!("../migrations/0013_retention.sql"),
+    include_str!("../migrations/0014_meta.sql"),
 ];
 
 /// The schema version this build writes.
 pub const VERSION: i64 = MIGRATIONS.len() as i64;
+
+/// The oldest schema version whose builds may use a ledger at [`VERSION`]
+/// (`stephost_core::store::may_use`): 14, as builds before it do not keep
+/// `payload_refs`, which retention relies on. A later migration that only
+/// adds keeps it.
+pub const COMPATIBLE_FROM: i64 = 14;
+
+/// The ledger's `compatible_from`, if it says.
+fn compatible_from(conn: &Connection, location: &str) -> Result<Option<i64>, StoreError> {
+    let has_meta: bool = crate::conn::patiently(|| {
+        conn.query_row(
+            "SELECT count(*) > 0 FROM sqlite_master WHERE name = 'stephost_meta'",
+            [],
+            |r| r.get(0),
+        )
+    })
+    .map_err(|e| not_a_ledger(location, e))?;
+    if !has_meta {
+        return Ok(None);
+    }
+    let value: Option<String> = crate::conn::patiently(|| {
+        conn.query_row(
+            "SELECT value FROM stephost_meta WHERE key = 'compatible_from'",
+            [],
+            |r| r.get(0),
+        )
+        .optional()
+    })
+    .map_err(|e| not_a_ledger(location, e))?;
+    Ok(value.and_then(|v| v.parse().ok()))
+}
 
 fn pragma(conn: &Connection, location: &str, name: &str) -> Result<i64, StoreError> {
     crate::conn::patiently(|| conn.pragma_query_value(None, name, |r| r.get(0)))
@@ -49,12 +83,13 @@ pub fn check(conn: &Connection, location: &str) -> Result<(), StoreError> {
     let id = pragma(conn, location, "application_id")?;
     let version = pragma(conn, location, "user_version")?;
     match id {
-        APPLICATION_ID if version > VERSION => Err(StoreError::TooNew {
-            location: location.to_string(),
-            found: version,
-            supported: VERSION,
-        }),
-        APPLICATION_ID => Ok(()),
+        APPLICATION_ID => {
+            let from = match version > VERSION {
+                true => compatible_from(conn, location)?,
+                false => None,
+            };
+            stephost_core::store::may_use(location, version, from, VERSION).map(|_| ())
+        }
         OLD_APPLICATION_ID => Err(StoreError::OldFormat {
             location: location.to_string(),
             found: format!("schema version {version}"),
@@ -116,5 +151,13 @@ fn migrate_one(conn: &Connection, location: &str) -> Result<bool, StoreError> {
         .map_err(error)?;
     conn.pragma_update(None, "user_version", version + 1)
         .map_err(error)?;
+    if version + 1 == VERSION {
+        conn.execute(
+            "INSERT INTO stephost_meta (key, value) VALUES ('compatible_from', ?1) \
+             ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+            [COMPATIBLE_FROM.to_string()],
+        )
+        .map_err(error)?;
+    }
     Ok(true)
 }

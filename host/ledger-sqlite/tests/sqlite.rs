@@ -114,9 +114,15 @@ fn a_ledger_newer_than_this_build_is_refused() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("new.db");
     drop(open(&path).unwrap());
+    // A newer build that does not say which builds may use it.
     let conn = Connection::open(&path).unwrap();
     conn.pragma_update(None, "user_version", VERSION + 1)
         .unwrap();
+    conn.execute(
+        "DELETE FROM stephost_meta WHERE key = 'compatible_from'",
+        [],
+    )
+    .unwrap();
     drop(conn);
     let err = open(&path).err().expect("refused");
     assert_eq!(
@@ -125,7 +131,121 @@ fn a_ledger_newer_than_this_build_is_refused() {
             location: path.display().to_string(),
             found: VERSION + 1,
             supported: VERSION,
+            compatible_from: VERSION + 1,
         }
+    );
+}
+
+/// Rolling upgrades: a ledger a newer build migrated is used as it is by
+/// this build when the newer build says builds of this schema may use it
+/// (a migration that only adds), and refused when it says they may not.
+#[test]
+fn a_newer_ledger_is_used_when_it_says_this_build_may_and_refused_when_not() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("next.db");
+    drop(open(&path).unwrap());
+    // What the next build's expanding migration would leave: one more
+    // table, a higher version, the same compatible_from.
+    let conn = Connection::open(&path).unwrap();
+    conn.execute_batch("CREATE TABLE next_release_table (x INTEGER) STRICT")
+        .unwrap();
+    conn.pragma_update(None, "user_version", VERSION + 1)
+        .unwrap();
+    drop(conn);
+    let pool = open(&path).expect("a compatible newer ledger is used");
+    claimed_run(&pool, "r");
+    assert_eq!(pool.store().unwrap().run("r").unwrap().run_id, "r");
+    drop(pool);
+    let conn = Connection::open(&path).unwrap();
+    let version: i64 = conn
+        .pragma_query_value(None, "user_version", |r| r.get(0))
+        .unwrap();
+    assert_eq!(version, VERSION + 1, "never migrated down");
+    // The next build's contracting migration says older builds may not.
+    conn.execute(
+        "UPDATE stephost_meta SET value = ?1 WHERE key = 'compatible_from'",
+        [(VERSION + 1).to_string()],
+    )
+    .unwrap();
+    drop(conn);
+    let err = open(&path).err().expect("refused");
+    assert!(
+        matches!(err, StoreError::TooNew { compatible_from, .. } if compatible_from == VERSION + 1),
+        "{err:?}"
+    );
+    assert!(err.to_string().contains("upgrade stephost"), "{err}");
+}
+
+#[test]
+fn a_new_ledger_gives_freed_pages_back_after_pruning() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("ledger.db");
+    let pool = open(&path).unwrap();
+    let conn = Connection::open(&path).unwrap();
+    let mode: i64 = conn
+        .pragma_query_value(None, "auto_vacuum", |r| r.get(0))
+        .unwrap();
+    assert_eq!(mode, 2, "auto_vacuum = INCREMENTAL");
+    let (from,): (String,) = conn
+        .query_row(
+            "SELECT value FROM stephost_meta WHERE key = 'compatible_from'",
+            [],
+            |r| Ok((r.get(0)?,)),
+        )
+        .unwrap();
+    assert_eq!(
+        from,
+        stephost_ledger_sqlite::schema::COMPATIBLE_FROM.to_string()
+    );
+    drop(conn);
+    // A finished run with a large body, pruned: the file gives pages back.
+    let claim = claimed_run(&pool, "big");
+    let mut writer = pool.writer().unwrap();
+    let body = format!("{{\"blob\":\"{}\"}}", "x".repeat(400_000));
+    let mut call = stephost_core::CallRecord {
+        seq: 1,
+        class: stephost_core::CallClass::Read,
+        interface: "stephost:step/effects".into(),
+        function: "orders".into(),
+        operation_id: "op".into(),
+        request_hash: stephost_core::ids::request_hash("stephost:step/effects", "orders", &body),
+        request: body.clone(),
+        state: stephost_core::CallState::Succeeded,
+        outcome: Some(body),
+        started_at_ms: 1,
+        finished_at_ms: Some(1),
+        fence: claim.fence,
+        resolved_by: None,
+        chain: None,
+    };
+    call.fence = claim.fence;
+    let end = stephost_core::lifecycle::ended(
+        &stephost_core::RunEnd::Completed {
+            output: "{}".into(),
+            exit_code: None,
+        },
+        2,
+    );
+    writer
+        .commit(
+            &claim,
+            vec![
+                stephost_core::WriteOp::Call(call),
+                stephost_core::WriteOp::End(end),
+            ],
+        )
+        .wait()
+        .unwrap();
+    writer.landed().unwrap();
+    let retention = pool.retention().unwrap();
+    let rule = stephost_core::retention::Rule::new(i64::MAX, &[]).unwrap();
+    let summary = stephost_core::retention::prune_all(retention.as_ref(), &rule, false).unwrap();
+    assert_eq!(summary.pruned.run_ids, ["big"]);
+    assert!(
+        // The 400 kB part's pages (each page holds a little less).
+        summary.reclaimed_bytes >= 350_000,
+        "{} bytes given back",
+        summary.reclaimed_bytes
     );
 }
 
