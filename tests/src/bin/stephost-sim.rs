@@ -122,6 +122,7 @@ fn main() -> ExitCode {
             breaks: breaks.clone(),
             keep,
             ledger,
+            woken_within: sim::WOKEN_WITHIN,
         });
         ran += 1;
         print!("{report}");

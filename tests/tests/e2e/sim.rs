@@ -3,6 +3,8 @@
 //! breaks each rule it checks. `target/debug/stephost-sim` runs other
 //! seeds, or random ones for as long as asked (docs/testing.md).
 
+use std::time::Duration;
+
 use stephost_tests::sim::{self, Options};
 
 const BIN: &str = env!("CARGO_BIN_EXE_stephost-crash");
@@ -37,6 +39,12 @@ fn options(seed: u64, breaks: Option<&str>) -> Options {
         breaks: breaks.map(str::to_string),
         keep: false,
         ledger: Some(stephost_tests::test_backend()),
+        // A lost wake-up is what the break test waits for: it need not
+        // wait as long as a run busy workers take late may.
+        woken_within: match breaks {
+            Some("lose-wake-up") => Duration::from_secs(15),
+            _ => sim::WOKEN_WITHIN,
+        },
     }
 }
 

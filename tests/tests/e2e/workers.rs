@@ -254,6 +254,45 @@ fn retention_deletes_finished_runs_in_the_background_and_prune_does_by_hand() {
     assert_eq!(none.json()["runs"], 0);
 }
 
+/// The configuration the image's services load (deploy/stephost.toml),
+/// its data folder made the sandbox's: the supplier step runs to its end
+/// with two workers on one ledger, as deploy/compose.yaml runs them.
+#[test]
+fn the_deploy_configuration_runs_the_supplier_step_on_two_workers() {
+    let deploy = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/stephost.toml"),
+    )
+    .unwrap();
+    assert!(deploy.contains("/var/lib/stephost/"), "{deploy}");
+    let sb = Sandbox::with_config(BIN, &deploy.replace("/var/lib/stephost/", ""));
+    for i in 0..4 {
+        sb.stephost(&[
+            "submit",
+            guests::SUPPLIER_ORDER,
+            "--input",
+            r#"{"sku":"WIDGET-7","quantity":10}"#,
+            "--run-id",
+            &format!("order-{i}"),
+        ])
+        .expect_code(0);
+    }
+    let workers: Vec<Child> = (0..2).map(|_| worker(&sb, &["--exit-when-idle"])).collect();
+    for mut w in workers {
+        assert!(w.wait().unwrap().success());
+    }
+    for i in 0..4 {
+        let show = sb.show(&format!("order-{i}"));
+        assert_eq!(show["run"]["status"], "completed", "{show:#}");
+        assert_eq!(
+            serde_json::from_str::<Value>(show["run"]["output"].as_str().unwrap()).unwrap()["ordered"],
+            true
+        );
+    }
+    let orders = sb.received("supplier-orders.jsonl");
+    assert_eq!(orders.len(), 4);
+    distinct_operations(&orders);
+}
+
 #[test]
 fn a_worker_killed_around_a_batched_write_is_reconciled_by_the_next() {
     // Concurrency 2 puts the worker's writes through group commit.
