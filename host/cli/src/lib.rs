@@ -91,8 +91,8 @@ pub enum Command {
     Cancel(CancelArgs),
     /// Delete finished runs (each with the runs below it and everything they
     /// owned) that finished before a time: what `[retention]` has workers do
-    /// in the background, by hand. `unknown`, waiting and running runs are
-    /// never deleted.
+    /// in the background, by hand. Pending, running, waiting and parked runs
+    /// (an outcome `unknown`) are never deleted.
     Prune(PruneArgs),
     /// Show a run and the child runs it started, down its tree: each run's
     /// status, what it waits for, and what its model calls spent.

@@ -57,25 +57,35 @@ impl Retention for PgFlows {
             if roots.is_empty() {
                 return Ok(Pruned::default());
             }
-            // Every run of those trees, locked (a child changing now would
-            // not be finished: its tree is left).
+            // Every run of those trees, locked. A tree one of whose runs
+            // changed since the look above (a child started or resumed) is
+            // left for a later batch.
             let runs = tx
                 .query(
                     &format!(
-                        "SELECT run_id, module_digest, status IN ({finished}) FROM runs \
+                        "SELECT run_id, coalesce(root_run_id, run_id), module_digest, \
+                         status IN ({finished}) FROM runs \
                          WHERE run_id = ANY($1) OR root_run_id = ANY($1) FOR UPDATE"
                     ),
                     &[&roots],
                 )
                 .await
                 .map_err(error)?;
-            if runs.iter().any(|r| !r.get::<_, bool>(2)) {
-                // A child started or resumed between the two reads: the next
-                // batch looks again.
+            let live: Vec<String> = runs
+                .iter()
+                .filter(|r| !r.get::<_, bool>(3))
+                .map(|r| r.get(1))
+                .collect();
+            let roots: Vec<String> = roots.into_iter().filter(|r| !live.contains(r)).collect();
+            let runs: Vec<&tokio_postgres::Row> = runs
+                .iter()
+                .filter(|r| !live.contains(&r.get::<_, String>(1)))
+                .collect();
+            if roots.is_empty() {
                 return Ok(Pruned::default());
             }
             let run_ids: Vec<String> = runs.iter().map(|r| r.get(0)).collect();
-            let mut modules: Vec<String> = runs.iter().map(|r| r.get(1)).collect();
+            let mut modules: Vec<String> = runs.iter().map(|r| r.get(2)).collect();
             modules.sort();
             modules.dedup();
             let mut bytes: i64 = 0;
