@@ -8,6 +8,7 @@
 //! executable (or `--cli`). See `bench/README.md`.
 
 mod ab;
+mod binary;
 mod conversation;
 mod floor;
 mod postgres;
@@ -456,6 +457,18 @@ impl Bench {
             self.as_users_start()?;
         }
         drop(host);
+        if args.wants(1) || args.wants(5) {
+            match args.cli_path() {
+                Some(cli) => {
+                    self.through_binary(&cli, &args.guest, args.wants(1), args.wants(5))?
+                }
+                None => self.note(
+                    "1 and 5 through the binary skipped: no `stephost` binary next to \
+                     stephost-bench (build it with `cargo build -p stephost`, or pass --cli PATH)"
+                        .to_string(),
+                ),
+            }
+        }
         if args.wants(6) {
             self.resume()?;
         }

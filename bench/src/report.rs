@@ -13,6 +13,12 @@ pub const PG_TWO_WORKERS: &str = "9 PostgreSQL, 64 runs, 2 worker processes";
 pub const PG_CLAIM: &str = "10 PostgreSQL claim among 100,000 pending";
 /// Figure 5 as users start runs (an absolute target).
 pub const USERS_START: &str = "5 as users start them, 64 runs × 100 writes";
+/// Figure 1 through `stephost run` (a ratio target).
+pub const WRITE_EFFECT_BINARY: &str = "1 write effect through `stephost run`";
+/// Figure 5 as users start runs, through `stephost worker` (absolute
+/// targets).
+pub const USERS_START_BINARY: &str = "5 as users start them through `stephost worker`";
+pub const USERS_START_BINARY_FSYNCS: &str = "5 … `stephost worker` fsyncs per write";
 /// The same on PostgreSQL (figure 9's ledger), one worker.
 pub const PG_USERS_START: &str = "9 PostgreSQL as users start them, one worker, 64 × 100";
 /// Figure 11's submit → completed through the server (an absolute target).
@@ -52,6 +58,11 @@ pub fn target_of(figure: &str) -> Option<(&'static str, Meets)> {
         })),
         CHILD_FSYNCS_OVER_WRITE => Some(("≤ 2", |value, _| value <= 2.0)),
         USERS_START => Some(("≥ 15,000", |value, _| value >= 15_000.0)),
+        USERS_START_BINARY => Some(("≥ 15,000", |value, _| value >= 15_000.0)),
+        USERS_START_BINARY_FSYNCS => Some(("≤ 0.1", |value, _| value <= 0.1)),
+        WRITE_EFFECT_BINARY => Some(("≤ 1.5× floor", |_, ratio| {
+            ratio.is_some_and(|r| r <= 1.5)
+        })),
         PG_USERS_START => Some(("≥ 5,000", |value, _| value >= 5_000.0)),
         // Their ratio is the value over what the target allows: 5 ms (10
         // on PostgreSQL) plus the floor measured beside it.
