@@ -94,11 +94,12 @@ impl Bench {
             dir.join("stephost.toml"),
             config_text(&self.dir.join("gate")),
         )?;
+        // Absolute: the processes run in the figure's folder.
         let binary = Binary {
-            cli: cli.to_path_buf(),
+            cli: std::fs::canonicalize(cli)?,
             dir,
         };
-        let guest = guest.display().to_string();
+        let guest = std::fs::canonicalize(guest)?.display().to_string();
         let input = |count: u64| format!(r#"{{"mode":"write","count":{count}}}"#);
         // The component compiled into the cache, the ledger made.
         binary.run(&["run", &guest, "--input", r#"{"mode":"none"}"#])?;
