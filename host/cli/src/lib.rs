@@ -1136,7 +1136,7 @@ fn prune(
         }
     } else {
         println!(
-            "deleted {} runs ({} bytes); the ledger file gave back {} bytes",
+            "deleted {} runs ({} bytes of rows); {} bytes given back to the file system",
             pruned.run_ids.len(),
             pruned.bytes,
             summary.reclaimed_bytes
