@@ -16,7 +16,8 @@
 //!   calls and their attempts, its log lines, its notices, its inbox, its
 //!   promises' completions, its tree's model spend, the payload parts no
 //!   remaining run refers to, and its module once no run and no schedule
-//!   pins it and it was not stored in the last [`Rule::module_kept_ms`]. Flow rows are shared by a model's calls, not owned by a run
+//!   pins it and it was not stored in the last [`Rule::module_kept_ms`]
+//!   (by default never: see [`MODULE_KEPT_MS`]). Flow rows are shared by a model's calls, not owned by a run
 //!   (their slots expire on their own);
 //! - a fork keeps copies of the calls it was made from: deleting the run
 //!   it forked leaves it whole (`verify` then checks its own chain only);
@@ -34,9 +35,12 @@ pub const DEFAULT_STATUSES: [RunStatus; 3] = [
     RunStatus::Cancelled,
 ];
 
-/// A module no run pins is kept this long after it was last stored (a
-/// submit stores its module, then records its run), in ms.
-pub const MODULE_KEPT_MS: i64 = 3_600_000;
+/// A module no run pins is kept this long after it was last stored, in
+/// ms: for now, always. A long-lived process stores a module once and
+/// pins later runs (and children) to it without storing it again, so the
+/// time of the last store does not show it is still used; until every
+/// run's record stores or notes its module, modules are not deleted.
+pub const MODULE_KEPT_MS: i64 = i64::MAX;
 
 /// The finished statuses as an SQL list (`'completed', …`), for backends'
 /// queries.

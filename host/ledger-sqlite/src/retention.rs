@@ -170,10 +170,17 @@ fn roots(conn: &Connection, rule: &Rule) -> StoreResult<Vec<Root>> {
 /// Whether `root` is (still) one `rule` takes.
 fn prunable(conn: &Connection, rule: &Rule, root: &Root) -> StoreResult<bool> {
     let found: Option<(String, i64)> = conn
-        .prepare_cached("SELECT status, updated_at FROM runs WHERE run_no = ?1")
+        // By number and id: a number freed by another pruner may be a new
+        // run's by now.
+        .prepare_cached(
+            "SELECT status, updated_at FROM runs WHERE run_no = ?1 AND run_id = ?2 \
+             AND parent_run_id IS NULL",
+        )
         .and_then(|mut s| {
-            s.query_row([root.run_no], |r| Ok((r.get(0)?, r.get(1)?)))
-                .optional()
+            s.query_row(params![root.run_no, root.run_id], |r| {
+                Ok((r.get(0)?, r.get(1)?))
+            })
+            .optional()
         })
         .map_err(error)?;
     let Some((status, updated_at)) = found else {
